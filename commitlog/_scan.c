@@ -1,0 +1,478 @@
+/* Native record walk for commitlog.scan: the same checks, codes and stop positions as
+ * commitlog.scan._scan_python (tests compare the two on random and corrupted input).
+ * CRC32C uses the SSE4.2 instruction when the CPU has it, a table otherwise. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#define HAVE_X86 1
+#endif
+
+enum { END_OF_DATA = 0, END_OF_SEGMENT = 1, BAD_MAGIC = 2, SIZE_OUT_OF_BOUNDS = 3,
+       FIELDS_DO_NOT_ADD_UP = 4, BODY_CRC_MISMATCH = 5, PHYSICAL_OFFSET_MISMATCH = 6,
+       BAD_BLANK = 7, TRUNCATED = 8 };
+
+#define MAGIC_V1 0xDAA320A7u
+#define MAGIC_V2 0xDAA320ABu
+#define BLANK_MAGIC 0xCBD43194u
+
+static uint32_t crc_table[256];
+static int have_sse42 = 0;
+
+static void crc_table_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+static uint32_t crc32c_table(const uint8_t *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n--) c = crc_table[(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+#ifdef HAVE_X86
+__attribute__((target("sse4.2")))
+static uint32_t crc32c_hw(const uint8_t *p, size_t n) {
+    uint64_t c = 0xFFFFFFFFu;
+    while (n >= 8) { uint64_t v; memcpy(&v, p, 8); c = _mm_crc32_u64(c, v); p += 8; n -= 8; }
+    uint32_t c32 = (uint32_t)c;
+    while (n--) c32 = _mm_crc32_u8(c32, *p++);
+    return c32 ^ 0xFFFFFFFFu;
+}
+#endif
+
+static uint32_t crc32c(const uint8_t *p, size_t n) {
+#ifdef HAVE_X86
+    if (have_sse42) return crc32c_hw(p, n);
+#endif
+    return crc32c_table(p, n);
+}
+
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline int64_t be64(const uint8_t *p) {
+    return (int64_t)(((uint64_t)be32(p) << 32) | be32(p + 4));
+}
+static inline int16_t be16(const uint8_t *p) { return (int16_t)(((uint16_t)p[0] << 8) | p[1]); }
+
+static int walk(const uint8_t *buf, Py_ssize_t start, Py_ssize_t end, int64_t file_from,
+                int check_crc, Py_ssize_t *position_out, long long *count_out, Py_ssize_t *last_out) {
+    Py_ssize_t pos = start, last = -1;
+    long long count = 0;
+    int code;
+    for (;;) {
+        Py_ssize_t left = end - pos;
+        if (left < 8) {
+            code = END_OF_DATA;
+            for (Py_ssize_t i = pos; i < end; i++) if (buf[i]) { code = TRUNCATED; break; }
+            break;
+        }
+        int32_t size = (int32_t)be32(buf + pos);
+        uint32_t magic = be32(buf + pos + 4);
+        if (magic != MAGIC_V1 && magic != MAGIC_V2) {
+            if (magic == BLANK_MAGIC) code = (size == left) ? END_OF_SEGMENT : BAD_BLANK;
+            else if (size == 0 && magic == 0) code = END_OF_DATA;
+            else code = BAD_MAGIC;
+            break;
+        }
+        if (size < 91 || size > left) { code = SIZE_OUT_OF_BOUNDS; break; }
+        int32_t sysflag = (int32_t)be32(buf + pos + 36);
+        Py_ssize_t header = 48 + ((sysflag & 0x10) ? 20 : 8) + 8 + ((sysflag & 0x20) ? 20 : 8) + 12;
+        if (header + 4 + 3 > size) { code = FIELDS_DO_NOT_ADD_UP; break; }
+        Py_ssize_t body_length_at = pos + header;
+        int32_t body_size = (int32_t)be32(buf + body_length_at);
+        Py_ssize_t record_end = pos + size;
+        Py_ssize_t topic_length_at = body_length_at + 4 + (Py_ssize_t)body_size;
+        if (body_size < 0 || topic_length_at + 3 > record_end) { code = FIELDS_DO_NOT_ADD_UP; break; }
+        Py_ssize_t properties_length_at;
+        int topic_size;
+        if (magic == MAGIC_V1) {
+            topic_size = buf[topic_length_at];
+            if (topic_size > 127) { code = FIELDS_DO_NOT_ADD_UP; break; }
+            properties_length_at = topic_length_at + 1 + topic_size;
+        } else {
+            topic_size = be16(buf + topic_length_at);
+            properties_length_at = topic_length_at + 2 + topic_size;
+        }
+        if (topic_size < 0 || properties_length_at + 2 > record_end) { code = FIELDS_DO_NOT_ADD_UP; break; }
+        int properties_size = be16(buf + properties_length_at);
+        if (properties_size < 0 || properties_length_at + 2 + properties_size != record_end) {
+            code = FIELDS_DO_NOT_ADD_UP; break;
+        }
+        if (be64(buf + pos + 28) != file_from + (int64_t)pos) { code = PHYSICAL_OFFSET_MISMATCH; break; }
+        if (check_crc) {
+            uint32_t crc = crc32c(buf + body_length_at + 4, (size_t)body_size) & 0x7FFFFFFFu;
+            if (crc != be32(buf + pos + 8)) { code = BODY_CRC_MISMATCH; break; }
+        }
+        last = pos;
+        pos = record_end;
+        count++;
+    }
+    *position_out = pos;
+    *count_out = count;
+    *last_out = last;
+    return code;
+}
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, end;
+    long long file_from;
+    int check_crc;
+    if (!PyArg_ParseTuple(args, "y*nnLp", &view, &start, &end, &file_from, &check_crc)) return NULL;
+    if (start < 0 || end > view.len || start > end) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "scan range %zd..%zd outside a buffer of %zd bytes", start, end, view.len);
+        return NULL;
+    }
+    Py_ssize_t position, last;
+    long long count;
+    int code;
+    Py_BEGIN_ALLOW_THREADS
+    code = walk((const uint8_t *)view.buf, start, end, (int64_t)file_from, check_crc, &position, &count, &last);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return Py_BuildValue("nLin", position, count, code, last);
+}
+
+static PyObject *py_crc32c(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
+    uint32_t c = crc32c((const uint8_t *)view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(c);
+}
+
+
+static inline void put32(uint8_t *p, uint32_t v) { p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v; }
+static inline void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
+static inline void put16(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = v; }
+
+/* write_batch(target, position, physical_base, queue_offset_first, store_timestamp, topic, queue_id,
+ *             flag, sysflag, born_timestamp, born_ip, born_port, store_ip, store_port, bodies, properties)
+ * Encodes len(bodies) records at target[position:]; properties is one bytes object shared by all
+ * records or a sequence with one per body. Returns the bytes written. The caller has checked that
+ * they fit; this checks again and writes nothing if not. */
+static PyObject *write_batch(PyObject *self, PyObject *args) {
+    Py_buffer target, topic, born_ip, store_ip;
+    Py_ssize_t position;
+    long long physical_base, queue_offset_first, store_ts, born_ts;
+    int queue_id, flag, sysflag, born_port, store_port;
+    PyObject *bodies, *properties;
+    if (!PyArg_ParseTuple(args, "w*nLLLy*iiiLy*iy*iOO", &target, &position, &physical_base, &queue_offset_first,
+                          &store_ts, &topic, &queue_id, &flag, &sysflag, &born_ts, &born_ip, &born_port,
+                          &store_ip, &store_port, &bodies, &properties))
+        return NULL;
+    PyObject *result = NULL;
+    PyObject *body_seq = NULL, *prop_seq = NULL;
+    Py_buffer *body_views = NULL, *prop_views = NULL;
+    Py_ssize_t count = 0, prop_count = 0, done_bodies = 0, done_props = 0;
+    int shared_props = PyBytes_Check(properties);
+    if ((born_ip.len != 4 && born_ip.len != 16) || (store_ip.len != 4 && store_ip.len != 16)) {
+        PyErr_SetString(PyExc_ValueError, "host addresses are 4 or 16 bytes");
+        goto done;
+    }
+    if (topic.len > 32767) { PyErr_SetString(PyExc_ValueError, "topic too long"); goto done; }
+    body_seq = PySequence_Fast(bodies, "bodies must be a sequence");
+    if (!body_seq) goto done;
+    count = PySequence_Fast_GET_SIZE(body_seq);
+    body_views = PyMem_Calloc(count ? count : 1, sizeof(Py_buffer));
+    if (!body_views) { PyErr_NoMemory(); goto done; }
+    for (; done_bodies < count; done_bodies++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(body_seq, done_bodies), &body_views[done_bodies], PyBUF_SIMPLE) < 0)
+            goto done;
+    if (shared_props) {
+        prop_count = 1;
+    } else {
+        prop_seq = PySequence_Fast(properties, "properties must be bytes or a sequence");
+        if (!prop_seq) goto done;
+        prop_count = PySequence_Fast_GET_SIZE(prop_seq);
+        if (prop_count != count) { PyErr_SetString(PyExc_ValueError, "one properties entry per body"); goto done; }
+    }
+    prop_views = PyMem_Calloc(prop_count ? prop_count : 1, sizeof(Py_buffer));
+    if (!prop_views) { PyErr_NoMemory(); goto done; }
+    for (; done_props < prop_count; done_props++) {
+        PyObject *item = shared_props ? properties : PySequence_Fast_GET_ITEM(prop_seq, done_props);
+        if (PyObject_GetBuffer(item, &prop_views[done_props], PyBUF_SIMPLE) < 0) goto done;
+        if (prop_views[done_props].len > 32767) { done_props++; PyErr_SetString(PyExc_ValueError, "properties too long"); goto done; }
+    }
+    int born_v6 = born_ip.len == 16, store_v6 = store_ip.len == 16, v2 = topic.len > 127;
+    Py_ssize_t born_size = born_v6 ? 20 : 8, store_size = store_v6 ? 20 : 8;
+    Py_ssize_t fixed = 48 + born_size + 8 + store_size + 12 + 4 + (v2 ? 2 : 1) + topic.len + 2;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        total += fixed + body_views[i].len + prop_views[shared_props ? 0 : i].len;
+    if (position < 0 || position + total > target.len) {
+        PyErr_Format(PyExc_ValueError, "batch of %zd bytes does not fit at %zd in %zd", total, position, target.len);
+        goto done;
+    }
+    uint8_t *out = (uint8_t *)target.buf + position;
+    Py_ssize_t written = 0;
+    int transactional = (sysflag & 0xC) == 0x4 || (sysflag & 0xC) == 0xC;
+    uint32_t magic = v2 ? MAGIC_V2 : MAGIC_V1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_buffer *body = &body_views[i], *prop = &prop_views[shared_props ? 0 : i];
+        Py_ssize_t size = fixed + body->len + prop->len;
+        uint8_t *p = out + written;
+        put32(p, (uint32_t)size);
+        put32(p + 4, magic);
+        put32(p + 8, crc32c((const uint8_t *)body->buf, (size_t)body->len) & 0x7FFFFFFFu);
+        put32(p + 12, (uint32_t)queue_id);
+        put32(p + 16, (uint32_t)flag);
+        put64(p + 20, (uint64_t)(transactional ? 0 : queue_offset_first + i));
+        put64(p + 28, (uint64_t)(physical_base + position + written));
+        put32(p + 36, (uint32_t)sysflag);
+        put64(p + 40, (uint64_t)born_ts);
+        uint8_t *q = p + 48;
+        memcpy(q, born_ip.buf, born_ip.len); q += born_ip.len; put32(q, (uint32_t)born_port); q += 4;
+        put64(q, (uint64_t)store_ts); q += 8;
+        memcpy(q, store_ip.buf, store_ip.len); q += store_ip.len; put32(q, (uint32_t)store_port); q += 4;
+        put32(q, 0); q += 4;           /* RECONSUMETIMES */
+        put64(q, 0); q += 8;           /* PREPARED_TX_OFFSET */
+        put32(q, (uint32_t)body->len); q += 4;
+        memcpy(q, body->buf, body->len); q += body->len;
+        if (v2) { put16(q, (uint16_t)topic.len); q += 2; } else { *q++ = (uint8_t)topic.len; }
+        memcpy(q, topic.buf, topic.len); q += topic.len;
+        put16(q, (uint16_t)prop->len); q += 2;
+        memcpy(q, prop->buf, prop->len); q += prop->len;
+        written += size;
+    }
+    result = PyLong_FromSsize_t(written);
+done:
+    for (Py_ssize_t i = 0; i < done_bodies; i++) PyBuffer_Release(&body_views[i]);
+    for (Py_ssize_t i = 0; i < done_props; i++) PyBuffer_Release(&prop_views[i]);
+    PyMem_Free(body_views);
+    PyMem_Free(prop_views);
+    Py_XDECREF(body_seq);
+    Py_XDECREF(prop_seq);
+    PyBuffer_Release(&target);
+    PyBuffer_Release(&topic);
+    PyBuffer_Release(&born_ip);
+    PyBuffer_Release(&store_ip);
+    return result;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/* populate(mapping, start, end): fault in the pages of mapping[start:end] for writing, with the GIL
+ * released, so that appends later copy into resident pages. MADV_POPULATE_WRITE does not change
+ * bytes; the fallback adds 0 atomically to one byte per page, which is safe beside a writer. */
+static PyObject *populate(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "w*nn", &view, &start, &end)) return NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    if (start < 0) start = 0;
+    if (end > view.len) end = view.len;
+    start = (start + page - 1) / page * page;
+    int rc = 0;
+    if (end > start) {
+        uint8_t *base = (uint8_t *)view.buf;
+        Py_BEGIN_ALLOW_THREADS
+        if (((uintptr_t)base % page) != 0 || madvise(base + start, (size_t)(end - start), MADV_POPULATE_WRITE) != 0) {
+            rc = 1;
+            for (Py_ssize_t p = start; p < end; p += page) __atomic_fetch_add(base + p, 0, __ATOMIC_RELAXED);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(rc == 0);
+}
+
+
+/* Java String.hashCode over the UTF-16 code units of a UTF-8 string. Returns 0 and sets *ok = 0
+ * for invalid UTF-8 (the caller falls back to Python, which decodes with replacement). */
+static int32_t java_hash_utf8(const uint8_t *p, Py_ssize_t n, int *ok) {
+    uint32_t h = 0;
+    *ok = 1;
+    for (Py_ssize_t i = 0; i < n;) {
+        uint32_t c = p[i];
+        int extra;
+        if (c < 0x80) { extra = 0; }
+        else if ((c & 0xE0) == 0xC0 && c >= 0xC2) { c &= 0x1F; extra = 1; }
+        else if ((c & 0xF0) == 0xE0) { c &= 0x0F; extra = 2; }
+        else if ((c & 0xF8) == 0xF0 && c <= 0xF4) { c &= 0x07; extra = 3; }
+        else { *ok = 0; return 0; }
+        if (extra && i + extra >= n) { *ok = 0; return 0; }
+        for (int k = 1; k <= extra; k++) {
+            if ((p[i + k] & 0xC0) != 0x80) { *ok = 0; return 0; }
+            c = (c << 6) | (p[i + k] & 0x3F);
+        }
+        if ((extra == 2 && (c < 0x800 || (c >= 0xD800 && c <= 0xDFFF))) || (extra == 3 && (c < 0x10000 || c > 0x10FFFF))) {
+            *ok = 0; return 0;
+        }
+        i += extra + 1;
+        if (c >= 0x10000) {
+            c -= 0x10000;
+            h = 31 * h + (0xD800 + (c >> 10));
+            h = 31 * h + (0xDC00 + (c & 0x3FF));
+        } else {
+            h = 31 * h + c;
+        }
+    }
+    return (int32_t)h;
+}
+
+typedef struct {
+    const uint8_t *topic;
+    Py_ssize_t topic_size;
+    int32_t queue_id;
+    int64_t first_queue_offset, next_queue_offset, first_offset, last_end, max_store_ts;
+    uint8_t *units;
+    Py_ssize_t count, capacity;
+} Run;
+
+/* dispatch_units(buffer, start, limit, physical_base, records_max)
+ *   -> (position, stop, records, [(topic, queue_id, first_queue_offset, count, units, first_offset, last_end,
+ *                                   max_store_ts), ...])
+ * Parses the fields a consume queue needs and groups them into runs per queue with consecutive queue
+ * offsets, each with its 20-byte units packed. Transaction prepare/rollback records are passed
+ * over. stop: 0 limit/records_max, 1 blank, 2 malformed at position, 3 a TAGS value that is not
+ * valid UTF-8 at position (the caller handles that record in Python and calls again after it). */
+static PyObject *dispatch_units(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, limit, records_max;
+    long long base;
+    if (!PyArg_ParseTuple(args, "y*nnLn", &view, &start, &limit, &base, &records_max)) return NULL;
+    if (limit > view.len) limit = view.len;
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    Run *runs = NULL;
+    Py_ssize_t run_count = 0, run_capacity = 0, records = 0;
+    Py_ssize_t pos = start;
+    int stop = 0;
+    PyObject *result = NULL;
+    while (pos < limit && records < records_max) {
+        Py_ssize_t left = limit - pos;
+        if (left >= 8 && be32(buf + pos + 4) == BLANK_MAGIC) { stop = 1; break; }
+        if (left < 91) { stop = 2; break; }
+        int32_t size = (int32_t)be32(buf + pos);
+        uint32_t magic = be32(buf + pos + 4);
+        if ((magic != MAGIC_V1 && magic != MAGIC_V2) || size < 91 || size > left) { stop = 2; break; }
+        int32_t queue_id = (int32_t)be32(buf + pos + 12);
+        int64_t queue_offset = be64(buf + pos + 20);
+        int64_t physical = be64(buf + pos + 28);
+        int32_t sysflag = (int32_t)be32(buf + pos + 36);
+        Py_ssize_t born = (sysflag & 0x10) ? 20 : 8, store = (sysflag & 0x20) ? 20 : 8;
+        int64_t store_ts = be64(buf + pos + 48 + born);
+        Py_ssize_t body_length_at = pos + 48 + born + 8 + store + 12;
+        Py_ssize_t end = pos + size;
+        if (body_length_at + 7 > end || physical != base + pos) { stop = 2; break; }
+        int32_t body_size = (int32_t)be32(buf + body_length_at);
+        Py_ssize_t cursor = body_length_at + 4 + (Py_ssize_t)body_size;
+        if (body_size < 0 || cursor + 3 > end) { stop = 2; break; }
+        Py_ssize_t topic_size;
+        if (magic == MAGIC_V1) { topic_size = buf[cursor]; cursor += 1; }
+        else { topic_size = be16(buf + cursor); cursor += 2; }
+        if (topic_size < 0 || cursor + topic_size + 2 > end) { stop = 2; break; }
+        const uint8_t *topic = buf + cursor;
+        cursor += topic_size;
+        int properties_size = be16(buf + cursor);
+        cursor += 2;
+        if (properties_size < 0 || cursor + properties_size != end) { stop = 2; break; }
+        int transaction = sysflag & 0xC;
+        if (transaction == 0x4 || transaction == 0xC) { pos = end; records++; continue; }
+        const uint8_t *props = buf + cursor;
+        Py_ssize_t found = -1;
+        for (Py_ssize_t i = 0; i + 5 <= properties_size; i++)
+            if ((i == 0 || props[i - 1] == 2) && memcmp(props + i, "TAGS\x01", 5) == 0 && i + 5 < properties_size &&
+                props[i + 5] != 2)
+                found = i + 5;
+        int32_t tags_code = 0;
+        if (found >= 0) {
+            Py_ssize_t value_end = found;
+            while (value_end < properties_size && props[value_end] != 2) value_end++;
+            int ok;
+            tags_code = java_hash_utf8(props + found, value_end - found, &ok);
+            if (!ok) { stop = 3; break; }
+        }
+        Run *run = NULL;
+        for (Py_ssize_t r = run_count - 1; r >= 0; r--) {
+            if (runs[r].queue_id == queue_id && runs[r].topic_size == topic_size &&
+                memcmp(runs[r].topic, topic, topic_size) == 0) {
+                if (runs[r].next_queue_offset == queue_offset) run = &runs[r];
+                break; /* the newest run of this queue only: a gap starts a new run */
+            }
+        }
+        if (!run) {
+            if (run_count == run_capacity) {
+                Py_ssize_t capacity = run_capacity ? run_capacity * 2 : 16;
+                Run *grown = PyMem_Realloc(runs, capacity * sizeof(Run));
+                if (!grown) { PyErr_NoMemory(); goto fail; }
+                runs = grown;
+                run_capacity = capacity;
+            }
+            run = &runs[run_count++];
+            run->topic = topic; run->topic_size = topic_size; run->queue_id = queue_id;
+            run->first_queue_offset = run->next_queue_offset = queue_offset;
+            run->first_offset = base + pos; run->max_store_ts = store_ts;
+            run->units = NULL; run->count = 0; run->capacity = 0;
+        }
+        if (run->count == run->capacity) {
+            Py_ssize_t capacity = run->capacity ? run->capacity * 2 : 64;
+            uint8_t *grown = PyMem_Realloc(run->units, capacity * 20);
+            if (!grown) { PyErr_NoMemory(); goto fail; }
+            run->units = grown;
+            run->capacity = capacity;
+        }
+        uint8_t *unit = run->units + run->count * 20;
+        put64(unit, (uint64_t)(base + pos));
+        put32(unit + 8, (uint32_t)size);
+        put64(unit + 12, (uint64_t)(int64_t)tags_code);
+        run->count++;
+        run->next_queue_offset++;
+        run->last_end = base + end;
+        if (store_ts > run->max_store_ts) run->max_store_ts = store_ts;
+        records++;
+        pos = end;
+    }
+    {
+        PyObject *list = PyList_New(run_count);
+        if (!list) goto fail;
+        for (Py_ssize_t r = 0; r < run_count; r++) {
+            Run *run = &runs[r];
+            PyObject *item = Py_BuildValue("(y#iLny#LLL)", (const char *)run->topic, run->topic_size, run->queue_id,
+                                           (long long)run->first_queue_offset, run->count, (const char *)run->units,
+                                           run->count * 20, (long long)run->first_offset, (long long)run->last_end,
+                                           (long long)run->max_store_ts);
+            if (!item) { Py_DECREF(list); goto fail; }
+            PyList_SET_ITEM(list, r, item);
+        }
+        result = Py_BuildValue("ninN", pos, stop, records, list);
+    }
+fail:
+    for (Py_ssize_t r = 0; r < run_count; r++) PyMem_Free(runs[r].units);
+    PyMem_Free(runs);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS,
+     "scan(buffer, start, end, file_from_offset, check_crc) -> (position, count, code, last_record_position)"},
+    {"write_batch", write_batch, METH_VARARGS, "encode a batch of records sharing topic, queue and hosts"},
+    {"populate", populate, METH_VARARGS, "fault in mapping[start:end] for writing (GIL released)"},
+    {"dispatch_units", dispatch_units, METH_VARARGS, "parse records into per-queue runs of packed units"},
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer) -> int (for testing the native CRC)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    crc_table_init();
+#ifdef HAVE_X86
+    __builtin_cpu_init();
+    have_sse42 = __builtin_cpu_supports("sse4.2");
+#endif
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,24 @@
+"""The optional native module (``commitlog/_scan.c``), in one place.
+
+``setup.py`` builds it when a C compiler is present. Every function in it has a pure-Python twin
+that produces the same bytes and results (the tests compare them); ``HASVC_NO_NATIVE=1`` in the
+environment turns the native paths off.
+"""
+
+from __future__ import annotations
+
+import os
+
+if os.environ.get("HASVC_NO_NATIVE") == "1":
+    module = None
+else:
+    try:  # pragma: no cover - depends on the build
+        from commitlog import _scan as module
+    except ImportError:  # pragma: no cover
+        module = None
+
+AVAILABLE = module is not None
+scan = module.scan if module else None
+write_batch = module.write_batch if module else None
+populate = module.populate if module else None
+dispatch_units = module.dispatch_units if module else None

@@ -1,0 +1,164 @@
+"""Validate a run of records quickly: the recovery scan and ``hasvc store verify``.
+
+Theory of operation
+-------------------
+Recovery walks a segment record by record from a known-good position and stops at the first
+record that is not valid (RocketMQ's ``checkMessageAndReturnSize``). Valid means: the size word
+is within bounds, the magic is V1 or V2, the variable-length fields add up to the size word
+(``calMsgLength``), the PHYSICALOFFSET field names the record's own offset, and (optionally) the
+body CRC matches. The walk ends cleanly at a zero word (the preallocated, never-written tail) or at
+a blank record that fills the segment exactly.
+
+``scan_segment`` returns a ``ScanResult`` with a numeric ``code`` and a position; the reasons are
+one table, so the pure-Python walk and the optional C walk (``commitlog._scan``, built by setup.py
+when a compiler is present) agree to the byte. The C walk exists because the check is a
+per-record loop: on a slow 2-core VM a Python iteration costs ~0.15 µs and a ``crc32c`` call
+~0.65 µs, which caps a Python scan near 0.5 GB/s on 1 KiB records; the C walk is memory-bound.
+Only CRC32C is accelerated; a CRC32 (RocketMQ-written) store is scanned in Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+
+import crc32c as _crc32c
+
+from commitlog import record as rec
+
+from commitlog import native as _native
+
+
+class ScanCode(enum.IntEnum):
+    END_OF_DATA = 0  # a zero size word: the never-written tail of a preallocated segment
+    END_OF_SEGMENT = 1  # a blank record filling the rest of the segment
+    BAD_MAGIC = 2
+    SIZE_OUT_OF_BOUNDS = 3
+    FIELDS_DO_NOT_ADD_UP = 4
+    BODY_CRC_MISMATCH = 5
+    PHYSICAL_OFFSET_MISMATCH = 6
+    BAD_BLANK = 7
+    TRUNCATED = 8
+
+    @property
+    def clean(self) -> bool:
+        return self in (ScanCode.END_OF_DATA, ScanCode.END_OF_SEGMENT)
+
+
+REASONS = {
+    ScanCode.END_OF_DATA: "end of written data",
+    ScanCode.END_OF_SEGMENT: "end of segment (blank record)",
+    ScanCode.BAD_MAGIC: "bad magic code",
+    ScanCode.SIZE_OUT_OF_BOUNDS: "size word out of bounds",
+    ScanCode.FIELDS_DO_NOT_ADD_UP: "field lengths do not add up to the size word (half-written record)",
+    ScanCode.BODY_CRC_MISMATCH: "body CRC mismatch",
+    ScanCode.PHYSICAL_OFFSET_MISMATCH: "PHYSICALOFFSET field does not match the record's position",
+    ScanCode.BAD_BLANK: "blank record does not fill the rest of the segment",
+    ScanCode.TRUNCATED: "fewer than 8 bytes left and not zero",
+}
+
+NATIVE_AVAILABLE = _native.AVAILABLE
+_USE_NATIVE = NATIVE_AVAILABLE
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScanResult:
+    position: int  # where the walk stopped: the end of the last valid record, or the blank
+    count: int  # valid records passed
+    code: ScanCode
+    last_record_position: int  # start of the last valid record, -1 if none
+
+    @property
+    def reason(self) -> str:
+        return REASONS[self.code]
+
+
+_HEAD = struct.Struct(">iI")  # TOTALSIZE, MAGIC
+_PHYSICAL_OFFSET = struct.Struct(">q")
+_SYSFLAG = struct.Struct(">i")
+_BODY_LENGTH = struct.Struct(">i")
+_PROPERTIES_LENGTH = struct.Struct(">h")
+
+
+def scan_segment(
+    buffer,
+    *,
+    start: int,
+    end: int,
+    file_from_offset: int,
+    crc_function: rec.CrcFunction | None = _crc32c.crc32c,
+    native: bool | None = None,
+) -> ScanResult:
+    """Walk records in ``buffer[start:end]``; ``end`` is the segment's size (blank records must
+    fill exactly to it). ``crc_function=None`` skips the CRC check."""
+    use_native = _USE_NATIVE if native is None else native and NATIVE_AVAILABLE
+    if use_native and crc_function in (None, _crc32c.crc32c):
+        position, count, code, last = _native.scan(buffer, start, end, file_from_offset, crc_function is not None)
+        return ScanResult(position, count, ScanCode(code), last)
+    return _scan_python(buffer, start=start, end=end, file_from_offset=file_from_offset, crc_function=crc_function)
+
+
+def _scan_python(buffer, *, start, end, file_from_offset, crc_function) -> ScanResult:
+    view = memoryview(buffer)
+    head = _HEAD.unpack_from
+    phys = _PHYSICAL_OFFSET.unpack_from
+    sysflag_of = _SYSFLAG.unpack_from
+    int32 = _BODY_LENGTH.unpack_from
+    int16 = _PROPERTIES_LENGTH.unpack_from
+    v1, v2, blank = rec.MAGIC_V1, rec.MAGIC_V2, rec.BLANK_MAGIC
+    mask = rec.CRC_MASK
+    position = start
+    count = 0
+    last = -1
+
+    def stop(code: ScanCode) -> ScanResult:
+        return ScanResult(position, count, code, last)
+
+    while True:
+        left = end - position
+        if left < 8:
+            if left <= 0 or not any(view[position:end]):
+                return stop(ScanCode.END_OF_DATA)
+            return stop(ScanCode.TRUNCATED)
+        size, magic = head(view, position)
+        if magic != v1 and magic != v2:
+            if magic == blank:
+                return stop(ScanCode.END_OF_SEGMENT if size == left else ScanCode.BAD_BLANK)
+            if size == 0 and magic == 0:
+                return stop(ScanCode.END_OF_DATA)
+            return stop(ScanCode.BAD_MAGIC)
+        if size < 91 or size > left:
+            return stop(ScanCode.SIZE_OUT_OF_BOUNDS)
+        (sysflag,) = sysflag_of(view, position + 36)
+        header_size = 48 + (20 if sysflag & 0x10 else 8) + 8 + (20 if sysflag & 0x20 else 8) + 12
+        if header_size + 4 + 3 > size:
+            return stop(ScanCode.FIELDS_DO_NOT_ADD_UP)
+        body_length_at = position + header_size
+        (body_size,) = int32(view, body_length_at)
+        record_end = position + size
+        topic_length_at = body_length_at + 4 + body_size
+        if body_size < 0 or topic_length_at + 3 > record_end:
+            return stop(ScanCode.FIELDS_DO_NOT_ADD_UP)
+        if magic == v1:
+            topic_size = view[topic_length_at]
+            if topic_size > 127:
+                return stop(ScanCode.FIELDS_DO_NOT_ADD_UP)
+            properties_length_at = topic_length_at + 1 + topic_size
+        else:
+            (topic_size,) = int16(view, topic_length_at)
+            properties_length_at = topic_length_at + 2 + topic_size
+        if topic_size < 0 or properties_length_at + 2 > record_end:
+            return stop(ScanCode.FIELDS_DO_NOT_ADD_UP)
+        (properties_size,) = int16(view, properties_length_at)
+        if properties_size < 0 or properties_length_at + 2 + properties_size != record_end:
+            return stop(ScanCode.FIELDS_DO_NOT_ADD_UP)
+        if phys(view, position + 28)[0] != file_from_offset + position:
+            return stop(ScanCode.PHYSICAL_OFFSET_MISMATCH)
+        if crc_function is not None:
+            body = view[body_length_at + 4 : topic_length_at]
+            if crc_function(body) & mask != int32(view, position + 8)[0]:
+                return stop(ScanCode.BODY_CRC_MISMATCH)
+        last = position
+        position = record_end
+        count += 1

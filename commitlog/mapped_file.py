@@ -1,0 +1,321 @@
+"""MappedFile: one fixed-size, preallocated, memory-mapped segment and its three positions.
+
+Theory of operation
+-------------------
+A segment is a file of exactly ``file_size`` bytes named by the global offset of its first byte
+(``file_from_offset``, 20 zero-padded digits). It is preallocated with ``posix_fallocate`` so that
+a write through the mapping can never hit a full disk (which would kill the process with SIGBUS):
+a full disk shows up when the *next* segment is created, as an error the store reports.
+
+Three positions, all relative to the segment start, describe how far bytes have travelled:
+
+    flushed_position <= committed_position <= wrote_position <= file_size
+
+* ``wrote_position``: bytes appended. Without a write buffer they are in the mapping (the page
+  cache) at once; with a transient-store-pool write buffer they are only in that buffer.
+* ``committed_position``: bytes copied from the write buffer into the file (``commit``). Without a
+  write buffer it equals ``wrote_position``.
+* ``flushed_position``: bytes known to be on disk (``flush`` = ``fdatasync``, which on Linux also
+  writes pages dirtied through a shared mapping).
+
+Readers see ``read_position`` bytes: ``committed_position`` with a write buffer (the file holds
+nothing beyond), ``wrote_position`` without. The positions are checked after every change.
+Global offsets (``flushed_where`` and friends) are the queue's business; ``offset_of`` is the one
+place that turns a position into an offset.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+from typing import Final
+
+OS_PAGE_SIZE: Final = 4096
+FILE_NAME_DIGITS: Final = 20
+# Zeroing a torn tail: ranges at least this long are punched out (fallocate) rather than
+# written with zeros; smaller ones are written through the mapping.
+PUNCH_HOLE_SIZE_MIN: Final = 1024 * 1024
+ZERO_CHUNK_SIZE: Final = 1024 * 1024
+
+from commitlog import native as _native
+
+_native_populate = _native.populate
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+class StoreError(Exception):
+    """A store that cannot be opened or used as asked; the message names the file."""
+
+
+class DiskFullError(StoreError):
+    """No space left to create or extend a segment."""
+
+
+def segment_name(file_from_offset: int) -> str:
+    return f"{file_from_offset:0{FILE_NAME_DIGITS}d}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    if len(name) != FILE_NAME_DIGITS or not name.isdigit():
+        return None
+    return int(name)
+
+
+def _libc_fallocate():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.fallocate
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    function.restype = ctypes.c_int
+    return function
+
+
+_FALLOCATE = _libc_fallocate()
+
+
+def preallocate(fd: int, size: int) -> None:
+    """Reserve ``size`` bytes of disk for ``fd``; raise DiskFullError when there is no room."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise DiskFullError(f"no space left to preallocate {size} bytes") from error
+        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)  # a filesystem without fallocate: a sparse file
+
+
+class MappedFile:
+    """One segment. Not thread-safe for concurrent appends (the commit log's put lock serialises
+    them); flush and commit may run in another thread, they only read ``wrote_position``."""
+
+    def __init__(self, path: str, *, file_size: int, create: bool, write_buffer: bytearray | None = None):
+        name = os.path.basename(path)
+        file_from_offset = parse_segment_name(name)
+        if file_from_offset is None:
+            raise StoreError(f"{path}: segment names are {FILE_NAME_DIGITS} decimal digits")
+        if file_from_offset % file_size:
+            raise StoreError(f"{path}: start offset is not a multiple of the segment size {file_size}")
+        self.path = path
+        self.file_size = file_size
+        self.file_from_offset = file_from_offset
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        self._fd = os.open(path, flags, 0o644)
+        try:
+            if create:
+                preallocate(self._fd, file_size)
+                _fsync_directory(os.path.dirname(path))
+            else:
+                actual = os.fstat(self._fd).st_size
+                if actual != file_size:
+                    raise StoreError(f"{path}: {actual} bytes, expected the segment size {file_size}")
+            self._mmap = mmap.mmap(self._fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self._fd)
+            if create:
+                os.unlink(path)
+            raise
+        self._view = memoryview(self._mmap)
+        self.write_buffer = write_buffer
+        self._buffer_view = memoryview(write_buffer) if write_buffer is not None else None
+        initial = 0 if create else file_size
+        self.wrote_position = initial
+        self._committed_position = initial  # only meaningful with a write buffer
+        self.flushed_position = initial
+        self.store_timestamp = 0  # store timestamp of the last record appended (for the checkpoint)
+        self.populated_position = initial  # pages below this are resident (warmed) for writing
+        self._check()
+
+    # -- positions ------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        assert 0 <= self.flushed_position, self.flushed_position
+        assert self.flushed_position <= self.committed_position, (self.flushed_position, self.committed_position)
+        assert self.committed_position <= self.wrote_position, (self.committed_position, self.wrote_position)
+        assert self.wrote_position <= self.file_size, (self.wrote_position, self.file_size)
+
+    @property
+    def committed_position(self) -> int:
+        return self._committed_position if self.write_buffer is not None else self.wrote_position
+
+    @property
+    def read_position(self) -> int:
+        return self.committed_position if self.write_buffer is not None else self.wrote_position
+
+    @property
+    def remaining(self) -> int:
+        return self.file_size - self.wrote_position
+
+    @property
+    def full(self) -> bool:
+        return self.wrote_position == self.file_size
+
+    def offset_of(self, position: int) -> int:
+        return self.file_from_offset + position
+
+    # -- writing --------------------------------------------------------------------------
+
+    def writable_view(self) -> memoryview:
+        """Where appends go: the write buffer when there is one, else the mapping. Write at
+        ``wrote_position`` and then call ``advance``."""
+        return self._buffer_view if self._buffer_view is not None else self._view
+
+    def advance(self, size: int) -> None:
+        assert size > 0 and self.wrote_position + size <= self.file_size, (size, self.wrote_position)
+        self.wrote_position += size
+        self._check()
+
+    def append(self, data) -> bool:
+        """Copy ``data`` in whole at ``wrote_position``; False (nothing written) if it does not fit."""
+        size = len(data)
+        if size > self.remaining:
+            return False
+        if size:
+            position = self.wrote_position
+            self.writable_view()[position : position + size] = data
+            self.advance(size)
+        return True
+
+    def commit(self, least_pages: int = 0) -> int:
+        """Copy the write buffer's new bytes into the file; return ``committed_position``."""
+        if self.write_buffer is None:
+            return self.committed_position
+        wrote = self.wrote_position
+        committed = self.committed_position
+        if wrote > committed and self._enough_pages(wrote, committed, least_pages):
+            os.pwrite(self._fd, self._buffer_view[committed:wrote], committed)
+            self._committed_position = wrote
+            self._check()
+        return self.committed_position
+
+    def release_write_buffer(self) -> bytearray | None:
+        """Hand the write buffer back once everything is committed (the segment is full)."""
+        if self.write_buffer is None or self.committed_position < self.file_size:
+            return None
+        buffer, self.write_buffer, self._buffer_view = self.write_buffer, None, None
+        return buffer
+
+    def flush(self, least_pages: int = 0) -> int:
+        """fdatasync what readers can see; return ``flushed_position``."""
+        target = self.read_position
+        if target > self.flushed_position and self._enough_pages(target, self.flushed_position, least_pages):
+            os.fdatasync(self._fd)
+            self.flushed_position = target
+            self._check()
+        return self.flushed_position
+
+    def _enough_pages(self, ahead: int, behind: int, least_pages: int) -> bool:
+        if ahead == self.file_size or least_pages <= 0:
+            return True
+        return ahead // OS_PAGE_SIZE - behind // OS_PAGE_SIZE >= least_pages
+
+    def truncate(self, position: int) -> None:
+        """Drop everything at and after ``position``: zero it on disk (a torn or unacknowledged
+        tail must never be read back after a later crash) and move all positions there."""
+        assert 0 <= position <= self.file_size, position
+        self._zero(position, self.file_size)
+        if self._buffer_view is not None:
+            self._buffer_view[position:] = bytes(self.file_size - position)
+        os.fdatasync(self._fd)
+        self.set_positions(position)
+
+    def set_positions(self, position: int) -> None:
+        """Move all three positions to ``position`` (recovery found the end of the data there)."""
+        self.wrote_position = self._committed_position = self.flushed_position = position
+        self._check()
+
+    def _zero(self, start: int, end: int) -> None:
+        if end - start >= PUNCH_HOLE_SIZE_MIN and _FALLOCATE is not None:
+            if _FALLOCATE(self._fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, start, end - start) == 0:
+                try:  # reserve the blocks again so that later writes cannot meet a full disk
+                    os.posix_fallocate(self._fd, start, end - start)
+                except OSError:
+                    pass  # the next append's disk check reports a full disk
+                return
+        zeros = bytes(min(ZERO_CHUNK_SIZE, end - start))
+        for chunk_start in range(start, end, ZERO_CHUNK_SIZE):
+            chunk_end = min(end, chunk_start + ZERO_CHUNK_SIZE)
+            chunk_zeros = zeros[: chunk_end - chunk_start]
+            if self._view[chunk_start:chunk_end] != chunk_zeros:
+                self._view[chunk_start:chunk_end] = chunk_zeros
+
+    def attach_write_buffer(self, write_buffer: bytearray) -> None:
+        assert self.write_buffer is None and self.wrote_position == 0
+        self.write_buffer = write_buffer
+        self._buffer_view = memoryview(write_buffer)
+
+    def populate(self, end: int) -> None:
+        """Fault in the mapping's pages up to ``end`` ahead of the writer (RocketMQ's warm-up of
+        mapped files): a first write to a page costs a page fault, ~10x the copy itself here.
+        Safe beside a concurrent writer; a no-op without the native module or with a write buffer."""
+        end = min(end, self.file_size)
+        start = max(self.populated_position, self.wrote_position)
+        if _native_populate is None or self.write_buffer is not None or end <= start or self._fd < 0:
+            return
+        _native_populate(self._view, start, end)
+        self.populated_position = end
+
+    # -- reading --------------------------------------------------------------------------
+
+    def view(self) -> memoryview:
+        """The whole mapping, for scans; only ``[0, read_position)`` is meaningful."""
+        return self._view
+
+    def slice(self, position: int, size: int) -> memoryview:
+        """Zero-copy view of ``[position, position + size)``, bounded by ``read_position``."""
+        end = min(position + size, self.read_position)
+        assert 0 <= position <= end, (position, end)
+        return self._view[position:end]
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        self._view.release()
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass  # a reader still holds a slice; the mapping goes when the slice does
+        os.close(self._fd)
+        self._fd = -1
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"MappedFile({os.path.basename(self.path)}, wrote={self.wrote_position}, "
+            f"committed={self.committed_position}, flushed={self.flushed_position})"
+        )
+
+
+def nonzero_extent(view: memoryview, start: int, end: int, chunk: int = 1 << 20) -> int:
+    """How many bytes of ``view[start:end]`` lie at or before its last nonzero byte."""
+    position = end
+    while position > start:
+        chunk_start = max(start, position - chunk)
+        data = bytes(view[chunk_start:position]).rstrip(b"\x00")
+        if data:
+            return chunk_start + len(data) - start
+        position = chunk_start
+    return 0
+
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,268 @@
+"""MappedFileQueue: the ordered segments of one log, found by offset, rolled, truncated, retired.
+
+Theory of operation
+-------------------
+Segments are equal-sized and contiguous: segment ``i`` starts at ``first + i * file_size``. That
+makes ``find_mapped_file_by_offset`` an index computation (O(1)), and it is why loading refuses a
+directory whose names or sizes break the pattern (naming the file), instead of guessing.
+
+``flushed_where`` and ``committed_where`` are global offsets (segment start + position); they only
+grow, except when ``truncate_dirty_files`` cuts the log back. ``max_offset`` is the end of what
+readers may see; ``min_offset`` the start of the oldest segment still kept.
+
+The list of segments is replaced, never mutated in place, so a flush thread iterating a snapshot
+never sees it change under it; appends, rolls and truncation are serialised by the owner's lock.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from commitlog.mapped_file import MappedFile, StoreError, parse_segment_name, segment_name
+
+WriteBufferSource = Callable[[], bytearray | None]
+
+
+class MappedFileQueue:
+    def __init__(self, directory: str, *, file_size: int, write_buffer_source: WriteBufferSource | None = None):
+        if file_size <= 0:
+            raise ValueError(f"segment size must be positive, got {file_size}")
+        self.directory = directory
+        self.file_size = file_size
+        self._write_buffer_source = write_buffer_source
+        self.mapped_files: list[MappedFile] = []
+        self.flushed_where = 0
+        self.committed_where = 0
+        # The next segment, created and warmed ahead of need (AllocateMappedFileService).
+        self._spare: MappedFile | None = None
+        self._spare_lock = threading.Lock()
+
+    # -- loading --------------------------------------------------------------------------
+
+    @staticmethod
+    def segment_files(directory: str) -> list[tuple[int, str]]:
+        """(start offset, path) of every segment in ``directory``, sorted; other names are errors."""
+        if not os.path.isdir(directory):
+            return []
+        found = []
+        for name in os.listdir(directory):
+            start = parse_segment_name(name)
+            if start is None:
+                raise StoreError(f"{os.path.join(directory, name)}: not a segment (names are 20 decimal digits)")
+            found.append((start, os.path.join(directory, name)))
+        return sorted(found)
+
+    @staticmethod
+    def infer_file_size(directory: str) -> int | None:
+        """The segment size of an existing log, from its files (all must be equal)."""
+        files = MappedFileQueue.segment_files(directory)
+        sizes = {os.path.getsize(path) for _, path in files if os.path.getsize(path) > 0}
+        if not sizes:
+            return None
+        if len(sizes) > 1:
+            raise StoreError(f"{directory}: segments of different sizes {sorted(sizes)}")
+        return sizes.pop()
+
+    def load(self) -> None:
+        """Open every segment; positions start at the segment end until recovery moves them."""
+        assert not self.mapped_files
+        files = self.segment_files(self.directory)
+        if files and os.path.getsize(files[-1][1]) == 0:
+            os.unlink(files[-1][1])  # a last segment created but never sized (RocketMQ's doLoad)
+            files.pop()
+        expected = files[0][0] if files else 0
+        loaded = []
+        try:
+            for start, path in files:
+                if start != expected:
+                    raise StoreError(f"{path}: expected the segment starting at {expected} next (missing or misnamed file)")
+                loaded.append(MappedFile(path, file_size=self.file_size, create=False))
+                expected = start + self.file_size
+        except BaseException:
+            for mapped_file in loaded:
+                mapped_file.close()
+            raise
+        self.mapped_files = loaded
+        if loaded:
+            self.flushed_where = self.committed_where = self.max_offset
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    @property
+    def first(self) -> MappedFile | None:
+        return self.mapped_files[0] if self.mapped_files else None
+
+    @property
+    def last(self) -> MappedFile | None:
+        return self.mapped_files[-1] if self.mapped_files else None
+
+    @property
+    def min_offset(self) -> int:
+        first = self.first
+        return first.file_from_offset if first else 0
+
+    @property
+    def max_offset(self) -> int:
+        """End of what readers see."""
+        last = self.last
+        return last.offset_of(last.read_position) if last else 0
+
+    @property
+    def max_wrote_offset(self) -> int:
+        last = self.last
+        return last.offset_of(last.wrote_position) if last else 0
+
+    def find_mapped_file_by_offset(self, offset: int) -> MappedFile | None:
+        files = self.mapped_files
+        if not files:
+            return None
+        index = (offset - files[0].file_from_offset) // self.file_size
+        if 0 <= index < len(files):
+            mapped_file = files[index]
+            assert mapped_file.file_from_offset <= offset < mapped_file.file_from_offset + self.file_size
+            return mapped_file
+        return None
+
+    def get_last_mapped_file(self, start_offset: int = 0, *, create: bool = True) -> MappedFile | None:
+        """The segment to append to: the last one unless it is full; creates one if allowed."""
+        last = self.last
+        if last is not None and not last.full:
+            return last
+        if not create:
+            return None
+        if last is None:
+            create_offset = start_offset - start_offset % self.file_size
+        else:
+            create_offset = last.file_from_offset + self.file_size
+        return self._create(create_offset)
+
+    def _create(self, file_from_offset: int) -> MappedFile:
+        write_buffer = self._write_buffer_source() if self._write_buffer_source else None
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+            if spare is not None and spare.file_from_offset == file_from_offset:
+                mapped_file = spare
+                if write_buffer is not None:
+                    mapped_file.attach_write_buffer(write_buffer)
+            else:
+                if spare is not None:
+                    spare.destroy()
+                mapped_file = self._new_file(file_from_offset, write_buffer)
+        if not self.mapped_files:
+            self.flushed_where = self.committed_where = file_from_offset
+        self.mapped_files = [*self.mapped_files, mapped_file]
+        return mapped_file
+
+    def _new_file(self, file_from_offset: int, write_buffer: bytearray | None) -> MappedFile:
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, segment_name(file_from_offset))
+        return MappedFile(path, file_size=self.file_size, create=True, write_buffer=write_buffer)
+
+    def warm_ahead(self, size: int) -> None:
+        """Fault in ``size`` bytes ahead of the writer; near a segment's end, create the next
+        segment and warm its start. Runs beside appends (another thread or task)."""
+        last = self.last
+        if last is None:
+            return
+        ahead = last.wrote_position + size
+        last.populate(ahead)
+        if ahead <= self.file_size:
+            return
+        next_offset = last.file_from_offset + self.file_size
+        with self._spare_lock:
+            if self.last is not last or (self._spare is not None and self._spare.file_from_offset == next_offset):
+                spare = self._spare
+            else:
+                if self._spare is not None:
+                    self._spare.destroy()
+                spare = self._spare = self._new_file(next_offset, None)
+        if spare is not None:
+            spare.populate(ahead - self.file_size)
+
+    # -- commit and flush -----------------------------------------------------------------
+
+    def commit(self, least_pages: int = 0) -> int:
+        """Commit write buffers up to the last segment; return ``committed_where``."""
+        for mapped_file in self._files_from(self.committed_where):
+            position = mapped_file.commit(least_pages)
+            self.committed_where = max(self.committed_where, mapped_file.offset_of(position))
+            if position < mapped_file.file_size:
+                break
+        return self.committed_where
+
+    def flush(self, least_pages: int = 0) -> int:
+        """Flush segments from ``flushed_where`` on; return the new ``flushed_where``."""
+        for mapped_file in self._files_from(self.flushed_where):
+            position = mapped_file.flush(least_pages)
+            self.flushed_where = max(self.flushed_where, mapped_file.offset_of(position))
+            if position < mapped_file.file_size:
+                break
+        return self.flushed_where
+
+    def _files_from(self, offset: int) -> list[MappedFile]:
+        files = self.mapped_files
+        if not files:
+            return []
+        index = max(0, (offset - files[0].file_from_offset) // self.file_size)
+        return files[index:]
+
+    @property
+    def store_timestamp(self) -> int:
+        last = self.last
+        return last.store_timestamp if last else 0
+
+    # -- truncation and retention ---------------------------------------------------------
+
+    def truncate_dirty_files(self, offset: int) -> None:
+        """Cut the log at ``offset``: the segment holding it is truncated, later ones deleted."""
+        self._drop_spare()
+        kept = []
+        for mapped_file in self.mapped_files:
+            if mapped_file.file_from_offset + self.file_size <= offset:
+                kept.append(mapped_file)
+            elif mapped_file.file_from_offset <= offset:
+                mapped_file.truncate(offset - mapped_file.file_from_offset)
+                kept.append(mapped_file)
+            else:
+                mapped_file.destroy()
+        self.mapped_files = kept
+        self.flushed_where = min(self.flushed_where, offset)
+        self.committed_where = min(self.committed_where, offset)
+
+    def delete_first_files(self, count: int) -> list[str]:
+        """Retire the ``count`` oldest segments (never the last one); return their paths."""
+        count = min(count, len(self.mapped_files) - 1)
+        if count <= 0:
+            return []
+        retired, self.mapped_files = self.mapped_files[:count], self.mapped_files[count:]
+        for mapped_file in retired:
+            mapped_file.destroy()
+        return [mapped_file.path for mapped_file in retired]
+
+    def reset_to(self, offset: int) -> None:
+        """Empty the log and start it again at ``offset`` (a slave joining mid-log)."""
+        self._drop_spare()
+        for mapped_file in self.mapped_files:
+            mapped_file.destroy()
+        self.mapped_files = []
+        self.flushed_where = self.committed_where = offset
+
+    def close(self) -> None:
+        for mapped_file in self.mapped_files:
+            mapped_file.close()
+        self._drop_spare()
+
+    def _drop_spare(self) -> None:
+        with self._spare_lock:
+            if self._spare is not None:
+                self._spare.destroy()
+                self._spare = None
+
+    def destroy(self) -> None:
+        self._drop_spare()
+        for mapped_file in self.mapped_files:
+            mapped_file.destroy()
+        self.mapped_files = []
+        self.flushed_where = self.committed_where = 0

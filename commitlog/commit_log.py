@@ -1,0 +1,459 @@
+"""CommitLog: the message log. Append, append replicated bytes, read, flush, commit, recover.
+
+Theory of operation
+-------------------
+Appends hold the put lock, take the last segment (rolling to a new one when the batch plus an
+8-byte blank does not fit, after writing the blank), assign each record its physical offset,
+queue offset and store timestamp, encode the records straight into the segment (or its write
+buffer) and move ``wrote_position`` once for the whole batch. Validation and most of the encoding
+(``record.prepare_message``) happen before the lock is taken, so a refused message writes nothing.
+
+A slave never encodes: ``append_replicated`` copies the master's bytes verbatim (blank records
+included) and insists that they start exactly at its own end — byte-identical logs are the point.
+
+Flushing and committing are steps the caller drives (a thread, or a trio task): ``flush`` moves
+``flushed_where`` with one ``fdatasync`` per segment touched, however many appends came before it
+— that is group commit.
+
+Recovery walks records from a safe segment (``commitlog.scan``) and cuts the log at the first
+invalid one. Which segment is safe depends on how the last run ended; see ``recover``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import threading
+import time
+from collections.abc import Sequence
+
+from commitlog import record as rec
+from commitlog.mapped_file import DiskFullError, MappedFile, StoreError, nonzero_extent
+from commitlog.mapped_file_queue import MappedFileQueue, WriteBufferSource
+from commitlog.scan import ScanCode, scan_segment
+
+
+class ReadError(ValueError):
+    """A read at an offset that is not a record, or outside the log."""
+
+
+class ReplicationOffsetError(ValueError):
+    """Replicated bytes that do not start at the local end of the log."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AppendResult:
+    status: rec.PutMessageStatus
+    wrote_offset: int = -1  # physical offset of the first record
+    wrote_bytes: int = 0
+    store_timestamp: int = 0
+    offsets: tuple[int, ...] = ()  # physical offset of every record
+    queue_offsets: tuple[int, ...] = ()
+    reason: str = ""
+
+    @property
+    def next_offset(self) -> int:
+        """The log offset just past the last record: what flush and replication must reach."""
+        return self.wrote_offset + self.wrote_bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    abnormal: bool
+    start_offset: int  # where the scan began
+    end_offset: int  # the recovered end of the log
+    records: int
+    scanned_bytes: int
+    seconds: float
+    corrupt_offset: int | None  # first invalid record, None when the log ended cleanly
+    reason: str
+    deleted_segments: tuple[str, ...]
+    dropped_bytes: int  # nonzero bytes cut from the segment that held the cut
+
+    def describe(self) -> str:
+        kind = "abnormal (abort file present)" if self.abnormal else "normal"
+        text = (
+            f"{kind} recovery scanned {self.records} records ({self.scanned_bytes} bytes) from offset "
+            f"{self.start_offset} in {self.seconds:.3f}s; log ends at {self.end_offset}"
+        )
+        if self.corrupt_offset is not None:
+            text += f"; cut at {self.corrupt_offset}: {self.reason}"
+        if self.dropped_bytes:
+            text += f"; {self.dropped_bytes} bytes after the cut zeroed"
+        if self.deleted_segments:
+            text += f"; deleted segments {', '.join(os.path.basename(p) for p in self.deleted_segments)}"
+        return text
+
+
+def _transactional(sysflag: int) -> bool:
+    return sysflag & rec.SYSFLAG_TRANSACTION_MASK in (rec.SYSFLAG_TRANSACTION_PREPARED, rec.SYSFLAG_TRANSACTION_ROLLBACK)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CommitLog:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        segment_size: int,
+        store_host: rec.Host = ("127.0.0.1", 10911),
+        write_buffer_source: WriteBufferSource | None = None,
+    ):
+        self.mapped_file_queue = MappedFileQueue(
+            directory, file_size=segment_size, write_buffer_source=write_buffer_source
+        )
+        self.segment_size = segment_size
+        self.store_ip, self.store_port, self.store_v6 = rec.encode_host(store_host)
+        # (topic, queue id) -> next queue offset; recovered from the consume queues.
+        self.topic_queue_table: dict[tuple[str, int], int] = {}
+        self.put_lock = threading.Lock()
+        self.last_store_timestamp = 0
+
+    def load(self) -> None:
+        self.mapped_file_queue.load()
+
+    # -- offsets --------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        return self.mapped_file_queue.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        """End of what readers see (with a write buffer: what is committed)."""
+        return self.mapped_file_queue.max_offset
+
+    @property
+    def max_wrote_offset(self) -> int:
+        return self.mapped_file_queue.max_wrote_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.mapped_file_queue.flushed_where
+
+    @property
+    def committed_offset(self) -> int:
+        return self.mapped_file_queue.committed_where
+
+    # -- append ---------------------------------------------------------------------------
+
+    def append(self, prepared: Sequence[rec.PreparedMessage]) -> AppendResult:
+        """Append records in one go; all land in the same segment, in order, or none do."""
+        if not prepared:
+            return AppendResult(rec.PutMessageStatus.MESSAGE_ILLEGAL, reason="empty batch")
+        total = 0
+        for message in prepared:
+            total += rec.with_store_host(message, store_v6=self.store_v6)
+        store_ip, store_port = self.store_ip, self.store_port
+
+        def write(buffer, position: int, base: int, store_timestamp: int) -> tuple[list[int], list[int]]:
+            offsets, queue_offsets = [], []
+            for message in prepared:
+                queue_offset = self._next_queue_offset(message.message.topic, message.message.queue_id, message.sysflag, 1)
+                offsets.append(base + position)
+                queue_offsets.append(queue_offset)
+                position += rec.write_record(
+                    buffer, position, message, queue_offset=queue_offset, physical_offset=base + position,
+                    store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port,
+                )  # fmt: skip
+            return offsets, queue_offsets
+
+        return self._append_locked(total, write)
+
+    def append_batch(self, prepared: rec.PreparedBatch, *, crc_function: rec.CrcFunction = rec.CRC_FUNCTIONS["crc32c"]) -> AppendResult:
+        """Append a batch sharing topic and queue: one native call encodes every record (the fast
+        path for batched sends). ``prepared`` must come from ``prepare_batch`` with this log's
+        store host family."""
+        batch = prepared.batch
+        assert bool(prepared.sysflag & rec.SYSFLAG_STOREHOST_V6) == self.store_v6
+
+        def write(buffer, position: int, base: int, store_timestamp: int) -> tuple[list[int], list[int]]:
+            first = self._next_queue_offset(batch.topic, batch.queue_id, prepared.sysflag, prepared.count)
+            written = rec.write_batch(
+                buffer, position, prepared, queue_offset_first=first, physical_base=base,
+                store_timestamp=store_timestamp, store_ip=self.store_ip, store_port=self.store_port,
+                crc_function=crc_function,
+            )  # fmt: skip
+            assert written == prepared.total, (written, prepared.total)
+            offsets = list(itertools.accumulate(prepared.sizes[:-1], initial=base + position))
+            transactional = _transactional(prepared.sysflag)
+            queue_offsets = [0] * prepared.count if transactional else list(range(first, first + prepared.count))
+            return offsets, queue_offsets
+
+        return self._append_locked(prepared.total, write)
+
+    def _next_queue_offset(self, topic: str, queue_id: int, sysflag: int, count: int) -> int:
+        """Reserve ``count`` queue offsets; transaction prepare/rollback records get 0 and none."""
+        if _transactional(sysflag):
+            return 0
+        key = (topic, queue_id)
+        first = self.topic_queue_table.get(key, 0)
+        self.topic_queue_table[key] = first + count
+        return first
+
+    def _append_locked(self, total: int, write) -> AppendResult:
+        if total + rec.BLANK_SIZE > self.segment_size:
+            return AppendResult(
+                rec.PutMessageStatus.MESSAGE_ILLEGAL,
+                reason=f"batch of {total} bytes does not fit a segment of {self.segment_size}",
+            )
+        with self.put_lock:
+            try:
+                mapped_file = self._segment_for(total)
+            except DiskFullError as error:
+                return AppendResult(rec.PutMessageStatus.CREATE_MAPPED_FILE_FAILED, reason=str(error))
+            store_timestamp = max(now_ms(), self.last_store_timestamp)
+            self.last_store_timestamp = store_timestamp
+            start = mapped_file.wrote_position
+            base = mapped_file.file_from_offset
+            offsets, queue_offsets = write(mapped_file.writable_view(), start, base, store_timestamp)
+            mapped_file.advance(total)
+            mapped_file.store_timestamp = store_timestamp
+        return AppendResult(
+            rec.PutMessageStatus.PUT_OK,
+            wrote_offset=base + start,
+            wrote_bytes=total,
+            store_timestamp=store_timestamp,
+            offsets=tuple(offsets),
+            queue_offsets=tuple(queue_offsets),
+        )
+
+    def _segment_for(self, size: int) -> MappedFile:
+        """The segment the next ``size`` bytes go to; ends the current one with a blank record
+        when ``size`` plus the blank does not fit (RocketMQ's END_OF_FILE)."""
+        queue = self.mapped_file_queue
+        mapped_file = queue.get_last_mapped_file(0)
+        if size + rec.BLANK_SIZE > mapped_file.remaining:
+            remaining = mapped_file.remaining
+            rec.write_blank(mapped_file.writable_view(), mapped_file.wrote_position, remaining)
+            mapped_file.advance(remaining)
+            mapped_file = queue.get_last_mapped_file(0)
+        return mapped_file
+
+    def warm_ahead(self, size: int) -> None:
+        self.mapped_file_queue.warm_ahead(size)
+
+    def append_replicated(self, offset: int, data) -> None:
+        """Append bytes a master sent, verbatim. ``offset`` must be the local end of the log (or,
+        for an empty log, the start of a segment). Raises ReplicationOffsetError otherwise."""
+        with self.put_lock:
+            queue = self.mapped_file_queue
+            if queue.last is None:
+                if offset % self.segment_size:
+                    raise ReplicationOffsetError(
+                        f"an empty log can only start at a segment boundary, master sent {offset}"
+                    )
+                queue.reset_to(offset)
+            elif offset != self.max_wrote_offset:
+                raise ReplicationOffsetError(
+                    f"master sent bytes for offset {offset} but the local log ends at {self.max_wrote_offset}"
+                )
+            view = memoryview(data)
+            while view:
+                mapped_file = queue.get_last_mapped_file(offset)
+                size = min(len(view), mapped_file.remaining)
+                mapped_file.append(view[:size])
+                view = view[size:]
+                offset += size
+
+    def replication_target(self, offset: int, size: int) -> memoryview:
+        """A writable view of the mapping at ``offset`` for receiving replicated bytes in place
+        (``recv_into``); at most ``size`` bytes and never across a segment. Call
+        ``commit_replicated`` with the bytes received."""
+        with self.put_lock:
+            queue = self.mapped_file_queue
+            if queue.last is None:
+                if offset % self.segment_size:
+                    raise ReplicationOffsetError(
+                        f"an empty log can only start at a segment boundary, master sent {offset}"
+                    )
+                queue.reset_to(offset)
+            elif offset != self.max_wrote_offset:
+                raise ReplicationOffsetError(
+                    f"master sent bytes for offset {offset} but the local log ends at {self.max_wrote_offset}"
+                )
+            mapped_file = queue.get_last_mapped_file(offset)
+            position = mapped_file.wrote_position
+            return mapped_file.writable_view()[position : position + min(size, mapped_file.remaining)]
+
+    def commit_replicated(self, size: int) -> None:
+        with self.put_lock:
+            self.mapped_file_queue.last.advance(size)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def read(self, offset: int, size_max: int) -> memoryview:
+        """Zero-copy bytes from ``offset``: up to ``size_max`` and never past a segment's end or
+        the readable end of the log."""
+        if offset < self.min_offset or offset >= self.max_offset:
+            raise ReadError(f"offset {offset} outside the log [{self.min_offset}, {self.max_offset})")
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        assert mapped_file is not None
+        return mapped_file.slice(offset - mapped_file.file_from_offset, size_max)
+
+    def get_record(self, offset: int, *, crc_function: rec.CrcFunction | None = None) -> rec.Record:
+        """The record that starts at ``offset``; ReadError when no record starts there."""
+        if offset < self.min_offset or offset >= self.max_offset:
+            raise ReadError(f"offset {offset} outside the log [{self.min_offset}, {self.max_offset})")
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        position = offset - mapped_file.file_from_offset
+        try:
+            record = rec.decode_record(
+                mapped_file.view(), position, crc_function=crc_function, limit=mapped_file.read_position
+            )
+        except rec.RecordError as error:
+            raise ReadError(f"no record starts at offset {offset}: {error.reason}") from None
+        if record.physical_offset != offset:
+            raise ReadError(f"no record starts at offset {offset}: the bytes there name offset {record.physical_offset}")
+        return record
+
+    def next_record_offset(self, offset: int) -> int:
+        """Where the record after the one at ``offset`` starts (blank records skipped)."""
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        if mapped_file is None:
+            raise ReadError(f"offset {offset} outside the log")
+        position = offset - mapped_file.file_from_offset
+        blank = rec.peek_blank(mapped_file.view(), position)
+        if blank is not None:
+            return mapped_file.file_from_offset + self.segment_size
+        (size,) = rec.TOTAL_SIZE.unpack_from(mapped_file.view(), position)
+        return offset + size
+
+    # -- commit and flush -----------------------------------------------------------------
+
+    def commit(self, least_pages: int = 0) -> int:
+        return self.mapped_file_queue.commit(least_pages)
+
+    def flush(self, least_pages: int = 0) -> int:
+        """Commit (if a write buffer is in use) and fsync; return the flushed offset."""
+        self.mapped_file_queue.commit(0 if least_pages == 0 else least_pages)
+        return self.mapped_file_queue.flush(least_pages)
+
+    # -- truncation -----------------------------------------------------------------------
+
+    def truncate(self, offset: int) -> None:
+        """Cut the log at ``offset`` (a record boundary), zeroing what follows."""
+        with self.put_lock:
+            if offset < self.min_offset or offset > self.max_wrote_offset:
+                raise ReadError(f"cannot truncate at {offset}: log is [{self.min_offset}, {self.max_wrote_offset}]")
+            if offset < self.max_wrote_offset:
+                mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+                position = offset - mapped_file.file_from_offset
+                if position and rec.peek_blank(mapped_file.view(), position) is None:
+                    self.get_record(offset)  # raises unless a record starts there
+            self.mapped_file_queue.truncate_dirty_files(offset)
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def recover(
+        self,
+        *,
+        abnormal: bool,
+        dispatch_from: int,
+        checkpoint_min_timestamp: int,
+        crc_function: rec.CrcFunction | None,
+    ) -> RecoveryReport:
+        """Find the end of the valid log and cut it there.
+
+        Start segment: walking back from the newest segment, the first whose first record is
+        valid, starts at or below ``dispatch_from`` (the consume queues' high mark, so every record
+        they lack is scanned again) and — after a crash — was stored before the checkpoint's
+        timestamp minus 3 s (so it was flushed). None qualifies: the oldest segment.
+        """
+        started = time.perf_counter()
+        files = self.mapped_file_queue.mapped_files
+        if not files:
+            return RecoveryReport(abnormal, 0, 0, 0, 0, 0.0, None, "empty log", (), 0)
+        start_index = self._recovery_start_index(
+            abnormal=abnormal, dispatch_from=dispatch_from, checkpoint_min_timestamp=checkpoint_min_timestamp
+        )
+        records = 0
+        scanned = 0
+        corrupt_offset = None
+        reason = "end of written data"
+        end_offset = files[-1].file_from_offset + self.segment_size
+        cut_file = None
+        for mapped_file in files[start_index:]:
+            result = scan_segment(
+                mapped_file.view(),
+                start=0,
+                end=self.segment_size,
+                file_from_offset=mapped_file.file_from_offset,
+                crc_function=crc_function,
+            )
+            records += result.count
+            scanned += result.position
+            if result.code is ScanCode.END_OF_SEGMENT:
+                scanned += self.segment_size - result.position
+                continue
+            end_offset = mapped_file.offset_of(result.position)
+            cut_file = mapped_file
+            if not result.code.clean:
+                corrupt_offset = end_offset
+                reason = result.reason
+            break
+        else:
+            reason = "end of segment (blank record)"
+        deleted = tuple(f.path for f in files if f.file_from_offset > end_offset)
+        dropped = 0
+        if cut_file is not None and (abnormal or corrupt_offset is not None):
+            position = end_offset - cut_file.file_from_offset
+            if corrupt_offset is not None:
+                dropped = nonzero_extent(cut_file.view(), position, self.segment_size)
+            self.mapped_file_queue.truncate_dirty_files(end_offset)
+        else:
+            for mapped_file in [f for f in files if f.file_from_offset > end_offset]:
+                mapped_file.destroy()
+            kept = [f for f in files if f.file_from_offset <= end_offset]
+            self.mapped_file_queue.mapped_files = kept
+            if cut_file is not None:
+                position = end_offset - cut_file.file_from_offset
+                cut_file.set_positions(position)
+        queue = self.mapped_file_queue
+        queue.flushed_where = queue.committed_where = end_offset
+        return RecoveryReport(
+            abnormal=abnormal,
+            start_offset=files[start_index].file_from_offset,
+            end_offset=end_offset,
+            records=records,
+            scanned_bytes=scanned,
+            seconds=time.perf_counter() - started,
+            corrupt_offset=corrupt_offset,
+            reason=reason,
+            deleted_segments=deleted,
+            dropped_bytes=dropped,
+        )
+
+    def _recovery_start_index(self, *, abnormal: bool, dispatch_from: int, checkpoint_min_timestamp: int) -> int:
+        files = self.mapped_file_queue.mapped_files
+        for index in range(len(files) - 1, -1, -1):
+            mapped_file = files[index]
+            try:
+                first = rec.decode_record(mapped_file.view(), 0, crc_function=None)
+            except rec.RecordError:
+                continue
+            if first.physical_offset != mapped_file.file_from_offset or first.store_timestamp == 0:
+                continue
+            if first.physical_offset > dispatch_from:
+                continue
+            if abnormal and first.store_timestamp > checkpoint_min_timestamp:
+                continue
+            return index
+        return 0
+
+    def close(self) -> None:
+        self.mapped_file_queue.close()
+
+
+__all__ = [
+    "AppendResult",
+    "CommitLog",
+    "ReadError",
+    "RecoveryReport",
+    "ReplicationOffsetError",
+    "StoreError",
+]

@@ -1,0 +1,505 @@
+"""MessageStore: a store directory — commit log, consume queues, checkpoint, abort and lock files.
+
+Theory of operation
+-------------------
+Opening a store takes the ``lock`` (a second process is refused), notes whether ``abort`` is
+present (the last run crashed), loads the segments, recovers, and creates ``abort`` until ``close``.
+
+Recovery (RocketMQ's ``DefaultMessageStore.recover``):
+
+1. consume queues: each is read back to its last valid unit;
+2. commit log: ``CommitLog.recover`` walks records from a safe segment and cuts at the first invalid
+   one (zeroing what follows and deleting later segments);
+3. consume queues are cut to the recovered log, and the last unit of each is checked against the
+   record it names (a torn unit is dropped);
+4. dispatch resumes: after a normal shutdown from the queues' high mark; after a crash from the
+   start of the recovery scan, every record again (``put`` skips what is already there).
+
+Nothing here runs by itself: flushing, committing, dispatching and cleaning are step methods that a
+driver calls — ``commitlog.services.StoreServices`` (threads) or the broker (trio tasks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from collections.abc import Sequence
+
+from commitlog import record as rec
+from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
+from commitlog.commit_log import AppendResult, CommitLog, ReadError, RecoveryReport, now_ms
+from commitlog.config import FlushDiskType, StoreConfig
+from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
+from commitlog.mapped_file import StoreError
+from commitlog.mapped_file_queue import MappedFileQueue
+
+from commitlog import native as _native
+
+
+class TransientStorePool:
+    """Write buffers for segments (transientStorePoolEnable): appends land in memory and the
+    commit step copies them into the file. Bounded: with every buffer in use a new segment is
+    written directly through its mapping, as if the pool were off."""
+
+    def __init__(self, *, buffers_max: int, buffer_size: int):
+        self.buffers_max = buffers_max
+        self.buffer_size = buffer_size
+        self._free: list[bytearray] = []
+        self._created = 0
+
+    def borrow(self) -> bytearray | None:
+        if self._free:
+            return self._free.pop()
+        if self._created < self.buffers_max:
+            self._created += 1
+            return bytearray(self.buffer_size)
+        return None
+
+    def give_back(self, buffer: bytearray) -> None:
+        assert len(buffer) == self.buffer_size
+        self._free.append(buffer)
+
+    @property
+    def available(self) -> int:
+        return len(self._free) + self.buffers_max - self._created
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    min_offset: int
+    max_offset: int
+    flushed_offset: int
+    committed_offset: int
+    dispatched_offset: int
+    segments: int
+    consume_queues: int
+    disk_used_ratio: float
+
+
+class MessageStore:
+    def __init__(self, path: str, config: StoreConfig | None = None):
+        self.path = path
+        self.config = (config or StoreConfig()).validate()
+        self.crc_function = self.config.crc_function
+        self.pool = (
+            TransientStorePool(
+                buffers_max=self.config.transient_store_pool_size, buffer_size=self.config.commitlog_segment_size
+            )
+            if self.config.transient_store_pool_enable
+            else None
+        )
+        self.commit_log = CommitLog(
+            os.path.join(path, "commitlog"),
+            segment_size=self.config.commitlog_segment_size,
+            store_host=self.config.store_host,
+            write_buffer_source=self.pool.borrow if self.pool else None,
+        )
+        self.consume_queues = ConsumeQueueStore(
+            os.path.join(path, "consumequeue"), units_per_file=self.config.consume_queue_units_per_file
+        )
+        self.checkpoint: StoreCheckpoint | None = None
+        self.recovery: RecoveryReport | None = None
+        self.last_exit_ok = True
+        self.reput_from_offset = 0
+        self.dispatch_error: str | None = None
+        self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
+        self._lock: StoreLock | None = None
+        self._disk_checked_at = float("-inf")
+        self._disk_used_ratio = 0.0
+        self._opened = False
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str, config: StoreConfig | None = None) -> "MessageStore":
+        store = cls(path, config)
+        store._open()
+        return store
+
+    def _open(self) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        existing = MappedFileQueue.infer_file_size(os.path.join(self.path, "commitlog"))
+        if existing is not None and existing != self.config.commitlog_segment_size:
+            raise StoreError(
+                f"{self.path}/commitlog: segments are {existing} bytes but commitlog_segment_size is "
+                f"{self.config.commitlog_segment_size}"
+            )
+        self._lock = StoreLock(os.path.join(self.path, "lock"))
+        try:
+            abort_path = os.path.join(self.path, "abort")
+            self.last_exit_ok = not os.path.exists(abort_path)
+            self.checkpoint = StoreCheckpoint.open(os.path.join(self.path, "checkpoint"))
+            self.commit_log.load()
+            self.consume_queues.load()
+            self._recover()
+            create_abort_file(abort_path)
+        except BaseException:
+            self.commit_log.close()
+            self.consume_queues.close()
+            self._lock.release()
+            raise
+        self._opened = True
+
+    def _recover(self) -> None:
+        queues = self.consume_queues
+        queues.recover()
+        dispatch_from = queues.max_physic_offset
+        self.recovery = self.commit_log.recover(
+            abnormal=not self.last_exit_ok,
+            dispatch_from=dispatch_from,
+            checkpoint_min_timestamp=self.checkpoint.min_timestamp,
+            crc_function=self.crc_function if self.config.check_crc_on_recover else None,
+        )
+        end = self.recovery.end_offset
+        if not self.commit_log.mapped_file_queue.mapped_files:
+            queues.destroy()
+        queues.truncate_dirty(end)
+        self._drop_torn_units()
+        if self.last_exit_ok:
+            self.reput_from_offset = max(queues.max_physic_offset, self.commit_log.min_offset)
+        else:
+            self.reput_from_offset = max(self.recovery.start_offset, self.commit_log.min_offset)
+        self.dispatch()
+        self.commit_log.topic_queue_table = queues.queue_offset_table()
+
+    def _drop_torn_units(self) -> None:
+        """A unit whose record is not what it says (torn write) is dropped, newest first."""
+        for (topic, queue_id), queue in self.consume_queues.queues.items():
+            while (unit := queue.last_unit()) is not None:
+                offset, size, _ = unit
+                try:
+                    record = self.commit_log.get_record(offset)
+                    if record.size == size and record.topic == topic and record.queue_id == queue_id:
+                        break
+                except ReadError:
+                    pass
+                queue.drop_last_unit()
+
+    def close(self, *, clean: bool = True) -> None:
+        """Flush everything, write the checkpoint, remove ``abort`` (only if all is dispatched).
+
+        ``clean=False`` lets go of the files as a killed process would: nothing flushed, ``abort``
+        left in place (what was written stays in the page cache, as after SIGKILL)."""
+        if not self._opened:
+            return
+        self._opened = False
+        if not clean:
+            self.commit_log.close()
+            self.consume_queues.close()
+            self._lock.release()
+            return
+        try:
+            self.flush_commitlog(0)
+            self.dispatch()
+            self.flush_consume_queues(0)
+            self.write_checkpoint()
+            if self.dispatch_error is None and self.reput_from_offset >= self.commit_log.max_offset:
+                try:
+                    os.unlink(os.path.join(self.path, "abort"))
+                except FileNotFoundError:
+                    pass
+        finally:
+            self.commit_log.close()
+            self.consume_queues.close()
+            self._lock.release()
+
+    def __enter__(self) -> "MessageStore":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- writing --------------------------------------------------------------------------
+
+    def prepare(self, messages: Sequence[rec.Message]) -> list[rec.PreparedMessage]:
+        """Validate and pre-encode (outside any lock). Raises MessageRejected."""
+        body_size_max = self.config.max_message_size
+        prepared = [
+            rec.prepare_message(message, crc_function=self.crc_function, body_size_max=body_size_max)
+            for message in messages
+        ]
+        if len(prepared) > 1:
+            total_body = sum(len(message.message.body) for message in prepared)
+            if total_body > body_size_max:
+                raise rec.MessageRejected(
+                    rec.PutMessageStatus.MESSAGE_ILLEGAL,
+                    f"batch bodies total {total_body} bytes, more than max_message_size {body_size_max}",
+                )
+        return prepared
+
+    def append(self, messages: Sequence[rec.Message]) -> AppendResult:
+        """Validate and append; no waiting for flush (the driver does that for SYNC_FLUSH)."""
+        if len(messages) == 1 and _batchable(messages[0]):
+            message = messages[0]
+            return self.append_batch(
+                rec.MessageBatch(
+                    message.topic, [message.body], queue_id=message.queue_id, properties=message.properties,
+                    flag=message.flag, born_timestamp=message.born_timestamp, born_host=message.born_host,
+                    sysflag=message.sysflag,
+                )  # fmt: skip
+            )
+        try:
+            prepared = self.prepare(messages)
+        except rec.MessageRejected as error:
+            return AppendResult(error.status, reason=error.reason)
+        return self.append_prepared(prepared)
+
+    def append_prepared(self, prepared: Sequence[rec.PreparedMessage]) -> AppendResult:
+        if self.disk_full():
+            return self._disk_full_result()
+        return self.commit_log.append(prepared)
+
+    def _disk_full_result(self) -> AppendResult:
+        return AppendResult(
+            rec.PutMessageStatus.DISK_FULL,
+            reason=(
+                f"disk {self._disk_used_ratio:.0%} used, above disk_max_used_space_ratio "
+                f"{self.config.disk_max_used_space_ratio:.0%}"
+            ),
+        )
+
+    def append_batch(self, batch: rec.MessageBatch) -> AppendResult:
+        """Validate and append a batch sharing topic and queue (the fast path)."""
+        try:
+            prepared = rec.prepare_batch(
+                batch, body_size_max=self.config.max_message_size, store_v6=self.commit_log.store_v6
+            )
+        except rec.MessageRejected as error:
+            return AppendResult(error.status, reason=error.reason)
+        if self.disk_full():
+            return self._disk_full_result()
+        return self.commit_log.append_batch(prepared, crc_function=self.crc_function)
+
+    def append_replicated(self, offset: int, data) -> None:
+        self.commit_log.append_replicated(offset, data)
+
+    def disk_full(self) -> bool:
+        now = time.monotonic()
+        if now - self._disk_checked_at >= self.config.disk_check_interval_ms / 1000:
+            self._disk_checked_at = now
+            self._disk_used_ratio = disk_used_ratio(self.path)
+        return self._disk_used_ratio > self.config.disk_max_used_space_ratio
+
+    # -- driver steps ---------------------------------------------------------------------
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+
+    def warm_commitlog(self) -> None:
+        self.commit_log.warm_ahead(self.config.warm_ahead_size)
+
+    def commit_commitlog(self, least_pages: int = 0) -> int:
+        committed = self.commit_log.commit(least_pages)
+        self._return_write_buffers()
+        return committed
+
+    def flush_commitlog(self, least_pages: int = 0) -> int:
+        """Commit and flush the commit log; record what is durable in the checkpoint fields."""
+        store_timestamp = self.commit_log.mapped_file_queue.store_timestamp
+        flushed = self.commit_log.flush(least_pages)
+        self._return_write_buffers()
+        if flushed >= self.commit_log.max_wrote_offset and store_timestamp:
+            self.checkpoint.physic_msg_timestamp = store_timestamp
+        self.checkpoint.master_flushed_offset = flushed
+        return flushed
+
+    def _return_write_buffers(self) -> None:
+        if self.pool is None:
+            return
+        for mapped_file in self.commit_log.mapped_file_queue.mapped_files:
+            buffer = mapped_file.release_write_buffer()
+            if buffer is not None:
+                self.pool.give_back(buffer)
+
+    @property
+    def dispatch_end_offset(self) -> int:
+        """Consume queues index only what is durable under SYNC_FLUSH (RocketMQ HEAD's
+        getConfirmOffset); everything readable under ASYNC_FLUSH."""
+        return self.commit_log.flushed_offset if self.sync_flush else self.commit_log.max_offset
+
+    def dispatch(self, max_bytes: int | None = None) -> int:
+        """Build consume queue units for records from ``reput_from_offset``; return how many
+        records were read. A record that cannot be parsed stops dispatch and is reported in
+        ``dispatch_error`` (recovery validated the master's log; a slave's bytes come from its
+        master and are only parsed here)."""
+        if self.dispatch_error is not None:
+            return 0
+        end = self.dispatch_end_offset
+        budget = max_bytes or self.config.dispatch_batch_size_max
+        count = 0
+        queue = self.commit_log.mapped_file_queue
+        while self.reput_from_offset < end and budget > 0:
+            offset = max(self.reput_from_offset, self.commit_log.min_offset)
+            mapped_file = queue.find_mapped_file_by_offset(offset)
+            if mapped_file is None:
+                break
+            base = mapped_file.file_from_offset
+            start = offset - base
+            limit = min(mapped_file.read_position, end - base)
+            view = mapped_file.view()
+            position, stop, records, runs = dispatch_units(view, start, limit, base, DISPATCH_RECORDS_PER_CALL)
+            if stop == _STOP_SLOW:  # one record the native parser leaves to Python
+                self._put_runs(runs)
+                count += records
+                position, stop, records, runs = _dispatch_units_python(view, position, limit, base, records_max=1)
+            self._put_runs(runs)
+            count += records
+            if stop == _STOP_MALFORMED:
+                self.dispatch_error = f"record at offset {base + position} cannot be dispatched (malformed)"
+                self.reput_from_offset = base + position
+                return count
+            if stop == _STOP_BLANK:
+                position = mapped_file.file_size
+            if position == start:
+                break  # nothing readable yet (a write buffer not committed this far)
+            budget -= position - start
+            self.reput_from_offset = base + position
+        return count
+
+    def _put_runs(self, runs: list) -> None:
+        for topic, queue_id, first_queue_offset, count, units, _first, last_end, store_ts in runs:
+            name = _topic_name(topic)
+            if name is None:
+                self.dispatch_skipped += count
+                continue
+            self.consume_queues.find_or_create(name, queue_id).put_run(first_queue_offset, units, last_end, store_ts)
+
+    def flush_consume_queues(self, least_pages: int = 0) -> None:
+        newest = self.consume_queues.flush(least_pages)
+        if newest:
+            self.checkpoint.logics_msg_timestamp = newest
+
+    def write_checkpoint(self) -> None:
+        self.checkpoint.flush()
+
+    def clean_expired(self, *, now_ms_value: int | None = None) -> list[str]:
+        """Retention: delete the oldest segments older than ``file_reserved_time_hours`` or, while
+        the disk is above ``disk_clean_ratio``, regardless of age. Never the newest segment, nor
+        one not yet dispatched. Consume queue files pointing only below the new minimum follow."""
+        now = now_ms() if now_ms_value is None else now_ms_value
+        reserved_ms = self.config.file_reserved_time_hours * 3600 * 1000
+        files = self.commit_log.mapped_file_queue.mapped_files[:-1]
+        over_ratio = disk_used_ratio(self.path) > self.config.disk_clean_ratio
+        count = 0
+        for mapped_file in files[: self.config.delete_segments_per_pass_max]:
+            if mapped_file.file_from_offset + mapped_file.file_size > self.reput_from_offset:
+                break
+            age_ms = now - os.path.getmtime(mapped_file.path) * 1000
+            if age_ms < reserved_ms and not over_ratio:
+                break
+            count += 1
+        deleted = self.commit_log.mapped_file_queue.delete_first_files(count)
+        if deleted:
+            self.consume_queues.delete_expired(self.commit_log.min_offset)
+        return deleted
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
+        return self.commit_log.get_record(offset, crc_function=self.crc_function if check_crc else None)
+
+    def read(self, offset: int, size_max: int) -> memoryview:
+        return self.commit_log.read(offset, size_max)
+
+    def pull(self, topic: str, queue_id: int, queue_offset: int, count_max: int) -> list[rec.Record]:
+        queue = self.consume_queues.find(topic, queue_id)
+        if queue is None:
+            return []
+        return [self.commit_log.get_record(offset) for offset, _size, _tags in queue.read(queue_offset, count_max)]
+
+    def truncate(self, offset: int) -> None:
+        """Cut the log and the consume queues at ``offset`` (a slave rejoining after failover)."""
+        self.commit_log.truncate(offset)
+        self.consume_queues.truncate_dirty(offset)
+        self.reput_from_offset = min(self.reput_from_offset, offset)
+        self.commit_log.topic_queue_table = self.consume_queues.queue_offset_table()
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            min_offset=self.commit_log.min_offset,
+            max_offset=self.commit_log.max_offset,
+            flushed_offset=self.commit_log.flushed_offset,
+            committed_offset=self.commit_log.committed_offset,
+            dispatched_offset=self.reput_from_offset,
+            segments=len(self.commit_log.mapped_file_queue.mapped_files),
+            consume_queues=len(self.consume_queues.queues),
+            disk_used_ratio=disk_used_ratio(self.path),
+        )
+
+
+def _batchable(message: rec.Message) -> bool:
+    """A message the batch path encodes identically (it writes RECONSUMETIMES and
+    PREPARED_TX_OFFSET as 0)."""
+    return message.reconsume_times == 0 and message.prepared_transaction_offset == 0
+
+
+_STOP_LIMIT, _STOP_BLANK, _STOP_MALFORMED, _STOP_SLOW = 0, 1, 2, 3
+# Records parsed per call: bounds the runs built in one go.
+DISPATCH_RECORDS_PER_CALL = 4096
+
+
+def _dispatch_units_python(view: memoryview, start: int, limit: int, base: int, records_max: int = DISPATCH_RECORDS_PER_CALL):
+    """Python twin of the native ``dispatch_units``: parse records from ``start`` and group them
+    into runs per queue with consecutive queue offsets, units packed. Returns ``(stop position,
+    stop kind, records read, [(topic bytes, queue id, first queue offset, count, units, first
+    offset, last end, max store timestamp)])``."""
+    runs: list[list] = []
+    newest: dict[tuple[bytes, int], list] = {}
+    position = start
+    records = 0
+    stop = _STOP_LIMIT
+    pack = CQ_UNIT.pack
+    while position < limit and records < records_max:
+        if rec.peek_blank(view, position) is not None:
+            stop = _STOP_BLANK
+            break
+        try:
+            size, physical, topic, queue_id, queue_offset, sysflag, store_ts, tags = rec.decode_dispatch(
+                view, position, limit
+            )
+        except rec.RecordError:
+            stop = _STOP_MALFORMED
+            break
+        if physical != base + position:
+            stop = _STOP_MALFORMED
+            break
+        records += 1
+        offset = base + position
+        position += size
+        transaction = sysflag & rec.SYSFLAG_TRANSACTION_MASK
+        if transaction in (rec.SYSFLAG_TRANSACTION_PREPARED, rec.SYSFLAG_TRANSACTION_ROLLBACK):
+            continue
+        key = (topic.encode(), queue_id)
+        run = newest.get(key)
+        if run is None or run[2] + run[3] != queue_offset:
+            run = [key[0], queue_id, queue_offset, 0, bytearray(), offset, 0, store_ts]
+            runs.append(run)
+            newest[key] = run
+        run[3] += 1
+        run[4] += pack(offset, size, tags)
+        run[6] = offset + size
+        run[7] = max(run[7], store_ts)
+    return position, stop, records, [(t, q, f, c, bytes(u), o, e, s) for t, q, f, c, u, o, e, s in runs]
+
+
+dispatch_units = _native.dispatch_units or _dispatch_units_python
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_name(topic: bytes) -> str | None:
+    """The topic as a directory name, or None when it cannot be one (skipped, counted)."""
+    try:
+        text = topic.decode()
+    except UnicodeDecodeError:
+        return None
+    return text if rec.TOPIC_PATTERN.fullmatch(text) else None
+
+
+def disk_used_ratio(path: str) -> float:
+    stat = os.statvfs(path)
+    if not stat.f_blocks:
+        return 0.0
+    return 1.0 - stat.f_bavail / stat.f_blocks

@@ -1,0 +1,20 @@
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from commitlog.config import StoreConfig
+
+settings.register_profile(
+    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+settings.register_profile("ci", parent=settings.get_profile("default"), max_examples=60, derandomize=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# Small segments so tests roll files often; RocketMQ's defaults are in StoreConfig.
+SEGMENT_SIZE = 64 * 1024
+
+
+@pytest.fixture
+def small_config() -> StoreConfig:
+    return StoreConfig(commitlog_segment_size=SEGMENT_SIZE, consume_queue_units_per_file=64)

@@ -1,0 +1,136 @@
+import struct
+
+import pytest
+
+from commitlog import record as rec
+from commitlog.commit_log import CommitLog, ReadError, ReplicationOffsetError
+from commitlog.mapped_file import segment_name
+from tests.conftest import SEGMENT_SIZE
+
+
+@pytest.fixture
+def log(tmp_path):
+    commit_log = CommitLog(str(tmp_path / "commitlog"), segment_size=SEGMENT_SIZE)
+    commit_log.load()
+    yield commit_log
+    commit_log.close()
+
+
+def append(log, *messages):
+    return log.append([rec.prepare_message(message) for message in messages])
+
+
+def test_ten_golden_records_end_at_1580(log):
+    for _ in range(10):
+        result = append(log, rec.Message("FooBar", b"Once, there was a chance for me!", properties={"TAGS": "TAG1", "KEYS": "1700000000000"}))
+        assert result.status is rec.PutMessageStatus.PUT_OK
+    assert log.max_offset == 1580
+
+
+def test_append_assigns_physical_and_queue_offsets(log):
+    first = append(log, rec.Message("A", b"1"), rec.Message("A", b"2", queue_id=1), rec.Message("A", b"3"))
+    assert first.queue_offsets == (0, 0, 1)
+    assert first.offsets[0] == 0 and first.offsets[1] == log.get_record(0).size
+    second = append(log, rec.Message("A", b"4"))
+    assert second.queue_offsets == (2,)
+    record = log.get_record(second.wrote_offset)
+    assert (record.physical_offset, record.queue_offset, bytes(record.body)) == (second.wrote_offset, 2, b"4")
+    assert record.store_timestamp == second.store_timestamp
+
+
+def test_a_record_that_does_not_fit_ends_the_segment_with_a_blank(log):
+    body = b"x" * 1000
+    size = rec.calc_record_size(body_size=1000, topic_size=1, properties_size=0)
+    while SEGMENT_SIZE - log.max_offset >= size + 8:
+        append(log, rec.Message("T", body))
+    remaining = SEGMENT_SIZE - log.max_offset
+    result = append(log, rec.Message("T", body))
+    assert result.wrote_offset == SEGMENT_SIZE
+    first = log.mapped_file_queue.mapped_files[0]
+    assert rec.peek_blank(first.view(), SEGMENT_SIZE - remaining) == remaining
+    assert log.next_record_offset(SEGMENT_SIZE - remaining) == SEGMENT_SIZE
+
+
+def test_a_record_of_exactly_remaining_minus_8_fits(log):
+    append(log, rec.Message("T", b"x" * 1000))
+    remaining = SEGMENT_SIZE - log.max_offset
+    body_size = remaining - 8 - rec.calc_record_size(body_size=0, topic_size=1, properties_size=0)
+    result = append(log, rec.Message("T", b"y" * body_size))
+    assert result.wrote_offset < SEGMENT_SIZE
+    assert SEGMENT_SIZE - log.max_offset == 8
+    assert append(log, rec.Message("T", b"")).wrote_offset == SEGMENT_SIZE
+
+
+def test_a_batch_lands_whole_in_one_segment(log):
+    append(log, rec.Message("T", b"x" * (SEGMENT_SIZE - 3000)))
+    batch = rec.prepare_batch(rec.MessageBatch("T", [b"b" * 1000] * 3))
+    result = log.append_batch(batch)
+    assert result.wrote_offset == SEGMENT_SIZE
+    assert result.offsets == tuple(SEGMENT_SIZE + i * batch.sizes[0] for i in range(3))
+    assert [log.get_record(o).queue_offset for o in result.offsets] == [1, 2, 3]
+
+
+def test_batch_larger_than_a_segment_is_illegal_and_writes_nothing(log):
+    result = log.append_batch(rec.prepare_batch(rec.MessageBatch("T", [b"x" * 30000] * 3)))
+    assert result.status is rec.PutMessageStatus.MESSAGE_ILLEGAL
+    assert log.max_offset == 0
+
+
+def test_reads_outside_the_log_or_between_records_are_clear_errors(log):
+    result = append(log, rec.Message("T", b"hello"), rec.Message("T", b"world"))
+    with pytest.raises(ReadError, match="outside the log"):
+        log.get_record(log.max_offset)
+    with pytest.raises(ReadError, match="no record starts at offset 3"):
+        log.get_record(3)
+    with pytest.raises(ReadError, match="outside"):
+        log.read(-1, 10)
+    assert bytes(log.read(result.offsets[1], 10**6)) == bytes(log.read(0, 10**6))[result.offsets[1] :]
+
+
+def test_replicated_bytes_are_copied_verbatim_and_must_start_at_the_end(tmp_path, log):
+    for i in range(200):
+        append(log, rec.Message("T", bytes([i]) * 700))
+    slave = CommitLog(str(tmp_path / "slave"), segment_size=SEGMENT_SIZE)
+    slave.load()
+    offset = 0
+    while offset < log.max_offset:
+        chunk = log.read(offset, 32 * 1024)
+        slave.append_replicated(offset, chunk)
+        offset += len(chunk)
+    assert slave.max_offset == log.max_offset
+    assert bytes(slave.read(SEGMENT_SIZE, 10**9)) == bytes(log.read(SEGMENT_SIZE, 10**9))
+    with pytest.raises(ReplicationOffsetError, match="local log ends"):
+        slave.append_replicated(offset + 1, b"x")
+    with pytest.raises(ReplicationOffsetError, match="local log ends"):
+        slave.append_replicated(offset - 10, b"x")
+    slave.close()
+
+
+def test_empty_slave_starts_at_a_segment_boundary_only(tmp_path):
+    slave = CommitLog(str(tmp_path / "slave"), segment_size=SEGMENT_SIZE)
+    slave.load()
+    with pytest.raises(ReplicationOffsetError, match="segment boundary"):
+        slave.append_replicated(100, b"x")
+    slave.append_replicated(2 * SEGMENT_SIZE, b"abc")
+    assert (slave.min_offset, slave.max_offset) == (2 * SEGMENT_SIZE, 2 * SEGMENT_SIZE + 3)
+    assert (tmp_path / "slave" / segment_name(2 * SEGMENT_SIZE)).exists()
+    slave.close()
+
+
+def test_truncate_only_at_a_record_boundary(log):
+    result = append(log, rec.Message("T", b"a"), rec.Message("T", b"b"), rec.Message("T", b"c"))
+    with pytest.raises(ReadError):
+        log.truncate(result.offsets[1] + 1)
+    log.truncate(result.offsets[1])
+    assert log.max_offset == result.offsets[1]
+    view = log.mapped_file_queue.mapped_files[0].view()
+    assert bytes(view[result.offsets[1] : result.next_offset]) == bytes(result.next_offset - result.offsets[1])
+
+
+def test_store_timestamps_never_go_backwards(log, monkeypatch):
+    import commitlog.commit_log as module
+
+    first = append(log, rec.Message("T", b"a")).store_timestamp
+    monkeypatch.setattr(module, "now_ms", lambda: first - 10_000)
+    assert append(log, rec.Message("T", b"b")).store_timestamp == first
+    assert struct.unpack_from(">q", bytes(log.read(0, 200)), 56)[0] == first

@@ -1,0 +1,141 @@
+import os
+
+import pytest
+
+from commitlog.mapped_file import MappedFile, StoreError, segment_name
+from commitlog.mapped_file_queue import MappedFileQueue
+
+SIZE = 16 * 4096
+
+
+def new_file(tmp_path, start=0, write_buffer=None) -> MappedFile:
+    return MappedFile(str(tmp_path / segment_name(start)), file_size=SIZE, create=True, write_buffer=write_buffer)
+
+
+def test_segment_is_preallocated_and_named_by_its_offset(tmp_path):
+    mapped_file = new_file(tmp_path, start=SIZE * 3)
+    assert os.path.basename(mapped_file.path) == "00000000000000196608"
+    assert os.path.getsize(mapped_file.path) == SIZE
+    assert os.stat(mapped_file.path).st_blocks * 512 >= SIZE  # blocks reserved, not sparse
+    mapped_file.close()
+
+
+def test_append_is_whole_or_nothing_and_slices_are_zero_copy(tmp_path):
+    mapped_file = new_file(tmp_path)
+    assert mapped_file.append(b"abc")
+    assert not mapped_file.append(b"x" * SIZE)
+    assert mapped_file.wrote_position == 3
+    view = mapped_file.slice(1, 100)
+    assert isinstance(view, memoryview) and bytes(view) == b"bc"  # bounded by the read position
+    mapped_file.append(b"d")
+    assert bytes(mapped_file.slice(0, 10)) == b"abcd"
+    del view
+    mapped_file.close()
+
+
+def test_flush_honours_least_pages(tmp_path):
+    mapped_file = new_file(tmp_path)
+    mapped_file.append(b"x" * 4096 * 2)
+    assert mapped_file.flush(least_pages=4) == 0
+    mapped_file.append(b"x" * 4096 * 2)
+    assert mapped_file.flush(least_pages=4) == 4096 * 4
+    mapped_file.append(b"y")
+    assert mapped_file.flush(least_pages=0) == 4096 * 4 + 1
+    mapped_file.close()
+
+
+def test_write_buffer_moves_three_positions_independently(tmp_path):
+    buffer = bytearray(SIZE)
+    mapped_file = new_file(tmp_path, write_buffer=buffer)
+    mapped_file.append(b"a" * 5000)
+    assert (mapped_file.wrote_position, mapped_file.committed_position, mapped_file.flushed_position) == (5000, 0, 0)
+    assert mapped_file.read_position == 0  # readers see only committed bytes
+    assert bytes(mapped_file.view()[:1]) == b"\x00"
+    mapped_file.commit(least_pages=0)
+    assert (mapped_file.wrote_position, mapped_file.committed_position, mapped_file.flushed_position) == (5000, 5000, 0)
+    assert bytes(mapped_file.view()[:5000]) == b"a" * 5000
+    mapped_file.append(b"b")
+    mapped_file.flush(0)
+    assert (mapped_file.wrote_position, mapped_file.committed_position, mapped_file.flushed_position) == (5001, 5000, 5000)
+    mapped_file.close()
+
+
+def test_truncate_zeroes_the_tail_on_disk(tmp_path):
+    mapped_file = new_file(tmp_path)
+    mapped_file.append(b"k" * 100 + b"DROP" * 100)
+    mapped_file.truncate(100)
+    assert mapped_file.wrote_position == mapped_file.flushed_position == 100
+    mapped_file.close()
+    with open(mapped_file.path, "rb") as file:
+        data = file.read()
+    assert data[:100] == b"k" * 100 and data[100:] == bytes(SIZE - 100)
+
+
+def test_positions_are_checked(tmp_path):
+    mapped_file = new_file(tmp_path)
+    with pytest.raises(AssertionError):
+        mapped_file.advance(SIZE + 1)
+    mapped_file.close()
+
+
+def test_wrong_size_or_name_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / segment_name(0)
+    path.write_bytes(b"short")
+    with pytest.raises(StoreError, match=str(path)):
+        MappedFile(str(path), file_size=SIZE, create=False)
+    with pytest.raises(StoreError, match="multiple"):
+        MappedFile(str(tmp_path / segment_name(100)), file_size=SIZE, create=True)
+
+
+def test_queue_rolls_finds_by_offset_and_truncates(tmp_path):
+    queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
+    for _ in range(3):
+        mapped_file = queue.get_last_mapped_file(0)
+        assert mapped_file.append(b"z" * SIZE)
+    assert [f.file_from_offset for f in queue.mapped_files] == [0, SIZE, 2 * SIZE]
+    assert queue.find_mapped_file_by_offset(SIZE + 5) is queue.mapped_files[1]
+    assert queue.find_mapped_file_by_offset(3 * SIZE) is None
+    assert queue.max_offset == 3 * SIZE
+    queue.truncate_dirty_files(SIZE + 10)
+    assert queue.max_offset == SIZE + 10 and len(queue.mapped_files) == 2
+    assert not os.path.exists(tmp_path / segment_name(2 * SIZE))
+    assert queue.delete_first_files(5) == [str(tmp_path / segment_name(0))]  # never the last
+    assert queue.min_offset == SIZE
+    queue.close()
+
+
+def test_queue_load_refuses_gaps_and_foreign_files(tmp_path):
+    queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
+    for _ in range(3):
+        queue.get_last_mapped_file(0).append(b"z" * SIZE)
+    queue.close()
+    os.unlink(tmp_path / segment_name(SIZE))
+    with pytest.raises(StoreError, match=segment_name(2 * SIZE)):
+        MappedFileQueue(str(tmp_path), file_size=SIZE).load()
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(StoreError, match="notes.txt"):
+        MappedFileQueue(str(tmp_path), file_size=SIZE).load()
+
+
+def test_zero_length_last_file_is_dropped_on_load(tmp_path):
+    queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
+    queue.get_last_mapped_file(0).append(b"a")
+    queue.close()
+    (tmp_path / segment_name(SIZE)).write_bytes(b"")
+    loaded = MappedFileQueue(str(tmp_path), file_size=SIZE)
+    loaded.load()
+    assert len(loaded.mapped_files) == 1
+    assert not os.path.exists(tmp_path / segment_name(SIZE))
+    loaded.close()
+
+
+def test_warm_ahead_prepares_the_next_segment_which_the_roll_then_uses(tmp_path):
+    queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
+    queue.get_last_mapped_file(0).append(b"a" * (SIZE - 100))
+    queue.warm_ahead(4096)
+    spare_path = tmp_path / segment_name(SIZE)
+    assert spare_path.exists()
+    queue.last.append(b"a" * 100)
+    rolled = queue.get_last_mapped_file(0)
+    assert rolled.path == str(spare_path) and rolled.wrote_position == 0
+    queue.close()

@@ -356,6 +356,7 @@ class CommitLog:
         dispatch_from: int,
         checkpoint_min_timestamp: int,
         crc_function: rec.CrcFunction | None,
+        cut_segments_max: int = 1,
     ) -> RecoveryReport:
         """Find the end of the valid log and cut it there.
 
@@ -363,6 +364,9 @@ class CommitLog:
         valid, starts at or below ``dispatch_from`` (the consume queues' high mark, so every record
         they lack is scanned again) and — after a crash — was stored before the checkpoint's
         timestamp minus 3 s (so it was flushed). None qualifies: the oldest segment.
+
+        A cut that would delete more than ``cut_segments_max`` later segments holding data is not
+        a torn tail but damage in the middle of the log: refused with StoreError, nothing changed.
         """
         started = time.perf_counter()
         files = self.mapped_file_queue.mapped_files
@@ -399,6 +403,14 @@ class CommitLog:
         else:
             reason = "end of segment (blank record)"
         deleted = tuple(f.path for f in files if f.file_from_offset > end_offset)
+        holding_data = [f for f in files if f.file_from_offset > end_offset and any(f.view()[:8])]
+        if len(holding_data) > cut_segments_max:
+            where = os.path.basename(cut_file.path) if cut_file else "?"
+            raise StoreError(
+                f"recovery refuses to cut the log at offset {end_offset} (segment {where}: {reason}): that would "
+                f"delete {len(holding_data)} later segments holding data, more than recovery_cut_segments_max="
+                f"{cut_segments_max}. Inspect with 'hasvc store verify'; raise the limit to accept the loss."
+            )
         dropped = 0
         if cut_file is not None and (abnormal or corrupt_offset is not None):
             position = end_offset - cut_file.file_from_offset

@@ -27,6 +27,10 @@ class StoreConfig:
     # Body checksum: CRC32C for stores we write (hardware-accelerated); "crc32" reads RocketMQ's.
     crc: str = "crc32c"
     check_crc_on_recover: bool = True
+    # Recovery refuses (rather than cuts) when the first invalid record would make it delete more
+    # than this many later segments holding data: a torn tail spans at most the newest segment and
+    # its predecessor; more is damage in the middle of the log (DLedger's recovery has this rule).
+    recovery_cut_segments_max: int = 1
     store_host: rec.Host = ("127.0.0.1", 10911)
     # Flushing (flushDiskType, flushIntervalCommitLog, flushCommitLogLeastPages, ...Thorough...).
     flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH

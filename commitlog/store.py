@@ -151,6 +151,7 @@ class MessageStore:
             dispatch_from=dispatch_from,
             checkpoint_min_timestamp=self.checkpoint.min_timestamp,
             crc_function=self.crc_function if self.config.check_crc_on_recover else None,
+            cut_segments_max=self.config.recovery_cut_segments_max,
         )
         end = self.recovery.end_offset
         if not self.commit_log.mapped_file_queue.mapped_files:

@@ -256,3 +256,21 @@ def test_slave_builds_consume_queues_from_replicated_bytes(tmp_path, small_confi
             assert slave.consume_queues.queue_offset_table() == master.consume_queues.queue_offset_table()
             for key, queue in master.consume_queues.queues.items():
                 assert slave.consume_queues.queues[key].all_units() == queue.all_units()
+
+
+def test_damage_in_the_middle_of_the_log_is_refused_not_cut(tmp_path, small_config):
+    store = MessageStore.open(str(tmp_path), small_config)
+    results = fill(store, 900)
+    store.close(clean=False)  # a crash: recovery scans from the oldest segment
+    victim = next(r for r in results if r.wrote_offset > SEGMENT_SIZE + 1000)
+    path = segment_path(tmp_path, SEGMENT_SIZE)
+    with open(path, "r+b") as file:
+        file.seek(victim.wrote_offset - SEGMENT_SIZE + 150)
+        file.write(b"\xff\xff")
+    before = {name: os.path.getsize(tmp_path / "commitlog" / name) for name in os.listdir(tmp_path / "commitlog")}
+    with pytest.raises(StoreError, match=f"offset {victim.wrote_offset} \\(segment {segment_name(SEGMENT_SIZE)}: body CRC mismatch\\)"):
+        MessageStore.open(str(tmp_path), small_config)
+    assert {name: os.path.getsize(tmp_path / "commitlog" / name) for name in os.listdir(tmp_path / "commitlog")} == before
+    accepting = dataclasses.replace(small_config, recovery_cut_segments_max=100)
+    with MessageStore.open(str(tmp_path), accepting) as store:
+        assert store.commit_log.max_offset == victim.wrote_offset

@@ -43,7 +43,7 @@ class StoreCheckpoint:
     confirm_phy_offset: int = 0
 
     @classmethod
-    def open(cls, path: str) -> "StoreCheckpoint":
+    def open(cls, path: str) -> StoreCheckpoint:
         checkpoint = cls(path)
         if os.path.exists(path):
             with open(path, "rb") as file:

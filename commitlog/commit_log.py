@@ -241,17 +241,7 @@ class CommitLog:
         """Append bytes a master sent, verbatim. ``offset`` must be the local end of the log (or,
         for an empty log, the start of a segment). Raises ReplicationOffsetError otherwise."""
         with self.put_lock:
-            queue = self.mapped_file_queue
-            if queue.last is None:
-                if offset % self.segment_size:
-                    raise ReplicationOffsetError(
-                        f"an empty log can only start at a segment boundary, master sent {offset}"
-                    )
-                queue.reset_to(offset)
-            elif offset != self.max_wrote_offset:
-                raise ReplicationOffsetError(
-                    f"master sent bytes for offset {offset} but the local log ends at {self.max_wrote_offset}"
-                )
+            queue = self._replication_queue(offset)
             view = memoryview(data)
             while view:
                 mapped_file = queue.get_last_mapped_file(offset)
@@ -265,20 +255,22 @@ class CommitLog:
         (``recv_into``); at most ``size`` bytes and never across a segment. Call
         ``commit_replicated`` with the bytes received."""
         with self.put_lock:
-            queue = self.mapped_file_queue
-            if queue.last is None:
-                if offset % self.segment_size:
-                    raise ReplicationOffsetError(
-                        f"an empty log can only start at a segment boundary, master sent {offset}"
-                    )
-                queue.reset_to(offset)
-            elif offset != self.max_wrote_offset:
-                raise ReplicationOffsetError(
-                    f"master sent bytes for offset {offset} but the local log ends at {self.max_wrote_offset}"
-                )
-            mapped_file = queue.get_last_mapped_file(offset)
+            mapped_file = self._replication_queue(offset).get_last_mapped_file(offset)
             position = mapped_file.wrote_position
             return mapped_file.writable_view()[position : position + min(size, mapped_file.remaining)]
+
+    def _replication_queue(self, offset: int) -> MappedFileQueue:
+        """Check that replicated bytes for ``offset`` continue the local log (call with the put lock)."""
+        queue = self.mapped_file_queue
+        if queue.last is None:
+            if offset % self.segment_size:
+                raise ReplicationOffsetError(f"an empty log can only start at a segment boundary, master sent {offset}")
+            queue.reset_to(offset)
+        elif offset != self.max_wrote_offset:
+            raise ReplicationOffsetError(
+                f"master sent bytes for offset {offset} but the local log ends at {self.max_wrote_offset}"
+            )
+        return queue
 
     def commit_replicated(self, size: int) -> None:
         with self.put_lock:

@@ -67,7 +67,7 @@ class StoreConfig:
     file_reserved_time_hours: float = 72.0
     delete_segments_per_pass_max: int = 10
 
-    def validate(self) -> "StoreConfig":
+    def validate(self) -> StoreConfig:
         if self.commitlog_segment_size < 4096:
             raise ValueError(f"commitlog_segment_size must be at least 4096, got {self.commitlog_segment_size}")
         if self.commitlog_segment_size >= 2**31 * 16:

@@ -62,7 +62,7 @@ class ReadOnlyLog:
                 pass  # a view is still alive (an exception's traceback); unmapped when it goes
         self.segments = []
 
-    def __enter__(self) -> "ReadOnlyLog":
+    def __enter__(self) -> ReadOnlyLog:
         return self
 
     def __exit__(self, *exc_info) -> None:

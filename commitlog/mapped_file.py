@@ -32,14 +32,14 @@ import mmap
 import os
 from typing import Final
 
+from commitlog import native as _native
+
 OS_PAGE_SIZE: Final = 4096
 FILE_NAME_DIGITS: Final = 20
 # Zeroing a torn tail: ranges at least this long are punched out (fallocate) rather than
 # written with zeros; smaller ones are written through the mapping.
 PUNCH_HOLE_SIZE_MIN: Final = 1024 * 1024
 ZERO_CHUNK_SIZE: Final = 1024 * 1024
-
-from commitlog import native as _native
 
 _native_populate = _native.populate
 
@@ -135,7 +135,7 @@ class MappedFile:
     # -- positions ------------------------------------------------------------------------
 
     def _check(self) -> None:
-        assert 0 <= self.flushed_position, self.flushed_position
+        assert self.flushed_position >= 0, self.flushed_position
         assert self.flushed_position <= self.committed_position, (self.flushed_position, self.committed_position)
         assert self.committed_position <= self.wrote_position, (self.committed_position, self.wrote_position)
         assert self.wrote_position <= self.file_size, (self.wrote_position, self.file_size)

@@ -55,7 +55,7 @@ class StoreServices:
         self._threads: list[threading.Thread] = []
         self.errors: list[BaseException] = []
 
-    def start(self) -> "StoreServices":
+    def start(self) -> StoreServices:
         targets = [self._flush_loop, self._dispatch_loop, self._housekeeping_loop, self._warm_loop]
         if self.store.pool is not None:
             targets.append(self._commit_loop)
@@ -78,7 +78,7 @@ class StoreServices:
         if self.errors:
             raise self.errors[0]
 
-    def __enter__(self) -> "StoreServices":
+    def __enter__(self) -> StoreServices:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

@@ -113,7 +113,7 @@ class MessageStore:
     # -- lifetime -------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str, config: StoreConfig | None = None) -> "MessageStore":
+    def open(cls, path: str, config: StoreConfig | None = None) -> MessageStore:
         store = cls(path, config)
         store._open()
         return store
@@ -206,7 +206,7 @@ class MessageStore:
             self.consume_queues.close()
             self._lock.release()
 
-    def __enter__(self) -> "MessageStore":
+    def __enter__(self) -> MessageStore:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -47,7 +47,7 @@ class Summary:
     high: float
 
     @classmethod
-    def of(cls, values: list[float]) -> "Summary":
+    def of(cls, values: list[float]) -> Summary:
         return cls(statistics.median(values), min(values), max(values))
 
     def text(self, scale: float = 1.0, digits: int = 0) -> str:

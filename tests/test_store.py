@@ -220,12 +220,11 @@ def test_transient_store_pool_reads_only_committed_bytes(tmp_path, small_config)
 
 def test_sync_flush_put_returns_after_the_records_are_flushed(tmp_path, small_config):
     config = dataclasses.replace(small_config, flush_disk_type=FlushDiskType.SYNC_FLUSH)
-    with MessageStore.open(str(tmp_path), config) as store:
-        with StoreServices(store) as services:
-            for i in range(20):
-                result = services.put([rec.Message("T", b"s" * i)])
-                assert result.status is rec.PutMessageStatus.PUT_OK
-                assert store.commit_log.flushed_offset >= result.next_offset
+    with MessageStore.open(str(tmp_path), config) as store, StoreServices(store) as services:
+        for i in range(20):
+            result = services.put([rec.Message("T", b"s" * i)])
+            assert result.status is rec.PutMessageStatus.PUT_OK
+            assert store.commit_log.flushed_offset >= result.next_offset
 
 
 def test_checkpoint_records_flushed_offset_and_timestamps(tmp_path, small_config):

@@ -405,12 +405,12 @@ def _write_one(
 @dataclasses.dataclass(slots=True)
 class MessageBatch:
     """Messages that share topic, queue, flag, born host and timestamp (RocketMQ's MessageBatch:
-    one topic, one queue). ``properties`` is one mapping for all, or one per body."""
+    one topic, one queue). ``properties`` is one mapping (or encoded bytes) for all, or one per body."""
 
     topic: str
     bodies: list[bytes]
     queue_id: int = 0
-    properties: Mapping[str, str] | list[Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    properties: Mapping[str, str] | bytes | list[Mapping[str, str] | bytes] = dataclasses.field(default_factory=dict)
     flag: int = 0
     born_timestamp: int = 0
     born_host: Host = ("127.0.0.1", 0)
@@ -445,14 +445,14 @@ def prepare_batch(batch: MessageBatch, *, body_size_max: int = BODY_SIZE_MAX_DEF
             PutMessageStatus.MESSAGE_ILLEGAL,
             f"batch bodies total {sum(body_sizes)} bytes, more than max_message_size {body_size_max}",
         )
-    if isinstance(batch.properties, Mapping):
-        properties: bytes | list[bytes] = encode_properties(batch.properties)
+    if isinstance(batch.properties, Mapping | bytes):
+        properties: bytes | list[bytes] = _encoded(batch.properties)
         property_sizes = [len(properties)] * len(body_sizes)
         too_large = len(properties) > PROPERTIES_SIZE_MAX
     else:
         if len(batch.properties) != len(body_sizes):
-            raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL, "one properties mapping per body, or one for all")
-        properties = [encode_properties(mapping) for mapping in batch.properties]
+            raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL, "one properties entry per body, or one for all")
+        properties = [_encoded(entry) for entry in batch.properties]
         property_sizes = [len(encoded) for encoded in properties]
         too_large = max(property_sizes) > PROPERTIES_SIZE_MAX
     if too_large:
@@ -461,6 +461,12 @@ def prepare_batch(batch: MessageBatch, *, body_size_max: int = BODY_SIZE_MAX_DEF
     fixed = calc_record_size(body_size=0, topic_size=len(topic), properties_size=0, sysflag=sysflag, v2=v2)
     sizes = [fixed + body + prop for body, prop in zip(body_sizes, property_sizes)]
     return PreparedBatch(batch, topic, properties, sysflag, born_ip, born_port, sizes, sum(sizes))
+
+
+def _encoded(properties: Mapping[str, str] | bytes) -> bytes:
+    """Properties as stored: a mapping is encoded; bytes (already ``name\x01value\x02``, as a
+    client sends them) are kept as they are."""
+    return properties if isinstance(properties, bytes) else encode_properties(properties)
 
 
 @functools.lru_cache(maxsize=1024)

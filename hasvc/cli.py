@@ -143,6 +143,271 @@ def store_demo(directory: str | None, messages: int, body_size: int, batch: int,
         sys.exit(1)
 
 
+# -- broker processes --------------------------------------------------------------------------
+
+
+def _broker_options(function):
+    options = [
+        click.option("--store", "store_dir", type=click.Path(file_okay=False), help="Store directory."),
+        click.option("--listen", help="Client port, HOST:PORT (port 0: any free port)."),
+        click.option("--ha-listen", help="HA port, HOST:PORT (default: the listen port + 1)."),
+        click.option("--flush", type=click.Choice(["sync", "async"]), help="SYNC_FLUSH (group commit) or ASYNC_FLUSH."),
+        click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True),
+                     help="TOML file with a [broker] table of options (command-line options win)."),
+        click.option("--secret-file", type=click.Path(dir_okay=False, exists=True),
+                     help="Cluster secret for HMAC authentication of every connection (or HASVC_SECRET)."),
+        click.option("--insecure", is_flag=True, default=None, help="Allow a non-loopback listen address without a secret."),
+        click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True)),
+        click.option("--tls-key", type=click.Path(dir_okay=False, exists=True)),
+        click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True), help="CA for peers (slaves verify the master with it)."),
+        click.option("--metrics-listen", help="Serve Prometheus metrics on HOST:PORT."),
+        click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
+                     help="Any other option by its config name, e.g. --set slave_timeout_ms=1000."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def _build_config(role_default, cli_values: dict, config_file, secret_file, settings) -> "BrokerConfig":
+    import dataclasses
+
+    from hasvc.config import BrokerConfig, convert, load_toml, read_secret
+
+    values = load_toml(config_file) if config_file else {}
+    fields = {f.name: f for f in dataclasses.fields(BrokerConfig)}
+    for setting in settings:
+        name, separator, raw = setting.partition("=")
+        if not separator or name not in fields:
+            raise click.BadParameter(f"{setting!r}: expected NAME=VALUE with a known option name", param_hint="--set")
+        values[name] = convert(name, _typed(raw, fields[name]))
+    for name, value in cli_values.items():
+        if value is not None:
+            values[name] = convert(name, value)
+    values.setdefault("role", convert("role", role_default))
+    secret = read_secret(secret_file)
+    if secret is not None:
+        values["secret"] = secret
+    if "store" not in values:
+        raise click.UsageError("--store is required (or 'store' in the config file)")
+    try:
+        return BrokerConfig(**values).validate()
+    except (TypeError, ValueError) as error:
+        raise click.UsageError(str(error)) from None
+
+
+def _typed(raw: str, field):
+    kind = str(field.type)
+    if "bool" in kind:
+        return raw.lower() in ("1", "true", "yes", "on")
+    if "int" in kind and raw.lstrip("-").isdigit():
+        return int(raw)
+    if "float" in kind:
+        return float(raw)
+    return raw
+
+
+def _run_broker(config) -> None:
+    import logging
+    import signal
+
+    import trio
+
+    from hasvc.broker import Broker
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hasvc").info("effective configuration: %s", json.dumps(config.describe()))
+
+    async def serve() -> None:
+        broker = Broker(config)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                addresses = await nursery.start(broker.run)
+                click.echo("READY " + json.dumps(addresses))
+                sys.stdout.flush()
+                async for signum in signals:
+                    logging.getLogger("hasvc").info("%s: shutting down", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(serve)
+    except StoreError as error:
+        raise click.ClickException(str(error)) from None
+    except OSError as error:
+        raise click.ClickException(f"cannot listen: {error}") from None
+
+
+@main.command()
+@_broker_options
+@click.option("--role", type=click.Choice(["sync", "async"]), default=None,
+              help="SYNC_MASTER (a put waits for a slave) or ASYNC_MASTER (default).")
+def master(store_dir, listen, ha_listen, flush, config_file, secret_file, insecure, tls_cert, tls_key, tls_ca,
+           metrics_listen, settings, role) -> None:  # fmt: skip
+    """Run a master broker: takes writes, serves reads, replicates to slaves.
+
+    Prints one line `READY {json}` on stdout when serving (with the actual ports), logs to stderr,
+    and exits cleanly on SIGTERM/SIGINT (store flushed, abort file removed).
+    """
+    cli_values = dict(store=store_dir, listen=listen, ha_listen=ha_listen, flush=flush, insecure=insecure,
+                      tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen, role=role)  # fmt: skip
+    _run_broker(_build_config("ASYNC_MASTER", cli_values, config_file, secret_file, settings))
+
+
+@main.command()
+@_broker_options
+@click.option("--master-ha", help="The master's HA address, HOST:PORT.")
+def slave(store_dir, listen, ha_listen, flush, config_file, secret_file, insecure, tls_cert, tls_key, tls_ca,
+          metrics_listen, settings, master_ha) -> None:  # fmt: skip
+    """Run a slave broker: replicates the master's log byte for byte and serves reads.
+
+    Sends are refused with SERVICE_NOT_AVAILABLE naming the master. --ha-listen is where it will
+    serve slaves of its own once promoted (the failover issue).
+    """
+    cli_values = dict(store=store_dir, listen=listen, ha_listen=ha_listen, flush=flush, insecure=insecure,
+                      tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen,
+                      master_ha=master_ha)  # fmt: skip
+    _run_broker(_build_config("SLAVE", cli_values, config_file, secret_file, settings))
+
+
+# -- client commands ---------------------------------------------------------------------------
+
+
+def _client_secret(secret_file):
+    from hasvc.config import read_secret
+
+    return read_secret(secret_file)
+
+
+def _client_call(address, secret_file, tls_ca, body):
+    """Run ``body(client)`` against ADDRESS; ClientError becomes a clean exit."""
+    import trio
+
+    from hasvc.client import ClientError, connect
+
+    async def run():
+        async with connect(address, _client_secret(secret_file), tls_ca=tls_ca) as client:
+            return await body(client)
+
+    try:
+        return trio.run(run)
+    except (ClientError, ValueError) as error:
+        raise click.ClickException(str(error)) from None
+
+
+_secret_option = click.option("--secret-file", type=click.Path(dir_okay=False, exists=True), help="Cluster secret (or HASVC_SECRET).")
+_tls_option = click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True), help="CA to verify a TLS broker.")
+
+
+@main.command()
+@click.argument("address")
+@click.argument("body", required=False)
+@click.option("--topic", required=True)
+@click.option("--tag", default=None)
+@click.option("--key", default=None)
+@click.option("--queue", "queue_id", type=int, default=0, show_default=True)
+@click.option("--file", "file_path", type=click.Path(dir_okay=False, exists=True), help="One message per line from a file.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
+@_secret_option
+@_tls_option
+def send(address, body, topic, tag, key, queue_id, file_path, as_json, secret_file, tls_ca) -> None:
+    """Send BODY (or one message per line of stdin with BODY '-', or --file) to the broker at ADDRESS.
+
+    Prints one line per message; exits 1 if any message was not PUT_OK.
+    """
+    if file_path:
+        with open(file_path, "rb") as file:
+            bodies = [line.rstrip(b"\n") for line in file]
+    elif body == "-" or body is None:
+        bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer]
+    else:
+        bodies = [body.encode()]
+
+    async def run(client):
+        return [await client.send(topic, item, tags=tag, keys=key, queue_id=queue_id) for item in bodies]
+
+    results = _client_call(address, secret_file, tls_ca, run)
+    for result in results:
+        if as_json:
+            click.echo(json.dumps({"status": result.status, "offset": result.offset, "queue_id": result.queue_id,
+                                   "queue_offset": result.queue_offset, "reason": result.reason}))  # fmt: skip
+        else:
+            detail = f" ({result.reason})" if result.reason else ""
+            click.echo(f"{result.status} offset={result.offset} queue={result.queue_id} queue_offset={result.queue_offset}{detail}")
+    if any(not result.ok for result in results):
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("address")
+@click.option("--topic", default=None)
+@click.option("--queue", "queue_id", type=int, default=0, show_default=True)
+@click.option("--from", "from_offset", type=int, default=0, show_default=True, help="Queue offset to start at.")
+@click.option("--offset", "physical_offset", type=int, default=None, help="Read the one record at this physical offset.")
+@click.option("--follow", is_flag=True, help="Keep reading new messages (Ctrl-C to stop).")
+@click.option("--json", "as_json", is_flag=True)
+@_secret_option
+@_tls_option
+def read(address, topic, queue_id, from_offset, physical_offset, follow, as_json, secret_file, tls_ca) -> None:
+    """Read messages from a master or a slave: a topic's queue, or one record by physical offset."""
+    import trio
+
+    def show(record) -> None:
+        if as_json:
+            click.echo(json.dumps(_record_json(record.physical_offset, record, True)))
+        else:
+            body = bytes(record.body).decode("utf-8", errors="replace")
+            click.echo(f"{record.physical_offset} {record.topic}/{record.queue_id}#{record.queue_offset} tags={record.tags or '-'} {body}")
+
+    if physical_offset is not None:
+        record = _client_call(address, secret_file, tls_ca, lambda client: client.read_record(physical_offset))
+        show(record)
+        return
+    if topic is None:
+        raise click.UsageError("give --topic (with --queue/--from) or --offset")
+
+    async def run(client):
+        offset = from_offset
+        while True:
+            result = await client.pull(topic, queue_id, offset, count_max=256)
+            for record in result.records:
+                show(record)
+            offset = result.next_queue_offset
+            if not result.records:
+                if not follow:
+                    return
+                await trio.sleep(0.2)
+
+    try:
+        _client_call(address, secret_file, tls_ca, run)
+    except KeyboardInterrupt:
+        pass
+
+
+@main.command()
+@click.argument("address")
+@click.option("--json", "as_json", is_flag=True)
+@_secret_option
+@_tls_option
+def status(address, as_json, secret_file, tls_ca) -> None:
+    """Role, offsets and replication state of the broker at ADDRESS."""
+    data = _client_call(address, secret_file, tls_ca, lambda client: client.status())
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    click.echo(f"role         {data['role']} (epoch {data['epoch']})")
+    click.echo(f"listen       {data['listen']}   ha {data['ha_listen']}")
+    click.echo(f"offsets      min {data['min_offset']}  max {data['max_offset']}  flushed {data['flushed_offset']}")
+    if data["role"] == "SLAVE":
+        state = "connected" if data["master_connected"] else "NOT connected (retrying)"
+        click.echo(f"master       {data['master_ha']} {state}")
+    for item in data["slaves"]:
+        click.echo(f"slave        {item['address']} ack {item['ack_offset']} lag {item['lag_bytes']} B / "
+                   f"{item['lag_seconds']} s since {item['connected_since']}")  # fmt: skip
+    if not data["slaves"] and data["role"] != "SLAVE":
+        click.echo("slaves       none connected")
+
+
 # -- hasvc bench -------------------------------------------------------------------------------
 
 

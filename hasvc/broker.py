@@ -1,0 +1,449 @@
+"""A broker process: one store, a client port, an HA port (master) or an HA client (slave), and
+the store's background work as trio tasks.
+
+Theory of operation
+-------------------
+Everything runs in one trio loop. The store is synchronous and fast for appends and reads, so
+those run inline; ``fdatasync``, consume-queue flushes, segment creation and page warm-up run in
+worker threads (``trio.to_thread``), which release the GIL while the kernel works.
+
+A put (SEND) on a master, in this order — the order is the contract:
+
+1. refuse at once if this broker is a slave (SERVICE_NOT_AVAILABLE naming the master) or, with
+   ``min_in_sync_replicas``, if too few slaves are in sync (IN_SYNC_REPLICAS_NOT_ENOUGH, nothing
+   stored);
+2. append to the log, synchronously in the connection's receive loop (so one connection's sends
+   land in the order they were sent), then wake the HA writers and the dispatcher;
+3. register the waits, both at once so they overlap: a flush waiter under SYNC_FLUSH (group
+   commit: one ``fdatasync`` releases every waiter it covers) and, under SYNC_MASTER, an ack
+   waiter released when ``in_sync_replicas`` slaves have reported an offset past the records —
+   unless no slave is close enough to try (SLAVE_NOT_AVAILABLE at once);
+4. answer PUT_OK, or FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE — in all
+   three the records are stored on the master, and the status says exactly that.
+
+Waiters are released by the event that covers them (a flush finishing, an ack arriving) and
+expired by one timer task: no polling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import socket
+import time
+
+import trio
+
+from commitlog import record as rec
+from commitlog.commit_log import ReadError
+from commitlog.store import MessageStore
+from commitlog.waiters import OffsetWaiters, WaitersFull
+from hasvc import transport
+from hasvc.config import BrokerConfig, BrokerRole, format_address
+from hasvc.protocol import client as cp
+from hasvc.protocol import wire
+from hasvc.replication import Admission, ReplicaSet
+
+LOGGER = logging.getLogger(__name__)
+
+# Background task periods (RocketMQ: reput every 1 ms, checkpoint and CQ flush every 1 s,
+# retention every 10 s; warm-up is ours).
+DISPATCH_INTERVAL_SECONDS = 0.001
+HOUSEKEEPING_INTERVAL_SECONDS = 1.0
+CLEAN_INTERVAL_SECONDS = 10.0
+WARM_INTERVAL_SECONDS = 0.002
+WAITER_TIMER_MAX_SECONDS = 0.1  # the timer task re-checks deadlines at least this often
+PULL_COUNT_MAX = 1024  # records in one PULL response
+# What ends one client connection (logged, that connection closed); anything else is our bug.
+CLIENT_CONNECTION_ERRORS = (
+    transport.AuthenticationError, wire.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError,
+    EOFError, trio.TooSlowError, OSError,
+)
+READ_SIZE_MAX = 4 * 1024 * 1024  # bytes in one READ response
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Appended:
+    """What step 2 of a put produced: the status so far and, when stored, the append result."""
+
+    status: rec.PutMessageStatus
+    reason: str = ""
+    result: object = None
+    queue_id: int = -1
+
+
+@dataclasses.dataclass(eq=False)
+class _Wait:
+    event: trio.Event = dataclasses.field(default_factory=trio.Event)
+    ok: bool = False
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig):
+        self.config = config.validate()
+        self.role = config.role
+        self.store: MessageStore | None = None
+        self.replicas = ReplicaSet()
+        self.new_data = transport.Notifier()
+        store_config = config.store_config()
+        self._flush_waiters: OffsetWaiters[_Wait] = OffsetWaiters(waiters_max=store_config.group_commit_waiters_max)
+        self._ack_waiters: OffsetWaiters[_Wait] = OffsetWaiters(waiters_max=store_config.group_commit_waiters_max)
+        self._flush_requested = trio.Event()
+        self._timer_wakeup = trio.Event()
+        self._connection_ids = itertools.count(1)
+        self.listen_address: tuple[str, int] | None = None
+        self.ha_address: tuple[str, int] | None = None
+        self.master_connected = False
+        self.master_ha = config.master_ha
+        self.started_at = time.time()
+        self.metrics = None
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Open the store, serve until cancelled, then close the store cleanly."""
+        self.store = await trio.to_thread.run_sync(MessageStore.open, self.config.store, self.config.store_config())
+        LOGGER.info("store %s: %s", self.config.store, self.store.recovery.describe())
+        try:
+            async with trio.open_nursery() as nursery:
+                ssl_context = self._server_ssl()
+                client_listener, client_socket = await transport.open_listener(self.config.listen, ssl_context=ssl_context)
+                self.listen_address = transport.listener_address(client_socket)
+                nursery.start_soon(self._serve_listener, client_listener, self._serve_client)
+                if self.role is not BrokerRole.SLAVE:
+                    await self._start_ha_service(nursery, ssl_context)
+                else:
+                    from hasvc.ha_slave import HAClient
+
+                    nursery.start_soon(HAClient(self).run)
+                for task in (self._dispatch_task, self._warm_task, self._housekeeping_task, self._waiter_timer_task):
+                    nursery.start_soon(task)
+                nursery.start_soon(self._group_commit_task if self.store.sync_flush else self._async_flush_task)
+                if self.config.metrics_listen is not None:
+                    from hasvc.metrics import serve_metrics
+
+                    await nursery.start(serve_metrics, self)
+                task_status.started(self.addresses())
+                LOGGER.info("ready: %s", json.dumps(self.addresses()))
+        finally:
+            for wait in self._flush_waiters.drain() + self._ack_waiters.drain():
+                wait.event.set()
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.store.close)
+            LOGGER.info("store closed cleanly")
+
+    async def _start_ha_service(self, nursery: trio.Nursery, ssl_context) -> None:
+        from hasvc.ha_master import HAService
+
+        ha_listener, ha_socket = await transport.open_listener(self.config.effective_ha_listen, ssl_context=ssl_context)
+        self.ha_address = transport.listener_address(ha_socket)
+        nursery.start_soon(self._serve_listener, ha_listener, HAService(self).handle)
+
+    def _server_ssl(self):
+        if self.config.tls_cert is None:
+            return None
+        return transport.server_ssl_context(cert=self.config.tls_cert, key=self.config.tls_key, ca=self.config.tls_ca)
+
+    def addresses(self) -> dict:
+        return {
+            "role": self.role.value,
+            "listen": format_address(self.listen_address),
+            "ha_listen": format_address(self.ha_address) if self.ha_address else format_address(self.config.effective_ha_listen),
+            "pid": os.getpid(),
+            "store": self.config.store,
+        }
+
+    async def _serve_listener(self, listener, handler) -> None:
+        """Accept forever, at most ``connections_max`` connections at once."""
+        limiter = trio.CapacityLimiter(self.config.connections_max)
+        async with trio.open_nursery() as nursery:
+            while True:
+                token = object()
+                await limiter.acquire_on_behalf_of(token)
+                try:
+                    stream = await listener.accept()
+                except OSError as error:  # EMFILE and friends: wait and go on accepting
+                    limiter.release_on_behalf_of(token)
+                    LOGGER.warning("accept failed: %s", error)
+                    await trio.sleep(0.1)
+                    continue
+                nursery.start_soon(self._run_connection, handler, stream, limiter, token)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    async def _run_connection(handler, stream, limiter, token) -> None:
+        try:
+            await handler(stream)
+        finally:
+            limiter.release_on_behalf_of(token)
+
+    # -- client connections ---------------------------------------------------------------
+
+    async def _serve_client(self, stream) -> None:
+        connection = transport.Connection(stream, transport.peer_name(stream))
+        try:
+            await transport.server_preface(connection, port_kind=wire.PORT_KIND_CLIENT, secret=self.config.secret)
+            decoder = cp.FrameDecoder(frame_size_max=self.config.frame_size_max, responses=False)
+            in_flight = trio.CapacityLimiter(self.config.requests_in_flight_max)
+            async with trio.open_nursery() as nursery:
+                while True:
+                    data = await connection.receive_some()
+                    if not data:
+                        nursery.cancel_scope.cancel()
+                        return
+                    decoder.receive_data(data)
+                    while (frame := decoder.next_frame()) is not None:
+                        token = object()
+                        await in_flight.acquire_on_behalf_of(token)
+                        self._dispatch_request(nursery, connection, frame, (in_flight, token))
+        except BaseException as error:
+            if not transport.is_expected(error, CLIENT_CONNECTION_ERRORS):
+                raise
+            if isinstance(transport.first_leaf(error), transport.AuthenticationError | wire.ProtocolError):
+                LOGGER.warning("client %s: %s; connection closed", connection.peer, transport.describe(error))
+            else:
+                LOGGER.info("client %s closed: %s", connection.peer, transport.describe(error))
+        finally:
+            await connection.aclose()
+
+    def _dispatch_request(self, nursery: trio.Nursery, connection, frame: cp.Frame, in_flight) -> None:
+        """Act on a request: SEND appends now (keeping the connection's order) and answers from a
+        task once its waits are over; the rest answer from a task at once."""
+        if frame.kind == cp.SEND:
+            try:
+                request = cp.decode_send(frame.payload)
+            except wire.ProtocolError as error:
+                nursery.start_soon(self._respond, connection, frame, in_flight, self._error(frame, str(error)))
+                return
+            nursery.start_soon(self._respond_to_send, connection, frame, in_flight, request, self.append(request))
+        else:
+            nursery.start_soon(self._respond, connection, frame, in_flight, self._answer(frame))
+
+    async def _respond(self, connection, frame, in_flight, payload: bytes) -> None:
+        limiter, token = in_flight
+        try:
+            await connection.send_all(cp.encode_frame(frame.kind | cp.RESPONSE_BIT, frame.request_id, payload))
+        finally:
+            limiter.release_on_behalf_of(token)
+
+    async def _respond_to_send(self, connection, frame, in_flight, request, appended) -> None:
+        response = await self.complete_put(appended)
+        await self._respond(connection, frame, in_flight, cp.encode_send_response(response))
+
+    def _error(self, frame: cp.Frame, reason: str) -> bytes:
+        if frame.kind == cp.SEND:
+            return cp.encode_send_response(cp.SendResponse(rec.PutMessageStatus.MESSAGE_ILLEGAL.name, reason, -1, [], []))
+        return cp.encode_simple_response(cp.ERROR, reason)
+
+    # -- puts -----------------------------------------------------------------------------
+
+    def append(self, request: cp.SendRequest) -> Appended:
+        """Steps 1 and 2 of a put: refuse, or append."""
+        if self.role is BrokerRole.SLAVE:
+            master = format_address(self.master_ha) if self.master_ha else "unknown"
+            return Appended(rec.PutMessageStatus.SERVICE_NOT_AVAILABLE, f"this broker is a slave; its master's HA address is {master}")
+        store = self.store
+        if self.config.min_in_sync_replicas:
+            in_sync = self.replicas.in_sync_count(master_max_offset=store.commit_log.max_offset, max_gap=self.config.ha_max_gap_not_in_sync)
+            if in_sync < self.config.min_in_sync_replicas:
+                return Appended(
+                    rec.PutMessageStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
+                    f"{in_sync} slave(s) in sync, fewer than min_in_sync_replicas {self.config.min_in_sync_replicas}; not stored",
+                )
+        shared = all(p == request.properties[0] for p in request.properties)
+        batch = rec.MessageBatch(
+            request.topic, request.bodies, queue_id=request.queue_id,
+            properties=request.properties[0] if shared else request.properties,
+            flag=request.flag, born_timestamp=request.born_timestamp,
+        )  # fmt: skip
+        result = store.append_batch(batch)
+        if result.status is rec.PutMessageStatus.PUT_OK:
+            self.new_data.notify()
+            if self.metrics:
+                self.metrics.appended(result)
+        return Appended(result.status, result.reason, result, request.queue_id)
+
+    async def complete_put(self, appended: Appended) -> cp.SendResponse:
+        """Steps 3 and 4: wait for flush and replicas as configured; the final status."""
+        status, reason, result = appended.status, appended.reason, appended.result
+        started = time.perf_counter()
+        if result is None or status is not rec.PutMessageStatus.PUT_OK:
+            return cp.SendResponse(status.name, reason, appended.queue_id, [], [])
+        next_offset = result.next_offset
+        flush_wait = self._wait_for(self._flush_waiters, next_offset, self.config.store_config().sync_flush_timeout_ms) if self.store.sync_flush else None
+        if flush_wait is not None:
+            self._flush_requested.set()
+        ack_wait = None
+        if self.role is BrokerRole.SYNC_MASTER and self.config.in_sync_replicas > 0:
+            if self.replicas.ack_watermark(self.config.in_sync_replicas) < next_offset:
+                admission = self.replicas.admit(
+                    next_offset=next_offset, master_max_offset=self.store.commit_log.max_offset,
+                    max_gap=self.config.ha_max_gap_not_in_sync, replicas=self.config.in_sync_replicas,
+                )  # fmt: skip
+                if admission is Admission.SLAVE_NOT_AVAILABLE:
+                    status, reason = rec.PutMessageStatus.SLAVE_NOT_AVAILABLE, "stored on the master only: no slave connected or close enough to wait for"
+                else:
+                    ack_wait = self._wait_for(self._ack_waiters, next_offset, self.config.slave_timeout_ms)
+        if flush_wait is not None:
+            await flush_wait.event.wait()
+            if not flush_wait.ok:
+                status, reason = rec.PutMessageStatus.FLUSH_DISK_TIMEOUT, "stored, but not known to be flushed within sync_flush_timeout"
+        if ack_wait is not None:
+            await ack_wait.event.wait()
+            if not ack_wait.ok and status is rec.PutMessageStatus.PUT_OK:
+                status, reason = rec.PutMessageStatus.FLUSH_SLAVE_TIMEOUT, "stored on the master; no slave acknowledged it within slave_timeout"
+        if self.metrics:
+            self.metrics.put_done(status.name, time.perf_counter() - started)
+        return cp.SendResponse(status.name, reason, appended.queue_id, list(result.offsets), list(result.queue_offsets))
+
+    def _wait_for(self, waiters: OffsetWaiters, offset: int, timeout_ms: int) -> _Wait:
+        wait = _Wait()
+        try:
+            waiters.add(offset, trio.current_time() + timeout_ms / 1000, wait)
+        except WaitersFull:
+            wait.event.set()  # ok stays False: reported as a timeout
+            return wait
+        if waiters.next_deadline() == trio.current_time() + timeout_ms / 1000:
+            self._timer_wakeup.set()
+        return wait
+
+    def on_ack(self) -> None:
+        """A slave's report moved: release the SYNC_MASTER puts it covers."""
+        watermark = self.replicas.ack_watermark(self.config.in_sync_replicas)
+        for wait in self._ack_waiters.release(watermark):
+            wait.ok = True
+            wait.event.set()
+
+    # -- other requests -------------------------------------------------------------------
+
+    def _answer(self, frame: cp.Frame) -> bytes:
+        try:
+            if frame.kind == cp.PULL:
+                return self._pull(cp.decode_pull(frame.payload))
+            if frame.kind == cp.READ:
+                return self._read(*cp.decode_read(frame.payload))
+            return cp.encode_simple_response(cp.OK, "", json.dumps(self.status()).encode())
+        except wire.ProtocolError as error:
+            return self._error(frame, str(error))
+
+    def _pull(self, request: cp.PullRequest) -> bytes:
+        queue = self.store.consume_queues.find(request.topic, request.queue_id)
+        if queue is None:
+            return cp.encode_pull_response(cp.PullResponse(cp.NOT_FOUND, f"no queue {request.topic}/{request.queue_id}", request.queue_offset, 0, []))
+        records = []
+        next_offset = max(request.queue_offset, queue.min_offset_in_queue)
+        for offset, size, _tags in queue.read(next_offset, min(request.count_max, PULL_COUNT_MAX)):
+            records.append(bytes(self.store.read(offset, size)))
+        next_offset += len(records)
+        status = cp.OK if records or request.queue_offset <= queue.max_offset_in_queue else cp.OFFSET_ILLEGAL
+        return cp.encode_pull_response(cp.PullResponse(status, "", next_offset, queue.max_offset_in_queue, records))
+
+    def _read(self, offset: int, size_max: int) -> bytes:
+        try:
+            data = bytes(self.store.read(offset, min(size_max, READ_SIZE_MAX)))
+        except ReadError as error:
+            return cp.encode_simple_response(cp.OFFSET_ILLEGAL, str(error), offset, b"")
+        return cp.encode_simple_response(cp.OK, "", offset, data)
+
+    def status(self) -> dict:
+        store = self.store
+        master_max = store.commit_log.max_offset
+        now = time.monotonic()
+        slaves = []
+        for progress in self.replicas.slaves.values():
+            lag_bytes, lag_seconds = self.replicas.lag(progress, master_max_offset=master_max, now=now)
+            slaves.append({
+                "address": progress.address, "slave_id": progress.slave_id, "ack_offset": progress.ack_offset,
+                "lag_bytes": lag_bytes, "lag_seconds": round(lag_seconds, 3),
+                "connected_since": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(progress.connected_since)),
+            })  # fmt: skip
+        status = {
+            **self.addresses(),
+            "epoch": 0,
+            "min_offset": store.commit_log.min_offset,
+            "max_offset": master_max,
+            "flushed_offset": store.commit_log.flushed_offset,
+            "dispatched_offset": store.reput_from_offset,
+            "flush": store.config.flush_disk_type.value,
+            "slaves": slaves,
+            "uptime_seconds": round(time.time() - self.started_at, 1),
+        }
+        if self.role is BrokerRole.SLAVE:
+            status["master_ha"] = format_address(self.master_ha) if self.master_ha else None
+            status["master_connected"] = self.master_connected
+        if store.dispatch_error:
+            status["dispatch_error"] = store.dispatch_error
+        return status
+
+    # -- background tasks -----------------------------------------------------------------
+
+    async def _group_commit_task(self) -> None:
+        """SYNC_FLUSH: one fdatasync for everything appended so far, then release its waiters."""
+        while True:
+            await self._flush_requested.wait()
+            self._flush_requested = trio.Event()
+            flushed = await trio.to_thread.run_sync(self.store.flush_commitlog, 0)
+            for wait in self._flush_waiters.release(flushed):
+                wait.ok = True
+                wait.event.set()
+            self.new_data.notify()  # under SYNC_FLUSH dispatch follows the flushed offset
+            if len(self._flush_waiters):
+                self._flush_requested.set()
+
+    async def _async_flush_task(self) -> None:
+        store_config = self.store.config
+        thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_ms / 1000
+        while True:
+            await trio.sleep(store_config.flush_interval_commitlog_ms / 1000)
+            least_pages = store_config.flush_commitlog_least_pages
+            if trio.current_time() >= thorough_at:
+                least_pages = 0
+                thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_ms / 1000
+            await trio.to_thread.run_sync(self.store.flush_commitlog, least_pages)
+
+    async def _waiter_timer_task(self) -> None:
+        """Expire flush and ack waiters at their deadlines."""
+        while True:
+            deadlines = [d for d in (self._flush_waiters.next_deadline(), self._ack_waiters.next_deadline()) if d is not None]
+            timeout = min([WAITER_TIMER_MAX_SECONDS, *[d - trio.current_time() for d in deadlines]])
+            with trio.move_on_after(max(timeout, 0)):
+                await self._timer_wakeup.wait()
+            self._timer_wakeup = trio.Event()
+            now = trio.current_time()
+            for wait in self._flush_waiters.expire(now) + self._ack_waiters.expire(now):
+                wait.event.set()
+
+    async def _dispatch_task(self) -> None:
+        while True:
+            await self.new_data.wait(0.1)
+            while self.store.dispatch():
+                await trio.sleep(0)
+            await trio.sleep(DISPATCH_INTERVAL_SECONDS)
+
+    async def _warm_task(self) -> None:
+        ahead = self.store.config.warm_ahead_size
+        while True:
+            await trio.sleep(WARM_INTERVAL_SECONDS)
+            last = self.store.commit_log.mapped_file_queue.last
+            if last is None or last.remaining < ahead or last.populated_position - last.wrote_position < ahead // 2:
+                await trio.to_thread.run_sync(self.store.warm_commitlog)
+
+    async def _housekeeping_task(self) -> None:
+        store_config = self.store.config
+        clean_at = trio.current_time() + CLEAN_INTERVAL_SECONDS
+        while True:
+            await trio.sleep(HOUSEKEEPING_INTERVAL_SECONDS)
+            await trio.to_thread.run_sync(self.store.flush_consume_queues, store_config.flush_consume_queue_least_pages)
+            await trio.to_thread.run_sync(self.store.write_checkpoint)
+            if trio.current_time() >= clean_at:
+                clean_at = trio.current_time() + CLEAN_INTERVAL_SECONDS
+                deleted = await trio.to_thread.run_sync(self.store.clean_expired)
+                if deleted:
+                    LOGGER.info("retention deleted %d segment(s): %s", len(deleted), ", ".join(os.path.basename(p) for p in deleted))
+
+
+def default_slave_id(listen: tuple[str, int]) -> str:
+    return f"{socket.gethostname()}:{listen[1]}"

@@ -1,0 +1,155 @@
+"""The master's replication service (RocketMQ's HAService / AcceptSocketService / HAConnection).
+
+Theory of operation
+-------------------
+The broker's HA listener hands every connection to ``HAService.handle``. After the preface and
+the handshake, a connection runs two tasks, as RocketMQ's ReadSocketService and
+WriteSocketService:
+
+* reader: 8-byte reports. The first is where the slave wants bytes from (its max offset); every
+  report acknowledges what is below it and may release SYNC_MASTER puts. A report beyond the
+  master's end, or going backwards, closes this connection (``ReplicationViolation``). Nothing
+  read for ``ha_housekeeping_interval`` closes it too.
+* writer: from the start offset, frames of at most ``ha_transfer_batch_size`` log bytes, never
+  across a segment, sent straight from the mapping (no copy in Python); when caught up it waits
+  for new appends, and sends a heartbeat (size 0) after ``ha_send_heartbeat_interval`` of silence.
+
+Where an empty slave starts: the master's oldest retained byte (``min_offset``) — the whole log,
+not RocketMQ's last segment (issues #3388/#3661) — unless the slave asked for the last segment.
+A slave whose data ends below the master's oldest byte, or beyond its end, is refused at the
+handshake with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+
+from commitlog.commit_log import ReadError
+from hasvc import transport
+from hasvc.protocol import ha, wire
+from hasvc.replication import ReplicationViolation, SlaveProgress
+
+LOGGER = logging.getLogger(__name__)
+HANDSHAKE_TIMEOUT_SECONDS = 10.0
+# What ends one HA connection (logged once, that connection closed); anything else is our bug.
+CONNECTION_ERRORS = (
+    transport.AuthenticationError, ReplicationViolation, wire.ProtocolError, trio.BrokenResourceError,
+    trio.ClosedResourceError, EOFError, trio.TooSlowError, OSError, ReadError,
+)  # fmt: skip
+
+
+class HAService:
+    def __init__(self, broker):
+        self.broker = broker
+        self._ids = 0
+
+    async def handle(self, stream) -> None:
+        connection = transport.Connection(stream, transport.peer_name(stream))
+        self._ids += 1
+        connection_id = self._ids
+        broker = self.broker
+        try:
+            await transport.server_preface(connection, port_kind=wire.PORT_KIND_HA, secret=broker.config.secret)
+            hello = await self._handshake(connection)
+            if hello is None:
+                return
+            progress = SlaveProgress(connection_id, hello.slave_id, hello.client_address or connection.peer, time.time())
+            broker.replicas.add(progress)
+            LOGGER.info("slave %s (%s) connected from %s, its log ends at %d", hello.slave_id, progress.address, connection.peer, hello.max_offset)
+            try:
+                first_report = trio.Event()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._read_reports, connection, progress, first_report)
+                    nursery.start_soon(self._write_frames, connection, progress, first_report, hello)
+            finally:
+                broker.replicas.remove(connection_id)
+        except BaseException as error:
+            if not transport.is_expected(error, CONNECTION_ERRORS):
+                raise
+            leaf = transport.first_leaf(error)
+            if isinstance(leaf, transport.AuthenticationError | ReplicationViolation):
+                LOGGER.warning("closing HA connection from %s: %s", connection.peer, leaf)
+            else:
+                LOGGER.info("HA connection from %s closed: %s", connection.peer, transport.describe(error))
+        finally:
+            await connection.aclose()
+
+    async def _handshake(self, connection) -> ha.SlaveHello | None:
+        store = self.broker.store
+        buffer = wire.Buffer(size_max=ha.HANDSHAKE_SIZE_MAX + 4)
+        with trio.fail_after(HANDSHAKE_TIMEOUT_SECONDS):
+            while (body := ha.take_handshake_frame(buffer)) is None:
+                data = await connection.receive_some()
+                if not data:
+                    raise EOFError("slave closed during the handshake")
+                buffer.feed(data)
+        hello = ha.decode_slave_hello(body)
+        max_offset, min_offset = store.commit_log.max_offset, store.commit_log.min_offset
+        reason = ""
+        if hello.max_offset > max_offset:
+            reason = f"the slave's log ends at {hello.max_offset}, beyond the master's end {max_offset}"
+        elif 0 < hello.max_offset < min_offset:
+            reason = (f"the slave's log ends at {hello.max_offset} but the master's oldest retained offset is "
+                      f"{min_offset}: clear the slave's store to resynchronise")  # fmt: skip
+        status = ha.STATUS_REFUSED if reason else ha.STATUS_OK
+        await connection.send_all(
+            ha.encode_master_hello(ha.MasterHello(status, max_offset, min_offset, store.commit_log.segment_size, (), reason))
+        )
+        if reason:
+            LOGGER.warning("refused slave %s from %s: %s", hello.slave_id, connection.peer, reason)
+            return None
+        if len(buffer):
+            raise wire.ProtocolError("slave sent data before the handshake was answered")
+        return hello
+
+    async def _read_reports(self, connection, progress: SlaveProgress, first_report: trio.Event) -> None:
+        broker = self.broker
+        decoder = ha.ReportDecoder()
+        housekeeping = broker.config.ha_housekeeping_interval_ms / 1000
+        while True:
+            with trio.fail_after(housekeeping):
+                data = await connection.receive_some()
+            if not data:
+                raise EOFError("slave closed the connection")
+            decoder.receive_data(data)
+            while (offset := decoder.next_report()) is not None:
+                first = broker.replicas.on_report(
+                    progress.connection_id, offset, master_max_offset=broker.store.commit_log.max_offset, now=time.monotonic()
+                )
+                if first:
+                    first_report.set()
+                broker.on_ack()
+
+    async def _write_frames(self, connection, progress: SlaveProgress, first_report: trio.Event, hello: ha.SlaveHello) -> None:
+        broker = self.broker
+        store = broker.store
+        await first_report.wait()
+        offset = progress.request_offset
+        if offset == 0:
+            if hello.sync_from_last_file:
+                last = store.commit_log.max_offset
+                offset = last - last % store.commit_log.segment_size
+            else:
+                offset = store.commit_log.min_offset
+        LOGGER.info("transferring to slave %s from offset %d (it asked for %d)", progress.slave_id, offset, progress.request_offset)
+        batch_size = broker.config.ha_transfer_batch_size
+        heartbeat = broker.config.ha_send_heartbeat_interval_ms / 1000
+        last_write = trio.current_time()
+        while True:
+            if offset < store.commit_log.max_offset:
+                data = store.read(offset, batch_size)
+                size = len(data)
+                try:
+                    await connection.send_all(ha.encode_transfer_header(offset, size), data)
+                finally:
+                    data.release()
+                offset += size
+                last_write = trio.current_time()
+                continue
+            await broker.new_data.wait(max(0.0, heartbeat - (trio.current_time() - last_write)))
+            if trio.current_time() - last_write >= heartbeat and offset >= store.commit_log.max_offset:
+                await connection.send_all(ha.encode_transfer_header(offset, 0))
+                last_write = trio.current_time()

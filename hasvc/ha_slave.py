@@ -1,0 +1,143 @@
+"""The slave's replication client (RocketMQ's HAClient).
+
+Theory of operation
+-------------------
+Forever: connect to the master's HA port, run the preface and the handshake, report the local max
+offset, then read frames. Each frame must start exactly at the local max offset (else the
+connection is dropped and opened again — RocketMQ's "master pushed offset not equal the max phy
+offset in slave"); its bytes are received straight into the mapped segment (``recv_into``) and
+appended verbatim, flushed first when ``flush_before_ack`` is set, and only then reported: the
+slave never acknowledges bytes it does not have. A heartbeat task reports at least every
+``ha_send_heartbeat_interval``; nothing read for ``ha_housekeeping_interval`` drops the connection.
+Errors close the connection and are logged once per change of state; reconnects back off from
+``ha_reconnect_backoff_min_ms`` to ``ha_reconnect_backoff_max_ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from commitlog.commit_log import ReplicationOffsetError
+from hasvc import transport
+from hasvc.config import format_address
+from hasvc.protocol import ha, wire
+
+LOGGER = logging.getLogger(__name__)
+HANDSHAKE_TIMEOUT_SECONDS = 10.0
+# What ends one replication session (then: back off and reconnect); anything else is our bug.
+SESSION_ERRORS = (
+    transport.AuthenticationError, OSError, EOFError, wire.ProtocolError, ReplicationOffsetError,
+    trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError,
+)  # fmt: skip
+
+
+class HAClient:
+    def __init__(self, broker):
+        self.broker = broker
+        self._last_state = None
+        self._last_reported = -1
+
+    def _state(self, state: str, detail: str = "") -> None:
+        """Log a state change once (a master that stays down logs one line, not one per retry)."""
+        if state != self._last_state:
+            log = LOGGER.warning if state in ("disconnected", "refused") else LOGGER.info
+            log("replication %s%s", state, f": {detail}" if detail else "")
+            self._last_state = state
+
+    async def run(self) -> None:
+        config = self.broker.config
+        backoff = config.ha_reconnect_backoff_min_ms / 1000
+        while True:
+            try:
+                await self._session()
+            except BaseException as error:
+                if not transport.is_expected(error, SESSION_ERRORS):
+                    raise
+                if isinstance(transport.first_leaf(error), transport.AuthenticationError):
+                    self._state("refused", transport.describe(error))
+                else:
+                    self._state("disconnected", f"{format_address(config.master_ha)}: {transport.describe(error)}")
+            self.broker.master_connected = False
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, config.ha_reconnect_backoff_max_ms / 1000)
+        raise AssertionError("unreachable")
+
+    async def _session(self) -> None:
+        broker = self.broker
+        config = broker.config
+        store = broker.store
+        ssl_context = transport.client_ssl_context(ca=config.tls_ca, cert=config.tls_cert, key=config.tls_key) if config.tls_ca else None
+        connection = await transport.connect(config.master_ha, ssl_context=ssl_context)
+        try:
+            await transport.client_preface(connection, port_kind=wire.PORT_KIND_HA, secret=config.secret)
+            slave_id = config.slave_id or f"slave@{format_address(broker.listen_address)}"
+            hello = ha.SlaveHello(slave_id, format_address(broker.listen_address), store.commit_log.max_offset, (), config.sync_from_last_file)
+            await connection.send_all(ha.encode_slave_hello(hello))
+            master = await self._read_master_hello(connection)
+            if master.status != ha.STATUS_OK:
+                raise transport.AuthenticationError(f"master refused replication: {master.reason}")
+            if master.segment_size != store.commit_log.segment_size:
+                raise transport.AuthenticationError(
+                    f"master segments are {master.segment_size} bytes, ours {store.commit_log.segment_size}: logs could not be identical"
+                )
+            self._state("connected", f"master {format_address(config.master_ha)}, its log [{master.min_offset}, {master.max_offset}), ours ends at {store.commit_log.max_offset}")
+            broker.master_connected = True
+            await self._report(connection)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._heartbeat, connection)
+                await self._receive_frames(connection)
+                nursery.cancel_scope.cancel()
+        finally:
+            broker.master_connected = False
+            await connection.aclose()
+
+    async def _read_master_hello(self, connection) -> ha.MasterHello:
+        buffer = wire.Buffer(size_max=ha.HANDSHAKE_SIZE_MAX + 4)
+        with trio.fail_after(HANDSHAKE_TIMEOUT_SECONDS):
+            head = await connection.receive_exactly(4)
+            buffer.feed(head)
+            (size,) = ha.LENGTH.unpack(head)
+            if size > ha.HANDSHAKE_SIZE_MAX:
+                raise wire.ProtocolError(f"master handshake of {size} bytes")
+            buffer.feed(await connection.receive_exactly(size))
+        return ha.decode_master_hello(ha.take_handshake_frame(buffer))
+
+    async def _report(self, connection) -> None:
+        offset = self.broker.store.commit_log.max_offset
+        await connection.send_all(ha.REPORT.pack(offset))
+        self._last_reported = offset
+
+    async def _heartbeat(self, connection) -> None:
+        interval = self.broker.config.ha_send_heartbeat_interval_ms / 1000
+        while True:
+            await trio.sleep(interval)
+            await self._report(connection)
+
+    async def _receive_frames(self, connection) -> None:
+        broker = self.broker
+        store = broker.store
+        config = broker.config
+        housekeeping = config.ha_housekeeping_interval_ms / 1000
+        while True:
+            with trio.fail_after(housekeeping):
+                header = ha.decode_transfer_header(await connection.receive_exactly(ha.TRANSFER_HEADER.size), size_max=config.ha_frame_size_max)
+            local_end = store.commit_log.max_wrote_offset
+            if store.commit_log.mapped_file_queue.last is not None and header.offset != local_end:
+                raise wire.ProtocolError(f"master pushed offset {header.offset} but the local log ends at {local_end}")
+            if header.size == 0:
+                continue  # heartbeat; our heartbeat task reports
+            target = store.commit_log.replication_target(header.offset, header.size)
+            try:
+                if len(target) != header.size:
+                    raise wire.ProtocolError(f"frame of {header.size} bytes at {header.offset} crosses a segment boundary")
+                with trio.fail_after(housekeeping):
+                    await connection.receive_into(target)
+            finally:
+                target.release()
+            store.commit_log.commit_replicated(header.size)
+            if config.flush_before_ack:
+                await trio.to_thread.run_sync(store.flush_commitlog, 0)
+            broker.new_data.notify()
+            await self._report(connection)

@@ -1,0 +1,75 @@
+"""Prometheus metrics for a broker (``--metrics-listen HOST:PORT``), with prometheus-client.
+
+Counters and the put latency histogram are updated on the put path; offsets, per-slave acks and
+lags are read from the broker when scraped. The HTTP endpoint is prometheus-client's own server
+on a daemon thread; it only reads integers the trio thread writes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class BrokerMetrics:
+    def __init__(self, broker, registry: CollectorRegistry):
+        self.broker = broker
+        self.appended_bytes = Counter("hasvc_appended_bytes", "Bytes appended to the commit log", registry=registry)
+        self.appended_messages = Counter("hasvc_appended_messages", "Messages appended to the commit log", registry=registry)
+        self.put_latency = Histogram("hasvc_put_latency_seconds", "Put latency after the append, by final status",
+                                     ["status"], buckets=LATENCY_BUCKETS, registry=registry)  # fmt: skip
+        registry.register(self)
+
+    def appended(self, result) -> None:
+        self.appended_bytes.inc(result.wrote_bytes)
+        self.appended_messages.inc(len(result.offsets))
+
+    def put_done(self, status: str, seconds: float) -> None:
+        self.put_latency.labels(status).observe(seconds)
+
+    def collect(self):
+        broker = self.broker
+        store = broker.store
+        if store is None:
+            return
+        log = store.commit_log
+        for name, value, text in (
+            ("hasvc_max_offset", log.max_offset, "End of the readable commit log"),
+            ("hasvc_min_offset", log.min_offset, "Oldest retained commit log offset"),
+            ("hasvc_flushed_offset", log.flushed_offset, "Commit log offset known flushed"),
+            ("hasvc_dispatched_offset", store.reput_from_offset, "Commit log offset indexed in consume queues"),
+            ("hasvc_slave_connections", len(broker.replicas.slaves), "Connected slaves"),
+            ("hasvc_master_connected", int(broker.master_connected), "Slave: connected to its master"),
+        ):
+            yield GaugeMetricFamily(name, text, value=value)
+        ack = GaugeMetricFamily("hasvc_slave_ack_offset", "Offset each slave acknowledged", labels=["slave"])
+        lag = GaugeMetricFamily("hasvc_slave_lag_bytes", "Bytes each slave is behind", labels=["slave"])
+        lag_seconds = GaugeMetricFamily("hasvc_slave_lag_seconds", "Seconds since each slave was caught up", labels=["slave"])
+        now = time.monotonic()
+        for progress in list(broker.replicas.slaves.values()):
+            behind, seconds = broker.replicas.lag(progress, master_max_offset=log.max_offset, now=now)
+            ack.add_metric([progress.slave_id], progress.ack_offset)
+            lag.add_metric([progress.slave_id], behind)
+            lag_seconds.add_metric([progress.slave_id], seconds)
+        yield ack
+        yield lag
+        yield lag_seconds
+
+
+async def serve_metrics(broker, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    registry = CollectorRegistry()
+    broker.metrics = BrokerMetrics(broker, registry)
+    host, port = broker.config.metrics_listen
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    broker.metrics_address = server.server_address[:2]
+    task_status.started()
+    try:
+        await trio.sleep_forever()
+    finally:
+        server.shutdown()
+        server.server_close()

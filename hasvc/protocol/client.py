@@ -1,0 +1,321 @@
+"""The client protocol: request/response frames with request ids, many in flight per connection.
+
+Theory of operation
+-------------------
+After the preface (``wire.py``), both directions carry frames:
+
+    u32 length (of what follows) | u8 kind | u32 request id | payload
+
+A response has the request's kind with bit 0x80 set and the same request id; responses may come
+in any order. Strings are ``u16 length | UTF-8``; blobs are ``u32 length | bytes``. Every response
+payload starts with ``status`` (string) and ``reason`` (string, empty on success).
+
+    kind 1 SEND    request : topic | i32 queue id | i32 flag | i64 born timestamp | u32 n
+                             | n x (properties blob-16 | body blob-32)
+                   response: status | reason | i32 queue id | u32 n | n x (i64 offset, i64 queue offset)
+    kind 2 PULL    request : topic | i32 queue id | i64 queue offset | u32 count max
+                   response: status | reason | i64 next queue offset | i64 max queue offset | u32 n
+                             | n x record blob-32 (a commit log record, docs/FORMAT.md)
+    kind 3 READ    request : i64 offset | u32 size max
+                   response: status | reason | i64 offset | blob-32 (log bytes from offset)
+    kind 4 STATUS  request : (empty)
+                   response: status | reason | blob-32 (a JSON object, see README)
+
+``properties blob-16`` is ``u16 length | name\\x01value\\x02...``. SEND statuses are RocketMQ's
+PutMessageStatus names; the others use OK, NOT_FOUND, OFFSET_ILLEGAL, SERVICE_NOT_AVAILABLE and
+ERROR. A frame over ``frame_size_max`` or of an unknown kind closes the connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import Final
+
+from hasvc.protocol.wire import Buffer, ProtocolError
+
+FRAME_HEADER = struct.Struct(">IBI")  # length, kind, request id
+assert FRAME_HEADER.size == 9
+# RocketMQ's remoting frameMaxLength: 16 MiB.
+FRAME_SIZE_MAX_DEFAULT: Final = 16 * 1024 * 1024
+
+SEND: Final = 1
+PULL: Final = 2
+READ: Final = 3
+STATUS: Final = 4
+REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS})
+RESPONSE_BIT: Final = 0x80
+
+OK: Final = "OK"
+NOT_FOUND: Final = "NOT_FOUND"
+OFFSET_ILLEGAL: Final = "OFFSET_ILLEGAL"
+SERVICE_NOT_AVAILABLE: Final = "SERVICE_NOT_AVAILABLE"
+ERROR: Final = "ERROR"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Frame:
+    kind: int
+    request_id: int
+    payload: bytes
+
+
+def encode_frame(kind: int, request_id: int, payload: bytes) -> bytes:
+    return FRAME_HEADER.pack(len(payload) + 5, kind, request_id) + payload
+
+
+class FrameDecoder:
+    """Frames out of a byte stream; ``request_side`` says which kinds are legal."""
+
+    def __init__(self, *, frame_size_max: int = FRAME_SIZE_MAX_DEFAULT, responses: bool):
+        self.frame_size_max = frame_size_max
+        self.responses = responses
+        self._buffer = Buffer(size_max=2 * frame_size_max + FRAME_HEADER.size)
+
+    def receive_data(self, data: bytes) -> None:
+        self._buffer.feed(data)
+
+    def next_frame(self) -> Frame | None:
+        head = self._buffer.peek(FRAME_HEADER.size)
+        if head is None:
+            return None
+        length, kind, request_id = FRAME_HEADER.unpack(head)
+        if length < 5 or length > self.frame_size_max:
+            raise ProtocolError(f"frame of {length} bytes, outside 5..{self.frame_size_max}")
+        expected = {k | RESPONSE_BIT for k in REQUEST_KINDS} if self.responses else REQUEST_KINDS
+        if kind not in expected:
+            raise ProtocolError(f"unknown frame kind {kind}")
+        if len(self._buffer) < 4 + length:
+            return None
+        self._buffer.take(FRAME_HEADER.size)
+        return Frame(kind, request_id, self._buffer.take(length - 5))
+
+
+# -- payload fields -----------------------------------------------------------------------------
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def pack(self, fmt: str, *values) -> "Writer":
+        self.parts.append(struct.pack(fmt, *values))
+        return self
+
+    def text(self, value: str) -> "Writer":
+        data = value.encode()
+        if len(data) > 0xFFFF:
+            raise ValueError("string over 65535 bytes")
+        self.parts.append(struct.pack(">H", len(data)))
+        self.parts.append(data)
+        return self
+
+    def blob16(self, data: bytes) -> "Writer":
+        if len(data) > 0xFFFF:
+            raise ValueError("field over 65535 bytes")
+        self.parts.append(struct.pack(">H", len(data)))
+        self.parts.append(data)
+        return self
+
+    def blob32(self, data) -> "Writer":
+        self.parts.append(struct.pack(">I", len(data)))
+        self.parts.append(data)
+        return self
+
+    def bytes(self) -> bytes:
+        return b"".join(self.parts)
+
+
+class Reader:
+    def __init__(self, data: bytes):
+        self.data = data
+        self.view = memoryview(data)
+        self.position = 0
+
+    def unpack(self, fmt: str):
+        size = struct.calcsize(fmt)
+        if self.position + size > len(self.data):
+            raise ProtocolError("payload ends in the middle of a field")
+        values = struct.unpack_from(fmt, self.data, self.position)
+        self.position += size
+        return values
+
+    def _piece(self, size: int) -> bytes:
+        if self.position + size > len(self.data):
+            raise ProtocolError("field runs past the end of the payload")
+        piece = self.data[self.position : self.position + size]
+        self.position += size
+        return piece
+
+    def text(self) -> str:
+        (size,) = self.unpack(">H")
+        try:
+            return self._piece(size).decode()
+        except UnicodeDecodeError:
+            raise ProtocolError("string field is not UTF-8") from None
+
+    def blob16(self) -> bytes:
+        (size,) = self.unpack(">H")
+        return self._piece(size)
+
+    def blob32(self) -> bytes:
+        (size,) = self.unpack(">I")
+        return self._piece(size)
+
+    def done(self) -> None:
+        if self.position != len(self.data):
+            raise ProtocolError(f"{len(self.data) - self.position} unexpected bytes at the end of the payload")
+
+
+# -- requests -------------------------------------------------------------------------------------
+
+# At most this many messages in one SEND (RocketMQ batches are limited by size only; the body
+# total is limited by max_message_size on the broker). The bound keeps a decoder's work finite.
+SEND_MESSAGES_MAX: Final = 65536
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SendRequest:
+    topic: str
+    queue_id: int
+    bodies: list[bytes]
+    properties: list[bytes]  # encoded name\x01value\x02 strings, one per body
+    flag: int = 0
+    born_timestamp: int = 0
+
+
+def encode_send(request: SendRequest) -> bytes:
+    writer = Writer().text(request.topic).pack(">iiqI", request.queue_id, request.flag, request.born_timestamp, len(request.bodies))
+    for properties, body in zip(request.properties, request.bodies, strict=True):
+        writer.blob16(properties).blob32(body)
+    return writer.bytes()
+
+
+def decode_send(payload: bytes) -> SendRequest:
+    reader = Reader(payload)
+    topic = reader.text()
+    queue_id, flag, born_timestamp, count = reader.unpack(">iiqI")
+    if count == 0 or count > SEND_MESSAGES_MAX:
+        raise ProtocolError(f"SEND with {count} messages, outside 1..{SEND_MESSAGES_MAX}")
+    properties, bodies = [], []
+    for _ in range(count):
+        properties.append(reader.blob16())
+        bodies.append(reader.blob32())
+    reader.done()
+    return SendRequest(topic, queue_id, bodies, properties, flag, born_timestamp)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PullRequest:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    count_max: int
+
+
+def encode_pull(request: PullRequest) -> bytes:
+    return Writer().text(request.topic).pack(">iqI", request.queue_id, request.queue_offset, request.count_max).bytes()
+
+
+def decode_pull(payload: bytes) -> PullRequest:
+    reader = Reader(payload)
+    topic = reader.text()
+    queue_id, queue_offset, count_max = reader.unpack(">iqI")
+    reader.done()
+    return PullRequest(topic, queue_id, queue_offset, count_max)
+
+
+def encode_read(offset: int, size_max: int) -> bytes:
+    return struct.pack(">qI", offset, size_max)
+
+
+def decode_read(payload: bytes) -> tuple[int, int]:
+    reader = Reader(payload)
+    offset, size_max = reader.unpack(">qI")
+    reader.done()
+    return offset, size_max
+
+
+# -- responses ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SendResponse:
+    status: str
+    reason: str
+    queue_id: int
+    offsets: list[int]
+    queue_offsets: list[int]
+
+
+def encode_send_response(response: SendResponse) -> bytes:
+    writer = Writer().text(response.status).text(response.reason).pack(">iI", response.queue_id, len(response.offsets))
+    writer.parts.append(b"".join(struct.pack(">qq", o, q) for o, q in zip(response.offsets, response.queue_offsets, strict=True)))
+    return writer.bytes()
+
+
+def decode_send_response(payload: bytes) -> SendResponse:
+    reader = Reader(payload)
+    status, reason = reader.text(), reader.text()
+    queue_id, count = reader.unpack(">iI")
+    if count > SEND_MESSAGES_MAX:
+        raise ProtocolError(f"SEND response with {count} messages")
+    pairs = [reader.unpack(">qq") for _ in range(count)]
+    reader.done()
+    return SendResponse(status, reason, queue_id, [p[0] for p in pairs], [p[1] for p in pairs])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PullResponse:
+    status: str
+    reason: str
+    next_queue_offset: int
+    max_queue_offset: int
+    records: list[bytes]
+
+
+def encode_pull_response(response: PullResponse) -> bytes:
+    writer = Writer().text(response.status).text(response.reason)
+    writer.pack(">qqI", response.next_queue_offset, response.max_queue_offset, len(response.records))
+    for record in response.records:
+        writer.blob32(record)
+    return writer.bytes()
+
+
+def decode_pull_response(payload: bytes) -> PullResponse:
+    reader = Reader(payload)
+    status, reason = reader.text(), reader.text()
+    next_queue_offset, max_queue_offset, count = reader.unpack(">qqI")
+    if count > SEND_MESSAGES_MAX:
+        raise ProtocolError(f"PULL response with {count} records")
+    records = [reader.blob32() for _ in range(count)]
+    reader.done()
+    return PullResponse(status, reason, next_queue_offset, max_queue_offset, records)
+
+
+def encode_simple_response(status: str, reason: str, *fields) -> bytes:
+    """READ (i64 offset + blob) and STATUS (blob) responses."""
+    writer = Writer().text(status).text(reason)
+    for field in fields:
+        if isinstance(field, int):
+            writer.pack(">q", field)
+        else:
+            writer.blob32(field)
+    return writer.bytes()
+
+
+def decode_read_response(payload: bytes) -> tuple[str, str, int, bytes]:
+    reader = Reader(payload)
+    status, reason = reader.text(), reader.text()
+    (offset,) = reader.unpack(">q")
+    data = reader.blob32()
+    reader.done()
+    return status, reason, offset, data
+
+
+def decode_status_response(payload: bytes) -> tuple[str, str, bytes]:
+    reader = Reader(payload)
+    status, reason = reader.text(), reader.text()
+    data = reader.blob32()
+    reader.done()
+    return status, reason, data

@@ -1,0 +1,143 @@
+"""Shared wire pieces: the connection preface (version + HMAC-SHA256 challenge–response), a
+length-prefixed byte buffer, and the protocol error.
+
+Theory of operation
+-------------------
+Both ports (client and HA) start the same way, before a single log byte moves:
+
+    server -> client  HELLO     "HSVC" | u8 version | u8 port kind | u8 auth required | 32-byte server nonce
+    client -> server  AUTH      "HSVC" | u8 version | 32-byte client nonce | 32-byte client proof
+    server -> client  AUTH_OK   u8 status (0 ok, 1 bad proof, 2 wrong port kind, 3 version) | 32-byte server proof
+
+    client proof = HMAC-SHA256(secret, "hasvc-client" | server nonce | client nonce)
+    server proof = HMAC-SHA256(secret, "hasvc-server" | client nonce | server nonce)
+
+Without a secret both proofs are 32 zero bytes and ``auth required`` is 0; a server with a secret
+refuses a client without one. A client checks the server proof too (a fake master cannot feed a
+slave). A refusal is the AUTH_OK frame with a nonzero status, then the server closes.
+
+Everything here is sans-IO: ``Buffer`` collects bytes fed to it and hands out exact-size pieces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+from typing import Final
+
+PROTOCOL_VERSION: Final = 1
+MAGIC: Final = b"HSVC"
+NONCE_SIZE: Final = 32
+PROOF_SIZE: Final = 32
+
+PORT_KIND_CLIENT: Final = 1
+PORT_KIND_HA: Final = 2
+
+AUTH_STATUS_OK: Final = 0
+AUTH_STATUS_BAD_PROOF: Final = 1
+AUTH_STATUS_WRONG_PORT: Final = 2
+AUTH_STATUS_VERSION: Final = 3
+AUTH_STATUS_TEXT: Final = {
+    AUTH_STATUS_OK: "ok",
+    AUTH_STATUS_BAD_PROOF: "authentication failed (wrong or missing secret)",
+    AUTH_STATUS_WRONG_PORT: "wrong port: a client connected to the HA port or a slave to the client port",
+    AUTH_STATUS_VERSION: "unsupported protocol version",
+}
+
+HELLO = struct.Struct(">4sBBB32s")  # magic, version, port kind, auth required, server nonce
+assert HELLO.size == 39
+AUTH = struct.Struct(">4sB32s32s")  # magic, version, client nonce, client proof
+assert AUTH.size == 69
+AUTH_OK = struct.Struct(">B32s")  # status, server proof
+assert AUTH_OK.size == 33
+
+ZERO_PROOF: Final = bytes(PROOF_SIZE)
+
+
+class ProtocolError(Exception):
+    """The peer sent something this protocol does not allow; the connection is closed."""
+
+
+def new_nonce() -> bytes:
+    return os.urandom(NONCE_SIZE)
+
+
+def client_proof(secret: bytes | None, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    if secret is None:
+        return ZERO_PROOF
+    return hmac.new(secret, b"hasvc-client" + server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+def server_proof(secret: bytes | None, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    if secret is None:
+        return ZERO_PROOF
+    return hmac.new(secret, b"hasvc-server" + client_nonce + server_nonce, hashlib.sha256).digest()
+
+
+def encode_hello(*, port_kind: int, auth_required: bool, server_nonce: bytes) -> bytes:
+    return HELLO.pack(MAGIC, PROTOCOL_VERSION, port_kind, int(auth_required), server_nonce)
+
+
+def decode_hello(data: bytes) -> tuple[int, int, bool, bytes]:
+    """(version, port kind, auth required, server nonce)."""
+    magic, version, port_kind, auth_required, nonce = HELLO.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"not a hasvc server (greeting {magic!r})")
+    return version, port_kind, bool(auth_required), nonce
+
+
+def encode_auth(*, secret: bytes | None, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return AUTH.pack(MAGIC, PROTOCOL_VERSION, client_nonce, client_proof(secret, server_nonce, client_nonce))
+
+
+def check_auth(data: bytes, *, secret: bytes | None, server_nonce: bytes) -> tuple[int, bytes]:
+    """(AUTH_OK status, client nonce) for an AUTH frame."""
+    magic, version, client_nonce, proof = AUTH.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"not a hasvc client (preface {magic!r})")
+    if version != PROTOCOL_VERSION:
+        return AUTH_STATUS_VERSION, client_nonce
+    expected = client_proof(secret, server_nonce, client_nonce)
+    if not hmac.compare_digest(proof, expected):
+        return AUTH_STATUS_BAD_PROOF, client_nonce
+    return AUTH_STATUS_OK, client_nonce
+
+
+class Buffer:
+    """Bytes received and not yet consumed, with a bound on how much may pile up."""
+
+    def __init__(self, size_max: int):
+        self.size_max = size_max
+        self._data = bytearray()
+        self._start = 0
+
+    def __len__(self) -> int:
+        return len(self._data) - self._start
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if len(self) + len(data) > self.size_max:
+            raise ProtocolError(f"more than {self.size_max} bytes buffered from the peer")
+        if self._start and self._start > len(self._data) // 2:
+            del self._data[: self._start]
+            self._start = 0
+        self._data += data
+
+    def peek(self, size: int) -> memoryview | None:
+        if len(self) < size:
+            return None
+        return memoryview(self._data)[self._start : self._start + size]
+
+    def take(self, size: int) -> bytes | None:
+        if len(self) < size:
+            return None
+        piece = bytes(self._data[self._start : self._start + size])
+        self._start += size
+        return piece
+
+    def take_all(self) -> bytes:
+        piece = bytes(self._data[self._start :])
+        self._data.clear()
+        self._start = 0
+        return piece

@@ -1,0 +1,202 @@
+"""trio plumbing shared by the broker, the HA client and the client library.
+
+``Connection`` wraps a trio stream (TCP, or TLS over TCP) with a receive buffer: exact-size reads
+for headers, and ``receive_into`` that lands bytes straight in a caller's buffer (a mapped
+segment) with ``recv_into`` when the stream is plain TCP. ``server_preface``/``client_preface``
+run the connection preface of ``protocol.wire`` (version and HMAC challenge–response).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+
+import trio
+
+from hasvc.config import Address
+from hasvc.protocol import wire
+
+LOGGER = logging.getLogger(__name__)
+RECEIVE_SIZE = 256 * 1024  # bytes asked of the kernel per receive
+PREFACE_TIMEOUT_SECONDS = 10.0  # a peer that does not finish the preface in time is dropped
+
+
+class AuthenticationError(Exception):
+    """The peer refused us, or we refused it, during the preface."""
+
+
+def is_expected(error: BaseException, expected: tuple[type[BaseException], ...]) -> bool:
+    """True when ``error`` (or every leaf of an exception group) is one of ``expected``."""
+    if isinstance(error, BaseExceptionGroup):
+        return all(is_expected(inner, expected) for inner in error.exceptions)
+    return isinstance(error, expected)
+
+
+def first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+def describe(error: BaseException) -> str:
+    leaf = first_leaf(error)
+    return str(leaf) or type(leaf).__name__
+
+
+class Connection:
+    def __init__(self, stream: trio.abc.Stream, peer: str):
+        self.stream = stream
+        self.peer = peer
+        self._pending = bytearray()
+        self._send_lock = trio.Lock()
+        raw = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._socket = raw
+        if raw is not None:
+            try:
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    async def send_all(self, *parts) -> None:
+        """Send ``parts`` back to back; safe to call from several tasks."""
+        async with self._send_lock:
+            for part in parts:
+                if len(part):
+                    await self.stream.send_all(part)
+
+    async def receive_some(self) -> bytes:
+        if self._pending:
+            data, self._pending = bytes(self._pending), bytearray()
+            return data
+        return await self.stream.receive_some(RECEIVE_SIZE)
+
+    async def receive_exactly(self, size: int) -> bytes:
+        while len(self._pending) < size:
+            data = await self.stream.receive_some(max(RECEIVE_SIZE, size - len(self._pending)))
+            if not data:
+                raise EOFError(f"{self.peer} closed the connection")
+            self._pending += data
+        piece = bytes(self._pending[:size])
+        del self._pending[:size]
+        return piece
+
+    async def receive_into(self, view: memoryview) -> None:
+        """Fill ``view`` completely: buffered bytes first, then ``recv_into`` (plain TCP) or
+        copies (TLS)."""
+        filled = min(len(self._pending), len(view))
+        if filled:
+            view[:filled] = self._pending[:filled]
+            del self._pending[:filled]
+        while filled < len(view):
+            if self._socket is not None:
+                count = await self._socket.recv_into(view[filled:])
+                if count == 0:
+                    raise EOFError(f"{self.peer} closed the connection")
+                filled += count
+            else:
+                data = await self.stream.receive_some(len(view) - filled)
+                if not data:
+                    raise EOFError(f"{self.peer} closed the connection")
+                view[filled : filled + len(data)] = data
+                filled += len(data)
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.stream)
+
+
+def peer_name(stream: trio.abc.Stream) -> str:
+    try:
+        raw = stream.socket if isinstance(stream, trio.SocketStream) else stream.transport_stream.socket
+        host, port = raw.getpeername()[:2]
+        return f"{host}:{port}"
+    except (AttributeError, OSError):
+        return "?"
+
+
+async def server_preface(connection: Connection, *, port_kind: int, secret: bytes | None) -> None:
+    """Greet, check the client's proof, answer with ours. Raises AuthenticationError (after
+    telling the client why) when the client is refused."""
+    nonce = wire.new_nonce()
+    with trio.fail_after(PREFACE_TIMEOUT_SECONDS):
+        await connection.send_all(wire.encode_hello(port_kind=port_kind, auth_required=secret is not None, server_nonce=nonce))
+        status, client_nonce = wire.check_auth(await connection.receive_exactly(wire.AUTH.size), secret=secret, server_nonce=nonce)
+        proof = wire.server_proof(secret, client_nonce, nonce) if status == wire.AUTH_STATUS_OK else wire.ZERO_PROOF
+        await connection.send_all(wire.AUTH_OK.pack(status, proof))
+    if status != wire.AUTH_STATUS_OK:
+        raise AuthenticationError(f"{connection.peer}: {wire.AUTH_STATUS_TEXT[status]}")
+
+
+async def client_preface(connection: Connection, *, port_kind: int, secret: bytes | None) -> None:
+    with trio.fail_after(PREFACE_TIMEOUT_SECONDS):
+        version, server_kind, auth_required, server_nonce = wire.decode_hello(await connection.receive_exactly(wire.HELLO.size))
+        if version != wire.PROTOCOL_VERSION:
+            raise AuthenticationError(f"{connection.peer} speaks protocol version {version}, we speak {wire.PROTOCOL_VERSION}")
+        if server_kind != port_kind:
+            raise AuthenticationError(f"{connection.peer}: {wire.AUTH_STATUS_TEXT[wire.AUTH_STATUS_WRONG_PORT]}")
+        client_nonce = wire.new_nonce()
+        await connection.send_all(wire.encode_auth(secret=secret, server_nonce=server_nonce, client_nonce=client_nonce))
+        status, proof = wire.AUTH_OK.unpack(await connection.receive_exactly(wire.AUTH_OK.size))
+    if status != wire.AUTH_STATUS_OK:
+        raise AuthenticationError(f"{connection.peer} refused us: {wire.AUTH_STATUS_TEXT.get(status, status)}")
+    if secret is not None and proof != wire.server_proof(secret, client_nonce, server_nonce):
+        raise AuthenticationError(f"{connection.peer} did not prove it knows the secret")
+    if secret is None and auth_required:
+        raise AuthenticationError(f"{connection.peer} requires a secret")
+
+
+def server_ssl_context(*, cert: str, key: str, ca: str | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    if ca:
+        context.load_verify_locations(ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_ssl_context(*, ca: str | None, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    context.check_hostname = False  # brokers are addressed by IP; the CA pins who they are
+    if cert and key:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+async def connect(address: Address, *, ssl_context: ssl.SSLContext | None = None) -> Connection:
+    stream = await trio.open_tcp_stream(*address)
+    if ssl_context is not None:
+        stream = trio.SSLStream(stream, ssl_context, server_hostname=address[0])
+        await stream.do_handshake()
+    return Connection(stream, f"{address[0]}:{address[1]}")
+
+
+async def open_listener(address: Address, *, ssl_context: ssl.SSLContext | None = None):
+    listeners = await trio.open_tcp_listeners(address[1], host=address[0])
+    listener = listeners[0]
+    for extra in listeners[1:]:
+        await extra.aclose()
+    if ssl_context is not None:
+        return trio.SSLListener(listener, ssl_context, https_compatible=False), listener
+    return listener, listener
+
+
+def listener_address(listener: trio.SocketListener) -> Address:
+    host, port = listener.socket.getsockname()[:2]
+    return host, port
+
+
+class Notifier:
+    """Wakes everyone waiting for "something new" (appended bytes, a moved watermark) at once,
+    without polling: each ``notify`` sets the current event and starts a new one."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        event = self._event
+        with trio.move_on_after(timeout):
+            await event.wait()

@@ -169,7 +169,7 @@ def _broker_options(function):
     return function
 
 
-def _build_config(role_default, cli_values: dict, config_file, secret_file, settings) -> "BrokerConfig":
+def _build_config(role_default, cli_values: dict, config_file, secret_file, settings):
     import dataclasses
 
     from hasvc.config import BrokerConfig, convert, load_toml, read_secret

@@ -241,7 +241,7 @@ class BlockingClient:
             trio.from_thread.run_sync(self._done.set, trio_token=self._token)
         self._thread.join()
 
-    def __enter__(self) -> "BlockingClient":
+    def __enter__(self) -> BlockingClient:
         return self
 
     def __exit__(self, *exc_info) -> None:

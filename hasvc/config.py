@@ -112,7 +112,7 @@ class BrokerConfig:
             store_host=self.listen if _is_ip(self.listen[0]) else ("127.0.0.1", self.listen[1]),
         )
 
-    def validate(self) -> "BrokerConfig":
+    def validate(self) -> BrokerConfig:
         if self.role is BrokerRole.SLAVE and self.master_ha is None:
             raise ValueError("a slave needs --master-ha HOST:PORT")
         if self.ha_transfer_batch_size > self.ha_frame_size_max:

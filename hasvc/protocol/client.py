@@ -98,11 +98,11 @@ class Writer:
     def __init__(self) -> None:
         self.parts: list[bytes] = []
 
-    def pack(self, fmt: str, *values) -> "Writer":
+    def pack(self, fmt: str, *values) -> Writer:
         self.parts.append(struct.pack(fmt, *values))
         return self
 
-    def text(self, value: str) -> "Writer":
+    def text(self, value: str) -> Writer:
         data = value.encode()
         if len(data) > 0xFFFF:
             raise ValueError("string over 65535 bytes")
@@ -110,14 +110,14 @@ class Writer:
         self.parts.append(data)
         return self
 
-    def blob16(self, data: bytes) -> "Writer":
+    def blob16(self, data: bytes) -> Writer:
         if len(data) > 0xFFFF:
             raise ValueError("field over 65535 bytes")
         self.parts.append(struct.pack(">H", len(data)))
         self.parts.append(data)
         return self
 
-    def blob32(self, data) -> "Writer":
+    def blob32(self, data) -> Writer:
         self.parts.append(struct.pack(">I", len(data)))
         self.parts.append(data)
         return self

@@ -338,7 +338,8 @@ typedef struct {
  *                                   max_store_ts), ...])
  * Parses the fields a consume queue needs and groups them into runs per queue with consecutive queue
  * offsets, each with its 20-byte units packed. Transaction prepare/rollback records are passed
- * over. stop: 0 limit/records_max, 1 blank, 2 malformed at position, 3 a TAGS value that is not
+ * over. stop: 0 limit/records_max or an incomplete record at position (a slave's log may end in the
+ * middle of a record between two frames), 1 blank, 2 malformed at position, 3 a TAGS value that is not
  * valid UTF-8 at position (the caller handles that record in Python and calls again after it). */
 static PyObject *dispatch_units(PyObject *self, PyObject *args) {
     Py_buffer view;
@@ -354,11 +355,12 @@ static PyObject *dispatch_units(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     while (pos < limit && records < records_max) {
         Py_ssize_t left = limit - pos;
-        if (left >= 8 && be32(buf + pos + 4) == BLANK_MAGIC) { stop = 1; break; }
-        if (left < 91) { stop = 2; break; }
+        if (left < 8) break; /* the rest of this record has not arrived (a slave between frames) */
+        if (be32(buf + pos + 4) == BLANK_MAGIC) { stop = 1; break; }
         int32_t size = (int32_t)be32(buf + pos);
         uint32_t magic = be32(buf + pos + 4);
-        if ((magic != MAGIC_V1 && magic != MAGIC_V2) || size < 91 || size > left) { stop = 2; break; }
+        if ((magic != MAGIC_V1 && magic != MAGIC_V2) || size < 91) { stop = 2; break; }
+        if (size > left) break; /* incomplete: wait for more bytes, as ReputMessageService does */
         int32_t queue_id = (int32_t)be32(buf + pos + 12);
         int64_t queue_offset = be64(buf + pos + 20);
         int64_t physical = be64(buf + pos + 28);

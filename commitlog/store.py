@@ -454,9 +454,14 @@ def _dispatch_units_python(view: memoryview, start: int, limit: int, base: int, 
     stop = _STOP_LIMIT
     pack = CQ_UNIT.pack
     while position < limit and records < records_max:
+        if limit - position < 8:
+            break  # the rest of this record has not arrived (a slave between two frames)
         if rec.peek_blank(view, position) is not None:
             stop = _STOP_BLANK
             break
+        size, magic = rec.BLANK.unpack_from(view, position)
+        if magic in (rec.MAGIC_V1, rec.MAGIC_V2) and size >= 91 and size > limit - position:
+            break  # incomplete: wait for more bytes, as ReputMessageService does
         try:
             size, physical, topic, queue_id, queue_offset, sysflag, store_ts, tags = rec.decode_dispatch(
                 view, position, limit

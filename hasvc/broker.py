@@ -145,7 +145,7 @@ class Broker:
     def _server_ssl(self):
         if self.config.tls_cert is None:
             return None
-        return transport.server_ssl_context(cert=self.config.tls_cert, key=self.config.tls_key, ca=self.config.tls_ca)
+        return transport.server_ssl_context(cert=self.config.tls_cert, key=self.config.tls_key)
 
     def addresses(self) -> dict:
         return {

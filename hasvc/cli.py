@@ -159,7 +159,7 @@ def _broker_options(function):
         click.option("--insecure", is_flag=True, default=None, help="Allow a non-loopback listen address without a secret."),
         click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True)),
         click.option("--tls-key", type=click.Path(dir_okay=False, exists=True)),
-        click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True), help="CA for peers (slaves verify the master with it)."),
+        click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True), help="CA a slave uses to verify its master's certificate (with --tls-cert/--tls-key on every broker)."),
         click.option("--metrics-listen", help="Serve Prometheus metrics on HOST:PORT."),
         click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
                      help="Any other option by its config name, e.g. --set slave_timeout_ms=1000."),

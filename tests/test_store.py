@@ -273,3 +273,21 @@ def test_damage_in_the_middle_of_the_log_is_refused_not_cut(tmp_path, small_conf
     accepting = dataclasses.replace(small_config, recovery_cut_segments_max=100)
     with MessageStore.open(str(tmp_path), accepting) as store:
         assert store.commit_log.max_offset == victim.wrote_offset
+
+
+def test_a_slave_log_ending_mid_record_dispatches_up_to_it_and_then_the_rest(tmp_path, small_config):
+    from commitlog.store import _dispatch_units_python
+
+    with MessageStore.open(str(tmp_path / "master"), small_config) as master:
+        results = fill(master, 20)
+        data = bytes(master.read(0, 10**9))
+    cut = results[10].wrote_offset + 50  # frames end wherever the batch size says, not at records
+    with MessageStore.open(str(tmp_path / "slave"), small_config) as slave:
+        slave.append_replicated(0, data[:cut])
+        assert slave.dispatch() == 10
+        assert slave.dispatch_error is None and slave.reput_from_offset == results[10].wrote_offset
+        view = slave.commit_log.mapped_file_queue.last.view()
+        assert _dispatch_units_python(view, results[10].wrote_offset, cut, 0)[:3] == (results[10].wrote_offset, 0, 0)
+        slave.append_replicated(cut, data[cut:])
+        assert slave.dispatch() == 10
+        assert sum(slave.consume_queues.queue_offset_table().values()) == 20

@@ -1,0 +1,132 @@
+"""A small harness for system tests: real `hasvc master` / `hasvc slave` processes on loopback.
+
+Ports are chosen by the OS (port 0) and read from each broker's READY line; every process is
+stopped by its PID (SIGTERM, then SIGKILL) when the cluster closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+READY_TIMEOUT_SECONDS = 30.0
+STOP_TIMEOUT_SECONDS = 20.0
+
+
+class BrokerProcess:
+    def __init__(self, name: str, command: list[str], log_path: str, env: dict | None = None):
+        self.name = name
+        self.command = command
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 (closed when the process is stopped)
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        self.ready = self._read_ready()
+
+    def _read_ready(self) -> dict:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        line = b""
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select([self.process.stdout], [], [], 0.2)
+            if readable:
+                chunk = os.read(self.process.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                line += chunk
+                if b"\n" in line:
+                    first = line.split(b"\n", 1)[0].decode()
+                    assert first.startswith("READY "), first
+                    return json.loads(first[len("READY ") :])
+            elif self.process.poll() is not None:
+                break
+        self.kill()
+        raise RuntimeError(f"{self.name} did not start; log:\n{self.log()[-3000:]}")
+
+    @property
+    def address(self) -> str:
+        return self.ready["listen"]
+
+    @property
+    def ha_address(self) -> str:
+        return self.ready["ha_listen"]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._log.close()
+
+    def stop(self) -> int:
+        """SIGTERM and wait for a clean exit; return the exit code."""
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+        return self.process.returncode
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as file:
+            return file.read()
+
+
+class Cluster:
+    def __init__(self, root, *, segment_size: int = 1024 * 1024, secret: bytes | None = None):
+        self.root = str(root)
+        self.segment_size = segment_size
+        self.secret_file = None
+        if secret is not None:
+            self.secret_file = os.path.join(self.root, "secret")
+            with open(self.secret_file, "wb") as file:
+                file.write(secret)
+        self.brokers: list[BrokerProcess] = []
+
+    def store(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def _start(self, kind: str, name: str, args: list[str], settings: dict) -> BrokerProcess:
+        command = [sys.executable, "-m", "hasvc.cli", kind, "--store", self.store(name), "--listen", "127.0.0.1:0",
+                   "--ha-listen", "127.0.0.1:0", "--set", f"commitlog_segment_size={self.segment_size}", *args]  # fmt: skip
+        if self.secret_file:
+            command += ["--secret-file", self.secret_file]
+        for key, value in settings.items():
+            command += ["--set", f"{key}={value}"]
+        broker = BrokerProcess(name, command, os.path.join(self.root, f"{name}.log"))
+        self.brokers.append(broker)
+        return broker
+
+    def start_master(self, name: str = "master", *, role: str = "sync", flush: str = "async", **settings) -> BrokerProcess:
+        return self._start("master", name, ["--role", role, "--flush", flush], settings)
+
+    def start_slave(self, master_ha: str, name: str = "slave", **settings) -> BrokerProcess:
+        return self._start("slave", name, ["--master-ha", master_ha], settings)
+
+    def close(self) -> None:
+        for broker in self.brokers:
+            if broker.alive():
+                broker.stop()
+
+
+def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value (system tests wait for processes this way)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {message}")
+        time.sleep(interval)

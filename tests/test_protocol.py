@@ -1,0 +1,187 @@
+"""Sans-IO codecs: every sample whole, one byte at a time and with trailing bytes; hypothesis
+round trips and garbage (a decoder raises ProtocolError, never struct.error or IndexError)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hasvc.protocol import client as cp
+from hasvc.protocol import ha, wire
+
+texts = st.text(max_size=40)
+epochs = st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**62)), max_size=5).map(tuple)
+
+
+def feed_in_pieces(decoder, data: bytes, piece: int):
+    for start in range(0, len(data), piece):
+        decoder.receive_data(data[start : start + piece])
+
+
+@given(texts, texts, st.integers(0, 2**62), epochs, st.booleans())
+def test_slave_hello_round_trips(slave_id, address, max_offset, entries, last_file):
+    hello = ha.SlaveHello(slave_id, address, max_offset, entries, last_file)
+    buffer = wire.Buffer(size_max=1 << 20)
+    encoded = ha.encode_slave_hello(hello)
+    for index in range(len(encoded) - 1):
+        buffer.feed(encoded[index : index + 1])
+        assert ha.take_handshake_frame(buffer) is None
+    buffer.feed(encoded[-1:] + b"trailing")
+    assert ha.decode_slave_hello(ha.take_handshake_frame(buffer)) == hello
+    assert buffer.take_all() == b"trailing"
+
+
+@given(st.integers(0, 1), st.integers(0, 2**40), st.integers(0, 2**40), st.integers(1, 2**40), epochs, texts)
+def test_master_hello_round_trips(status, a, b, segment, entries, reason):
+    low, high = min(a, b), max(a, b)
+    hello = ha.MasterHello(status, high, low, segment, entries, reason)
+    buffer = wire.Buffer(size_max=1 << 20)
+    buffer.feed(ha.encode_master_hello(hello))
+    assert ha.decode_master_hello(ha.take_handshake_frame(buffer)) == hello
+
+
+@given(st.binary(max_size=300))
+def test_handshake_decoders_on_garbage_raise_protocol_error_only(data):
+    for decode in (ha.decode_slave_hello, ha.decode_master_hello):
+        try:
+            decode(data)
+        except wire.ProtocolError:
+            pass
+    buffer = wire.Buffer(size_max=1 << 20)
+    buffer.feed(data)
+    try:
+        ha.take_handshake_frame(buffer)
+    except wire.ProtocolError:
+        pass
+
+
+def test_oversize_handshake_frame_is_refused():
+    buffer = wire.Buffer(size_max=1 << 20)
+    buffer.feed(ha.LENGTH.pack(ha.HANDSHAKE_SIZE_MAX + 1))
+    with pytest.raises(wire.ProtocolError, match="handshake frame"):
+        ha.take_handshake_frame(buffer)
+
+
+@given(st.lists(st.integers(0, 2**62), max_size=20), st.integers(1, 9))
+def test_reports_decode_in_order_whatever_the_pieces(offsets, piece):
+    decoder = ha.ReportDecoder()
+    feed_in_pieces(decoder, b"".join(ha.REPORT.pack(o) for o in offsets), piece)
+    decoded = []
+    while (offset := decoder.next_report()) is not None:
+        decoded.append(offset)
+    assert decoded == offsets
+
+
+def test_a_negative_report_is_a_protocol_error():
+    decoder = ha.ReportDecoder()
+    decoder.receive_data(ha.REPORT.pack(-5))
+    with pytest.raises(wire.ProtocolError, match="negative"):
+        decoder.next_report()
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**50), st.binary(max_size=200)), max_size=8), st.integers(1, 50))
+def test_transfer_frames_round_trip(frames, piece):
+    decoder = ha.TransferDecoder(size_max=1024)
+    data = b"".join(ha.encode_transfer_header(o, len(b)) + b for o, b in frames)
+    decoded = []
+    for start in range(0, len(data), piece):
+        decoder.receive_data(data[start : start + piece])
+        while (frame := decoder.next_frame()) is not None:
+            decoded.append(frame)
+    assert decoded == frames
+
+
+@given(st.binary(min_size=12, max_size=12))
+def test_transfer_header_garbage(data):
+    try:
+        header = ha.decode_transfer_header(data, size_max=4096)
+        assert header.offset >= 0 and 0 <= header.size <= 4096
+    except wire.ProtocolError:
+        pass
+
+
+def test_transfer_frame_over_the_limit_is_refused():
+    with pytest.raises(wire.ProtocolError, match="outside 0..1024"):
+        ha.decode_transfer_header(ha.encode_transfer_header(0, 1025), size_max=1024)
+
+
+def test_preface_proofs_depend_on_the_secret_and_both_nonces():
+    server_nonce, client_nonce = wire.new_nonce(), wire.new_nonce()
+    auth = wire.encode_auth(secret=b"s3cret", server_nonce=server_nonce, client_nonce=client_nonce)
+    assert wire.check_auth(auth, secret=b"s3cret", server_nonce=server_nonce) == (wire.AUTH_STATUS_OK, client_nonce)
+    assert wire.check_auth(auth, secret=b"other", server_nonce=server_nonce)[0] == wire.AUTH_STATUS_BAD_PROOF
+    assert wire.check_auth(auth, secret=b"s3cret", server_nonce=wire.new_nonce())[0] == wire.AUTH_STATUS_BAD_PROOF
+    no_secret = wire.encode_auth(secret=None, server_nonce=server_nonce, client_nonce=client_nonce)
+    assert wire.check_auth(no_secret, secret=b"s3cret", server_nonce=server_nonce)[0] == wire.AUTH_STATUS_BAD_PROOF
+    assert wire.check_auth(no_secret, secret=None, server_nonce=server_nonce)[0] == wire.AUTH_STATUS_OK
+    assert wire.server_proof(b"s3cret", client_nonce, server_nonce) != wire.client_proof(b"s3cret", server_nonce, client_nonce)
+
+
+sends = st.builds(
+    cp.SendRequest,
+    topic=st.from_regex(r"[A-Za-z0-9]{1,20}", fullmatch=True),
+    queue_id=st.integers(-(2**31), 2**31 - 1),
+    bodies=st.lists(st.binary(max_size=100), min_size=1, max_size=5),
+    properties=st.just([]),
+    flag=st.integers(-(2**31), 2**31 - 1),
+    born_timestamp=st.integers(0, 2**62),
+)
+
+
+@given(sends, st.integers(1, 64))
+def test_send_requests_round_trip_through_frames(request, piece):
+    request = cp.SendRequest(request.topic, request.queue_id, request.bodies, [b"TAGS\x01a\x02"] * len(request.bodies),
+                             request.flag, request.born_timestamp)  # fmt: skip
+    data = cp.encode_frame(cp.SEND, 7, cp.encode_send(request)) * 2
+    decoder = cp.FrameDecoder(responses=False)
+    frames = []
+    for start in range(0, len(data), piece):
+        decoder.receive_data(data[start : start + piece])
+        while (frame := decoder.next_frame()) is not None:
+            frames.append(frame)
+    assert [f.request_id for f in frames] == [7, 7]
+    assert cp.decode_send(frames[0].payload) == request
+
+
+def test_responses_round_trip():
+    send = cp.SendResponse("PUT_OK", "", 3, [10, 20], [0, 1])
+    assert cp.decode_send_response(cp.encode_send_response(send)) == send
+    pull = cp.PullResponse("OK", "", 5, 9, [b"abc", b""])
+    assert cp.decode_pull_response(cp.encode_pull_response(pull)) == pull
+    assert cp.decode_read_response(cp.encode_simple_response("OK", "", 42, b"xyz")) == ("OK", "", 42, b"xyz")
+    assert cp.decode_status_response(cp.encode_simple_response("OK", "", b"{}")) == ("OK", "", b"{}")
+    assert cp.decode_pull(cp.encode_pull(cp.PullRequest("T", 1, 2, 3))) == cp.PullRequest("T", 1, 2, 3)
+    assert cp.decode_read(cp.encode_read(5, 6)) == (5, 6)
+
+
+@given(st.binary(max_size=200))
+def test_payload_decoders_on_garbage_raise_protocol_error_only(data):
+    for decode in (cp.decode_send, cp.decode_pull, cp.decode_read, cp.decode_send_response, cp.decode_pull_response,
+                   cp.decode_read_response, cp.decode_status_response):  # fmt: skip
+        try:
+            decode(data)
+        except wire.ProtocolError:
+            pass
+
+
+@given(st.binary(max_size=64), st.booleans())
+def test_frame_decoder_on_garbage_raises_protocol_error_only(data, responses):
+    decoder = cp.FrameDecoder(frame_size_max=1024, responses=responses)
+    try:
+        decoder.receive_data(data)
+        while decoder.next_frame() is not None:
+            pass
+    except wire.ProtocolError:
+        pass
+
+
+def test_unknown_kinds_and_oversize_frames_are_refused():
+    decoder = cp.FrameDecoder(frame_size_max=100, responses=False)
+    decoder.receive_data(cp.FRAME_HEADER.pack(10, 9, 1))
+    with pytest.raises(wire.ProtocolError, match="unknown frame kind 9"):
+        decoder.next_frame()
+    decoder = cp.FrameDecoder(frame_size_max=100, responses=False)
+    decoder.receive_data(cp.FRAME_HEADER.pack(101, cp.SEND, 1))
+    with pytest.raises(wire.ProtocolError, match="outside 5..100"):
+        decoder.next_frame()
+    with pytest.raises(wire.ProtocolError, match="0 messages"):
+        cp.decode_send(cp.Writer().text("T").pack(">iiqI", 0, 0, 0, 0).bytes())

@@ -75,6 +75,82 @@ class Appended:
     queue_id: int = -1
 
 
+class Outbox:
+    """A connection's responses: tasks queue them, one writer sends all that are pending in one
+    ``send`` (a response per syscall was a fifth of a busy master's CPU). Every request holds a
+    place in ``in_flight`` from when it is read until its response is handed to the kernel."""
+
+    def __init__(self, connection, in_flight: trio.CapacityLimiter):
+        self.connection = connection
+        self.in_flight = in_flight
+        self._frames: list[bytes] = []
+        self._tokens: list[object] = []
+        self._tokens_by_request: dict[int, object] = {}
+        self._wakeup = trio.Event()
+
+    async def reserve(self, frame: cp.Frame) -> None:
+        token = object()
+        await self.in_flight.acquire_on_behalf_of(token)
+        self._tokens_by_request[id(frame)] = token
+
+    def respond(self, frame: cp.Frame, payload: bytes) -> None:
+        self._frames.append(cp.encode_frame(frame.kind | cp.RESPONSE_BIT, frame.request_id, payload))
+        self._tokens.append(self._tokens_by_request.pop(id(frame)))
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            frames, self._frames = self._frames, []
+            tokens, self._tokens = self._tokens, []
+            try:
+                await self.connection.send_all(b"".join(frames))
+            finally:
+                for token in tokens:
+                    self.in_flight.release_on_behalf_of(token)
+
+
+# SENDs read together are appended together up to this many body bytes (well under the 4 MiB
+# max_message_size a batch's bodies share).
+COALESCE_BYTES_MAX = 1024 * 1024
+
+
+def coalesce(sends: list[tuple[cp.Frame, cp.SendRequest]], *, bytes_max: int) -> list[list]:
+    """Runs of consecutive SENDs with the same topic, queue and flag, each at most ``bytes_max``
+    body bytes (a single larger SEND stands alone). Order is kept."""
+    groups: list[list] = []
+    size = 0
+    for frame, request in sends:
+        request_size = sum(len(body) for body in request.bodies)
+        head = groups[-1][0][1] if groups else None
+        same = head is not None and (head.topic, head.queue_id, head.flag) == (request.topic, request.queue_id, request.flag)
+        if same and size + request_size <= bytes_max:
+            groups[-1].append((frame, request))
+            size += request_size
+        else:
+            groups.append([(frame, request)])
+            size = request_size
+    return groups
+
+
+def split_appended(appended: Appended, counts: list[int]) -> list[Appended]:
+    """One Appended per request of a coalesced batch, each with its own offsets."""
+    result = appended.result
+    pieces = []
+    start = 0
+    for count in counts:
+        end = start + count
+        next_offset = result.offsets[end] if end < len(result.offsets) else result.next_offset
+        piece = dataclasses.replace(
+            result, wrote_offset=result.offsets[start], wrote_bytes=next_offset - result.offsets[start],
+            offsets=result.offsets[start:end], queue_offsets=result.queue_offsets[start:end],
+        )  # fmt: skip
+        pieces.append(dataclasses.replace(appended, result=piece))
+        start = end
+    return pieces
+
+
 @dataclasses.dataclass(eq=False)
 class _Wait:
     event: trio.Event = dataclasses.field(default_factory=trio.Event)
@@ -187,18 +263,27 @@ class Broker:
         try:
             await transport.server_preface(connection, port_kind=wire.PORT_KIND_CLIENT, secret=self.config.secret)
             decoder = cp.FrameDecoder(frame_size_max=self.config.frame_size_max, responses=False)
-            in_flight = trio.CapacityLimiter(self.config.requests_in_flight_max)
+            outbox = Outbox(connection, trio.CapacityLimiter(self.config.requests_in_flight_max))
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(outbox.run)
                 while True:
                     data = await connection.receive_some()
                     if not data:
                         nursery.cancel_scope.cancel()
                         return
                     decoder.receive_data(data)
+                    sends: list[tuple[cp.Frame, cp.SendRequest]] = []
                     while (frame := decoder.next_frame()) is not None:
-                        token = object()
-                        await in_flight.acquire_on_behalf_of(token)
-                        self._dispatch_request(nursery, connection, frame, (in_flight, token))
+                        await outbox.reserve(frame)
+                        if frame.kind != cp.SEND:
+                            outbox.respond(frame, self._answer(frame))
+                            continue
+                        try:
+                            sends.append((frame, cp.decode_send(frame.payload)))
+                        except wire.ProtocolError as error:
+                            outbox.respond(frame, self._error(frame, str(error)))
+                    for group in coalesce(sends, bytes_max=COALESCE_BYTES_MAX):
+                        self._put_group(nursery, outbox, group)
         except BaseException as error:
             if not transport.is_expected(error, CLIENT_CONNECTION_ERRORS):
                 raise
@@ -209,29 +294,29 @@ class Broker:
         finally:
             await connection.aclose()
 
-    def _dispatch_request(self, nursery: trio.Nursery, connection, frame: cp.Frame, in_flight) -> None:
-        """Act on a request: SEND appends now (keeping the connection's order) and answers from a
-        task once its waits are over; the rest answer from a task at once."""
-        if frame.kind == cp.SEND:
-            try:
-                request = cp.decode_send(frame.payload)
-            except wire.ProtocolError as error:
-                nursery.start_soon(self._respond, connection, frame, in_flight, self._error(frame, str(error)))
-                return
-            nursery.start_soon(self._respond_to_send, connection, frame, in_flight, request, self.append(request))
-        else:
-            nursery.start_soon(self._respond, connection, frame, in_flight, self._answer(frame))
+    def _put_group(self, nursery: trio.Nursery, outbox: Outbox, group: list[tuple[cp.Frame, cp.SendRequest]]) -> None:
+        """Append a group of SENDs (same topic, queue and flag, read together) as one batch, in
+        the order they arrived, and answer them all from one task once the last is replicated
+        and flushed as configured. A refused group is retried one request at a time."""
+        appended = self.append_many([request for _, request in group])
+        if appended is None:
+            for frame, request in group:
+                self._put_group(nursery, outbox, [(frame, request)])
+            return
+        if not self._must_wait(appended[-1]):
+            started = time.perf_counter()
+            for (frame, _), each in zip(group, appended, strict=True):
+                outbox.respond(frame, cp.encode_send_response(self._finish_put(each, started)))
+            return
+        nursery.start_soon(self._respond_to_group, outbox, group, appended)
 
-    async def _respond(self, connection, frame, in_flight, payload: bytes) -> None:
-        limiter, token = in_flight
-        try:
-            await connection.send_all(cp.encode_frame(frame.kind | cp.RESPONSE_BIT, frame.request_id, payload))
-        finally:
-            limiter.release_on_behalf_of(token)
-
-    async def _respond_to_send(self, connection, frame, in_flight, request, appended) -> None:
-        response = await self.complete_put(appended)
-        await self._respond(connection, frame, in_flight, cp.encode_send_response(response))
+    async def _respond_to_group(self, outbox: Outbox, group, appended: list[Appended]) -> None:
+        last = await self.complete_put(appended[-1])  # its waits cover every earlier record
+        started = time.perf_counter()
+        for (frame, _), each in zip(group[:-1], appended[:-1], strict=True):
+            final = dataclasses.replace(each, status=rec.PutMessageStatus[last.status], reason=last.reason)
+            outbox.respond(frame, cp.encode_send_response(self._finish_put(final, started)))
+        outbox.respond(group[-1][0], cp.encode_send_response(last))
 
     def _error(self, frame: cp.Frame, reason: str) -> bytes:
         if frame.kind == cp.SEND:
@@ -239,6 +324,23 @@ class Broker:
         return cp.encode_simple_response(cp.ERROR, reason)
 
     # -- puts -----------------------------------------------------------------------------
+
+    def append_many(self, requests: list[cp.SendRequest]) -> list[Appended] | None:
+        """Append several SENDs as one batch; one Appended each. None when the batch was refused
+        for its content (the caller retries them one by one so one bad message fails alone)."""
+        if len(requests) == 1:
+            return [self.append(requests[0])]
+        first = requests[0]
+        merged = cp.SendRequest(
+            first.topic, first.queue_id, [b for r in requests for b in r.bodies], [p for r in requests for p in r.properties],
+            first.flag, first.born_timestamp,
+        )  # fmt: skip
+        appended = self.append(merged)
+        if appended.result is None:
+            if appended.status in (rec.PutMessageStatus.MESSAGE_ILLEGAL, rec.PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
+                return None
+            return [dataclasses.replace(appended) for _ in requests]
+        return split_appended(appended, [len(r.bodies) for r in requests])
 
     def append(self, request: cp.SendRequest) -> Appended:
         """Steps 1 and 2 of a put: refuse, or append."""
@@ -266,15 +368,22 @@ class Broker:
                 self.metrics.appended(result)
         return Appended(result.status, result.reason, result, request.queue_id)
 
+    def _must_wait(self, appended: Appended) -> bool:
+        """Whether the put waits for a flush or for slaves (else it is answered at once)."""
+        if appended.status is not rec.PutMessageStatus.PUT_OK:
+            return False
+        return self.store.sync_flush or (self.role is BrokerRole.SYNC_MASTER and self.config.in_sync_replicas > 0)
+
     async def complete_put(self, appended: Appended) -> cp.SendResponse:
         """Steps 3 and 4: wait for flush and replicas as configured; the final status."""
-        status, reason, result = appended.status, appended.reason, appended.result
         started = time.perf_counter()
-        if result is None or status is not rec.PutMessageStatus.PUT_OK:
-            return cp.SendResponse(status.name, reason, appended.queue_id, [], [])
-        next_offset = result.next_offset
-        flush_wait = self._wait_for(self._flush_waiters, next_offset, self.config.store_config().sync_flush_timeout_ms) if self.store.sync_flush else None
-        if flush_wait is not None:
+        if not self._must_wait(appended):
+            return self._finish_put(appended, started)
+        next_offset = appended.result.next_offset
+        status, reason = appended.status, appended.reason
+        flush_wait = None
+        if self.store.sync_flush:
+            flush_wait = self._wait_for(self._flush_waiters, next_offset, self.config.store_config().sync_flush_timeout_ms)
             self._flush_requested.set()
         ack_wait = None
         if self.role is BrokerRole.SYNC_MASTER and self.config.in_sync_replicas > 0:
@@ -295,9 +404,15 @@ class Broker:
             await ack_wait.event.wait()
             if not ack_wait.ok and status is rec.PutMessageStatus.PUT_OK:
                 status, reason = rec.PutMessageStatus.FLUSH_SLAVE_TIMEOUT, "stored on the master; no slave acknowledged it within slave_timeout"
+        return self._finish_put(dataclasses.replace(appended, status=status, reason=reason), started)
+
+    def _finish_put(self, appended: Appended, started: float) -> cp.SendResponse:
         if self.metrics:
-            self.metrics.put_done(status.name, time.perf_counter() - started)
-        return cp.SendResponse(status.name, reason, appended.queue_id, list(result.offsets), list(result.queue_offsets))
+            self.metrics.put_done(appended.status.name, time.perf_counter() - started)
+        result = appended.result
+        offsets = list(result.offsets) if result is not None else []
+        queue_offsets = list(result.queue_offsets) if result is not None else []
+        return cp.SendResponse(appended.status.name, appended.reason, appended.queue_id, offsets, queue_offsets)
 
     def _wait_for(self, waiters: OffsetWaiters, offset: int, timeout_ms: int) -> _Wait:
         wait = _Wait()

@@ -455,5 +455,30 @@ def bench_recover(size_mb, body_size, segment_size_mb, runs, json_path) -> None:
     write_json(json_path, data)
 
 
+@bench.command("sync-write")
+@click.option("--producers", type=int, default=64, show_default=True, help="Concurrent producers, one request in flight each.")
+@click.option("--connections", type=int, default=1, show_default=True, help="Connections the producers share.")
+@click.option("--size", type=int, default=1024, show_default=True, help="Body size in bytes.")
+@click.option("--batch", type=int, default=1, show_default=True, help="Messages per request.")
+@click.option("--duration", type=float, default=5.0, show_default=True, help="Seconds per run.")
+@click.option("--runs", type=int, default=3, show_default=True)
+@click.option("--role", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
+@click.option("--flush", type=click.Choice(["sync", "async"]), default="async", show_default=True)
+@click.option("--slave-flush-before-ack", is_flag=True, help="The slave fsyncs before acknowledging.")
+@click.option("--master", default=None, help="Target a running master instead of starting a local pair.")
+@_secret_option
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
+def bench_sync_write(producers, connections, size, batch, duration, runs, role, flush, slave_flush_before_ack, master,
+                     secret_file, json_path) -> None:  # fmt: skip
+    """Acknowledged writes per second, MB/s and latency percentiles against a master + slave."""
+    from hasvc.bench import write_json
+    from hasvc.bench_sync import bench_sync_write as run
+
+    data = run(producers=producers, connections=connections, size=size, batch=batch, duration=duration, runs=runs,
+               role=role, flush=flush, master=master, slave_flush_before_ack=slave_flush_before_ack,
+               secret=_client_secret(secret_file), echo=click.echo)  # fmt: skip
+    write_json(json_path, data)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -374,3 +374,25 @@ def test_metrics_endpoint(cluster):
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     assert "hasvc_appended_messages_total 1.0" in text
     assert "hasvc_max_offset" in text and 'hasvc_put_latency_seconds_count{status="PUT_OK"} 1.0' in text
+
+
+def test_a_bad_send_coalesced_with_good_ones_fails_alone(cluster):
+    from hasvc.protocol import client as cp
+
+    master = cluster.start_master(role="async")
+    sock = raw_connect(master.address)
+    preface(sock)
+    good = cp.SendRequest("T", 0, [b"good"], [b""], 0, 0)
+    bad = cp.SendRequest("T", 0, [b"bad"], [b"K\x01" + b"v" * 40000 + b"\x02"], 0, 0)
+    frames = b"".join(cp.encode_frame(cp.SEND, request_id, cp.encode_send(request))
+                      for request_id, request in ((1, good), (2, bad), (3, good)))  # fmt: skip
+    sock.sendall(frames)  # one write: the broker reads them together and coalesces them
+    decoder = cp.FrameDecoder(responses=True)
+    responses = {}
+    while len(responses) < 3:
+        decoder.receive_data(sock.recv(65536))
+        while (frame := decoder.next_frame()) is not None:
+            responses[frame.request_id] = cp.decode_send_response(frame.payload)
+    sock.close()
+    assert [responses[i].status for i in (1, 2, 3)] == ["PUT_OK", "PROPERTIES_SIZE_EXCEEDED", "PUT_OK"]
+    assert responses[1].queue_offsets == [0] and responses[3].queue_offsets == [1]

@@ -1,0 +1,219 @@
+"""``hasvc bench sync-write``: acknowledged writes per second against a master with a slave.
+
+Starts a master and a slave as separate processes on loopback (temporary stores, free ports), or
+targets a running master (``--master``), then runs ``producers`` concurrent producers for
+``duration`` seconds: each sends one request at a time (one message, or a batch of ``batch``) and
+records its latency. ``runs`` repetitions; the table shows medians with min–max, and the CPU
+used by every process involved (read from /proc), so a saturated load generator shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import trio
+
+from hasvc import client as hc
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as file:
+        fields = file.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+@dataclasses.dataclass
+class RunResult:
+    acked: int
+    seconds: float
+    latencies_us: list[float]
+    statuses: dict[str, int]
+    cpu_percent: dict[str, float]
+
+    def summary(self, size: int, batch: int) -> dict:
+        latencies = sorted(self.latencies_us) or [0.0]
+
+        def percentile(p: float) -> float:
+            return latencies[min(len(latencies) - 1, int(p * len(latencies)))]
+
+        return {
+            "acked_per_second": self.acked / self.seconds,
+            "mb_per_second": self.acked * size / self.seconds / 1e6,
+            "requests": len(self.latencies_us),
+            "p50_us": percentile(0.50),
+            "p99_us": percentile(0.99),
+            "p999_us": percentile(0.999),
+            "statuses": self.statuses,
+            "cpu_percent": self.cpu_percent,
+            "seconds": self.seconds,
+        }
+
+
+async def _load(address: str, *, producers: int, connections: int, size: int, batch: int, duration: float, secret) -> tuple[int, list[float], dict[str, int]]:
+    body = os.urandom(size)
+    bodies = [body] * batch
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    acked = 0
+    async with trio.open_nursery() as outer:
+        clients = []
+        for _ in range(connections):
+            clients.append(await outer.start(_client_holder, address, secret))
+        deadline = trio.current_time() + duration
+
+        async def producer(index: int) -> None:
+            nonlocal acked
+            client = clients[index % connections]
+            queue_id = index % 4
+            while trio.current_time() < deadline:
+                started = time.perf_counter()
+                if batch == 1:
+                    results = [await client.send("BenchTopic", body, queue_id=queue_id)]
+                else:
+                    results = await client.send_batch("BenchTopic", bodies, queue_id=queue_id)
+                latencies.append((time.perf_counter() - started) * 1e6)
+                status = results[0].status
+                statuses[status] = statuses.get(status, 0) + len(results)
+                if status == "PUT_OK":
+                    acked += len(results)
+
+        async with trio.open_nursery() as nursery:
+            for index in range(producers):
+                nursery.start_soon(producer, index)
+        outer.cancel_scope.cancel()
+    return acked, latencies, statuses
+
+
+async def _client_holder(address, secret, *, task_status=trio.TASK_STATUS_IGNORED):
+    async with hc.connect(address, secret) as client:
+        task_status.started(client)
+        await trio.sleep_forever()
+
+
+def run_once(address: str, pids: dict[str, int], *, producers: int, connections: int, size: int, batch: int, duration: float, secret=None) -> RunResult:
+    before = {name: process_cpu_seconds(pid) for name, pid in pids.items()}
+    own_before = time.process_time()
+    started = time.perf_counter()
+    acked, latencies, statuses = trio.run(lambda: _load(address, producers=producers, connections=connections, size=size,
+                                                         batch=batch, duration=duration, secret=secret))  # fmt: skip
+    seconds = time.perf_counter() - started
+    cpu = {name: 100 * (process_cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
+    cpu["load generator"] = 100 * (time.process_time() - own_before) / seconds
+    return RunResult(acked, seconds, latencies, statuses, cpu)
+
+
+class LocalPair:
+    """A master and a slave process with temporary stores, stopped by PID on exit."""
+
+    def __init__(self, *, role: str, flush: str, slave_flush_before_ack: bool = False):
+        self.root = tempfile.mkdtemp(prefix="hasvc-bench-")
+        self.processes: list[subprocess.Popen] = []
+        self.master = self._start(["master", "--role", role, "--flush", flush], "master")
+        slave_args = ["slave", "--master-ha", self.master["ha_listen"]]
+        if slave_flush_before_ack:
+            slave_args += ["--set", "flush_before_ack=true"]
+        self.slave = self._start(slave_args, "slave")
+
+    def _start(self, args: list[str], name: str) -> dict:
+        log = open(os.path.join(self.root, f"{name}.log"), "ab")  # noqa: SIM115 (lives as long as the process)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hasvc.cli", *args, "--store", os.path.join(self.root, name), "--listen", "127.0.0.1:0",
+             "--ha-listen", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=log,
+        )  # fmt: skip
+        self.processes.append(process)
+        line = process.stdout.readline().decode()
+        if not line.startswith("READY "):
+            self.close()
+            raise RuntimeError(f"{name} did not start (see {self.root}/{name}.log)")
+        return json.loads(line[len("READY ") :])
+
+    def wait_connected(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        with hc.BlockingClient(self.master["listen"]) as client:
+            while not client.status()["slaves"]:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the slave did not connect")
+                time.sleep(0.05)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {"master": self.processes[0].pid, "slave": self.processes[1].pid}
+
+    def close(self) -> None:
+        import shutil
+        import signal
+
+        for process in self.processes:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def bench_sync_write(*, producers: int, connections: int, size: int, batch: int, duration: float, runs: int, role: str,
+                     flush: str, master: str | None, slave_flush_before_ack: bool, secret=None, echo=print) -> dict:  # fmt: skip
+    pair = None
+    if master is None:
+        pair = LocalPair(role=role, flush=flush, slave_flush_before_ack=slave_flush_before_ack)
+        pair.wait_connected()
+        address, pids = pair.master["listen"], pair.pids
+    else:
+        address, pids = master, {}
+    try:
+        results = [
+            run_once(address, pids, producers=producers, connections=connections, size=size, batch=batch,
+                     duration=duration, secret=secret).summary(size, batch)
+            for _ in range(runs)
+        ]  # fmt: skip
+    finally:
+        if pair is not None:
+            pair.close()
+
+    def median(key: str) -> float:
+        return statistics.median(r[key] for r in results)
+
+    def span(key: str) -> str:
+        values = [r[key] for r in results]
+        return f"{statistics.median(values):,.0f} ({min(values):,.0f}–{max(values):,.0f})"
+
+    statuses: dict[str, int] = {}
+    for result in results:
+        for name, count in result["statuses"].items():
+            statuses[name] = statuses.get(name, 0) + count
+    cpu = {name: statistics.median(r["cpu_percent"][name] for r in results) for name in results[0]["cpu_percent"]}
+    echo(f"sync-write: {producers} producers over {connections} connection(s), {size} B bodies, batch {batch}, "
+         f"role {role}, flush {flush}{', slave flushes before ack' if slave_flush_before_ack else ''}, "
+         f"{runs} x {duration:.0f} s")  # fmt: skip
+    echo(f"  acked msgs/s  {span('acked_per_second')}")
+    echo(f"  MB/s          {median('mb_per_second'):,.1f}")
+    echo(f"  latency us    p50 {median('p50_us'):,.0f}  p99 {median('p99_us'):,.0f}  p99.9 {median('p999_us'):,.0f}")
+    echo(f"  statuses      {statuses}")
+    echo(f"  cpu %         {', '.join(f'{name} {value:.0f}' for name, value in cpu.items())}")
+    return {
+        "benchmark": "sync-write",
+        "settings": {"producers": producers, "connections": connections, "size": size, "batch": batch, "duration": duration,
+                     "runs": runs, "role": role, "flush": flush, "slave_flush_before_ack": slave_flush_before_ack,
+                     "target": master or "local pair"},  # fmt: skip
+        "acked_per_second": median("acked_per_second"),
+        "mb_per_second": median("mb_per_second"),
+        "p50_us": median("p50_us"),
+        "p99_us": median("p99_us"),
+        "p999_us": median("p999_us"),
+        "statuses": statuses,
+        "cpu_percent": cpu,
+        "runs": results,
+    }

@@ -1,0 +1,32 @@
+"""Pure parts of the broker: grouping SENDs read together, splitting a coalesced append."""
+
+from commitlog import record as rec
+from commitlog.commit_log import AppendResult
+from hasvc.broker import Appended, coalesce, split_appended
+from hasvc.protocol import client as cp
+
+
+def request(topic="T", queue_id=0, bodies=(b"x",), flag=0):
+    return cp.SendRequest(topic, queue_id, list(bodies), [b""] * len(bodies), flag, 0)
+
+
+def test_coalesce_groups_consecutive_sends_of_one_queue_and_keeps_order():
+    sends = [(i, r) for i, r in enumerate([request(), request(), request(queue_id=1), request(), request(flag=4)])]
+    groups = coalesce(sends, bytes_max=1000)
+    assert [[i for i, _ in group] for group in groups] == [[0, 1], [2], [3], [4]]
+
+
+def test_coalesce_respects_the_byte_limit():
+    sends = [(i, request(bodies=[b"x" * 400])) for i in range(5)]
+    assert [len(g) for g in coalesce(sends, bytes_max=1000)] == [2, 2, 1]
+    assert [len(g) for g in coalesce([(0, request(bodies=[b"x" * 5000]))], bytes_max=1000)] == [1]
+
+
+def test_split_appended_gives_each_request_its_offsets():
+    result = AppendResult(rec.PutMessageStatus.PUT_OK, wrote_offset=100, wrote_bytes=60, store_timestamp=1,
+                          offsets=(100, 110, 130, 150), queue_offsets=(7, 8, 9, 10))  # fmt: skip
+    pieces = split_appended(Appended(rec.PutMessageStatus.PUT_OK, "", result, 3), [1, 2, 1])
+    assert [p.result.offsets for p in pieces] == [(100,), (110, 130), (150,)]
+    assert [p.result.queue_offsets for p in pieces] == [(7,), (8, 9), (10,)]
+    assert [p.result.next_offset for p in pieces] == [110, 150, 160]
+    assert all(p.queue_id == 3 for p in pieces)

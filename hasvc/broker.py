@@ -71,7 +71,7 @@ class Appended:
 
     status: rec.PutMessageStatus
     reason: str = ""
-    result: object = None
+    result: object = None  # the AppendResult, only when the records were stored
     queue_id: int = -1
 
 
@@ -366,7 +366,8 @@ class Broker:
             self.new_data.notify()
             if self.metrics:
                 self.metrics.appended(result)
-        return Appended(result.status, result.reason, result, request.queue_id)
+        stored = result if result.status is rec.PutMessageStatus.PUT_OK else None
+        return Appended(result.status, result.reason, stored, request.queue_id)
 
     def _must_wait(self, appended: Appended) -> bool:
         """Whether the put waits for a flush or for slaves (else it is answered at once)."""

@@ -55,6 +55,7 @@ DISPATCH_INTERVAL_SECONDS = 0.001
 HOUSEKEEPING_INTERVAL_SECONDS = 1.0
 CLEAN_INTERVAL_SECONDS = 10.0
 WARM_INTERVAL_SECONDS = 0.002
+WARM_IDLE_SECONDS = 1.0
 WAITER_TIMER_MAX_SECONDS = 0.1  # the timer task re-checks deadlines at least this often
 PULL_COUNT_MAX = 1024  # records in one PULL response
 # What ends one client connection (logged, that connection closed); anything else is our bug.
@@ -540,8 +541,11 @@ class Broker:
             await trio.sleep(DISPATCH_INTERVAL_SECONDS)
 
     async def _warm_task(self) -> None:
+        """Keep the write area faulted in: looks after appends (not on a timer: an idle broker
+        should cost nothing), at most once per WARM_INTERVAL_SECONDS."""
         ahead = self.store.config.warm_ahead_size
         while True:
+            await self.new_data.wait(WARM_IDLE_SECONDS)
             await trio.sleep(WARM_INTERVAL_SECONDS)
             last = self.store.commit_log.mapped_file_queue.last
             if last is None or last.remaining < ahead or last.populated_position - last.wrote_position < ahead // 2:

@@ -32,6 +32,8 @@ from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
 from commitlog.commit_log import AppendResult, CommitLog, ReadError, RecoveryReport, now_ms
 from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
+from commitlog.epoch import EpochFile, truncate_suffix_by_offset
+from commitlog.scan import ScanCode, scan_segment
 from commitlog.mapped_file import StoreError
 from commitlog.mapped_file_queue import MappedFileQueue
 
@@ -100,6 +102,7 @@ class MessageStore:
             os.path.join(path, "consumequeue"), units_per_file=self.config.consume_queue_units_per_file
         )
         self.checkpoint: StoreCheckpoint | None = None
+        self.epochs: EpochFile | None = None
         self.recovery: RecoveryReport | None = None
         self.last_exit_ok = True
         self.reput_from_offset = 0
@@ -131,6 +134,7 @@ class MessageStore:
             abort_path = os.path.join(self.path, "abort")
             self.last_exit_ok = not os.path.exists(abort_path)
             self.checkpoint = StoreCheckpoint.open(os.path.join(self.path, "checkpoint"))
+            self.epochs = EpochFile.open(self.path)
             self.commit_log.load()
             self.consume_queues.load()
             self._recover()
@@ -412,11 +416,24 @@ class MessageStore:
         return [self.commit_log.get_record(offset) for offset, _size, _tags in queue.read(queue_offset, count_max)]
 
     def truncate(self, offset: int) -> None:
-        """Cut the log and the consume queues at ``offset`` (a slave rejoining after failover)."""
+        """Cut the log, the consume queues and the epoch history at ``offset`` (a record boundary;
+        a broker rejoining as a slave after failover)."""
         self.commit_log.truncate(offset)
         self.consume_queues.truncate_dirty(offset)
         self.reput_from_offset = min(self.reput_from_offset, offset)
+        self.dispatch_error = None
         self.commit_log.topic_queue_table = self.consume_queues.queue_offset_table()
+        self.epochs.replace(truncate_suffix_by_offset(self.epochs.entries, offset))
+
+    def last_record_end(self) -> int:
+        """The end of the last complete, valid record: a slave's log may end in the middle of a
+        record (frames are cut by size), and a new master must start after whole records."""
+        last = self.commit_log.mapped_file_queue.last
+        if last is None:
+            return self.commit_log.min_offset
+        result = scan_segment(last.view(), start=0, end=last.wrote_position if last.wrote_position < last.file_size else last.file_size,
+                              file_from_offset=last.file_from_offset, crc_function=self.crc_function)  # fmt: skip
+        return last.offset_of(last.file_size if result.code is ScanCode.END_OF_SEGMENT else result.position)
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(

@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import socket
 import time
 
@@ -175,6 +176,13 @@ class Broker:
         self.ha_address: tuple[str, int] | None = None
         self.master_connected = False
         self.master_ha = config.master_ha
+        self.fenced_by: str | None = None  # set when a peer shows a newer epoch: no more writes
+        # Held around background work that touches the store from worker threads, and around
+        # truncation (a rejoining slave) so the two never overlap.
+        self.maintenance = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._peer_epoch = 0  # the newest epoch a peer has shown us
+        self._ha_client_scope: trio.CancelScope | None = None
         self.started_at = time.time()
         self.metrics = None
 
@@ -190,12 +198,13 @@ class Broker:
                 client_listener, client_socket = await transport.open_listener(self.config.listen, ssl_context=ssl_context)
                 self.listen_address = transport.listener_address(client_socket)
                 nursery.start_soon(self._serve_listener, client_listener, self._serve_client)
+                self._nursery = nursery
                 if self.role is not BrokerRole.SLAVE:
+                    if self.store.epochs.last is None:
+                        self.store.epochs.append(first_epoch(), self.store.commit_log.max_offset)
                     await self._start_ha_service(nursery, ssl_context)
                 else:
-                    from hasvc.ha_slave import HAClient
-
-                    nursery.start_soon(HAClient(self).run)
+                    nursery.start_soon(self._run_ha_client)
                 for task in (self._dispatch_task, self._warm_task, self._housekeeping_task, self._waiter_timer_task):
                     nursery.start_soon(task)
                 nursery.start_soon(self._group_commit_task if self.store.sync_flush else self._async_flush_task)
@@ -211,6 +220,43 @@ class Broker:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self.store.close)
             LOGGER.info("store closed cleanly")
+
+    async def _run_ha_client(self) -> None:
+        from hasvc.ha_slave import HAClient
+
+        self._ha_client_scope = trio.CancelScope()
+        with self._ha_client_scope:
+            await HAClient(self).run()
+
+    async def promote(self, role: BrokerRole) -> None:
+        """Slave -> master: stop replicating, cut a partial last record, open a new epoch at the
+        log's end and persist it before taking any write, then serve producers and slaves."""
+        if self.role is not BrokerRole.SLAVE:
+            raise ValueError(f"already {self.role.value}")
+        if self._ha_client_scope is not None:
+            self._ha_client_scope.cancel()
+        self.master_connected = False
+        async with self.maintenance:
+            end = await trio.to_thread.run_sync(self.store.last_record_end)
+            if end < self.store.commit_log.max_wrote_offset:
+                LOGGER.warning("promote: cutting a partial record [%d, %d)", end, self.store.commit_log.max_wrote_offset)
+                await trio.to_thread.run_sync(self.store.truncate, end)
+            epoch = max(self.store.epochs.last_epoch, self.highest_epoch_seen) + 1
+            self.store.epochs.append(epoch, self.store.commit_log.max_offset)
+        self.role = role
+        self.master_ha = None
+        self.fenced_by = None
+        await self._start_ha_service(self._nursery, self._server_ssl())
+        LOGGER.warning("promoted to %s: epoch %d from offset %d", role.value, epoch, self.store.commit_log.max_offset)
+
+    @property
+    def highest_epoch_seen(self) -> int:
+        return max(self.store.epochs.last_epoch, self._peer_epoch)
+
+    def fence(self, reason: str) -> None:
+        if self.fenced_by is None:
+            LOGGER.warning("fenced, refusing writes: %s", reason)
+        self.fenced_by = reason
 
     async def _start_ha_service(self, nursery: trio.Nursery, ssl_context) -> None:
         from hasvc.ha_master import HAService
@@ -276,6 +322,9 @@ class Broker:
                     sends: list[tuple[cp.Frame, cp.SendRequest]] = []
                     while (frame := decoder.next_frame()) is not None:
                         await outbox.reserve(frame)
+                        if frame.kind == cp.PROMOTE:
+                            nursery.start_soon(self._promote_request, outbox, frame)
+                            continue
                         if frame.kind != cp.SEND:
                             outbox.respond(frame, self._answer(frame))
                             continue
@@ -319,6 +368,15 @@ class Broker:
             outbox.respond(frame, cp.encode_send_response(self._finish_put(final, started)))
         outbox.respond(group[-1][0], cp.encode_send_response(last))
 
+    async def _promote_request(self, outbox: Outbox, frame: cp.Frame) -> None:
+        try:
+            role = BrokerRole.SYNC_MASTER if frame.payload[:1] == b"\x01" else BrokerRole.ASYNC_MASTER
+            await self.promote(role)
+        except ValueError as error:
+            outbox.respond(frame, cp.encode_simple_response(cp.ERROR, str(error), b""))
+            return
+        outbox.respond(frame, cp.encode_simple_response(cp.OK, "", json.dumps(self.status()).encode()))
+
     def _error(self, frame: cp.Frame, reason: str) -> bytes:
         if frame.kind == cp.SEND:
             return cp.encode_send_response(cp.SendResponse(rec.PutMessageStatus.MESSAGE_ILLEGAL.name, reason, -1, [], []))
@@ -348,6 +406,8 @@ class Broker:
         if self.role is BrokerRole.SLAVE:
             master = format_address(self.master_ha) if self.master_ha else "unknown"
             return Appended(rec.PutMessageStatus.SERVICE_NOT_AVAILABLE, f"this broker is a slave; its master's HA address is {master}")
+        if self.fenced_by is not None:
+            return Appended(rec.PutMessageStatus.SERVICE_NOT_AVAILABLE, f"this broker is fenced: {self.fenced_by}")
         store = self.store
         if self.config.min_in_sync_replicas:
             in_sync = self.replicas.in_sync_count(master_max_offset=store.commit_log.max_offset, max_gap=self.config.ha_max_gap_not_in_sync)
@@ -479,7 +539,8 @@ class Broker:
             })  # fmt: skip
         status = {
             **self.addresses(),
-            "epoch": 0,
+            "epoch": store.epochs.last_epoch,
+            "epochs": [[e.epoch, e.start_offset] for e in store.epochs.entries],
             "min_offset": store.commit_log.min_offset,
             "max_offset": master_max,
             "flushed_offset": store.commit_log.flushed_offset,
@@ -493,6 +554,8 @@ class Broker:
             status["master_connected"] = self.master_connected
         if store.dispatch_error:
             status["dispatch_error"] = store.dispatch_error
+        if self.fenced_by:
+            status["fenced_by"] = self.fenced_by
         return status
 
     # -- background tasks -----------------------------------------------------------------
@@ -502,7 +565,8 @@ class Broker:
         while True:
             await self._flush_requested.wait()
             self._flush_requested = trio.Event()
-            flushed = await trio.to_thread.run_sync(self.store.flush_commitlog, 0)
+            async with self.maintenance:
+                flushed = await trio.to_thread.run_sync(self.store.flush_commitlog, 0)
             for wait in self._flush_waiters.release(flushed):
                 wait.ok = True
                 wait.event.set()
@@ -519,7 +583,8 @@ class Broker:
             if trio.current_time() >= thorough_at:
                 least_pages = 0
                 thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_ms / 1000
-            await trio.to_thread.run_sync(self.store.flush_commitlog, least_pages)
+            async with self.maintenance:
+                await trio.to_thread.run_sync(self.store.flush_commitlog, least_pages)
 
     async def _waiter_timer_task(self) -> None:
         """Expire flush and ack waiters at their deadlines."""
@@ -549,20 +614,29 @@ class Broker:
             await trio.sleep(WARM_INTERVAL_SECONDS)
             last = self.store.commit_log.mapped_file_queue.last
             if last is None or last.remaining < ahead or last.populated_position - last.wrote_position < ahead // 2:
-                await trio.to_thread.run_sync(self.store.warm_commitlog)
+                async with self.maintenance:
+                    await trio.to_thread.run_sync(self.store.warm_commitlog)
 
     async def _housekeeping_task(self) -> None:
         store_config = self.store.config
         clean_at = trio.current_time() + CLEAN_INTERVAL_SECONDS
         while True:
             await trio.sleep(HOUSEKEEPING_INTERVAL_SECONDS)
-            await trio.to_thread.run_sync(self.store.flush_consume_queues, store_config.flush_consume_queue_least_pages)
-            await trio.to_thread.run_sync(self.store.write_checkpoint)
+            async with self.maintenance:
+                await trio.to_thread.run_sync(self.store.flush_consume_queues, store_config.flush_consume_queue_least_pages)
+                await trio.to_thread.run_sync(self.store.write_checkpoint)
             if trio.current_time() >= clean_at:
                 clean_at = trio.current_time() + CLEAN_INTERVAL_SECONDS
-                deleted = await trio.to_thread.run_sync(self.store.clean_expired)
+                async with self.maintenance:
+                    deleted = await trio.to_thread.run_sync(self.store.clean_expired)
                 if deleted:
                     LOGGER.info("retention deleted %d segment(s): %s", len(deleted), ", ".join(os.path.basename(p) for p in deleted))
+
+
+def first_epoch() -> int:
+    """A new cluster's first epoch: random in [1, 2**20], so two unrelated stores are very unlikely
+    to share an (epoch, start offset) entry and be taken for one history; later epochs count up."""
+    return secrets.randbelow(2**20) + 1
 
 
 def default_slave_id(listen: tuple[str, int]) -> str:

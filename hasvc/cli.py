@@ -386,6 +386,18 @@ def read(address, topic, queue_id, from_offset, physical_offset, follow, as_json
 
 @main.command()
 @click.argument("address")
+@click.option("--role", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
+@_secret_option
+@_tls_option
+def promote(address, role, secret_file, tls_ca) -> None:
+    """Make the slave at ADDRESS a master: it stops replicating, opens a new epoch at its log's end
+    (persisted before any write) and serves producers and slaves on its HA address."""
+    data = _client_call(address, secret_file, tls_ca, lambda client: client.promote(sync=role == "sync"))
+    click.echo(f"{data['role']} epoch {data['epoch']} from offset {data['max_offset']}, HA address {data['ha_listen']}")
+
+
+@main.command()
+@click.argument("address")
 @click.option("--json", "as_json", is_flag=True)
 @_secret_option
 @_tls_option

@@ -148,6 +148,13 @@ class Client:
             raise ClientError(f"offset {offset} is not a record boundary")
         return record
 
+    async def promote(self, *, sync: bool = True) -> dict:
+        """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after."""
+        status, reason, data = cp.decode_status_response(await self._request(cp.PROMOTE, b"\x01" if sync else b"\x00"))
+        if status != cp.OK:
+            raise ClientError(f"{status}: {reason}")
+        return json.loads(data)
+
     async def status(self) -> dict:
         status, reason, data = cp.decode_status_response(await self._request(cp.STATUS, b""))
         if status != cp.OK:
@@ -235,6 +242,9 @@ class BlockingClient:
 
     def status(self) -> dict:
         return self._call("status")
+
+    def promote(self, **kwargs) -> dict:
+        return self._call("promote", **kwargs)
 
     def close(self) -> None:
         if self._done is not None and self._thread.is_alive():

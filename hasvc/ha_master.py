@@ -14,6 +14,10 @@ WriteSocketService:
   across a segment, sent straight from the mapping (no copy in Python); when caught up it waits
   for new appends, and sends a heartbeat (size 0) after ``ha_send_heartbeat_interval`` of silence.
 
+Epochs: the master sends its epoch history in the handshake. A slave whose history shares no
+entry with the master's is refused (a store from another cluster); a related slave that knows a
+newer epoch than the master fences the master (it stops taking writes: a newer master exists).
+
 Where an empty slave starts: the master's oldest retained byte (``min_offset``) — the whole log,
 not RocketMQ's last segment (issues #3388/#3661) — unless the slave asked for the last segment.
 A slave whose data ends below the master's oldest byte, or beyond its end, is refused at the
@@ -28,6 +32,7 @@ import time
 import trio
 
 from commitlog.commit_log import ReadError
+from commitlog.epoch import EpochEntry, find_consistent_point
 from hasvc import transport
 from hasvc.protocol import ha, wire
 from hasvc.replication import ReplicationViolation, SlaveProgress
@@ -88,15 +93,30 @@ class HAService:
                 buffer.feed(data)
         hello = ha.decode_slave_hello(body)
         max_offset, min_offset = store.commit_log.max_offset, store.commit_log.min_offset
+        slave_epoch = hello.epochs[-1][0] if hello.epochs else 0
+        slave_entries = [EpochEntry(e, s) for e, s in hello.epochs]
+        related = not slave_entries or not store.epochs.entries or find_consistent_point(
+            slave_entries, hello.max_offset, store.epochs.entries, max_offset
+        ) >= 0
         reason = ""
-        if hello.max_offset > max_offset:
+        if not related:
+            reason = (f"no consistent point between the slave's epochs {list(hello.epochs)} and the master's "
+                      f"{[(e.epoch, e.start_offset) for e in store.epochs.entries]}: the store is not from this cluster")  # fmt: skip
+        elif slave_epoch > store.epochs.last_epoch:
+            self.broker._peer_epoch = max(self.broker._peer_epoch, slave_epoch)
+            self.broker.fence(f"slave {hello.slave_id} knows epoch {slave_epoch}, newer than ours {store.epochs.last_epoch}")
+            reason = f"this master is behind your epoch {slave_epoch}: it is fenced and refuses writes"
+        elif hello.max_offset > max_offset and not hello.epochs:
             reason = f"the slave's log ends at {hello.max_offset}, beyond the master's end {max_offset}"
         elif 0 < hello.max_offset < min_offset:
             reason = (f"the slave's log ends at {hello.max_offset} but the master's oldest retained offset is "
                       f"{min_offset}: clear the slave's store to resynchronise")  # fmt: skip
         status = ha.STATUS_REFUSED if reason else ha.STATUS_OK
         await connection.send_all(
-            ha.encode_master_hello(ha.MasterHello(status, max_offset, min_offset, store.commit_log.segment_size, (), reason))
+            ha.encode_master_hello(ha.MasterHello(
+                status, max_offset, min_offset, store.commit_log.segment_size,
+                tuple((e.epoch, e.start_offset) for e in store.epochs.entries), reason,
+            ))  # fmt: skip
         )
         if reason:
             LOGGER.warning("refused slave %s from %s: %s", hello.slave_id, connection.peer, reason)

@@ -20,6 +20,7 @@ import logging
 import trio
 
 from commitlog.commit_log import ReplicationOffsetError
+from commitlog.epoch import EpochEntry, find_consistent_point
 from hasvc import transport
 from hasvc.config import format_address
 from hasvc.protocol import ha, wire
@@ -73,7 +74,8 @@ class HAClient:
         try:
             await transport.client_preface(connection, port_kind=wire.PORT_KIND_HA, secret=config.secret)
             slave_id = config.slave_id or f"slave@{format_address(broker.listen_address)}"
-            hello = ha.SlaveHello(slave_id, format_address(broker.listen_address), store.commit_log.max_offset, (), config.sync_from_last_file)
+            epochs = tuple((e.epoch, e.start_offset) for e in store.epochs.entries)
+            hello = ha.SlaveHello(slave_id, format_address(broker.listen_address), store.commit_log.max_wrote_offset, epochs, config.sync_from_last_file)
             await connection.send_all(ha.encode_slave_hello(hello))
             master = await self._read_master_hello(connection)
             if master.status != ha.STATUS_OK:
@@ -82,6 +84,7 @@ class HAClient:
                 raise transport.AuthenticationError(
                     f"master segments are {master.segment_size} bytes, ours {store.commit_log.segment_size}: logs could not be identical"
                 )
+            await self._reconcile(master)
             self._state("connected", f"master {format_address(config.master_ha)}, its log [{master.min_offset}, {master.max_offset}), ours ends at {store.commit_log.max_offset}")
             broker.master_connected = True
             await self._report(connection)
@@ -92,6 +95,31 @@ class HAClient:
         finally:
             broker.master_connected = False
             await connection.aclose()
+
+    async def _reconcile(self, master: ha.MasterHello) -> None:
+        """Cut our log back to the last offset our history shares with the master's (a former
+        master's unacknowledged tail goes), then adopt the master's epoch history. No shared
+        point: refuse, never overwrite."""
+        broker = self.broker
+        store = broker.store
+        master_epochs = [EpochEntry(e, s) for e, s in master.epochs]
+        broker._peer_epoch = max(broker._peer_epoch, master_epochs[-1].epoch if master_epochs else 0)
+        local = store.epochs.entries
+        local_end = store.commit_log.max_wrote_offset
+        if local and master_epochs:
+            point = find_consistent_point(local, local_end, master_epochs, master.max_offset)
+            if point < 0:
+                raise transport.AuthenticationError(
+                    f"no consistent point between our epochs {[(e.epoch, e.start_offset) for e in local]} and the "
+                    f"master's {master.epochs}: refusing to replicate (this store is not from this cluster)"
+                )
+            if point < local_end:
+                async with broker.maintenance:
+                    await trio.to_thread.run_sync(store.truncate, point)
+                LOGGER.warning("truncated the log to %d: dropped %d bytes [%d, %d) the master does not have",
+                               point, local_end - point, point, local_end)  # fmt: skip
+        if master_epochs:
+            store.epochs.replace(master_epochs)
 
     async def _read_master_hello(self, connection) -> ha.MasterHello:
         buffer = wire.Buffer(size_max=ha.HANDSHAKE_SIZE_MAX + 4)

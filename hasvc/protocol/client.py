@@ -20,6 +20,8 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
                    response: status | reason | i64 offset | blob-32 (log bytes from offset)
     kind 4 STATUS  request : (empty)
                    response: status | reason | blob-32 (a JSON object, see README)
+    kind 5 PROMOTE request : u8 role (1 SYNC_MASTER, 0 ASYNC_MASTER)
+                   response: status | reason | blob-32 (the STATUS JSON after the change)
 
 ``properties blob-16`` is ``u16 length | name\\x01value\\x02...``. SEND statuses are RocketMQ's
 PutMessageStatus names; the others use OK, NOT_FOUND, OFFSET_ILLEGAL, SERVICE_NOT_AVAILABLE and
@@ -43,7 +45,8 @@ SEND: Final = 1
 PULL: Final = 2
 READ: Final = 3
 STATUS: Final = 4
-REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS})
+PROMOTE: Final = 5
+REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE})
 RESPONSE_BIT: Final = 0x80
 
 OK: Final = "OK"

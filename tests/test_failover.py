@@ -1,0 +1,81 @@
+"""Failover with real processes: promote a slave, bring the old master back as a slave (its
+unreplicated tail is cut), refuse unrelated stores, fence a master that sees a newer epoch."""
+
+import trio
+
+from hasvc import client as hc
+from tests.cluster import wait_until
+from tests.test_system import caught_up, cluster, log_digest, send_many, status  # noqa: F401, F811
+
+
+def test_promote_then_the_old_master_rejoins_and_its_unreplicated_tail_is_cut(cluster):  # noqa: F811
+    master = cluster.start_master(role="sync", slave_timeout_ms=500)
+    slave = cluster.start_slave(master.ha_address)
+    wait_until(lambda: status(master)["slaves"] and status(master)["slaves"][0]["ack_offset"] >= 0, message="slave acking")
+    acked = trio.run(send_many, master.address, 300, 8)
+    assert {r.status for r in acked.values()} == {"PUT_OK"}
+    wait_until(lambda: caught_up(master, slave), message="slave caught up")
+    replicated_end = status(master)["max_offset"]
+    old_epoch = status(master)["epoch"]
+
+    slave.kill()  # the slave goes away...
+    tail = trio.run(send_many, master.address, 10, 2)  # ...so these stay on the master only
+    assert {r.status for r in tail.values()} == {"SLAVE_NOT_AVAILABLE"}
+    assert status(master)["max_offset"] > replicated_end
+    master.kill()  # SIGKILL: the master is lost with its unreplicated tail
+    slave = cluster.start_slave(master.ha_address, name="slave")  # the slave comes back; its master is gone
+
+    with hc.BlockingClient(slave.address) as client:
+        promoted = client.promote(sync=False)
+    assert promoted["role"] == "ASYNC_MASTER" and promoted["epoch"] == old_epoch + 1
+    assert promoted["epochs"][-1] == [old_epoch + 1, replicated_end]
+    after = trio.run(send_many, slave.address, 100, 8)
+    assert {r.status for r in after.values()} == {"PUT_OK"}
+
+    rejoined = cluster.start_slave(promoted["ha_listen"], name="master")  # the old master's store
+    wait_until(lambda: caught_up(slave, rejoined), message="old master caught up as a slave")
+    assert f"truncated the log to {replicated_end}" in rejoined.log()
+    end = status(slave)["max_offset"]
+    assert log_digest(cluster.store("master"), 0, end) == log_digest(cluster.store("slave"), 0, end)
+    assert status(rejoined)["epoch"] == old_epoch + 1
+    with hc.BlockingClient(slave.address) as client:  # every acknowledged write survived, where it was acked
+        for i in (0, 150, 299):
+            record = client.read_record(acked[i].offset)
+            assert bytes(record.body).startswith(f"m{i}:".encode())
+
+
+def test_a_store_from_another_cluster_is_refused(cluster):  # noqa: F811
+    first = cluster.start_master("first", role="async")
+    trio.run(send_many, first.address, 20, 4)
+    first_end = status(first)["max_offset"]
+    first.stop()
+    other = cluster.start_master("other", role="async")
+    trio.run(send_many, other.address, 20, 4)
+    stranger = cluster.start_slave(other.ha_address, name="first")  # first's store, other's master
+    wait_until(lambda: "no consistent point" in stranger.log(), message="refusal")
+    assert status(stranger)["max_offset"] == first_end  # nothing cut, nothing overwritten
+    assert "replication refused" in stranger.log()
+
+
+def test_a_master_that_meets_a_newer_epoch_is_fenced(cluster):  # noqa: F811
+    master = cluster.start_master(role="async")
+    slave = cluster.start_slave(master.ha_address)
+    wait_until(lambda: status(master)["slaves"], message="slave connected")
+    trio.run(send_many, master.address, 20, 4)
+    wait_until(lambda: caught_up(master, slave), message="caught up")
+    master.stop()
+    with hc.BlockingClient(slave.address) as client:
+        new_ha = client.promote(sync=False)["ha_listen"]
+    old = cluster.start_master(role="async")  # the old master comes back as a master: split brain
+    with hc.BlockingClient(old.address) as client:
+        assert client.send("T", b"before it learns").ok
+    witness = cluster.start_slave(new_ha, name="witness")
+    wait_until(lambda: status(witness)["epoch"] == status(slave)["epoch"], message="witness learned the new epoch")
+    witness.stop()
+    returning = cluster.start_slave(old.ha_address, name="witness")  # carries the newer epoch to the old master
+    wait_until(lambda: "fenced" in old.log(), message="old master fenced")
+    with hc.BlockingClient(old.address) as client:
+        result = client.send("T", b"after")
+        assert result.status == "SERVICE_NOT_AVAILABLE" and "fenced" in result.reason
+        assert "fenced_by" in client.status()
+    assert returning.alive()

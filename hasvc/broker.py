@@ -43,7 +43,7 @@ from commitlog.commit_log import ReadError
 from commitlog.store import MessageStore
 from commitlog.waiters import OffsetWaiters, WaitersFull
 from hasvc import transport
-from hasvc.config import BrokerConfig, BrokerRole, format_address
+from hasvc.config import BrokerConfig, BrokerRole, format_address, parse_address
 from hasvc.protocol import client as cp
 from hasvc.protocol import wire
 from hasvc.replication import Admission, ReplicaSet
@@ -183,6 +183,7 @@ class Broker:
         self._nursery: trio.Nursery | None = None
         self._peer_epoch = 0  # the newest epoch a peer has shown us
         self._ha_client_scope: trio.CancelScope | None = None
+        self._ha_service_scope: trio.CancelScope | None = None
         self.started_at = time.time()
         self.metrics = None
 
@@ -263,7 +264,33 @@ class Broker:
 
         ha_listener, ha_socket = await transport.open_listener(self.config.effective_ha_listen, ssl_context=ssl_context)
         self.ha_address = transport.listener_address(ha_socket)
-        nursery.start_soon(self._serve_listener, ha_listener, HAService(self).handle)
+        self._ha_service_scope = trio.CancelScope()
+        nursery.start_soon(self._serve_ha, ha_listener, HAService(self).handle, self._ha_service_scope)
+
+    async def _serve_ha(self, listener, handler, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                await self._serve_listener(listener, handler)
+        finally:
+            await listener.aclose()
+
+    async def demote(self, master_ha) -> None:
+        """Master -> slave of ``master_ha``: close the HA port and every slave connection, answer
+        waiting SYNC_MASTER puts (FLUSH_SLAVE_TIMEOUT: they are stored here, not known replicated),
+        then replicate from the new master, which first cuts what this log has beyond the two
+        histories' consistent point."""
+        if self.role is BrokerRole.SLAVE:
+            raise ValueError("already a slave")
+        self.role = BrokerRole.SLAVE
+        self.master_ha = master_ha
+        self.fenced_by = None
+        if self._ha_service_scope is not None:
+            self._ha_service_scope.cancel()
+        self.ha_address = None
+        for wait in self._ack_waiters.drain():
+            wait.event.set()
+        self._nursery.start_soon(self._run_ha_client)
+        LOGGER.warning("demoted: now a slave of %s", format_address(master_ha))
 
     def _server_ssl(self):
         if self.config.tls_cert is None:
@@ -322,8 +349,8 @@ class Broker:
                     sends: list[tuple[cp.Frame, cp.SendRequest]] = []
                     while (frame := decoder.next_frame()) is not None:
                         await outbox.reserve(frame)
-                        if frame.kind == cp.PROMOTE:
-                            nursery.start_soon(self._promote_request, outbox, frame)
+                        if frame.kind in (cp.PROMOTE, cp.DEMOTE):
+                            nursery.start_soon(self._role_request, outbox, frame)
                             continue
                         if frame.kind != cp.SEND:
                             outbox.respond(frame, self._answer(frame))
@@ -368,11 +395,13 @@ class Broker:
             outbox.respond(frame, cp.encode_send_response(self._finish_put(final, started)))
         outbox.respond(group[-1][0], cp.encode_send_response(last))
 
-    async def _promote_request(self, outbox: Outbox, frame: cp.Frame) -> None:
+    async def _role_request(self, outbox: Outbox, frame: cp.Frame) -> None:
         try:
-            role = BrokerRole.SYNC_MASTER if frame.payload[:1] == b"\x01" else BrokerRole.ASYNC_MASTER
-            await self.promote(role)
-        except ValueError as error:
+            if frame.kind == cp.PROMOTE:
+                await self.promote(BrokerRole.SYNC_MASTER if frame.payload[:1] == b"\x01" else BrokerRole.ASYNC_MASTER)
+            else:
+                await self.demote(parse_address(cp.decode_demote(frame.payload)))
+        except (ValueError, wire.ProtocolError) as error:
             outbox.respond(frame, cp.encode_simple_response(cp.ERROR, str(error), b""))
             return
         outbox.respond(frame, cp.encode_simple_response(cp.OK, "", json.dumps(self.status()).encode()))

@@ -398,6 +398,18 @@ def promote(address, role, secret_file, tls_ca) -> None:
 
 @main.command()
 @click.argument("address")
+@click.option("--master-ha", required=True, help="The new master's HA address, HOST:PORT.")
+@_secret_option
+@_tls_option
+def demote(address, master_ha, secret_file, tls_ca) -> None:
+    """Make the master at ADDRESS a slave of MASTER_HA: it stops taking writes, cuts what its log
+    has beyond the consistent point with the new master's history, and catches up."""
+    data = _client_call(address, secret_file, tls_ca, lambda client: client.demote(master_ha))
+    click.echo(f"{data['role']} of {data.get('master_ha')}")
+
+
+@main.command()
+@click.argument("address")
 @click.option("--json", "as_json", is_flag=True)
 @_secret_option
 @_tls_option

@@ -155,6 +155,13 @@ class Client:
             raise ClientError(f"{status}: {reason}")
         return json.loads(data)
 
+    async def demote(self, master_ha: str) -> dict:
+        """Make a master the slave of the master whose HA address is ``master_ha``."""
+        status, reason, data = cp.decode_status_response(await self._request(cp.DEMOTE, cp.encode_demote(master_ha)))
+        if status != cp.OK:
+            raise ClientError(f"{status}: {reason}")
+        return json.loads(data)
+
     async def status(self) -> dict:
         status, reason, data = cp.decode_status_response(await self._request(cp.STATUS, b""))
         if status != cp.OK:
@@ -245,6 +252,9 @@ class BlockingClient:
 
     def promote(self, **kwargs) -> dict:
         return self._call("promote", **kwargs)
+
+    def demote(self, master_ha: str) -> dict:
+        return self._call("demote", master_ha)
 
     def close(self) -> None:
         if self._done is not None and self._thread.is_alive():

@@ -48,7 +48,8 @@ class HAClient:
             self._last_state = state
 
     async def run(self) -> None:
-        config = self.broker.config
+        broker = self.broker
+        config = broker.config
         backoff = config.ha_reconnect_backoff_min_ms / 1000
         while True:
             try:
@@ -59,7 +60,7 @@ class HAClient:
                 if isinstance(transport.first_leaf(error), transport.AuthenticationError):
                     self._state("refused", transport.describe(error))
                 else:
-                    self._state("disconnected", f"{format_address(config.master_ha)}: {transport.describe(error)}")
+                    self._state("disconnected", f"{format_address(broker.master_ha)}: {transport.describe(error)}")
             self.broker.master_connected = False
             await trio.sleep(backoff)
             backoff = min(backoff * 2, config.ha_reconnect_backoff_max_ms / 1000)
@@ -70,7 +71,7 @@ class HAClient:
         config = broker.config
         store = broker.store
         ssl_context = transport.client_ssl_context(ca=config.tls_ca, cert=config.tls_cert, key=config.tls_key) if config.tls_ca else None
-        connection = await transport.connect(config.master_ha, ssl_context=ssl_context)
+        connection = await transport.connect(broker.master_ha, ssl_context=ssl_context)
         try:
             await transport.client_preface(connection, port_kind=wire.PORT_KIND_HA, secret=config.secret)
             slave_id = config.slave_id or f"slave@{format_address(broker.listen_address)}"
@@ -85,7 +86,7 @@ class HAClient:
                     f"master segments are {master.segment_size} bytes, ours {store.commit_log.segment_size}: logs could not be identical"
                 )
             await self._reconcile(master)
-            self._state("connected", f"master {format_address(config.master_ha)}, its log [{master.min_offset}, {master.max_offset}), ours ends at {store.commit_log.max_offset}")
+            self._state("connected", f"master {format_address(broker.master_ha)}, its log [{master.min_offset}, {master.max_offset}), ours ends at {store.commit_log.max_offset}")
             broker.master_connected = True
             await self._report(connection)
             async with trio.open_nursery() as nursery:

@@ -79,3 +79,24 @@ def test_a_master_that_meets_a_newer_epoch_is_fenced(cluster):  # noqa: F811
         assert result.status == "SERVICE_NOT_AVAILABLE" and "fenced" in result.reason
         assert "fenced_by" in client.status()
     assert returning.alive()
+
+
+def test_a_live_master_demoted_after_a_promotion_cuts_its_divergent_tail(cluster):  # noqa: F811
+    a = cluster.start_master("a", role="sync", slave_timeout_ms=500)
+    b = cluster.start_slave(a.ha_address, name="b")
+    wait_until(lambda: status(a)["slaves"] and status(a)["slaves"][0]["ack_offset"] >= 0, message="b acking")
+    assert {r.status for r in trio.run(send_many, a.address, 50, 4).values()} == {"PUT_OK"}
+    wait_until(lambda: caught_up(a, b), message="b caught up")
+    with hc.BlockingClient(b.address) as client:
+        b_ha = client.promote(sync=False)["ha_listen"]  # b takes over while a still runs
+    fork = status(b)["max_offset"]
+    divergent = trio.run(send_many, a.address, 5, 1)  # a's producers did not notice yet
+    assert {r.status for r in divergent.values()} <= {"SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT"}
+    assert {r.status for r in trio.run(send_many, b.address, 20, 4).values()} == {"PUT_OK"}
+    with hc.BlockingClient(a.address) as client:
+        assert client.demote(b_ha)["role"] == "SLAVE"
+        assert client.send("T", b"to a slave").status == "SERVICE_NOT_AVAILABLE"
+    wait_until(lambda: caught_up(b, a), message="a caught up as b's slave")
+    assert f"truncated the log to {fork}" in a.log()
+    end = status(b)["max_offset"]
+    assert log_digest(cluster.store("a"), 0, end) == log_digest(cluster.store("b"), 0, end)

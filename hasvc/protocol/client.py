@@ -22,6 +22,8 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
                    response: status | reason | blob-32 (a JSON object, see README)
     kind 5 PROMOTE request : u8 role (1 SYNC_MASTER, 0 ASYNC_MASTER)
                    response: status | reason | blob-32 (the STATUS JSON after the change)
+    kind 6 DEMOTE  request : string new master's HA address (HOST:PORT)
+                   response: as PROMOTE
 
 ``properties blob-16`` is ``u16 length | name\\x01value\\x02...``. SEND statuses are RocketMQ's
 PutMessageStatus names; the others use OK, NOT_FOUND, OFFSET_ILLEGAL, SERVICE_NOT_AVAILABLE and
@@ -46,7 +48,8 @@ PULL: Final = 2
 READ: Final = 3
 STATUS: Final = 4
 PROMOTE: Final = 5
-REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE})
+DEMOTE: Final = 6
+REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE, DEMOTE})
 RESPONSE_BIT: Final = 0x80
 
 OK: Final = "OK"
@@ -226,6 +229,17 @@ def decode_pull(payload: bytes) -> PullRequest:
     queue_id, queue_offset, count_max = reader.unpack(">iqI")
     reader.done()
     return PullRequest(topic, queue_id, queue_offset, count_max)
+
+
+def encode_demote(master_ha: str) -> bytes:
+    return Writer().text(master_ha).bytes()
+
+
+def decode_demote(payload: bytes) -> str:
+    reader = Reader(payload)
+    address = reader.text()
+    reader.done()
+    return address
 
 
 def encode_read(offset: int, size_max: int) -> bytes:

@@ -100,3 +100,52 @@ def test_a_live_master_demoted_after_a_promotion_cuts_its_divergent_tail(cluster
     assert f"truncated the log to {fork}" in a.log()
     end = status(b)["max_offset"]
     assert log_digest(cluster.store("a"), 0, end) == log_digest(cluster.store("b"), 0, end)
+
+
+async def produce_until_failure(address: str, acked: dict, *, concurrency: int = 16, limit: int = 100_000) -> None:
+    """Numbered sends until the broker goes away; ``acked[i] = offset`` for every PUT_OK."""
+    counter = iter(range(limit))
+    try:
+        async with hc.connect(address) as client:
+            async def worker():
+                for i in counter:
+                    try:
+                        result = await client.send("Drill", f"m{i}:".encode() + b"p" * 200, queue_id=i % 4)
+                    except hc.ClientError:
+                        return
+                    if result.status == "PUT_OK":
+                        acked[i] = result.offset
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(concurrency):
+                    nursery.start_soon(worker)
+    except hc.ClientError:
+        pass
+
+
+def test_sigkill_master_under_sync_load_then_promote_loses_no_acknowledged_write(cluster):  # noqa: F811
+    import threading
+
+    from commitlog.inspect import iter_records
+
+    master = cluster.start_master(role="sync", slave_timeout_ms=2000)
+    slave = cluster.start_slave(master.ha_address)
+    wait_until(lambda: status(master)["slaves"] and status(master)["slaves"][0]["ack_offset"] >= 0, message="slave acking")
+    acked: dict[int, int] = {}
+    killer = threading.Timer(1.5, master.kill)  # SIGKILL in the middle of the load
+    killer.start()
+    trio.run(produce_until_failure, master.address, acked)
+    killer.join()
+    assert len(acked) > 100
+    with hc.BlockingClient(slave.address) as client:
+        client.promote(sync=False)
+    slave.stop()  # read its log from disk, as the drill does
+    seen: dict[int, int] = {}
+    duplicates = 0
+    for offset, record, crc_ok in iter_records(cluster.store("slave")):
+        assert crc_ok
+        number = int(bytes(record.body).split(b":", 1)[0][1:])
+        duplicates += number in seen
+        seen[number] = offset
+    lost = [i for i, offset in acked.items() if seen.get(i) != offset]
+    assert lost == [] and duplicates == 0

@@ -432,6 +432,23 @@ def status(address, as_json, secret_file, tls_ca) -> None:
         click.echo("slaves       none connected")
 
 
+@main.command()
+@click.option("--rounds", type=int, default=3, show_default=True)
+@click.option("--producers", type=int, default=8, show_default=True)
+@click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True, help="Seeds when the master is killed.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
+@click.option("--keep", is_flag=True, help="Keep the stores and logs.")
+def drill(rounds, producers, mode, seed, report_path, keep) -> None:
+    """Failover rounds on loopback: SIGKILL the master under load, promote the slave, rejoin the
+    old master as a slave, and check from the stores on disk that no acknowledged write was lost or
+    duplicated and that the logs, consume queues and epochs agree. Exits 1 on any loss in sync mode."""
+    from hasvc.drill import run_drill
+
+    if not run_drill(rounds=rounds, producers=producers, mode=mode, seed=seed, report_path=report_path, keep=keep, echo=click.echo):
+        sys.exit(1)
+
+
 # -- hasvc bench -------------------------------------------------------------------------------
 
 

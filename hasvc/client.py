@@ -98,7 +98,11 @@ class Client:
         request_id = next(self._ids) & 0xFFFFFFFF
         slot = [trio.Event(), None]
         self._pending[request_id] = slot
-        await self._connection.send_all(cp.encode_frame(kind, request_id, payload))
+        try:
+            await self._connection.send_all(cp.encode_frame(kind, request_id, payload))
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self._pending.pop(request_id, None)
+            raise ClientError(f"connection failed: {transport.describe(error)}") from None
         with trio.fail_after(REQUEST_TIMEOUT_SECONDS):
             await slot[0].wait()
         if slot[1] is None:

@@ -149,3 +149,17 @@ def test_sigkill_master_under_sync_load_then_promote_loses_no_acknowledged_write
         seen[number] = offset
     lost = [i for i, offset in acked.items() if seen.get(i) != offset]
     assert lost == [] and duplicates == 0
+
+
+def test_a_three_round_drill_loses_nothing_in_sync_mode(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    report = tmp_path / "drill.json"
+    done = subprocess.run([sys.executable, "-m", "hasvc.cli", "drill", "--rounds", "3", "--producers", "4", "--seed", "3",
+                           "--report", str(report)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["lost"] == 0 and data["acknowledged"] > 0 and len(data["rounds"]) == 3
+    assert all(r["identical"] and r["epochs_agree"] and r["duplicated"] == 0 for r in data["rounds"])

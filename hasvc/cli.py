@@ -433,6 +433,18 @@ def status(address, as_json, secret_file, tls_ca) -> None:
 
 
 @main.command()
+@click.option("--producers", type=int, default=16, show_default=True)
+@click.option("--keep/--no-keep", default=True, show_default=True, help="Keep the stores and logs afterwards.")
+def demo(producers, keep) -> None:
+    """The main job: a local master and slave with a generated secret, SYNC_MASTER writes with a
+    live progress line, their status, one failover round verified from disk, a summary."""
+    from hasvc.demo import run_demo
+
+    if not run_demo(producers=producers, keep=keep, echo=click.echo):
+        sys.exit(1)
+
+
+@main.command()
 @click.option("--rounds", type=int, default=3, show_default=True)
 @click.option("--producers", type=int, default=8, show_default=True)
 @click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True)

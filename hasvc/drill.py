@@ -81,13 +81,20 @@ class RoundReport:
 
 
 class Drill:
-    def __init__(self, *, producers: int, mode: str, seed: int, segment_size: int = 4 * 1024 * 1024, echo=print):
+    def __init__(self, *, producers: int, mode: str, seed: int, segment_size: int = 4 * 1024 * 1024, echo=print,
+                 secret: bytes | None = None, root: str | None = None):  # fmt: skip
+        self.secret = secret
         self.producers = producers
         self.mode = mode
         self.random = random.Random(seed)
         self.segment_size = segment_size
         self.echo = echo
-        self.root = tempfile.mkdtemp(prefix="hasvc-drill-")
+        self.root = root or tempfile.mkdtemp(prefix="hasvc-drill-")
+        self.secret_file = None
+        if secret is not None:
+            self.secret_file = os.path.join(self.root, "secret")
+            with open(os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+                file.write(secret)
         self.next_number = 0
         self.acked: dict[int, int] = {}  # message number -> acknowledged offset (PUT_OK only)
         self.lost: set[int] = set()  # acknowledged messages found missing (counted once)
@@ -96,7 +103,8 @@ class Drill:
     def _common(self, store: str) -> list[str]:
         return ["--store", os.path.join(self.root, store), "--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0",
                 "--set", f"commitlog_segment_size={self.segment_size}", "--set", "slave_timeout_ms=2000",
-                "--set", "ha_reconnect_backoff_max_ms=500"]  # fmt: skip
+                "--set", "ha_reconnect_backoff_max_ms=500",
+                *(["--secret-file", self.secret_file] if self.secret_file else [])]  # fmt: skip
 
     def start(self, store: str, *, master_ha: str | None) -> Process:
         if master_ha is None:
@@ -110,7 +118,7 @@ class Drill:
 
     async def _produce(self, address: str, seconds: float | None, stop_event: trio.Event | None) -> None:
         try:
-            async with hc.connect(address) as client:
+            async with hc.connect(address, self.secret) as client:
                 async def worker() -> None:
                     while stop_event is None or not stop_event.is_set():
                         number = self.next_number
@@ -147,7 +155,7 @@ class Drill:
         self._wait(lambda: self._status(master)["slaves"], "the slave to connect")
         self.produce_until_killed(master)
         started = time.monotonic()
-        with hc.BlockingClient(slave.ready["listen"]) as client:
+        with hc.BlockingClient(slave.ready["listen"], self.secret) as client:
             promoted = client.promote(sync=self.mode == "sync")
         promote_seconds = time.monotonic() - started
         new_master, new_master_ha = slave, promoted["ha_listen"]
@@ -180,7 +188,7 @@ class Drill:
                            identical, epochs_agree)  # fmt: skip
 
     def _status(self, process: Process) -> dict:
-        with hc.BlockingClient(process.ready["listen"]) as client:
+        with hc.BlockingClient(process.ready["listen"], self.secret) as client:
             return client.status()
 
     def _caught_up(self, master: Process, slave: Process) -> bool:

@@ -163,3 +163,13 @@ def test_a_three_round_drill_loses_nothing_in_sync_mode(tmp_path):
     data = json.loads(report.read_text())
     assert data["ok"] and data["lost"] == 0 and data["acknowledged"] > 0 and len(data["rounds"]) == 3
     assert all(r["identical"] and r["epochs_agree"] and r["duplicated"] == 0 for r in data["rounds"])
+
+
+def test_the_readme_main_job_runs_end_to_end():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "hasvc.cli", "demo", "--no-keep"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "summary: OK" in done.stdout and "0 lost, 0 duplicated" in done.stdout
+    assert "SLAVE" in done.stdout and "logs byte-identical: True" in done.stdout

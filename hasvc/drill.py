@@ -180,8 +180,8 @@ class Drill:
         missing = {message for message, offset in self.acked.items() if seen.get(message) != offset}
         lost = len(missing - self.lost)  # new in this round
         self.lost |= missing
-        identical = _digest(master.store, end, self.segment_size) == _digest(slave.store, end, self.segment_size)
-        identical = identical and _queue_files(master.store) == _queue_files(slave.store)
+        identical = log_digest(master.store, end, self.segment_size) == log_digest(slave.store, end, self.segment_size)
+        identical = identical and queue_file_digests(master.store) == queue_file_digests(slave.store)
         epochs_agree = self._status(master)["epochs"] == self._status(slave)["epochs"]
         truncated = sum(int(n) for n in re.findall(r"dropped (\d+) bytes", slave.log()))
         return RoundReport(number, len(self.acked), lost, duplicated, truncated, promote_seconds, catch_up_seconds,
@@ -210,9 +210,10 @@ class Drill:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _digest(store: str, end: int, segment_size: int) -> str:
+def log_digest(store: str, end: int, segment_size: int, *, start: int = 0) -> str:
+    """SHA-256 of commit log bytes ``[start, end)`` read from the segment files on disk."""
     digest = hashlib.sha256()
-    offset = 0
+    offset = start
     while offset < end:
         with open(os.path.join(store, "commitlog", f"{offset - offset % segment_size:020d}"), "rb") as file:
             file.seek(offset % segment_size)
@@ -222,7 +223,8 @@ def _digest(store: str, end: int, segment_size: int) -> str:
     return digest.hexdigest()
 
 
-def _queue_files(store: str) -> dict:
+def queue_file_digests(store: str) -> dict:
+    """SHA-256 of every consume queue file, by path under consumequeue/."""
     found = {}
     root = os.path.join(store, "consumequeue")
     for directory, _, files in os.walk(root):

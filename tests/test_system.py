@@ -1,6 +1,5 @@
 """System tests: real master and slave processes on loopback, talking TCP."""
 
-import hashlib
 import os
 import socket
 import struct
@@ -9,6 +8,7 @@ import pytest
 import trio
 
 from hasvc import client as hc
+from hasvc import drill
 from hasvc.protocol import ha, wire
 from tests.cluster import Cluster, wait_until
 
@@ -28,27 +28,11 @@ def status(broker, secret=None) -> dict:
 
 
 def log_digest(store: str, start: int, end: int) -> str:
-    """SHA-256 of commit log bytes [start, end) read from the segment files."""
-    digest = hashlib.sha256()
-    offset = start
-    while offset < end:
-        name = os.path.join(store, "commitlog", f"{offset - offset % SEGMENT:020d}")
-        with open(name, "rb") as file:
-            file.seek(offset % SEGMENT)
-            data = file.read(min(end - offset, SEGMENT - offset % SEGMENT))
-        digest.update(data)
-        offset += len(data)
-    return digest.hexdigest()
+    return drill.log_digest(store, end, SEGMENT, start=start)
 
 
 def consume_queue_files(store: str) -> dict:
-    found = {}
-    root = os.path.join(store, "consumequeue")
-    for directory, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(directory, name), "rb") as file:
-                found[os.path.relpath(os.path.join(directory, name), root)] = file.read()
-    return found
+    return drill.queue_file_digests(store)
 
 
 async def send_many(address: str, count: int, concurrency: int = 64, *, topic: str = "Sys", size: int = 300, secret=None):

@@ -5,7 +5,8 @@ SIGKILL at a random moment; the slave is promoted; producers move on to it for a
 master is restarted as a slave of the new one, cuts what it had beyond the consistent point and
 catches up. Then, from the stores on disk: every message acknowledged PUT_OK (in sync mode) is
 present exactly once at its acknowledged offset, no message is duplicated, the two commit logs are
-byte-identical, the consume queues are identical, and both sides have the same epoch history.
+byte-identical, the consume queues are identical, both sides have the same epoch history, and each
+side's checkpoint and epoch file agree with its log.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 
 import trio
 
+from commitlog.checkpoint import StoreCheckpoint
 from commitlog.inspect import iter_records
 from hasvc import client as hc
 
@@ -74,10 +76,11 @@ class RoundReport:
     catch_up_seconds: float
     identical: bool
     epochs_agree: bool
+    files_agree: bool = True  # checkpoint and epoch files consistent with each log
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.duplicated == 0 and self.identical and self.epochs_agree
+        return self.lost == 0 and self.duplicated == 0 and self.identical and self.epochs_agree and self.files_agree
 
 
 class Drill:
@@ -184,8 +187,9 @@ class Drill:
         identical = identical and queue_file_digests(master.store) == queue_file_digests(slave.store)
         epochs_agree = self._status(master)["epochs"] == self._status(slave)["epochs"]
         truncated = sum(int(n) for n in re.findall(r"dropped (\d+) bytes", slave.log()))
+        files_agree = all(files_agree_with_log(process.store, self._status(process)) for process in (master, slave))
         return RoundReport(number, len(self.acked), lost, duplicated, truncated, promote_seconds, catch_up_seconds,
-                           identical, epochs_agree)  # fmt: skip
+                           identical, epochs_agree, files_agree)  # fmt: skip
 
     def _status(self, process: Process) -> dict:
         with hc.BlockingClient(process.ready["listen"], self.secret) as client:
@@ -208,6 +212,17 @@ class Drill:
             process.stop()
         if not keep:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def files_agree_with_log(store: str, status: dict) -> bool:
+    """The checkpoint claims no more than the log holds, and every epoch starts at a record
+    boundary within the log (or at its end)."""
+    checkpoint = StoreCheckpoint.open(os.path.join(store, "checkpoint"))
+    end = status["max_offset"]
+    if checkpoint.master_flushed_offset > end:
+        return False
+    boundaries = {offset for offset, _record, _ok in iter_records(store)} | {end}
+    return all(start in boundaries or start < status["min_offset"] for _epoch, start in status["epochs"])
 
 
 def log_digest(store: str, end: int, segment_size: int, *, start: int = 0) -> str:
@@ -238,7 +253,7 @@ def run_drill(*, rounds: int, producers: int, mode: str, seed: int, report_path:
     drill = Drill(producers=producers, mode=mode, seed=seed, echo=echo)
     reports: list[RoundReport] = []
     echo(f"drill: {rounds} round(s), {producers} producers, {mode.upper()}_MASTER, seed {seed}, stores under {drill.root}")
-    echo(f"{'round':>5} {'acked*':>8} {'lost':>5} {'dup':>4} {'truncated B':>12} {'promote s':>10} {'catch-up s':>11} {'identical':>9} {'epochs':>7}")
+    echo(f"{'round':>5} {'acked*':>8} {'lost':>5} {'dup':>4} {'truncated B':>12} {'promote s':>10} {'catch-up s':>11} {'identical':>9} {'epochs':>7} {'files':>6}")
     try:
         master = drill.start("a", master_ha=None)
         slave = drill.start("b", master_ha=master.ready["ha_listen"])
@@ -248,10 +263,12 @@ def run_drill(*, rounds: int, producers: int, mode: str, seed: int, report_path:
             reports.append(report)
             echo(f"{report.round:>5} {report.acked:>8} {report.lost:>5} {report.duplicated:>4} {report.truncated_bytes:>12} "
                  f"{report.promote_seconds:>10.3f} {report.catch_up_seconds:>11.3f} {str(report.identical):>9} "
-                 f"{str(report.epochs_agree):>7}")  # fmt: skip
+                 f"{str(report.epochs_agree):>7} {str(report.files_agree):>6}")  # fmt: skip
     finally:
         drill.close(keep)
-    consistent = len(reports) == rounds and all(r.duplicated == 0 and r.identical and r.epochs_agree for r in reports)
+    consistent = len(reports) == rounds and all(
+        r.duplicated == 0 and r.identical and r.epochs_agree and r.files_agree for r in reports
+    )
     lost = sum(r.lost for r in reports)
     ok = consistent and (lost == 0 or mode == "async")
     verdict = "OK" if ok else "FAILED"

@@ -97,3 +97,18 @@ def test_epochs_must_grow_and_truncation_drops_later_entries(tmp_path):
     entries = history((1, 0), (2, 100), (3, 300))
     assert truncate_suffix_by_offset(entries, 300) == history((1, 0), (2, 100))
     assert truncate_suffix_by_offset(entries, 301) == entries
+
+
+def test_drill_file_check_catches_an_epoch_inside_a_record_and_an_overclaiming_checkpoint(tmp_path):
+    from commitlog.record import Message
+    from commitlog.store import MessageStore
+    from hasvc.drill import files_agree_with_log
+
+    with MessageStore.open(str(tmp_path)) as store:
+        first = store.append([Message("T", b"x" * 100)])
+        store.append([Message("T", b"y" * 100)])
+        end = store.commit_log.max_offset
+    status = {"max_offset": end, "min_offset": 0, "epochs": [[1, 0], [2, first.next_offset]]}
+    assert files_agree_with_log(str(tmp_path), status)
+    assert not files_agree_with_log(str(tmp_path), {**status, "epochs": [[1, 0], [2, first.next_offset + 1]]})
+    assert not files_agree_with_log(str(tmp_path), {**status, "max_offset": first.next_offset})  # checkpoint claims more

@@ -162,7 +162,7 @@ def test_a_three_round_drill_loses_nothing_in_sync_mode(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(report.read_text())
     assert data["ok"] and data["lost"] == 0 and data["acknowledged"] > 0 and len(data["rounds"]) == 3
-    assert all(r["identical"] and r["epochs_agree"] and r["duplicated"] == 0 for r in data["rounds"])
+    assert all(r["identical"] and r["epochs_agree"] and r["files_agree"] and r["duplicated"] == 0 for r in data["rounds"])
 
 
 def test_the_readme_main_job_runs_end_to_end():

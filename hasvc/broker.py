@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import secrets
-import socket
 import time
 
 import trio
@@ -666,7 +665,3 @@ def first_epoch() -> int:
     """A new cluster's first epoch: random in [1, 2**20], so two unrelated stores are very unlikely
     to share an (epoch, start offset) entry and be taken for one history; later epochs count up."""
     return secrets.randbelow(2**20) + 1
-
-
-def default_slave_id(listen: tuple[str, int]) -> str:
-    return f"{socket.gethostname()}:{listen[1]}"

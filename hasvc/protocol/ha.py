@@ -221,7 +221,9 @@ def decode_transfer_header(data: bytes | memoryview, *, size_max: int) -> Transf
 
 
 class TransferDecoder:
-    """Slave side, for transports without ``recv_into`` (and for tests): whole frames."""
+    """Slave side, whole frames out of a byte stream: the reference decoder of the data phase
+    (the property tests check the framing with it). The HA client itself reads the 12-byte
+    header with ``decode_transfer_header`` and the bytes straight into its segment."""
 
     def __init__(self, *, size_max: int):
         self.size_max = size_max

@@ -24,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
@@ -435,6 +436,43 @@ class MessageStore:
                               file_from_offset=last.file_from_offset, crc_function=self.crc_function)  # fmt: skip
         return last.offset_of(last.file_size if result.code is ScanCode.END_OF_SEGMENT else result.position)
 
+    def tail_start(self, span_bytes: int) -> int:
+        """The first record boundary at or before ``max_offset - span_bytes`` (found by walking
+        size words from the start of that segment; may be a blank record's start)."""
+        log = self.commit_log
+        target = max(log.min_offset, log.max_offset - span_bytes)
+        if target >= log.max_offset:
+            return log.max_offset
+        mapped_file = log.mapped_file_queue.find_mapped_file_by_offset(target)
+        position = target - mapped_file.file_from_offset
+        if position:
+            walk = scan_segment(mapped_file.view(), start=0, end=position, file_from_offset=mapped_file.file_from_offset, crc_function=None)
+            position = walk.position
+        return mapped_file.file_from_offset + position
+
+    def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern) -> Iterator[tuple[re.Match, RecordPlace]]:
+        """Matches of ``pattern`` that end exactly where a record ends (so they lie in its
+        properties, the record's last field, never in its body), in the last ``span_bytes`` of
+        the log, with where that record is. Fast: the regex engine finds candidates and the
+        dispatch parser (native when built) locates records; no record is decoded in Python."""
+        log = self.commit_log
+        offset = self.tail_start(span_bytes)
+        while offset < log.max_offset:
+            mapped_file = log.mapped_file_queue.find_mapped_file_by_offset(offset)
+            base = mapped_file.file_from_offset
+            start = offset - base
+            limit = min(mapped_file.read_position, log.max_offset - base)
+            view = mapped_file.view()
+            matches = list(pattern.finditer(view, start, limit))
+            if matches:
+                places = {offset + size - base: (offset, size, queue_id, queue_offset)
+                          for offset, size, queue_id, queue_offset in _record_places(view, start, limit, base)}  # fmt: skip
+                for match in matches:
+                    place = places.get(match.end())
+                    if place is not None:
+                        yield match, RecordPlace(*place)
+            offset = base + log.segment_size
+
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(
             min_offset=self.commit_log.min_offset,
@@ -446,6 +484,37 @@ class MessageStore:
             consume_queues=len(self.consume_queues.queues),
             disk_used_ratio=disk_used_ratio(self.path),
         )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordPlace:
+    offset: int
+    size: int
+    queue_id: int
+    queue_offset: int
+
+
+def _record_places(view: memoryview, start: int, limit: int, base: int) -> list[tuple[int, int, int, int]]:
+    """(offset, size, queue id, queue offset) of each queued record in ``view[start:limit]`` is, from the dispatch parser (records
+    that get no consume queue unit, prepared and rolled-back transactions, are left out)."""
+    places = []
+    position = start
+    while position < limit:
+        before = position
+        position, stop, _records, runs = dispatch_units(view, position, limit, base, DISPATCH_RECORDS_PER_CALL)
+        if stop == _STOP_SLOW:
+            places.extend(_places_of(runs))
+            position, stop, _records, runs = _dispatch_units_python(view, position, limit, base, records_max=1)
+        places.extend(_places_of(runs))
+        if stop in (_STOP_BLANK, _STOP_MALFORMED) or position == before:
+            break
+    return places
+
+
+def _places_of(runs) -> Iterator[tuple[int, int, int, int]]:
+    for _topic, queue_id, first_queue_offset, _count, units, *_ in runs:
+        for index, (offset, size, _tags) in enumerate(CQ_UNIT.iter_unpack(units), first_queue_offset):
+            yield offset, size, queue_id, index
 
 
 def _batchable(message: rec.Message) -> bool:

@@ -32,16 +32,18 @@ import itertools
 import json
 import logging
 import os
+import re
 import secrets
 import time
 
 import trio
 
 from commitlog import record as rec
-from commitlog.commit_log import ReadError
+from commitlog.commit_log import AppendResult, ReadError
 from commitlog.store import MessageStore
 from commitlog.waiters import OffsetWaiters, WaitersFull
 from hasvc import transport
+from hasvc.dedupe import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ, ProducerTable, Stored, Verdict
 from hasvc.config import BrokerConfig, BrokerRole, format_address, parse_address
 from hasvc.protocol import client as cp
 from hasvc.protocol import wire
@@ -185,6 +187,8 @@ class Broker:
         self._ha_service_scope: trio.CancelScope | None = None
         self.started_at = time.time()
         self.metrics = None
+        self.duplicate_sends = 0  # SEND_IDEMPOTENT retries answered from the producer table
+        self.producers = ProducerTable(window=config.producer_sequence_window, producers_max=config.producers_max)
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -193,6 +197,8 @@ class Broker:
         self.store = await trio.to_thread.run_sync(MessageStore.open, self.config.store, self.config.store_config())
         LOGGER.info("store %s: %s", self.config.store, self.store.recovery.describe())
         try:
+            if self.role is not BrokerRole.SLAVE:
+                await self._rebuild_producer_table()  # before the client port opens
             async with trio.open_nursery() as nursery:
                 ssl_context = self._server_ssl()
                 client_listener, client_socket = await transport.open_listener(self.config.listen, ssl_context=ssl_context)
@@ -243,11 +249,20 @@ class Broker:
                 await trio.to_thread.run_sync(self.store.truncate, end)
             epoch = max(self.store.epochs.last_epoch, self.highest_epoch_seen) + 1
             self.store.epochs.append(epoch, self.store.commit_log.max_offset)
+            await self._rebuild_producer_table()
         self.role = role
         self.master_ha = None
         self.fenced_by = None
         await self._start_ha_service(self._nursery, self._server_ssl())
         LOGGER.warning("promoted to %s: epoch %d from offset %d", role.value, epoch, self.store.commit_log.max_offset)
+
+    async def _rebuild_producer_table(self) -> None:
+        """Before taking writes as master: learn the producer sequences at the log's end."""
+        started = time.monotonic()
+        span = self.config.producer_table_rebuild_bytes
+        found = await trio.to_thread.run_sync(lambda: rebuild_producer_table(self.store, self.producers, span_bytes=span))
+        LOGGER.info("producer table: %d producer(s), %d sequence(s) from the last %d bytes of the log in %.3f s",
+                    len(self.producers), found, min(span, self.store.commit_log.max_offset), time.monotonic() - started)  # fmt: skip
 
     @property
     def highest_epoch_seen(self) -> int:
@@ -283,6 +298,7 @@ class Broker:
         self.role = BrokerRole.SLAVE
         self.master_ha = master_ha
         self.fenced_by = None
+        self.producers.clear()  # rebuilt from the log if this broker is promoted again
         if self._ha_service_scope is not None:
             self._ha_service_scope.cancel()
         self.ha_address = None
@@ -351,15 +367,21 @@ class Broker:
                         if frame.kind in (cp.PROMOTE, cp.DEMOTE):
                             nursery.start_soon(self._role_request, outbox, frame)
                             continue
-                        if frame.kind != cp.SEND:
+                        if frame.kind not in cp.SEND_KINDS:
                             outbox.respond(frame, self._answer(frame))
                             continue
                         try:
-                            sends.append((frame, cp.decode_send(frame.payload)))
+                            request = cp.decode_send(frame.payload, idempotent=frame.kind == cp.SEND_IDEMPOTENT)
                         except wire.ProtocolError as error:
                             outbox.respond(frame, self._error(frame, str(error)))
-                    for group in coalesce(sends, bytes_max=COALESCE_BYTES_MAX):
-                        self._put_group(nursery, outbox, group)
+                            continue
+                        if frame.kind == cp.SEND:
+                            sends.append((frame, request))
+                            continue
+                        self._put_sends(nursery, outbox, sends)  # keep the connection's order
+                        sends = []
+                        self._put_idempotent(nursery, outbox, frame, request)
+                    self._put_sends(nursery, outbox, sends)
         except BaseException as error:
             if not transport.is_expected(error, CLIENT_CONNECTION_ERRORS):
                 raise
@@ -370,6 +392,32 @@ class Broker:
         finally:
             await connection.aclose()
 
+    def _put_sends(self, nursery: trio.Nursery, outbox: Outbox, sends: list[tuple[cp.Frame, cp.SendRequest]]) -> None:
+        for group in coalesce(sends, bytes_max=COALESCE_BYTES_MAX):
+            self._put_group(nursery, outbox, group)
+
+    def _put_idempotent(self, nursery: trio.Nursery, outbox: Outbox, frame: cp.Frame, request: cp.SendRequest) -> None:
+        """A SEND_IDEMPOTENT: a retry is answered with the original offsets once they are as safe
+        as a new put would be; a new one is tagged with its producer id and sequences and put."""
+        if self._write_refusal() is None:
+            lookup = self.producers.lookup(request.producer_id, request.first_sequence, len(request.bodies))
+            if lookup.verdict is Verdict.REFUSED:
+                outbox.respond(frame, self._error(frame, lookup.reason))
+                return
+            if lookup.verdict is Verdict.DUPLICATE:
+                stored = lookup.stored
+                end = max(each.offset + each.size for each in stored)
+                result = AppendResult(
+                    rec.PutMessageStatus.PUT_OK, wrote_offset=stored[0].offset, wrote_bytes=end - stored[0].offset,
+                    offsets=tuple(each.offset for each in stored), queue_offsets=tuple(each.queue_offset for each in stored),
+                )  # fmt: skip
+                appended = Appended(rec.PutMessageStatus.PUT_OK, "", result, stored[0].queue_id)
+                self.duplicate_sends += 1
+                self._respond_when_safe(nursery, outbox, [(frame, request)], [appended])
+                return
+        properties = [tag_properties(p, request.producer_id, request.first_sequence + i) for i, p in enumerate(request.properties)]
+        self._put_group(nursery, outbox, [(frame, dataclasses.replace(request, properties=properties))])
+
     def _put_group(self, nursery: trio.Nursery, outbox: Outbox, group: list[tuple[cp.Frame, cp.SendRequest]]) -> None:
         """Append a group of SENDs (same topic, queue and flag, read together) as one batch, in
         the order they arrived, and answer them all from one task once the last is replicated
@@ -379,6 +427,9 @@ class Broker:
             for frame, request in group:
                 self._put_group(nursery, outbox, [(frame, request)])
             return
+        self._respond_when_safe(nursery, outbox, group, appended)
+
+    def _respond_when_safe(self, nursery: trio.Nursery, outbox: Outbox, group, appended: list[Appended]) -> None:
         if not self._must_wait(appended[-1]):
             started = time.perf_counter()
             for (frame, _), each in zip(group, appended, strict=True):
@@ -406,7 +457,7 @@ class Broker:
         outbox.respond(frame, cp.encode_simple_response(cp.OK, "", json.dumps(self.status()).encode()))
 
     def _error(self, frame: cp.Frame, reason: str) -> bytes:
-        if frame.kind == cp.SEND:
+        if frame.kind in cp.SEND_KINDS:
             return cp.encode_send_response(cp.SendResponse(rec.PutMessageStatus.MESSAGE_ILLEGAL.name, reason, -1, [], []))
         return cp.encode_simple_response(cp.ERROR, reason)
 
@@ -429,13 +480,19 @@ class Broker:
             return [dataclasses.replace(appended) for _ in requests]
         return split_appended(appended, [len(r.bodies) for r in requests])
 
-    def append(self, request: cp.SendRequest) -> Appended:
-        """Steps 1 and 2 of a put: refuse, or append."""
+    def _write_refusal(self) -> Appended | None:
         if self.role is BrokerRole.SLAVE:
             master = format_address(self.master_ha) if self.master_ha else "unknown"
             return Appended(rec.PutMessageStatus.SERVICE_NOT_AVAILABLE, f"this broker is a slave; its master's HA address is {master}")
         if self.fenced_by is not None:
             return Appended(rec.PutMessageStatus.SERVICE_NOT_AVAILABLE, f"this broker is fenced: {self.fenced_by}")
+        return None
+
+    def append(self, request: cp.SendRequest) -> Appended:
+        """Steps 1 and 2 of a put: refuse, or append."""
+        refusal = self._write_refusal()
+        if refusal is not None:
+            return refusal
         store = self.store
         if self.config.min_in_sync_replicas:
             in_sync = self.replicas.in_sync_count(master_max_offset=store.commit_log.max_offset, max_gap=self.config.ha_max_gap_not_in_sync)
@@ -453,6 +510,8 @@ class Broker:
         result = store.append_batch(batch)
         if result.status is rec.PutMessageStatus.PUT_OK:
             self.new_data.notify()
+            if request.producer_id:
+                self.producers.remember(request.producer_id, request.first_sequence, stored_messages(result, request.queue_id))
             if self.metrics:
                 self.metrics.appended(result)
         stored = result if result.status is rec.PutMessageStatus.PUT_OK else None
@@ -575,6 +634,8 @@ class Broker:
             "dispatched_offset": store.reput_from_offset,
             "flush": store.config.flush_disk_type.value,
             "slaves": slaves,
+            "producers": len(self.producers),
+            "duplicate_sends": self.duplicate_sends,
             "uptime_seconds": round(time.time() - self.started_at, 1),
         }
         if self.role is BrokerRole.SLAVE:
@@ -659,6 +720,37 @@ class Broker:
                     deleted = await trio.to_thread.run_sync(self.store.clean_expired)
                 if deleted:
                     LOGGER.info("retention deleted %d segment(s): %s", len(deleted), ", ".join(os.path.basename(p) for p in deleted))
+
+
+def tag_properties(properties: bytes, producer_id: str, sequence: int) -> bytes:
+    """A message's properties with its producer id and sequence added (hasvc/dedupe.py)."""
+    separator = b"" if not properties or properties.endswith(b"\x02") else b"\x02"
+    return properties + separator + f"{PROPERTY_PRODUCER_ID}\x01{producer_id}\x02{PROPERTY_PRODUCER_SEQ}\x01{sequence}\x02".encode()
+
+
+def stored_messages(result: AppendResult, queue_id: int) -> list[Stored]:
+    ends = [*result.offsets[1:], result.next_offset]
+    return [Stored(offset, end - offset, queue_id, queue_offset)
+            for offset, end, queue_offset in zip(result.offsets, ends, result.queue_offsets, strict=True)]  # fmt: skip
+
+
+# The two properties SEND_IDEMPOTENT appends, last in a record (tag_properties).
+PRODUCER_TAG = re.compile(
+    f"{PROPERTY_PRODUCER_ID}\x01([^\x01\x02]{{1,{cp.PRODUCER_ID_SIZE_MAX}}})\x02{PROPERTY_PRODUCER_SEQ}\x01([0-9]{{1,19}})\x02".encode()
+)
+
+
+def rebuild_producer_table(store: MessageStore, table: ProducerTable, *, span_bytes: int) -> int:
+    """Fill ``table`` from the records in the last ``span_bytes`` of the log (a broker becoming
+    master); the number of producer sequences found."""
+    table.clear()
+    by_producer: dict[bytes, list] = {}
+    for match, place in store.find_at_record_ends(span_bytes, PRODUCER_TAG):
+        producer_id, sequence = match.groups()
+        by_producer.setdefault(producer_id, []).append((int(sequence), Stored(place.offset, place.size, place.queue_id, place.queue_offset)))
+    for producer_id, entries in by_producer.items():
+        table.load(producer_id.decode(errors="replace"), entries)
+    return sum(len(entries) for entries in by_producer.values())
 
 
 def first_epoch() -> int:

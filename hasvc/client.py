@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import secrets
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 
@@ -103,8 +104,11 @@ class Client:
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self._pending.pop(request_id, None)
             raise ClientError(f"connection failed: {transport.describe(error)}") from None
-        with trio.fail_after(REQUEST_TIMEOUT_SECONDS):
+        with trio.move_on_after(REQUEST_TIMEOUT_SECONDS) as timeout:
             await slot[0].wait()
+        if timeout.cancelled_caught:
+            self._pending.pop(request_id, None)
+            raise ClientError(f"no response within {REQUEST_TIMEOUT_SECONDS:.0f} s")
         if slot[1] is None:
             raise ClientError(f"connection failed: {self._error}")
         return slot[1].payload
@@ -114,12 +118,21 @@ class Client:
         results = await self.send_batch(topic, [body], tags=tags, keys=keys, properties=properties, queue_id=queue_id)
         return results[0]
 
+    @property
+    def broken(self) -> bool:
+        """The connection has failed; every further request fails at once."""
+        return self._error is not None
+
     async def send_batch(self, topic: str, bodies: Sequence[bytes], *, tags: str | None = None, keys: str | None = None,
-                         properties: Mapping[str, str] | None = None, queue_id: int = 0) -> list[SendResult]:  # fmt: skip
-        """Send messages sharing topic, queue and properties in one request; one result each."""
+                         properties: Mapping[str, str] | None = None, queue_id: int = 0,
+                         producer_id: str = "", first_sequence: int = -1) -> list[SendResult]:  # fmt: skip
+        """Send messages sharing topic, queue and properties in one request; one result each.
+        With ``producer_id``, message i carries sequence ``first_sequence + i`` and the broker
+        answers a repeat of the same sequences with the original offsets (hasvc/dedupe.py)."""
         encoded = message_properties(tags, keys, properties)
-        request = cp.SendRequest(topic, queue_id, list(bodies), [encoded] * len(bodies), 0, _now_ms())
-        response = cp.decode_send_response(await self._request(cp.SEND, cp.encode_send(request)))
+        request = cp.SendRequest(topic, queue_id, list(bodies), [encoded] * len(bodies), 0, _now_ms(), producer_id, first_sequence)
+        kind = cp.SEND_IDEMPOTENT if producer_id else cp.SEND
+        response = cp.decode_send_response(await self._request(kind, cp.encode_send(request)))
         if not response.offsets:
             return [SendResult(response.status, -1, queue_id, -1, response.reason) for _ in bodies]
         return [
@@ -194,6 +207,8 @@ async def connect(address: str, secret: bytes | str | None = None, *, tls_ca: st
             await transport.client_preface(connection, port_kind=wire.PORT_KIND_CLIENT, secret=secret)
         except (transport.AuthenticationError, wire.ProtocolError, EOFError, trio.TooSlowError) as error:
             raise ClientError(f"{address}: {error}") from None
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            raise ClientError(f"{address}: connection failed during the preface: {transport.describe(error)}") from None
         client = Client(connection)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client._receive_loop)
@@ -203,6 +218,164 @@ async def connect(address: str, secret: bytes | str | None = None, *, tls_ca: st
                 nursery.cancel_scope.cancel()
     finally:
         await connection.aclose()
+
+
+# Client failover. RocketMQ's producer retries a failed send twice within sendMsgTimeout (3 s);
+# a failover here also waits for a slave to be promoted, so the budget is longer.
+FAILOVER_TIMEOUT_SECONDS = 30.0
+FAILOVER_BACKOFF_MIN_SECONDS = 0.05
+FAILOVER_BACKOFF_MAX_SECONDS = 1.0
+STATUS_TIMEOUT_SECONDS = 3.0  # asking one broker whether it is the master
+# What makes a client look for another master: the broker is a slave or fenced.
+FAILOVER_STATUSES = frozenset({"SERVICE_NOT_AVAILABLE"})
+
+
+class FailoverClient:
+    """Requests go to the current master among ``addresses``. On a lost connection or
+    SERVICE_NOT_AVAILABLE the client asks every address for its status and moves to the master
+    with the newest epoch (a fenced or slave broker is never chosen).
+
+    Sends are idempotent: every message carries this client's producer id and a sequence number.
+    A send is retried on the new master only when the caller asked (``retry_sends`` or
+    ``retry=True``): the broker then answers a retry of a message it already has with the original
+    offsets instead of storing it twice. Reads and status are always retried."""
+
+    def __init__(self, addresses: Sequence[str], secret: bytes | str | None, nursery: trio.Nursery, *,
+                 tls_ca: str | None = None, retry_sends: bool = False,
+                 failover_timeout: float = FAILOVER_TIMEOUT_SECONDS):  # fmt: skip
+        if not addresses:
+            raise ValueError("no broker addresses")
+        self.addresses = list(addresses)
+        self._secret = secret
+        self._tls_ca = tls_ca
+        self._nursery = nursery
+        self.retry_sends = retry_sends
+        self.failover_timeout = failover_timeout
+        self.producer_id = secrets.token_hex(8)
+        self._sequence = 0
+        self._client: Client | None = None
+        self._scope: trio.CancelScope | None = None
+        self.address: str | None = None  # the master in use
+        self.generation = 0  # connections made so far
+        self.failovers = 0  # times a master was (re)found after a failure
+        self._unusable = -1  # a generation whose broker answered SERVICE_NOT_AVAILABLE
+        self._lock = trio.Lock()
+
+    async def _hold(self, address: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            async with connect(address, self._secret, tls_ca=self._tls_ca) as client:
+                task_status.started((client, scope))
+                await trio.sleep_forever()
+
+    async def _status_of(self, address: str) -> dict | None:
+        with trio.move_on_after(STATUS_TIMEOUT_SECONDS):
+            try:
+                async with connect(address, self._secret, tls_ca=self._tls_ca) as client:
+                    return await client.status()
+            except ClientError:
+                return None
+        return None
+
+    async def _find_master(self, deadline: float) -> tuple[str, dict]:
+        backoff = FAILOVER_BACKOFF_MIN_SECONDS
+        while True:
+            found = []
+            for address in self.addresses:
+                status = await self._status_of(address)
+                if status is not None and status.get("role") != "SLAVE" and not status.get("fenced_by"):
+                    found.append((status.get("epoch", 0), address, status))
+            if found:
+                _, address, status = max(found)
+                return address, status
+            if trio.current_time() + backoff > deadline:
+                raise ClientError(f"no master among {', '.join(self.addresses)} within {self.failover_timeout:.0f} s")
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, FAILOVER_BACKOFF_MAX_SECONDS)
+
+    async def _current(self, failed_generation: int | None = None, deadline: float | None = None) -> tuple[Client, int]:
+        """The master's client; after a failure on ``failed_generation``, a new one (found once,
+        however many tasks saw the failure)."""
+        async with self._lock:
+            stale = self.generation in (failed_generation, self._unusable)
+            if self._client is not None and not self._client.broken and not stale:
+                return self._client, self.generation
+            if self._scope is not None:
+                self._scope.cancel()
+                self._client = self._scope = None
+                self.failovers += 1
+            deadline = deadline if deadline is not None else trio.current_time() + self.failover_timeout
+            while True:
+                address, _ = await self._find_master(deadline)
+                try:
+                    self._client, self._scope = await self._nursery.start(self._hold, address)
+                except ClientError:
+                    if trio.current_time() > deadline:
+                        raise
+                    continue
+                self.address = address
+                self.generation += 1
+                return self._client, self.generation
+
+    async def send(self, topic: str, body: bytes, **kwargs) -> SendResult:
+        return (await self.send_batch(topic, [body], **kwargs))[0]
+
+    async def send_batch(self, topic: str, bodies: Sequence[bytes], *, retry: bool | None = None, **kwargs) -> list[SendResult]:
+        """As Client.send_batch, to the current master; see the class for retries."""
+        retry = self.retry_sends if retry is None else retry
+        first = self._sequence
+        self._sequence += len(bodies)
+        deadline = trio.current_time() + self.failover_timeout
+        client, generation = await self._current()
+        while True:
+            try:
+                results = await client.send_batch(topic, bodies, producer_id=self.producer_id, first_sequence=first, **kwargs)
+            except ClientError:
+                if not retry or trio.current_time() > deadline:
+                    raise
+            else:
+                if results[0].status not in FAILOVER_STATUSES:
+                    return results
+                self._unusable = generation  # the next request looks for the master again
+                if not retry or trio.current_time() > deadline:
+                    return results
+            client, generation = await self._current(generation, deadline)
+
+    async def _read_request(self, name: str, *args, **kwargs):
+        deadline = trio.current_time() + self.failover_timeout
+        client, generation = await self._current()
+        while True:
+            try:
+                return await getattr(client, name)(*args, **kwargs)
+            except ClientError:
+                if not client.broken or trio.current_time() > deadline:
+                    raise
+            client, generation = await self._current(generation, deadline)
+
+    async def pull(self, topic: str, queue_id: int, queue_offset: int, *, count_max: int = 32) -> PullResult:
+        return await self._read_request("pull", topic, queue_id, queue_offset, count_max=count_max)
+
+    async def read(self, offset: int, *, size_max: int = 1024 * 1024) -> bytes:
+        return await self._read_request("read", offset, size_max=size_max)
+
+    async def read_record(self, offset: int) -> rec.Record:
+        return await self._read_request("read_record", offset)
+
+    async def status(self) -> dict:
+        return await self._read_request("status")
+
+
+@contextlib.asynccontextmanager
+async def connect_cluster(addresses: Sequence[str], secret: bytes | str | None = None, *, tls_ca: str | None = None,
+                          retry_sends: bool = False, failover_timeout: float = FAILOVER_TIMEOUT_SECONDS,
+                          ) -> AsyncIterator[FailoverClient]:  # fmt: skip
+    """A FailoverClient over ``addresses`` (any of master and slaves, in any order)."""
+    async with trio.open_nursery() as nursery:
+        client = FailoverClient(addresses, secret, nursery, tls_ca=tls_ca, retry_sends=retry_sends,
+                                failover_timeout=failover_timeout)  # fmt: skip
+        try:
+            yield client
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 class BlockingClient:

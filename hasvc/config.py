@@ -84,6 +84,12 @@ class BrokerConfig:
     frame_size_max: int = 16 * 1024 * 1024
     requests_in_flight_max: int = 4096  # per client connection; beyond, the connection waits
     connections_max: int = 10_000
+    # Idempotent sends (hasvc/dedupe.py): sequences remembered per producer, producers remembered,
+    # and how much of the log's end a broker becoming master reads to rebuild the table (a retry
+    # reaches the new master within the client's failover timeout, so the end of the log holds it).
+    producer_sequence_window: int = 4096
+    producers_max: int = 65_536
+    producer_table_rebuild_bytes: int = 16 * 1024 * 1024
     # Security and observability.
     secret: bytes | None = dataclasses.field(default=None, repr=False)
     insecure: bool = False
@@ -122,7 +128,8 @@ class BrokerConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
         for name in ("ha_send_heartbeat_interval_ms", "ha_housekeeping_interval_ms", "slave_timeout_ms",
-                     "ha_transfer_batch_size", "frame_size_max", "requests_in_flight_max", "connections_max"):  # fmt: skip
+                     "ha_transfer_batch_size", "frame_size_max", "requests_in_flight_max", "connections_max",
+                     "producer_sequence_window", "producers_max"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         exposed = [a for a in (self.listen, self.effective_ha_listen, self.metrics_listen) if a and not is_loopback(a[0])]

@@ -36,6 +36,8 @@ def run_demo(*, producers: int = 16, keep: bool = True, echo=print) -> bool:
         echo(f"   {report.acked:,} writes acknowledged in all, {report.lost} lost, {report.duplicated} duplicated; "
              f"promotion took {report.promote_seconds * 1000:.0f} ms; the old master cut {report.truncated_bytes} bytes "
              f"it alone had and caught up in {report.catch_up_seconds:.2f} s")  # fmt: skip
+        echo(f"   {report.duplicates_answered} send(s) retried on the new master were already there (replicated before the "
+             "kill) and were answered with their offsets, not stored twice")
         echo(f"   logs byte-identical: {report.identical}; epoch histories agree: {report.epochs_agree}")
         _print_status(drill._status(master), echo)
         ok = report.ok
@@ -49,8 +51,9 @@ def run_demo(*, producers: int = 16, keep: bool = True, echo=print) -> bool:
 
 
 async def _write_with_progress(drill: Drill, master, slave, echo) -> None:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(drill._produce, master.ready["listen"], WRITE_SECONDS, None)
+    async with hc.connect_cluster([master.ready["listen"]], drill.secret) as producer, trio.open_nursery() as nursery:
+        for _ in range(drill.producers):
+            nursery.start_soon(drill._producer, producer)
         started = trio.current_time()
         async with hc.connect(master.ready["listen"], drill.secret) as client:
             while trio.current_time() - started < WRITE_SECONDS:
@@ -66,6 +69,7 @@ async def _write_with_progress(drill: Drill, master, slave, echo) -> None:
                     echo(line)
         if sys.stdout.isatty():
             sys.stdout.write("\n")
+        nursery.cancel_scope.cancel()
 
 
 def _print_status(status: dict, echo) -> None:

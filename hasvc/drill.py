@@ -77,6 +77,7 @@ class RoundReport:
     identical: bool
     epochs_agree: bool
     files_agree: bool = True  # checkpoint and epoch files consistent with each log
+    duplicates_answered: int = 0  # retried sends the new master recognised (not stored again)
 
     @property
     def ok(self) -> bool:
@@ -119,56 +120,59 @@ class Drill:
         self.processes.append(process)
         return process
 
-    async def _produce(self, address: str, seconds: float | None, stop_event: trio.Event | None) -> None:
-        try:
-            async with hc.connect(address, self.secret) as client:
-                async def worker() -> None:
-                    while stop_event is None or not stop_event.is_set():
-                        number = self.next_number
-                        self.next_number += 1
-                        try:
-                            result = await client.send(DRILL_TOPIC, f"m{number}:".encode() + b"d" * 200, queue_id=number % 4)
-                        except hc.ClientError:
-                            return
-                        if result.status == "PUT_OK":
-                            self.acked[number] = result.offset
-
-                with trio.move_on_after(seconds if seconds is not None else float("inf")):
-                    async with trio.open_nursery() as nursery:
-                        for _ in range(self.producers):
-                            nursery.start_soon(worker)
-        except hc.ClientError:
-            pass
-
-    def produce_until_killed(self, master: Process) -> None:
-        delay = self.random.uniform(0.5, 2.0)
-
-        async def run() -> None:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._produce, master.ready["listen"], None, None)
-                await trio.sleep(delay)
-                master.kill()  # SIGKILL at a random moment under load
-
-        trio.run(run)
-
-    def produce_for(self, master_address: str, seconds: float) -> None:
-        trio.run(self._produce, master_address, seconds, None)
+    async def _producer(self, client: hc.FailoverClient) -> None:
+        """Numbered messages, each sent until it is answered (retried across a failover with the
+        same producer sequence, so a retry is never stored twice)."""
+        while True:
+            number = self.next_number
+            self.next_number += 1
+            try:
+                result = await client.send(DRILL_TOPIC, f"m{number}:".encode() + b"d" * 200, queue_id=number % 4)
+            except hc.ClientError:
+                await trio.sleep(0.05)  # no master within the failover timeout: this one is not acknowledged
+                continue
+            if result.status == "PUT_OK":
+                self.acked[number] = result.offset
 
     def run_round(self, number: int, master: Process, slave: Process) -> tuple[RoundReport, Process, Process]:
         self._wait(lambda: self._status(master)["slaves"], "the slave to connect")
-        self.produce_until_killed(master)
-        started = time.monotonic()
-        with hc.BlockingClient(slave.ready["listen"], self.secret) as client:
-            promoted = client.promote(sync=self.mode == "sync")
-        promote_seconds = time.monotonic() - started
-        new_master, new_master_ha = slave, promoted["ha_listen"]
-        self.produce_for(new_master.ready["listen"], 0.5)
-        started = time.monotonic()
-        rejoined = self.start(os.path.basename(master.store), master_ha=new_master_ha)
-        self._wait(lambda: self._caught_up(new_master, rejoined), "the old master to catch up")
-        catch_up_seconds = time.monotonic() - started
-        report = self.verify(number, new_master, rejoined, promote_seconds, catch_up_seconds)
-        return report, new_master, rejoined
+        delay = self.random.uniform(0.5, 2.0)
+        times: dict[str, float] = {}
+        found: dict = {}
+
+        async def run() -> None:
+            addresses = [master.ready["listen"], slave.ready["listen"]]
+            async with hc.connect_cluster(addresses, self.secret, retry_sends=True) as client, trio.open_nursery() as nursery:
+                for _ in range(self.producers):
+                    nursery.start_soon(self._producer, client)
+                await trio.sleep(delay)
+                await trio.to_thread.run_sync(master.kill)  # SIGKILL at a random moment under load
+                started = time.monotonic()
+                async with hc.connect(slave.ready["listen"], self.secret) as admin:
+                    promoted = await admin.promote(sync=self.mode == "sync")
+                times["promote"] = time.monotonic() - started
+                await trio.sleep(0.3)  # the producers move on to the new master by themselves
+                target = (await client.status())["max_offset"]
+                started = time.monotonic()
+                rejoined = await trio.to_thread.run_sync(lambda: self.start(os.path.basename(master.store), master_ha=promoted["ha_listen"]))
+                found["rejoined"] = rejoined
+                while (await self._status_async(rejoined))["max_offset"] < target:
+                    await trio.sleep(0.02)
+                times["catch_up"] = time.monotonic() - started
+                await trio.sleep(0.3)  # SYNC_MASTER writes acknowledged by the rejoined slave
+                found["failovers"] = client.failovers
+                nursery.cancel_scope.cancel()
+
+        trio.run(run)
+        rejoined = found["rejoined"]
+        self._wait(lambda: self._caught_up(slave, rejoined), "the old master to catch up")
+        report = self.verify(number, slave, rejoined, times["promote"], times["catch_up"])
+        report.duplicates_answered = self._status(slave)["duplicate_sends"]
+        return report, slave, rejoined
+
+    async def _status_async(self, process: Process) -> dict:
+        async with hc.connect(process.ready["listen"], self.secret) as client:
+            return await client.status()
 
     def verify(self, number, master: Process, slave: Process, promote_seconds: float, catch_up_seconds: float) -> RoundReport:
         end = self._status(master)["max_offset"]
@@ -253,15 +257,17 @@ def run_drill(*, rounds: int, producers: int, mode: str, seed: int, report_path:
     drill = Drill(producers=producers, mode=mode, seed=seed, echo=echo)
     reports: list[RoundReport] = []
     echo(f"drill: {rounds} round(s), {producers} producers, {mode.upper()}_MASTER, seed {seed}, stores under {drill.root}")
-    echo(f"{'round':>5} {'acked*':>8} {'lost':>5} {'dup':>4} {'truncated B':>12} {'promote s':>10} {'catch-up s':>11} {'identical':>9} {'epochs':>7} {'files':>6}")
+    echo(f"{'round':>5} {'acked*':>8} {'lost':>5} {'dup':>4} {'retries':>7} {'truncated B':>12} {'promote s':>10} {'catch-up s':>11} "
+         f"{'identical':>9} {'epochs':>7} {'files':>6}")  # fmt: skip
     try:
         master = drill.start("a", master_ha=None)
         slave = drill.start("b", master_ha=master.ready["ha_listen"])
-        echo("  (* acknowledged writes so far; lost and truncated bytes are this round's)")
+        echo("  (* acknowledged writes so far; lost, truncated bytes and retries (sends retried after the failover that the new\n"
+             "   master recognised as already stored, so answered with their offsets instead of being stored twice) are this round's)")
         for number in range(1, rounds + 1):
             report, master, slave = drill.run_round(number, master, slave)
             reports.append(report)
-            echo(f"{report.round:>5} {report.acked:>8} {report.lost:>5} {report.duplicated:>4} {report.truncated_bytes:>12} "
+            echo(f"{report.round:>5} {report.acked:>8} {report.lost:>5} {report.duplicated:>4} {report.duplicates_answered:>7} {report.truncated_bytes:>12} "
                  f"{report.promote_seconds:>10.3f} {report.catch_up_seconds:>11.3f} {str(report.identical):>9} "
                  f"{str(report.epochs_agree):>7} {str(report.files_agree):>6}")  # fmt: skip
     finally:

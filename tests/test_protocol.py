@@ -1,6 +1,8 @@
 """Sans-IO codecs: every sample whole, one byte at a time and with trailing bytes; hypothesis
 round trips and garbage (a decoder raises ProtocolError, never struct.error or IndexError)."""
 
+import functools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -153,9 +155,28 @@ def test_responses_round_trip():
     assert cp.decode_read(cp.encode_read(5, 6)) == (5, 6)
 
 
+@given(sends, st.from_regex(r"[a-f0-9]{1,64}", fullmatch=True), st.integers(0, 2**62))
+def test_idempotent_sends_round_trip(request, producer_id, first):
+    request = cp.SendRequest(request.topic, request.queue_id, request.bodies, [b""] * len(request.bodies), request.flag,
+                             request.born_timestamp, producer_id, first)  # fmt: skip
+    assert cp.decode_send(cp.encode_send(request), idempotent=True) == request
+    with pytest.raises(wire.ProtocolError):  # the idempotent prefix is not a plain SEND
+        assert cp.decode_send(cp.encode_send(request)) != request
+
+
+@pytest.mark.parametrize(("producer_id", "first", "message"), [
+    ("", 0, "producer id must be 1..64 bytes"), ("x" * 65, 0, "producer id must be 1..64 bytes"),
+    ("a\x01b", 0, "without"), ("p", -1, "first sequence -1 is negative"),
+])  # fmt: skip
+def test_idempotent_sends_with_bad_producer_fields_are_refused(producer_id, first, message):
+    payload = cp.Writer().text(producer_id).pack(">q", first).bytes() + cp.encode_send(cp.SendRequest("T", 0, [b"x"], [b""]))
+    with pytest.raises(wire.ProtocolError, match=message):
+        cp.decode_send(payload, idempotent=True)
+
+
 @given(st.binary(max_size=200))
 def test_payload_decoders_on_garbage_raise_protocol_error_only(data):
-    for decode in (cp.decode_send, cp.decode_pull, cp.decode_read, cp.decode_send_response, cp.decode_pull_response,
+    for decode in (cp.decode_send, functools.partial(cp.decode_send, idempotent=True), cp.decode_pull, cp.decode_read, cp.decode_send_response, cp.decode_pull_response,
                    cp.decode_read_response, cp.decode_status_response):  # fmt: skip
         try:
             decode(data)

@@ -1,5 +1,6 @@
 import dataclasses
 import os
+import re
 import struct
 
 import pytest
@@ -291,3 +292,32 @@ def test_a_slave_log_ending_mid_record_dispatches_up_to_it_and_then_the_rest(tmp
         slave.append_replicated(cut, data[cut:])
         assert slave.dispatch() == 10
         assert sum(slave.consume_queues.queue_offset_table().values()) == 20
+
+
+@pytest.mark.parametrize("span", [0, 1, 299, 5000, 70_000, 200_000, 10**9])
+def test_the_tail_starts_at_the_last_boundary_before_the_span(tmp_path, small_config, span):
+    with MessageStore.open(str(tmp_path), small_config) as store:
+        offsets = [o for result in fill(store, 600, body_size=200) for o in result.offsets]  # spans several segments
+        start, end = store.tail_start(span), store.commit_log.max_offset
+    target = max(0, end - span)
+    assert start <= target
+    if span == 0:
+        assert start == end
+    else:  # the last record start at or before the target, within the target's segment
+        assert start == max(o for o in offsets if o <= target and o // SEGMENT_SIZE == target // SEGMENT_SIZE)
+
+
+def test_matches_count_only_at_a_record_end_never_in_a_body(tmp_path, small_config):
+    pattern = re.compile(rb"MARK\x01(\d+)\x02")
+    with MessageStore.open(str(tmp_path), small_config) as store:
+        placed = {}
+        for i in range(400):  # several segments; every third record is marked in its properties
+            properties = {"TAGS": "t", "MARK": str(i)} if i % 3 == 0 else {"TAGS": "t"}
+            body = b"MARK\x01999\x02" * 20 if i % 3 == 1 else bytes(200)  # forged marks in bodies
+            result = store.append([rec.Message("T", body, queue_id=i % 2, properties=properties)])
+            if i % 3 == 0:
+                placed[i] = (result.offsets[0], result.queue_offsets[0], i % 2)
+        found = {int(m.group(1)): (p.offset, p.queue_offset, p.queue_id) for m, p in store.find_at_record_ends(10**9, pattern)}
+        assert found == placed
+        recent = {int(m.group(1)) for m, _ in store.find_at_record_ends(5000, pattern)}
+        assert recent and recent == {i for i in placed if placed[i][0] >= store.tail_start(5000)}

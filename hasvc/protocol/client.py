@@ -24,6 +24,9 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
                    response: status | reason | blob-32 (the STATUS JSON after the change)
     kind 6 DEMOTE  request : string new master's HA address (HOST:PORT)
                    response: as PROMOTE
+    kind 7 SEND_IDEMPOTENT
+                   request : string producer id | i64 first sequence | a SEND request payload
+                   response: as SEND (a retry is answered with the original offsets; hasvc/dedupe.py)
 
 ``properties blob-16`` is ``u16 length | name\\x01value\\x02...``. SEND statuses are RocketMQ's
 PutMessageStatus names; the others use OK, NOT_FOUND, OFFSET_ILLEGAL, SERVICE_NOT_AVAILABLE and
@@ -49,7 +52,9 @@ READ: Final = 3
 STATUS: Final = 4
 PROMOTE: Final = 5
 DEMOTE: Final = 6
-REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE, DEMOTE})
+SEND_IDEMPOTENT: Final = 7
+REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE, DEMOTE, SEND_IDEMPOTENT})
+SEND_KINDS: Final = frozenset({SEND, SEND_IDEMPOTENT})
 RESPONSE_BIT: Final = 0x80
 
 OK: Final = "OK"
@@ -178,6 +183,7 @@ class Reader:
 # At most this many messages in one SEND (RocketMQ batches are limited by size only; the body
 # total is limited by max_message_size on the broker). The bound keeps a decoder's work finite.
 SEND_MESSAGES_MAX: Final = 65536
+PRODUCER_ID_SIZE_MAX: Final = 64
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -188,17 +194,30 @@ class SendRequest:
     properties: list[bytes]  # encoded name\x01value\x02 strings, one per body
     flag: int = 0
     born_timestamp: int = 0
+    producer_id: str = ""  # SEND_IDEMPOTENT only
+    first_sequence: int = -1
 
 
 def encode_send(request: SendRequest) -> bytes:
-    writer = Writer().text(request.topic).pack(">iiqI", request.queue_id, request.flag, request.born_timestamp, len(request.bodies))
+    writer = Writer()
+    if request.producer_id:
+        writer.text(request.producer_id).pack(">q", request.first_sequence)
+    writer.text(request.topic).pack(">iiqI", request.queue_id, request.flag, request.born_timestamp, len(request.bodies))
     for properties, body in zip(request.properties, request.bodies, strict=True):
         writer.blob16(properties).blob32(body)
     return writer.bytes()
 
 
-def decode_send(payload: bytes) -> SendRequest:
+def decode_send(payload: bytes, *, idempotent: bool = False) -> SendRequest:
     reader = Reader(payload)
+    producer_id, first_sequence = "", -1
+    if idempotent:
+        producer_id = reader.text()
+        (first_sequence,) = reader.unpack(">q")
+        if not producer_id or len(producer_id.encode()) > PRODUCER_ID_SIZE_MAX or "\x01" in producer_id or "\x02" in producer_id:
+            raise ProtocolError(f"producer id must be 1..{PRODUCER_ID_SIZE_MAX} bytes without \\x01 or \\x02")
+        if first_sequence < 0:
+            raise ProtocolError(f"first sequence {first_sequence} is negative")
     topic = reader.text()
     queue_id, flag, born_timestamp, count = reader.unpack(">iiqI")
     if count == 0 or count > SEND_MESSAGES_MAX:
@@ -208,7 +227,7 @@ def decode_send(payload: bytes) -> SendRequest:
         properties.append(reader.blob16())
         bodies.append(reader.blob32())
     reader.done()
-    return SendRequest(topic, queue_id, bodies, properties, flag, born_timestamp)
+    return SendRequest(topic, queue_id, bodies, properties, flag, born_timestamp, producer_id, first_sequence)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -533,5 +533,12 @@ def bench_sync_write(producers, connections, size, batch, duration, runs, role, 
     write_json(json_path, data)
 
 
+# -- hasvc spark (imports PySpark only when a command runs) ------------------------------------
+
+from hasvc.spark_cli import spark  # noqa: E402
+
+main.add_command(spark)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

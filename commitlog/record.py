@@ -571,10 +571,13 @@ def decode_record(
     *,
     crc_function: CrcFunction | None = _crc32c.crc32c,
     limit: int | None = None,
+    errors: str = "strict",
 ) -> Record:
     """Decode the record at ``position``; check magic, lengths and (unless ``crc_function`` is
     None) the body CRC. ``limit`` bounds the bytes that may belong to the record (default: the
-    buffer's end). A blank record raises ``RecordError("blank record")``."""
+    buffer's end). A topic that is not UTF-8 raises RecordError, or with ``errors="replace"``
+    reads with U+FFFD in place of the bad bytes (as the Spark reader does, which keeps every
+    record the recovery scan keeps). A blank record raises ``RecordError("blank record")``."""
     view = memoryview(buffer)
     limit = len(view) if limit is None else min(limit, len(view))
     available = limit - position
@@ -623,7 +626,7 @@ def decode_record(
     if crc_function is not None and crc_function(body) & CRC_MASK != body_crc:
         raise RecordError("body CRC mismatch", position=position)
     try:
-        topic_text = topic.decode()
+        topic_text = topic.decode(errors=errors)
         born_host = decode_host(born_ip, born_port)
         store_host = decode_host(store_ip, store_port)
     except (UnicodeDecodeError, ValueError) as error:

@@ -72,7 +72,7 @@ def in_spark_range(millis: int) -> int | None:
 
 
 def expected_row(buffer, position, base=0):
-    record = rec.decode_record(buffer, position, crc_function=None)
+    record = rec.decode_record(buffer, position, crc_function=None, errors="replace")
     return {
         "store": "S",
         "phy_offset": base + position,
@@ -205,3 +205,56 @@ def test_batches_are_bounded(monkeypatch):
     buffer, starts = sample_segment()
     batches, _ = columnar.decode_range(buffer, start=0, stop=SEGMENT, segment_end=SEGMENT, file_from_offset=0)
     assert max(len(b) for b in batches) == 7 and sum(len(b) for b in batches) == len(starts)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_native_and_python_body_checks_agree(native, monkeypatch):
+    if native and columnar._native.crc_ranges is None:
+        pytest.skip("native module not built")
+    if not native:
+        monkeypatch.setattr(columnar._native, "crc_ranges", None)
+    buffer, starts = sample_segment()
+    for index in (0, 7, len(starts) - 1):
+        buffer[starts[index] + 100] ^= 0x01  # inside the body (bodies are 50 bytes or more)
+    rows, _ = decode(buffer)
+    assert [row["phy_offset"] for row in rows if not row["crc_ok"]] == [starts[0], starts[7], starts[-1]]
+
+
+@given(st.lists(st.tuples(st.integers(0, SEGMENT - 1), st.integers(0, 255)), max_size=4),
+       st.integers(0, SEGMENT), st.integers(0, SEGMENT))  # fmt: skip
+def test_native_and_python_walks_agree(flips, a, b):
+    if columnar._native.walk_starts is None:
+        pytest.skip("native module not built")
+    buffer, starts = sample_segment()
+    for position, value in flips:
+        buffer[position] = value
+    start = min([s for s in starts if s >= min(a, b)] or [SEGMENT])
+    stop = max(a, b)
+    native = columnar.walk(buffer, start, stop, SEGMENT, native=True)
+    python = columnar.walk(buffer, start, stop, SEGMENT, native=False)
+    assert native[0].tolist() == python[0].tolist() and native[1:] == python[1:]
+
+
+def test_the_native_walk_continues_across_its_output_chunks(monkeypatch):
+    if columnar._native.walk_starts is None:
+        pytest.skip("native module not built")
+    monkeypatch.setattr(columnar, "WALK_CHUNK_RECORDS", 7)
+    buffer, starts = sample_segment()
+    found, position, code = columnar.walk(buffer, 0, SEGMENT, SEGMENT, native=True)
+    assert found.tolist() == starts and code is ScanCode.END_OF_SEGMENT
+
+
+def test_a_topic_that_is_not_utf8_is_a_row_not_a_stop():
+    """The recovery scan keeps such a record (the topic is outside the CRC), so the reader keeps
+    it too, with U+FFFD in the topic, where the strict record decoder refuses it."""
+    buffer, starts = sample_segment()
+    record = rec.decode_record(buffer, starts[4])
+    properties_size = len(rec.encode_properties(record.properties))
+    topic_at = starts[4] + record.size - properties_size - 2 - len(record.topic)
+    assert buffer[topic_at : topic_at + len(record.topic)] == record.topic.encode()
+    buffer[topic_at] = 0x80
+    with pytest.raises(rec.RecordError, match="undecodable"):
+        rec.decode_record(buffer, starts[4])
+    rows, end = decode(buffer)
+    assert len(rows) == len(starts) and end.code is ScanCode.END_OF_SEGMENT
+    assert rows[4]["topic"] == "\ufffd" + record.topic[1:]

@@ -152,6 +152,84 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(c);
 }
 
+/* walk_starts(buffer, start, stop, segment_end, out) -> (count, position, code): the columnar
+ * decoder's walk (commitlog.columnar.walk, whose codes it returns; -1: reached stop). Follows
+ * size words from start, writing each record start into out (an int64 array) until stop, the
+ * end of written data, a blank record, a bad magic, a size word out of bounds, or a full out. */
+static PyObject *walk_starts(PyObject *self, PyObject *args) {
+    Py_buffer view, out;
+    Py_ssize_t start, stop, segment_end;
+    if (!PyArg_ParseTuple(args, "y*nnnw*", &view, &start, &stop, &segment_end, &out)) return NULL;
+    if (start < 0 || segment_end > view.len || start > segment_end) {
+        PyBuffer_Release(&view);
+        PyBuffer_Release(&out);
+        PyErr_Format(PyExc_ValueError, "walk range %zd..%zd outside a buffer of %zd bytes", start, segment_end, view.len);
+        return NULL;
+    }
+    const uint8_t *p = (const uint8_t *)view.buf;
+    int64_t *o = (int64_t *)out.buf;
+    Py_ssize_t capacity = out.len / 8, count = 0, pos = start;
+    int code = -1;
+    Py_BEGIN_ALLOW_THREADS
+    while (pos < stop && count < capacity) {
+        Py_ssize_t left = segment_end - pos;
+        if (left < 8) {
+            code = END_OF_DATA;
+            for (Py_ssize_t i = pos; i < segment_end; i++) if (p[i]) { code = TRUNCATED; break; }
+            break;
+        }
+        int32_t size = (int32_t)be32(p + pos);
+        uint32_t magic = be32(p + pos + 4);
+        if (magic != MAGIC_V1 && magic != MAGIC_V2) {
+            if (magic == BLANK_MAGIC) code = size == left ? END_OF_SEGMENT : BAD_BLANK;
+            else if (size == 0 && magic == 0) code = END_OF_DATA;
+            else code = BAD_MAGIC;
+            break;
+        }
+        if (size < 91 || size > left) { code = SIZE_OUT_OF_BOUNDS; break; }
+        o[count++] = pos;
+        pos += size;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&out);
+    return Py_BuildValue("nni", count, pos, code);
+}
+
+/* crc_ranges(buffer, starts, lengths, out): out[i] = crc32c(buffer[starts[i]:starts[i]+lengths[i]])
+ * & 0x7FFFFFFF, for native-endian int64 starts and lengths and an int64 out (numpy arrays); the
+ * body checks of the columnar decoder in one call, GIL released. */
+static PyObject *crc_ranges(PyObject *self, PyObject *args) {
+    Py_buffer view, starts, lengths, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &view, &starts, &lengths, &out)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = starts.len / 8;
+    if (lengths.len != starts.len || out.len != starts.len) {
+        PyErr_SetString(PyExc_ValueError, "starts, lengths and out must be int64 arrays of one length");
+        goto done;
+    }
+    const int64_t *s = (const int64_t *)starts.buf, *l = (const int64_t *)lengths.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] < 0 || l[i] < 0 || s[i] + l[i] > view.len) {
+            PyErr_Format(PyExc_ValueError, "range %zd (%lld, %lld) outside a buffer of %zd bytes", i,
+                         (long long)s[i], (long long)l[i], view.len);
+            goto done;
+        }
+    }
+    int64_t *o = (int64_t *)out.buf;
+    const uint8_t *base = (const uint8_t *)view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) o[i] = (int64_t)(crc32c(base + s[i], (size_t)l[i]) & 0x7FFFFFFFu);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&out);
+    return result;
+}
 
 static inline void put32(uint8_t *p, uint32_t v) { p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v; }
 static inline void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
@@ -465,6 +543,8 @@ static PyMethodDef methods[] = {
     {"write_batch", write_batch, METH_VARARGS, "encode a batch of records sharing topic, queue and hosts"},
     {"populate", populate, METH_VARARGS, "fault in mapping[start:end] for writing (GIL released)"},
     {"dispatch_units", dispatch_units, METH_VARARGS, "parse records into per-queue runs of packed units"},
+    {"walk_starts", walk_starts, METH_VARARGS, "walk_starts(buffer, start, stop, segment_end, out) -> (count, position, code)"},
+    {"crc_ranges", crc_ranges, METH_VARARGS, "crc_ranges(buffer, starts, lengths, out): masked crc32c per range"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer) -> int (for testing the native CRC)"},
     {NULL, NULL, 0, NULL}};
 

@@ -22,3 +22,5 @@ scan = module.scan if module else None
 write_batch = module.write_batch if module else None
 populate = module.populate if module else None
 dispatch_units = module.dispatch_units if module else None
+crc_ranges = module.crc_ranges if module else None
+walk_starts = module.walk_starts if module else None

@@ -533,6 +533,25 @@ def bench_sync_write(producers, connections, size, batch, duration, runs, role, 
     write_json(json_path, data)
 
 
+@bench.command("spark-read")
+@click.option("--size-gib", type=float, default=2.0, show_default=True, help="Log size to read.")
+@click.option("--segment-mib", type=int, default=64, show_default=True,
+              help="Segment size (binaryFile needs small files; hasvc reads 1 GiB segments too).")
+@click.option("--runs", type=int, default=3, show_default=True)
+@click.option("--master", default="local[2]", show_default=True, help="Spark master.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="Build (or reuse) the store here instead of a temporary directory.")
+@click.option("--keep", is_flag=True, help="Keep the temporary directory.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
+def bench_spark_read(size_gib, segment_mib, runs, master, directory, keep, json_path) -> None:
+    """Rows/s and MB/s reading a store with Spark: the hasvc data source vs binaryFile + mapInArrow."""
+    from hasvc.bench import write_json
+    from hasvc.bench_spark import bench_spark_read as run
+
+    write_json(json_path, run(size_gib=size_gib, segment_mib=segment_mib, runs=runs, master=master,
+                              directory=directory, keep=keep, echo=click.echo))  # fmt: skip
+
+
 # -- hasvc spark (imports PySpark only when a command runs) ------------------------------------
 
 from hasvc.spark_cli import spark  # noqa: E402

@@ -21,53 +21,8 @@ import statistics
 import tempfile
 import time
 
-from commitlog.config import StoreConfig
 from commitlog.mapped_file import parse_segment_name
-from commitlog.record import MessageBatch, PutMessageStatus, calc_record_size
-from commitlog.store import MessageStore
-from hasvc.bench import machine
-
-RECORD_SIZE = 1024
-TOPIC = "BenchTopic"
-PROPERTIES = {"TAGS": "bench", "KEYS": "k"}
-
-
-def _body_size() -> int:
-    properties = len("TAGS\x01bench\x02KEYS\x01k\x02")
-    return RECORD_SIZE - calc_record_size(body_size=0, topic_size=len(TOPIC), properties_size=properties)
-
-
-def build_store(path: str, *, size_gib: float, segment_mib: int, echo=print) -> tuple[int, int]:
-    """A store of ``size_gib`` GiB of 1 KiB records; returns (records, log bytes). Reuses a store
-    already at ``path`` if it was built with the same shape."""
-    marker = os.path.join(path, "bench-spark.txt")
-    shape = f"{size_gib} {segment_mib} {RECORD_SIZE}"
-    if os.path.exists(marker):
-        with open(marker) as file:
-            saved_shape, records, log_bytes = file.read().rsplit(" ", 2)
-        if saved_shape == shape:
-            echo(f"reusing the store at {path}")
-            return int(records), int(log_bytes)
-        shutil.rmtree(path)
-    started = time.monotonic()
-    config = StoreConfig(commitlog_segment_size=segment_mib * 1024 * 1024)
-    target = int(size_gib * (1 << 30))
-    body = bytes(range(256)) * (_body_size() // 256) + bytes(_body_size() % 256)
-    records = 0
-    with MessageStore.open(path, config) as store:
-        while records * RECORD_SIZE < target:
-            count = min(1000, (target - records * RECORD_SIZE) // RECORD_SIZE + 1)
-            result = store.append_batch(MessageBatch(TOPIC, [body] * count, queue_id=records % 8, properties=PROPERTIES))
-            if result.status is not PutMessageStatus.PUT_OK:
-                raise RuntimeError(f"building the benchmark store: {result.status.name} {result.reason}")
-            records += count
-        store.flush_commitlog()
-    log_bytes = records * RECORD_SIZE
-    with open(marker, "w") as file:
-        file.write(f"{shape} {records} {log_bytes}")
-    echo(f"built {records:,} records ({log_bytes / 1e9:.2f} GB) in {time.monotonic() - started:.1f} s at {path}")
-    return records, log_bytes
-
+from hasvc.bench import RECORD_SIZE, build_store, machine
 
 def _decode_files(batches):
     """mapInArrow function of the hand-written reader: each binaryFile row is one whole segment."""

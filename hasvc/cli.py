@@ -533,6 +533,21 @@ def bench_sync_write(producers, connections, size, batch, duration, runs, role, 
     write_json(json_path, data)
 
 
+@bench.command("catch-up")
+@click.option("--size-gib", type=float, default=2.0, show_default=True, help="Master log size the slave copies.")
+@click.option("--runs", type=int, default=3, show_default=True)
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="Build (or reuse) the master's store here instead of a temporary directory.")
+@click.option("--keep", is_flag=True, help="Keep the temporary directory.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
+def bench_catch_up(size_gib, runs, directory, keep, json_path) -> None:
+    """MB/s of a new slave copying a master's whole log, beside raw loopback TCP (send, sendfile)."""
+    from hasvc.bench import write_json
+    from hasvc.bench_catchup import bench_catch_up as run
+
+    write_json(json_path, run(size_gib=size_gib, runs=runs, directory=directory, keep=keep, echo=click.echo))
+
+
 @bench.command("spark-read")
 @click.option("--size-gib", type=float, default=2.0, show_default=True, help="Log size to read.")
 @click.option("--segment-mib", type=int, default=64, show_default=True,

@@ -266,4 +266,4 @@ def test_bench_spark_read_runs_as_a_user_runs_it(tmp_path):
             assert len(data["results"][f"{workload}/{reader}"]["seconds"]) == 1
         assert data["results"][f"{workload}/ratio"] > 0
     assert "count     hasvc vs hand-written" in done.stdout
-    assert os.path.exists(tmp_path / "bench" / "store" / "bench-spark.txt")  # --dir keeps the store for reuse
+    assert os.path.exists(tmp_path / "bench" / "store" / "bench-store.txt")  # --dir keeps the store for reuse

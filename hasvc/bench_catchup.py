@@ -1,0 +1,219 @@
+"""``hasvc bench catch-up``: how fast a new slave copies a master's log, beside raw loopback TCP.
+
+A store of ``size_gib`` GiB of 1 KiB records is built once (``--dir`` keeps it for reuse) and
+served by a master process. Each run starts a slave process on an empty store; the clock starts
+when the slave prints READY and stops when its status reports the master's max offset — every
+byte received, written into its mapped segments and counted (its consume queues are built by
+then or shortly after; the time until they are is reported too). The slave is then stopped by
+its PID and its store deleted.
+
+In the same run, the machine's ceilings: one process sends to another over loopback TCP, as
+1 MiB ``send`` calls from memory and as ``os.sendfile`` from the master's own segment files (hot
+in the page cache), the receiver doing ``recv_into`` a 1 MiB buffer and nothing else. Catch-up is
+reported as MB/s and as a fraction of the ``send`` ceiling (the issue's target: at least 50 %).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from hasvc import client as hc
+from hasvc.bench import Summary, build_store, machine
+from hasvc.bench_sync import process_cpu_seconds
+
+CHUNK = 1024 * 1024  # bytes per send / recv_into in the ceiling measurements
+POLL_INTERVAL = 0.02  # seconds between status polls while a slave catches up
+CATCH_UP_TIMEOUT = 600.0  # seconds one catch-up may take before the run is called failed
+
+
+# -- the ceiling: raw loopback TCP -------------------------------------------------------------
+
+
+def _receive(listener: socket.socket, done) -> None:
+    connection, _ = listener.accept()
+    buffer = bytearray(CHUNK)
+    total = 0
+    started = time.process_time()
+    while True:
+        count = connection.recv_into(buffer)
+        if not count:
+            break
+        total += count
+    done.send((total, time.process_time() - started))
+    connection.sendall(b"x")
+    connection.close()
+
+
+def loopback_ceiling(total: int, *, files: list[str] | None = None) -> tuple[float, float]:
+    """Bytes/s of one TCP stream over loopback between two processes; ``files`` set: by
+    ``os.sendfile`` from those files in turn until ``total`` bytes. Returns (bytes/s, receiver CPU %)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    parent, child = multiprocessing.Pipe()
+    receiver = multiprocessing.get_context("fork").Process(target=_receive, args=(listener, child))
+    receiver.start()
+    try:
+        with socket.create_connection(listener.getsockname()) as sender:
+            sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            chunk = memoryview(os.urandom(CHUNK))
+            started = time.perf_counter()
+            sent = 0
+            if files is None:
+                while sent < total:
+                    sender.sendall(chunk)
+                    sent += CHUNK
+            else:
+                while sent < total:
+                    for path in files:
+                        with open(path, "rb") as file:
+                            size = min(os.fstat(file.fileno()).st_size, total - sent)
+                            offset = 0
+                            while offset < size:
+                                offset += os.sendfile(sender.fileno(), file.fileno(), offset, size - offset)
+                            sent += size
+                        if sent >= total:
+                            break
+            sender.shutdown(socket.SHUT_WR)
+            sender.recv(1)
+            elapsed = time.perf_counter() - started
+        received, cpu = parent.recv()
+        if received != sent:
+            raise RuntimeError(f"loopback ceiling: sent {sent} bytes, received {received}")
+        return sent / elapsed, 100 * cpu / elapsed
+    finally:
+        receiver.join(10)
+        listener.close()
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def _start(args: list[str], log_path: str) -> tuple[subprocess.Popen, dict]:
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "hasvc.cli", *args], stdout=subprocess.PIPE, stderr=log)
+    line = process.stdout.readline().decode()
+    if not line.startswith("READY "):
+        _stop(process)
+        raise RuntimeError(f"{args[0]} did not start: see {log_path}")
+    return process, json.loads(line[len("READY ") :])
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def catch_up_once(root: str, master: dict, master_pid: int, target: int, run: int) -> dict:
+    """One slave from empty to ``target``; returns seconds, MB/s and CPU of both processes."""
+    store = os.path.join(root, f"slave-{run}")
+    master_cpu = process_cpu_seconds(master_pid)
+    slave, addresses = _start(
+        ["slave", "--store", store, "--master-ha", master["ha_listen"], "--listen", "127.0.0.1:0",
+         "--ha-listen", "127.0.0.1:0"], os.path.join(root, f"slave-{run}.log"),
+    )  # fmt: skip
+    started = time.perf_counter()
+    replicated = dispatched = None
+    try:
+        with hc.BlockingClient(addresses["listen"]) as client:
+            while dispatched is None:
+                status = client.status()
+                now = time.perf_counter() - started
+                if replicated is None and status["max_offset"] >= target:
+                    replicated = now
+                    slave_cpu = process_cpu_seconds(slave.pid)
+                    master_cpu = process_cpu_seconds(master_pid) - master_cpu
+                if replicated is not None and status["dispatched_offset"] >= target:
+                    dispatched = now
+                    break
+                if now > CATCH_UP_TIMEOUT:
+                    raise RuntimeError(f"the slave reached {status['max_offset']} of {target} in {CATCH_UP_TIMEOUT:.0f} s")
+                time.sleep(POLL_INTERVAL)
+    finally:
+        _stop(slave)
+        shutil.rmtree(store, ignore_errors=True)
+    return {
+        "seconds": replicated,
+        "bytes_per_s": target / replicated,
+        "dispatched_seconds": dispatched,
+        "cpu_percent": {"master": 100 * master_cpu / replicated, "slave": 100 * slave_cpu / replicated},
+    }
+
+
+def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: bool, echo=print) -> dict:
+    if runs < 1:
+        raise ValueError("--runs must be at least 1")
+    owned = directory is None
+    directory = directory or tempfile.mkdtemp(prefix="hasvc-bench-catch-up-")
+    store = os.path.join(directory, "master")
+    master = None
+    try:
+        records, log_bytes = build_store(store, size_gib=size_gib, segment_mib=1024, echo=echo)
+        master, addresses = _start(
+            ["master", "--store", store, "--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0", "--role", "async"],
+            os.path.join(directory, "master.log"),
+        )  # fmt: skip
+        with hc.BlockingClient(addresses["listen"]) as client:
+            target = client.status()["max_offset"]
+        segments = sorted(
+            os.path.join(store, "commitlog", name) for name in os.listdir(os.path.join(store, "commitlog")) if name.isdigit()
+        )  # fmt: skip
+        runs_data = []
+        for run in range(runs):
+            send, send_cpu = loopback_ceiling(target)
+            sendfile, sendfile_cpu = loopback_ceiling(target, files=segments)
+            result = catch_up_once(directory, addresses, master.pid, target, run)
+            result.update(send_ceiling_bytes_per_s=send, sendfile_ceiling_bytes_per_s=sendfile,
+                          send_ceiling_receiver_cpu=send_cpu, sendfile_ceiling_receiver_cpu=sendfile_cpu)  # fmt: skip
+            result["fraction_of_send"] = result["bytes_per_s"] / send
+            runs_data.append(result)
+            echo(f"run {run + 1}/{runs}: catch-up {result['seconds']:.2f} s {result['bytes_per_s'] / 1e6:,.0f} MB/s "
+                 f"(queues built at {result['dispatched_seconds']:.2f} s; CPU master {result['cpu_percent']['master']:.0f} %, "
+                 f"slave {result['cpu_percent']['slave']:.0f} %); loopback send {send / 1e6:,.0f} MB/s, "
+                 f"sendfile {sendfile / 1e6:,.0f} MB/s")  # fmt: skip
+    finally:
+        if master is not None:
+            _stop(master)
+        if owned and not keep:
+            shutil.rmtree(directory, ignore_errors=True)
+        elif keep or not owned:
+            echo(f"the master's store is kept at {store}")
+
+    def summary(key: str) -> Summary:
+        return Summary.of([r[key] for r in runs_data])
+
+    catch_up, send, sendfile = summary("bytes_per_s"), summary("send_ceiling_bytes_per_s"), summary("sendfile_ceiling_bytes_per_s")
+    fraction = summary("fraction_of_send")
+    echo("")
+    echo(f"catch-up of an empty slave: {target / 1e9:.2f} GB ({records:,} records of 1 KiB), median of {runs} (min–max)")
+    echo(f"  hasvc catch-up        {catch_up.text(1e6)} MB/s")
+    echo(f"  loopback TCP send     {send.text(1e6)} MB/s")
+    echo(f"  loopback sendfile     {sendfile.text(1e6)} MB/s")
+    echo(f"  catch-up / send       {fraction.median:.0%} ({fraction.low:.0%}–{fraction.high:.0%})")
+    master_cpu = statistics.median(r["cpu_percent"]["master"] for r in runs_data)
+    slave_cpu = statistics.median(r["cpu_percent"]["slave"] for r in runs_data)
+    echo(f"  cpu %                 master {master_cpu:.0f}, slave {slave_cpu:.0f}")
+    return {
+        "benchmark": "catch-up",
+        "machine": machine(),
+        "settings": {"size_gib": size_gib, "runs": runs, "log_bytes": target, "records": records},
+        "bytes_per_s": catch_up.median,
+        "send_ceiling_bytes_per_s": send.median,
+        "sendfile_ceiling_bytes_per_s": sendfile.median,
+        "fraction_of_send": fraction.median,
+        "cpu_percent": {"master": master_cpu, "slave": slave_cpu},
+        "runs": runs_data,
+    }

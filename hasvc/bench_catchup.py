@@ -102,12 +102,13 @@ def _start(args: list[str], log_path: str) -> tuple[subprocess.Popen, dict]:
         process = subprocess.Popen([sys.executable, "-m", "hasvc.cli", *args], stdout=subprocess.PIPE, stderr=log)
     line = process.stdout.readline().decode()
     if not line.startswith("READY "):
-        _stop(process)
+        stop_process(process)
         raise RuntimeError(f"{args[0]} did not start: see {log_path}")
     return process, json.loads(line[len("READY ") :])
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM by PID, SIGKILL after 30 s."""
     if process.poll() is None:
         os.kill(process.pid, signal.SIGTERM)
         try:
@@ -143,7 +144,7 @@ def catch_up_once(root: str, master: dict, master_pid: int, target: int, run: in
                     raise RuntimeError(f"the slave reached {status['max_offset']} of {target} in {CATCH_UP_TIMEOUT:.0f} s")
                 time.sleep(POLL_INTERVAL)
     finally:
-        _stop(slave)
+        stop_process(slave)
         shutil.rmtree(store, ignore_errors=True)
     return {
         "seconds": replicated,
@@ -186,7 +187,7 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
                  f"sendfile {sendfile / 1e6:,.0f} MB/s")  # fmt: skip
     finally:
         if master is not None:
-            _stop(master)
+            stop_process(master)
         if owned and not keep:
             shutil.rmtree(directory, ignore_errors=True)
         elif keep or not owned:

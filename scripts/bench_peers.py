@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -41,7 +40,7 @@ import trio
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hasvc.bench_catchup import loopback_ceiling  # noqa: E402
+from hasvc.bench_catchup import loopback_ceiling, stop_process  # noqa: E402
 from hasvc.bench_sync import LocalPair, process_cpu_seconds, run_once  # noqa: E402
 
 SIZE = 1024
@@ -66,16 +65,6 @@ def summarize(runs: list[dict]) -> dict:
     result["cpu_percent"] = {name: statistics.median(r["cpu_percent"][name] for r in runs) for name in runs[0]["cpu_percent"]}
     result["runs"] = runs
     return result
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 # -- Redis -------------------------------------------------------------------------------------
@@ -132,7 +121,7 @@ class RedisPair:
 
     def close(self) -> None:
         for process in (self.replica, self.master):
-            stop(process)
+            stop_process(process)
 
 
 # -- PostgreSQL --------------------------------------------------------------------------------
@@ -327,7 +316,7 @@ def trio_ceiling(connections: int, duration: float) -> dict:
                 "cpu_percent": {"server": 100 * (process_cpu_seconds(server.pid) - before) / seconds,
                                 "load generator": 100 * (time.process_time() - own) / seconds}}  # fmt: skip
     finally:
-        stop(server)
+        stop_process(server)
 
 
 # -- the report --------------------------------------------------------------------------------

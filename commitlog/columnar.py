@@ -284,7 +284,6 @@ def decode_range(
     file_from_offset: int,
     store: str = "",
     options: Options = Options(),
-    batches: list[pa.RecordBatch] | None = None,
 ) -> tuple[list[pa.RecordBatch], RangeEnd]:
     """Decode the records whose start lies in ``[start, stop)`` of one segment (``buffer`` holds
     the whole segment; ``start`` must be a record start). Returns Arrow batches with
@@ -293,7 +292,7 @@ def decode_range(
     if unknown:
         raise ValueError(f"unknown columns {sorted(unknown)}; the decoder builds {list(COLUMN_NAMES)}")
     crc_function = rec.crc_function_by_name(options.crc) if options.crc else None
-    batches = [] if batches is None else batches
+    batches: list[pa.RecordBatch] = []
     starts, position, code = walk(buffer, start, stop, segment_end)
     if len(starts) == 0:
         return batches, RangeEnd(position, 0, code)

@@ -216,7 +216,7 @@ def read_range(part: SegmentRange, options: ReadOptions):
         mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         decode = options.decode
-        if options.view == "segments":
+        if options.view == "segments":  # walk and check only: an empty topic set keeps no row, so no batch is built
             decode = dataclasses.replace(decode, topics=frozenset(), crc=None, columns=("phy_offset",))
         batches, end = columnar.decode_range(
             mapped,

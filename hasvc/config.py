@@ -62,6 +62,10 @@ class BrokerConfig:
     commitlog_segment_size: int = 1024 * 1024 * 1024
     consume_queue_units_per_file: int = 300_000
     max_message_size: int = 4 * 1024 * 1024
+    # Disk and retention (StoreConfig has the reasons for these defaults).
+    disk_max_used_space_ratio: float = 0.85
+    disk_clean_ratio: float = 0.75
+    file_reserved_time_hours: float = 72.0
     # Replication (MessageStoreConfig): haSendHeartbeatInterval, haHousekeepingInterval,
     # haMaxGapNotInSync, slaveTimeout, inSyncReplicas, syncFromLastFile.
     ha_send_heartbeat_interval_ms: int = 5000
@@ -114,6 +118,9 @@ class BrokerConfig:
             commitlog_segment_size=self.commitlog_segment_size,
             consume_queue_units_per_file=self.consume_queue_units_per_file,
             max_message_size=self.max_message_size,
+            disk_max_used_space_ratio=self.disk_max_used_space_ratio,
+            disk_clean_ratio=self.disk_clean_ratio,
+            file_reserved_time_hours=self.file_reserved_time_hours,
             flush_disk_type=self.flush,
             store_host=self.listen if _is_ip(self.listen[0]) else ("127.0.0.1", self.listen[1]),
         )

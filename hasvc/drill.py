@@ -105,9 +105,11 @@ class Drill:
         self.processes: list[Process] = []
 
     def _common(self, store: str) -> list[str]:
+        # The stores are throwaway: retention (which a full disk triggers regardless of age) would
+        # delete segments on one side mid-round and leave the from-disk checks comparing nothing.
         return ["--store", os.path.join(self.root, store), "--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0",
                 "--set", f"commitlog_segment_size={self.segment_size}", "--set", "slave_timeout_ms=2000",
-                "--set", "ha_reconnect_backoff_max_ms=500",
+                "--set", "ha_reconnect_backoff_max_ms=500", "--set", "disk_clean_ratio=1.0",
                 *(["--secret-file", self.secret_file] if self.secret_file else [])]  # fmt: skip
 
     def start(self, store: str, *, master_ha: str | None) -> Process:

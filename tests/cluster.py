@@ -102,6 +102,9 @@ class Cluster:
                    "--ha-listen", "127.0.0.1:0", "--set", f"commitlog_segment_size={self.segment_size}", *args]  # fmt: skip
         if self.secret_file:
             command += ["--secret-file", self.secret_file]
+        # Tests must not depend on how full the machine's disk is: a CI disk above 75 % would make
+        # retention delete segments regardless of age, and above 85 % refuse every write.
+        settings = {"disk_max_used_space_ratio": 1.0, "disk_clean_ratio": 1.0, **settings}
         for key, value in settings.items():
             command += ["--set", f"{key}={value}"]
         broker = BrokerProcess(name, command, os.path.join(self.root, f"{name}.log"))

@@ -17,4 +17,7 @@ SEGMENT_SIZE = 64 * 1024
 
 @pytest.fixture
 def small_config() -> StoreConfig:
-    return StoreConfig(commitlog_segment_size=SEGMENT_SIZE, consume_queue_units_per_file=64)
+    # Ratios of 1: the tests must not depend on how full the machine's disk is (tests of the disk
+    # limits set their own).
+    return StoreConfig(commitlog_segment_size=SEGMENT_SIZE, consume_queue_units_per_file=64,
+                       disk_max_used_space_ratio=1.0, disk_clean_ratio=1.0)  # fmt: skip

@@ -186,7 +186,9 @@ def test_rejected_messages_write_nothing(tmp_path, small_config):
 
 
 def test_retention_deletes_old_segments_and_their_queue_files(tmp_path):
-    config = StoreConfig(commitlog_segment_size=SEGMENT_SIZE, consume_queue_units_per_file=20, file_reserved_time_hours=1)
+    # disk_clean_ratio=1: only age counts here, however full the machine's disk is.
+    config = StoreConfig(commitlog_segment_size=SEGMENT_SIZE, consume_queue_units_per_file=20, file_reserved_time_hours=1,
+                         disk_clean_ratio=1.0)  # fmt: skip
     with MessageStore.open(str(tmp_path), config) as store:
         fill(store, 600, queues=1)
         store.dispatch()
@@ -202,6 +204,24 @@ def test_retention_deletes_old_segments_and_their_queue_files(tmp_path):
     with MessageStore.open(str(tmp_path), config) as store:
         assert store.commit_log.min_offset == 2 * SEGMENT_SIZE
         assert store.pull("T", 0, 599, 1)[0].queue_offset == 599
+
+
+def test_a_disk_above_the_clean_ratio_deletes_old_segments_regardless_of_age(tmp_path):
+    config = StoreConfig(commitlog_segment_size=SEGMENT_SIZE, consume_queue_units_per_file=20, disk_clean_ratio=1.0)
+    with MessageStore.open(str(tmp_path), config) as store:
+        fill(store, 600, queues=1)
+        store.dispatch()
+        files = [f.path for f in store.commit_log.mapped_file_queue.mapped_files]
+        assert store.clean_expired() == []  # young segments, disk below the ratio
+    with MessageStore.open(str(tmp_path), dataclasses.replace(config, disk_clean_ratio=1e-9)) as store:
+        store.dispatch()
+        assert store.clean_expired() == files[:-1]  # all but the newest, however young
+        assert store.commit_log.min_offset == files_offset(files[-1])
+        assert store.pull("T", 0, 599, 1)[0].queue_offset == 599
+
+
+def files_offset(path: str) -> int:
+    return int(os.path.basename(path))
 
 
 def test_transient_store_pool_reads_only_committed_bytes(tmp_path, small_config):

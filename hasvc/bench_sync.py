@@ -10,8 +10,11 @@ used by every process involved (read from /proc), so a saturated load generator 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,28 +37,71 @@ def process_cpu_seconds(pid: int) -> float:
 @dataclasses.dataclass
 class RunResult:
     acked: int
+    requests: int
     seconds: float
-    latencies_us: list[float]
-    statuses: dict[str, int]
+    percentiles_us: dict[str, float]  # p50_us, p99_us, p999_us of request latency
+    statuses: dict[str, int]  # messages by status name
     cpu_percent: dict[str, float]
 
     def summary(self, size: int, batch: int) -> dict:
-        latencies = sorted(self.latencies_us) or [0.0]
-
-        def percentile(p: float) -> float:
-            return latencies[min(len(latencies) - 1, int(p * len(latencies)))]
-
         return {
             "acked_per_second": self.acked / self.seconds,
             "mb_per_second": self.acked * size / self.seconds / 1e6,
-            "requests": len(self.latencies_us),
-            "p50_us": percentile(0.50),
-            "p99_us": percentile(0.99),
-            "p999_us": percentile(0.999),
+            "requests": self.requests,
+            **self.percentiles_us,
             "statuses": self.statuses,
             "cpu_percent": self.cpu_percent,
             "seconds": self.seconds,
         }
+
+
+def percentiles(latencies_us: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies_us) or [0.0]
+
+    def at(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+    return {"p50_us": at(0.50), "p99_us": at(0.99), "p999_us": at(0.999)}
+
+
+# The C load generator (scripts/hasvc_load.c, the counterpart of scripts/redis_load.c): a Python
+# client costs ~50 us of CPU per request on this machine, as much as the master spends on it, and
+# the two share 2 cores. Built once per source version into the user's cache directory.
+LOAD_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "hasvc_load.c")
+
+
+def build_c_load() -> str | None:
+    """The built C load generator, compiling it on first use; None when the source (a checkout's
+    scripts/) or a C compiler is missing."""
+    if not os.path.exists(LOAD_SOURCE) or shutil.which("cc") is None:
+        return None
+    with open(LOAD_SOURCE, "rb") as file:
+        digest = hashlib.sha256(file.read()).hexdigest()[:16]
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hasvc")
+    target = os.path.join(cache, f"hasvc_load-{digest}")
+    if not os.path.exists(target):
+        os.makedirs(cache, exist_ok=True)
+        partial = f"{target}.{os.getpid()}"
+        done = subprocess.run(["cc", "-O2", "-o", partial, LOAD_SOURCE, "-lpthread"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"building {LOAD_SOURCE} failed: {done.stderr.strip()}")
+        os.replace(partial, target)
+    return target
+
+
+def choose_load_generator(kind: str, secret) -> tuple[str, str | None]:
+    """("c", binary) or ("python", None) for ``kind`` auto|c|python. The C one speaks no HMAC
+    preface, so a secret means Python."""
+    if kind == "python" or (kind == "auto" and secret is not None):
+        return "python", None
+    if kind == "c" and secret is not None:
+        raise RuntimeError("the C load generator does not support a cluster secret; use --load-generator python")
+    binary = build_c_load()
+    if binary is None:
+        if kind == "c":
+            raise RuntimeError(f"the C load generator needs {LOAD_SOURCE} and a C compiler (cc)")
+        return "python", None
+    return "c", binary
 
 
 async def _load(address: str, *, producers: int, connections: int, size: int, batch: int, duration: float, secret) -> tuple[int, list[float], dict[str, int]]:
@@ -99,16 +145,37 @@ async def _client_holder(address, secret, *, task_status=trio.TASK_STATUS_IGNORE
         await trio.sleep_forever()
 
 
-def run_once(address: str, pids: dict[str, int], *, producers: int, connections: int, size: int, batch: int, duration: float, secret=None) -> RunResult:
+def run_once(address: str, pids: dict[str, int], *, producers: int, connections: int, size: int, batch: int, duration: float,
+             secret=None, load_binary: str | None = None) -> RunResult:  # fmt: skip
+    """One run against ``address``: with ``load_binary`` (the C load generator) in a child
+    process, else with the Python client in this one. CPU of every process in ``pids`` and of
+    the load generator, in % of one core."""
     before = {name: process_cpu_seconds(pid) for name, pid in pids.items()}
-    own_before = time.process_time()
-    started = time.perf_counter()
-    acked, latencies, statuses = trio.run(lambda: _load(address, producers=producers, connections=connections, size=size,
-                                                         batch=batch, duration=duration, secret=secret))  # fmt: skip
-    seconds = time.perf_counter() - started
+    if load_binary is not None:
+        host, _, port = address.rpartition(":")
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        done = subprocess.run([load_binary, host, port, str(connections), str(producers), str(batch), str(duration), str(size)],
+                              capture_output=True, text=True)  # fmt: skip
+        seconds = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"load generator failed: {done.stderr.strip()}")
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        data = json.loads(done.stdout)
+        load_cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+        acked, requests, statuses = data["acked"], data["requests"], data["statuses"]
+        latency = {key: data[key] for key in ("p50_us", "p99_us", "p999_us")}
+    else:
+        own_before = time.process_time()
+        started = time.perf_counter()
+        acked, latencies, statuses = trio.run(lambda: _load(address, producers=producers, connections=connections, size=size,
+                                                             batch=batch, duration=duration, secret=secret))  # fmt: skip
+        seconds = time.perf_counter() - started
+        load_cpu = time.process_time() - own_before
+        requests, latency = len(latencies), percentiles(latencies)
     cpu = {name: 100 * (process_cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
-    cpu["load generator"] = 100 * (time.process_time() - own_before) / seconds
-    return RunResult(acked, seconds, latencies, statuses, cpu)
+    cpu["load generator"] = 100 * load_cpu / seconds
+    return RunResult(acked, requests, seconds, latency, statuses, cpu)
 
 
 class LocalPair:
@@ -165,7 +232,9 @@ class LocalPair:
 
 
 def bench_sync_write(*, producers: int, connections: int, size: int, batch: int, duration: float, runs: int, role: str,
-                     flush: str, master: str | None, slave_flush_before_ack: bool, secret=None, echo=print) -> dict:  # fmt: skip
+                     flush: str, master: str | None, slave_flush_before_ack: bool, secret=None, load_generator: str = "auto",
+                     echo=print) -> dict:  # fmt: skip
+    load_kind, load_binary = choose_load_generator(load_generator, secret)
     pair = None
     if master is None:
         pair = LocalPair(role=role, flush=flush, slave_flush_before_ack=slave_flush_before_ack)
@@ -176,7 +245,7 @@ def bench_sync_write(*, producers: int, connections: int, size: int, batch: int,
     try:
         results = [
             run_once(address, pids, producers=producers, connections=connections, size=size, batch=batch,
-                     duration=duration, secret=secret).summary(size, batch)
+                     duration=duration, secret=secret, load_binary=load_binary).summary(size, batch)
             for _ in range(runs)
         ]  # fmt: skip
     finally:
@@ -197,7 +266,7 @@ def bench_sync_write(*, producers: int, connections: int, size: int, batch: int,
     cpu = {name: statistics.median(r["cpu_percent"][name] for r in results) for name in results[0]["cpu_percent"]}
     echo(f"sync-write: {producers} producers over {connections} connection(s), {size} B bodies, batch {batch}, "
          f"role {role}, flush {flush}{', slave flushes before ack' if slave_flush_before_ack else ''}, "
-         f"{runs} x {duration:.0f} s")  # fmt: skip
+         f"{runs} x {duration:.0f} s, {load_kind} load generator")  # fmt: skip
     echo(f"  acked msgs/s  {span('acked_per_second')}")
     echo(f"  MB/s          {median('mb_per_second'):,.1f}")
     echo(f"  latency us    p50 {median('p50_us'):,.0f}  p99 {median('p99_us'):,.0f}  p99.9 {median('p999_us'):,.0f}")
@@ -207,7 +276,7 @@ def bench_sync_write(*, producers: int, connections: int, size: int, batch: int,
         "benchmark": "sync-write",
         "settings": {"producers": producers, "connections": connections, "size": size, "batch": batch, "duration": duration,
                      "runs": runs, "role": role, "flush": flush, "slave_flush_before_ack": slave_flush_before_ack,
-                     "target": master or "local pair"},  # fmt: skip
+                     "target": master or "local pair", "load_generator": load_kind},  # fmt: skip
         "acked_per_second": median("acked_per_second"),
         "mb_per_second": median("mb_per_second"),
         "p50_us": median("p50_us"),

@@ -93,7 +93,12 @@ class Outbox:
 
     async def reserve(self, frame: cp.Frame) -> None:
         token = object()
-        await self.in_flight.acquire_on_behalf_of(token)
+        try:
+            # No checkpoint while there is room: a yield per frame let the rest of the read's
+            # frames wait behind every other task and cost a scheduler pass per message.
+            self.in_flight.acquire_on_behalf_of_nowait(token)
+        except trio.WouldBlock:
+            await self.in_flight.acquire_on_behalf_of(token)
         self._tokens_by_request[id(frame)] = token
 
     def respond(self, frame: cp.Frame, payload: bytes) -> None:
@@ -120,20 +125,25 @@ COALESCE_BYTES_MAX = 1024 * 1024
 
 
 def coalesce(sends: list[tuple[cp.Frame, cp.SendRequest]], *, bytes_max: int) -> list[list]:
-    """Runs of consecutive SENDs with the same topic, queue and flag, each at most ``bytes_max``
-    body bytes (a single larger SEND stands alone). Order is kept."""
+    """SENDs read together, grouped by topic, queue and flag, each group at most ``bytes_max``
+    body bytes (a single larger SEND stands alone). Groups come in the order of their first
+    request and keep their requests' order, so each queue keeps the connection's order; requests
+    for different queues read together may be stored in either order (no promise is made across
+    queues). Producers spread over queues interleave, so grouping consecutive SENDs only found
+    groups of 1.2 requests at 64 producers on 4 queues."""
     groups: list[list] = []
-    size = 0
+    open_groups: dict[tuple, tuple[list, int]] = {}
     for frame, request in sends:
         request_size = sum(len(body) for body in request.bodies)
-        head = groups[-1][0][1] if groups else None
-        same = head is not None and (head.topic, head.queue_id, head.flag) == (request.topic, request.queue_id, request.flag)
-        if same and size + request_size <= bytes_max:
-            groups[-1].append((frame, request))
-            size += request_size
+        key = (request.topic, request.queue_id, request.flag)
+        current = open_groups.get(key)
+        if current is not None and current[1] + request_size <= bytes_max:
+            current[0].append((frame, request))
+            open_groups[key] = (current[0], current[1] + request_size)
         else:
-            groups.append([(frame, request)])
-            size = request_size
+            group = [(frame, request)]
+            groups.append(group)
+            open_groups[key] = (group, request_size)
     return groups
 
 
@@ -393,8 +403,12 @@ class Broker:
             await connection.aclose()
 
     def _put_sends(self, nursery: trio.Nursery, outbox: Outbox, sends: list[tuple[cp.Frame, cp.SendRequest]]) -> None:
+        if not sends:
+            return
+        answered = []
         for group in coalesce(sends, bytes_max=COALESCE_BYTES_MAX):
-            self._put_group(nursery, outbox, group)
+            answered += self._append_group(group)
+        self._respond_when_safe(nursery, outbox, answered)
 
     def _put_idempotent(self, nursery: trio.Nursery, outbox: Outbox, frame: cp.Frame, request: cp.SendRequest) -> None:
         """A SEND_IDEMPOTENT: a retry is answered with the original offsets once they are as safe
@@ -413,37 +427,40 @@ class Broker:
                 )  # fmt: skip
                 appended = Appended(rec.PutMessageStatus.PUT_OK, "", result, stored[0].queue_id)
                 self.duplicate_sends += 1
-                self._respond_when_safe(nursery, outbox, [(frame, request)], [appended])
+                self._respond_when_safe(nursery, outbox, [(frame, appended)])
                 return
         properties = [tag_properties(p, request.producer_id, request.first_sequence + i) for i, p in enumerate(request.properties)]
-        self._put_group(nursery, outbox, [(frame, dataclasses.replace(request, properties=properties))])
+        tagged = dataclasses.replace(request, properties=properties)
+        self._respond_when_safe(nursery, outbox, self._append_group([(frame, tagged)]))
 
-    def _put_group(self, nursery: trio.Nursery, outbox: Outbox, group: list[tuple[cp.Frame, cp.SendRequest]]) -> None:
+    def _append_group(self, group: list[tuple[cp.Frame, cp.SendRequest]]) -> list[tuple[cp.Frame, Appended]]:
         """Append a group of SENDs (same topic, queue and flag, read together) as one batch, in
-        the order they arrived, and answer them all from one task once the last is replicated
-        and flushed as configured. A refused group is retried one request at a time."""
+        the order they arrived; a group refused for its content is retried one request at a
+        time so one bad message fails alone. Each request with its Appended."""
         appended = self.append_many([request for _, request in group])
         if appended is None:
-            for frame, request in group:
-                self._put_group(nursery, outbox, [(frame, request)])
-            return
-        self._respond_when_safe(nursery, outbox, group, appended)
+            return [(frame, self.append(request)) for frame, request in group]
+        return [(frame, each) for (frame, _), each in zip(group, appended, strict=True)]
 
-    def _respond_when_safe(self, nursery: trio.Nursery, outbox: Outbox, group, appended: list[Appended]) -> None:
-        if not self._must_wait(appended[-1]):
-            started = time.perf_counter()
-            for (frame, _), each in zip(group, appended, strict=True):
-                outbox.respond(frame, cp.encode_send_response(self._finish_put(each, started)))
-            return
-        nursery.start_soon(self._respond_to_group, outbox, group, appended)
-
-    async def _respond_to_group(self, outbox: Outbox, group, appended: list[Appended]) -> None:
-        last = await self.complete_put(appended[-1])  # its waits cover every earlier record
+    def _respond_when_safe(self, nursery: trio.Nursery, outbox: Outbox, answered: list[tuple[cp.Frame, Appended]]) -> None:
+        """Answer requests appended together. Refusals at once; the stored ones from a single
+        task once the highest of them is replicated and flushed as configured (its waits cover
+        every lower offset) -- one wait per read, however many requests and queues it held."""
         started = time.perf_counter()
-        for (frame, _), each in zip(group[:-1], appended[:-1], strict=True):
-            final = dataclasses.replace(each, status=rec.PutMessageStatus[last.status], reason=last.reason)
+        stored = [(frame, each) for frame, each in answered if each.status is rec.PutMessageStatus.PUT_OK]
+        for frame, each in answered:
+            if each.status is not rec.PutMessageStatus.PUT_OK or not self._must_wait(each):
+                outbox.respond(frame, cp.encode_send_response(self._finish_put(each, started)))
+        if stored and self._must_wait(stored[0][1]):
+            nursery.start_soon(self._respond_to_stored, outbox, stored)
+
+    async def _respond_to_stored(self, outbox: Outbox, stored: list[tuple[cp.Frame, Appended]]) -> None:
+        started = time.perf_counter()
+        highest = max(stored, key=lambda pair: pair[1].result.next_offset)[1]
+        last = await self._wait_safe(highest)
+        for frame, each in stored:
+            final = dataclasses.replace(each, status=last.status, reason=last.reason)
             outbox.respond(frame, cp.encode_send_response(self._finish_put(final, started)))
-        outbox.respond(group[-1][0], cp.encode_send_response(last))
 
     async def _role_request(self, outbox: Outbox, frame: cp.Frame) -> None:
         try:
@@ -526,8 +543,12 @@ class Broker:
     async def complete_put(self, appended: Appended) -> cp.SendResponse:
         """Steps 3 and 4: wait for flush and replicas as configured; the final status."""
         started = time.perf_counter()
+        return self._finish_put(await self._wait_safe(appended), started)
+
+    async def _wait_safe(self, appended: Appended) -> Appended:
+        """Wait for flush and replicas as ``appended`` needs; it with its final status."""
         if not self._must_wait(appended):
-            return self._finish_put(appended, started)
+            return appended
         next_offset = appended.result.next_offset
         status, reason = appended.status, appended.reason
         flush_wait = None
@@ -553,7 +574,7 @@ class Broker:
             await ack_wait.event.wait()
             if not ack_wait.ok and status is rec.PutMessageStatus.PUT_OK:
                 status, reason = rec.PutMessageStatus.FLUSH_SLAVE_TIMEOUT, "stored on the master; no slave acknowledged it within slave_timeout"
-        return self._finish_put(dataclasses.replace(appended, status=status, reason=reason), started)
+        return dataclasses.replace(appended, status=status, reason=reason)
 
     def _finish_put(self, appended: Appended, started: float) -> cp.SendResponse:
         if self.metrics:

@@ -520,16 +520,19 @@ def bench_recover(size_mb, body_size, segment_size_mb, runs, json_path) -> None:
 @click.option("--slave-flush-before-ack", is_flag=True, help="The slave fsyncs before acknowledging.")
 @click.option("--master", default=None, help="Target a running master instead of starting a local pair.")
 @_secret_option
+@click.option("--load-generator", type=click.Choice(["auto", "c", "python"]), default="auto", show_default=True,
+              help="c: scripts/hasvc_load.c, built on first use (no secret support); python: hasvc.client; "
+                   "auto: c when a compiler is there and no secret is given.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
 def bench_sync_write(producers, connections, size, batch, duration, runs, role, flush, slave_flush_before_ack, master,
-                     secret_file, json_path) -> None:  # fmt: skip
+                     secret_file, load_generator, json_path) -> None:  # fmt: skip
     """Acknowledged writes per second, MB/s and latency percentiles against a master + slave."""
     from hasvc.bench import write_json
     from hasvc.bench_sync import bench_sync_write as run
 
     data = run(producers=producers, connections=connections, size=size, batch=batch, duration=duration, runs=runs,
                role=role, flush=flush, master=master, slave_flush_before_ack=slave_flush_before_ack,
-               secret=_client_secret(secret_file), echo=click.echo)  # fmt: skip
+               secret=_client_secret(secret_file), load_generator=load_generator, echo=click.echo)  # fmt: skip
     write_json(json_path, data)
 
 

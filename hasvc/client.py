@@ -73,6 +73,28 @@ class Client:
         self._pending: dict[int, list] = {}  # request id -> [event, frame]
         self._decoder = cp.FrameDecoder(frame_size_max=frame_size_max, responses=True)
         self._error: BaseException | None = None
+        # Requests made while the writer is busy or not yet scheduled leave in one send: tasks
+        # woken together (say, by one read of responses) share a syscall and reach the broker in
+        # one read, which appends them as one batch and waits once for the slave.
+        self._outgoing: list[bytes] = []
+        self._send_wakeup = trio.Event()
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                await self._send_wakeup.wait()
+                self._send_wakeup = trio.Event()
+                frames, self._outgoing = self._outgoing, []
+                await self._connection.send_all(b"".join(frames))
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self._fail(error)
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        for slot in self._pending.values():
+            slot[0].set()
+        self._pending.clear()
 
     async def _receive_loop(self) -> None:
         try:
@@ -87,11 +109,9 @@ class Client:
                         slot[1] = frame
                         slot[0].set()
         except (EOFError, OSError, wire.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
-            self._error = error
+            self._fail(error)
         finally:
-            for slot in self._pending.values():
-                slot[0].set()
-            self._pending.clear()
+            self._fail(EOFError("client closed"))
 
     async def _request(self, kind: int, payload: bytes) -> bytes:
         if self._error is not None:
@@ -99,18 +119,15 @@ class Client:
         request_id = next(self._ids) & 0xFFFFFFFF
         slot = [trio.Event(), None]
         self._pending[request_id] = slot
-        try:
-            await self._connection.send_all(cp.encode_frame(kind, request_id, payload))
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
-            self._pending.pop(request_id, None)
-            raise ClientError(f"connection failed: {transport.describe(error)}") from None
+        self._outgoing.append(cp.encode_frame(kind, request_id, payload))
+        self._send_wakeup.set()
         with trio.move_on_after(REQUEST_TIMEOUT_SECONDS) as timeout:
             await slot[0].wait()
         if timeout.cancelled_caught:
             self._pending.pop(request_id, None)
             raise ClientError(f"no response within {REQUEST_TIMEOUT_SECONDS:.0f} s")
         if slot[1] is None:
-            raise ClientError(f"connection failed: {self._error}")
+            raise ClientError(f"connection failed: {transport.describe(self._error)}")
         return slot[1].payload
 
     async def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: str | None = None,
@@ -212,6 +229,7 @@ async def connect(address: str, secret: bytes | str | None = None, *, tls_ca: st
         client = Client(connection)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client._receive_loop)
+            nursery.start_soon(client._send_loop)
             try:
                 yield client
             finally:

@@ -10,10 +10,23 @@ def request(topic="T", queue_id=0, bodies=(b"x",), flag=0):
     return cp.SendRequest(topic, queue_id, list(bodies), [b""] * len(bodies), flag, 0)
 
 
-def test_coalesce_groups_consecutive_sends_of_one_queue_and_keeps_order():
-    sends = [(i, r) for i, r in enumerate([request(), request(), request(queue_id=1), request(), request(flag=4)])]
+def test_coalesce_groups_the_sends_of_each_queue_and_keeps_their_order():
+    sends = [(i, r) for i, r in enumerate([request(), request(), request(queue_id=1), request(), request(flag=4), request(queue_id=1)])]
     groups = coalesce(sends, bytes_max=1000)
-    assert [[i for i, _ in group] for group in groups] == [[0, 1], [2], [3], [4]]
+    assert [[i for i, _ in group] for group in groups] == [[0, 1, 3], [2, 5], [4]]
+
+
+def test_coalesce_keeps_every_send_once_and_each_queue_in_order():
+    keys = [(t, q) for t in "AB" for q in range(3)]
+    sends = [(i, request(topic=keys[i * 7 % 6][0], queue_id=keys[i * 7 % 6][1], bodies=[b"x" * (i % 5 * 100)])) for i in range(60)]
+    groups = coalesce(sends, bytes_max=450)
+    assert sorted(i for group in groups for i, _ in group) == list(range(60))
+    by_queue: dict = {}
+    for group in groups:
+        assert len({(r.topic, r.queue_id, r.flag) for _, r in group}) == 1
+        assert len(group) == 1 or sum(len(b) for _, r in group for b in r.bodies) <= 450
+        by_queue.setdefault((group[0][1].topic, group[0][1].queue_id), []).extend(i for i, _ in group)
+    assert len(by_queue) == 6 and all(order == sorted(order) for order in by_queue.values())
 
 
 def test_coalesce_respects_the_byte_limit():

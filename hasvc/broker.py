@@ -155,11 +155,12 @@ def split_appended(appended: Appended, counts: list[int]) -> list[Appended]:
     for count in counts:
         end = start + count
         next_offset = result.offsets[end] if end < len(result.offsets) else result.next_offset
-        piece = dataclasses.replace(
-            result, wrote_offset=result.offsets[start], wrote_bytes=next_offset - result.offsets[start],
-            offsets=result.offsets[start:end], queue_offsets=result.queue_offsets[start:end],
+        # Built directly: dataclasses.replace, twice per request, was a tenth of a busy master.
+        piece = AppendResult(
+            result.status, result.offsets[start], next_offset - result.offsets[start], result.store_timestamp,
+            result.offsets[start:end], result.queue_offsets[start:end], result.reason,
         )  # fmt: skip
-        pieces.append(dataclasses.replace(appended, result=piece))
+        pieces.append(Appended(appended.status, appended.reason, piece, appended.queue_id))
         start = end
     return pieces
 
@@ -458,9 +459,12 @@ class Broker:
         started = time.perf_counter()
         highest = max(stored, key=lambda pair: pair[1].result.next_offset)[1]
         last = await self._wait_safe(highest)
+        name = last.status.name
+        if self.metrics:
+            self.metrics.put_done_many(name, time.perf_counter() - started, len(stored))
         for frame, each in stored:
-            final = dataclasses.replace(each, status=last.status, reason=last.reason)
-            outbox.respond(frame, cp.encode_send_response(self._finish_put(final, started)))
+            result = each.result
+            outbox.respond(frame, cp.encode_send_response_fields(name, last.reason, each.queue_id, result.offsets, result.queue_offsets))
 
     async def _role_request(self, outbox: Outbox, frame: cp.Frame) -> None:
         try:

@@ -32,6 +32,12 @@ class BrokerMetrics:
     def put_done(self, status: str, seconds: float) -> None:
         self.put_latency.labels(status).observe(seconds)
 
+    def put_done_many(self, status: str, seconds: float, count: int) -> None:
+        """``count`` puts answered together after the same wait."""
+        histogram = self.put_latency.labels(status)
+        for _ in range(count):
+            histogram.observe(seconds)
+
     def collect(self):
         broker = self.broker
         store = broker.store

@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Final
+from typing import Final, NamedTuple
 
 from hasvc.protocol.wire import Buffer, ProtocolError
 
 FRAME_HEADER = struct.Struct(">IBI")  # length, kind, request id
+U32 = struct.Struct(">I")
+SEND_RESPONSE_HEAD = struct.Struct(">iI")  # queue id, n
 assert FRAME_HEADER.size == 9
 # RocketMQ's remoting frameMaxLength: 16 MiB.
 FRAME_SIZE_MAX_DEFAULT: Final = 16 * 1024 * 1024
@@ -64,8 +66,7 @@ SERVICE_NOT_AVAILABLE: Final = "SERVICE_NOT_AVAILABLE"
 ERROR: Final = "ERROR"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):  # a tuple: built for every request a broker reads
     kind: int
     request_id: int
     payload: bytes
@@ -82,6 +83,7 @@ class FrameDecoder:
         self.frame_size_max = frame_size_max
         self.responses = responses
         self._buffer = Buffer(size_max=2 * frame_size_max + FRAME_HEADER.size)
+        self._kinds = frozenset(k | RESPONSE_BIT for k in REQUEST_KINDS) if responses else REQUEST_KINDS
 
     def receive_data(self, data: bytes) -> None:
         self._buffer.feed(data)
@@ -93,8 +95,7 @@ class FrameDecoder:
         length, kind, request_id = FRAME_HEADER.unpack(head)
         if length < 5 or length > self.frame_size_max:
             raise ProtocolError(f"frame of {length} bytes, outside 5..{self.frame_size_max}")
-        expected = {k | RESPONSE_BIT for k in REQUEST_KINDS} if self.responses else REQUEST_KINDS
-        if kind not in expected:
+        if kind not in self._kinds:
             raise ProtocolError(f"unknown frame kind {kind}")
         if len(self._buffer) < 4 + length:
             return None
@@ -223,10 +224,27 @@ def decode_send(payload: bytes, *, idempotent: bool = False) -> SendRequest:
     if count == 0 or count > SEND_MESSAGES_MAX:
         raise ProtocolError(f"SEND with {count} messages, outside 1..{SEND_MESSAGES_MAX}")
     properties, bodies = [], []
+    # Reader.blob16/blob32 inlined: this loop runs for every message a broker receives.
+    data, position, end = payload, reader.position, len(payload)
     for _ in range(count):
-        properties.append(reader.blob16())
-        bodies.append(reader.blob32())
-    reader.done()
+        if position + 2 > end:
+            raise ProtocolError("payload ends in the middle of a field")
+        size = (data[position] << 8) | data[position + 1]
+        position += 2
+        if position + size > end:
+            raise ProtocolError("field runs past the end of the payload")
+        properties.append(data[position : position + size])
+        position += size
+        if position + 4 > end:
+            raise ProtocolError("payload ends in the middle of a field")
+        (size,) = U32.unpack_from(data, position)
+        position += 4
+        if position + size > end:
+            raise ProtocolError("field runs past the end of the payload")
+        bodies.append(data[position : position + size])
+        position += size
+    if position != end:
+        raise ProtocolError(f"{end - position} unexpected bytes at the end of the payload")
     return SendRequest(topic, queue_id, bodies, properties, flag, born_timestamp, producer_id, first_sequence)
 
 
@@ -285,9 +303,19 @@ class SendResponse:
 
 
 def encode_send_response(response: SendResponse) -> bytes:
-    writer = Writer().text(response.status).text(response.reason).pack(">iI", response.queue_id, len(response.offsets))
-    writer.parts.append(b"".join(struct.pack(">qq", o, q) for o, q in zip(response.offsets, response.queue_offsets, strict=True)))
-    return writer.bytes()
+    return encode_send_response_fields(response.status, response.reason, response.queue_id, response.offsets, response.queue_offsets)
+
+
+def encode_send_response_fields(status: str, reason: str, queue_id: int, offsets, queue_offsets) -> bytes:
+    """encode_send_response without building a SendResponse (a broker answers every put)."""
+    count = len(offsets)
+    if len(queue_offsets) != count:
+        raise ValueError("offsets and queue offsets differ in length")
+    pairs = [0] * (2 * count)
+    pairs[0::2] = offsets
+    pairs[1::2] = queue_offsets
+    head = Writer().text(status).text(reason).bytes()
+    return head + SEND_RESPONSE_HEAD.pack(queue_id, count) + struct.pack(f">{2 * count}q", *pairs)
 
 
 def decode_send_response(payload: bytes) -> SendResponse:

@@ -1,8 +1,11 @@
 """Pure parts of the broker: grouping SENDs read together, splitting a coalesced append."""
 
+import trio
+import trio.testing
+
 from commitlog import record as rec
 from commitlog.commit_log import AppendResult
-from hasvc.broker import Appended, coalesce, split_appended
+from hasvc.broker import Appended, Outbox, coalesce, split_appended
 from hasvc.protocol import client as cp
 
 
@@ -43,3 +46,42 @@ def test_split_appended_gives_each_request_its_offsets():
     assert [p.result.queue_offsets for p in pieces] == [(7,), (8, 9), (10,)]
     assert [p.result.next_offset for p in pieces] == [110, 150, 160]
     assert all(p.queue_id == 3 for p in pieces)
+
+
+class _HeldConnection:
+    """send_all blocks until the test lets it go, recording what was sent."""
+
+    def __init__(self):
+        self.sent: list[bytes] = []
+        self.release = trio.Event()
+
+    async def send_all(self, data: bytes) -> None:
+        await self.release.wait()
+        self.sent.append(data)
+
+
+async def test_outbox_bounds_requests_in_flight_and_sends_pending_responses_together():
+    connection = _HeldConnection()
+    outbox = Outbox(connection, 2)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await outbox.reserve()
+        await outbox.reserve()
+        third = trio.Event()
+
+        async def reserve_third():
+            await outbox.reserve()
+            third.set()
+
+        nursery.start_soon(reserve_third)
+        outbox.respond(cp.Frame(cp.SEND, 7, b""), b"a")
+        outbox.respond(cp.Frame(cp.STATUS, 8, b""), b"bc")
+        await trio.testing.wait_all_tasks_blocked()
+        assert not third.is_set()  # both places held until the responses reach the kernel
+        connection.release.set()
+        await third.wait()
+        assert outbox.in_flight == 1
+        assert connection.sent == [
+            cp.FRAME_HEADER.pack(6, cp.SEND | cp.RESPONSE_BIT, 7) + b"a" + cp.FRAME_HEADER.pack(7, cp.STATUS | cp.RESPONSE_BIT, 8) + b"bc"
+        ]
+        nursery.cancel_scope.cancel()

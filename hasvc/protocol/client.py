@@ -44,6 +44,7 @@ from hasvc.protocol.wire import Buffer, ProtocolError
 FRAME_HEADER = struct.Struct(">IBI")  # length, kind, request id
 U32 = struct.Struct(">I")
 SEND_RESPONSE_HEAD = struct.Struct(">iI")  # queue id, n
+SEND_HEAD = struct.Struct(">iiqI")  # queue id, flag, born timestamp, n
 assert FRAME_HEADER.size == 9
 # RocketMQ's remoting frameMaxLength: 16 MiB.
 FRAME_SIZE_MAX_DEFAULT: Final = 16 * 1024 * 1024
@@ -89,17 +90,17 @@ class FrameDecoder:
         self._buffer.feed(data)
 
     def next_frame(self) -> Frame | None:
-        head = self._buffer.peek(FRAME_HEADER.size)
+        head = self._buffer.unpack(FRAME_HEADER)
         if head is None:
             return None
-        length, kind, request_id = FRAME_HEADER.unpack(head)
+        length, kind, request_id = head
         if length < 5 or length > self.frame_size_max:
             raise ProtocolError(f"frame of {length} bytes, outside 5..{self.frame_size_max}")
         if kind not in self._kinds:
             raise ProtocolError(f"unknown frame kind {kind}")
         if len(self._buffer) < 4 + length:
             return None
-        self._buffer.take(FRAME_HEADER.size)
+        self._buffer.skip(FRAME_HEADER.size)
         return Frame(kind, request_id, self._buffer.take(length - 5))
 
 
@@ -143,6 +144,13 @@ class Reader:
         self.data = data
         self.view = memoryview(data)
         self.position = 0
+
+    def unpack_struct(self, layout: struct.Struct):
+        if self.position + layout.size > len(self.data):
+            raise ProtocolError("payload ends in the middle of a field")
+        values = layout.unpack_from(self.data, self.position)
+        self.position += layout.size
+        return values
 
     def unpack(self, fmt: str):
         size = struct.calcsize(fmt)
@@ -220,7 +228,7 @@ def decode_send(payload: bytes, *, idempotent: bool = False) -> SendRequest:
         if first_sequence < 0:
             raise ProtocolError(f"first sequence {first_sequence} is negative")
     topic = reader.text()
-    queue_id, flag, born_timestamp, count = reader.unpack(">iiqI")
+    queue_id, flag, born_timestamp, count = reader.unpack_struct(SEND_HEAD)
     if count == 0 or count > SEND_MESSAGES_MAX:
         raise ProtocolError(f"SEND with {count} messages, outside 1..{SEND_MESSAGES_MAX}")
     properties, bodies = [], []
@@ -307,15 +315,29 @@ def encode_send_response(response: SendResponse) -> bytes:
 
 
 def encode_send_response_fields(status: str, reason: str, queue_id: int, offsets, queue_offsets) -> bytes:
-    """encode_send_response without building a SendResponse (a broker answers every put)."""
+    """encode_send_response without building a SendResponse."""
+    return send_response_prefix(status, reason) + encode_send_response_rest(queue_id, offsets, queue_offsets)
+
+
+def send_response_prefix(status: str, reason: str) -> bytes:
+    """The ``status | reason`` a broker computes once for the puts it answers together."""
+    return Writer().text(status).text(reason).bytes()
+
+
+SEND_RESPONSE_ONE = struct.Struct(">iIqq")  # queue id, n = 1, offset, queue offset
+
+
+def encode_send_response_rest(queue_id: int, offsets, queue_offsets) -> bytes:
+    """A SEND response after its prefix: queue id, n and the n offset pairs."""
     count = len(offsets)
     if len(queue_offsets) != count:
         raise ValueError("offsets and queue offsets differ in length")
+    if count == 1:
+        return SEND_RESPONSE_ONE.pack(queue_id, 1, offsets[0], queue_offsets[0])
     pairs = [0] * (2 * count)
     pairs[0::2] = offsets
     pairs[1::2] = queue_offsets
-    head = Writer().text(status).text(reason).bytes()
-    return head + SEND_RESPONSE_HEAD.pack(queue_id, count) + struct.pack(f">{2 * count}q", *pairs)
+    return SEND_RESPONSE_HEAD.pack(queue_id, count) + struct.pack(f">{2 * count}q", *pairs)
 
 
 def decode_send_response(payload: bytes) -> SendResponse:

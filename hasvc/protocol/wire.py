@@ -129,6 +129,16 @@ class Buffer:
             return None
         return memoryview(self._data)[self._start : self._start + size]
 
+    def unpack(self, layout: struct.Struct) -> tuple | None:
+        """``layout`` unpacked from the front, not consumed; None when too few bytes."""
+        if len(self._data) - self._start < layout.size:
+            return None
+        return layout.unpack_from(self._data, self._start)
+
+    def skip(self, size: int) -> None:
+        assert size <= len(self)
+        self._start += size
+
     def take(self, size: int) -> bytes | None:
         if len(self) < size:
             return None

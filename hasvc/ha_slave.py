@@ -151,7 +151,8 @@ class HAClient:
         housekeeping = config.ha_housekeeping_interval_ms / 1000
         while True:
             with trio.fail_after(housekeeping):
-                header = ha.decode_transfer_header(await connection.receive_exactly(ha.TRANSFER_HEADER.size), size_max=config.ha_frame_size_max)
+                raw = await connection.receive_exactly(ha.TRANSFER_HEADER.size, read_ahead=False)
+                header = ha.decode_transfer_header(raw, size_max=config.ha_frame_size_max)
             local_end = store.commit_log.max_wrote_offset
             if store.commit_log.mapped_file_queue.last is not None and header.offset != local_end:
                 raise wire.ProtocolError(f"master pushed offset {header.offset} but the local log ends at {local_end}")

@@ -32,12 +32,39 @@ BENCH_SEGMENT_SIZE = 256 * 1024 * 1024
 
 
 def machine() -> dict:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as file:
+            model = next((line.split(":", 1)[1].strip() for line in file if line.startswith("model name")), "")
+    except OSError:
+        pass
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "native_scan": scan.NATIVE_AVAILABLE,
     }
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for package in ("hasvc", "trio", "crc32c", "click"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def envelope(benchmark: str, settings: dict, **rest) -> dict:
+    """What every ``hasvc bench`` JSON starts with: the benchmark, the machine, the versions and
+    the settings; then its medians (each with min and max), the CPU of every process involved
+    and every run."""
+    return {"benchmark": benchmark, "machine": machine(), "versions": versions(), "settings": settings, **rest}
 
 
 @dataclasses.dataclass
@@ -175,7 +202,9 @@ def bench_append(
                     )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return {"benchmark": "append", "machine": machine(), "seconds_per_run": seconds, "results": results}
+    settings = {"sizes": sizes, "batches": batches, "flushes": flushes, "runs": runs, "seconds_per_run": seconds,
+                "sync_producers": sync_producers, "segment_size": BENCH_SEGMENT_SIZE}  # fmt: skip
+    return envelope("append", settings, results=results)
 
 
 def bench_recover(*, size_mb: int, body_size: int, runs: int, segment_size: int, echo=print) -> dict:
@@ -194,8 +223,9 @@ def bench_recover(*, size_mb: int, body_size: int, runs: int, segment_size: int,
         for name, native in (("native", True), ("python", False)):
             if native and not scan.NATIVE_AVAILABLE:
                 continue
-            rates, records = [], 0
+            rates, records, cpu = [], 0, []
             for _ in range(runs if native else 1):
+                cpu_before = time.process_time()
                 log = CommitLog(directory, segment_size=segment_size)
                 log.load()
                 previous = scan._USE_NATIVE
@@ -209,8 +239,11 @@ def bench_recover(*, size_mb: int, body_size: int, runs: int, segment_size: int,
                     log.close()
                 assert report.corrupt_offset is None, report
                 rates.append(report.scanned_bytes / report.seconds)
+                cpu.append(100 * (time.process_time() - cpu_before) / report.seconds)
                 records = report.records
-            rows[name] = {"bytes_per_second": dataclasses.asdict(Summary.of(rates)), "records": records}
+            rows[name] = {"bytes_per_second": dataclasses.asdict(Summary.of(rates)), "records": records,
+                          "cpu_percent": {"this process": statistics.median(cpu)},
+                          "runs": [{"bytes_per_second": r, "cpu_percent": c} for r, c in zip(rates, cpu, strict=True)]}  # fmt: skip
         ceiling = _crc_ceiling(directory, runs)
         echo(f"{'walk':>8} {'GB/s median (min–max)':>26} {'records/s':>12} {'crc32c ceiling GB/s':>20} {'of ceiling':>10}")
         for name, row in rows.items():
@@ -220,11 +253,11 @@ def bench_recover(*, size_mb: int, body_size: int, runs: int, segment_size: int,
                 f"{name:>8} {rate.text(1e9, 2):>26} {records_per_second:>12,.0f} {ceiling / 1e9:>20.2f} "
                 f"{rate.median / ceiling:>10.1%}"
             )
-        return {
-            "benchmark": "recover", "machine": machine(), "size_mb": size_mb, "body_size": body_size,
-            "segment_size": segment_size, "scan": rows, "ceiling_crc32c_bytes_per_second": ceiling,
-            "note": "files are in the page cache (just written): this is the CPU cost of the scan",
-        }  # fmt: skip
+        settings = {"size_mb": size_mb, "body_size": body_size, "segment_size": segment_size, "runs": runs}
+        return envelope(
+            "recover", settings, scan=rows, ceiling_crc32c_bytes_per_second=ceiling,
+            note="files are in the page cache (just written): this is the CPU cost of the scan",
+        )  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -15,6 +15,7 @@ reported as MB/s and as a fraction of the ``send`` ceiling (the issue's target: 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -28,7 +29,7 @@ import tempfile
 import time
 
 from hasvc import client as hc
-from hasvc.bench import Summary, build_store, machine
+from hasvc.bench import Summary, build_store, envelope
 from hasvc.bench_sync import process_cpu_seconds
 
 CHUNK = 1024 * 1024  # bytes per send / recv_into in the ceiling measurements
@@ -207,14 +208,16 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
     master_cpu = statistics.median(r["cpu_percent"]["master"] for r in runs_data)
     slave_cpu = statistics.median(r["cpu_percent"]["slave"] for r in runs_data)
     echo(f"  cpu %                 master {master_cpu:.0f}, slave {slave_cpu:.0f}")
-    return {
-        "benchmark": "catch-up",
-        "machine": machine(),
-        "settings": {"size_gib": size_gib, "runs": runs, "log_bytes": target, "records": records},
+    return envelope(
+        "catch-up", {"size_gib": size_gib, "runs": runs, "log_bytes": target, "records": records},
+        summary={name: dataclasses.asdict(value) for name, value in (
+            ("bytes_per_s", catch_up), ("send_ceiling_bytes_per_s", send), ("sendfile_ceiling_bytes_per_s", sendfile),
+            ("fraction_of_send", fraction))},
+        **{
         "bytes_per_s": catch_up.median,
         "send_ceiling_bytes_per_s": send.median,
         "sendfile_ceiling_bytes_per_s": sendfile.median,
         "fraction_of_send": fraction.median,
         "cpu_percent": {"master": master_cpu, "slave": slave_cpu},
         "runs": runs_data,
-    }
+    })  # fmt: skip

@@ -24,6 +24,7 @@ import time
 import trio
 
 from hasvc import client as hc
+from hasvc.bench import Summary, envelope
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -252,13 +253,7 @@ def bench_sync_write(*, producers: int, connections: int, size: int, batch: int,
         if pair is not None:
             pair.close()
 
-    def median(key: str) -> float:
-        return statistics.median(r[key] for r in results)
-
-    def span(key: str) -> str:
-        values = [r[key] for r in results]
-        return f"{statistics.median(values):,.0f} ({min(values):,.0f}–{max(values):,.0f})"
-
+    summary = {key: Summary.of([r[key] for r in results]) for key in ("acked_per_second", "mb_per_second", "p50_us", "p99_us", "p999_us")}
     statuses: dict[str, int] = {}
     for result in results:
         for name, count in result["statuses"].items():
@@ -266,23 +261,18 @@ def bench_sync_write(*, producers: int, connections: int, size: int, batch: int,
     cpu = {name: statistics.median(r["cpu_percent"][name] for r in results) for name in results[0]["cpu_percent"]}
     echo(f"sync-write: {producers} producers over {connections} connection(s), {size} B bodies, batch {batch}, "
          f"role {role}, flush {flush}{', slave flushes before ack' if slave_flush_before_ack else ''}, "
-         f"{runs} x {duration:.0f} s, {load_kind} load generator")  # fmt: skip
-    echo(f"  acked msgs/s  {span('acked_per_second')}")
-    echo(f"  MB/s          {median('mb_per_second'):,.1f}")
-    echo(f"  latency us    p50 {median('p50_us'):,.0f}  p99 {median('p99_us'):,.0f}  p99.9 {median('p999_us'):,.0f}")
+         f"{runs} x {duration:.0f} s, {load_kind} load generator; medians (min–max)")  # fmt: skip
+    echo(f"  acked msgs/s  {summary['acked_per_second'].text()}")
+    echo(f"  MB/s          {summary['mb_per_second'].text(digits=1)}")
+    echo(f"  latency us    p50 {summary['p50_us'].text()}  p99 {summary['p99_us'].text()}  p99.9 {summary['p999_us'].text()}")
     echo(f"  statuses      {statuses}")
     echo(f"  cpu %         {', '.join(f'{name} {value:.0f}' for name, value in cpu.items())}")
-    return {
-        "benchmark": "sync-write",
-        "settings": {"producers": producers, "connections": connections, "size": size, "batch": batch, "duration": duration,
-                     "runs": runs, "role": role, "flush": flush, "slave_flush_before_ack": slave_flush_before_ack,
-                     "target": master or "local pair", "load_generator": load_kind},  # fmt: skip
-        "acked_per_second": median("acked_per_second"),
-        "mb_per_second": median("mb_per_second"),
-        "p50_us": median("p50_us"),
-        "p99_us": median("p99_us"),
-        "p999_us": median("p999_us"),
-        "statuses": statuses,
-        "cpu_percent": cpu,
-        "runs": results,
-    }
+    settings = {"producers": producers, "connections": connections, "size": size, "batch": batch, "duration": duration,
+                "runs": runs, "role": role, "flush": flush, "slave_flush_before_ack": slave_flush_before_ack,
+                "target": master or "local pair", "load_generator": load_kind}  # fmt: skip
+    return envelope(
+        "sync-write", settings,
+        summary={key: dataclasses.asdict(value) for key, value in summary.items()},
+        **{key: value.median for key, value in summary.items()},
+        statuses=statuses, cpu_percent=cpu, runs=results,
+    )  # fmt: skip

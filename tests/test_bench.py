@@ -2,8 +2,11 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 HASVC = [sys.executable, "-m", "hasvc.cli"]
 
@@ -28,3 +31,45 @@ def test_bench_catch_up_copies_the_whole_log_and_stops_its_processes(tmp_path):
     assert sorted(os.listdir(tmp_path / "b")) == ["master", "master.log", "slave-0.log", "slave-1.log"]
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert leftover == []
+
+
+ENVELOPE = {"benchmark", "machine", "versions", "settings"}
+
+
+def run_bench(tmp_path, *args) -> tuple[dict, str]:
+    report = tmp_path / f"{args[0]}.json"
+    done = subprocess.run([*HASVC, "bench", *args, "--json", str(report)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(report.read_text())
+    assert data.keys() >= ENVELOPE and data["benchmark"] == args[0]
+    assert data["machine"]["cpus"] == os.cpu_count() and data["versions"]["trio"]
+    return data, done.stdout
+
+
+@pytest.mark.parametrize("load_generator", ["c", "python"])
+def test_bench_sync_write_reports_every_run_its_statuses_and_every_process(tmp_path, load_generator):
+    if load_generator == "c" and shutil.which("cc") is None:
+        pytest.skip("no C compiler for scripts/hasvc_load.c")
+    data, out = run_bench(tmp_path, "sync-write", "--producers", "8", "--batch", "4", "--duration", "1", "--runs", "2",
+                          "--load-generator", load_generator)  # fmt: skip
+    assert data["settings"]["load_generator"] == load_generator and f"{load_generator} load generator" in out
+    assert len(data["runs"]) == 2
+    for run in data["runs"]:
+        # every acknowledged message was counted under PUT_OK, in whole requests of 4
+        assert run["statuses"]["PUT_OK"] == pytest.approx(run["acked_per_second"] * run["seconds"]) and run["requests"] > 0
+        assert run["statuses"]["PUT_OK"] == 4 * run["requests"]
+        assert run["p50_us"] <= run["p99_us"] <= run["p999_us"]
+        assert set(run["cpu_percent"]) == {"master", "slave", "load generator"}
+    for key in ("acked_per_second", "mb_per_second", "p50_us", "p99_us", "p999_us"):
+        low, median, high = data["summary"][key]["low"], data[key], data["summary"][key]["high"]
+        assert low <= median <= high
+    assert data["statuses"] == {"PUT_OK": sum(run["statuses"]["PUT_OK"] for run in data["runs"])}
+
+
+def test_bench_append_and_recover_share_the_family_shape(tmp_path):
+    data, _ = run_bench(tmp_path, "append", "--sizes", "1024", "--batch", "1", "--flush", "async", "--runs", "2", "--seconds", "0.3")
+    (result,) = data["results"]
+    assert len(result["runs"]) == 2 and result["msgs_per_second"]["low"] <= result["msgs_per_second"]["median"]
+    data, _ = run_bench(tmp_path, "recover", "--size-mb", "16", "--runs", "2", "--segment-size-mb", "8")
+    native = data["scan"].get("native") or data["scan"]["python"]
+    assert native["records"] > 0 and len(native["runs"]) >= 1 and "this process" in native["cpu_percent"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import multiprocessing
 import os
 import shutil
@@ -40,27 +41,52 @@ CATCH_UP_TIMEOUT = 600.0  # seconds one catch-up may take before the run is call
 # -- the ceiling: raw loopback TCP -------------------------------------------------------------
 
 
-def _receive(listener: socket.socket, done) -> None:
+def _receive(listener: socket.socket, done, mapped_dir: str | None, segment_size: int) -> None:
     connection, _ = listener.accept()
-    buffer = bytearray(CHUNK)
+    buffer = memoryview(bytearray(CHUNK))
     total = 0
     started = time.process_time()
+    mapping = view = None
+    files = []
     while True:
-        count = connection.recv_into(buffer)
+        if mapped_dir is not None and total % segment_size == 0:  # as a slave: a new segment, mapped
+            if view is not None:
+                view.release()
+                mapping.close()
+            path = os.path.join(mapped_dir, f"{total:020d}")
+            files.append(path)
+            with open(path, "w+b") as file:
+                file.truncate(segment_size)
+                mapping = mmap.mmap(file.fileno(), segment_size)
+            view = memoryview(mapping)
+        if view is not None:
+            position = total % segment_size
+            with view[position : position + min(CHUNK, segment_size - position)] as target:
+                count = connection.recv_into(target)
+        else:
+            count = connection.recv_into(buffer)
         if not count:
             break
         total += count
     done.send((total, time.process_time() - started))
     connection.sendall(b"x")
     connection.close()
+    if view is not None:
+        view.release()
+        mapping.close()
+    for path in files:
+        os.unlink(path)
 
 
-def loopback_ceiling(total: int, *, files: list[str] | None = None) -> tuple[float, float]:
+def loopback_ceiling(total: int, *, files: list[str] | None = None, mapped_dir: str | None = None,
+                     segment_size: int = 1 << 30) -> tuple[float, float]:  # fmt: skip
     """Bytes/s of one TCP stream over loopback between two processes; ``files`` set: by
-    ``os.sendfile`` from those files in turn until ``total`` bytes. Returns (bytes/s, receiver CPU %)."""
+    ``os.sendfile`` from those files in turn until ``total`` bytes. The receiver reads into one
+    reused buffer or, with ``mapped_dir``, straight into new ``segment_size`` files mapped in
+    memory, as a slave does (deleted afterwards). Returns (bytes/s, receiver CPU %)."""
     listener = socket.create_server(("127.0.0.1", 0))
     parent, child = multiprocessing.Pipe()
-    receiver = multiprocessing.get_context("fork").Process(target=_receive, args=(listener, child))
+    receiver = multiprocessing.get_context("fork").Process(target=_receive, args=(listener, child, mapped_dir, segment_size))
     receiver.start()
     try:
         with socket.create_connection(listener.getsockname()) as sender:
@@ -177,15 +203,21 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
         for run in range(runs):
             send, send_cpu = loopback_ceiling(target)
             sendfile, sendfile_cpu = loopback_ceiling(target, files=segments)
+            mapped_dir = os.path.join(directory, "ceiling")
+            os.makedirs(mapped_dir, exist_ok=True)
+            mapped, mapped_cpu = loopback_ceiling(target, mapped_dir=mapped_dir)
+            os.rmdir(mapped_dir)
             result = catch_up_once(directory, addresses, master.pid, target, run)
             result.update(send_ceiling_bytes_per_s=send, sendfile_ceiling_bytes_per_s=sendfile,
-                          send_ceiling_receiver_cpu=send_cpu, sendfile_ceiling_receiver_cpu=sendfile_cpu)  # fmt: skip
+                          send_ceiling_receiver_cpu=send_cpu, sendfile_ceiling_receiver_cpu=sendfile_cpu,
+                          mapped_ceiling_bytes_per_s=mapped, mapped_ceiling_receiver_cpu=mapped_cpu)  # fmt: skip
             result["fraction_of_send"] = result["bytes_per_s"] / send
+            result["fraction_of_mapped"] = result["bytes_per_s"] / mapped
             runs_data.append(result)
             echo(f"run {run + 1}/{runs}: catch-up {result['seconds']:.2f} s {result['bytes_per_s'] / 1e6:,.0f} MB/s "
                  f"(queues built at {result['dispatched_seconds']:.2f} s; CPU master {result['cpu_percent']['master']:.0f} %, "
                  f"slave {result['cpu_percent']['slave']:.0f} %); loopback send {send / 1e6:,.0f} MB/s, "
-                 f"sendfile {sendfile / 1e6:,.0f} MB/s")  # fmt: skip
+                 f"sendfile {sendfile / 1e6:,.0f} MB/s, into mapped files {mapped / 1e6:,.0f} MB/s")  # fmt: skip
     finally:
         if master is not None:
             stop_process(master)
@@ -198,13 +230,15 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
         return Summary.of([r[key] for r in runs_data])
 
     catch_up, send, sendfile = summary("bytes_per_s"), summary("send_ceiling_bytes_per_s"), summary("sendfile_ceiling_bytes_per_s")
-    fraction = summary("fraction_of_send")
+    mapped, fraction, fraction_mapped = summary("mapped_ceiling_bytes_per_s"), summary("fraction_of_send"), summary("fraction_of_mapped")
     echo("")
     echo(f"catch-up of an empty slave: {target / 1e9:.2f} GB ({records:,} records of 1 KiB), median of {runs} (min–max)")
     echo(f"  hasvc catch-up        {catch_up.text(1e6)} MB/s")
     echo(f"  loopback TCP send     {send.text(1e6)} MB/s")
     echo(f"  loopback sendfile     {sendfile.text(1e6)} MB/s")
+    echo(f"  loopback into mapped  {mapped.text(1e6)} MB/s  (recv_into new 1 GiB mapped files, as a slave stores)")
     echo(f"  catch-up / send       {fraction.median:.0%} ({fraction.low:.0%}–{fraction.high:.0%})")
+    echo(f"  catch-up / mapped     {fraction_mapped.median:.0%} ({fraction_mapped.low:.0%}–{fraction_mapped.high:.0%})")
     master_cpu = statistics.median(r["cpu_percent"]["master"] for r in runs_data)
     slave_cpu = statistics.median(r["cpu_percent"]["slave"] for r in runs_data)
     echo(f"  cpu %                 master {master_cpu:.0f}, slave {slave_cpu:.0f}")
@@ -212,11 +246,13 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
         "catch-up", {"size_gib": size_gib, "runs": runs, "log_bytes": target, "records": records},
         summary={name: dataclasses.asdict(value) for name, value in (
             ("bytes_per_s", catch_up), ("send_ceiling_bytes_per_s", send), ("sendfile_ceiling_bytes_per_s", sendfile),
-            ("fraction_of_send", fraction))},
+            ("mapped_ceiling_bytes_per_s", mapped), ("fraction_of_send", fraction), ("fraction_of_mapped", fraction_mapped))},
         **{
         "bytes_per_s": catch_up.median,
         "send_ceiling_bytes_per_s": send.median,
         "sendfile_ceiling_bytes_per_s": sendfile.median,
+        "mapped_ceiling_bytes_per_s": mapped.median,
+        "fraction_of_mapped": fraction_mapped.median,
         "fraction_of_send": fraction.median,
         "cpu_percent": {"master": master_cpu, "slave": slave_cpu},
         "runs": runs_data,

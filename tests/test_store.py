@@ -2,6 +2,7 @@ import dataclasses
 import os
 import re
 import struct
+import types
 
 import pytest
 
@@ -10,7 +11,7 @@ from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import CQ_UNIT
 from commitlog.mapped_file import StoreError, segment_name
 from commitlog.services import StoreServices
-from commitlog.store import MessageStore
+from commitlog.store import MessageStore, disk_used_ratio
 from tests.conftest import SEGMENT_SIZE
 
 
@@ -341,3 +342,11 @@ def test_matches_count_only_at_a_record_end_never_in_a_body(tmp_path, small_conf
         assert found == placed
         recent = {int(m.group(1)) for m, _ in store.find_at_record_ends(5000, pattern)}
         assert recent and recent == {i for i in placed if placed[i][0] >= store.tail_start(5000)}
+
+
+def test_disk_used_ratio_is_what_df_shows(monkeypatch):
+    # a volume with 252 units, 37 used, 65 available to us (the rest reserved): df says 37 / 102
+    monkeypatch.setattr(os, "statvfs", lambda path: types.SimpleNamespace(f_blocks=252, f_bfree=215, f_bavail=65))
+    assert disk_used_ratio("/anywhere") == pytest.approx(37 / 102)
+    monkeypatch.setattr(os, "statvfs", lambda path: types.SimpleNamespace(f_blocks=100, f_bfree=0, f_bavail=0))
+    assert disk_used_ratio("/anywhere") == 1.0

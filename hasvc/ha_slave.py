@@ -6,8 +6,9 @@ Forever: connect to the master's HA port, run the preface and the handshake, rep
 offset, then read frames. Each frame must start exactly at the local max offset (else the
 connection is dropped and opened again — RocketMQ's "master pushed offset not equal the max phy
 offset in slave"); its bytes are received straight into the mapped segment (``recv_into``) and
-appended verbatim, flushed first when ``flush_before_ack`` is set, and only then reported: the
-slave never acknowledges bytes it does not have. A heartbeat task reports at least every
+appended verbatim and reported: the slave never acknowledges bytes it does not have. With
+``flush_before_ack`` a flusher task reports instead, only what it has flushed, flushing the frames
+that arrived meanwhile together. A heartbeat task reports at least every
 ``ha_send_heartbeat_interval``; nothing read for ``ha_housekeeping_interval`` drops the connection.
 Errors close the connection and are logged once per change of state; reconnects back off from
 ``ha_reconnect_backoff_min_ms`` to ``ha_reconnect_backoff_max_ms``.
@@ -39,6 +40,8 @@ class HAClient:
         self.broker = broker
         self._last_state = None
         self._last_reported = -1
+        self._flushed = 0  # flush_before_ack: the end of what is flushed, what we may report
+        self._flush_wakeup = trio.Event()
 
     def _state(self, state: str, detail: str = "") -> None:
         """Log a state change once (a master that stays down logs one line, not one per retry)."""
@@ -88,9 +91,14 @@ class HAClient:
             await self._reconcile(master)
             self._state("connected", f"master {format_address(broker.master_ha)}, its log [{master.min_offset}, {master.max_offset}), ours ends at {store.commit_log.max_offset}")
             broker.master_connected = True
+            if config.flush_before_ack:  # what we have is flushed before we first report it
+                self._flushed = await trio.to_thread.run_sync(store.flush_commitlog, 0)
             await self._report(connection)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeat, connection)
+                if config.flush_before_ack:
+                    self._flush_wakeup = trio.Event()
+                    nursery.start_soon(self._flush_and_report, connection)
                 await self._receive_frames(connection)
                 nursery.cancel_scope.cancel()
         finally:
@@ -134,7 +142,9 @@ class HAClient:
         return ha.decode_master_hello(ha.take_handshake_frame(buffer))
 
     async def _report(self, connection) -> None:
-        offset = self.broker.store.commit_log.max_offset
+        """Report what we may acknowledge: the end of the log, or with ``flush_before_ack`` the
+        end of what is flushed (a heartbeat between a frame and its flush must not ack it)."""
+        offset = self._flushed if self.broker.config.flush_before_ack else self.broker.store.commit_log.max_offset
         await connection.send_all(ha.REPORT.pack(offset))
         self._last_reported = offset
 
@@ -142,6 +152,18 @@ class HAClient:
         interval = self.broker.config.ha_send_heartbeat_interval_ms / 1000
         while True:
             await trio.sleep(interval)
+            await self._report(connection)
+
+    async def _flush_and_report(self, connection) -> None:
+        """``flush_before_ack``: flush what has arrived, then report it. Frames that arrive
+        during a flush are flushed together by the next one (group commit, as the master's
+        SYNC_FLUSH): a flush per frame, in line with receiving, held SYNC_MASTER + slave flush to
+        one fsync per frame however many frames were waiting."""
+        store = self.broker.store
+        while True:
+            await self._flush_wakeup.wait()
+            self._flush_wakeup = trio.Event()
+            self._flushed = await trio.to_thread.run_sync(store.flush_commitlog, 0)
             await self._report(connection)
 
     async def _receive_frames(self, connection) -> None:
@@ -167,7 +189,8 @@ class HAClient:
             finally:
                 target.release()
             store.commit_log.commit_replicated(header.size)
-            if config.flush_before_ack:
-                await trio.to_thread.run_sync(store.flush_commitlog, 0)
             broker.new_data.notify()
-            await self._report(connection)
+            if config.flush_before_ack:
+                self._flush_wakeup.set()
+            else:
+                await self._report(connection)

@@ -1,5 +1,7 @@
 """Pure parts of the broker: grouping SENDs read together, splitting a coalesced append."""
 
+import types
+
 import trio
 import trio.testing
 
@@ -85,3 +87,33 @@ async def test_outbox_bounds_requests_in_flight_and_sends_pending_responses_toge
             cp.FRAME_HEADER.pack(6, cp.SEND | cp.RESPONSE_BIT, 7) + b"a" + cp.FRAME_HEADER.pack(7, cp.STATUS | cp.RESPONSE_BIT, 8) + b"bc"
         ]
         nursery.cancel_scope.cancel()
+
+
+class _Sent:
+    def __init__(self):
+        self.data = b""
+
+    async def send_all(self, *parts) -> None:
+        self.data += b"".join(parts)
+
+
+async def test_a_flushing_slave_reports_only_what_it_has_flushed():
+    """With flush_before_ack, a report (a heartbeat between a frame and its flush included)
+    acknowledges the flushed end, never the received one."""
+    from hasvc.ha_slave import HAClient
+    from hasvc.protocol import ha
+
+    def broker(flush_before_ack):
+        log = types.SimpleNamespace(max_offset=5000)
+        return types.SimpleNamespace(config=types.SimpleNamespace(flush_before_ack=flush_before_ack),
+                                     store=types.SimpleNamespace(commit_log=log))  # fmt: skip
+
+    client = HAClient(broker(True))
+    client._flushed = 3000
+    sent = _Sent()
+    await client._report(sent)
+    assert ha.REPORT.unpack(sent.data) == (3000,)
+    plain = HAClient(broker(False))
+    sent = _Sent()
+    await plain._report(sent)
+    assert ha.REPORT.unpack(sent.data) == (5000,)

@@ -537,6 +537,49 @@ fail:
     return result;
 }
 
+
+/* split_messages(payload, position, count) -> (properties, bodies, end): the n x (blob16
+ * properties, blob32 body) run of a SEND request (docs/PROTOCOL.md), as two lists of bytes.
+ * Raises ValueError("truncated-field") when a length field does not fit and
+ * ValueError("truncated-value") when a value runs past the end; the Python decoder maps both to
+ * the messages its own loop raises. */
+static PyObject *split_messages(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t position, count;
+    if (!PyArg_ParseTuple(args, "y*nn", &view, &position, &count)) return NULL;
+    const uint8_t *p = (const uint8_t *)view.buf;
+    Py_ssize_t end = view.len;
+    PyObject *properties = PyList_New(count), *bodies = PyList_New(count), *result = NULL;
+    const char *problem = NULL;
+    if (properties == NULL || bodies == NULL) goto done;
+    if (position < 0) { problem = "truncated-field"; goto done; }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (position + 2 > end) { problem = "truncated-field"; goto done; }
+        Py_ssize_t size = ((Py_ssize_t)p[position] << 8) | p[position + 1];
+        position += 2;
+        if (position + size > end) { problem = "truncated-value"; goto done; }
+        PyObject *item = PyBytes_FromStringAndSize((const char *)p + position, size);
+        if (item == NULL) goto done;
+        PyList_SET_ITEM(properties, i, item);
+        position += size;
+        if (position + 4 > end) { problem = "truncated-field"; goto done; }
+        size = ((Py_ssize_t)p[position] << 24) | ((Py_ssize_t)p[position + 1] << 16) | ((Py_ssize_t)p[position + 2] << 8) | p[position + 3];
+        position += 4;
+        if (size > end - position) { problem = "truncated-value"; goto done; }
+        item = PyBytes_FromStringAndSize((const char *)p + position, size);
+        if (item == NULL) goto done;
+        PyList_SET_ITEM(bodies, i, item);
+        position += size;
+    }
+    result = Py_BuildValue("(OOn)", properties, bodies, position);
+done:
+    if (problem != NULL) PyErr_SetString(PyExc_ValueError, problem);
+    Py_XDECREF(properties);
+    Py_XDECREF(bodies);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buffer, start, end, file_from_offset, check_crc) -> (position, count, code, last_record_position)"},
@@ -545,6 +588,7 @@ static PyMethodDef methods[] = {
     {"dispatch_units", dispatch_units, METH_VARARGS, "parse records into per-queue runs of packed units"},
     {"walk_starts", walk_starts, METH_VARARGS, "walk_starts(buffer, start, stop, segment_end, out) -> (count, position, code)"},
     {"crc_ranges", crc_ranges, METH_VARARGS, "crc_ranges(buffer, starts, lengths, out): masked crc32c per range"},
+    {"split_messages", split_messages, METH_VARARGS, "split_messages(payload, position, count) -> (properties, bodies, end)"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer) -> int (for testing the native CRC)"},
     {NULL, NULL, 0, NULL}};
 

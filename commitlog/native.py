@@ -24,3 +24,4 @@ populate = module.populate if module else None
 dispatch_units = module.dispatch_units if module else None
 crc_ranges = module.crc_ranges if module else None
 walk_starts = module.walk_starts if module else None
+split_messages = module.split_messages if module else None

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from commitlog import native
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
 
@@ -206,3 +207,30 @@ def test_unknown_kinds_and_oversize_frames_are_refused():
         decoder.next_frame()
     with pytest.raises(wire.ProtocolError, match="0 messages"):
         cp.decode_send(cp.Writer().text("T").pack(">iiqI", 0, 0, 0, 0).bytes())
+
+
+def _split_outcome(split, payload, position, count):
+    try:
+        return split(payload, position, count)
+    except wire.ProtocolError as error:
+        return str(error)
+
+
+@pytest.mark.skipif(native.split_messages is None, reason="native module not built")
+@given(
+    st.lists(st.tuples(st.binary(max_size=40), st.binary(max_size=300)), max_size=8),
+    st.integers(0, 12), st.integers(0, 10), st.binary(max_size=6),
+)  # fmt: skip
+def test_native_and_python_split_messages_agree_including_on_damage(messages, prefix, cut, trailer):
+    """The C splitter a broker uses and the Python twin: same lists and end, or the same error,
+    for well-formed runs, runs cut short, counts that claim more messages, and trailing bytes."""
+    body = b"".join(len(p).to_bytes(2, "big") + p + len(b).to_bytes(4, "big") + b for p, b in messages)
+    payload = bytes(prefix) + body + trailer
+    for data in (payload, payload[: max(0, len(payload) - cut)]):
+        for count in (len(messages), len(messages) + 1):
+            assert _split_outcome(cp._split_messages_native, data, prefix, count) == _split_outcome(
+                cp.split_messages_python, data, prefix, count
+            )
+    if messages:
+        properties, bodies, end = cp._split_messages_native(payload, prefix, len(messages))
+        assert properties == [p for p, _ in messages] and bodies == [b for _, b in messages] and end == prefix + len(body)

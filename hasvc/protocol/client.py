@@ -39,6 +39,7 @@ import dataclasses
 import struct
 from typing import Final, NamedTuple
 
+from commitlog import native
 from hasvc.protocol.wire import Buffer, ProtocolError
 
 FRAME_HEADER = struct.Struct(">IBI")  # length, kind, request id
@@ -217,23 +218,11 @@ def encode_send(request: SendRequest) -> bytes:
     return writer.bytes()
 
 
-def decode_send(payload: bytes, *, idempotent: bool = False) -> SendRequest:
-    reader = Reader(payload)
-    producer_id, first_sequence = "", -1
-    if idempotent:
-        producer_id = reader.text()
-        (first_sequence,) = reader.unpack(">q")
-        if not producer_id or len(producer_id.encode()) > PRODUCER_ID_SIZE_MAX or "\x01" in producer_id or "\x02" in producer_id:
-            raise ProtocolError(f"producer id must be 1..{PRODUCER_ID_SIZE_MAX} bytes without \\x01 or \\x02")
-        if first_sequence < 0:
-            raise ProtocolError(f"first sequence {first_sequence} is negative")
-    topic = reader.text()
-    queue_id, flag, born_timestamp, count = reader.unpack_struct(SEND_HEAD)
-    if count == 0 or count > SEND_MESSAGES_MAX:
-        raise ProtocolError(f"SEND with {count} messages, outside 1..{SEND_MESSAGES_MAX}")
+def split_messages_python(payload: bytes, position: int, count: int) -> tuple[list[bytes], list[bytes], int]:
+    """The ``n x (blob16 properties, blob32 body)`` run of a SEND: properties, bodies and where
+    the run ends. The native twin (commitlog/_scan.c ``split_messages``) does the same in C."""
     properties, bodies = [], []
-    # Reader.blob16/blob32 inlined: this loop runs for every message a broker receives.
-    data, position, end = payload, reader.position, len(payload)
+    data, end = payload, len(payload)
     for _ in range(count):
         if position + 2 > end:
             raise ProtocolError("payload ends in the middle of a field")
@@ -251,8 +240,44 @@ def decode_send(payload: bytes, *, idempotent: bool = False) -> SendRequest:
             raise ProtocolError("field runs past the end of the payload")
         bodies.append(data[position : position + size])
         position += size
-    if position != end:
-        raise ProtocolError(f"{end - position} unexpected bytes at the end of the payload")
+    return properties, bodies, position
+
+
+_NATIVE_PROBLEMS = {
+    "truncated-field": "payload ends in the middle of a field",
+    "truncated-value": "field runs past the end of the payload",
+}
+
+
+def _split_messages_native(payload: bytes, position: int, count: int) -> tuple[list[bytes], list[bytes], int]:
+    try:
+        return native.split_messages(payload, position, count)
+    except ValueError as error:
+        raise ProtocolError(_NATIVE_PROBLEMS[str(error)]) from None
+
+
+# A broker splits every message it receives: in C when the module is built (a tenth of a busy
+# master's CPU at 32-message batches went to the Python loop).
+split_messages = _split_messages_native if native.split_messages is not None else split_messages_python
+
+
+def decode_send(payload: bytes, *, idempotent: bool = False) -> SendRequest:
+    reader = Reader(payload)
+    producer_id, first_sequence = "", -1
+    if idempotent:
+        producer_id = reader.text()
+        (first_sequence,) = reader.unpack(">q")
+        if not producer_id or len(producer_id.encode()) > PRODUCER_ID_SIZE_MAX or "\x01" in producer_id or "\x02" in producer_id:
+            raise ProtocolError(f"producer id must be 1..{PRODUCER_ID_SIZE_MAX} bytes without \\x01 or \\x02")
+        if first_sequence < 0:
+            raise ProtocolError(f"first sequence {first_sequence} is negative")
+    topic = reader.text()
+    queue_id, flag, born_timestamp, count = reader.unpack_struct(SEND_HEAD)
+    if count == 0 or count > SEND_MESSAGES_MAX:
+        raise ProtocolError(f"SEND with {count} messages, outside 1..{SEND_MESSAGES_MAX}")
+    properties, bodies, position = split_messages(payload, reader.position, count)
+    if position != len(payload):
+        raise ProtocolError(f"{len(payload) - position} unexpected bytes at the end of the payload")
     return SendRequest(topic, queue_id, bodies, properties, flag, born_timestamp, producer_id, first_sequence)
 
 

@@ -97,7 +97,12 @@ def choose_load_generator(kind: str, secret) -> tuple[str, str | None]:
         return "python", None
     if kind == "c" and secret is not None:
         raise RuntimeError("the C load generator does not support a cluster secret; use --load-generator python")
-    binary = build_c_load()
+    try:
+        binary = build_c_load()
+    except RuntimeError:
+        if kind == "c":
+            raise
+        binary = None  # auto: a compiler that fails on it means the Python client
     if binary is None:
         if kind == "c":
             raise RuntimeError(f"the C load generator needs {LOAD_SOURCE} and a C compiler (cc)")

@@ -591,12 +591,13 @@ class Broker:
 
     def _wait_for(self, waiters: OffsetWaiters, offset: int, timeout_ms: int) -> _Wait:
         wait = _Wait()
+        deadline = trio.current_time() + timeout_ms / 1000
         try:
-            waiters.add(offset, trio.current_time() + timeout_ms / 1000, wait)
+            waiters.add(offset, deadline, wait)
         except WaitersFull:
             wait.event.set()  # ok stays False: reported as a timeout
             return wait
-        if waiters.next_deadline() == trio.current_time() + timeout_ms / 1000:
+        if waiters.next_deadline() == deadline:  # the earliest now: the timer must know
             self._timer_wakeup.set()
         return wait
 

@@ -96,3 +96,13 @@ async def test_sync_master_without_slaves_answers_slave_not_available_at_once(tm
     assert response.status == "SLAVE_NOT_AVAILABLE" and response.offsets == [0]
     assert trio.current_time() == started
     broker.store.close()
+
+
+async def test_a_waiter_with_the_earliest_deadline_wakes_the_timer(tmp_path):
+    """Real clock: registering the first waiter must wake the timer task, or its deadline is
+    only noticed at the timer's next periodic check (WAITER_TIMER_MAX_SECONDS late)."""
+    broker = broker_for(tmp_path)
+    assert not broker._timer_wakeup.is_set()
+    broker._wait_for(broker._ack_waiters, 100, 3000)
+    assert broker._timer_wakeup.is_set()
+    broker.store.close()

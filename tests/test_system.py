@@ -360,6 +360,38 @@ def test_metrics_endpoint(cluster):
     assert "hasvc_max_offset" in text and 'hasvc_put_latency_seconds_count{status="PUT_OK"} 1.0' in text
 
 
+def test_sends_from_many_connections_appended_together_keep_each_connections_order(cluster):
+    """Several connections pipelining SENDs to one queue at once: the broker groups what they
+    all sent into shared batches, and each connection's messages still land in its order."""
+    from hasvc.protocol import client as cp
+
+    master = cluster.start_master(role="sync")
+    cluster.start_slave(master.ha_address)
+    wait_until(lambda: status(master)["slaves"], message="master sees the slave")
+    sockets = [raw_connect(master.address) for _ in range(8)]
+    for sock in sockets:
+        preface(sock)
+    for index, sock in enumerate(sockets):  # each connection's 40 SENDs in one write
+        sock.sendall(b"".join(cp.encode_frame(cp.SEND, n, cp.encode_send(cp.SendRequest("Q", 0, [f"c{index}:{n}".encode()], [b""], 0, 0)))
+                              for n in range(40)))  # fmt: skip
+    offsets = {}
+    for index, sock in enumerate(sockets):
+        decoder, responses = cp.FrameDecoder(responses=True), {}
+        while len(responses) < 40:
+            decoder.receive_data(sock.recv(65536))
+            while (frame := decoder.next_frame()) is not None:
+                responses[frame.request_id] = cp.decode_send_response(frame.payload)
+        sock.close()
+        assert {r.status for r in responses.values()} == {"PUT_OK"}
+        offsets[index] = [responses[n].queue_offsets[0] for n in range(40)]
+        assert offsets[index] == sorted(offsets[index])  # in the order they were sent
+    assert sorted(q for each in offsets.values() for q in each) == list(range(320))
+    with hc.BlockingClient(master.address) as client:
+        bodies = [bytes(record.body).decode() for record in client.pull("Q", 0, 0, count_max=320).records]
+    for index in range(8):
+        assert [b for b in bodies if b.startswith(f"c{index}:")] == [f"c{index}:{n}" for n in range(40)]
+
+
 def test_a_bad_send_coalesced_with_good_ones_fails_alone(cluster):
     from hasvc.protocol import client as cp
 

@@ -392,6 +392,32 @@ def test_sends_from_many_connections_appended_together_keep_each_connections_ord
         assert [b for b in bodies if b.startswith(f"c{index}:")] == [f"c{index}:{n}" for n in range(40)]
 
 
+@pytest.mark.parametrize("connections", [1, 2])
+def test_more_sends_in_one_read_than_requests_in_flight_max_are_all_answered(cluster, connections):
+    """A read holding more SENDs than the connection may have in flight: the broker must put the
+    ones it has before it waits for room, or the room (freed by their responses) never comes."""
+    from hasvc.protocol import client as cp
+
+    master = cluster.start_master(role="sync", requests_in_flight_max=4)
+    cluster.start_slave(master.ha_address)
+    wait_until(lambda: status(master)["slaves"], message="master sees the slave")
+    sockets = [raw_connect(master.address) for _ in range(connections)]
+    for sock in sockets:
+        preface(sock)
+        sock.sendall(b"".join(cp.encode_frame(cp.SEND, n, cp.encode_send(cp.SendRequest("F", 0, [b"x"], [b""], 0, 0)))
+                              for n in range(30)))  # fmt: skip
+    for sock in sockets:
+        decoder, responses = cp.FrameDecoder(responses=True), {}
+        while len(responses) < 30:
+            data = sock.recv(65536)  # the socket's 10 s timeout ends a stuck broker's test
+            assert data, "the broker closed the connection"
+            decoder.receive_data(data)
+            while (frame := decoder.next_frame()) is not None:
+                responses[frame.request_id] = cp.decode_send_response(frame.payload)
+        sock.close()
+        assert {r.status for r in responses.values()} == {"PUT_OK"}
+
+
 def test_a_bad_send_coalesced_with_good_ones_fails_alone(cluster):
     from hasvc.protocol import client as cp
 

@@ -369,6 +369,37 @@ static PyObject *populate(PyObject *self, PyObject *args) {
 }
 
 
+/* sync_range(mapping, start, end): msync(MS_SYNC) of the pages holding mapping[start:end], with the
+ * GIL released. On Linux this is vfs_fsync_range(datasync) over that range of the file: the range's
+ * dirty pages and the metadata needed to read them back (extent conversion of preallocated
+ * blocks), and nothing else: pages faulted in ahead of the writer (populate) are not written.
+ * Raises OSError on failure. */
+static PyObject *sync_range(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "w*nn", &view, &start, &end)) return NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    if (start < 0) start = 0;
+    if (end > view.len) end = view.len;
+    int rc = 0, saved = 0;
+    if (end > start) {
+        uint8_t *base = (uint8_t *)view.buf;
+        uintptr_t first = ((uintptr_t)(base + start)) / page * page;
+        size_t length = (size_t)((uintptr_t)(base + end) - first);
+        Py_BEGIN_ALLOW_THREADS
+        rc = msync((void *)first, length, MS_SYNC);
+        saved = errno;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    if (rc != 0) {
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+
 /* Java String.hashCode over the UTF-16 code units of a UTF-8 string. Returns 0 and sets *ok = 0
  * for invalid UTF-8 (the caller falls back to Python, which decodes with replacement). */
 static int32_t java_hash_utf8(const uint8_t *p, Py_ssize_t n, int *ok) {
@@ -585,6 +616,7 @@ static PyMethodDef methods[] = {
      "scan(buffer, start, end, file_from_offset, check_crc) -> (position, count, code, last_record_position)"},
     {"write_batch", write_batch, METH_VARARGS, "encode a batch of records sharing topic, queue and hosts"},
     {"populate", populate, METH_VARARGS, "fault in mapping[start:end] for writing (GIL released)"},
+    {"sync_range", sync_range, METH_VARARGS, "msync(MS_SYNC) the pages of mapping[start:end] (GIL released)"},
     {"dispatch_units", dispatch_units, METH_VARARGS, "parse records into per-queue runs of packed units"},
     {"walk_starts", walk_starts, METH_VARARGS, "walk_starts(buffer, start, stop, segment_end, out) -> (count, position, code)"},
     {"crc_ranges", crc_ranges, METH_VARARGS, "crc_ranges(buffer, starts, lengths, out): masked crc32c per range"},

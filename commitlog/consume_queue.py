@@ -59,7 +59,7 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.directory = directory
         self.file_size = units_per_file * CQ_UNIT_SIZE
-        self.mapped_file_queue = MappedFileQueue(directory, file_size=self.file_size)
+        self.mapped_file_queue = MappedFileQueue(directory, file_size=self.file_size, sync_directory_on_create=False)
         self.max_physic_offset = 0  # end (offset + size) of the newest record indexed
         self.min_logic_offset = 0  # byte position of the first real unit
         self.last_store_timestamp = 0

@@ -20,16 +20,30 @@ import os
 import threading
 from collections.abc import Callable
 
-from commitlog.mapped_file import MappedFile, StoreError, parse_segment_name, segment_name
+from commitlog.mapped_file import MappedFile, StoreError, fsync_directory, parse_segment_name, segment_name
 
 WriteBufferSource = Callable[[], bytearray | None]
 
+# The next segment is created (``warm_ahead``) once the last one has this fraction of its size
+# left. RocketMQ's AllocateMappedFileService keeps the next segment ready at all times; creating it
+# at half full does the same without a spare segment beside every idle log. Creating a 1 GiB
+# segment (fallocate, directory fsync) took 0.4 s on this VM under writeback: created on demand,
+# in line with a slave's receive, it stalled replication for that long.
+SPARE_AT_REMAINING = 0.5
+
 
 class MappedFileQueue:
-    def __init__(self, directory: str, *, file_size: int, write_buffer_source: WriteBufferSource | None = None):
+    def __init__(self, directory: str, *, file_size: int, write_buffer_source: WriteBufferSource | None = None,
+                 sync_directory_on_create: bool = True):  # fmt: skip
+        """``sync_directory_on_create`` off: a new segment's directory entry is made durable by the
+        next ``flush`` instead of at creation. Consume queues use it: they are created by the
+        dispatch, in line with the event loop, and a directory fsync there waited behind the
+        writeback of everything the log had written (0.5 s of a slave's 3.7 s catch-up)."""
         if file_size <= 0:
             raise ValueError(f"segment size must be positive, got {file_size}")
         self.directory = directory
+        self._sync_directory_on_create = sync_directory_on_create
+        self._directory_unsynced = False
         self.file_size = file_size
         self._write_buffer_source = write_buffer_source
         self.mapped_files: list[MappedFile] = []
@@ -158,17 +172,21 @@ class MappedFileQueue:
     def _new_file(self, file_from_offset: int, write_buffer: bytearray | None) -> MappedFile:
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, segment_name(file_from_offset))
-        return MappedFile(path, file_size=self.file_size, create=True, write_buffer=write_buffer)
+        mapped_file = MappedFile(path, file_size=self.file_size, create=True, write_buffer=write_buffer,
+                                 sync_directory=self._sync_directory_on_create)  # fmt: skip
+        self._directory_unsynced = self._directory_unsynced or not self._sync_directory_on_create
+        return mapped_file
 
     def warm_ahead(self, size: int) -> None:
-        """Fault in ``size`` bytes ahead of the writer; near a segment's end, create the next
-        segment and warm its start. Runs beside appends (another thread or task)."""
+        """Fault in ``size`` bytes ahead of the writer; once the last segment is half full
+        (SPARE_AT_REMAINING), create the next one, and near the end warm its start. Runs beside
+        appends (another thread or task)."""
         last = self.last
         if last is None:
             return
         ahead = last.wrote_position + size
         last.populate(ahead)
-        if ahead <= self.file_size:
+        if last.remaining > self.file_size * SPARE_AT_REMAINING:
             return
         next_offset = last.file_from_offset + self.file_size
         with self._spare_lock:
@@ -178,8 +196,23 @@ class MappedFileQueue:
                 if self._spare is not None:
                     self._spare.destroy()
                 spare = self._spare = self._new_file(next_offset, None)
-        if spare is not None:
+        if spare is not None and ahead > self.file_size:
             spare.populate(ahead - self.file_size)
+
+    def needs_warming(self, size: int) -> bool:
+        """Whether ``warm_ahead(size)`` has work: less than half of ``size`` faulted in ahead of
+        the writer, or the next segment due and not there."""
+        last = self.last
+        if last is None:
+            return False
+        if last.populated_position < min(last.wrote_position + size // 2, self.file_size):
+            return True
+        if last.remaining > self.file_size * SPARE_AT_REMAINING:
+            return False
+        spare = self._spare
+        if spare is None or spare.file_from_offset != last.file_from_offset + self.file_size:
+            return True
+        return last.remaining < size and spare.populated_position < size - last.remaining
 
     # -- commit and flush -----------------------------------------------------------------
 
@@ -194,6 +227,9 @@ class MappedFileQueue:
 
     def flush(self, least_pages: int = 0) -> int:
         """Flush segments from ``flushed_where`` on; return the new ``flushed_where``."""
+        if self._directory_unsynced:
+            self._directory_unsynced = False
+            fsync_directory(self.directory)
         for mapped_file in self._files_from(self.flushed_where):
             position = mapped_file.flush(least_pages)
             self.flushed_where = max(self.flushed_where, mapped_file.offset_of(position))

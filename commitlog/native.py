@@ -21,6 +21,7 @@ AVAILABLE = module is not None
 scan = module.scan if module else None
 write_batch = module.write_batch if module else None
 populate = module.populate if module else None
+sync_range = module.sync_range if module else None
 dispatch_units = module.dispatch_units if module else None
 crc_ranges = module.crc_ranges if module else None
 walk_starts = module.walk_starts if module else None

@@ -773,8 +773,7 @@ class Broker:
         while True:
             await self.new_data.wait(WARM_IDLE_SECONDS)
             await trio.sleep(WARM_INTERVAL_SECONDS)
-            last = self.store.commit_log.mapped_file_queue.last
-            if last is None or last.remaining < ahead or last.populated_position - last.wrote_position < ahead // 2:
+            if self.store.commit_log.mapped_file_queue.needs_warming(ahead):
                 async with self.maintenance:
                     await trio.to_thread.run_sync(self.store.warm_commitlog)
 

@@ -180,7 +180,11 @@ class HAClient:
                 raise wire.ProtocolError(f"master pushed offset {header.offset} but the local log ends at {local_end}")
             if header.size == 0:
                 continue  # heartbeat; our heartbeat task reports
-            target = store.commit_log.replication_target(header.offset, header.size)
+            last = store.commit_log.mapped_file_queue.last
+            if last is None or last.full:  # a new segment: fallocate and a directory fsync, off the loop
+                target = await trio.to_thread.run_sync(store.commit_log.replication_target, header.offset, header.size)
+            else:
+                target = store.commit_log.replication_target(header.offset, header.size)
             try:
                 if len(target) != header.size:
                     raise wire.ProtocolError(f"frame of {header.size} bytes at {header.offset} crosses a segment boundary")

@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+from commitlog import native
 from commitlog.mapped_file import MappedFile, StoreError, segment_name
 from commitlog.mapped_file_queue import MappedFileQueue
 
@@ -139,3 +140,73 @@ def test_warm_ahead_prepares_the_next_segment_which_the_roll_then_uses(tmp_path)
     rolled = queue.get_last_mapped_file(0)
     assert rolled.path == str(spare_path) and rolled.wrote_position == 0
     queue.close()
+
+
+def test_the_next_segment_is_due_once_the_last_is_half_full(tmp_path):
+    queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
+    assert not queue.needs_warming(4096)  # no segment yet: nothing to warm
+    last = queue.get_last_mapped_file(0)
+    assert queue.needs_warming(4096)  # nothing faulted in ahead of the writer yet
+    queue.warm_ahead(4096)
+    assert not queue.needs_warming(4096) and not (tmp_path / segment_name(SIZE)).exists()
+    last.append(b"a" * (SIZE // 2 - 4096))  # not yet half full
+    queue.warm_ahead(4096)
+    assert not queue.needs_warming(4096) and not (tmp_path / segment_name(SIZE)).exists()
+    last.append(b"a" * 4096)  # half full: the spare is due
+    assert queue.needs_warming(4096)
+    queue.warm_ahead(4096)
+    assert (tmp_path / segment_name(SIZE)).exists()
+    assert not queue.needs_warming(4096)
+    last.append(b"a" * (SIZE // 2 - 100))  # near the end: the spare's start is due to be warmed
+    assert queue.needs_warming(4096)
+    queue.warm_ahead(4096)
+    assert not queue.needs_warming(4096)
+    queue.close()
+
+
+def test_a_queue_that_defers_directory_syncs_makes_them_at_its_next_flush(tmp_path, monkeypatch):
+    import commitlog.mapped_file as mapped_file_module
+    import commitlog.mapped_file_queue as queue_module
+
+    synced = []
+    monkeypatch.setattr(mapped_file_module, "fsync_directory", synced.append)
+    monkeypatch.setattr(queue_module, "fsync_directory", synced.append)
+    eager = MappedFileQueue(str(tmp_path / "eager"), file_size=SIZE)
+    eager.get_last_mapped_file(0)
+    assert synced == [str(tmp_path / "eager")]  # at creation
+    synced.clear()
+    deferred = MappedFileQueue(str(tmp_path / "deferred"), file_size=SIZE, sync_directory_on_create=False)
+    deferred.get_last_mapped_file(0).append(b"a" * SIZE)
+    deferred.get_last_mapped_file(0)
+    assert synced == []  # two segments created, no directory sync yet
+    deferred.flush()
+    assert synced == [str(tmp_path / "deferred")]  # one, before the segments' data
+    deferred.flush()
+    assert synced == [str(tmp_path / "deferred")]  # nothing created since
+    eager.close()
+    deferred.close()
+
+
+@pytest.mark.skipif(native.sync_range is None, reason="native module not built")
+def test_flush_syncs_the_range_since_the_last_flush(tmp_path, monkeypatch):
+    import commitlog.mapped_file as mapped_file_module
+
+    calls = []
+
+    def spy(view, start, end):
+        calls.append((start, end))
+        native.sync_range(view, start, end)
+
+    monkeypatch.setattr(mapped_file_module, "_native_sync_range", spy)
+    mapped_file = new_file(tmp_path)
+    mapped_file.populate(SIZE)  # warmed ahead: not part of any flush
+    mapped_file.append(b"a" * 5000)
+    assert mapped_file.flush() == 5000
+    mapped_file.append(b"b" * 10)
+    assert mapped_file.flush() == 5010
+    assert mapped_file.flush() == 5010  # nothing new: no sync
+    assert calls == [(0, 5000), (5000, 5010)]
+    mapped_file.close()
+    with open(mapped_file.path, "rb") as file:
+        assert file.read(5010) == b"a" * 5000 + b"b" * 10
+

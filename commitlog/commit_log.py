@@ -287,6 +287,17 @@ class CommitLog:
         assert mapped_file is not None
         return mapped_file.slice(offset - mapped_file.file_from_offset, size_max)
 
+    def transfer_span(self, offset: int, size_max: int) -> tuple[MappedFile, int, int]:
+        """Where the bytes ``read(offset, size_max)`` would return lie on disk: (segment,
+        position in it, size), for sending them with ``os.sendfile``. Bytes below the readable
+        end are in the file even with a write buffer (readable = committed)."""
+        if offset < self.min_offset or offset >= self.max_offset:
+            raise ReadError(f"offset {offset} outside the log [{self.min_offset}, {self.max_offset})")
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        assert mapped_file is not None
+        position = offset - mapped_file.file_from_offset
+        return mapped_file, position, min(size_max, mapped_file.read_position - position)
+
     def get_record(self, offset: int, *, crc_function: rec.CrcFunction | None = None) -> rec.Record:
         """The record that starts at ``offset``; ReadError when no record starts there."""
         if offset < self.min_offset or offset >= self.max_offset:

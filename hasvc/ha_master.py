@@ -11,8 +11,10 @@ WriteSocketService:
   master's end, or going backwards, closes this connection (``ReplicationViolation``). Nothing
   read for ``ha_housekeeping_interval`` closes it too.
 * writer: from the start offset, frames of at most ``ha_transfer_batch_size`` log bytes, never
-  across a segment, sent straight from the mapping (no copy in Python); when caught up it waits
-  for new appends, and sends a heartbeat (size 0) after ``ha_send_heartbeat_interval`` of silence.
+  across a segment; on plain TCP a frame's bytes go from the segment file to the socket with
+  ``os.sendfile`` (Kafka's transfer; no copy in this process and no page faults on its mapping),
+  under TLS from the mapping. When caught up it waits for new appends, and sends a heartbeat
+  (size 0) after ``ha_send_heartbeat_interval`` of silence.
 
 Epochs: the master sends its epoch history in the handshake. A slave whose history shares no
 entry with the master's is refused (a store from another cluster); a related slave that knows a
@@ -27,12 +29,14 @@ handshake with the reason.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import trio
 
 from commitlog.commit_log import ReadError
 from commitlog.epoch import EpochEntry, find_consistent_point
+from commitlog.mapped_file import MappedFile
 from hasvc import transport
 from hasvc.protocol import ha, wire
 from hasvc.replication import ReplicationViolation, SlaveProgress
@@ -158,18 +162,51 @@ class HAService:
         batch_size = broker.config.ha_transfer_batch_size
         heartbeat = broker.config.ha_send_heartbeat_interval_ms / 1000
         last_write = trio.current_time()
-        while True:
-            if offset < store.commit_log.max_offset:
-                data = store.read(offset, batch_size)
-                size = len(data)
-                try:
-                    await connection.send_all(ha.encode_transfer_header(offset, size), data)
-                finally:
-                    data.release()
-                offset += size
-                last_write = trio.current_time()
-                continue
-            await broker.new_data.wait(max(0.0, heartbeat - (trio.current_time() - last_write)))
-            if trio.current_time() - last_write >= heartbeat and offset >= store.commit_log.max_offset:
-                await connection.send_all(ha.encode_transfer_header(offset, 0))
-                last_write = trio.current_time()
+        segment = _OpenSegment() if connection.can_send_file else None
+        try:
+            while True:
+                if offset < store.commit_log.max_offset:
+                    if segment is not None:
+                        mapped_file, position, size = store.commit_log.transfer_span(offset, batch_size)
+                        fd = segment.open(mapped_file)
+                        await connection.send_file(ha.encode_transfer_header(offset, size), fd, position, size)
+                    else:
+                        data = store.read(offset, batch_size)
+                        size = len(data)
+                        try:
+                            await connection.send_all(ha.encode_transfer_header(offset, size), data)
+                        finally:
+                            data.release()
+                    offset += size
+                    last_write = trio.current_time()
+                    continue
+                await broker.new_data.wait(max(0.0, heartbeat - (trio.current_time() - last_write)))
+                if trio.current_time() - last_write >= heartbeat and offset >= store.commit_log.max_offset:
+                    await connection.send_all(ha.encode_transfer_header(offset, 0))
+                    last_write = trio.current_time()
+        finally:
+            if segment is not None:
+                segment.close()
+
+
+class _OpenSegment:
+    """The segment file a connection sends from, opened anew by path rather than borrowing the
+    store's descriptor: retention may close and delete a segment while a slave still reads it
+    (our own descriptor keeps its bytes readable; a segment already gone fails to open), and a
+    segment truncated away and created again is a new MappedFile, so it is opened again."""
+
+    def __init__(self) -> None:
+        self.mapped_file: MappedFile | None = None
+        self.fd = -1
+
+    def open(self, mapped_file: MappedFile) -> int:
+        if mapped_file is not self.mapped_file:
+            self.close()
+            self.fd = os.open(mapped_file.path, os.O_RDONLY)
+            self.mapped_file = mapped_file
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.mapped_file, self.fd = None, -1

@@ -79,11 +79,17 @@ class Appended:
 
 
 class Outbox:
-    """A connection's responses: tasks queue them, one writer sends all that are pending in one
-    ``send`` (a response per syscall was a fifth of a busy master's CPU). Every request holds one
-    of ``in_flight_max`` places from when it is read until its response is handed to the kernel;
+    """A connection's responses: tasks queue them, and they go out in one ``send`` (a response
+    per syscall was a fifth of a busy master's CPU). Every request holds one of
+    ``in_flight_max`` places from when it is read until its response is handed to the kernel;
     beyond, the connection stops reading. A plain counter: a CapacityLimiter token per request
-    cost a dict entry and two method calls on every put."""
+    cost a dict entry and two method calls on every put.
+
+    Who sends: whoever finished a batch of responses calls ``flush``, which writes them to the
+    socket at once when nothing else is being sent and the kernel takes them all (plain TCP).
+    Otherwise, and always as a backstop, the writer task sends what is queued. Answering from
+    the writer task alone put a scheduler pass, behind every other task woken by the same put
+    (dispatch, replication), between a put's completion and its response."""
 
     def __init__(self, connection, in_flight_max: int):
         assert in_flight_max > 0
@@ -91,6 +97,9 @@ class Outbox:
         self.in_flight_max = in_flight_max
         self.in_flight = 0
         self._parts: list[bytes] = []
+        self._queued = 0  # responses in _parts
+        self._sending = False  # the writer task is in send_all
+        self._fd = connection.raw_fileno
         self._wakeup = trio.Event()
         self._room = trio.Event()
 
@@ -108,19 +117,47 @@ class Outbox:
     def respond(self, frame: cp.Frame, payload: bytes) -> None:
         self._parts.append(cp.FRAME_HEADER.pack(len(payload) + 5, frame.kind | cp.RESPONSE_BIT, frame.request_id))
         self._parts.append(payload)
+        self._queued += 1
         self._wakeup.set()
+
+    def flush(self) -> None:
+        """Send the queued responses now if the socket takes them all without waiting; what it
+        does not take is left to the writer task (in order: nothing else is sent meanwhile)."""
+        if self._sending or not self._parts or self._fd < 0:
+            return
+        data = b"".join(self._parts)
+        try:
+            sent = os.write(self._fd, data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            return  # the writer task's send meets the error and ends the connection
+        if sent < len(data):
+            self._parts = [data[sent:]]
+            return
+        self._parts = []
+        self._released(self._queued)
+        self._queued = 0
+
+    def _released(self, count: int) -> None:
+        self.in_flight -= count
+        self._room.set()
+        self._room = trio.Event()
 
     async def run(self) -> None:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
+            if not self._parts:
+                continue  # flushed by the caller
             parts, self._parts = self._parts, []
+            count, self._queued = self._queued, 0
+            self._sending = True
             try:
                 await self.connection.send_all(b"".join(parts))
             finally:
-                self.in_flight -= len(parts) // 2
-                self._room.set()
-                self._room = trio.Event()
+                self._sending = False
+                self._released(count)
 
 
 # SENDs read together are appended together up to this many body bytes (well under the 4 MiB
@@ -200,6 +237,7 @@ class Broker:
         self._peer_epoch = 0  # the newest epoch a peer has shown us
         self._ha_client_scope: trio.CancelScope | None = None
         self._ha_service_scope: trio.CancelScope | None = None
+        self.ha_service = None  # a master's HAService, for pushing appends to its slaves
         self.started_at = time.time()
         self.metrics = None
         self.duplicate_sends = 0  # SEND_IDEMPOTENT retries answered from the producer table
@@ -298,7 +336,8 @@ class Broker:
         ha_listener, ha_socket = await transport.open_listener(self.config.effective_ha_listen, ssl_context=ssl_context)
         self.ha_address = transport.listener_address(ha_socket)
         self._ha_service_scope = trio.CancelScope()
-        nursery.start_soon(self._serve_ha, ha_listener, HAService(self).handle, self._ha_service_scope)
+        self.ha_service = HAService(self)
+        nursery.start_soon(self._serve_ha, ha_listener, self.ha_service.handle, self._ha_service_scope)
 
     async def _serve_ha(self, listener, handler, scope: trio.CancelScope) -> None:
         try:
@@ -320,6 +359,7 @@ class Broker:
         self.producers.clear()  # rebuilt from the log if this broker is promoted again
         if self._ha_service_scope is not None:
             self._ha_service_scope.cancel()
+        self.ha_service = None
         self.ha_address = None
         for wait in self._ack_waiters.drain():
             wait.event.set()
@@ -444,6 +484,8 @@ class Broker:
             plain = []
             self._put_idempotent((outbox, frame), request)
         self._put_sends(plain)
+        if self.ha_service is not None:
+            self.ha_service.push()
 
     def _put_sends(self, sends: list) -> None:
         """``sends``: ((outbox, frame), SendRequest) pairs."""
@@ -494,9 +536,13 @@ class Broker:
         pass, however many connections, requests and queues it held."""
         started = time.perf_counter()
         stored = [(reply, each) for reply, each in answered if each.status is rec.PutMessageStatus.PUT_OK]
+        outboxes = set()
         for (outbox, frame), each in answered:
             if each.status is not rec.PutMessageStatus.PUT_OK or not self._must_wait(each):
                 outbox.respond(frame, cp.encode_send_response(self._finish_put(each, started)))
+                outboxes.add(outbox)
+        for outbox in outboxes:
+            outbox.flush()
         if stored and self._must_wait(stored[0][1]):
             self._nursery.start_soon(self._respond_to_stored, stored)
 
@@ -508,9 +554,13 @@ class Broker:
         if self.metrics:
             self.metrics.put_done_many(name, time.perf_counter() - started, len(stored))
         prefix = cp.send_response_prefix(name, last.reason)
+        outboxes = set()
         for (outbox, frame), each in stored:
             result = each.result
             outbox.respond(frame, prefix + cp.encode_send_response_rest(each.queue_id, result.offsets, result.queue_offsets))
+            outboxes.add(outbox)
+        for outbox in outboxes:
+            outbox.flush()
 
     async def _role_request(self, outbox: Outbox, frame: cp.Frame) -> None:
         try:

@@ -54,6 +54,7 @@ class HAService:
     def __init__(self, broker):
         self.broker = broker
         self._ids = 0
+        self._writers: set[_Writer] = set()
 
     async def handle(self, stream) -> None:
         connection = transport.Connection(stream, transport.peer_name(stream))
@@ -161,32 +162,97 @@ class HAService:
         LOGGER.info("transferring to slave %s from offset %d (it asked for %d)", progress.slave_id, offset, progress.request_offset)
         batch_size = broker.config.ha_transfer_batch_size
         heartbeat = broker.config.ha_send_heartbeat_interval_ms / 1000
-        last_write = trio.current_time()
+        writer = _Writer(connection, offset)
         segment = _OpenSegment() if connection.can_send_file else None
+        self._writers.add(writer)
         try:
             while True:
+                if writer.remainder:  # the rest of a frame a push began
+                    remainder, writer.remainder = writer.remainder, b""
+                    writer.busy = True
+                    try:
+                        await connection.send_all(remainder)
+                    finally:
+                        writer.busy = False
+                offset = writer.offset
                 if offset < store.commit_log.max_offset:
-                    if segment is not None:
-                        mapped_file, position, size = store.commit_log.transfer_span(offset, batch_size)
-                        fd = segment.open(mapped_file)
-                        await connection.send_file(ha.encode_transfer_header(offset, size), fd, position, size)
-                    else:
-                        data = store.read(offset, batch_size)
-                        size = len(data)
-                        try:
-                            await connection.send_all(ha.encode_transfer_header(offset, size), data)
-                        finally:
-                            data.release()
-                    offset += size
-                    last_write = trio.current_time()
+                    writer.busy = True
+                    try:
+                        if segment is not None:
+                            mapped_file, position, size = store.commit_log.transfer_span(offset, batch_size)
+                            fd = segment.open(mapped_file)
+                            await connection.send_file(ha.encode_transfer_header(offset, size), fd, position, size)
+                        else:
+                            data = store.read(offset, batch_size)
+                            size = len(data)
+                            try:
+                                await connection.send_all(ha.encode_transfer_header(offset, size), data)
+                            finally:
+                                data.release()
+                    finally:
+                        writer.busy = False
+                    writer.offset = offset + size
+                    writer.last_write = trio.current_time()
                     continue
-                await broker.new_data.wait(max(0.0, heartbeat - (trio.current_time() - last_write)))
-                if trio.current_time() - last_write >= heartbeat and offset >= store.commit_log.max_offset:
-                    await connection.send_all(ha.encode_transfer_header(offset, 0))
-                    last_write = trio.current_time()
+                await broker.new_data.wait(max(0.0, heartbeat - (trio.current_time() - writer.last_write)))
+                if trio.current_time() - writer.last_write >= heartbeat and writer.offset >= store.commit_log.max_offset:
+                    writer.busy = True
+                    try:
+                        await connection.send_all(ha.encode_transfer_header(writer.offset, 0))
+                    finally:
+                        writer.busy = False
+                    writer.last_write = trio.current_time()
         finally:
+            self._writers.discard(writer)
             if segment is not None:
                 segment.close()
+
+    def push(self) -> None:
+        """Send what was just appended to every idle slave connection now, from the put path,
+        as far as its socket takes it without waiting; the connection's writer task sends the
+        rest of a frame begun here, and anything the socket refused. Leaving the send to the
+        writer task put it behind every other task the put woke (the dispatcher among them):
+        a lone SYNC_MASTER producer waited for that on every put."""
+        if not self._writers:
+            return
+        store = self.broker.store
+        end = store.commit_log.max_offset
+        batch_size = self.broker.config.ha_transfer_batch_size
+        for writer in self._writers:
+            if writer.busy or writer.remainder or writer.offset >= end or writer.fd < 0:
+                continue
+            data = store.read(writer.offset, batch_size)
+            try:
+                size = len(data)
+                header = ha.encode_transfer_header(writer.offset, size)
+                try:
+                    sent = os.writev(writer.fd, [header, data])
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    continue  # the writer task's next send meets the error and ends the connection
+                if sent < len(header) + size:
+                    writer.remainder = (header + bytes(data))[sent:]
+            finally:
+                data.release()
+            writer.offset += size
+            writer.last_write = trio.current_time()
+
+
+class _Writer:
+    """One slave connection's sending side, shared by its writer task and ``push``: where the
+    next frame starts, whether the task is in a send (a push then stays out: frames must not
+    interleave), and the unsent end of a frame a push began."""
+
+    __slots__ = ("connection", "fd", "offset", "busy", "remainder", "last_write")
+
+    def __init__(self, connection, offset: int):
+        self.connection = connection
+        self.fd = connection.raw_fileno
+        self.offset = offset
+        self.busy = False
+        self.remainder = b""
+        self.last_write = trio.current_time()
 
 
 class _OpenSegment:

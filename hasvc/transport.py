@@ -67,6 +67,12 @@ class Connection:
                     await self.stream.send_all(part)
 
     @property
+    def raw_fileno(self) -> int:
+        """The socket's descriptor on plain TCP (bytes written to it go out as they are), -1
+        under TLS."""
+        return self._socket.fileno() if self._socket is not None else -1
+
+    @property
     def can_send_file(self) -> bool:
         """Plain TCP: ``send_file`` can hand file bytes to the kernel (``os.sendfile``)."""
         return self._socket is not None

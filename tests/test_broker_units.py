@@ -1,5 +1,6 @@
 """Pure parts of the broker: grouping SENDs read together, splitting a coalesced append."""
 
+import socket
 import types
 
 import trio
@@ -53,6 +54,8 @@ def test_split_appended_gives_each_request_its_offsets():
 class _HeldConnection:
     """send_all blocks until the test lets it go, recording what was sent."""
 
+    raw_fileno = -1  # not a socket: responses go through the writer task only
+
     def __init__(self):
         self.sent: list[bytes] = []
         self.release = trio.Event()
@@ -87,6 +90,80 @@ async def test_outbox_bounds_requests_in_flight_and_sends_pending_responses_toge
             cp.FRAME_HEADER.pack(6, cp.SEND | cp.RESPONSE_BIT, 7) + b"a" + cp.FRAME_HEADER.pack(7, cp.STATUS | cp.RESPONSE_BIT, 8) + b"bc"
         ]
         nursery.cancel_scope.cancel()
+
+
+class _SocketConnection:
+    """A plain TCP connection's descriptor for ``flush``, and a send_all for the writer task."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.raw_fileno = sock.fileno()
+        self.task_sent = b""
+
+    async def send_all(self, data: bytes) -> None:
+        self.task_sent += data
+        self.sock.setblocking(True)
+        self.sock.sendall(data)
+        self.sock.setblocking(False)
+
+
+def _frame(kind, request_id, payload):
+    return cp.FRAME_HEADER.pack(len(payload) + 5, kind | cp.RESPONSE_BIT, request_id) + payload
+
+
+async def test_outbox_flush_sends_at_once_and_frees_the_places():
+    left, right = socket.socketpair()
+    left.setblocking(False)
+    try:
+        connection = _SocketConnection(left)
+        outbox = Outbox(connection, 2)
+        await outbox.reserve()
+        await outbox.reserve()
+        outbox.respond(cp.Frame(cp.SEND, 1, b""), b"a")
+        outbox.respond(cp.Frame(cp.SEND, 2, b""), b"b")
+        assert outbox.full
+        outbox.flush()  # no writer task running: the caller sent them
+        assert not outbox.full and outbox.in_flight == 0
+        assert right.recv(100) == _frame(cp.SEND, 1, b"a") + _frame(cp.SEND, 2, b"b")
+        outbox.flush()  # nothing queued: nothing sent
+        assert connection.task_sent == b""
+    finally:
+        left.close()
+        right.close()
+
+
+async def test_outbox_flush_leaves_what_the_socket_refused_to_the_writer_task_in_order():
+    left, right = socket.socketpair()
+    left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    left.setblocking(False)
+    try:
+        connection = _SocketConnection(left)
+        outbox = Outbox(connection, 4)
+        big = bytes(range(256)) * 4096  # 1 MiB: far more than the socket takes at once
+        for request_id, payload in ((1, big), (2, b"after")):
+            await outbox.reserve()
+            outbox.respond(cp.Frame(cp.SEND, request_id, b""), payload)
+        outbox.flush()
+        assert outbox.in_flight == 2  # not all sent: the places stay held
+        expected = _frame(cp.SEND, 1, big) + _frame(cp.SEND, 2, b"after")
+        received = bytearray()
+
+        def drain():
+            right.settimeout(10)
+            while len(received) < len(expected):
+                received.extend(right.recv(1 << 20))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(outbox.run)
+            await trio.to_thread.run_sync(drain)
+            while outbox.in_flight:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        assert bytes(received) == expected
+        assert 0 < len(connection.task_sent) < len(expected)  # the task sent the rest
+    finally:
+        left.close()
+        right.close()
 
 
 class _Sent:

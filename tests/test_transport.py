@@ -90,3 +90,56 @@ def test_open_segment_reopens_a_segment_that_was_recreated(tmp_path):
 
 def test_streams_other_than_plain_tcp_do_not_claim_sendfile():
     assert not transport.Connection(trio.testing.MemorySendStream(), "memory").can_send_file
+
+
+async def test_frames_pushed_from_the_put_path_and_sent_by_the_writer_task_never_interleave(tmp_path):
+    """Appends pushed at once (``HAService.push``, the socket taking part of a frame or none of
+    it) and frames sent by the connection's writer task make one contiguous stream of frames
+    whose bytes are the log's."""
+    from commitlog.store import MessageStore
+    from hasvc.broker import Broker
+    from hasvc.config import BrokerConfig, BrokerRole
+    from hasvc.ha_master import HAService
+    from hasvc.protocol import client as cp
+    from hasvc.protocol import ha, wire
+
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=64 * 1024 * 1024)
+    broker = Broker(config)
+    broker.store = MessageStore.open(str(tmp_path), config.store_config())
+    service = broker.ha_service = HAService(broker)
+    listener = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener[0].socket.getsockname()[1]
+    received = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, service.handle, listener)
+            slave = transport.Connection(await trio.open_tcp_stream("127.0.0.1", port), "master")
+            await transport.client_preface(slave, port_kind=wire.PORT_KIND_HA, secret=None)
+            await slave.send_all(ha.encode_slave_hello(ha.SlaveHello("s1", "127.0.0.1:1", 0)))
+            (size,) = ha.LENGTH.unpack(await slave.receive_exactly(4))
+            ha.decode_master_hello(await slave.receive_exactly(size))
+            await slave.send_all(ha.REPORT.pack(0))
+            while not service._writers:
+                await trio.sleep(0.01)
+            for round_ in range(40):  # bursts bigger than the socket buffers, pushed from here
+                for _ in range(50):
+                    broker.append(cp.SendRequest("T", 0, [bytes([round_]) * 3000], [b""], 0, 0))
+                service.push()
+                await trio.sleep(0)
+            end = broker.store.commit_log.max_offset
+            expected_offset = 0
+            while expected_offset < end:
+                header = ha.decode_transfer_header(await slave.receive_exactly(12), size_max=config.ha_frame_size_max)
+                assert header.offset == expected_offset  # contiguous: no frame cut into by another
+                received.append(await slave.receive_exactly(header.size))
+                expected_offset += header.size
+            nursery.cancel_scope.cancel()
+        log = bytearray()
+        offset = 0
+        while offset < end:
+            with broker.store.read(offset, end - offset) as view:
+                log += view
+                offset += len(view)
+        assert b"".join(received) == bytes(log)
+    finally:
+        broker.store.close()

@@ -343,16 +343,23 @@ done:
 #define MADV_POPULATE_WRITE 23
 #endif
 
+/* The (mapping, start, end) arguments of populate and sync_range: a writable buffer and a range
+ * clamped to it. Returns 0 with the buffer held (release it), -1 with an exception set. */
+static int mapping_range(PyObject *args, Py_buffer *view, Py_ssize_t *start, Py_ssize_t *end) {
+    if (!PyArg_ParseTuple(args, "w*nn", view, start, end)) return -1;
+    if (*start < 0) *start = 0;
+    if (*end > view->len) *end = view->len;
+    return 0;
+}
+
 /* populate(mapping, start, end): fault in the pages of mapping[start:end] for writing, with the GIL
  * released, so that appends later copy into resident pages. MADV_POPULATE_WRITE does not change
  * bytes; the fallback adds 0 atomically to one byte per page, which is safe beside a writer. */
 static PyObject *populate(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, end;
-    if (!PyArg_ParseTuple(args, "w*nn", &view, &start, &end)) return NULL;
+    if (mapping_range(args, &view, &start, &end) < 0) return NULL;
     long page = sysconf(_SC_PAGESIZE);
-    if (start < 0) start = 0;
-    if (end > view.len) end = view.len;
     start = (start + page - 1) / page * page;
     int rc = 0;
     if (end > start) {
@@ -377,10 +384,8 @@ static PyObject *populate(PyObject *self, PyObject *args) {
 static PyObject *sync_range(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, end;
-    if (!PyArg_ParseTuple(args, "w*nn", &view, &start, &end)) return NULL;
+    if (mapping_range(args, &view, &start, &end) < 0) return NULL;
     long page = sysconf(_SC_PAGESIZE);
-    if (start < 0) start = 0;
-    if (end > view.len) end = view.len;
     int rc = 0, saved = 0;
     if (end > start) {
         uint8_t *base = (uint8_t *)view.buf;

@@ -281,11 +281,8 @@ class CommitLog:
     def read(self, offset: int, size_max: int) -> memoryview:
         """Zero-copy bytes from ``offset``: up to ``size_max`` and never past a segment's end or
         the readable end of the log."""
-        if offset < self.min_offset or offset >= self.max_offset:
-            raise ReadError(f"offset {offset} outside the log [{self.min_offset}, {self.max_offset})")
-        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
-        assert mapped_file is not None
-        return mapped_file.slice(offset - mapped_file.file_from_offset, size_max)
+        mapped_file, position, size = self.transfer_span(offset, size_max)
+        return mapped_file.slice(position, size)
 
     def transfer_span(self, offset: int, size_max: int) -> tuple[MappedFile, int, int]:
         """Where the bytes ``read(offset, size_max)`` would return lie on disk: (segment,

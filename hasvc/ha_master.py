@@ -166,41 +166,33 @@ class HAService:
         segment = _OpenSegment() if connection.can_send_file else None
         self._writers.add(writer)
         try:
-            while True:
+            while True:  # busy (pushes stay out) everywhere but in the wait for new appends
                 if writer.remainder:  # the rest of a frame a push began
                     remainder, writer.remainder = writer.remainder, b""
-                    writer.busy = True
-                    try:
-                        await connection.send_all(remainder)
-                    finally:
-                        writer.busy = False
+                    await connection.send_all(remainder)
                 offset = writer.offset
                 if offset < store.commit_log.max_offset:
-                    writer.busy = True
-                    try:
-                        if segment is not None:
-                            mapped_file, position, size = store.commit_log.transfer_span(offset, batch_size)
-                            fd = segment.open(mapped_file)
-                            await connection.send_file(ha.encode_transfer_header(offset, size), fd, position, size)
-                        else:
-                            data = store.read(offset, batch_size)
-                            size = len(data)
-                            try:
-                                await connection.send_all(ha.encode_transfer_header(offset, size), data)
-                            finally:
-                                data.release()
-                    finally:
-                        writer.busy = False
+                    if segment is not None:
+                        mapped_file, position, size = store.commit_log.transfer_span(offset, batch_size)
+                        fd = segment.open(mapped_file)
+                        await connection.send_file(ha.encode_transfer_header(offset, size), fd, position, size)
+                    else:
+                        data = store.read(offset, batch_size)
+                        size = len(data)
+                        try:
+                            await connection.send_all(ha.encode_transfer_header(offset, size), data)
+                        finally:
+                            data.release()
                     writer.offset = offset + size
                     writer.last_write = trio.current_time()
                     continue
-                await broker.new_data.wait(max(0.0, heartbeat - (trio.current_time() - writer.last_write)))
-                if trio.current_time() - writer.last_write >= heartbeat and writer.offset >= store.commit_log.max_offset:
+                writer.busy = False
+                try:
+                    await broker.new_data.wait(max(0.0, heartbeat - (trio.current_time() - writer.last_write)))
+                finally:
                     writer.busy = True
-                    try:
-                        await connection.send_all(ha.encode_transfer_header(writer.offset, 0))
-                    finally:
-                        writer.busy = False
+                if trio.current_time() - writer.last_write >= heartbeat and writer.offset >= store.commit_log.max_offset:
+                    await connection.send_all(ha.encode_transfer_header(writer.offset, 0))
                     writer.last_write = trio.current_time()
         finally:
             self._writers.discard(writer)
@@ -250,7 +242,7 @@ class _Writer:
         self.connection = connection
         self.fd = connection.raw_fileno
         self.offset = offset
-        self.busy = False
+        self.busy = True  # the task is sending or about to
         self.remainder = b""
         self.last_write = trio.current_time()
 

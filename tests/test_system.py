@@ -386,6 +386,8 @@ def test_sends_from_many_connections_appended_together_keep_each_connections_ord
         offsets[index] = [responses[n].queue_offsets[0] for n in range(40)]
         assert offsets[index] == sorted(offsets[index])  # in the order they were sent
     assert sorted(q for each in offsets.values() for q in each) == list(range(320))
+    # An answer means stored and replicated; consume queue units follow from the dispatcher.
+    wait_until(lambda: status(master)["dispatched_offset"] >= status(master)["max_offset"], message="queues built")
     with hc.BlockingClient(master.address) as client:
         bodies = [bytes(record.body).decode() for record in client.pull("Q", 0, 0, count_max=320).records]
     for index in range(8):

@@ -99,7 +99,6 @@ class Outbox:
         self._parts: list[bytes] = []
         self._queued = 0  # responses in _parts
         self._sending = False  # the writer task is in send_all
-        self._fd = connection.raw_fileno
         self._wakeup = trio.Event()
         self._room = trio.Event()
 
@@ -123,11 +122,14 @@ class Outbox:
     def flush(self) -> None:
         """Send the queued responses now if the socket takes them all without waiting; what it
         does not take is left to the writer task (in order: nothing else is sent meanwhile)."""
-        if self._sending or not self._parts or self._fd < 0:
+        # The descriptor is looked up now, never kept: once the connection is closed its
+        # number may already belong to a newly accepted one (a greeting would follow our bytes).
+        fd = self.connection.raw_fileno
+        if self._sending or not self._parts or fd < 0:
             return
         data = b"".join(self._parts)
         try:
-            sent = os.write(self._fd, data)
+            sent = os.write(fd, data)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError:

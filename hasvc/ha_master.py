@@ -211,14 +211,15 @@ class HAService:
         end = store.commit_log.max_offset
         batch_size = self.broker.config.ha_transfer_batch_size
         for writer in self._writers:
-            if writer.busy or writer.remainder or writer.offset >= end or writer.fd < 0:
+            fd = writer.connection.raw_fileno  # now, never kept: a closed socket's number is reused
+            if writer.busy or writer.remainder or writer.offset >= end or fd < 0:
                 continue
             data = store.read(writer.offset, batch_size)
             try:
                 size = len(data)
                 header = ha.encode_transfer_header(writer.offset, size)
                 try:
-                    sent = os.writev(writer.fd, [header, data])
+                    sent = os.writev(fd, [header, data])
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError:
@@ -236,11 +237,10 @@ class _Writer:
     next frame starts, whether the task is in a send (a push then stays out: frames must not
     interleave), and the unsent end of a frame a push began."""
 
-    __slots__ = ("connection", "fd", "offset", "busy", "remainder", "last_write")
+    __slots__ = ("connection", "offset", "busy", "remainder", "last_write")
 
     def __init__(self, connection, offset: int):
         self.connection = connection
-        self.fd = connection.raw_fileno
         self.offset = offset
         self.busy = True  # the task is sending or about to
         self.remainder = b""

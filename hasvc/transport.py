@@ -69,7 +69,8 @@ class Connection:
     @property
     def raw_fileno(self) -> int:
         """The socket's descriptor on plain TCP (bytes written to it go out as they are), -1
-        under TLS."""
+        under TLS or once the connection is closed. Look it up at each use: a closed socket's
+        number is soon given to the next one opened or accepted."""
         return self._socket.fileno() if self._socket is not None else -1
 
     @property

@@ -1,13 +1,17 @@
 """Pure parts of the broker: grouping SENDs read together, splitting a coalesced append."""
 
+import os
 import socket
 import types
+
+import pytest
 
 import trio
 import trio.testing
 
 from commitlog import record as rec
 from commitlog.commit_log import AppendResult
+from hasvc import transport
 from hasvc.broker import Appended, Outbox, coalesce, split_appended
 from hasvc.protocol import client as cp
 
@@ -97,8 +101,11 @@ class _SocketConnection:
 
     def __init__(self, sock):
         self.sock = sock
-        self.raw_fileno = sock.fileno()
         self.task_sent = b""
+
+    @property
+    def raw_fileno(self) -> int:
+        return self.sock.fileno()  # -1 once closed, as transport.Connection's
 
     async def send_all(self, data: bytes) -> None:
         self.task_sent += data
@@ -164,6 +171,34 @@ async def test_outbox_flush_leaves_what_the_socket_refused_to_the_writer_task_in
     finally:
         left.close()
         right.close()
+
+
+async def test_outbox_flush_never_writes_to_a_descriptor_number_reused_after_the_close():
+    """A response completed after its connection closed must not go to whichever socket was
+    given the closed one's number next (a newly accepted client then read an answer meant for
+    someone else where it expected the server's greeting)."""
+    left, right = socket.socketpair()
+    left.setblocking(False)
+    connection = transport.Connection(trio.SocketStream(trio.socket.from_stdlib_socket(left)), "peer")
+    outbox = Outbox(connection, 2)
+    await outbox.reserve()
+    number = left.fileno()
+    await connection.stream.aclose()
+    newcomer, its_peer = socket.socketpair()
+    reused = newcomer.fileno() == number  # the lowest free number: usually the closed one
+    try:
+        if not reused:
+            os.dup2(newcomer.fileno(), number)  # make it so: the number names another connection
+        outbox.respond(cp.Frame(cp.SEND, 1, b""), b"late answer")
+        outbox.flush()
+        its_peer.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            its_peer.recv(100)
+    finally:
+        if not reused:
+            os.close(number)
+        for sock in (newcomer, its_peer, right):
+            sock.close()
 
 
 class _Sent:

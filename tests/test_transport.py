@@ -143,3 +143,46 @@ async def test_frames_pushed_from_the_put_path_and_sent_by_the_writer_task_never
         assert b"".join(received) == bytes(log)
     finally:
         broker.store.close()
+
+
+async def test_a_push_never_writes_to_a_descriptor_number_reused_after_the_close(tmp_path):
+    """An append pushed to a slave connection that has closed (its writer not yet gone from the
+    service) must not reach whichever socket was given the closed one's number next."""
+    import socket
+
+    import pytest
+
+    from commitlog.store import MessageStore
+    from hasvc.broker import Broker
+    from hasvc.config import BrokerConfig, BrokerRole
+    from hasvc.ha_master import HAService, _Writer
+    from hasvc.protocol import client as cp
+
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=1024 * 1024)
+    broker = Broker(config)
+    broker.store = MessageStore.open(str(tmp_path), config.store_config())
+    service = broker.ha_service = HAService(broker)
+    left, right = socket.socketpair()
+    connection = transport.Connection(trio.SocketStream(trio.socket.from_stdlib_socket(left)), "slave")
+    writer = _Writer(connection, 0)
+    writer.busy = False  # idle, waiting for appends: a push may send
+    service._writers.add(writer)
+    number = left.fileno()
+    await connection.stream.aclose()
+    newcomer, its_peer = socket.socketpair()
+    reused = newcomer.fileno() == number
+    try:
+        if not reused:
+            os.dup2(newcomer.fileno(), number)
+        broker.append(cp.SendRequest("T", 0, [b"x" * 100], [b""], 0, 0))
+        service.push()
+        its_peer.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            its_peer.recv(100)
+        assert writer.offset == 0  # nothing counted as sent
+    finally:
+        if not reused:
+            os.close(number)
+        for sock in (newcomer, its_peer, right):
+            sock.close()
+        broker.store.close()

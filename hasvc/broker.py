@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -208,10 +209,65 @@ def split_appended(appended: Appended, counts: list[int]) -> list[Appended]:
     return pieces
 
 
-@dataclasses.dataclass(eq=False)
 class _Wait:
-    event: trio.Event = dataclasses.field(default_factory=trio.Event)
-    ok: bool = False
+    """One wait for a watermark (flush or slave ack). ``finish`` ends it once: from the task
+    that moved the watermark, the timer, or a drain. A waiting task awaits ``event``; puts
+    answered by callback (``_StoredAnswer``) are answered right there, with no task of their own."""
+
+    __slots__ = ("event", "ok", "callback", "done")
+
+    def __init__(self, callback=None) -> None:
+        self.event = trio.Event()
+        self.ok = False
+        self.callback = callback
+        self.done = False
+
+    def finish(self, ok: bool) -> None:
+        if self.done:
+            return
+        self.done, self.ok = True, ok
+        self.event.set()
+        if self.callback is not None:
+            self.callback()
+
+
+class _StoredAnswer:
+    """The answers to puts appended together, sent when the highest of them is as safe as
+    configured (its waits cover every lower offset). Answered from whichever task ends the last
+    wait (the one reading the slave's report, the group commit, the timer): a task per pass had
+    cost a spawn and two scheduler passes between the ack and the answers."""
+
+    __slots__ = ("broker", "stored", "status", "reason", "flush_wait", "ack_wait", "started", "registered")
+
+    def __init__(self, broker: Broker, stored: list, started: float) -> None:
+        self.broker = broker
+        self.stored = stored
+        self.started = started
+        self.registered = False
+        highest = max(stored, key=lambda pair: pair[1].result.next_offset)[1]
+        self.status, self.reason, self.flush_wait, self.ack_wait = broker._begin_wait(highest, self._one_done)
+        self.registered = True
+        self._one_done()
+
+    def _one_done(self) -> None:
+        if not self.registered:
+            return  # a wait ended while the others were being registered
+        if any(wait is not None and not wait.done for wait in (self.flush_wait, self.ack_wait)):
+            return
+        self.registered = False  # answered once
+        broker = self.broker
+        status, reason = broker._final_status(self.status, self.reason, self.flush_wait, self.ack_wait)
+        name = status.name
+        if broker.metrics:
+            broker.metrics.put_done_many(name, time.perf_counter() - self.started, len(self.stored))
+        prefix = cp.send_response_prefix(name, reason)
+        outboxes = set()
+        for (outbox, frame), each in self.stored:
+            result = each.result
+            outbox.respond(frame, prefix + cp.encode_send_response_rest(each.queue_id, result.offsets, result.queue_offsets))
+            outboxes.add(outbox)
+        for outbox in outboxes:
+            outbox.flush()
 
 
 class Broker:
@@ -226,6 +282,10 @@ class Broker:
         self._ack_waiters: OffsetWaiters[_Wait] = OffsetWaiters(waiters_max=store_config.group_commit_waiters_max)
         self._flush_requested = trio.Event()
         self._timer_wakeup = trio.Event()
+        self._timer_at = math.inf  # when the waiter timer task next wakes by itself
+        self._warm_wanted = trio.Event()  # set by after_appends when the write area needs warming
+        self._warm_ahead = store_config.warm_ahead_size
+        self._sync_flush_timeout_ms = store_config.sync_flush_timeout_ms
         self._connection_ids = itertools.count(1)
         self.listen_address: tuple[str, int] | None = None
         self.ha_address: tuple[str, int] | None = None
@@ -281,7 +341,7 @@ class Broker:
                 LOGGER.info("ready: %s", json.dumps(self.addresses()))
         finally:
             for wait in self._flush_waiters.drain() + self._ack_waiters.drain():
-                wait.event.set()
+                wait.finish(False)
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self.store.close)
             LOGGER.info("store closed cleanly")
@@ -364,7 +424,7 @@ class Broker:
         self.ha_service = None
         self.ha_address = None
         for wait in self._ack_waiters.drain():
-            wait.event.set()
+            wait.finish(False)
         self._nursery.start_soon(self._run_ha_client)
         LOGGER.warning("demoted: now a slave of %s", format_address(master_ha))
 
@@ -486,8 +546,22 @@ class Broker:
             plain = []
             self._put_idempotent((outbox, frame), request)
         self._put_sends(plain)
+        self.after_appends()
+
+    def after_appends(self) -> None:
+        """What follows a pass of appends (a master's puts, a frame on a slave), done here
+        rather than by waking a task per append (for a lone producer each wake-up was a
+        scheduler pass on the put's path): frames to the idle slave connections, the consume
+        queue units, and a wake-up for the dispatch task only if a pass leaves more, for the
+        warm-up task only when the write area needs it."""
         if self.ha_service is not None:
             self.ha_service.push()
+        store = self.store
+        store.dispatch()
+        if store.reput_from_offset < store.dispatch_end_offset and store.dispatch_error is None:
+            self.new_data.notify()
+        if store.commit_log.mapped_file_queue.needs_warming(self._warm_ahead):
+            self._warm_wanted.set()
 
     def _put_sends(self, sends: list) -> None:
         """``sends``: ((outbox, frame), SendRequest) pairs."""
@@ -546,23 +620,7 @@ class Broker:
         for outbox in outboxes:
             outbox.flush()
         if stored and self._must_wait(stored[0][1]):
-            self._nursery.start_soon(self._respond_to_stored, stored)
-
-    async def _respond_to_stored(self, stored: list) -> None:
-        started = time.perf_counter()
-        highest = max(stored, key=lambda pair: pair[1].result.next_offset)[1]
-        last = await self._wait_safe(highest)
-        name = last.status.name
-        if self.metrics:
-            self.metrics.put_done_many(name, time.perf_counter() - started, len(stored))
-        prefix = cp.send_response_prefix(name, last.reason)
-        outboxes = set()
-        for (outbox, frame), each in stored:
-            result = each.result
-            outbox.respond(frame, prefix + cp.encode_send_response_rest(each.queue_id, result.offsets, result.queue_offsets))
-            outboxes.add(outbox)
-        for outbox in outboxes:
-            outbox.flush()
+            _StoredAnswer(self, stored, started)
 
     async def _role_request(self, outbox: Outbox, frame: cp.Frame) -> None:
         try:
@@ -627,8 +685,7 @@ class Broker:
             flag=request.flag, born_timestamp=request.born_timestamp,
         )  # fmt: skip
         result = store.append_batch(batch)
-        if result.status is rec.PutMessageStatus.PUT_OK:
-            self.new_data.notify()
+        if result.status is rec.PutMessageStatus.PUT_OK:  # after_appends follows the pass
             if request.producer_id:
                 self.producers.remember(request.producer_id, request.first_sequence, stored_messages(result, request.queue_id))
             if self.metrics:
@@ -651,11 +708,21 @@ class Broker:
         """Wait for flush and replicas as ``appended`` needs; it with its final status."""
         if not self._must_wait(appended):
             return appended
+        status, reason, flush_wait, ack_wait = self._begin_wait(appended)
+        for wait in (flush_wait, ack_wait):
+            if wait is not None:
+                await wait.event.wait()
+        status, reason = self._final_status(status, reason, flush_wait, ack_wait)
+        return dataclasses.replace(appended, status=status, reason=reason)
+
+    def _begin_wait(self, appended: Appended, callback=None) -> tuple:
+        """Register the waits ``appended`` needs (each calls ``callback`` when it ends):
+        (status so far, reason, flush wait or None, ack wait or None)."""
         next_offset = appended.result.next_offset
         status, reason = appended.status, appended.reason
         flush_wait = None
         if self.store.sync_flush:
-            flush_wait = self._wait_for(self._flush_waiters, next_offset, self.config.store_config().sync_flush_timeout_ms)
+            flush_wait = self._wait_for(self._flush_waiters, next_offset, self._sync_flush_timeout_ms, callback)
             self._flush_requested.set()
         ack_wait = None
         if self.role is BrokerRole.SYNC_MASTER and self.config.in_sync_replicas > 0:
@@ -667,16 +734,17 @@ class Broker:
                 if admission is Admission.SLAVE_NOT_AVAILABLE:
                     status, reason = rec.PutMessageStatus.SLAVE_NOT_AVAILABLE, "stored on the master only: no slave connected or close enough to wait for"
                 else:
-                    ack_wait = self._wait_for(self._ack_waiters, next_offset, self.config.slave_timeout_ms)
-        if flush_wait is not None:
-            await flush_wait.event.wait()
-            if not flush_wait.ok:
-                status, reason = rec.PutMessageStatus.FLUSH_DISK_TIMEOUT, "stored, but not known to be flushed within sync_flush_timeout"
-        if ack_wait is not None:
-            await ack_wait.event.wait()
-            if not ack_wait.ok and status is rec.PutMessageStatus.PUT_OK:
-                status, reason = rec.PutMessageStatus.FLUSH_SLAVE_TIMEOUT, "stored on the master; no slave acknowledged it within slave_timeout"
-        return dataclasses.replace(appended, status=status, reason=reason)
+                    ack_wait = self._wait_for(self._ack_waiters, next_offset, self.config.slave_timeout_ms, callback)
+        return status, reason, flush_wait, ack_wait
+
+    @staticmethod
+    def _final_status(status, reason: str, flush_wait: _Wait | None, ack_wait: _Wait | None) -> tuple:
+        """A put's status once its waits have ended."""
+        if flush_wait is not None and not flush_wait.ok:
+            status, reason = rec.PutMessageStatus.FLUSH_DISK_TIMEOUT, "stored, but not known to be flushed within sync_flush_timeout"
+        if ack_wait is not None and not ack_wait.ok and status is rec.PutMessageStatus.PUT_OK:
+            status, reason = rec.PutMessageStatus.FLUSH_SLAVE_TIMEOUT, "stored on the master; no slave acknowledged it within slave_timeout"
+        return status, reason
 
     def _finish_put(self, appended: Appended, started: float) -> cp.SendResponse:
         if self.metrics:
@@ -686,15 +754,16 @@ class Broker:
         queue_offsets = list(result.queue_offsets) if result is not None else []
         return cp.SendResponse(appended.status.name, appended.reason, appended.queue_id, offsets, queue_offsets)
 
-    def _wait_for(self, waiters: OffsetWaiters, offset: int, timeout_ms: int) -> _Wait:
-        wait = _Wait()
+    def _wait_for(self, waiters: OffsetWaiters, offset: int, timeout_ms: int, callback=None) -> _Wait:
+        wait = _Wait(callback)
         deadline = trio.current_time() + timeout_ms / 1000
         try:
             waiters.add(offset, deadline, wait)
         except WaitersFull:
-            wait.event.set()  # ok stays False: reported as a timeout
+            wait.done = True  # ok stays False: reported as a timeout
+            wait.event.set()
             return wait
-        if waiters.next_deadline() == deadline:  # the earliest now: the timer must know
+        if deadline < self._timer_at:  # due before the timer next looks by itself: wake it
             self._timer_wakeup.set()
         return wait
 
@@ -702,8 +771,7 @@ class Broker:
         """A slave's report moved: release the SYNC_MASTER puts it covers."""
         watermark = self.replicas.ack_watermark(self.config.in_sync_replicas)
         for wait in self._ack_waiters.release(watermark):
-            wait.ok = True
-            wait.event.set()
+            wait.finish(True)
 
     # -- other requests -------------------------------------------------------------------
 
@@ -781,8 +849,7 @@ class Broker:
             async with self.maintenance:
                 flushed = await trio.to_thread.run_sync(self.store.flush_commitlog, 0)
             for wait in self._flush_waiters.release(flushed):
-                wait.ok = True
-                wait.event.set()
+                wait.finish(True)
             self.new_data.notify()  # under SYNC_FLUSH dispatch follows the flushed offset
             if len(self._flush_waiters):
                 self._flush_requested.set()
@@ -803,13 +870,14 @@ class Broker:
         """Expire flush and ack waiters at their deadlines."""
         while True:
             deadlines = [d for d in (self._flush_waiters.next_deadline(), self._ack_waiters.next_deadline()) if d is not None]
-            timeout = min([WAITER_TIMER_MAX_SECONDS, *[d - trio.current_time() for d in deadlines]])
-            with trio.move_on_after(max(timeout, 0)):
+            self._timer_at = min([trio.current_time() + WAITER_TIMER_MAX_SECONDS, *deadlines])
+            with trio.move_on_at(self._timer_at):
                 await self._timer_wakeup.wait()
+            self._timer_at = math.inf  # awake: whatever is registered now is seen below or next pass
             self._timer_wakeup = trio.Event()
             now = trio.current_time()
             for wait in self._flush_waiters.expire(now) + self._ack_waiters.expire(now):
-                wait.event.set()
+                wait.finish(False)
 
     async def _dispatch_task(self) -> None:
         while True:
@@ -823,7 +891,9 @@ class Broker:
         should cost nothing), at most once per WARM_INTERVAL_SECONDS."""
         ahead = self.store.config.warm_ahead_size
         while True:
-            await self.new_data.wait(WARM_IDLE_SECONDS)
+            with trio.move_on_after(WARM_IDLE_SECONDS):
+                await self._warm_wanted.wait()
+            self._warm_wanted = trio.Event()
             await trio.sleep(WARM_INTERVAL_SECONDS)
             if self.store.commit_log.mapped_file_queue.needs_warming(ahead):
                 async with self.maintenance:

@@ -72,7 +72,9 @@ class HAService:
             try:
                 first_report = trio.Event()
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._read_reports, connection, progress, first_report)
+                    watchdog = transport.Watchdog(broker.config.ha_housekeeping_interval_ms / 1000, "no report from the slave")
+                    nursery.start_soon(watchdog.run)
+                    nursery.start_soon(self._read_reports, connection, progress, first_report, watchdog)
                     nursery.start_soon(self._write_frames, connection, progress, first_report, hello)
             finally:
                 broker.replicas.remove(connection_id)
@@ -130,13 +132,12 @@ class HAService:
             raise wire.ProtocolError("slave sent data before the handshake was answered")
         return hello
 
-    async def _read_reports(self, connection, progress: SlaveProgress, first_report: trio.Event) -> None:
+    async def _read_reports(self, connection, progress: SlaveProgress, first_report: trio.Event, watchdog) -> None:
         broker = self.broker
         decoder = ha.ReportDecoder()
-        housekeeping = broker.config.ha_housekeeping_interval_ms / 1000
         while True:
-            with trio.fail_after(housekeeping):
-                data = await connection.receive_some()
+            data = await connection.receive_some()
+            watchdog.feed()
             if not data:
                 raise EOFError("slave closed the connection")
             decoder.receive_data(data)
@@ -188,9 +189,11 @@ class HAService:
                     continue
                 writer.busy = False
                 try:
-                    await broker.new_data.wait(max(0.0, heartbeat - (trio.current_time() - writer.last_write)))
+                    with trio.move_on_at(writer.last_write + heartbeat):
+                        await writer.wakeup.wait()
                 finally:
                     writer.busy = True
+                writer.wakeup = trio.Event()
                 if trio.current_time() - writer.last_write >= heartbeat and writer.offset >= store.commit_log.max_offset:
                     await connection.send_all(ha.encode_transfer_header(writer.offset, 0))
                     writer.last_write = trio.current_time()
@@ -211,8 +214,11 @@ class HAService:
         end = store.commit_log.max_offset
         batch_size = self.broker.config.ha_transfer_batch_size
         for writer in self._writers:
+            if writer.busy or writer.remainder or writer.offset >= end:
+                continue  # a busy task looks at the log's end before it waits again
             fd = writer.connection.raw_fileno  # now, never kept: a closed socket's number is reused
-            if writer.busy or writer.remainder or writer.offset >= end or fd < 0:
+            if fd < 0:
+                writer.wakeup.set()  # TLS, or closed: the task sends (or meets the error)
                 continue
             data = store.read(writer.offset, batch_size)
             try:
@@ -220,16 +226,18 @@ class HAService:
                 header = ha.encode_transfer_header(writer.offset, size)
                 try:
                     sent = os.writev(fd, [header, data])
-                except (BlockingIOError, InterruptedError):
+                except OSError:  # full (EAGAIN), or broken: the task sends, or meets the error
+                    writer.wakeup.set()
                     continue
-                except OSError:
-                    continue  # the writer task's next send meets the error and ends the connection
                 if sent < len(header) + size:
                     writer.remainder = (header + bytes(data))[sent:]
+                    writer.wakeup.set()
             finally:
                 data.release()
             writer.offset += size
             writer.last_write = trio.current_time()
+            if writer.offset < end:  # a frame stops at a segment's end and at the batch size
+                writer.wakeup.set()
 
 
 class _Writer:
@@ -237,7 +245,7 @@ class _Writer:
     next frame starts, whether the task is in a send (a push then stays out: frames must not
     interleave), and the unsent end of a frame a push began."""
 
-    __slots__ = ("connection", "offset", "busy", "remainder", "last_write")
+    __slots__ = ("connection", "offset", "busy", "remainder", "last_write", "wakeup")
 
     def __init__(self, connection, offset: int):
         self.connection = connection
@@ -245,6 +253,7 @@ class _Writer:
         self.busy = True  # the task is sending or about to
         self.remainder = b""
         self.last_write = trio.current_time()
+        self.wakeup = trio.Event()  # set by push for what it left to the task
 
 
 class _OpenSegment:

@@ -99,7 +99,9 @@ class HAClient:
                 if config.flush_before_ack:
                     self._flush_wakeup = trio.Event()
                     nursery.start_soon(self._flush_and_report, connection)
-                await self._receive_frames(connection)
+                watchdog = transport.Watchdog(config.ha_housekeeping_interval_ms / 1000, "nothing from the master")
+                nursery.start_soon(watchdog.run)
+                await self._receive_frames(connection, watchdog)
                 nursery.cancel_scope.cancel()
         finally:
             broker.master_connected = False
@@ -166,15 +168,14 @@ class HAClient:
             self._flushed = await trio.to_thread.run_sync(store.flush_commitlog, 0)
             await self._report(connection)
 
-    async def _receive_frames(self, connection) -> None:
+    async def _receive_frames(self, connection, watchdog: transport.Watchdog) -> None:
         broker = self.broker
         store = broker.store
         config = broker.config
-        housekeeping = config.ha_housekeeping_interval_ms / 1000
         while True:
-            with trio.fail_after(housekeeping):
-                raw = await connection.receive_exactly(ha.TRANSFER_HEADER.size, read_ahead=False)
-                header = ha.decode_transfer_header(raw, size_max=config.ha_frame_size_max)
+            raw = await connection.receive_exactly(ha.TRANSFER_HEADER.size, read_ahead=False)
+            watchdog.feed()
+            header = ha.decode_transfer_header(raw, size_max=config.ha_frame_size_max)
             local_end = store.commit_log.max_wrote_offset
             if store.commit_log.mapped_file_queue.last is not None and header.offset != local_end:
                 raise wire.ProtocolError(f"master pushed offset {header.offset} but the local log ends at {local_end}")
@@ -188,13 +189,13 @@ class HAClient:
             try:
                 if len(target) != header.size:
                     raise wire.ProtocolError(f"frame of {header.size} bytes at {header.offset} crosses a segment boundary")
-                with trio.fail_after(housekeeping):
-                    await connection.receive_into(target)
+                await connection.receive_into(target)
             finally:
                 target.release()
             store.commit_log.commit_replicated(header.size)
-            broker.new_data.notify()
+            watchdog.feed()
             if config.flush_before_ack:
                 self._flush_wakeup.set()
             else:
-                await self._report(connection)
+                await self._report(connection)  # first: the master waits for it
+            broker.after_appends()

@@ -221,6 +221,27 @@ def listener_address(listener: trio.SocketListener) -> Address:
     return host, port
 
 
+class Watchdog:
+    """Ends a connection that has received nothing for ``seconds``: ``run``, a sibling task in
+    the connection's nursery, raises TooSlowError, and the receiving task calls ``feed`` after
+    each receive (a clock read). A ``fail_after`` per receive had cost a cancel scope, a
+    generator and two deadline-heap operations per frame on the replication path."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self.seconds = seconds
+        self.what = what
+        self.fed_at = trio.current_time()
+
+    def feed(self) -> None:
+        self.fed_at = trio.current_time()
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep_until(self.fed_at + self.seconds)
+            if trio.current_time() - self.fed_at >= self.seconds:
+                raise trio.TooSlowError(f"{self.what} for {self.seconds:g} s")
+
+
 class Notifier:
     """Wakes everyone waiting for "something new" (appended bytes, a moved watermark) at once,
     without polling: each ``notify`` sets the current event and starts a new one."""

@@ -186,3 +186,42 @@ async def test_a_push_never_writes_to_a_descriptor_number_reused_after_the_close
         for sock in (newcomer, its_peer, right):
             sock.close()
         broker.store.close()
+
+
+async def test_a_push_that_leaves_part_of_the_appends_wakes_the_writer_task(tmp_path):
+    """A pushed frame stops at the transfer batch size (and at a segment's end): the writer task
+    must be woken for the rest, or it would wait for the next put or heartbeat with a SYNC_MASTER
+    put's bytes unsent."""
+    import socket
+
+    from commitlog.store import MessageStore
+    from hasvc.broker import Broker
+    from hasvc.config import BrokerConfig, BrokerRole
+    from hasvc.ha_master import HAService, _Writer
+    from hasvc.protocol import client as cp
+    from hasvc.protocol import ha
+
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=1024 * 1024, ha_transfer_batch_size=4096)
+    broker = Broker(config)
+    broker.store = MessageStore.open(str(tmp_path), config.store_config())
+    service = broker.ha_service = HAService(broker)
+    left, right = socket.socketpair()
+    connection = transport.Connection(trio.SocketStream(trio.socket.from_stdlib_socket(left)), "slave")
+    writer = _Writer(connection, 0)
+    service._writers.add(writer)
+    try:
+        writer.busy = False
+        broker.append(cp.SendRequest("T", 0, [b"x" * 1000], [b""], 0, 0))
+        service.push()  # all of it fits one frame: nothing left for the task
+        header = ha.decode_transfer_header(right.recv(12), size_max=1 << 20)
+        assert header.offset == 0 and len(right.recv(1 << 16)) == header.size == broker.store.commit_log.max_offset
+        assert not writer.wakeup.is_set()
+        broker.append(cp.SendRequest("T", 0, [b"y" * 1000] * 10, [b""] * 10, 0, 0))  # ~10 KiB: more than a batch
+        service.push()
+        header = ha.decode_transfer_header(right.recv(12), size_max=1 << 20)
+        assert header.size <= 4096 and writer.offset < broker.store.commit_log.max_offset
+        assert writer.wakeup.is_set()  # the task sends the rest
+    finally:
+        await connection.aclose()
+        right.close()
+        broker.store.close()

@@ -98,11 +98,69 @@ async def test_sync_master_without_slaves_answers_slave_not_available_at_once(tm
     broker.store.close()
 
 
-async def test_a_waiter_with_the_earliest_deadline_wakes_the_timer(tmp_path):
-    """Real clock: registering the first waiter must wake the timer task, or its deadline is
-    only noticed at the timer's next periodic check (WAITER_TIMER_MAX_SECONDS late)."""
+async def test_a_waiter_due_before_the_timers_next_look_wakes_it_and_only_such_a_waiter(tmp_path):
+    """Real clock: a deadline before the timer task's own next look must wake it, or it is only
+    noticed then; a later one must not (that wake-up was a scheduler pass per put)."""
     broker = broker_for(tmp_path)
     assert not broker._timer_wakeup.is_set()
     broker._wait_for(broker._ack_waiters, 100, 3000)
-    assert broker._timer_wakeup.is_set()
+    assert broker._timer_wakeup.is_set()  # the timer is not sleeping yet: it is told
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(broker._waiter_timer_task)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not broker._timer_wakeup.is_set() and broker._timer_at <= trio.current_time() + 0.1
+        broker._wait_for(broker._ack_waiters, 200, 3000)  # due long after the timer's next look
+        assert not broker._timer_wakeup.is_set()
+        broker._wait_for(broker._ack_waiters, 300, 1)  # due before it
+        assert broker._timer_wakeup.is_set()
+        nursery.cancel_scope.cancel()
+    broker.store.close()
+
+
+class _Outbox:
+    def __init__(self):
+        self.answers = []
+
+    def respond(self, frame, payload):
+        self.answers.append((frame.request_id, cp.decode_send_response(payload).status))
+
+    def flush(self):
+        pass
+
+
+async def test_stored_puts_are_answered_when_their_last_wait_ends(tmp_path):
+    """SYNC_MASTER with SYNC_FLUSH: puts appended together are answered, by whoever ends the last
+    of their waits (the group commit, a slave's report, the timer), once and with the status
+    those waits earned; no task is spawned for them."""
+    from hasvc.config import FlushDiskType
+
+    broker = broker_for(tmp_path, flush=FlushDiskType.SYNC_FLUSH, slave_timeout_ms=300)
+    broker.replicas.add(SlaveProgress(1, "s1", "a", 0.0))
+    broker.replicas.on_report(1, 0, master_max_offset=0, now=0.0)
+    outbox = _Outbox()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(broker._waiter_timer_task)
+        nursery.start_soon(broker._group_commit_task)
+        frames = [cp.Frame(cp.SEND, i, b"") for i in (1, 2)]
+        broker._respond_when_safe([((outbox, frame), broker.append(send_request(b"m%d" % frame.request_id))) for frame in frames])
+        with trio.fail_after(10):  # the group commit's fdatasync, in a worker thread
+            while broker.store.commit_log.flushed_offset < broker.store.commit_log.max_offset:
+                await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
+        assert outbox.answers == []  # flushed, but no slave has it yet
+        end = broker.store.commit_log.max_offset
+        broker.replicas.on_report(1, end, master_max_offset=end, now=1.0)
+        broker.on_ack()  # answered here, from the report's reader
+        assert outbox.answers == [(1, "PUT_OK"), (2, "PUT_OK")]
+        broker.on_ack()
+        assert len(outbox.answers) == 2  # once
+
+        late = cp.Frame(cp.SEND, 3, b"")
+        started = trio.current_time()
+        broker._respond_when_safe([((outbox, late), broker.append(send_request(b"nobody acks this")))])
+        with trio.fail_after(10):
+            while len(outbox.answers) < 3:
+                await trio.sleep(0.05)
+        assert outbox.answers[2] == (3, "FLUSH_SLAVE_TIMEOUT") and trio.current_time() - started >= 0.3
+        nursery.cancel_scope.cancel()
     broker.store.close()

@@ -86,11 +86,12 @@ class Outbox:
     beyond, the connection stops reading. A plain counter: a CapacityLimiter token per request
     cost a dict entry and two method calls on every put.
 
-    Who sends: whoever finished a batch of responses calls ``flush``, which writes them to the
-    socket at once when nothing else is being sent and the kernel takes them all (plain TCP).
-    Otherwise, and always as a backstop, the writer task sends what is queued. Answering from
-    the writer task alone put a scheduler pass, behind every other task woken by the same put
-    (dispatch, replication), between a put's completion and its response."""
+    Who sends: whoever queued responses (``respond``) calls ``flush`` when done, which writes
+    them to the socket at once when nothing else is being sent and the kernel takes them all
+    (plain TCP), and otherwise wakes the writer task to send the rest. Answering from the
+    writer task alone put a scheduler pass, behind every other task woken by the same put
+    (dispatch, replication), between a put's completion and its response; waking it for every
+    response, sent or not, cost one more."""
 
     def __init__(self, connection, in_flight_max: int):
         assert in_flight_max > 0
@@ -118,15 +119,18 @@ class Outbox:
         self._parts.append(cp.FRAME_HEADER.pack(len(payload) + 5, frame.kind | cp.RESPONSE_BIT, frame.request_id))
         self._parts.append(payload)
         self._queued += 1
-        self._wakeup.set()
 
     def flush(self) -> None:
         """Send the queued responses now if the socket takes them all without waiting; what it
-        does not take is left to the writer task (in order: nothing else is sent meanwhile)."""
+        does not take is left to the writer task (in order: nothing else is sent meanwhile).
+        Every ``respond`` is followed by a ``flush``: nothing else wakes the writer task."""
+        if not self._parts:
+            return
         # The descriptor is looked up now, never kept: once the connection is closed its
         # number may already belong to a newly accepted one (a greeting would follow our bytes).
         fd = self.connection.raw_fileno
-        if self._sending or not self._parts or fd < 0:
+        if self._sending or fd < 0:
+            self._wakeup.set()  # the task sends them (after what it is sending)
             return
         data = b"".join(self._parts)
         try:
@@ -134,9 +138,11 @@ class Outbox:
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError:
-            return  # the writer task's send meets the error and ends the connection
+            self._wakeup.set()  # the task's send meets the error and ends the connection
+            return
         if sent < len(data):
             self._parts = [data[sent:]]
+            self._wakeup.set()
             return
         self._parts = []
         self._released(self._queued)
@@ -152,7 +158,7 @@ class Outbox:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             if not self._parts:
-                continue  # flushed by the caller
+                continue  # flushed by the caller after all
             parts, self._parts = self._parts, []
             count, self._queued = self._queued, 0
             self._sending = True
@@ -502,6 +508,7 @@ class Broker:
                             continue
                         self._sends.append((outbox, frame, request))
                     self._submit_sends()
+                    outbox.flush()  # answers to requests other than SENDs
         except BaseException as error:
             if not transport.is_expected(error, CLIENT_CONNECTION_ERRORS):
                 raise
@@ -580,6 +587,7 @@ class Broker:
             if lookup.verdict is Verdict.REFUSED:
                 outbox, frame = reply
                 outbox.respond(frame, self._error(frame, lookup.reason))
+                outbox.flush()
                 return
             if lookup.verdict is Verdict.DUPLICATE:
                 stored = lookup.stored
@@ -630,8 +638,9 @@ class Broker:
                 await self.demote(parse_address(cp.decode_demote(frame.payload)))
         except (ValueError, wire.ProtocolError) as error:
             outbox.respond(frame, cp.encode_simple_response(cp.ERROR, str(error), b""))
-            return
-        outbox.respond(frame, cp.encode_simple_response(cp.OK, "", json.dumps(self.status()).encode()))
+        else:
+            outbox.respond(frame, cp.encode_simple_response(cp.OK, "", json.dumps(self.status()).encode()))
+        outbox.flush()
 
     def _error(self, frame: cp.Frame, reason: str) -> bytes:
         if frame.kind in cp.SEND_KINDS:

@@ -85,6 +85,7 @@ async def test_outbox_bounds_requests_in_flight_and_sends_pending_responses_toge
         nursery.start_soon(reserve_third)
         outbox.respond(cp.Frame(cp.SEND, 7, b""), b"a")
         outbox.respond(cp.Frame(cp.STATUS, 8, b""), b"bc")
+        outbox.flush()  # not a socket: this wakes the writer task
         await trio.testing.wait_all_tasks_blocked()
         assert not third.is_set()  # both places held until the responses reach the kernel
         connection.release.set()
@@ -131,6 +132,7 @@ async def test_outbox_flush_sends_at_once_and_frees_the_places():
         assert outbox.full
         outbox.flush()  # no writer task running: the caller sent them
         assert not outbox.full and outbox.in_flight == 0
+        assert not outbox._wakeup.is_set()  # all sent: the writer task is not woken for nothing
         assert right.recv(100) == _frame(cp.SEND, 1, b"a") + _frame(cp.SEND, 2, b"b")
         outbox.flush()  # nothing queued: nothing sent
         assert connection.task_sent == b""

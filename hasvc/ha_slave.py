@@ -147,7 +147,7 @@ class HAClient:
         """Report what we may acknowledge: the end of the log, or with ``flush_before_ack`` the
         end of what is flushed (a heartbeat between a frame and its flush must not ack it)."""
         offset = self._flushed if self.broker.config.flush_before_ack else self.broker.store.commit_log.max_offset
-        await connection.send_all(ha.REPORT.pack(offset))
+        await connection.send_small(ha.REPORT.pack(offset))
         self._last_reported = offset
 
     async def _heartbeat(self, connection) -> None:

@@ -66,6 +66,21 @@ class Connection:
                 if len(part):
                     await self.stream.send_all(part)
 
+    async def send_small(self, data: bytes) -> None:
+        """Send a small frame (a slave's report) with one non-blocking write when nothing else
+        is being sent on plain TCP, else (or for what the kernel did not take) through
+        ``send_all``: trio's send yields to the scheduler after every send, a pass per report."""
+        fd = self.raw_fileno
+        if fd >= 0 and not self._send_lock.locked():
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
+        await self.send_all(data)
+
     @property
     def raw_fileno(self) -> int:
         """The socket's descriptor on plain TCP (bytes written to it go out as they are), -1
@@ -127,7 +142,15 @@ class Connection:
             del self._pending[:filled]
         while filled < len(view):
             if self._socket is not None:
-                count = await self._socket.recv_into(view[filled:])
+                # Straight from the descriptor: the bytes usually came with the header, and
+                # trio's recv_into yields to the scheduler after every successful receive. The
+                # caller's next receive (a header, through trio) is where it yields.
+                fd = self._socket.fileno()  # -1 once closed: trio's recv_into raises the error
+                try:
+                    count = os.readv(fd, [view[filled:]]) if fd >= 0 else await self._socket.recv_into(view[filled:])
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(self._socket)
+                    continue
                 if count == 0:
                     raise EOFError(f"{self.peer} closed the connection")
                 filled += count

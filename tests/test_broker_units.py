@@ -210,6 +210,8 @@ class _Sent:
     async def send_all(self, *parts) -> None:
         self.data += b"".join(parts)
 
+    send_small = send_all
+
 
 async def test_a_flushing_slave_reports_only_what_it_has_flushed():
     """With flush_before_ack, a report (a heartbeat between a frame and its flush included)

@@ -225,3 +225,49 @@ async def test_a_push_that_leaves_part_of_the_appends_wakes_the_writer_task(tmp_
         await connection.aclose()
         right.close()
         broker.store.close()
+
+
+async def test_receive_into_fills_the_view_from_pieces_that_arrive_over_time():
+    """The slave's frame body: read straight from the descriptor, waiting when the kernel has
+    nothing yet; bytes already buffered by an earlier receive come first."""
+    sender, receiver = await _connected_pair()
+    payload = os.urandom(SIZE)
+    target = bytearray(SIZE)
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def trickle():
+                await sender.send_all(payload[:100])
+                await trio.sleep(0.05)  # the receiver finds the socket empty and waits
+                for start in range(100, SIZE, 1 << 20):
+                    await sender.send_all(payload[start : start + (1 << 20)])
+
+            nursery.start_soon(trickle)
+            assert await receiver.receive_exactly(10) == payload[:10]  # reads ahead: 90 bytes kept
+            await receiver.receive_into(memoryview(target)[10:])
+    finally:
+        await sender.aclose()
+        await receiver.aclose()
+    assert target[10:] == payload[10:]
+
+
+async def test_send_small_goes_after_a_send_in_progress_never_into_it():
+    """A report written directly while another task is in send_all would land inside its
+    bytes: then it waits its turn."""
+    sender, receiver = await _connected_pair()
+    big = os.urandom(SIZE)  # more than the socket buffers: send_all has to wait for the reader
+    received = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sender.send_all, big)
+            await trio.testing.wait_all_tasks_blocked()  # send_all holds the lock, socket full
+            first = os.read(receiver.raw_fileno, 1 << 20)  # room in the socket, send_all not yet back
+            nursery.start_soon(_receive_all, receiver, SIZE + 8 - len(first), received)  # runs at our next yield
+            await sender.send_small(b"REPORT!!")
+        received[0] = first + received[0]
+        await sender.send_small(b"ALONE...")  # nothing in progress: one write
+        assert await receiver.receive_exactly(8) == b"ALONE..."
+    finally:
+        await sender.aclose()
+        await receiver.aclose()
+    assert received[0][:SIZE] == big and received[0][SIZE:] == b"REPORT!!"

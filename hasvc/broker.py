@@ -544,24 +544,33 @@ class Broker:
             self._put_items(items)
 
     def _put_items(self, items: list[tuple[Outbox, cp.Frame, cp.SendRequest]]) -> None:
+        """Append a pass of SENDs, send them to the idle slaves, then register the waits and
+        answer the refusals: the slave works on the frame while the master does the rest (it
+        is only read after this step, so no ack can come before its waits exist)."""
+        answered: list = []
         plain: list = []
         for outbox, frame, request in items:
             if frame.kind == cp.SEND:
                 plain.append(((outbox, frame), request))
                 continue
-            self._put_sends(plain)
+            answered.append(self._append_sends(plain))
             plain = []
-            self._put_idempotent((outbox, frame), request)
-        self._put_sends(plain)
-        self.after_appends()
+            answered.append(self._append_idempotent((outbox, frame), request))
+        answered.append(self._append_sends(plain))
+        if self.ha_service is not None:
+            self.ha_service.push()
+        for each in answered:
+            if each:
+                self._respond_when_safe(each)
+        self.after_appends(push=False)
 
-    def after_appends(self) -> None:
+    def after_appends(self, *, push: bool = True) -> None:
         """What follows a pass of appends (a master's puts, a frame on a slave), done here
         rather than by waking a task per append (for a lone producer each wake-up was a
-        scheduler pass on the put's path): frames to the idle slave connections, the consume
-        queue units, and a wake-up for the dispatch task only if a pass leaves more, for the
-        warm-up task only when the write area needs it."""
-        if self.ha_service is not None:
+        scheduler pass on the put's path): frames to the idle slave connections (unless the
+        caller pushed already), the consume queue units, and a wake-up for the dispatch task
+        only if a pass leaves more, for the warm-up task only when the write area needs it."""
+        if push and self.ha_service is not None:
             self.ha_service.push()
         store = self.store
         store.dispatch()
@@ -570,25 +579,25 @@ class Broker:
         if store.commit_log.mapped_file_queue.needs_warming(self._warm_ahead):
             self._warm_wanted.set()
 
-    def _put_sends(self, sends: list) -> None:
-        """``sends``: ((outbox, frame), SendRequest) pairs."""
-        if not sends:
-            return
-        answered = []
+    def _append_sends(self, sends: list) -> list:
+        """``sends``: ((outbox, frame), SendRequest) pairs, appended by topic/queue group; each
+        reply with its Appended."""
+        answered: list = []
         for group in coalesce(sends, bytes_max=COALESCE_BYTES_MAX):
             answered += self._append_group(group)
-        self._respond_when_safe(answered)
+        return answered
 
-    def _put_idempotent(self, reply: tuple[Outbox, cp.Frame], request: cp.SendRequest) -> None:
+    def _append_idempotent(self, reply: tuple[Outbox, cp.Frame], request: cp.SendRequest) -> list:
         """A SEND_IDEMPOTENT: a retry is answered with the original offsets once they are as safe
-        as a new put would be; a new one is tagged with its producer id and sequences and put."""
+        as a new put would be; a new one is tagged with its producer id and sequences and put.
+        The reply with its Appended (none if refused here)."""
         if self._write_refusal() is None:
             lookup = self.producers.lookup(request.producer_id, request.first_sequence, len(request.bodies))
             if lookup.verdict is Verdict.REFUSED:
                 outbox, frame = reply
                 outbox.respond(frame, self._error(frame, lookup.reason))
                 outbox.flush()
-                return
+                return []
             if lookup.verdict is Verdict.DUPLICATE:
                 stored = lookup.stored
                 end = max(each.offset + each.size for each in stored)
@@ -598,11 +607,10 @@ class Broker:
                 )  # fmt: skip
                 appended = Appended(rec.PutMessageStatus.PUT_OK, "", result, stored[0].queue_id)
                 self.duplicate_sends += 1
-                self._respond_when_safe([(reply, appended)])
-                return
+                return [(reply, appended)]
         properties = [tag_properties(p, request.producer_id, request.first_sequence + i) for i, p in enumerate(request.properties)]
         tagged = dataclasses.replace(request, properties=properties)
-        self._respond_when_safe(self._append_group([(reply, tagged)]))
+        return self._append_group([(reply, tagged)])
 
     def _append_group(self, group: list) -> list:
         """Append a group of SENDs (same topic, queue and flag, read together) as one batch, in

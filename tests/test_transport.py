@@ -3,7 +3,10 @@ bytes to the kernel with ``os.sendfile``, waits when the socket is full, and the
 segment handle follows the store's segments (a truncated and recreated segment is reopened)."""
 
 import os
+import socket
+import struct
 
+import pytest
 import trio
 import trio.testing
 
@@ -271,3 +274,50 @@ async def test_send_small_goes_after_a_send_in_progress_never_into_it():
         await sender.aclose()
         await receiver.aclose()
     assert received[0][:SIZE] == big and received[0][SIZE:] == b"REPORT!!"
+
+
+async def test_receive_from_the_descriptor_keeps_trio_stream_semantics():
+    """receive_some reads the descriptor directly on plain TCP: what has arrived (a wait when
+    nothing has), a checkpoint even when the bytes were already there, b"" at the peer's close,
+    BrokenResourceError on a reset and ClosedResourceError once closed here."""
+    sender, receiver = await _connected_pair()
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def later():
+                await trio.sleep(0.05)  # the receiver finds nothing and waits
+                await sender.send_all(b"late")
+
+            nursery.start_soon(later)
+            assert await receiver.receive_some() == b"late"
+        await sender.send_all(b"ready")
+        await trio.sleep(0.05)
+        with trio.testing.assert_checkpoints():
+            assert await receiver.receive_some() == b"ready"
+        await sender.send_all(b"x")
+        await trio.sleep(0.05)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await receiver.receive_some()
+        assert scope.cancelled_caught, "a cancelled task's receive raised Cancelled"
+        with trio.fail_after(5):  # a receive that took the byte, then raised, would leave nothing
+            assert await receiver.receive_some() == b"x"
+        await sender.aclose()
+        assert await receiver.receive_some() == b""
+    finally:
+        await receiver.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await receiver.receive_some()
+
+
+async def test_receive_from_a_reset_connection_is_a_broken_resource():
+    sender, receiver = await _connected_pair()
+    raw = sender.stream.socket
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+    await sender.aclose()
+    await trio.sleep(0.05)
+    try:
+        with pytest.raises(trio.BrokenResourceError, match="receive from server"):
+            await receiver.receive_some()
+    finally:
+        await receiver.aclose()

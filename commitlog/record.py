@@ -445,7 +445,7 @@ def prepare_batch(batch: MessageBatch, *, body_size_max: int = BODY_SIZE_MAX_DEF
             PutMessageStatus.MESSAGE_ILLEGAL,
             f"batch bodies total {sum(body_sizes)} bytes, more than max_message_size {body_size_max}",
         )
-    if isinstance(batch.properties, Mapping | bytes):
+    if type(batch.properties) is bytes or isinstance(batch.properties, Mapping | bytes):
         properties: bytes | list[bytes] = _encoded(batch.properties)
         property_sizes = [len(properties)] * len(body_sizes)
         too_large = len(properties) > PROPERTIES_SIZE_MAX

@@ -250,7 +250,7 @@ class _StoredAnswer:
         self.stored = stored
         self.started = started
         self.registered = False
-        highest = max(stored, key=lambda pair: pair[1].result.next_offset)[1]
+        highest = stored[0][1] if len(stored) == 1 else max(stored, key=lambda pair: pair[1].result.next_offset)[1]
         self.status, self.reason, self.flush_wait, self.ack_wait = broker._begin_wait(highest, self._one_done)
         self.registered = True
         self._one_done()
@@ -258,7 +258,8 @@ class _StoredAnswer:
     def _one_done(self) -> None:
         if not self.registered:
             return  # a wait ended while the others were being registered
-        if any(wait is not None and not wait.done for wait in (self.flush_wait, self.ack_wait)):
+        flush_wait, ack_wait = self.flush_wait, self.ack_wait
+        if (flush_wait is not None and not flush_wait.done) or (ack_wait is not None and not ack_wait.done):
             return
         self.registered = False  # answered once
         broker = self.broker

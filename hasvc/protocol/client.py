@@ -36,6 +36,7 @@ ERROR. A frame over ``frame_size_max`` or of an unknown kind closes the connecti
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 from typing import Final, NamedTuple
 
@@ -344,8 +345,10 @@ def encode_send_response_fields(status: str, reason: str, queue_id: int, offsets
     return send_response_prefix(status, reason) + encode_send_response_rest(queue_id, offsets, queue_offsets)
 
 
+@functools.lru_cache(maxsize=256)
 def send_response_prefix(status: str, reason: str) -> bytes:
-    """The ``status | reason`` a broker computes once for the puts it answers together."""
+    """The ``status | reason`` a broker computes once for the puts it answers together (cached:
+    a few statuses and reasons answer nearly every put)."""
     return Writer().text(status).text(reason).bytes()
 
 

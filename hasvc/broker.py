@@ -184,7 +184,7 @@ def coalesce(sends: list[tuple[cp.Frame, cp.SendRequest]], *, bytes_max: int) ->
     groups: list[list] = []
     open_groups: dict[tuple, tuple[list, int]] = {}
     for frame, request in sends:
-        request_size = sum(len(body) for body in request.bodies)
+        request_size = sum(map(len, request.bodies))
         key = (request.topic, request.queue_id, request.flag)
         current = open_groups.get(key)
         if current is not None and current[1] + request_size <= bytes_max:
@@ -696,7 +696,8 @@ class Broker:
                     rec.PutMessageStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
                     f"{in_sync} slave(s) in sync, fewer than min_in_sync_replicas {self.config.min_in_sync_replicas}; not stored",
                 )
-        shared = all(p == request.properties[0] for p in request.properties)
+        properties = request.properties
+        shared = properties.count(properties[0]) == len(properties)  # compared in C
         batch = rec.MessageBatch(
             request.topic, request.bodies, queue_id=request.queue_id,
             properties=request.properties[0] if shared else request.properties,

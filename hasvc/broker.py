@@ -263,7 +263,7 @@ class _StoredAnswer:
             return
         self.registered = False  # answered once
         broker = self.broker
-        status, reason = broker._final_status(self.status, self.reason, self.flush_wait, self.ack_wait)
+        status, reason = broker._final_status(self.status, self.reason, flush_wait, ack_wait)
         name = status.name
         if broker.metrics:
             broker.metrics.put_done_many(name, time.perf_counter() - self.started, len(self.stored))

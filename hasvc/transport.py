@@ -169,15 +169,17 @@ class Connection:
             del self._pending[:filled]
         while filled < len(view):
             if self._socket is not None:
-                # Straight from the descriptor: the bytes usually came with the header, and
-                # trio's recv_into yields to the scheduler after every successful receive. The
-                # caller's next receive (a header, through trio) is where it yields.
+                # Straight from the descriptor, as ``_receive``, but with no yield after an
+                # immediate read: the bytes usually came with the header, and the caller's next
+                # receive (a header, ``_receive``) is where it yields.
                 fd = self._socket.fileno()  # -1 once closed: trio's recv_into raises the error
                 try:
                     count = os.readv(fd, [view[filled:]]) if fd >= 0 else await self._socket.recv_into(view[filled:])
                 except BlockingIOError:
                     await trio.lowlevel.wait_readable(self._socket)
                     continue
+                except OSError as error:
+                    raise trio.BrokenResourceError(f"receive from {self.peer}: {error}") from error
                 if count == 0:
                     raise EOFError(f"{self.peer} closed the connection")
                 filled += count

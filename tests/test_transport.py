@@ -11,8 +11,13 @@ import trio
 import trio.testing
 
 from commitlog.mapped_file import MappedFile, segment_name
+from commitlog.store import MessageStore
 from hasvc import transport
-from hasvc.ha_master import _OpenSegment
+from hasvc.broker import Broker
+from hasvc.config import BrokerConfig, BrokerRole
+from hasvc.ha_master import HAService, _OpenSegment, _Writer
+from hasvc.protocol import client as cp
+from hasvc.protocol import ha, wire
 
 SIZE = 8 * 1024 * 1024  # several times the socket buffers: sendfile meets EAGAIN and must wait
 
@@ -26,6 +31,20 @@ async def _connected_pair():
     server, _ = await listener.accept()
     listener.close()
     return transport.Connection(trio.SocketStream(client), "client"), transport.Connection(trio.SocketStream(server), "server")
+
+
+def _master_with_a_slave_writer(tmp_path, **settings):
+    """A SYNC_MASTER broker's store and HA service, with one slave connection's writer over a
+    socketpair: (broker, service, writer, connection, the slave's end)."""
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=1024 * 1024, **settings)
+    broker = Broker(config)
+    broker.store = MessageStore.open(str(tmp_path), config.store_config())
+    service = broker.ha_service = HAService(broker)
+    left, right = socket.socketpair()
+    connection = transport.Connection(trio.SocketStream(trio.socket.from_stdlib_socket(left)), "slave")
+    writer = _Writer(connection, 0)
+    service._writers.add(writer)
+    return broker, service, writer, connection, right
 
 
 async def _receive_all(connection, size, out):
@@ -99,13 +118,6 @@ async def test_frames_pushed_from_the_put_path_and_sent_by_the_writer_task_never
     """Appends pushed at once (``HAService.push``, the socket taking part of a frame or none of
     it) and frames sent by the connection's writer task make one contiguous stream of frames
     whose bytes are the log's."""
-    from commitlog.store import MessageStore
-    from hasvc.broker import Broker
-    from hasvc.config import BrokerConfig, BrokerRole
-    from hasvc.ha_master import HAService
-    from hasvc.protocol import client as cp
-    from hasvc.protocol import ha, wire
-
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=64 * 1024 * 1024)
     broker = Broker(config)
     broker.store = MessageStore.open(str(tmp_path), config.store_config())
@@ -151,26 +163,9 @@ async def test_frames_pushed_from_the_put_path_and_sent_by_the_writer_task_never
 async def test_a_push_never_writes_to_a_descriptor_number_reused_after_the_close(tmp_path):
     """An append pushed to a slave connection that has closed (its writer not yet gone from the
     service) must not reach whichever socket was given the closed one's number next."""
-    import socket
-
-    import pytest
-
-    from commitlog.store import MessageStore
-    from hasvc.broker import Broker
-    from hasvc.config import BrokerConfig, BrokerRole
-    from hasvc.ha_master import HAService, _Writer
-    from hasvc.protocol import client as cp
-
-    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=1024 * 1024)
-    broker = Broker(config)
-    broker.store = MessageStore.open(str(tmp_path), config.store_config())
-    service = broker.ha_service = HAService(broker)
-    left, right = socket.socketpair()
-    connection = transport.Connection(trio.SocketStream(trio.socket.from_stdlib_socket(left)), "slave")
-    writer = _Writer(connection, 0)
+    broker, service, writer, connection, right = _master_with_a_slave_writer(tmp_path)
     writer.busy = False  # idle, waiting for appends: a push may send
-    service._writers.add(writer)
-    number = left.fileno()
+    number = connection.raw_fileno
     await connection.stream.aclose()
     newcomer, its_peer = socket.socketpair()
     reused = newcomer.fileno() == number
@@ -195,23 +190,7 @@ async def test_a_push_that_leaves_part_of_the_appends_wakes_the_writer_task(tmp_
     """A pushed frame stops at the transfer batch size (and at a segment's end): the writer task
     must be woken for the rest, or it would wait for the next put or heartbeat with a SYNC_MASTER
     put's bytes unsent."""
-    import socket
-
-    from commitlog.store import MessageStore
-    from hasvc.broker import Broker
-    from hasvc.config import BrokerConfig, BrokerRole
-    from hasvc.ha_master import HAService, _Writer
-    from hasvc.protocol import client as cp
-    from hasvc.protocol import ha
-
-    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=1024 * 1024, ha_transfer_batch_size=4096)
-    broker = Broker(config)
-    broker.store = MessageStore.open(str(tmp_path), config.store_config())
-    service = broker.ha_service = HAService(broker)
-    left, right = socket.socketpair()
-    connection = transport.Connection(trio.SocketStream(trio.socket.from_stdlib_socket(left)), "slave")
-    writer = _Writer(connection, 0)
-    service._writers.add(writer)
+    broker, service, writer, connection, right = _master_with_a_slave_writer(tmp_path, ha_transfer_batch_size=4096)
     try:
         writer.busy = False
         broker.append(cp.SendRequest("T", 0, [b"x" * 1000], [b""], 0, 0))

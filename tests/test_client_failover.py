@@ -7,7 +7,7 @@ import trio
 from commitlog.inspect import iter_records
 from hasvc import client as hc
 from tests.cluster import wait_until
-from tests.test_system import caught_up, cluster, status  # noqa: F401
+from tests.test_system import caught_up, cluster, slave_acking, status  # noqa: F401
 
 
 async def send_as(address: str, producer_id: str, first: int, bodies: list[bytes]) -> list[hc.SendResult]:
@@ -44,7 +44,7 @@ def test_a_retry_is_answered_with_the_original_offsets_and_stored_once(cluster):
 def test_a_promoted_slave_recognises_a_retry_of_what_was_replicated_to_it(cluster):  # noqa: F811
     master = cluster.start_master(role="sync")
     slave = cluster.start_slave(master.ha_address)
-    wait_until(lambda: status(master)["slaves"], message="slave connected")
+    wait_until(lambda: slave_acking(master), message="slave acking")
     sent = trio.run(send_as, master.address, "p", 0, [b"x" * 100] * 3)
     assert {r.status for r in sent} == {"PUT_OK"}  # on the slave too
     master.kill()
@@ -60,7 +60,7 @@ def test_a_promoted_slave_recognises_a_retry_of_what_was_replicated_to_it(cluste
 def test_producers_with_several_addresses_ride_through_a_sigkill_without_duplicates(cluster):  # noqa: F811
     master = cluster.start_master(role="sync", slave_timeout_ms=1000)
     slave = cluster.start_slave(master.ha_address)
-    wait_until(lambda: status(master)["slaves"], message="slave connected")
+    wait_until(lambda: slave_acking(master), message="slave acking")
     addresses = [master.address, slave.address]
     acked: dict[int, int] = {}
     failovers = []

@@ -5,13 +5,13 @@ import trio
 
 from hasvc import client as hc
 from tests.cluster import wait_until
-from tests.test_system import caught_up, cluster, log_digest, send_many, status  # noqa: F401, F811
+from tests.test_system import caught_up, cluster, log_digest, send_many, slave_acking, status  # noqa: F401, F811
 
 
 def test_promote_then_the_old_master_rejoins_and_its_unreplicated_tail_is_cut(cluster):  # noqa: F811
     master = cluster.start_master(role="sync", slave_timeout_ms=500)
     slave = cluster.start_slave(master.ha_address)
-    wait_until(lambda: status(master)["slaves"] and status(master)["slaves"][0]["ack_offset"] >= 0, message="slave acking")
+    wait_until(lambda: slave_acking(master), message="slave acking")
     acked = trio.run(send_many, master.address, 300, 8)
     assert {r.status for r in acked.values()} == {"PUT_OK"}
     wait_until(lambda: caught_up(master, slave), message="slave caught up")
@@ -130,7 +130,7 @@ def test_sigkill_master_under_sync_load_then_promote_loses_no_acknowledged_write
 
     master = cluster.start_master(role="sync", slave_timeout_ms=2000)
     slave = cluster.start_slave(master.ha_address)
-    wait_until(lambda: status(master)["slaves"] and status(master)["slaves"][0]["ack_offset"] >= 0, message="slave acking")
+    wait_until(lambda: slave_acking(master), message="slave acking")
     acked: dict[int, int] = {}
     killer = threading.Timer(1.5, master.kill)  # SIGKILL in the middle of the load
     killer.start()

@@ -27,6 +27,13 @@ def status(broker, secret=None) -> dict:
         return client.status()
 
 
+def slave_acking(master) -> bool:
+    """The master lists the slave and has its first report: a SYNC_MASTER put can wait for it
+    (until then it is SLAVE_NOT_AVAILABLE)."""
+    slaves = status(master)["slaves"]
+    return bool(slaves) and slaves[0]["ack_offset"] >= 0
+
+
 def log_digest(store: str, start: int, end: int) -> str:
     return drill.log_digest(store, end, SEGMENT, start=start)
 
@@ -58,7 +65,7 @@ def test_10000_sync_master_sends_give_byte_identical_logs_and_queues(cluster):
     master = cluster.start_master(role="sync")
     slave = cluster.start_slave(master.ha_address)
     wait_until(lambda: status(slave)["master_connected"], message="slave connected")
-    wait_until(lambda: status(master)["slaves"], message="master sees the slave")
+    wait_until(lambda: slave_acking(master), message="slave acking")
     results = trio.run(send_many, master.address, 10_000)
     assert {r.status for r in results.values()} == {"PUT_OK"}
     wait_until(lambda: caught_up(master, slave), message="slave caught up and dispatched")
@@ -80,7 +87,7 @@ def test_10000_sync_master_sends_give_byte_identical_logs_and_queues(cluster):
 def test_slave_loss_then_restart_catches_up_from_its_offset(cluster):
     master = cluster.start_master(role="sync", slave_timeout_ms=1000)
     slave = cluster.start_slave(master.ha_address)
-    wait_until(lambda: status(master)["slaves"] and status(master)["slaves"][0]["ack_offset"] >= 0, message="slave acking")
+    wait_until(lambda: slave_acking(master), message="slave acking")
     first = trio.run(send_many, master.address, 200, 8)
     assert {r.status for r in first.values()} == {"PUT_OK"}
     slave.kill()
@@ -160,7 +167,7 @@ def test_an_empty_slave_gets_the_whole_log_or_only_the_last_segment_if_asked(clu
 def test_flush_before_ack_makes_the_slave_flush_what_it_acknowledges(cluster):
     master = cluster.start_master(role="sync")
     slave = cluster.start_slave(master.ha_address, flush_before_ack="true")
-    wait_until(lambda: status(master)["slaves"] and status(master)["slaves"][0]["ack_offset"] >= 0, message="slave acking")
+    wait_until(lambda: slave_acking(master), message="slave acking")
     results = trio.run(send_many, master.address, 50, 4)
     assert {r.status for r in results.values()} == {"PUT_OK"}
     assert status(slave)["flushed_offset"] >= max(r.offset for r in results.values())
@@ -169,7 +176,7 @@ def test_flush_before_ack_makes_the_slave_flush_what_it_acknowledges(cluster):
 def test_sync_flush_and_sync_master_combine(cluster):
     master = cluster.start_master(role="sync", flush="sync")
     cluster.start_slave(master.ha_address)
-    wait_until(lambda: status(master)["slaves"] and status(master)["slaves"][0]["ack_offset"] >= 0, message="slave acking")
+    wait_until(lambda: slave_acking(master), message="slave acking")
     results = trio.run(send_many, master.address, 100, 8)
     assert {r.status for r in results.values()} == {"PUT_OK"}
     assert status(master)["flushed_offset"] >= max(r.offset for r in results.values())
@@ -367,7 +374,7 @@ def test_sends_from_many_connections_appended_together_keep_each_connections_ord
 
     master = cluster.start_master(role="sync")
     cluster.start_slave(master.ha_address)
-    wait_until(lambda: status(master)["slaves"], message="master sees the slave")
+    wait_until(lambda: slave_acking(master), message="slave acking")
     sockets = [raw_connect(master.address) for _ in range(8)]
     for sock in sockets:
         preface(sock)
@@ -402,7 +409,7 @@ def test_more_sends_in_one_read_than_requests_in_flight_max_are_all_answered(clu
 
     master = cluster.start_master(role="sync", requests_in_flight_max=4)
     cluster.start_slave(master.ha_address)
-    wait_until(lambda: status(master)["slaves"], message="master sees the slave")
+    wait_until(lambda: slave_acking(master), message="slave acking")
     sockets = [raw_connect(master.address) for _ in range(connections)]
     for sock in sockets:
         preface(sock)

@@ -238,26 +238,18 @@ class CommitLog:
         self.mapped_file_queue.warm_ahead(size)
 
     def append_replicated(self, offset: int, data) -> None:
-        """Append bytes a master sent, verbatim. ``offset`` must be the local end of the log (or,
-        for an empty log, the start of a segment). Raises ReplicationOffsetError otherwise."""
+        """Append bytes a master sent, verbatim, with ``pwrite`` (``MappedFile.write_through``).
+        ``offset`` must be the local end of the log (or, for an empty log, the start of a
+        segment). Raises ReplicationOffsetError otherwise."""
         with self.put_lock:
             queue = self._replication_queue(offset)
             view = memoryview(data)
             while view:
                 mapped_file = queue.get_last_mapped_file(offset)
                 size = min(len(view), mapped_file.remaining)
-                mapped_file.append(view[:size])
+                mapped_file.write_through(view[:size])
                 view = view[size:]
                 offset += size
-
-    def replication_target(self, offset: int, size: int) -> memoryview:
-        """A writable view of the mapping at ``offset`` for receiving replicated bytes in place
-        (``recv_into``); at most ``size`` bytes and never across a segment. Call
-        ``commit_replicated`` with the bytes received."""
-        with self.put_lock:
-            mapped_file = self._replication_queue(offset).get_last_mapped_file(offset)
-            position = mapped_file.wrote_position
-            return mapped_file.writable_view()[position : position + min(size, mapped_file.remaining)]
 
     def _replication_queue(self, offset: int) -> MappedFileQueue:
         """Check that replicated bytes for ``offset`` continue the local log (call with the put lock)."""
@@ -272,9 +264,11 @@ class CommitLog:
             )
         return queue
 
-    def commit_replicated(self, size: int) -> None:
+    def prepare_replication(self, offset: int) -> int:
+        """Check that replicated bytes for ``offset`` continue the local log, make the segment
+        they go to (a new one: fallocate and a directory fsync), and return the room left in it."""
         with self.put_lock:
-            self.mapped_file_queue.last.advance(size)
+            return self._replication_queue(offset).get_last_mapped_file(offset).remaining
 
     # -- reads ----------------------------------------------------------------------------
 

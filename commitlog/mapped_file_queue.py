@@ -205,14 +205,14 @@ class MappedFileQueue:
         last = self.last
         if last is None:
             return False
-        if last.populated_position < min(last.wrote_position + size // 2, self.file_size):
+        if size and last.populated_position < min(last.wrote_position + size // 2, self.file_size):
             return True
         if last.remaining > self.file_size * SPARE_AT_REMAINING:
             return False
         spare = self._spare
         if spare is None or spare.file_from_offset != last.file_from_offset + self.file_size:
             return True
-        return last.remaining < size and spare.populated_position < size - last.remaining
+        return size > 0 and last.remaining < size and spare.populated_position < size - last.remaining
 
     # -- commit and flush -----------------------------------------------------------------
 

@@ -294,8 +294,10 @@ class MessageStore:
     def sync_flush(self) -> bool:
         return self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
 
-    def warm_commitlog(self) -> None:
-        self.commit_log.warm_ahead(self.config.warm_ahead_size)
+    def warm_commitlog(self, ahead: int | None = None) -> None:
+        """Fault in ``ahead`` bytes (default ``warm_ahead_size``) ahead of the writer and make the
+        next segment when it is due; ``ahead=0`` only makes the segment."""
+        self.commit_log.warm_ahead(self.config.warm_ahead_size if ahead is None else ahead)
 
     def commit_commitlog(self, least_pages: int = 0) -> int:
         committed = self.commit_log.commit(least_pages)

@@ -3,7 +3,7 @@
 A store of ``size_gib`` GiB of 1 KiB records is built once (``--dir`` keeps it for reuse) and
 served by a master process. Each run starts a slave process on an empty store; the clock starts
 when the slave prints READY and stops when its status reports the master's max offset — every
-byte received, written into its mapped segments and counted (its consume queues are built by
+byte received, written into its segments and counted (its consume queues are built by
 then or shortly after; the time until they are is reported too). The slave is then stopped by
 its PID and its store deleted.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import mmap
 import multiprocessing
 import os
 import shutil
@@ -29,6 +28,7 @@ import sys
 import tempfile
 import time
 
+from commitlog.mapped_file import preallocate
 from hasvc import client as hc
 from hasvc.bench import Summary, build_store, envelope
 from hasvc.bench_sync import process_cpu_seconds
@@ -41,52 +41,46 @@ CATCH_UP_TIMEOUT = 600.0  # seconds one catch-up may take before the run is call
 # -- the ceiling: raw loopback TCP -------------------------------------------------------------
 
 
-def _receive(listener: socket.socket, done, mapped_dir: str | None, segment_size: int) -> None:
+def _receive(listener: socket.socket, done, files_dir: str | None, segment_size: int) -> None:
     connection, _ = listener.accept()
     buffer = memoryview(bytearray(CHUNK))
     total = 0
     started = time.process_time()
-    mapping = view = None
+    fd = -1
     files = []
     while True:
-        if mapped_dir is not None and total % segment_size == 0:  # as a slave: a new segment, mapped
-            if view is not None:
-                view.release()
-                mapping.close()
-            path = os.path.join(mapped_dir, f"{total:020d}")
+        if files_dir is not None and total % segment_size == 0:  # as a slave: a new preallocated segment
+            if fd >= 0:
+                os.close(fd)
+            path = os.path.join(files_dir, f"{total:020d}")
             files.append(path)
-            with open(path, "w+b") as file:
-                file.truncate(segment_size)
-                mapping = mmap.mmap(file.fileno(), segment_size)
-            view = memoryview(mapping)
-        if view is not None:
-            position = total % segment_size
-            with view[position : position + min(CHUNK, segment_size - position)] as target:
-                count = connection.recv_into(target)
-        else:
-            count = connection.recv_into(buffer)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            preallocate(fd, segment_size)
+        size = CHUNK if fd < 0 else min(CHUNK, segment_size - total % segment_size)
+        count = connection.recv_into(buffer[:size])
         if not count:
             break
+        if fd >= 0:  # as a slave stores a frame: pwrite from its buffer
+            os.pwrite(fd, buffer[:count], total % segment_size)
         total += count
     done.send((total, time.process_time() - started))
     connection.sendall(b"x")
     connection.close()
-    if view is not None:
-        view.release()
-        mapping.close()
+    if fd >= 0:
+        os.close(fd)
     for path in files:
         os.unlink(path)
 
 
-def loopback_ceiling(total: int, *, files: list[str] | None = None, mapped_dir: str | None = None,
+def loopback_ceiling(total: int, *, files: list[str] | None = None, files_dir: str | None = None,
                      segment_size: int = 1 << 30) -> tuple[float, float]:  # fmt: skip
     """Bytes/s of one TCP stream over loopback between two processes; ``files`` set: by
     ``os.sendfile`` from those files in turn until ``total`` bytes. The receiver reads into one
-    reused buffer or, with ``mapped_dir``, straight into new ``segment_size`` files mapped in
-    memory, as a slave does (deleted afterwards). Returns (bytes/s, receiver CPU %)."""
+    reused buffer, and with ``files_dir`` also writes it with ``pwrite`` into new preallocated
+    ``segment_size`` files, as a slave stores frames (deleted afterwards). Returns (bytes/s, receiver CPU %)."""
     listener = socket.create_server(("127.0.0.1", 0))
     parent, child = multiprocessing.Pipe()
-    receiver = multiprocessing.get_context("fork").Process(target=_receive, args=(listener, child, mapped_dir, segment_size))
+    receiver = multiprocessing.get_context("fork").Process(target=_receive, args=(listener, child, files_dir, segment_size))
     receiver.start()
     try:
         with socket.create_connection(listener.getsockname()) as sender:
@@ -203,21 +197,21 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
         for run in range(runs):
             send, send_cpu = loopback_ceiling(target)
             sendfile, sendfile_cpu = loopback_ceiling(target, files=segments)
-            mapped_dir = os.path.join(directory, "ceiling")
-            os.makedirs(mapped_dir, exist_ok=True)
-            mapped, mapped_cpu = loopback_ceiling(target, mapped_dir=mapped_dir)
-            os.rmdir(mapped_dir)
+            files_dir = os.path.join(directory, "ceiling")
+            os.makedirs(files_dir, exist_ok=True)
+            into_files, files_cpu = loopback_ceiling(target, files_dir=files_dir)
+            os.rmdir(files_dir)
             result = catch_up_once(directory, addresses, master.pid, target, run)
             result.update(send_ceiling_bytes_per_s=send, sendfile_ceiling_bytes_per_s=sendfile,
                           send_ceiling_receiver_cpu=send_cpu, sendfile_ceiling_receiver_cpu=sendfile_cpu,
-                          mapped_ceiling_bytes_per_s=mapped, mapped_ceiling_receiver_cpu=mapped_cpu)  # fmt: skip
+                          files_ceiling_bytes_per_s=into_files, files_ceiling_receiver_cpu=files_cpu)  # fmt: skip
             result["fraction_of_send"] = result["bytes_per_s"] / send
-            result["fraction_of_mapped"] = result["bytes_per_s"] / mapped
+            result["fraction_of_files"] = result["bytes_per_s"] / into_files
             runs_data.append(result)
             echo(f"run {run + 1}/{runs}: catch-up {result['seconds']:.2f} s {result['bytes_per_s'] / 1e6:,.0f} MB/s "
                  f"(queues built at {result['dispatched_seconds']:.2f} s; CPU master {result['cpu_percent']['master']:.0f} %, "
                  f"slave {result['cpu_percent']['slave']:.0f} %); loopback send {send / 1e6:,.0f} MB/s, "
-                 f"sendfile {sendfile / 1e6:,.0f} MB/s, into mapped files {mapped / 1e6:,.0f} MB/s")  # fmt: skip
+                 f"sendfile {sendfile / 1e6:,.0f} MB/s, into files {into_files / 1e6:,.0f} MB/s")  # fmt: skip
     finally:
         if master is not None:
             stop_process(master)
@@ -230,15 +224,15 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
         return Summary.of([r[key] for r in runs_data])
 
     catch_up, send, sendfile = summary("bytes_per_s"), summary("send_ceiling_bytes_per_s"), summary("sendfile_ceiling_bytes_per_s")
-    mapped, fraction, fraction_mapped = summary("mapped_ceiling_bytes_per_s"), summary("fraction_of_send"), summary("fraction_of_mapped")
+    into_files, fraction, fraction_files = summary("files_ceiling_bytes_per_s"), summary("fraction_of_send"), summary("fraction_of_files")
     echo("")
     echo(f"catch-up of an empty slave: {target / 1e9:.2f} GB ({records:,} records of 1 KiB), median of {runs} (min–max)")
     echo(f"  hasvc catch-up        {catch_up.text(1e6)} MB/s")
     echo(f"  loopback TCP send     {send.text(1e6)} MB/s")
     echo(f"  loopback sendfile     {sendfile.text(1e6)} MB/s")
-    echo(f"  loopback into mapped  {mapped.text(1e6)} MB/s  (recv_into new 1 GiB mapped files, as a slave stores)")
+    echo(f"  loopback into files   {into_files.text(1e6)} MB/s  (recv_into a buffer, pwrite into new 1 GiB files, as a slave stores)")
     echo(f"  catch-up / send       {fraction.median:.0%} ({fraction.low:.0%}–{fraction.high:.0%})")
-    echo(f"  catch-up / mapped     {fraction_mapped.median:.0%} ({fraction_mapped.low:.0%}–{fraction_mapped.high:.0%})")
+    echo(f"  catch-up / files      {fraction_files.median:.0%} ({fraction_files.low:.0%}–{fraction_files.high:.0%})")
     master_cpu = statistics.median(r["cpu_percent"]["master"] for r in runs_data)
     slave_cpu = statistics.median(r["cpu_percent"]["slave"] for r in runs_data)
     echo(f"  cpu %                 master {master_cpu:.0f}, slave {slave_cpu:.0f}")
@@ -246,13 +240,13 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
         "catch-up", {"size_gib": size_gib, "runs": runs, "log_bytes": target, "records": records},
         summary={name: dataclasses.asdict(value) for name, value in (
             ("bytes_per_s", catch_up), ("send_ceiling_bytes_per_s", send), ("sendfile_ceiling_bytes_per_s", sendfile),
-            ("mapped_ceiling_bytes_per_s", mapped), ("fraction_of_send", fraction), ("fraction_of_mapped", fraction_mapped))},
+            ("files_ceiling_bytes_per_s", into_files), ("fraction_of_send", fraction), ("fraction_of_files", fraction_files))},
         **{
         "bytes_per_s": catch_up.median,
         "send_ceiling_bytes_per_s": send.median,
         "sendfile_ceiling_bytes_per_s": sendfile.median,
-        "mapped_ceiling_bytes_per_s": mapped.median,
-        "fraction_of_mapped": fraction_mapped.median,
+        "files_ceiling_bytes_per_s": into_files.median,
+        "fraction_of_files": fraction_files.median,
         "fraction_of_send": fraction.median,
         "cpu_percent": {"master": master_cpu, "slave": slave_cpu},
         "runs": runs_data,

@@ -5,13 +5,14 @@ Theory of operation
 Forever: connect to the master's HA port, run the preface and the handshake, report the local max
 offset, then read frames. Each frame must start exactly at the local max offset (else the
 connection is dropped and opened again — RocketMQ's "master pushed offset not equal the max phy
-offset in slave"); its bytes are received straight into the mapped segment (``recv_into``) and
-appended verbatim and reported: the slave never acknowledges bytes it does not have. With
-``flush_before_ack`` a flusher task reports instead, only what it has flushed, flushing the frames
-that arrived meanwhile together. A heartbeat task reports at least every
-``ha_send_heartbeat_interval``; nothing read for ``ha_housekeeping_interval`` drops the connection.
-Errors close the connection and are logged once per change of state; reconnects back off from
-``ha_reconnect_backoff_min_ms`` to ``ha_reconnect_backoff_max_ms``.
+offset in slave"); its bytes are received into a buffer, written verbatim to the segment with
+``pwrite`` (``Broker.warm_ahead`` says why not through the mapping) and reported: the slave never
+acknowledges bytes it does not have. With ``flush_before_ack`` a flusher task reports instead,
+only what it has flushed, flushing the frames that arrived meanwhile together. A heartbeat task
+reports at least every ``ha_send_heartbeat_interval``; nothing read for
+``ha_housekeeping_interval`` drops the connection. Errors close the connection and are logged
+once per change of state; reconnects back off from ``ha_reconnect_backoff_min_ms`` to
+``ha_reconnect_backoff_max_ms``.
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ class HAClient:
         broker = self.broker
         store = broker.store
         config = broker.config
+        frame_buffer = memoryview(bytearray(config.ha_frame_size_max))  # its pages stay hot across frames
         while True:
             raw = await connection.receive_exactly(ha.TRANSFER_HEADER.size, read_ahead=False)
             watchdog.feed()
@@ -183,16 +185,14 @@ class HAClient:
                 continue  # heartbeat; our heartbeat task reports
             last = store.commit_log.mapped_file_queue.last
             if last is None or last.full:  # a new segment: fallocate and a directory fsync, off the loop
-                target = await trio.to_thread.run_sync(store.commit_log.replication_target, header.offset, header.size)
+                room = await trio.to_thread.run_sync(store.commit_log.prepare_replication, header.offset)
             else:
-                target = store.commit_log.replication_target(header.offset, header.size)
-            try:
-                if len(target) != header.size:
-                    raise wire.ProtocolError(f"frame of {header.size} bytes at {header.offset} crosses a segment boundary")
-                await connection.receive_into(target)
-            finally:
-                target.release()
-            store.commit_log.commit_replicated(header.size)
+                room = last.remaining
+            if header.size > room:
+                raise wire.ProtocolError(f"frame of {header.size} bytes at {header.offset} crosses a segment boundary")
+            with frame_buffer[: header.size] as data:
+                await connection.receive_into(data)
+                store.commit_log.append_replicated(header.offset, data)
             watchdog.feed()
             if config.flush_before_ack:
                 self._flush_wakeup.set()

@@ -1,8 +1,8 @@
 """trio plumbing shared by the broker, the HA client and the client library.
 
 ``Connection`` wraps a trio stream (TCP, or TLS over TCP) with a receive buffer: exact-size reads
-for headers, and ``receive_into`` that lands bytes straight in a caller's buffer (a mapped
-segment) with ``recv_into`` when the stream is plain TCP. ``server_preface``/``client_preface``
+for headers, and ``receive_into`` that lands bytes straight in a caller's buffer (the slave's
+frame buffer) with ``readv`` when the stream is plain TCP. ``server_preface``/``client_preface``
 run the connection preface of ``protocol.wire`` (version and HMAC challenge–response).
 """
 
@@ -147,8 +147,8 @@ class Connection:
 
     async def receive_exactly(self, size: int, *, read_ahead: bool = True) -> bytes:
         """``size`` bytes. Without ``read_ahead`` nothing past them is taken from the kernel: a
-        slave reads a frame header so, and the frame's bytes then go straight into the mapped
-        segment (reading ahead put a quarter of every 1 MiB frame through five copies)."""
+        slave reads a frame header so, and the frame's bytes then go straight into its frame
+        buffer (reading ahead put a quarter of every 1 MiB frame through five copies)."""
         while len(self._pending) < size:
             wanted = size - len(self._pending)
             data = await self._receive(max(RECEIVE_SIZE, wanted) if read_ahead else wanted)

@@ -34,6 +34,19 @@ def test_append_is_whole_or_nothing_and_slices_are_zero_copy(tmp_path):
     mapped_file.close()
 
 
+def test_write_through_is_seen_through_the_mapping_and_on_disk(tmp_path):
+    mapped_file = new_file(tmp_path)
+    mapped_file.append(b"head")
+    data = bytes(range(256)) * 40  # crosses pages, ends inside one
+    mapped_file.write_through(memoryview(data))
+    assert mapped_file.wrote_position == 4 + len(data)
+    assert bytes(mapped_file.slice(0, 4 + len(data))) == b"head" + data  # readers use the mapping
+    mapped_file.flush()
+    mapped_file.close()
+    with open(mapped_file.path, "rb") as file:
+        assert file.read(4 + len(data)) == b"head" + data
+
+
 def test_flush_honours_least_pages(tmp_path):
     mapped_file = new_file(tmp_path)
     mapped_file.append(b"x" * 4096 * 2)
@@ -161,6 +174,19 @@ def test_the_next_segment_is_due_once_the_last_is_half_full(tmp_path):
     assert queue.needs_warming(4096)
     queue.warm_ahead(4096)
     assert not queue.needs_warming(4096)
+    queue.close()
+
+
+def test_warming_nothing_ahead_only_makes_the_next_segment(tmp_path):
+    queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
+    last = queue.get_last_mapped_file(0)
+    last.append(b"a" * 100)
+    assert not queue.needs_warming(0)  # a slave keeping up: no pages faulted in ahead
+    last.append(b"a" * (SIZE // 2))
+    assert queue.needs_warming(0)  # but the next segment is still made ahead of the roll
+    queue.warm_ahead(0)
+    assert (tmp_path / segment_name(SIZE)).exists() and last.populated_position == 0
+    assert not queue.needs_warming(0)
     queue.close()
 
 

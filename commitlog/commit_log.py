@@ -251,6 +251,18 @@ class CommitLog:
                 view = view[size:]
                 offset += size
 
+    def append_replicated_from_pipe(self, offset: int, pipe_fd: int, size: int) -> None:
+        """``append_replicated`` for ``size`` bytes waiting in a pipe (``MappedFile.write_from_pipe``):
+        a slave splices a frame from its socket into the pipe, then from the pipe into the log."""
+        with self.put_lock:
+            queue = self._replication_queue(offset)
+            while size:
+                mapped_file = queue.get_last_mapped_file(offset)
+                count = min(size, mapped_file.remaining)
+                mapped_file.write_from_pipe(pipe_fd, count)
+                size -= count
+                offset += count
+
     def _replication_queue(self, offset: int) -> MappedFileQueue:
         """Check that replicated bytes for ``offset`` continue the local log (call with the put lock)."""
         queue = self.mapped_file_queue

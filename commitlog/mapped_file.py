@@ -202,6 +202,30 @@ class MappedFile:
                 written += os.pwrite(self._fd, view[written:], position + written)
         self.advance(size)
 
+    def write_from_pipe(self, pipe_fd: int, size: int) -> None:
+        """Move ``size`` bytes waiting in the pipe ``pipe_fd`` to ``wrote_position`` with
+        ``os.splice`` (the kernel copies them from the pipe's pages into the page cache: no pass
+        through this process), and advance. The pipe must hold at least ``size`` bytes. With a
+        write buffer the bytes are read out of the pipe and appended."""
+        assert 0 < size <= self.remaining, (size, self.remaining)
+        if self._buffer_view is not None:
+            data = bytearray()
+            while len(data) < size:
+                piece = os.read(pipe_fd, size - len(data))
+                if not piece:
+                    raise EOFError(f"the pipe held {len(data)} of {size} bytes")
+                data += piece
+            self.append(data)
+            return
+        position = self.wrote_position
+        moved = 0
+        while moved < size:
+            count = os.splice(pipe_fd, self._fd, size - moved, offset_dst=position + moved)
+            if count == 0:
+                raise EOFError(f"the pipe held {moved} of {size} bytes")
+            moved += count
+        self.advance(size)
+
     def commit(self, least_pages: int = 0) -> int:
         """Copy the write buffer's new bytes into the file; return ``committed_position``."""
         if self.write_buffer is None:

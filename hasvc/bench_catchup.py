@@ -30,6 +30,7 @@ import time
 
 from commitlog.mapped_file import preallocate
 from hasvc import client as hc
+from hasvc import transport
 from hasvc.bench import Summary, build_store, envelope
 from hasvc.bench_sync import process_cpu_seconds
 
@@ -48,6 +49,7 @@ def _receive(listener: socket.socket, done, files_dir: str | None, segment_size:
     started = time.process_time()
     fd = -1
     files = []
+    pipe = transport.SplicePipe() if files_dir is not None and transport.SPLICE_AVAILABLE else None
     while True:
         if files_dir is not None and total % segment_size == 0:  # as a slave: a new preallocated segment
             if fd >= 0:
@@ -57,11 +59,17 @@ def _receive(listener: socket.socket, done, files_dir: str | None, segment_size:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             preallocate(fd, segment_size)
         size = CHUNK if fd < 0 else min(CHUNK, segment_size - total % segment_size)
-        count = connection.recv_into(buffer[:size])
+        if fd >= 0 and pipe is not None:  # as a slave stores a frame: socket -> pipe -> file
+            count = os.splice(connection.fileno(), pipe.write_fd, min(size, pipe.size))
+            moved = 0
+            while moved < count:
+                moved += os.splice(pipe.read_fd, fd, count - moved, offset_dst=total % segment_size + moved)
+        else:
+            count = connection.recv_into(buffer[:size])
+            if fd >= 0:  # as a slave without splice stores a frame: pwrite from its buffer
+                os.pwrite(fd, buffer[:count], total % segment_size)
         if not count:
             break
-        if fd >= 0:  # as a slave stores a frame: pwrite from its buffer
-            os.pwrite(fd, buffer[:count], total % segment_size)
         total += count
     done.send((total, time.process_time() - started))
     connection.sendall(b"x")
@@ -70,14 +78,17 @@ def _receive(listener: socket.socket, done, files_dir: str | None, segment_size:
         os.close(fd)
     for path in files:
         os.unlink(path)
+    if pipe is not None:
+        pipe.close()
 
 
 def loopback_ceiling(total: int, *, files: list[str] | None = None, files_dir: str | None = None,
                      segment_size: int = 1 << 30) -> tuple[float, float]:  # fmt: skip
     """Bytes/s of one TCP stream over loopback between two processes; ``files`` set: by
     ``os.sendfile`` from those files in turn until ``total`` bytes. The receiver reads into one
-    reused buffer, and with ``files_dir`` also writes it with ``pwrite`` into new preallocated
-    ``segment_size`` files, as a slave stores frames (deleted afterwards). Returns (bytes/s, receiver CPU %)."""
+    reused buffer; with ``files_dir`` it stores the stream as a slave stores frames, into new
+    preallocated ``segment_size`` files (deleted afterwards): socket -> pipe -> file with
+    ``splice`` (else ``recv_into`` and ``pwrite``). Returns (bytes/s, receiver CPU %)."""
     listener = socket.create_server(("127.0.0.1", 0))
     parent, child = multiprocessing.Pipe()
     receiver = multiprocessing.get_context("fork").Process(target=_receive, args=(listener, child, files_dir, segment_size))
@@ -230,7 +241,7 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
     echo(f"  hasvc catch-up        {catch_up.text(1e6)} MB/s")
     echo(f"  loopback TCP send     {send.text(1e6)} MB/s")
     echo(f"  loopback sendfile     {sendfile.text(1e6)} MB/s")
-    echo(f"  loopback into files   {into_files.text(1e6)} MB/s  (recv_into a buffer, pwrite into new 1 GiB files, as a slave stores)")
+    echo(f"  loopback into files   {into_files.text(1e6)} MB/s  ({'splice socket -> pipe -> new 1 GiB files' if transport.SPLICE_AVAILABLE else 'recv_into, pwrite into new 1 GiB files'}, as a slave stores)")
     echo(f"  catch-up / send       {fraction.median:.0%} ({fraction.low:.0%}–{fraction.high:.0%})")
     echo(f"  catch-up / files      {fraction_files.median:.0%} ({fraction_files.low:.0%}–{fraction_files.high:.0%})")
     master_cpu = statistics.median(r["cpu_percent"]["master"] for r in runs_data)

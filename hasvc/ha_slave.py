@@ -5,8 +5,9 @@ Theory of operation
 Forever: connect to the master's HA port, run the preface and the handshake, report the local max
 offset, then read frames. Each frame must start exactly at the local max offset (else the
 connection is dropped and opened again — RocketMQ's "master pushed offset not equal the max phy
-offset in slave"); its bytes are received into a buffer, written verbatim to the segment with
-``pwrite`` (``Broker.warm_ahead`` says why not through the mapping) and reported: the slave never
+offset in slave"); its bytes are moved verbatim into the segment (``splice`` through a pipe on
+plain TCP, else received into a buffer and written with ``pwrite``; ``Broker.warm_ahead`` says why
+not through the mapping) and reported: the slave never
 acknowledges bytes it does not have. With ``flush_before_ack`` a flusher task reports instead,
 only what it has flushed, flushing the frames that arrived meanwhile together. A heartbeat task
 reports at least every ``ha_send_heartbeat_interval``; nothing read for
@@ -29,6 +30,10 @@ from hasvc.protocol import ha, wire
 
 LOGGER = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
+# Frames at least this big go socket -> pipe -> log with splice; smaller ones (a SYNC_MASTER put's
+# frame) through the frame buffer and pwrite: for a 1 KiB frame the pipe's two moves cost ~15 us
+# more than readv + pwrite (one writer: p50 354 vs 337 us, 6 alternating pairs).
+SPLICE_FRAME_MIN = 64 * 1024
 # What ends one replication session (then: back off and reconnect); anything else is our bug.
 SESSION_ERRORS = (
     transport.AuthenticationError, OSError, EOFError, wire.ProtocolError, ReplicationOffsetError,
@@ -90,7 +95,10 @@ class HAClient:
                     f"master segments are {master.segment_size} bytes, ours {store.commit_log.segment_size}: logs could not be identical"
                 )
             await self._reconcile(master)
-            self._state("connected", f"master {format_address(broker.master_ha)}, its log [{master.min_offset}, {master.max_offset}), ours ends at {store.commit_log.max_offset}")
+            splice = transport.SPLICE_AVAILABLE and connection.raw_fileno >= 0
+            self._state("connected", f"master {format_address(broker.master_ha)}, its log [{master.min_offset}, {master.max_offset}), "
+                                     f"ours ends at {store.commit_log.max_offset}; frames of {SPLICE_FRAME_MIN} bytes or more "
+                                     f"{'by splice' if splice else 'by pwrite (no splice here)'}")  # fmt: skip
             broker.master_connected = True
             if config.flush_before_ack:  # what we have is flushed before we first report it
                 self._flushed = await trio.to_thread.run_sync(store.flush_commitlog, 0)
@@ -102,7 +110,7 @@ class HAClient:
                     nursery.start_soon(self._flush_and_report, connection)
                 watchdog = transport.Watchdog(config.ha_housekeeping_interval_ms / 1000, "nothing from the master")
                 nursery.start_soon(watchdog.run)
-                await self._receive_frames(connection, watchdog)
+                await self._receive_frames(connection, watchdog, splice=splice)
                 nursery.cancel_scope.cancel()
         finally:
             broker.master_connected = False
@@ -169,11 +177,25 @@ class HAClient:
             self._flushed = await trio.to_thread.run_sync(store.flush_commitlog, 0)
             await self._report(connection)
 
-    async def _receive_frames(self, connection, watchdog: transport.Watchdog) -> None:
+    async def _receive_frames(self, connection, watchdog: transport.Watchdog, *, splice: bool) -> None:
+        pipe = transport.SplicePipe() if splice else None
+        try:
+            await self._receive_frames_through(connection, watchdog, pipe)
+        finally:
+            if pipe is not None:
+                pipe.close()
+
+    async def _receive_frames_through(self, connection, watchdog: transport.Watchdog, pipe: transport.SplicePipe | None) -> None:
+        """Frames until the session ends. On plain TCP a frame of ``SPLICE_FRAME_MIN`` bytes or
+        more moves socket → pipe → log with ``splice``, in pieces of up to the pipe's size (the
+        log's end advances piece by piece, as if the master had sent smaller frames): the bytes
+        never pass through this process (catch-up of 2 GiB: ~1,000 vs ~450 MB/s receiving into
+        a buffer and writing it with ``pwrite``, 3 alternating runs). Other frames, and all
+        under TLS, are received into a buffer and written with ``pwrite``."""
         broker = self.broker
         store = broker.store
         config = broker.config
-        frame_buffer = memoryview(bytearray(config.ha_frame_size_max))  # its pages stay hot across frames
+        frame_buffer = None  # for frames that cannot be spliced; its pages stay hot across frames
         while True:
             raw = await connection.receive_exactly(ha.TRANSFER_HEADER.size, read_ahead=False)
             watchdog.feed()
@@ -190,9 +212,19 @@ class HAClient:
                 room = last.remaining
             if header.size > room:
                 raise wire.ProtocolError(f"frame of {header.size} bytes at {header.offset} crosses a segment boundary")
-            with frame_buffer[: header.size] as data:
-                await connection.receive_into(data)
-                store.commit_log.append_replicated(header.offset, data)
+            if header.size >= SPLICE_FRAME_MIN and pipe is not None and connection.can_splice:
+                offset, remaining = header.offset, header.size
+                while remaining:
+                    count = await connection.splice_into(pipe.write_fd, min(remaining, pipe.size))
+                    store.commit_log.append_replicated_from_pipe(offset, pipe.read_fd, count)
+                    offset += count
+                    remaining -= count
+            else:
+                if frame_buffer is None:
+                    frame_buffer = memoryview(bytearray(config.ha_frame_size_max))
+                with frame_buffer[: header.size] as data:
+                    await connection.receive_into(data)
+                    store.commit_log.append_replicated(header.offset, data)
             watchdog.feed()
             if config.flush_before_ack:
                 self._flush_wakeup.set()

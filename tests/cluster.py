@@ -97,7 +97,7 @@ class Cluster:
     def store(self, name: str) -> str:
         return os.path.join(self.root, name)
 
-    def _start(self, kind: str, name: str, args: list[str], settings: dict) -> BrokerProcess:
+    def _start(self, kind: str, name: str, args: list[str], settings: dict, env: dict | None = None) -> BrokerProcess:
         command = [sys.executable, "-m", "hasvc.cli", kind, "--store", self.store(name), "--listen", "127.0.0.1:0",
                    "--ha-listen", "127.0.0.1:0", "--set", f"commitlog_segment_size={self.segment_size}", *args]  # fmt: skip
         if self.secret_file:
@@ -107,15 +107,16 @@ class Cluster:
         settings = {"disk_max_used_space_ratio": 1.0, "disk_clean_ratio": 1.0, **settings}
         for key, value in settings.items():
             command += ["--set", f"{key}={value}"]
-        broker = BrokerProcess(name, command, os.path.join(self.root, f"{name}.log"))
+        broker = BrokerProcess(name, command, os.path.join(self.root, f"{name}.log"), env={**os.environ, **env} if env else None)
         self.brokers.append(broker)
         return broker
 
     def start_master(self, name: str = "master", *, role: str = "sync", flush: str = "async", **settings) -> BrokerProcess:
         return self._start("master", name, ["--role", role, "--flush", flush], settings)
 
-    def start_slave(self, master_ha: str, name: str = "slave", **settings) -> BrokerProcess:
-        return self._start("slave", name, ["--master-ha", master_ha], settings)
+    def start_slave(self, master_ha: str, name: str = "slave", env: dict | None = None, **settings) -> BrokerProcess:
+        """``env``: variables added to this process's environment (``HASVC_NO_SPLICE=1``...)."""
+        return self._start("slave", name, ["--master-ha", master_ha], settings, env)
 
     def close(self) -> None:
         for broker in self.brokers:

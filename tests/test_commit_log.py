@@ -1,3 +1,4 @@
+import os
 import struct
 
 import pytest
@@ -103,6 +104,31 @@ def test_replicated_bytes_are_copied_verbatim_and_must_start_at_the_end(tmp_path
         slave.append_replicated(offset + 1, b"x")
     with pytest.raises(ReplicationOffsetError, match="local log ends"):
         slave.append_replicated(offset - 10, b"x")
+    slave.close()
+
+
+def test_replicated_bytes_from_a_pipe_are_the_same_bytes(tmp_path, log):
+    for i in range(200):
+        append(log, rec.Message("T", bytes([i]) * 700))
+    slave = CommitLog(str(tmp_path / "slave"), segment_size=SEGMENT_SIZE)
+    slave.load()
+    read_fd, write_fd = os.pipe()
+    try:
+        offset = 0
+        while offset < log.max_offset:
+            chunk = bytes(log.read(offset, 32 * 1024))
+            os.write(write_fd, chunk)  # < 64 KiB: the default pipe holds it
+            slave.append_replicated_from_pipe(offset, read_fd, len(chunk))
+            offset += len(chunk)
+        assert slave.max_offset == log.max_offset
+        assert bytes(slave.read(SEGMENT_SIZE, 10**9)) == bytes(log.read(SEGMENT_SIZE, 10**9))
+        os.write(write_fd, b"x")
+        with pytest.raises(ReplicationOffsetError, match="local log ends"):
+            slave.append_replicated_from_pipe(offset + 1, read_fd, 1)
+        assert os.read(read_fd, 10) == b"x"  # refused before anything was taken from the pipe
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
     slave.close()
 
 

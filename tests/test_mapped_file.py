@@ -47,6 +47,48 @@ def test_write_through_is_seen_through_the_mapping_and_on_disk(tmp_path):
         assert file.read(4 + len(data)) == b"head" + data
 
 
+def piped(data: bytes) -> int:
+    """A pipe's read end holding ``data`` (the write end is closed)."""
+    read_fd, write_fd = os.pipe()
+    assert os.write(write_fd, data) == len(data)
+    os.close(write_fd)
+    return read_fd
+
+
+@pytest.mark.parametrize("write_buffer", [False, True])
+def test_write_from_pipe_moves_exactly_size_bytes_and_advances(tmp_path, write_buffer):
+    mapped_file = new_file(tmp_path, write_buffer=bytearray(SIZE) if write_buffer else None)
+    mapped_file.append(b"head")
+    data = bytes(range(256)) * 40  # crosses pages, ends inside one
+    read_fd = piped(data + b"next")
+    try:
+        mapped_file.write_from_pipe(read_fd, len(data))
+        assert os.read(read_fd, 100) == b"next"  # what follows stays in the pipe
+    finally:
+        os.close(read_fd)
+    assert mapped_file.wrote_position == 4 + len(data)
+    mapped_file.commit()
+    assert bytes(mapped_file.slice(0, 4 + len(data))) == b"head" + data
+    mapped_file.flush()
+    mapped_file.close()
+    with open(mapped_file.path, "rb") as file:
+        assert file.read(4 + len(data) + 1) == b"head" + data + b"\x00"
+
+
+@pytest.mark.parametrize("write_buffer", [False, True])
+def test_write_from_a_pipe_that_runs_dry_raises_and_leaves_the_end_where_it_was(tmp_path, write_buffer):
+    mapped_file = new_file(tmp_path, write_buffer=bytearray(SIZE) if write_buffer else None)
+    mapped_file.append(b"head")
+    read_fd = piped(b"short")
+    try:
+        with pytest.raises(EOFError, match="held 5 of 10 bytes"):
+            mapped_file.write_from_pipe(read_fd, 10)
+    finally:
+        os.close(read_fd)
+    assert mapped_file.wrote_position == 4
+    mapped_file.close()
+
+
 def test_flush_honours_least_pages(tmp_path):
     mapped_file = new_file(tmp_path)
     mapped_file.append(b"x" * 4096 * 2)

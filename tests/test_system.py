@@ -105,6 +105,24 @@ def test_slave_loss_then_restart_catches_up_from_its_offset(cluster):
     assert {r.status for r in again.values()} == {"PUT_OK"}
 
 
+@pytest.mark.parametrize("splice", [True, False], ids=["splice", "pwrite"])
+def test_a_new_slave_catches_up_in_large_frames_byte_for_byte(cluster, splice):
+    """Catch-up frames are up to 1 MiB (``ha_transfer_batch_size``): on plain TCP they go
+    socket -> pipe -> log by splice, with ``HASVC_NO_SPLICE=1`` through the frame buffer."""
+    master = cluster.start_master(role="async")
+    results = trio.run(send_many, master.address, 6000, 16)
+    assert {r.status for r in results.values()} == {"PUT_OK"}
+    assert status(master)["max_offset"] > 2 * SEGMENT
+    slave = cluster.start_slave(master.ha_address, env=None if splice else {"HASVC_NO_SPLICE": "1"})
+    wait_until(lambda: caught_up(master, slave), message="new slave caught up and dispatched")
+    assert ("or more by splice" in slave.log()) is splice
+    end = status(master)["max_offset"]
+    assert log_digest(cluster.store("master"), 0, end) == log_digest(cluster.store("slave"), 0, end)
+    wait_until(lambda: status(master)["dispatched_offset"] == end, message="master dispatched")
+    assert consume_queue_files(cluster.store("master")) == consume_queue_files(cluster.store("slave"))
+    assert master.stop() == 0 and slave.stop() == 0
+
+
 def test_a_slave_whose_master_is_unreachable_keeps_retrying(cluster, tmp_path):
     unused = socket.socket()
     unused.bind(("127.0.0.1", 0))

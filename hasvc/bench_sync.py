@@ -210,9 +210,11 @@ class LocalPair:
         return json.loads(line[len("READY ") :])
 
     def wait_connected(self, timeout: float = 30.0) -> None:
+        """Until the master has the slave's first report: before it, a SYNC_MASTER put is
+        answered SLAVE_NOT_AVAILABLE (a run's first requests were, now and then)."""
         deadline = time.monotonic() + timeout
         with hc.BlockingClient(self.master["listen"]) as client:
-            while not client.status()["slaves"]:
+            while not any(slave["ack_offset"] >= 0 for slave in client.status()["slaves"]):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the slave did not connect")
                 time.sleep(0.05)

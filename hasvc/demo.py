@@ -25,7 +25,7 @@ def run_demo(*, producers: int = 16, keep: bool = True, echo=print) -> bool:
         master = drill.start("a", master_ha=None)
         slave = drill.start("b", master_ha=master.ready["ha_listen"])
         echo(f"master {master.ready['listen']} (HA {master.ready['ha_listen']}), slave {slave.ready['listen']}, SYNC_MASTER")
-        drill._wait(lambda: drill._status(master)["slaves"], "the slave to connect")
+        drill._wait(lambda: any(s["ack_offset"] >= 0 for s in drill._status(master)["slaves"]), "the slave's first report")
         echo(f"1. writing for {WRITE_SECONDS:.0f} s with {producers} producers (a write returns once the slave has it)")
         trio.run(_write_with_progress, drill, master, slave, echo)
         echo("2. hasvc status")

@@ -137,7 +137,7 @@ class Drill:
                 self.acked[number] = result.offset
 
     def run_round(self, number: int, master: Process, slave: Process) -> tuple[RoundReport, Process, Process]:
-        self._wait(lambda: self._status(master)["slaves"], "the slave to connect")
+        self._wait(lambda: any(s["ack_offset"] >= 0 for s in self._status(master)["slaves"]), "the slave's first report")
         delay = self.random.uniform(0.5, 2.0)
         times: dict[str, float] = {}
         found: dict = {}

@@ -178,17 +178,8 @@ class Connection:
                 # Straight from the descriptor, as ``_receive``, but with no yield after an
                 # immediate read: the bytes usually came with the header, and the caller's next
                 # receive (a header, ``_receive``) is where it yields.
-                fd = self._socket.fileno()  # -1 once closed: trio's recv_into raises the error
-                try:
-                    count = os.readv(fd, [view[filled:]]) if fd >= 0 else await self._socket.recv_into(view[filled:])
-                except BlockingIOError:
-                    await trio.lowlevel.wait_readable(self._socket)
-                    continue
-                except OSError as error:
-                    raise trio.BrokenResourceError(f"receive from {self.peer}: {error}") from error
-                if count == 0:
-                    raise EOFError(f"{self.peer} closed the connection")
-                filled += count
+                rest = view[filled:]
+                filled += await self._when_readable(lambda fd, rest=rest: os.readv(fd, [rest]))
             else:
                 data = await self.stream.receive_some(len(view) - filled)
                 if not data:
@@ -208,12 +199,18 @@ class Connection:
         ``size_max`` bytes. Returns the count; EOFError at the end of the stream. Only when
         ``can_splice``. As ``receive_into``, no yield after an immediate move."""
         assert self.can_splice
+        return await self._when_readable(lambda fd: os.splice(fd, pipe_fd, size_max, flags=SPLICE_FLAGS))
+
+    async def _when_readable(self, move) -> int:
+        """``move(fd)``: one non-blocking call that takes bytes from the socket's descriptor
+        (plain TCP) and returns how many; retried after ``wait_readable`` while the kernel has
+        none. EOFError when it returns 0 (the end of the stream)."""
         while True:
             fd = self._socket.fileno()
             if fd < 0:
                 raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
             try:
-                count = os.splice(fd, pipe_fd, size_max, flags=SPLICE_FLAGS)
+                count = move(fd)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(self._socket)
                 continue

@@ -241,27 +241,25 @@ class CommitLog:
         """Append bytes a master sent, verbatim, with ``pwrite`` (``MappedFile.write_through``).
         ``offset`` must be the local end of the log (or, for an empty log, the start of a
         segment). Raises ReplicationOffsetError otherwise."""
-        with self.put_lock:
-            queue = self._replication_queue(offset)
-            view = memoryview(data)
-            while view:
-                mapped_file = queue.get_last_mapped_file(offset)
-                size = min(len(view), mapped_file.remaining)
-                mapped_file.write_through(view[:size])
-                view = view[size:]
-                offset += size
+        view = memoryview(data)
+        self._append_replicated(offset, len(view), lambda mapped_file, done, count: mapped_file.write_through(view[done : done + count]))
 
     def append_replicated_from_pipe(self, offset: int, pipe_fd: int, size: int) -> None:
         """``append_replicated`` for ``size`` bytes waiting in a pipe (``MappedFile.write_from_pipe``):
         a slave splices a frame from its socket into the pipe, then from the pipe into the log."""
+        self._append_replicated(offset, size, lambda mapped_file, _, count: mapped_file.write_from_pipe(pipe_fd, count))
+
+    def _append_replicated(self, offset: int, size: int, write) -> None:
+        """``write(mapped_file, done, count)`` the ``size`` bytes from ``offset``, the part of
+        them each segment holds (``done`` bytes already written before it)."""
         with self.put_lock:
             queue = self._replication_queue(offset)
-            while size:
-                mapped_file = queue.get_last_mapped_file(offset)
-                count = min(size, mapped_file.remaining)
-                mapped_file.write_from_pipe(pipe_fd, count)
-                size -= count
-                offset += count
+            done = 0
+            while done < size:
+                mapped_file = queue.get_last_mapped_file(offset + done)
+                count = min(size - done, mapped_file.remaining)
+                write(mapped_file, done, count)
+                done += count
 
     def _replication_queue(self, offset: int) -> MappedFileQueue:
         """Check that replicated bytes for ``offset`` continue the local log (call with the put lock)."""

@@ -18,6 +18,7 @@ once per change of state; reconnects back off from ``ha_reconnect_backoff_min_ms
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import trio
@@ -110,7 +111,8 @@ class HAClient:
                     nursery.start_soon(self._flush_and_report, connection)
                 watchdog = transport.Watchdog(config.ha_housekeeping_interval_ms / 1000, "nothing from the master")
                 nursery.start_soon(watchdog.run)
-                await self._receive_frames(connection, watchdog, splice=splice)
+                with transport.SplicePipe() if splice else contextlib.nullcontext() as pipe:
+                    await self._receive_frames(connection, watchdog, pipe)
                 nursery.cancel_scope.cancel()
         finally:
             broker.master_connected = False
@@ -177,15 +179,7 @@ class HAClient:
             self._flushed = await trio.to_thread.run_sync(store.flush_commitlog, 0)
             await self._report(connection)
 
-    async def _receive_frames(self, connection, watchdog: transport.Watchdog, *, splice: bool) -> None:
-        pipe = transport.SplicePipe() if splice else None
-        try:
-            await self._receive_frames_through(connection, watchdog, pipe)
-        finally:
-            if pipe is not None:
-                pipe.close()
-
-    async def _receive_frames_through(self, connection, watchdog: transport.Watchdog, pipe: transport.SplicePipe | None) -> None:
+    async def _receive_frames(self, connection, watchdog: transport.Watchdog, pipe: transport.SplicePipe | None) -> None:
         """Frames until the session ends. On plain TCP a frame of ``SPLICE_FRAME_MIN`` bytes or
         more moves socket → pipe → log with ``splice``, in pieces of up to the pipe's size (the
         log's end advances piece by piece, as if the master had sent smaller frames): the bytes

@@ -242,6 +242,12 @@ class SplicePipe:
         os.close(self.read_fd)
         os.close(self.write_fd)
 
+    def __enter__(self) -> SplicePipe:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
 
 def peer_name(stream: trio.abc.Stream) -> str:
     try:

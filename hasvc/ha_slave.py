@@ -136,7 +136,7 @@ class HAClient:
                     f"master's {master.epochs}: refusing to replicate (this store is not from this cluster)"
                 )
             if point < local_end:
-                async with broker.maintenance:
+                async with broker.maintenance, broker.warming:
                     await trio.to_thread.run_sync(store.truncate, point)
                 LOGGER.warning("truncated the log to %d: dropped %d bytes [%d, %d) the master does not have",
                                point, local_end - point, point, local_end)  # fmt: skip

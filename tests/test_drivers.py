@@ -1,9 +1,11 @@
 """trio drivers over memory streams with autojump_clock: heartbeats, housekeeping and waiter
 timeouts checked in virtual time."""
 
+import pytest
 import trio
 import trio.testing
 
+from commitlog import native
 from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.broker import Broker
@@ -162,5 +164,28 @@ async def test_stored_puts_are_answered_when_their_last_wait_ends(tmp_path):
             while len(outbox.answers) < 3:
                 await trio.sleep(0.05)
         assert outbox.answers[2] == (3, "FLUSH_SLAVE_TIMEOUT") and trio.current_time() - started >= 0.3
+        nursery.cancel_scope.cancel()
+    broker.store.close()
+
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="warming ahead needs the native module (without it there is nothing to warm)")
+async def test_the_warm_up_waits_for_a_truncation_but_not_for_a_flush(tmp_path):
+    """A long msync (under writeback) held the maintenance lock and the warm-up waited behind
+    it, so a busy writer ran past the warmed pages and faulted them in itself. A truncation
+    holds both locks: the warm-up must never touch a segment being cut."""
+    broker = broker_for(tmp_path)
+    queue = broker.store.commit_log.mapped_file_queue
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(broker._warm_task)
+        async with broker.maintenance:  # as _async_flush_task holds it around its msync
+            async with broker.warming:  # as a truncation holds it (with maintenance)
+                broker.append(send_request(b"x" * 100))
+                broker.after_appends(push=False)
+                await trio.sleep(0.2)
+                assert queue.last.populated_position == 0
+            with trio.fail_after(10):
+                while queue.last.populated_position < SEGMENT:
+                    await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     broker.store.close()

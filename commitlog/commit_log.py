@@ -332,10 +332,11 @@ class CommitLog:
     def commit(self, least_pages: int = 0) -> int:
         return self.mapped_file_queue.commit(least_pages)
 
-    def flush(self, least_pages: int = 0) -> int:
-        """Commit (if a write buffer is in use) and fsync; return the flushed offset."""
+    def flush(self, least_pages: int = 0, *, keep_cached: int = 0) -> int:
+        """Commit (if a write buffer is in use) and fsync; return the flushed offset. Flushed
+        pages more than ``keep_cached`` bytes back are then dropped from the page cache (0: none)."""
         self.mapped_file_queue.commit(0 if least_pages == 0 else least_pages)
-        return self.mapped_file_queue.flush(least_pages)
+        return self.mapped_file_queue.flush(least_pages, keep_cached=keep_cached)
 
     # -- truncation -----------------------------------------------------------------------
 

@@ -133,6 +133,7 @@ class MappedFile:
         self.flushed_position = initial
         self.store_timestamp = 0  # store timestamp of the last record appended (for the checkpoint)
         self.populated_position = initial  # pages below this are resident (warmed) for writing
+        self.dropped_position = 0  # pages below this were dropped from the page cache (drop_cached)
         self._check()
 
     # -- positions ------------------------------------------------------------------------
@@ -261,6 +262,19 @@ class MappedFile:
             self._check()
         return self.flushed_position
 
+    def drop_cached(self, end: int) -> None:
+        """Drop the flushed pages below ``end`` from the page cache (``page_cache_keep_size``):
+        unmapped from this process (``MADV_DONTNEED``; a shared file mapping keeps its data) and
+        then evicted (``POSIX_FADV_DONTNEED``, which evicts only clean, unmapped pages). Reads
+        there fault the pages back in from the disk."""
+        end = min(end, self.flushed_position) // OS_PAGE_SIZE * OS_PAGE_SIZE
+        start = self.dropped_position
+        if end <= start or self._fd < 0:
+            return
+        self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
+        os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        self.dropped_position = end
+
     def _enough_pages(self, ahead: int, behind: int, least_pages: int) -> bool:
         if ahead == self.file_size or least_pages <= 0:
             return True
@@ -279,6 +293,7 @@ class MappedFile:
     def set_positions(self, position: int) -> None:
         """Move all three positions to ``position`` (recovery found the end of the data there)."""
         self.wrote_position = self._committed_position = self.flushed_position = position
+        self.dropped_position = min(self.dropped_position, position)
         self._check()
 
     def _zero(self, start: int, end: int) -> None:

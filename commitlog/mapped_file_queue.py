@@ -49,6 +49,7 @@ class MappedFileQueue:
         self.mapped_files: list[MappedFile] = []
         self.flushed_where = 0
         self.committed_where = 0
+        self._dropped_where = 0  # page_cache_keep_size: the page cache was dropped below about here
         # The next segment, created and warmed ahead of need (AllocateMappedFileService).
         self._spare: MappedFile | None = None
         self._spare_lock = threading.Lock()
@@ -225,8 +226,10 @@ class MappedFileQueue:
                 break
         return self.committed_where
 
-    def flush(self, least_pages: int = 0) -> int:
-        """Flush segments from ``flushed_where`` on; return the new ``flushed_where``."""
+    def flush(self, least_pages: int = 0, *, keep_cached: int = 0) -> int:
+        """Flush segments from ``flushed_where`` on; return the new ``flushed_where``. With
+        ``keep_cached``, then drop the flushed pages more than that many bytes behind it from
+        the page cache (``MappedFile.drop_cached``)."""
         if self._directory_unsynced:
             self._directory_unsynced = False
             fsync_directory(self.directory)
@@ -235,6 +238,13 @@ class MappedFileQueue:
             self.flushed_where = max(self.flushed_where, mapped_file.offset_of(position))
             if position < mapped_file.file_size:
                 break
+        if keep_cached > 0:
+            below = self.flushed_where - keep_cached
+            for mapped_file in self._files_from(self._dropped_where):
+                if mapped_file.file_from_offset >= below:
+                    break
+                mapped_file.drop_cached(below - mapped_file.file_from_offset)
+                self._dropped_where = mapped_file.offset_of(mapped_file.dropped_position)
         return self.flushed_where
 
     def _files_from(self, offset: int) -> list[MappedFile]:
@@ -266,6 +276,7 @@ class MappedFileQueue:
         self.mapped_files = kept
         self.flushed_where = min(self.flushed_where, offset)
         self.committed_where = min(self.committed_where, offset)
+        self._dropped_where = min(self._dropped_where, offset)
 
     def delete_first_files(self, count: int) -> list[str]:
         """Retire the ``count`` oldest segments (never the last one); return their paths."""
@@ -283,7 +294,7 @@ class MappedFileQueue:
         for mapped_file in self.mapped_files:
             mapped_file.destroy()
         self.mapped_files = []
-        self.flushed_where = self.committed_where = offset
+        self.flushed_where = self.committed_where = self._dropped_where = offset
 
     def close(self) -> None:
         for mapped_file in self.mapped_files:
@@ -301,4 +312,4 @@ class MappedFileQueue:
         for mapped_file in self.mapped_files:
             mapped_file.destroy()
         self.mapped_files = []
-        self.flushed_where = self.committed_where = 0
+        self.flushed_where = self.committed_where = self._dropped_where = 0

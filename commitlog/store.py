@@ -307,7 +307,7 @@ class MessageStore:
     def flush_commitlog(self, least_pages: int = 0) -> int:
         """Commit and flush the commit log; record what is durable in the checkpoint fields."""
         store_timestamp = self.commit_log.mapped_file_queue.store_timestamp
-        flushed = self.commit_log.flush(least_pages)
+        flushed = self.commit_log.flush(least_pages, keep_cached=self.config.page_cache_keep_size)
         self._return_write_buffers()
         if flushed >= self.commit_log.max_wrote_offset and store_timestamp:
             self.checkpoint.physic_msg_timestamp = store_timestamp

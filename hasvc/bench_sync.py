@@ -187,11 +187,13 @@ def run_once(address: str, pids: dict[str, int], *, producers: int, connections:
 class LocalPair:
     """A master and a slave process with temporary stores, stopped by PID on exit."""
 
-    def __init__(self, *, role: str, flush: str, slave_flush_before_ack: bool = False):
+    def __init__(self, *, role: str, flush: str, slave_flush_before_ack: bool = False, settings: dict[str, str] | None = None):
+        """``settings``: more options by config name, given to both (``--set NAME=VALUE``)."""
         self.root = tempfile.mkdtemp(prefix="hasvc-bench-")
         self.processes: list[subprocess.Popen] = []
-        self.master = self._start(["master", "--role", role, "--flush", flush], "master")
-        slave_args = ["slave", "--master-ha", self.master["ha_listen"]]
+        both = [arg for name, value in (settings or {}).items() for arg in ("--set", f"{name}={value}")]
+        self.master = self._start(["master", "--role", role, "--flush", flush, *both], "master")
+        slave_args = ["slave", "--master-ha", self.master["ha_listen"], *both]
         if slave_flush_before_ack:
             slave_args += ["--set", "flush_before_ack=true"]
         self.slave = self._start(slave_args, "slave")

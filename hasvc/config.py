@@ -66,6 +66,7 @@ class BrokerConfig:
     disk_max_used_space_ratio: float = 0.85
     disk_clean_ratio: float = 0.75
     file_reserved_time_hours: float = 72.0
+    page_cache_keep_size: int = 0  # StoreConfig.page_cache_keep_size: 0 keeps the page cache whole
     # Replication (MessageStoreConfig): haSendHeartbeatInterval, haHousekeepingInterval,
     # haMaxGapNotInSync, slaveTimeout, inSyncReplicas, syncFromLastFile.
     ha_send_heartbeat_interval_ms: int = 5000
@@ -122,6 +123,7 @@ class BrokerConfig:
             disk_clean_ratio=self.disk_clean_ratio,
             file_reserved_time_hours=self.file_reserved_time_hours,
             flush_disk_type=self.flush,
+            page_cache_keep_size=self.page_cache_keep_size,
             store_host=self.listen if _is_ip(self.listen[0]) else ("127.0.0.1", self.listen[1]),
         )
 

@@ -254,6 +254,13 @@ class PostgresPair:
 # -- hasvc -------------------------------------------------------------------------------------
 
 
+# Given to both hasvc processes. page_cache_keep_size: flushed log pages more than 256 MiB behind
+# are dropped from the page cache; on this VM a write into a page the cache never held costs ~4x
+# the CPU of one into a page it freed lately, and 64 x 32 writes fell from ~230k to ~130k acked/s
+# within 30 s of a pair's life without it (StoreConfig.page_cache_keep_size).
+HASVC_SETTINGS = {"page_cache_keep_size": str(256 * 1024 * 1024)}
+
+
 def hasvc_run(pair: LocalPair, producers: int, batch: int, duration: float, load_binary: str, *, connections: int = 1) -> dict:
     pair.wait_connected()
     result = run_once(pair.master["listen"], pair.pids, producers=producers, connections=connections, size=SIZE, batch=batch,
@@ -392,7 +399,9 @@ def write_report(results: dict, path: str, chart: str, settings: dict, versions:
               "`shared_buffers=256MB`; `synchronous_commit` set per session through `PGOPTIONS`; pgbench `-c N -j min(N,2)` "
               "running one `INSERT` of a 1 KiB text row per transaction into an unindexed table; latencies from pgbench's "
               "per-transaction log.",
-              "- hasvc: a master and a slave process (`hasvc master/slave`, defaults otherwise); load from "
+              "- hasvc: a master and a slave process (`hasvc master/slave`, defaults otherwise, but for "
+              + ", ".join(f"`{name}={value}`" for name, value in HASVC_SETTINGS.items())
+              + " on both: see `docs/benchmarks.md`, 'What was tried'); load from "
               "`scripts/hasvc_load.c` (the counterpart of `redis_load.c`: C, one thread per connection, each writer "
               "one `SEND` of 1 or 32 messages in flight on 4 queues, a write counts when its response says `PUT_OK`). "
               "Every writer's requests share one connection (the client protocol multiplexes, as hasvc's Python client "
@@ -510,7 +519,7 @@ def main() -> int:
                 ("hasvc ASYNC_MASTER, ASYNC_FLUSH", dict(role="async", flush="async"), (1,)),
             ]
             for label, settings, batches in modes:
-                pair = LocalPair(**settings)
+                pair = LocalPair(**settings, settings=HASVC_SETTINGS)
                 try:
                     for batch in batches:
                         name = label if len(batches) == 1 else f"{label}, {'1 msg' if batch == 1 else f'{batch} msgs'}/request"

@@ -278,3 +278,44 @@ def test_flush_syncs_the_range_since_the_last_flush(tmp_path, monkeypatch):
     with open(mapped_file.path, "rb") as file:
         assert file.read(5010) == b"a" * 5000 + b"b" * 10
 
+
+
+
+def _resident_pages(path) -> list[bool]:
+    """Which of the file's pages are in the page cache (mincore over a fresh mapping)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size = os.path.getsize(path)
+    with open(path, "r+b") as file, mmap.mmap(file.fileno(), size) as mapping:
+        flags = ctypes.create_string_buffer(size // 4096)
+        first = ctypes.c_char.from_buffer(mapping)
+        try:
+            if libc.mincore(ctypes.addressof(first), size, flags) != 0:
+                raise OSError(ctypes.get_errno(), "mincore")
+        finally:
+            del first
+        return [bool(flag & 1) for flag in flags.raw]
+
+
+def test_flush_drops_the_page_cache_behind_the_kept_bytes_and_the_data_reads_back(tmp_path):
+    queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
+    data = os.urandom(3 * SIZE - 4096)
+    written = 0
+    while written < len(data):
+        mapped_file = queue.get_last_mapped_file(0)
+        count = min(mapped_file.remaining, len(data) - written)
+        assert mapped_file.append(data[written : written + count])
+        written += count
+    keep = SIZE + 2 * 4096
+    assert queue.flush(keep_cached=keep) == len(data)
+    below = len(data) - keep  # = 2 * SIZE - 3 pages: all of segment 0, segment 1 but its last 3 pages
+    pages = [page for f in queue.mapped_files for page in _resident_pages(f.path)]
+    assert not any(pages[: below // 4096]), "pages behind the kept bytes are still cached"
+    assert all(pages[below // 4096 : len(data) // 4096]), "pages within the kept bytes were dropped"
+    assert b"".join(bytes(f.slice(0, SIZE)) for f in queue.mapped_files) == data  # faulted back from disk
+    queue.flush(keep_cached=0)  # 0 drops nothing: what the read brought back stays
+    assert all(page for f in queue.mapped_files for page in _resident_pages(f.path)[:-1])
+    queue.close()

@@ -30,6 +30,10 @@ WriteBufferSource = Callable[[], bytearray | None]
 # segment (fallocate, directory fsync) took 0.4 s on this VM under writeback: created on demand,
 # in line with a slave's receive, it stalled replication for that long.
 SPARE_AT_REMAINING = 0.5
+# page_cache_keep_size: the page cache is dropped in steps of at least this many bytes. Each step
+# is an madvise and an fadvise, and fadvise DONTNEED drains every CPU's page lists (an IPI each):
+# under SYNC_FLUSH a flush follows every group commit, a few KiB apart.
+DROP_CACHED_STEP_MIN = 4 * 1024 * 1024
 
 
 class MappedFileQueue:
@@ -238,8 +242,8 @@ class MappedFileQueue:
             self.flushed_where = max(self.flushed_where, mapped_file.offset_of(position))
             if position < mapped_file.file_size:
                 break
-        if keep_cached > 0:
-            below = self.flushed_where - keep_cached
+        below = self.flushed_where - keep_cached
+        if keep_cached > 0 and below - self._dropped_where >= DROP_CACHED_STEP_MIN:
             for mapped_file in self._files_from(self._dropped_where):
                 if mapped_file.file_from_offset >= below:
                     break

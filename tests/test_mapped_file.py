@@ -4,6 +4,7 @@ import pytest
 
 from commitlog import native
 from commitlog.mapped_file import MappedFile, StoreError, segment_name
+from commitlog import mapped_file_queue
 from commitlog.mapped_file_queue import MappedFileQueue
 
 SIZE = 16 * 4096
@@ -300,7 +301,8 @@ def _resident_pages(path) -> list[bool]:
         return [bool(flag & 1) for flag in flags.raw]
 
 
-def test_flush_drops_the_page_cache_behind_the_kept_bytes_and_the_data_reads_back(tmp_path):
+def test_flush_drops_the_page_cache_behind_the_kept_bytes_and_the_data_reads_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(mapped_file_queue, "DROP_CACHED_STEP_MIN", 4096)  # these segments are 64 KiB
     queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
     data = os.urandom(3 * SIZE - 4096)
     written = 0
@@ -318,4 +320,12 @@ def test_flush_drops_the_page_cache_behind_the_kept_bytes_and_the_data_reads_bac
     assert b"".join(bytes(f.slice(0, SIZE)) for f in queue.mapped_files) == data  # faulted back from disk
     queue.flush(keep_cached=0)  # 0 drops nothing: what the read brought back stays
     assert all(page for f in queue.mapped_files for page in _resident_pages(f.path)[:-1])
+
+
+def test_the_page_cache_is_dropped_in_steps_not_per_flush(tmp_path):
+    queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
+    assert queue.get_last_mapped_file(0).append(os.urandom(SIZE))
+    queue.flush(keep_cached=4096)  # 60 KiB behind the kept bytes: under DROP_CACHED_STEP_MIN
+    assert all(_resident_pages(queue.mapped_files[0].path))
+    queue.close()
     queue.close()

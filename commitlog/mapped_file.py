@@ -80,6 +80,19 @@ def _libc_fallocate():
 _FALLOCATE = _libc_fallocate()
 
 
+def _libc_mincore():
+    try:
+        function = ctypes.CDLL(None, use_errno=True).mincore
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    function.restype = ctypes.c_int
+    return function
+
+
+_MINCORE = _libc_mincore()
+
+
 def preallocate(fd: int, size: int) -> None:
     """Reserve ``size`` bytes of disk for ``fd``; raise DiskFullError when there is no room."""
     try:
@@ -261,6 +274,25 @@ class MappedFile:
             self.flushed_position = target
             self._check()
         return self.flushed_position
+
+    def resident(self, start: int, end: int) -> bool:
+        """Whether the page cache holds every page of ``[start, end)`` (``mincore`` over the
+        mapping: it looks the file's pages up, it faults nothing in). True where it cannot tell
+        (no ``mincore``, the segment closed): the caller then reads as it would anyway."""
+        first = start // OS_PAGE_SIZE * OS_PAGE_SIZE
+        if _MINCORE is None or end <= first:
+            return True
+        flags = ctypes.create_string_buffer((end - first + OS_PAGE_SIZE - 1) // OS_PAGE_SIZE)
+        try:
+            anchor = ctypes.c_char.from_buffer(self._mmap)
+        except (ValueError, TypeError):  # closed
+            return True
+        try:
+            if _MINCORE(ctypes.addressof(anchor) + first, end - first, flags) != 0:
+                return True
+        finally:
+            del anchor
+        return flags.raw.count(0) == 0  # one byte a page, bit 0 set when resident
 
     def drop_cached(self, end: int) -> None:
         """Drop the flushed pages below ``end`` from the page cache (``page_cache_keep_size``):

@@ -150,6 +150,19 @@ def stop_process(process: subprocess.Popen) -> None:
             process.wait()
 
 
+def drop_from_page_cache(paths: list[str]) -> None:
+    """``--cold``: write back, then let the page cache go of these files (a slave joining a
+    master whose old log the cache has let go reads it from the disk). Pages a process maps stay:
+    the master maps only what its recovery read, near the log's end."""
+    os.sync()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def catch_up_once(root: str, master: dict, master_pid: int, target: int, run: int) -> dict:
     """One slave from empty to ``target``; returns seconds, MB/s and CPU of both processes."""
     store = os.path.join(root, f"slave-{run}")
@@ -186,7 +199,7 @@ def catch_up_once(root: str, master: dict, master_pid: int, target: int, run: in
     }
 
 
-def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: bool, echo=print) -> dict:
+def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: bool, cold: bool = False, echo=print) -> dict:
     if runs < 1:
         raise ValueError("--runs must be at least 1")
     owned = directory is None
@@ -212,6 +225,8 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
             os.makedirs(files_dir, exist_ok=True)
             into_files, files_cpu = loopback_ceiling(target, files_dir=files_dir)
             os.rmdir(files_dir)
+            if cold:  # after the ceilings, whose sendfile reads the segments back into the cache
+                drop_from_page_cache(segments)
             result = catch_up_once(directory, addresses, master.pid, target, run)
             result.update(send_ceiling_bytes_per_s=send, sendfile_ceiling_bytes_per_s=sendfile,
                           send_ceiling_receiver_cpu=send_cpu, sendfile_ceiling_receiver_cpu=sendfile_cpu,
@@ -237,7 +252,8 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
     catch_up, send, sendfile = summary("bytes_per_s"), summary("send_ceiling_bytes_per_s"), summary("sendfile_ceiling_bytes_per_s")
     into_files, fraction, fraction_files = summary("files_ceiling_bytes_per_s"), summary("fraction_of_send"), summary("fraction_of_files")
     echo("")
-    echo(f"catch-up of an empty slave: {target / 1e9:.2f} GB ({records:,} records of 1 KiB), median of {runs} (min–max)")
+    echo(f"catch-up of an empty slave: {target / 1e9:.2f} GB ({records:,} records of 1 KiB), median of {runs} (min–max)"
+         + (", the master's log dropped from the page cache before each" if cold else ""))
     echo(f"  hasvc catch-up        {catch_up.text(1e6)} MB/s")
     echo(f"  loopback TCP send     {send.text(1e6)} MB/s")
     echo(f"  loopback sendfile     {sendfile.text(1e6)} MB/s")
@@ -248,7 +264,7 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
     slave_cpu = statistics.median(r["cpu_percent"]["slave"] for r in runs_data)
     echo(f"  cpu %                 master {master_cpu:.0f}, slave {slave_cpu:.0f}")
     return envelope(
-        "catch-up", {"size_gib": size_gib, "runs": runs, "log_bytes": target, "records": records},
+        "catch-up", {"size_gib": size_gib, "runs": runs, "log_bytes": target, "records": records, "cold": cold},
         summary={name: dataclasses.asdict(value) for name, value in (
             ("bytes_per_s", catch_up), ("send_ceiling_bytes_per_s", send), ("sendfile_ceiling_bytes_per_s", sendfile),
             ("files_ceiling_bytes_per_s", into_files), ("fraction_of_send", fraction), ("fraction_of_files", fraction_files))},

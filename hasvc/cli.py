@@ -542,13 +542,14 @@ def bench_sync_write(producers, connections, size, batch, duration, runs, role, 
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
               help="Build (or reuse) the master's store here instead of a temporary directory.")
 @click.option("--keep", is_flag=True, help="Keep the temporary directory.")
+@click.option("--cold", is_flag=True, help="Drop the master's log from the page cache before each catch-up.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def bench_catch_up(size_gib, runs, directory, keep, json_path) -> None:
+def bench_catch_up(size_gib, runs, directory, keep, cold, json_path) -> None:
     """MB/s of a new slave copying a master's whole log, beside raw loopback TCP (send, sendfile)."""
     from hasvc.bench import write_json
     from hasvc.bench_catchup import bench_catch_up as run
 
-    write_json(json_path, run(size_gib=size_gib, runs=runs, directory=directory, keep=keep, echo=click.echo))
+    write_json(json_path, run(size_gib=size_gib, runs=runs, directory=directory, keep=keep, cold=cold, echo=click.echo))
 
 
 @bench.command("spark-read")

@@ -76,6 +76,13 @@ class BrokerConfig:
     # VM; 1 MiB frames amortise it. Must not exceed the slave's ha_frame_size_max.
     ha_transfer_batch_size: int = 1024 * 1024
     ha_frame_size_max: int = 4 * 1024 * 1024  # the slave's read buffer in RocketMQ: 4 MiB
+    # No RocketMQ name (it reads through its mapping and lets the kernel's readahead guess): when
+    # a frame for a slave is not wholly in the page cache, a worker thread asks the kernel to read
+    # this far ahead (fadvise WILLNEED) and reads the frame before sendfile, so the event loop
+    # never waits for the disk. 2 GiB catch-ups from a dropped cache, alternating, 5 each: the
+    # loop's time in block I/O 1.5-2.1 s -> 0, median 626 -> 749 MB/s, and a producer writing to
+    # the master meanwhile 3,128 -> 4,721 puts/s (3 each). 0: the frame only.
+    ha_transfer_readahead_size: int = 256 * 1024 * 1024
     ha_max_gap_not_in_sync: int = 256 * 1024 * 1024
     slave_timeout_ms: int = 3000
     in_sync_replicas: int = 1  # slaves that must acknowledge a SYNC_MASTER put
@@ -132,6 +139,8 @@ class BrokerConfig:
             raise ValueError("a slave needs --master-ha HOST:PORT")
         if self.ha_transfer_batch_size > self.ha_frame_size_max:
             raise ValueError("ha_transfer_batch_size must not exceed ha_frame_size_max")
+        if self.ha_transfer_readahead_size < 0:
+            raise ValueError("ha_transfer_readahead_size must be >= 0 (0: off)")
         if self.in_sync_replicas < 0 or self.min_in_sync_replicas < 0:
             raise ValueError("in_sync_replicas and min_in_sync_replicas must be >= 0")
         if (self.tls_cert is None) != (self.tls_key is None):

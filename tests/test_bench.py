@@ -8,17 +8,23 @@ import sys
 
 import pytest
 
+from hasvc.bench_catchup import drop_from_page_cache
+from tests.pagecache import PAGE, resident_pages
+
 HASVC = [sys.executable, "-m", "hasvc.cli"]
 
 
-def test_bench_catch_up_copies_the_whole_log_and_stops_its_processes(tmp_path):
+@pytest.mark.parametrize("cold", [False, True])
+def test_bench_catch_up_copies_the_whole_log_and_stops_its_processes(tmp_path, cold):
     report = tmp_path / "catch-up.json"
     done = subprocess.run(
-        [*HASVC, "bench", "catch-up", "--size-gib", "0.02", "--runs", "2", "--dir", str(tmp_path / "b"), "--json", str(report)],
+        [*HASVC, "bench", "catch-up", "--size-gib", "0.02", "--runs", "2", "--dir", str(tmp_path / "b"), "--json", str(report),
+         *(["--cold"] if cold else [])],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(report.read_text())
+    assert data["settings"]["cold"] is cold and ("dropped from the page cache" in done.stdout) is cold
     log_bytes = data["settings"]["log_bytes"]
     assert log_bytes >= 0.02 * (1 << 30) and data["settings"]["records"] * 1024 == log_bytes
     assert len(data["runs"]) == 2
@@ -74,3 +80,13 @@ def test_bench_append_and_recover_share_the_family_shape(tmp_path):
     data, _ = run_bench(tmp_path, "recover", "--size-mb", "16", "--runs", "2", "--segment-size-mb", "8")
     native = data["scan"].get("native") or data["scan"]["python"]
     assert native["records"] > 0 and len(native["runs"]) >= 1 and "this process" in native["cpu_percent"]
+
+
+def test_cold_catch_up_drops_the_log_from_the_page_cache(tmp_path):
+    path = tmp_path / "segment"
+    path.write_bytes(os.urandom(64 * PAGE))
+    with open(path, "rb") as file:
+        file.read()  # in the page cache
+    assert all(resident_pages(path))
+    drop_from_page_cache([str(path)])
+    assert not any(resident_pages(path))

@@ -6,6 +6,7 @@ from commitlog import native
 from commitlog.mapped_file import MappedFile, StoreError, segment_name
 from commitlog import mapped_file_queue
 from commitlog.mapped_file_queue import MappedFileQueue
+from tests.pagecache import resident_pages
 
 SIZE = 16 * 4096
 
@@ -282,25 +283,6 @@ def test_flush_syncs_the_range_since_the_last_flush(tmp_path, monkeypatch):
 
 
 
-def _resident_pages(path) -> list[bool]:
-    """Which of the file's pages are in the page cache (mincore over a fresh mapping)."""
-    import ctypes
-    import mmap
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    size = os.path.getsize(path)
-    with open(path, "r+b") as file, mmap.mmap(file.fileno(), size) as mapping:
-        flags = ctypes.create_string_buffer(size // 4096)
-        first = ctypes.c_char.from_buffer(mapping)
-        try:
-            if libc.mincore(ctypes.addressof(first), size, flags) != 0:
-                raise OSError(ctypes.get_errno(), "mincore")
-        finally:
-            del first
-        return [bool(flag & 1) for flag in flags.raw]
-
-
 def test_flush_drops_the_page_cache_behind_the_kept_bytes_and_the_data_reads_back(tmp_path, monkeypatch):
     monkeypatch.setattr(mapped_file_queue, "DROP_CACHED_STEP_MIN", 4096)  # these segments are 64 KiB
     queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
@@ -314,18 +296,31 @@ def test_flush_drops_the_page_cache_behind_the_kept_bytes_and_the_data_reads_bac
     keep = SIZE + 2 * 4096
     assert queue.flush(keep_cached=keep) == len(data)
     below = len(data) - keep  # = 2 * SIZE - 3 pages: all of segment 0, segment 1 but its last 3 pages
-    pages = [page for f in queue.mapped_files for page in _resident_pages(f.path)]
+    pages = [page for f in queue.mapped_files for page in resident_pages(f.path)]
     assert not any(pages[: below // 4096]), "pages behind the kept bytes are still cached"
     assert all(pages[below // 4096 : len(data) // 4096]), "pages within the kept bytes were dropped"
     assert b"".join(bytes(f.slice(0, SIZE)) for f in queue.mapped_files) == data  # faulted back from disk
     queue.flush(keep_cached=0)  # 0 drops nothing: what the read brought back stays
-    assert all(page for f in queue.mapped_files for page in _resident_pages(f.path)[:-1])
+    assert all(page for f in queue.mapped_files for page in resident_pages(f.path)[:-1])
 
 
 def test_the_page_cache_is_dropped_in_steps_not_per_flush(tmp_path):
     queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
     assert queue.get_last_mapped_file(0).append(os.urandom(SIZE))
     queue.flush(keep_cached=4096)  # 60 KiB behind the kept bytes: under DROP_CACHED_STEP_MIN
-    assert all(_resident_pages(queue.mapped_files[0].path))
+    assert all(resident_pages(queue.mapped_files[0].path))
     queue.close()
     queue.close()
+
+
+def test_resident_says_whether_the_page_cache_holds_every_page_of_a_range(tmp_path):
+    mapped_file = MappedFile(str(tmp_path / segment_name(0)), file_size=SIZE, create=True)
+    assert mapped_file.append(os.urandom(SIZE))
+    mapped_file.flush(0)
+    assert mapped_file.resident(0, SIZE)
+    mapped_file.drop_cached(4 * 4096)  # the first four pages
+    assert not mapped_file.resident(0, SIZE) and not mapped_file.resident(3 * 4096 + 100, 5 * 4096)
+    assert mapped_file.resident(4 * 4096, SIZE)
+    assert resident_pages(mapped_file.path)[:4] == [False] * 4  # as the page cache has it
+    mapped_file.close()
+    assert mapped_file.resident(0, SIZE)  # closed: cannot tell, and says so by True

@@ -5,6 +5,7 @@ segment handle follows the store's segments (a truncated and recreated segment i
 import os
 import socket
 import struct
+import types
 
 import pytest
 import trio
@@ -18,6 +19,8 @@ from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.ha_master import HAService, _OpenSegment, _Writer
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
+from tests.cluster import wait_until
+from tests.pagecache import PAGE, drop_cached, resident_pages
 
 SIZE = 8 * 1024 * 1024  # several times the socket buffers: sendfile meets EAGAIN and must wait
 
@@ -108,6 +111,80 @@ def test_open_segment_reopens_a_segment_that_was_recreated(tmp_path):
     handle.close()
     second.close()
     assert handle.fd == -1
+
+
+def test_loading_a_frame_reads_it_and_the_log_ahead_never_past_its_end(tmp_path):
+    """``_OpenSegment.load`` (a worker thread's part of a transfer from a log the page cache let
+    go): on return the frame is in the cache; the kernel was asked for ``readahead_size`` more
+    behind it, none before it and none past the log's readable end."""
+    path = str(tmp_path / segment_name(0))
+    with open(path, "wb") as file:
+        file.write(os.urandom(256 * PAGE))
+    segment = types.SimpleNamespace(path=path, read_position=192 * PAGE)  # the log ends at page 192
+    handle = _OpenSegment(readahead_size=64 * PAGE)
+    handle.open(segment)
+    try:
+        drop_cached(path)
+        assert not any(resident_pages(path))
+        handle.load(16 * PAGE, 4 * PAGE)
+        assert all(resident_pages(path)[16:20])  # waited for
+        wait_until(lambda: all(resident_pages(path)[16:80]), timeout=10)
+        pages = resident_pages(path)
+        assert not any(pages[:16]) and not any(pages[80:])
+        drop_cached(path)
+        handle.load(150 * PAGE, 4 * PAGE)
+        wait_until(lambda: all(resident_pages(path)[150:192]), timeout=10)
+        pages = resident_pages(path)
+        assert not any(pages[:150]) and not any(pages[192:])
+    finally:
+        handle.close()
+
+
+async def test_a_transfer_from_a_log_the_page_cache_let_go_is_read_off_the_event_loop(tmp_path, monkeypatch):
+    """A slave catching up from pages no longer in the cache: the writer task has a worker thread
+    read them (``_OpenSegment.load``) before ``sendfile``, and the slave gets the log byte for byte."""
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=4 * 1024 * 1024,
+                          ha_transfer_readahead_size=256 * 1024)  # fmt: skip
+    broker = Broker(config)
+    broker.store = MessageStore.open(str(tmp_path), config.store_config())
+    for round_ in range(200):
+        broker.append(cp.SendRequest("T", 0, [bytes([round_]) * 30_000], [b""], 0, 0))
+    commit_log = broker.store.commit_log
+    end = commit_log.max_offset
+    assert end > config.commitlog_segment_size  # two segments
+    commit_log.flush()
+    for mapped_file in commit_log.mapped_file_queue.mapped_files:
+        mapped_file.drop_cached(mapped_file.flushed_position)
+        assert not mapped_file.resident(0, mapped_file.flushed_position // PAGE * PAGE)
+    loads = []
+    original = _OpenSegment.load
+    monkeypatch.setattr(_OpenSegment, "load", lambda self, position, size: (loads.append(position), original(self, position, size)))
+    service = broker.ha_service = HAService(broker)
+    listener = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener[0].socket.getsockname()[1]
+    received = bytearray()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, service.handle, listener)
+            slave = transport.Connection(await trio.open_tcp_stream("127.0.0.1", port), "master")
+            await transport.client_preface(slave, port_kind=wire.PORT_KIND_HA, secret=None)
+            await slave.send_all(ha.encode_slave_hello(ha.SlaveHello("s1", "127.0.0.1:1", 0)))
+            (size,) = ha.LENGTH.unpack(await slave.receive_exactly(4))
+            ha.decode_master_hello(await slave.receive_exactly(size))
+            await slave.send_all(ha.REPORT.pack(0))
+            while len(received) < end:
+                header = ha.decode_transfer_header(await slave.receive_exactly(12), size_max=config.ha_frame_size_max)
+                assert header.offset == len(received)
+                received += await slave.receive_exactly(header.size)
+            nursery.cancel_scope.cancel()
+        assert loads and loads[0] == 0  # read off the loop from the first frame on
+        log = bytearray()
+        while len(log) < end:
+            with broker.store.read(len(log), end - len(log)) as view:
+                log += view
+        assert received == log
+    finally:
+        broker.store.close()
 
 
 def test_streams_other_than_plain_tcp_do_not_claim_sendfile():

@@ -164,7 +164,7 @@ class HAService:
         batch_size = broker.config.ha_transfer_batch_size
         heartbeat = broker.config.ha_send_heartbeat_interval_ms / 1000
         writer = _Writer(connection, offset)
-        segment = _OpenSegment(broker.config.ha_transfer_readahead_size) if connection.can_send_file else None
+        segment = _OpenSegment(broker.config.ha_transfer_readahead_size)
         self._writers.add(writer)
         try:
             while True:  # busy (pushes stay out) everywhere but in the wait for new appends
@@ -173,15 +173,15 @@ class HAService:
                     await connection.send_all(remainder)
                 offset = writer.offset
                 if offset < store.commit_log.max_offset:
-                    if segment is not None:
-                        mapped_file, position, size = store.commit_log.transfer_span(offset, batch_size)
+                    mapped_file, position, size = store.commit_log.transfer_span(offset, batch_size)
+                    if not mapped_file.resident(position, position + size):  # ~7 us a frame
+                        segment.open(mapped_file)
+                        await trio.to_thread.run_sync(segment.load, position, size)
+                    if connection.can_send_file:
                         fd = segment.open(mapped_file)
-                        if not mapped_file.resident(position, position + size):  # ~7 us a frame
-                            await trio.to_thread.run_sync(segment.load, position, size)
                         await connection.send_file(ha.encode_transfer_header(offset, size), fd, position, size)
-                    else:
-                        data = store.read(offset, batch_size)
-                        size = len(data)
+                    else:  # TLS: from the mapping, through the TLS layer
+                        data = store.read(offset, size)
                         try:
                             await connection.send_all(ha.encode_transfer_header(offset, size), data)
                         finally:
@@ -201,8 +201,7 @@ class HAService:
                     writer.last_write = trio.current_time()
         finally:
             self._writers.discard(writer)
-            if segment is not None:
-                segment.close()
+            segment.close()
 
     def push(self) -> None:
         """Send what was just appended to every idle slave connection now, from the put path,

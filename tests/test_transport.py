@@ -140,9 +140,13 @@ def test_loading_a_frame_reads_it_and_the_log_ahead_never_past_its_end(tmp_path)
         handle.close()
 
 
-async def test_a_transfer_from_a_log_the_page_cache_let_go_is_read_off_the_event_loop(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "from-the-mapping"])
+async def test_a_transfer_from_a_log_the_page_cache_let_go_is_read_off_the_event_loop(tmp_path, monkeypatch, sendfile):
     """A slave catching up from pages no longer in the cache: the writer task has a worker thread
-    read them (``_OpenSegment.load``) before ``sendfile``, and the slave gets the log byte for byte."""
+    read them (``_OpenSegment.load``) before it sends them (``sendfile``; from the mapping, as
+    under TLS), and the slave gets the log byte for byte."""
+    if not sendfile:
+        monkeypatch.setattr(transport.Connection, "can_send_file", property(lambda self: False))
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=4 * 1024 * 1024,
                           ha_transfer_readahead_size=256 * 1024)  # fmt: skip
     broker = Broker(config)

@@ -140,6 +140,27 @@ def test_loading_a_frame_reads_it_and_the_log_ahead_never_past_its_end(tmp_path)
         handle.close()
 
 
+async def empty_slave(port: int) -> transport.Connection:
+    """A slave with an empty log, connected to the HA port and past the handshake: it asked
+    for everything from offset 0."""
+    slave = transport.Connection(await trio.open_tcp_stream("127.0.0.1", port), "master")
+    await transport.client_preface(slave, port_kind=wire.PORT_KIND_HA, secret=None)
+    await slave.send_all(ha.encode_slave_hello(ha.SlaveHello("s1", "127.0.0.1:1", 0)))
+    (size,) = ha.LENGTH.unpack(await slave.receive_exactly(4))
+    ha.decode_master_hello(await slave.receive_exactly(size))
+    await slave.send_all(ha.REPORT.pack(0))
+    return slave
+
+
+def log_bytes(store: MessageStore, end: int) -> bytes:
+    """The log's bytes from 0 to ``end``, across segments."""
+    log = bytearray()
+    while len(log) < end:
+        with store.read(len(log), end - len(log)) as view:
+            log += view
+    return bytes(log)
+
+
 @pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "from-the-mapping"])
 async def test_a_transfer_from_a_log_the_page_cache_let_go_is_read_off_the_event_loop(tmp_path, monkeypatch, sendfile):
     """A slave catching up from pages no longer in the cache: the writer task has a worker thread
@@ -170,23 +191,14 @@ async def test_a_transfer_from_a_log_the_page_cache_let_go_is_read_off_the_event
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, service.handle, listener)
-            slave = transport.Connection(await trio.open_tcp_stream("127.0.0.1", port), "master")
-            await transport.client_preface(slave, port_kind=wire.PORT_KIND_HA, secret=None)
-            await slave.send_all(ha.encode_slave_hello(ha.SlaveHello("s1", "127.0.0.1:1", 0)))
-            (size,) = ha.LENGTH.unpack(await slave.receive_exactly(4))
-            ha.decode_master_hello(await slave.receive_exactly(size))
-            await slave.send_all(ha.REPORT.pack(0))
+            slave = await empty_slave(port)
             while len(received) < end:
                 header = ha.decode_transfer_header(await slave.receive_exactly(12), size_max=config.ha_frame_size_max)
                 assert header.offset == len(received)
                 received += await slave.receive_exactly(header.size)
             nursery.cancel_scope.cancel()
         assert loads and loads[0] == 0  # read off the loop from the first frame on
-        log = bytearray()
-        while len(log) < end:
-            with broker.store.read(len(log), end - len(log)) as view:
-                log += view
-        assert received == log
+        assert received == log_bytes(broker.store, end)
     finally:
         broker.store.close()
 
@@ -209,12 +221,7 @@ async def test_frames_pushed_from_the_put_path_and_sent_by_the_writer_task_never
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, service.handle, listener)
-            slave = transport.Connection(await trio.open_tcp_stream("127.0.0.1", port), "master")
-            await transport.client_preface(slave, port_kind=wire.PORT_KIND_HA, secret=None)
-            await slave.send_all(ha.encode_slave_hello(ha.SlaveHello("s1", "127.0.0.1:1", 0)))
-            (size,) = ha.LENGTH.unpack(await slave.receive_exactly(4))
-            ha.decode_master_hello(await slave.receive_exactly(size))
-            await slave.send_all(ha.REPORT.pack(0))
+            slave = await empty_slave(port)
             while not service._writers:
                 await trio.sleep(0.01)
             for round_ in range(40):  # bursts bigger than the socket buffers, pushed from here
@@ -230,13 +237,7 @@ async def test_frames_pushed_from_the_put_path_and_sent_by_the_writer_task_never
                 received.append(await slave.receive_exactly(header.size))
                 expected_offset += header.size
             nursery.cancel_scope.cancel()
-        log = bytearray()
-        offset = 0
-        while offset < end:
-            with broker.store.read(offset, end - offset) as view:
-                log += view
-                offset += len(view)
-        assert b"".join(received) == bytes(log)
+        assert b"".join(received) == log_bytes(broker.store, end)
     finally:
         broker.store.close()
 

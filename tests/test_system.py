@@ -11,6 +11,7 @@ from hasvc import client as hc
 from hasvc import drill
 from hasvc.protocol import ha, wire
 from tests.cluster import Cluster, wait_until
+from tests.pagecache import resident_pages
 
 SEGMENT = 1024 * 1024
 
@@ -465,3 +466,20 @@ def test_a_bad_send_coalesced_with_good_ones_fails_alone(cluster):
     sock.close()
     assert [responses[i].status for i in (1, 2, 3)] == ["PUT_OK", "PROPERTIES_SIZE_EXCEEDED", "PUT_OK"]
     assert responses[1].queue_offsets == [0] and responses[3].queue_offsets == [1]
+
+
+def test_consumers_read_log_the_master_dropped_from_the_page_cache(cluster):
+    """A master that keeps only the last 64 KiB of its log cached (``page_cache_keep_size``):
+    PULLs and READs of the start of the log, faulted back in from the disk, get the bytes that
+    were written."""
+    master = cluster.start_master(role="async", page_cache_keep_size=64 * 1024)
+    bodies = [bytes([i % 251]) * 1000 for i in range(8192)]
+    with hc.BlockingClient(master.address) as client:
+        for start in range(0, len(bodies), 256):
+            client.send_batch("T", bodies[start : start + 256])
+        segment = os.path.join(cluster.store("master"), "commitlog", "0" * 20)
+        wait_until(lambda: not any(resident_pages(segment)[:256]), message="the master to drop the log's first pages")
+        pulled = client.pull("T", 0, 0, count_max=64)
+        assert [bytes(record.body) for record in pulled.records] == bodies[:64]
+        with open(segment, "rb") as file:
+            assert client.read(0, size_max=4096) == file.read(4096)

@@ -23,12 +23,3 @@ def resident_pages(path) -> list[bool]:
             del first
         return [bool(flag & 1) for flag in flags.raw]
 
-
-def drop_cached(path) -> None:
-    """Let the page cache go of the (clean) pages of ``path``."""
-    os.sync()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)

@@ -14,13 +14,14 @@ import trio.testing
 from commitlog.mapped_file import MappedFile, segment_name
 from commitlog.store import MessageStore
 from hasvc import transport
+from hasvc.bench_catchup import drop_from_page_cache
 from hasvc.broker import Broker
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.ha_master import HAService, _OpenSegment, _Writer
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
 from tests.cluster import wait_until
-from tests.pagecache import PAGE, drop_cached, resident_pages
+from tests.pagecache import PAGE, resident_pages
 
 SIZE = 8 * 1024 * 1024  # several times the socket buffers: sendfile meets EAGAIN and must wait
 
@@ -124,14 +125,14 @@ def test_loading_a_frame_reads_it_and_the_log_ahead_never_past_its_end(tmp_path)
     handle = _OpenSegment(readahead_size=64 * PAGE)
     handle.open(segment)
     try:
-        drop_cached(path)
+        drop_from_page_cache([path])
         assert not any(resident_pages(path))
         handle.load(16 * PAGE, 4 * PAGE)
         assert all(resident_pages(path)[16:20])  # waited for
         wait_until(lambda: all(resident_pages(path)[16:80]), timeout=10)
         pages = resident_pages(path)
         assert not any(pages[:16]) and not any(pages[80:])
-        drop_cached(path)
+        drop_from_page_cache([path])
         handle.load(150 * PAGE, 4 * PAGE)
         wait_until(lambda: all(resident_pages(path)[150:192]), timeout=10)
         pages = resident_pages(path)

@@ -21,10 +21,10 @@ Everything here is sans-IO: ``Buffer`` collects bytes fed to it and hands out ex
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import os
-import collections
 import struct
 from typing import Final
 
@@ -180,16 +180,11 @@ class Buffer:
         self._consume(size)
 
     def take(self, size: int) -> bytes | None:
-        if self._size < size:
+        view = self.take_view(size)
+        if view is None:
             return None
-        if not size:
-            return b""
-        front = self._front(size)
-        whole = front.obj
-        # A chunk that is all of a received (or joined) bytes object is handed out as it is.
-        piece = whole if len(front) == size == len(whole) else bytes(front[:size])
-        self._consume(size)
-        return piece
+        whole = view.obj  # all of a received (or joined) bytes object is handed out as it is
+        return whole if len(view) == len(whole) else bytes(view)
 
     def take_view(self, size: int) -> memoryview | None:
         """``size`` bytes as a read-only view, copied only where they span two receives (the

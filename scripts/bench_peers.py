@@ -17,7 +17,9 @@ Every point writes 1 KiB payloads at 1, 16 and 64 concurrent writers for ``durat
 - hasvc ASYNC_MASTER for reference (a write returns before any slave has it).
 
 Ceilings measured in the same run: loopback TCP (1 MiB ``send``, ``os.sendfile``) and a minimal
-trio request/reply (16-byte request, 16-byte reply) at 1 and 64 connections. The CPU of every
+trio request/reply (16-byte request, 16-byte reply) at 1 and 64 connections, and the trio relay
+floor: one writer's 1 KiB request through a trio "master" and a trio "slave" that do nothing but
+forward and answer (the hops of a SYNC_MASTER put, without its work). The CPU of every
 process involved is read from /proc. Every process started is stopped by its PID.
 """
 
@@ -327,6 +329,102 @@ def trio_ceiling(connections: int, duration: float) -> dict:
         stop_process(server)
 
 
+# -- trio relay floor --------------------------------------------------------------------------
+# The hops of a SYNC_MASTER put with nothing done at any of them: a client sends a 1 KiB request
+# to a trio "master", which forwards it behind a 12-byte header to a trio "slave", waits for its
+# 8-byte reply, then answers the client with 16 bytes. Its p50 at one writer is the least a put
+# through two trio processes can take on this machine; hasvc's p50 minus it is hasvc's own work.
+
+RELAY_FRAME = 12 + SIZE
+RELAY_ANSWER = 16
+
+
+async def _receive_exactly(sock, count: int) -> bytes:
+    parts = []
+    while count:
+        data = await sock.recv(count)
+        if not data:
+            raise EOFError("peer closed")
+        parts.append(data)
+        count -= len(data)
+    return b"".join(parts)
+
+
+async def _accept_one():
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    print(listener.getsockname()[1], flush=True)
+    connection, _ = await listener.accept()
+    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    listener.close()
+    return connection
+
+
+async def _relay_slave() -> None:
+    connection = await _accept_one()
+    try:
+        while True:
+            frame = await _receive_exactly(connection, RELAY_FRAME)
+            await connection.send(frame[:8])
+    except (EOFError, OSError):
+        pass
+
+
+async def _relay_master(slave_port: int) -> None:
+    slave = trio.socket.socket()
+    await slave.connect(("127.0.0.1", slave_port))
+    slave.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    client = await _accept_one()
+    answer = bytes(RELAY_ANSWER)
+    try:
+        while True:
+            request = await _receive_exactly(client, RELAY_FRAME)
+            await slave.send(request)
+            await _receive_exactly(slave, 8)
+            await client.send(answer)
+    except (EOFError, OSError):
+        pass
+
+
+def trio_relay_floor(duration: float) -> dict:
+    """One writer (a blocking socket, as cheap a client as Python has) through the relay."""
+    slave = subprocess.Popen([sys.executable, __file__, "--relay-slave"], stdout=subprocess.PIPE, text=True)
+    master = None
+    try:
+        slave_port = int(slave.stdout.readline())
+        master = subprocess.Popen([sys.executable, __file__, "--relay-master", str(slave_port)], stdout=subprocess.PIPE, text=True)
+        port = int(master.stdout.readline())
+        before = {name: process_cpu_seconds(p.pid) for name, p in (("master", master), ("slave", slave))}
+        own = time.process_time()
+        latencies = []
+        request = bytes(RELAY_FRAME)
+        with socket.create_connection(("127.0.0.1", port)) as connection:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            started = time.perf_counter()
+            end = started + duration
+            while (sent := time.perf_counter()) < end:
+                connection.sendall(request)
+                received = 0
+                while received < RELAY_ANSWER:
+                    data = connection.recv(RELAY_ANSWER - received)
+                    if not data:
+                        raise EOFError("relay master closed")
+                    received += len(data)
+                latencies.append(time.perf_counter() - sent)
+            seconds = time.perf_counter() - started
+        latencies.sort()
+        cpu = {f"relay {name}": 100 * (process_cpu_seconds(p.pid) - before[name]) / seconds
+               for name, p in (("master", master), ("slave", slave))}  # fmt: skip
+        cpu["load generator"] = 100 * (time.process_time() - own) / seconds
+        return {"acked_per_second": len(latencies) / seconds, "p50_us": latencies[len(latencies) // 2] * 1e6,
+                "p99_us": latencies[int(len(latencies) * 0.99)] * 1e6, "cpu_percent": cpu}  # fmt: skip
+    finally:
+        for process in (master, slave):
+            if process is not None:
+                stop_process(process)
+
+
 # -- the report --------------------------------------------------------------------------------
 
 
@@ -390,6 +488,11 @@ def write_report(results: dict, path: str, chart: str, settings: dict, versions:
         key = f"trio request/reply @{n}"
         if key in results:
             lines.append(f"| trio 16-byte request/reply, {n} connection(s) | {results[key]['acked_per_second']:,.0f} /s |")
+    floor, redis_one = results.get("trio relay floor @1"), results.get("redis SET+WAIT @1")
+    if floor is not None:
+        versus = f"; {floor['p50_us'] / redis_one['p50_us']:.1f}× Redis SET+WAIT's p50 at one writer" if redis_one else ""
+        lines.append(f"| trio relay floor, one writer (client → master → slave → master → client, 1 KiB, no work) | "
+                     f"p50 {floor['p50_us'] / 1000:.2f} ms{versus} |")  # fmt: skip
     lines += ["", f"![throughput and p99 latency by concurrency]({os.path.basename(chart)})", ""]
     lines += ["## Settings", "",
               "- Redis: `--save '' --appendonly no` (no disk at all, as `WAIT` promises nothing about disks); load from "
@@ -453,9 +556,17 @@ def main() -> int:
     parser.add_argument("--redis-load", default=None, help="the built redis_load binary")
     parser.add_argument("--skip", default="", help="comma-separated: redis, postgres, hasvc, ceilings")
     parser.add_argument("--echo-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--relay-slave", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--relay-master", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.echo_server:
         trio.run(_echo_server)
+        return 0
+    if args.relay_slave:
+        trio.run(_relay_slave)
+        return 0
+    if args.relay_master is not None:
+        trio.run(_relay_master, args.relay_master)
         return 0
     skip = set(filter(None, args.skip.split(",")))
     root = tempfile.mkdtemp(prefix="hasvc-bench-peers-")
@@ -487,6 +598,7 @@ def main() -> int:
                     "cpu_percent": {k: statistics.median(r["cpu_percent"][k] for r in runs) for k in runs[0]["cpu_percent"]},
                 }  # fmt: skip
                 print(f"trio request/reply @{n:<33} {results[f'trio request/reply @{n}']['acked_per_second']:,.0f} /s", flush=True)
+            point("trio relay floor @1", lambda: trio_relay_floor(args.duration))
         if "redis" not in skip:
             versions["redis"] = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2].removeprefix("v=")
             load = args.redis_load or os.path.join(root, "redis_load")

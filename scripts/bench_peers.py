@@ -340,14 +340,29 @@ RELAY_ANSWER = 16
 
 
 async def _receive_exactly(sock, count: int) -> bytes:
+    """Read the descriptor directly, waiting in trio only when the kernel has nothing: one
+    scheduler pass per hop, the least trio allows (hasvc's transport reads the same way)."""
     parts = []
     while count:
-        data = await sock.recv(count)
+        try:
+            data = os.read(sock.fileno(), count)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+            continue
         if not data:
             raise EOFError("peer closed")
         parts.append(data)
         count -= len(data)
     return b"".join(parts)
+
+
+async def _send_all(sock, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(sock.fileno(), view) :]
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
 
 
 async def _accept_one():
@@ -366,7 +381,7 @@ async def _relay_slave() -> None:
     try:
         while True:
             frame = await _receive_exactly(connection, RELAY_FRAME)
-            await connection.send(frame[:8])
+            await _send_all(connection, frame[:8])
     except (EOFError, OSError):
         pass
 
@@ -380,9 +395,9 @@ async def _relay_master(slave_port: int) -> None:
     try:
         while True:
             request = await _receive_exactly(client, RELAY_FRAME)
-            await slave.send(request)
+            await _send_all(slave, request)
             await _receive_exactly(slave, 8)
-            await client.send(answer)
+            await _send_all(client, answer)
     except (EOFError, OSError):
         pass
 

@@ -43,7 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from hasvc.bench_catchup import loopback_ceiling, stop_process  # noqa: E402
-from hasvc.bench_sync import LocalPair, build_c_load, process_cpu_seconds, run_once  # noqa: E402
+from hasvc.bench_sync import LocalPair, build_c_load, percentiles, process_cpu_seconds, run_once  # noqa: E402
 
 SIZE = 1024
 CONCURRENCY = (1, 16, 64)
@@ -426,14 +426,12 @@ def trio_relay_floor(duration: float) -> dict:
                     if not data:
                         raise EOFError("relay master closed")
                     received += len(data)
-                latencies.append(time.perf_counter() - sent)
+                latencies.append((time.perf_counter() - sent) * 1e6)
             seconds = time.perf_counter() - started
-        latencies.sort()
         cpu = {f"relay {name}": 100 * (process_cpu_seconds(p.pid) - before[name]) / seconds
                for name, p in (("master", master), ("slave", slave))}  # fmt: skip
         cpu["load generator"] = 100 * (time.process_time() - own) / seconds
-        return {"acked_per_second": len(latencies) / seconds, "p50_us": latencies[len(latencies) // 2] * 1e6,
-                "p99_us": latencies[int(len(latencies) * 0.99)] * 1e6, "cpu_percent": cpu}  # fmt: skip
+        return {"acked_per_second": len(latencies) / seconds, **percentiles(latencies), "cpu_percent": cpu}
     finally:
         for process in (master, slave):
             if process is not None:

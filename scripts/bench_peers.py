@@ -42,8 +42,8 @@ import trio
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hasvc.bench_catchup import loopback_ceiling, stop_process  # noqa: E402
-from hasvc.bench_sync import LocalPair, build_c_load, percentiles, process_cpu_seconds, run_once  # noqa: E402
+from hasvc.tools.bench.catch_up import loopback_ceiling, stop_process  # noqa: E402
+from hasvc.tools.bench.sync_write import LocalPair, build_c_load, percentiles, process_cpu_seconds, run_once  # noqa: E402
 
 SIZE = 1024
 CONCURRENCY = (1, 16, 64)

@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from hasvc.bench_catchup import drop_from_page_cache
-from tests.pagecache import PAGE, resident_pages
+from commitlog.pagecache import PAGE, drop_from_page_cache, resident_pages
 
 HASVC = [sys.executable, "-m", "hasvc.cli"]
 

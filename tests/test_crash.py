@@ -2,7 +2,7 @@
 
 import pytest
 
-from hasvc.store_demo import run_crash_round
+from hasvc.tools.store_demo import run_crash_round
 from tests.conftest import SEGMENT_SIZE
 
 

@@ -102,7 +102,7 @@ def test_epochs_must_grow_and_truncation_drops_later_entries(tmp_path):
 def test_drill_file_check_catches_an_epoch_inside_a_record_and_an_overclaiming_checkpoint(tmp_path):
     from commitlog.record import Message
     from commitlog.store import MessageStore
-    from hasvc.drill import files_agree_with_log
+    from hasvc.tools.drill import files_agree_with_log
 
     with MessageStore.open(str(tmp_path)) as store:
         first = store.append([Message("T", b"x" * 100)])

@@ -6,7 +6,7 @@ from commitlog import native
 from commitlog.mapped_file import MappedFile, StoreError, segment_name
 from commitlog import mapped_file_queue
 from commitlog.mapped_file_queue import MappedFileQueue
-from tests.pagecache import resident_pages
+from commitlog.pagecache import resident_pages
 
 SIZE = 16 * 4096
 

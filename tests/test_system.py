@@ -8,10 +8,10 @@ import pytest
 import trio
 
 from hasvc import client as hc
-from hasvc import drill
+from hasvc.tools import drill
 from hasvc.protocol import ha, wire
 from tests.cluster import Cluster, wait_until
-from tests.pagecache import resident_pages
+from commitlog.pagecache import resident_pages
 
 SEGMENT = 1024 * 1024
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 
 from commitlog.mapped_file import parse_segment_name
-from hasvc.bench import RECORD_SIZE, build_store, machine
+from hasvc.tools.bench.store import RECORD_SIZE, build_store, machine
 
 def _decode_files(batches):
     """mapInArrow function of the hand-written reader: each binaryFile row is one whole segment."""

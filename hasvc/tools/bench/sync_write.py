@@ -24,7 +24,7 @@ import time
 import trio
 
 from hasvc import client as hc
-from hasvc.bench import Summary, envelope
+from hasvc.tools.bench.store import Summary, envelope
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -68,7 +68,8 @@ def percentiles(latencies_us: list[float]) -> dict[str, float]:
 # The C load generator (scripts/hasvc_load.c, the counterpart of scripts/redis_load.c): a Python
 # client costs ~50 us of CPU per request on this machine, as much as the master spends on it, and
 # the two share 2 cores. Built once per source version into the user's cache directory.
-LOAD_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "hasvc_load.c")
+# the repository root is three packages up (hasvc/tools/bench/)
+LOAD_SOURCE = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), *[os.pardir] * 3, "scripts", "hasvc_load.c"))
 
 
 def build_c_load() -> str | None:

@@ -1,6 +1,6 @@
 """A process that appends numbered messages until it is killed; used by crash tests and demos.
 
-    python -m hasvc.crash_writer STORE [--segment-size N] [--flush sync|async] [--producers P]
+    python -m hasvc.tools.crash_writer STORE [--segment-size N] [--flush sync|async] [--producers P]
                                        [--batch K] [--body-size B] [--pool]
 
 It prints ``READY`` once the store is open, then one line per acknowledged put:
@@ -28,7 +28,7 @@ def body_for(sequence: int, size: int) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hasvc.crash_writer")
+    parser = argparse.ArgumentParser(prog="python -m hasvc.tools.crash_writer")
     parser.add_argument("store")
     parser.add_argument("--segment-size", type=int, default=1024 * 1024)
     parser.add_argument("--flush", choices=["sync", "async"], default="sync")

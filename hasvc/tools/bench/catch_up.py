@@ -29,10 +29,11 @@ import tempfile
 import time
 
 from commitlog.mapped_file import preallocate
+from commitlog.pagecache import drop_from_page_cache
 from hasvc import client as hc
 from hasvc import transport
-from hasvc.bench import Summary, build_store, envelope
-from hasvc.bench_sync import process_cpu_seconds
+from hasvc.tools.bench.store import Summary, build_store, envelope
+from hasvc.tools.bench.sync_write import process_cpu_seconds
 
 CHUNK = 1024 * 1024  # bytes per send / recv_into in the ceiling measurements
 POLL_INTERVAL = 0.02  # seconds between status polls while a slave catches up
@@ -148,19 +149,6 @@ def stop_process(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.kill(process.pid, signal.SIGKILL)
             process.wait()
-
-
-def drop_from_page_cache(paths: list[str]) -> None:
-    """``--cold``: write back, then let the page cache go of these files (a slave joining a
-    master whose old log the cache has let go reads it from the disk). Pages a process maps stay:
-    the master maps only what its recovery read, near the log's end."""
-    os.sync()
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def catch_up_once(root: str, master: dict, master_pid: int, target: int, run: int) -> dict:

@@ -164,7 +164,7 @@ def spark_pyfiles(out):
     The executors of a real cluster also need numpy, pyarrow and crc32c installed; the optional
     native module is left out (a zip cannot load it), so they use the pure-Python paths.
     """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above hasvc/cli/
     count = 0
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
         for package in ("commitlog", "hasvc"):

@@ -19,7 +19,7 @@ from commitlog.inspect import verify
 from commitlog.record import MessageBatch, PutMessageStatus
 from commitlog.services import StoreServices
 from commitlog.store import MessageStore
-from hasvc.crash_writer import body_for
+from hasvc.tools.crash_writer import body_for
 
 # How long the crash writer may take to open its store before we give up on it.
 WRITER_READY_TIMEOUT_SECONDS = 30.0
@@ -52,7 +52,7 @@ def run_crash_round(
     """Start a crash writer on ``store_path``, SIGKILL it after ``seconds``, reopen the store and
     check that every record it acknowledged is there, at its offset, with its body."""
     command = [
-        sys.executable, "-m", "hasvc.crash_writer", store_path,
+        sys.executable, "-m", "hasvc.tools.crash_writer", store_path,
         "--segment-size", str(segment_size), "--flush", flush, "--producers", str(producers),
         "--batch", str(batch), "--body-size", str(body_size),
     ]  # fmt: skip

@@ -12,7 +12,7 @@ import time
 import trio
 
 from hasvc import client as hc
-from hasvc.drill import Drill
+from hasvc.tools.drill import Drill
 
 WRITE_SECONDS = 5.0
 

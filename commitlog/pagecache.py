@@ -1,4 +1,6 @@
-"""Which pages of a file the page cache holds: what the tests of page-cache handling look at."""
+"""The page cache and a log's files: which pages it holds (``resident_pages``, what the tests of
+page-cache handling look at) and letting it go of files (``drop_from_page_cache``, the catch-up
+benchmark's ``--cold``)."""
 
 import ctypes
 import mmap
@@ -23,3 +25,15 @@ def resident_pages(path) -> list[bool]:
             del first
         return [bool(flag & 1) for flag in flags.raw]
 
+
+def drop_from_page_cache(paths: list[str]) -> None:
+    """``--cold``: write back, then let the page cache go of these files (a slave joining a
+    master whose old log the cache has let go reads it from the disk). Pages a process maps stay:
+    the master maps only what its recovery read, near the log's end."""
+    os.sync()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

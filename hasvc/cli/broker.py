@@ -1,0 +1,134 @@
+"""``hasvc master`` and ``hasvc slave``: run a broker process (imports trio and the broker only when one runs)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from commitlog.mapped_file import StoreError
+
+
+def _broker_options(function):
+    options = [
+        click.option("--store", "store_dir", type=click.Path(file_okay=False), help="Store directory."),
+        click.option("--listen", help="Client port, HOST:PORT (port 0: any free port)."),
+        click.option("--ha-listen", help="HA port, HOST:PORT (default: the listen port + 1)."),
+        click.option("--flush", type=click.Choice(["sync", "async"]), help="SYNC_FLUSH (group commit) or ASYNC_FLUSH."),
+        click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True),
+                     help="TOML file with a [broker] table of options (command-line options win)."),
+        click.option("--secret-file", type=click.Path(dir_okay=False, exists=True),
+                     help="Cluster secret for HMAC authentication of every connection (or HASVC_SECRET)."),
+        click.option("--insecure", is_flag=True, default=None, help="Allow a non-loopback listen address without a secret."),
+        click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True)),
+        click.option("--tls-key", type=click.Path(dir_okay=False, exists=True)),
+        click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True), help="CA a slave uses to verify its master's certificate (with --tls-cert/--tls-key on every broker)."),
+        click.option("--metrics-listen", help="Serve Prometheus metrics on HOST:PORT."),
+        click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
+                     help="Any other option by its config name, e.g. --set slave_timeout_ms=1000."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def _build_config(role_default, cli_values: dict, config_file, secret_file, settings):
+    import dataclasses
+
+    from hasvc.config import BrokerConfig, convert, load_toml, read_secret
+
+    values = load_toml(config_file) if config_file else {}
+    fields = {f.name: f for f in dataclasses.fields(BrokerConfig)}
+    for setting in settings:
+        name, separator, raw = setting.partition("=")
+        if not separator or name not in fields:
+            raise click.BadParameter(f"{setting!r}: expected NAME=VALUE with a known option name", param_hint="--set")
+        values[name] = convert(name, _typed(raw, fields[name]))
+    for name, value in cli_values.items():
+        if value is not None:
+            values[name] = convert(name, value)
+    values.setdefault("role", convert("role", role_default))
+    secret = read_secret(secret_file)
+    if secret is not None:
+        values["secret"] = secret
+    if "store" not in values:
+        raise click.UsageError("--store is required (or 'store' in the config file)")
+    try:
+        return BrokerConfig(**values).validate()
+    except (TypeError, ValueError) as error:
+        raise click.UsageError(str(error)) from None
+
+
+def _typed(raw: str, field):
+    kind = str(field.type)
+    if "bool" in kind:
+        return raw.lower() in ("1", "true", "yes", "on")
+    if "int" in kind and raw.lstrip("-").isdigit():
+        return int(raw)
+    if "float" in kind:
+        return float(raw)
+    return raw
+
+
+def _run_broker(config) -> None:
+    import logging
+    import signal
+
+    import trio
+
+    from hasvc.broker import Broker
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hasvc").info("effective configuration: %s", json.dumps(config.describe()))
+
+    async def serve() -> None:
+        broker = Broker(config)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                addresses = await nursery.start(broker.run)
+                click.echo("READY " + json.dumps(addresses))
+                sys.stdout.flush()
+                async for signum in signals:
+                    logging.getLogger("hasvc").info("%s: shutting down", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(serve)
+    except StoreError as error:
+        raise click.ClickException(str(error)) from None
+    except OSError as error:
+        raise click.ClickException(f"cannot listen: {error}") from None
+
+
+@click.command()
+@_broker_options
+@click.option("--role", type=click.Choice(["sync", "async"]), default=None,
+              help="SYNC_MASTER (a put waits for a slave) or ASYNC_MASTER (default).")
+def master(store_dir, listen, ha_listen, flush, config_file, secret_file, insecure, tls_cert, tls_key, tls_ca,
+           metrics_listen, settings, role) -> None:  # fmt: skip
+    """Run a master broker: takes writes, serves reads, replicates to slaves.
+
+    Prints one line `READY {json}` on stdout when serving (with the actual ports), logs to stderr,
+    and exits cleanly on SIGTERM/SIGINT (store flushed, abort file removed).
+    """
+    cli_values = dict(store=store_dir, listen=listen, ha_listen=ha_listen, flush=flush, insecure=insecure,
+                      tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen, role=role)  # fmt: skip
+    _run_broker(_build_config("ASYNC_MASTER", cli_values, config_file, secret_file, settings))
+
+
+@click.command()
+@_broker_options
+@click.option("--master-ha", help="The master's HA address, HOST:PORT.")
+def slave(store_dir, listen, ha_listen, flush, config_file, secret_file, insecure, tls_cert, tls_key, tls_ca,
+          metrics_listen, settings, master_ha) -> None:  # fmt: skip
+    """Run a slave broker: replicates the master's log byte for byte and serves reads.
+
+    Sends are refused with SERVICE_NOT_AVAILABLE naming the master. --ha-listen is where it will
+    serve slaves of its own once promoted (the failover issue).
+    """
+    cli_values = dict(store=store_dir, listen=listen, ha_listen=ha_listen, flush=flush, insecure=insecure,
+                      tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen,
+                      master_ha=master_ha)  # fmt: skip
+    _run_broker(_build_config("SLAVE", cli_values, config_file, secret_file, settings))

@@ -1,4 +1,5 @@
-"""A small harness for system tests: real `hasvc master` / `hasvc slave` processes on loopback.
+"""A small harness for system tests: real `hasvc master` / `hasvc slave` processes on loopback,
+and what the tests ask of them (status, sends, catch-up, log digests).
 
 Ports are chosen by the OS (port 0) and read from each broker's READY line; every process is
 stopped by its PID (SIGTERM, then SIGKILL) when the cluster closes.
@@ -13,6 +14,11 @@ import signal
 import subprocess
 import sys
 import time
+
+import trio
+
+from hasvc import client as hc
+from hasvc.tools import drill
 
 READY_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 20.0
@@ -134,3 +140,47 @@ def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.05, mess
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {message}")
         time.sleep(interval)
+
+
+# -- what the system tests ask of a running cluster -----------------------------------------------
+
+SEGMENT = 1024 * 1024
+
+
+def status(broker, secret=None) -> dict:
+    with hc.BlockingClient(broker.address, secret) as client:
+        return client.status()
+
+
+def slave_acking(master) -> bool:
+    """The master lists the slave and has its first report: a SYNC_MASTER put can wait for it
+    (until then it is SLAVE_NOT_AVAILABLE)."""
+    slaves = status(master)["slaves"]
+    return bool(slaves) and slaves[0]["ack_offset"] >= 0
+
+
+def log_digest(store: str, start: int, end: int) -> str:
+    return drill.log_digest(store, end, SEGMENT, start=start)
+
+
+def consume_queue_files(store: str) -> dict:
+    return drill.queue_file_digests(store)
+
+
+async def send_many(address: str, count: int, concurrency: int = 64, *, topic: str = "Sys", size: int = 300, secret=None):
+    statuses = {}
+    async with hc.connect(address, secret) as client:
+        async def worker(start: int):
+            for i in range(start, count, concurrency):
+                result = await client.send(topic, f"m{i}:".encode() + b"x" * size, tags=f"t{i % 3}", queue_id=i % 4)
+                statuses[i] = result
+
+        async with trio.open_nursery() as nursery:
+            for start in range(concurrency):
+                nursery.start_soon(worker, start)
+    return statuses
+
+
+def caught_up(master, slave) -> bool:
+    m, s = status(master), status(slave)
+    return m["max_offset"] == s["max_offset"] and s["dispatched_offset"] == s["max_offset"]

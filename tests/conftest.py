@@ -4,6 +4,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from commitlog.config import StoreConfig
+from tests.sizes import SEGMENT_SIZE
 
 settings.register_profile(
     "default", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
@@ -11,8 +12,6 @@ settings.register_profile(
 settings.register_profile("ci", parent=settings.get_profile("default"), max_examples=60, derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
-# Small segments so tests roll files often; RocketMQ's defaults are in StoreConfig.
-SEGMENT_SIZE = 64 * 1024
 
 
 @pytest.fixture

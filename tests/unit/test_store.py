@@ -12,7 +12,7 @@ from commitlog.consume_queue import CQ_UNIT
 from commitlog.mapped_file import StoreError, segment_name
 from commitlog.services import StoreServices
 from commitlog.store import MessageStore, disk_used_ratio
-from tests.conftest import SEGMENT_SIZE
+from tests.sizes import SEGMENT_SIZE
 
 
 def fill(store: MessageStore, count: int, *, queues: int = 2, body_size: int = 300, topic: str = "T") -> list:

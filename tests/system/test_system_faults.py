@@ -14,8 +14,7 @@ import trio
 
 from commitlog.inspect import verify
 from hasvc import client as hc
-from tests.cluster import BrokerProcess, Cluster, wait_until
-from tests.test_system import SEGMENT, caught_up, log_digest, send_many, status
+from tests.cluster import SEGMENT, BrokerProcess, Cluster, caught_up, log_digest, send_many, status, wait_until
 
 
 class LossyProxy:

@@ -7,59 +7,20 @@ import struct
 import pytest
 import trio
 
-from hasvc import client as hc
-from hasvc.tools import drill
-from hasvc.protocol import ha, wire
-from tests.cluster import Cluster, wait_until
 from commitlog.pagecache import resident_pages
-
-SEGMENT = 1024 * 1024
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path, segment_size=SEGMENT)
-    yield c
-    c.close()
-
-
-def status(broker, secret=None) -> dict:
-    with hc.BlockingClient(broker.address, secret) as client:
-        return client.status()
-
-
-def slave_acking(master) -> bool:
-    """The master lists the slave and has its first report: a SYNC_MASTER put can wait for it
-    (until then it is SLAVE_NOT_AVAILABLE)."""
-    slaves = status(master)["slaves"]
-    return bool(slaves) and slaves[0]["ack_offset"] >= 0
-
-
-def log_digest(store: str, start: int, end: int) -> str:
-    return drill.log_digest(store, end, SEGMENT, start=start)
-
-
-def consume_queue_files(store: str) -> dict:
-    return drill.queue_file_digests(store)
-
-
-async def send_many(address: str, count: int, concurrency: int = 64, *, topic: str = "Sys", size: int = 300, secret=None):
-    statuses = {}
-    async with hc.connect(address, secret) as client:
-        async def worker(start: int):
-            for i in range(start, count, concurrency):
-                result = await client.send(topic, f"m{i}:".encode() + b"x" * size, tags=f"t{i % 3}", queue_id=i % 4)
-                statuses[i] = result
-
-        async with trio.open_nursery() as nursery:
-            for start in range(concurrency):
-                nursery.start_soon(worker, start)
-    return statuses
-
-
-def caught_up(master, slave) -> bool:
-    m, s = status(master), status(slave)
-    return m["max_offset"] == s["max_offset"] and s["dispatched_offset"] == s["max_offset"]
+from hasvc import client as hc
+from hasvc.protocol import ha, wire
+from tests.cluster import (
+    SEGMENT,
+    Cluster,
+    caught_up,
+    consume_queue_files,
+    log_digest,
+    send_many,
+    slave_acking,
+    status,
+    wait_until,
+)
 
 
 def test_10000_sync_master_sends_give_byte_identical_logs_and_queues(cluster):
@@ -327,9 +288,9 @@ def test_wrong_or_missing_secret_is_refused_and_no_log_byte_is_sent(tmp_path):
         bad_slave_dir = os.path.join(cluster.root, "bad-secret")
         with open(bad_slave_dir, "wb") as file:
             file.write(b"wrong")
-        from tests.cluster import BrokerProcess
-
         import sys
+
+        from tests.cluster import BrokerProcess
 
         slave = BrokerProcess("badslave", [sys.executable, "-m", "hasvc.cli", "slave", "--store", cluster.store("badslave"),
                                            "--listen", "127.0.0.1:0", "--master-ha", master.ha_address,
@@ -357,9 +318,9 @@ def test_effective_configuration_from_toml_is_printed(tmp_path):
     config.write_text('[broker]\nrole = "sync"\nslave_timeout_ms = 1234\ncommitlog_segment_size = 1048576\n')
     cluster = Cluster(tmp_path)
     try:
-        from tests.cluster import BrokerProcess
-
         import sys
+
+        from tests.cluster import BrokerProcess
 
         master = BrokerProcess("m", [sys.executable, "-m", "hasvc.cli", "master", "--store", str(tmp_path / "m"),
                                      "--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0", "--config", str(config)],

@@ -14,7 +14,7 @@ from commitlog import record as rec
 from commitlog.config import StoreConfig
 from commitlog.store import MessageStore
 from hasvc.cli import main
-from tests.conftest import SEGMENT_SIZE
+from tests.sizes import SEGMENT_SIZE
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from commitlog.mapped_file import MappedFile, segment_name
+from commitlog.pagecache import PAGE, drop_from_page_cache, resident_pages
 from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.broker import Broker
@@ -20,7 +21,6 @@ from hasvc.ha_master import HAService, _OpenSegment, _Writer
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
 from tests.cluster import wait_until
-from commitlog.pagecache import PAGE, drop_from_page_cache, resident_pages
 
 SIZE = 8 * 1024 * 1024  # several times the socket buffers: sendfile meets EAGAIN and must wait
 

@@ -3,7 +3,7 @@
 import pytest
 
 from hasvc.tools.store_demo import run_crash_round
-from tests.conftest import SEGMENT_SIZE
+from tests.sizes import SEGMENT_SIZE
 
 
 @pytest.mark.parametrize(

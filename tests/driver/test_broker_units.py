@@ -5,7 +5,6 @@ import socket
 import types
 
 import pytest
-
 import trio
 import trio.testing
 

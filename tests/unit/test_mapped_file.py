@@ -2,9 +2,8 @@ import os
 
 import pytest
 
-from commitlog import native
+from commitlog import mapped_file_queue, native
 from commitlog.mapped_file import MappedFile, StoreError, segment_name
-from commitlog import mapped_file_queue
 from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog.pagecache import resident_pages
 

@@ -6,8 +6,7 @@ import trio
 
 from commitlog.inspect import iter_records
 from hasvc import client as hc
-from tests.cluster import wait_until
-from tests.test_system import caught_up, cluster, slave_acking, status  # noqa: F401
+from tests.cluster import slave_acking, status, wait_until
 
 
 async def send_as(address: str, producer_id: str, first: int, bodies: list[bytes]) -> list[hc.SendResult]:

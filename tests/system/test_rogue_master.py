@@ -11,8 +11,7 @@ from commitlog.commit_log import CommitLog
 from commitlog.config import StoreConfig
 from commitlog.store import MessageStore
 from hasvc.protocol import ha, wire
-from tests.cluster import Cluster, wait_until
-from tests.test_system import status
+from tests.cluster import Cluster, status, wait_until
 
 SEGMENT = 1024 * 1024
 

@@ -6,7 +6,7 @@ import pytest
 from commitlog import record as rec
 from commitlog.commit_log import CommitLog, ReadError, ReplicationOffsetError
 from commitlog.mapped_file import segment_name
-from tests.conftest import SEGMENT_SIZE
+from tests.sizes import SEGMENT_SIZE
 
 
 @pytest.fixture

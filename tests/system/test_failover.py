@@ -4,8 +4,7 @@ unreplicated tail is cut), refuse unrelated stores, fence a master that sees a n
 import trio
 
 from hasvc import client as hc
-from tests.cluster import wait_until
-from tests.test_system import caught_up, cluster, log_digest, send_many, slave_acking, status  # noqa: F401, F811
+from tests.cluster import caught_up, log_digest, send_many, slave_acking, status, wait_until
 
 
 def test_promote_then_the_old_master_rejoins_and_its_unreplicated_tail_is_cut(cluster):  # noqa: F811

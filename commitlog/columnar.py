@@ -5,7 +5,7 @@ Theory of operation
 ``decode_record`` (commitlog.record) decodes one record with a dozen ``struct`` calls; at about
 2 µs a record that caps a Python reader near 0.5 GB/s of 1 KiB records before Spark does any work.
 This module decodes a whole segment range with numpy and pyarrow instead, following the same
-layout (the constants come from ``commitlog.record``; ``tests/test_columnar.py`` checks it field
+layout (the constants come from ``commitlog.record``; ``tests/spark/test_columnar.py`` checks it field
 for field against ``decode_record`` and stop for stop against ``commitlog.scan``):
 
 1. **Walk** (one C call, ``_scan.walk_starts``, when the native module is built; otherwise the

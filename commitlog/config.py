@@ -74,6 +74,35 @@ class StoreConfig:
     file_reserved_time_hours: float = 72.0
     delete_segments_per_pass_max: int = 10
 
+    # Durations are seconds inside; the ``_ms`` fields keep RocketMQ's names at the config edge.
+    @property
+    def flush_interval_commitlog_seconds(self) -> float:
+        return self.flush_interval_commitlog_ms / 1000
+
+    @property
+    def flush_commitlog_thorough_interval_seconds(self) -> float:
+        return self.flush_commitlog_thorough_interval_ms / 1000
+
+    @property
+    def sync_flush_timeout_seconds(self) -> float:
+        return self.sync_flush_timeout_ms / 1000
+
+    @property
+    def commit_interval_commitlog_seconds(self) -> float:
+        return self.commit_interval_commitlog_ms / 1000
+
+    @property
+    def flush_consume_queue_thorough_interval_seconds(self) -> float:
+        return self.flush_consume_queue_thorough_interval_ms / 1000
+
+    @property
+    def warm_interval_seconds(self) -> float:
+        return self.warm_interval_ms / 1000
+
+    @property
+    def disk_check_interval_seconds(self) -> float:
+        return self.disk_check_interval_ms / 1000
+
     def validate(self) -> StoreConfig:
         if self.page_cache_keep_size < 0:
             raise ValueError(f"page_cache_keep_size must be >= 0, got {self.page_cache_keep_size}")

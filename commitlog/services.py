@@ -115,7 +115,7 @@ class StoreServices:
     def wait_flushed(self, offset: int) -> bool:
         if self.store.commit_log.flushed_offset >= offset:
             return True
-        timeout = self.store.config.sync_flush_timeout_ms / 1000
+        timeout = self.store.config.sync_flush_timeout_seconds
         waiter = _Waiter()
         with self._flush_wakeup:
             try:
@@ -150,8 +150,8 @@ class StoreServices:
 
     def _async_flush_loop(self) -> None:
         config = self.store.config
-        interval = config.flush_interval_commitlog_ms / 1000
-        thorough = config.flush_commitlog_thorough_interval_ms / 1000
+        interval = config.flush_interval_commitlog_seconds
+        thorough = config.flush_commitlog_thorough_interval_seconds
         last_thorough = time.monotonic()
         while not self._stopping.wait(interval):
             now = time.monotonic()
@@ -163,7 +163,7 @@ class StoreServices:
 
     def _commit_loop(self) -> None:
         config = self.store.config
-        interval = config.commit_interval_commitlog_ms / 1000
+        interval = config.commit_interval_commitlog_seconds
         while not self._stopping.wait(interval):
             self.store.commit_commitlog(config.commit_commitlog_least_pages)
             self._dispatch_wakeup.set()
@@ -179,13 +179,13 @@ class StoreServices:
             self._stopping.wait(DISPATCH_INTERVAL_SECONDS)
 
     def _warm_loop(self) -> None:
-        interval = self.store.config.warm_interval_ms / 1000
+        interval = self.store.config.warm_interval_seconds
         while not self._stopping.wait(interval):
             self.store.warm_commitlog()
 
     def _housekeeping_loop(self) -> None:
         config = self.store.config
-        thorough = config.flush_consume_queue_thorough_interval_ms / 1000
+        thorough = config.flush_consume_queue_thorough_interval_seconds
         last_thorough = last_clean = time.monotonic()
         while not self._stopping.wait(HOUSEKEEPING_INTERVAL_SECONDS):
             now = time.monotonic()

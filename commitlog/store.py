@@ -283,7 +283,7 @@ class MessageStore:
 
     def disk_full(self) -> bool:
         now = time.monotonic()
-        if now - self._disk_checked_at >= self.config.disk_check_interval_ms / 1000:
+        if now - self._disk_checked_at >= self.config.disk_check_interval_seconds:
             self._disk_checked_at = now
             self._disk_used_ratio = disk_used_ratio(self.path)
         return self._disk_used_ratio > self.config.disk_max_used_space_ratio

@@ -44,11 +44,18 @@ from commitlog.commit_log import AppendResult, ReadError
 from commitlog.store import MessageStore
 from commitlog.waiters import OffsetWaiters, WaitersFull
 from hasvc import transport
-from hasvc.dedupe import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ, ProducerTable, Stored, Verdict
-from hasvc.config import BrokerConfig, BrokerRole, format_address, parse_address
+from hasvc.state.dedupe import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ, ProducerTable, Stored, Verdict
+from hasvc.config import BrokerConfig, BrokerRole, FlushDiskType, format_address, parse_address
+from hasvc.ha_master import HAService
+from hasvc.ha_slave import HAClient
+from hasvc.metrics import serve_metrics
 from hasvc.protocol import client as cp
 from hasvc.protocol import wire
-from hasvc.replication import Admission, ReplicaSet
+from hasvc.replicator import ClassicReplicator
+from hasvc.state import role as role_effects
+from hasvc.state.puts import PutTracker, final_status
+from hasvc.state.replication import ReplicaSet
+from hasvc.state.role import RoleState
 
 LOGGER = logging.getLogger(__name__)
 
@@ -280,9 +287,12 @@ class _StoredAnswer:
 class Broker:
     def __init__(self, config: BrokerConfig):
         self.config = config.validate()
-        self.role = config.role
+        self.role_state = RoleState(config.role, config.master_ha)
         self.store: MessageStore | None = None
         self.replicas = ReplicaSet()
+        self.replicator = ClassicReplicator(self.replicas, in_sync_replicas=config.in_sync_replicas,
+                                            max_gap=config.ha_max_gap_not_in_sync, log_end=self._log_end)  # fmt: skip
+        self.replicator.subscribe(self._release_acked)
         self.new_data = transport.Notifier()
         store_config = config.store_config()
         self._flush_waiters: OffsetWaiters[_Wait] = OffsetWaiters(waiters_max=store_config.group_commit_waiters_max)
@@ -292,13 +302,14 @@ class Broker:
         self._timer_at = math.inf  # when the waiter timer task next wakes by itself
         self._warm_wanted = trio.Event()  # set by after_appends when the write area needs warming
         self._warm_ahead_size = store_config.warm_ahead_size
-        self._sync_flush_timeout_ms = store_config.sync_flush_timeout_ms
+        self.puts = PutTracker(
+            sync_flush=store_config.flush_disk_type is FlushDiskType.SYNC_FLUSH, in_sync_replicas=config.in_sync_replicas,
+            min_in_sync_replicas=config.min_in_sync_replicas, flush_timeout_seconds=store_config.sync_flush_timeout_seconds,
+            ack_timeout_seconds=config.slave_timeout_seconds,
+        )  # fmt: skip
         self._connection_ids = itertools.count(1)
         self.listen_address: tuple[str, int] | None = None
         self.ha_address: tuple[str, int] | None = None
-        self.master_connected = False
-        self.master_ha = config.master_ha
-        self.fenced_by: str | None = None  # set when a peer shows a newer epoch: no more writes
         # Held around background work that touches the store from worker threads, and around
         # truncation (a rejoining slave) so the two never overlap.
         self.maintenance = trio.Lock()
@@ -308,10 +319,9 @@ class Broker:
         # in itself: the kernel's page zeroing was 9 % of a busy master's main thread.
         self.warming = trio.Lock()
         self._nursery: trio.Nursery | None = None
-        self._peer_epoch = 0  # the newest epoch a peer has shown us
         self._ha_client_scope: trio.CancelScope | None = None
         self._ha_service_scope: trio.CancelScope | None = None
-        self.ha_service = None  # a master's HAService, for pushing appends to its slaves
+        self.ha_service: HAService | None = None  # a master's HAService, for pushing appends to its slaves
         self.started_at = time.time()
         self.metrics = None
         self.duplicate_sends = 0  # SEND_IDEMPOTENT retries answered from the producer table
@@ -346,8 +356,6 @@ class Broker:
                     nursery.start_soon(task)
                 nursery.start_soon(self._group_commit_task if self.store.sync_flush else self._async_flush_task)
                 if self.config.metrics_listen is not None:
-                    from hasvc.metrics import serve_metrics
-
                     await nursery.start(serve_metrics, self)
                 task_status.started(self.addresses())
                 LOGGER.info("ready: %s", json.dumps(self.addresses()))
@@ -359,33 +367,55 @@ class Broker:
             LOGGER.info("store closed cleanly")
 
     async def _run_ha_client(self) -> None:
-        from hasvc.ha_slave import HAClient
-
+        client = HAClient(config=self.config, store=self.store, role=self.role_state, listen_address=self.listen_address,
+                          truncation_locks=(self.maintenance, self.warming), after_appends=self.after_appends)  # fmt: skip
         self._ha_client_scope = trio.CancelScope()
         with self._ha_client_scope:
-            await HAClient(self).run()
+            await client.run()
+
+    @property
+    def role(self) -> BrokerRole:
+        return self.role_state.role
 
     async def promote(self, role: BrokerRole) -> None:
         """Slave -> master: stop replicating, cut a partial last record, open a new epoch at the
         log's end and persist it before taking any write, then serve producers and slaves."""
-        if self.role is not BrokerRole.SLAVE:
-            raise ValueError(f"already {self.role.value}")
-        if self._ha_client_scope is not None:
-            self._ha_client_scope.cancel()
-        self.master_connected = False
+        promotion, effects = self.role_state.begin_promotion(role, local_epoch=self.store.epochs.last_epoch)
+        await self._carry_out(effects)
         async with self.maintenance, self.warming:
             end = await trio.to_thread.run_sync(self.store.last_record_end)
             if end < self.store.commit_log.max_wrote_offset:
                 LOGGER.warning("promote: cutting a partial record [%d, %d)", end, self.store.commit_log.max_wrote_offset)
                 await trio.to_thread.run_sync(self.store.truncate, end)
-            epoch = max(self.store.epochs.last_epoch, self.highest_epoch_seen) + 1
-            self.store.epochs.append(epoch, self.store.commit_log.max_offset)
+            self.store.epochs.append(promotion.epoch, self.store.commit_log.max_offset)
             await self._rebuild_producer_table()
-        self.role = role
-        self.master_ha = None
-        self.fenced_by = None
-        await self._start_ha_service(self._nursery, self._server_ssl())
-        LOGGER.warning("promoted to %s: epoch %d from offset %d", role.value, epoch, self.store.commit_log.max_offset)
+        await self._carry_out(self.role_state.finish_promotion(promotion))
+        LOGGER.warning("promoted to %s: epoch %d from offset %d", role.value, promotion.epoch, self.store.commit_log.max_offset)
+
+    async def _carry_out(self, effects: list[role_effects.Effect]) -> None:
+        """Do what a role transition says, in its order."""
+        for effect in effects:
+            match effect:
+                case role_effects.StopReplicating():
+                    if self._ha_client_scope is not None:
+                        self._ha_client_scope.cancel()
+                case role_effects.StartReplicating():
+                    self._nursery.start_soon(self._run_ha_client)
+                case role_effects.StartHAService():
+                    await self._start_ha_service(self._nursery, self._server_ssl())
+                case role_effects.StopHAService():
+                    if self._ha_service_scope is not None:
+                        self._ha_service_scope.cancel()
+                    self.replicator.detach()
+                    self.ha_service = None
+                    self.ha_address = None
+                case role_effects.FailAckWaits():
+                    for wait in self._ack_waiters.drain():
+                        wait.finish(False)
+                case role_effects.ClearProducers():
+                    self.producers.clear()
+                case _:
+                    raise AssertionError(f"unknown effect {effect!r}")
 
     async def _rebuild_producer_table(self) -> None:
         """Before taking writes as master: learn the producer sequences at the log's end."""
@@ -395,22 +425,21 @@ class Broker:
         LOGGER.info("producer table: %d producer(s), %d sequence(s) from the last %d bytes of the log in %.3f s",
                     len(self.producers), found, min(span, self.store.commit_log.max_offset), time.monotonic() - started)  # fmt: skip
 
-    @property
-    def highest_epoch_seen(self) -> int:
-        return max(self.store.epochs.last_epoch, self._peer_epoch)
-
     def fence(self, reason: str) -> None:
-        if self.fenced_by is None:
+        if self.role_state.fence(reason):
             LOGGER.warning("fenced, refusing writes: %s", reason)
-        self.fenced_by = reason
+
+    def make_ha_service(self) -> HAService:
+        """The HA service of this broker as a master (its store open)."""
+        return HAService(config=self.config, store=self.store, replicas=self.replicas, role=self.role_state,
+                         on_ack=self.replicator.on_report)  # fmt: skip
 
     async def _start_ha_service(self, nursery: trio.Nursery, ssl_context) -> None:
-        from hasvc.ha_master import HAService
-
         ha_listener, ha_socket = await transport.open_listener(self.config.effective_ha_listen, ssl_context=ssl_context)
         self.ha_address = transport.listener_address(ha_socket)
         self._ha_service_scope = trio.CancelScope()
-        self.ha_service = HAService(self)
+        self.ha_service = self.make_ha_service()
+        self.replicator.attach(self.ha_service)
         nursery.start_soon(self._serve_ha, ha_listener, self.ha_service.handle, self._ha_service_scope)
 
     async def _serve_ha(self, listener, handler, scope: trio.CancelScope) -> None:
@@ -425,19 +454,7 @@ class Broker:
         waiting SYNC_MASTER puts (FLUSH_SLAVE_TIMEOUT: they are stored here, not known replicated),
         then replicate from the new master, which first cuts what this log has beyond the two
         histories' consistent point."""
-        if self.role is BrokerRole.SLAVE:
-            raise ValueError("already a slave")
-        self.role = BrokerRole.SLAVE
-        self.master_ha = master_ha
-        self.fenced_by = None
-        self.producers.clear()  # rebuilt from the log if this broker is promoted again
-        if self._ha_service_scope is not None:
-            self._ha_service_scope.cancel()
-        self.ha_service = None
-        self.ha_address = None
-        for wait in self._ack_waiters.drain():
-            wait.finish(False)
-        self._nursery.start_soon(self._run_ha_client)
+        await self._carry_out(self.role_state.demote(master_ha))
         LOGGER.warning("demoted: now a slave of %s", format_address(master_ha))
 
     def _server_ssl(self):
@@ -563,8 +580,7 @@ class Broker:
             plain = []
             answered.append(self._append_idempotent((outbox, frame), request))
         answered.append(self._append_sends(plain))
-        if self.ha_service is not None:
-            self.ha_service.push()
+        self.replicator.appended()
         for each in answered:
             if each:
                 self._respond_when_safe(each)
@@ -585,8 +601,8 @@ class Broker:
         scheduler pass on the put's path): frames to the idle slave connections (unless the
         caller pushed already), the consume queue units, and a wake-up for the dispatch task
         only if a pass leaves more, for the warm-up task only when the write area needs it."""
-        if push and self.ha_service is not None:
-            self.ha_service.push()
+        if push:
+            self.replicator.appended()
         store = self.store
         store.dispatch()
         if store.reput_from_offset < store.dispatch_end_offset and store.dispatch_error is None:
@@ -689,13 +705,12 @@ class Broker:
             return [dataclasses.replace(appended) for _ in requests]
         return split_appended(appended, [len(r.bodies) for r in requests])
 
+    def _log_end(self) -> int:
+        return self.store.commit_log.max_offset
+
     def _write_refusal(self) -> Appended | None:
-        if self.role is BrokerRole.SLAVE:
-            master = format_address(self.master_ha) if self.master_ha else "unknown"
-            return Appended(rec.PutMessageStatus.SERVICE_NOT_AVAILABLE, f"this broker is a slave; its master's HA address is {master}")
-        if self.fenced_by is not None:
-            return Appended(rec.PutMessageStatus.SERVICE_NOT_AVAILABLE, f"this broker is fenced: {self.fenced_by}")
-        return None
+        refusal = self.puts.refusal(self.role_state, self.replicator.in_sync_count)
+        return None if refusal is None else Appended(refusal.status, refusal.reason)
 
     def append(self, request: cp.SendRequest) -> Appended:
         """Steps 1 and 2 of a put: refuse, or append."""
@@ -703,13 +718,6 @@ class Broker:
         if refusal is not None:
             return refusal
         store = self.store
-        if self.config.min_in_sync_replicas:
-            in_sync = self.replicas.in_sync_count(master_max_offset=store.commit_log.max_offset, max_gap=self.config.ha_max_gap_not_in_sync)
-            if in_sync < self.config.min_in_sync_replicas:
-                return Appended(
-                    rec.PutMessageStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
-                    f"{in_sync} slave(s) in sync, fewer than min_in_sync_replicas {self.config.min_in_sync_replicas}; not stored",
-                )
         properties = request.properties
         shared = properties.count(properties[0]) == len(properties)  # compared in C
         batch = rec.MessageBatch(
@@ -728,9 +736,7 @@ class Broker:
 
     def _must_wait(self, appended: Appended) -> bool:
         """Whether the put waits for a flush or for slaves (else it is answered at once)."""
-        if appended.status is not rec.PutMessageStatus.PUT_OK:
-            return False
-        return self.store.sync_flush or (self.role is BrokerRole.SYNC_MASTER and self.config.in_sync_replicas > 0)
+        return appended.status is rec.PutMessageStatus.PUT_OK and self.puts.must_wait(self.role_state)
 
     async def complete_put(self, appended: Appended) -> cp.SendResponse:
         """Steps 3 and 4: wait for flush and replicas as configured; the final status."""
@@ -752,32 +758,25 @@ class Broker:
         """Register the waits ``appended`` needs (each calls ``callback`` when it ends):
         (status so far, reason, flush wait or None, ack wait or None)."""
         next_offset = appended.result.next_offset
-        status, reason = appended.status, appended.reason
-        flush_wait = None
-        if self.store.sync_flush:
-            flush_wait = self._wait_for(self._flush_waiters, next_offset, self._sync_flush_timeout_ms, callback)
+        replicator = self.replicator
+        plan = self.puts.plan(next_offset, role=self.role_state, replicated_to=replicator.replicated_offset(),
+                              admit=lambda: replicator.admit(next_offset))  # fmt: skip
+        now = trio.current_time()
+        flush_wait = ack_wait = None
+        if plan.flush:
+            flush_wait = self._wait_for(self._flush_waiters, next_offset, self.puts.flush_deadline(now), callback)
             self._flush_requested.set()
-        ack_wait = None
-        if self.role is BrokerRole.SYNC_MASTER and self.config.in_sync_replicas > 0:
-            if self.replicas.ack_watermark(self.config.in_sync_replicas) < next_offset:
-                admission = self.replicas.admit(
-                    next_offset=next_offset, master_max_offset=self.store.commit_log.max_offset,
-                    max_gap=self.config.ha_max_gap_not_in_sync, replicas=self.config.in_sync_replicas,
-                )  # fmt: skip
-                if admission is Admission.SLAVE_NOT_AVAILABLE:
-                    status, reason = rec.PutMessageStatus.SLAVE_NOT_AVAILABLE, "stored on the master only: no slave connected or close enough to wait for"
-                else:
-                    ack_wait = self._wait_for(self._ack_waiters, next_offset, self.config.slave_timeout_ms, callback)
-        return status, reason, flush_wait, ack_wait
+        if plan.ack:
+            ack_wait = self._wait_for(self._ack_waiters, next_offset, self.puts.ack_deadline(now), callback)
+        if plan.status is rec.PutMessageStatus.PUT_OK:
+            return appended.status, appended.reason, flush_wait, ack_wait
+        return plan.status, plan.reason, flush_wait, ack_wait
 
     @staticmethod
     def _final_status(status, reason: str, flush_wait: _Wait | None, ack_wait: _Wait | None) -> tuple:
         """A put's status once its waits have ended."""
-        if flush_wait is not None and not flush_wait.ok:
-            status, reason = rec.PutMessageStatus.FLUSH_DISK_TIMEOUT, "stored, but not known to be flushed within sync_flush_timeout"
-        if ack_wait is not None and not ack_wait.ok and status is rec.PutMessageStatus.PUT_OK:
-            status, reason = rec.PutMessageStatus.FLUSH_SLAVE_TIMEOUT, "stored on the master; no slave acknowledged it within slave_timeout"
-        return status, reason
+        return final_status(status, reason, flushed=None if flush_wait is None else flush_wait.ok,
+                            acked=None if ack_wait is None else ack_wait.ok)  # fmt: skip
 
     def _finish_put(self, appended: Appended, started: float) -> cp.SendResponse:
         if self.metrics:
@@ -787,9 +786,8 @@ class Broker:
         queue_offsets = list(result.queue_offsets) if result is not None else []
         return cp.SendResponse(appended.status.name, appended.reason, appended.queue_id, offsets, queue_offsets)
 
-    def _wait_for(self, waiters: OffsetWaiters, offset: int, timeout_ms: int, callback=None) -> _Wait:
+    def _wait_for(self, waiters: OffsetWaiters, offset: int, deadline: float, callback=None) -> _Wait:
         wait = _Wait(callback)
-        deadline = trio.current_time() + timeout_ms / 1000
         try:
             waiters.add(offset, deadline, wait)
         except WaitersFull:
@@ -800,10 +798,9 @@ class Broker:
             self._timer_wakeup.set()
         return wait
 
-    def on_ack(self) -> None:
-        """A slave's report moved: release the SYNC_MASTER puts it covers."""
-        watermark = self.replicas.ack_watermark(self.config.in_sync_replicas)
-        for wait in self._ack_waiters.release(watermark):
+    def _release_acked(self, replicated_offset: int) -> None:
+        """The replicated offset may have moved: release the SYNC_MASTER puts it covers."""
+        for wait in self._ack_waiters.release(replicated_offset):
             wait.finish(True)
 
     # -- other requests -------------------------------------------------------------------
@@ -840,7 +837,7 @@ class Broker:
     def status(self) -> dict:
         store = self.store
         master_max = store.commit_log.max_offset
-        now = time.monotonic()
+        now = trio.current_time()
         slaves = []
         for progress in self.replicas.slaves.values():
             lag_bytes, lag_seconds = self.replicas.lag(progress, master_max_offset=master_max, now=now)
@@ -863,13 +860,14 @@ class Broker:
             "duplicate_sends": self.duplicate_sends,
             "uptime_seconds": round(time.time() - self.started_at, 1),
         }
-        if self.role is BrokerRole.SLAVE:
-            status["master_ha"] = format_address(self.master_ha) if self.master_ha else None
-            status["master_connected"] = self.master_connected
+        role = self.role_state
+        if role.is_slave:
+            status["master_ha"] = format_address(role.master_ha)
+            status["master_connected"] = role.master_connected
         if store.dispatch_error:
             status["dispatch_error"] = store.dispatch_error
-        if self.fenced_by:
-            status["fenced_by"] = self.fenced_by
+        if role.fenced_by:
+            status["fenced_by"] = role.fenced_by
         return status
 
     # -- background tasks -----------------------------------------------------------------
@@ -889,13 +887,13 @@ class Broker:
 
     async def _async_flush_task(self) -> None:
         store_config = self.store.config
-        thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_ms / 1000
+        thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_seconds
         while True:
-            await trio.sleep(store_config.flush_interval_commitlog_ms / 1000)
+            await trio.sleep(store_config.flush_interval_commitlog_seconds)
             least_pages = store_config.flush_commitlog_least_pages
             if trio.current_time() >= thorough_at:
                 least_pages = 0
-                thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_ms / 1000
+                thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_seconds
             async with self.maintenance:
                 await trio.to_thread.run_sync(self.store.flush_commitlog, least_pages)
 
@@ -949,7 +947,7 @@ class Broker:
 
 
 def tag_properties(properties: bytes, producer_id: str, sequence: int) -> bytes:
-    """A message's properties with its producer id and sequence added (hasvc/dedupe.py)."""
+    """A message's properties with its producer id and sequence added (hasvc/state/dedupe.py)."""
     separator = b"" if not properties or properties.endswith(b"\x02") else b"\x02"
     return properties + separator + f"{PROPERTY_PRODUCER_ID}\x01{producer_id}\x02{PROPERTY_PRODUCER_SEQ}\x01{sequence}\x02".encode()
 

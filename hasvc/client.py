@@ -28,6 +28,7 @@ from hasvc import transport
 from hasvc.config import parse_address
 from hasvc.protocol import client as cp
 from hasvc.protocol import wire
+from hasvc.state import failover
 
 REQUEST_TIMEOUT_SECONDS = 30.0  # above the broker's 5 s flush and 3 s slave timeouts
 
@@ -145,7 +146,7 @@ class Client:
                          producer_id: str = "", first_sequence: int = -1) -> list[SendResult]:  # fmt: skip
         """Send messages sharing topic, queue and properties in one request; one result each.
         With ``producer_id``, message i carries sequence ``first_sequence + i`` and the broker
-        answers a repeat of the same sequences with the original offsets (hasvc/dedupe.py)."""
+        answers a repeat of the same sequences with the original offsets (hasvc/state/dedupe.py)."""
         encoded = message_properties(tags, keys, properties)
         request = cp.SendRequest(topic, queue_id, list(bodies), [encoded] * len(bodies), 0, _now_ms(), producer_id, first_sequence)
         kind = cp.SEND_IDEMPOTENT if producer_id else cp.SEND
@@ -244,8 +245,6 @@ FAILOVER_TIMEOUT_SECONDS = 30.0
 FAILOVER_BACKOFF_MIN_SECONDS = 0.05
 FAILOVER_BACKOFF_MAX_SECONDS = 1.0
 STATUS_TIMEOUT_SECONDS = 3.0  # asking one broker whether it is the master
-# What makes a client look for another master: the broker is a slave or fenced.
-FAILOVER_STATUSES = frozenset({"SERVICE_NOT_AVAILABLE"})
 
 
 class FailoverClient:
@@ -295,20 +294,16 @@ class FailoverClient:
         return None
 
     async def _find_master(self, deadline: float) -> tuple[str, dict]:
-        backoff = FAILOVER_BACKOFF_MIN_SECONDS
+        """Ask every address for its status until ``failover.choose_master`` finds the master."""
+        backoff = failover.Backoff(FAILOVER_BACKOFF_MIN_SECONDS, FAILOVER_BACKOFF_MAX_SECONDS)
         while True:
-            found = []
-            for address in self.addresses:
-                status = await self._status_of(address)
-                if status is not None and status.get("role") != "SLAVE" and not status.get("fenced_by"):
-                    found.append((status.get("epoch", 0), address, status))
-            if found:
-                _, address, status = max(found)
-                return address, status
-            if trio.current_time() + backoff > deadline:
+            chosen = failover.choose_master([(address, await self._status_of(address)) for address in self.addresses])
+            if chosen is not None:
+                return chosen
+            pause = backoff.next_pause(now=trio.current_time(), deadline=deadline)
+            if pause is None:
                 raise ClientError(f"no master among {', '.join(self.addresses)} within {self.failover_timeout:.0f} s")
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, FAILOVER_BACKOFF_MAX_SECONDS)
+            await trio.sleep(pause)
 
     async def _current(self, failed_generation: int | None = None, deadline: float | None = None) -> tuple[Client, int]:
         """The master's client; after a failure on ``failed_generation``, a new one (found once,
@@ -348,13 +343,13 @@ class FailoverClient:
             try:
                 results = await client.send_batch(topic, bodies, producer_id=self.producer_id, first_sequence=first, **kwargs)
             except ClientError:
-                if not retry or trio.current_time() > deadline:
+                if failover.after_send(failover.SendOutcome.FAILED, retry=retry, now=trio.current_time(), deadline=deadline) is failover.Next.RAISE:
                     raise
             else:
-                if results[0].status not in FAILOVER_STATUSES:
-                    return results
-                self._unusable = generation  # the next request looks for the master again
-                if not retry or trio.current_time() > deadline:
+                outcome = failover.outcome_of(results[0].status)
+                if outcome is failover.SendOutcome.NOT_MASTER:
+                    self._unusable = generation  # the next request looks for the master again
+                if failover.after_send(outcome, retry=retry, now=trio.current_time(), deadline=deadline) is failover.Next.RETURN:
                     return results
             client, generation = await self._current(generation, deadline)
 

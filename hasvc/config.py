@@ -96,7 +96,7 @@ class BrokerConfig:
     frame_size_max: int = 16 * 1024 * 1024
     requests_in_flight_max: int = 4096  # per client connection; beyond, the connection waits
     connections_max: int = 10_000
-    # Idempotent sends (hasvc/dedupe.py): sequences remembered per producer, producers remembered,
+    # Idempotent sends (hasvc/state/dedupe.py): sequences remembered per producer, producers remembered,
     # and how much of the log's end a broker becoming master reads to rebuild the table (a retry
     # reaches the new master within the client's failover timeout, so the end of the log holds it).
     producer_sequence_window: int = 4096
@@ -109,6 +109,27 @@ class BrokerConfig:
     tls_key: str | None = None
     tls_ca: str | None = None
     metrics_listen: Address | None = None
+
+    # Durations are seconds inside; the ``_ms`` fields keep RocketMQ's names at the TOML/CLI edge.
+    @property
+    def ha_send_heartbeat_interval_seconds(self) -> float:
+        return self.ha_send_heartbeat_interval_ms / 1000
+
+    @property
+    def ha_housekeeping_interval_seconds(self) -> float:
+        return self.ha_housekeeping_interval_ms / 1000
+
+    @property
+    def slave_timeout_seconds(self) -> float:
+        return self.slave_timeout_ms / 1000
+
+    @property
+    def ha_reconnect_backoff_min_seconds(self) -> float:
+        return self.ha_reconnect_backoff_min_ms / 1000
+
+    @property
+    def ha_reconnect_backoff_max_seconds(self) -> float:
+        return self.ha_reconnect_backoff_max_ms / 1000
 
     @property
     def effective_ha_listen(self) -> Address:

@@ -31,15 +31,20 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import trio
 
 from commitlog.commit_log import ReadError
-from commitlog.epoch import EpochEntry, find_consistent_point
 from commitlog.mapped_file import MappedFile
+from commitlog.store import MessageStore
 from hasvc import transport
+from hasvc.config import BrokerConfig
 from hasvc.protocol import ha, wire
-from hasvc.replication import ReplicationViolation, SlaveProgress
+from hasvc.state.handshake import LogView, admit_slave
+from hasvc.state.replication import ReplicaSet, ReplicationViolation, SlaveProgress
+from hasvc.state.role import RoleState
+from hasvc.state.transfer import Heartbeat, Send, TransferCursor, WaitUntil, start_offset
 
 LOGGER = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
@@ -51,8 +56,18 @@ CONNECTION_ERRORS = (
 
 
 class HAService:
-    def __init__(self, broker):
-        self.broker = broker
+    """A master's slaves: ``handle`` serves one HA connection; ``push`` sends new appends to the
+    idle ones from the put path. What it needs of the broker is passed in: the configuration,
+    the store, the replica set it keeps up to date, the role (a slave with a newer epoch fences
+    it) and ``on_ack``, called after every report (it releases the puts the report covers)."""
+
+    def __init__(self, *, config: BrokerConfig, store: MessageStore, replicas: ReplicaSet, role: RoleState,
+                 on_ack: Callable[[], None]) -> None:  # fmt: skip
+        self.config = config
+        self.store = store
+        self.replicas = replicas
+        self.role = role
+        self.on_ack = on_ack
         self._ids = 0
         self._writers: set[_Writer] = set()
 
@@ -60,24 +75,23 @@ class HAService:
         connection = transport.Connection(stream, transport.peer_name(stream))
         self._ids += 1
         connection_id = self._ids
-        broker = self.broker
         try:
-            await transport.server_preface(connection, port_kind=wire.PORT_KIND_HA, secret=broker.config.secret)
+            await transport.server_preface(connection, port_kind=wire.PORT_KIND_HA, secret=self.config.secret)
             hello = await self._handshake(connection)
             if hello is None:
                 return
             progress = SlaveProgress(connection_id, hello.slave_id, hello.client_address or connection.peer, time.time())
-            broker.replicas.add(progress)
+            self.replicas.add(progress)
             LOGGER.info("slave %s (%s) connected from %s, its log ends at %d", hello.slave_id, progress.address, connection.peer, hello.max_offset)
             try:
                 first_report = trio.Event()
                 async with trio.open_nursery() as nursery:
-                    watchdog = transport.Watchdog(broker.config.ha_housekeeping_interval_ms / 1000, "no report from the slave")
+                    watchdog = transport.Watchdog(self.config.ha_housekeeping_interval_seconds, "no report from the slave")
                     nursery.start_soon(watchdog.run)
                     nursery.start_soon(self._read_reports, connection, progress, first_report, watchdog)
                     nursery.start_soon(self._write_frames, connection, progress, first_report, hello)
             finally:
-                broker.replicas.remove(connection_id)
+                self.replicas.remove(connection_id)
         except BaseException as error:
             if not transport.is_expected(error, CONNECTION_ERRORS):
                 raise
@@ -90,7 +104,7 @@ class HAService:
             await connection.aclose()
 
     async def _handshake(self, connection) -> ha.SlaveHello | None:
-        store = self.broker.store
+        store = self.store
         buffer = wire.Buffer(size_max=ha.HANDSHAKE_SIZE_MAX + 4)
         with trio.fail_after(HANDSHAKE_TIMEOUT_SECONDS):
             while (body := ha.take_handshake_frame(buffer)) is None:
@@ -99,32 +113,15 @@ class HAService:
                     raise EOFError("slave closed during the handshake")
                 buffer.feed(data)
         hello = ha.decode_slave_hello(body)
-        max_offset, min_offset = store.commit_log.max_offset, store.commit_log.min_offset
-        slave_epoch = hello.epochs[-1][0] if hello.epochs else 0
-        slave_entries = [EpochEntry(e, s) for e, s in hello.epochs]
-        related = not slave_entries or not store.epochs.entries or find_consistent_point(
-            slave_entries, hello.max_offset, store.epochs.entries, max_offset
-        ) >= 0
-        reason = ""
-        if not related:
-            reason = (f"no consistent point between the slave's epochs {list(hello.epochs)} and the master's "
-                      f"{[(e.epoch, e.start_offset) for e in store.epochs.entries]}: the store is not from this cluster")  # fmt: skip
-        elif slave_epoch > store.epochs.last_epoch:
-            self.broker._peer_epoch = max(self.broker._peer_epoch, slave_epoch)
-            self.broker.fence(f"slave {hello.slave_id} knows epoch {slave_epoch}, newer than ours {store.epochs.last_epoch}")
-            reason = f"this master is behind your epoch {slave_epoch}: it is fenced and refuses writes"
-        elif hello.max_offset > max_offset and not hello.epochs:
-            reason = f"the slave's log ends at {hello.max_offset}, beyond the master's end {max_offset}"
-        elif 0 < hello.max_offset < min_offset:
-            reason = (f"the slave's log ends at {hello.max_offset} but the master's oldest retained offset is "
-                      f"{min_offset}: clear the slave's store to resynchronise")  # fmt: skip
-        status = ha.STATUS_REFUSED if reason else ha.STATUS_OK
-        await connection.send_all(
-            ha.encode_master_hello(ha.MasterHello(
-                status, max_offset, min_offset, store.commit_log.segment_size,
-                tuple((e.epoch, e.start_offset) for e in store.epochs.entries), reason,
-            ))  # fmt: skip
-        )
+        commit_log = store.commit_log
+        view = LogView(tuple(store.epochs.entries), commit_log.min_offset, commit_log.max_offset, commit_log.segment_size)
+        admission = admit_slave(hello, view)
+        if admission.fence_epoch:
+            self.role.epoch_seen(admission.fence_epoch)
+            if self.role.fence(admission.fence_reason):
+                LOGGER.warning("fenced, refusing writes: %s", admission.fence_reason)
+        reason = admission.refusal
+        await connection.send_all(ha.encode_master_hello(admission.master_hello(view)))
         if reason:
             LOGGER.warning("refused slave %s from %s: %s", hello.slave_id, connection.peer, reason)
             return None
@@ -133,7 +130,7 @@ class HAService:
         return hello
 
     async def _read_reports(self, connection, progress: SlaveProgress, first_report: trio.Event, watchdog) -> None:
-        broker = self.broker
+        replicas, commit_log = self.replicas, self.store.commit_log
         decoder = ha.ReportDecoder()
         while True:
             data = await connection.receive_some()
@@ -142,66 +139,73 @@ class HAService:
                 raise EOFError("slave closed the connection")
             decoder.receive_data(data)
             while (offset := decoder.next_report()) is not None:
-                first = broker.replicas.on_report(
-                    progress.connection_id, offset, master_max_offset=broker.store.commit_log.max_offset, now=time.monotonic()
+                first = replicas.on_report(
+                    progress.connection_id, offset, master_max_offset=commit_log.max_offset, now=trio.current_time()
                 )
                 if first:
                     first_report.set()
-                broker.on_ack()
+                self.on_ack()
 
     async def _write_frames(self, connection, progress: SlaveProgress, first_report: trio.Event, hello: ha.SlaveHello) -> None:
-        broker = self.broker
-        store = broker.store
+        """The connection's writer task: frames as ``TransferCursor`` plans them, from the slave's
+        first report on; heartbeats when caught up."""
+        config, store = self.config, self.store
+        commit_log = store.commit_log
         await first_report.wait()
-        offset = progress.request_offset
-        if offset == 0:
-            if hello.sync_from_last_file:
-                last = store.commit_log.max_offset
-                offset = last - last % store.commit_log.segment_size
-            else:
-                offset = store.commit_log.min_offset
+        offset = start_offset(progress.request_offset, min_offset=commit_log.min_offset, max_offset=commit_log.max_offset,
+                              segment_size=commit_log.segment_size, sync_from_last_file=hello.sync_from_last_file)  # fmt: skip
         LOGGER.info("transferring to slave %s from offset %d (it asked for %d)", progress.slave_id, offset, progress.request_offset)
-        batch_size = broker.config.ha_transfer_batch_size
-        heartbeat = broker.config.ha_send_heartbeat_interval_ms / 1000
-        writer = _Writer(connection, offset)
-        segment = _OpenSegment(broker.config.ha_transfer_readahead_size)
+        cursor = TransferCursor(offset, now=trio.current_time(), batch_size=config.ha_transfer_batch_size,
+                                segment_size=commit_log.segment_size, heartbeat_seconds=config.ha_send_heartbeat_interval_seconds)  # fmt: skip
+        writer = _Writer(connection, cursor)
+        segment = _OpenSegment(config.ha_transfer_readahead_size)
         self._writers.add(writer)
         try:
             while True:  # busy (pushes stay out) everywhere but in the wait for new appends
                 if writer.remainder:  # the rest of a frame a push began
                     remainder, writer.remainder = writer.remainder, b""
                     await connection.send_all(remainder)
-                offset = writer.offset
-                if offset < store.commit_log.max_offset:
-                    mapped_file, position, size = store.commit_log.transfer_span(offset, batch_size)
-                    if not mapped_file.resident(position, position + size):  # ~7 us a frame
-                        segment.open(mapped_file)
-                        await trio.to_thread.run_sync(segment.load, position, size)
-                    if connection.can_send_file:
-                        fd = segment.open(mapped_file)
-                        await connection.send_file(ha.encode_transfer_header(offset, size), fd, position, size)
-                    else:  # TLS: from the mapping, through the TLS layer
-                        data = store.read(offset, size)
-                        try:
-                            await connection.send_all(ha.encode_transfer_header(offset, size), data)
-                        finally:
-                            data.release()
-                    writer.offset = offset + size
-                    writer.last_write = trio.current_time()
+                frame = cursor.frame(commit_log.max_offset)
+                if frame is not None:
+                    await self._send_frame(writer, segment, frame)
                     continue
                 writer.busy = False
                 try:
-                    with trio.move_on_at(writer.last_write + heartbeat):
-                        await writer.wakeup.wait()
+                    next_step = cursor.heartbeat(trio.current_time())
+                    if isinstance(next_step, WaitUntil):
+                        with trio.move_on_at(next_step.deadline):
+                            await writer.wakeup.wait()
                 finally:
                     writer.busy = True
                 writer.wakeup = trio.Event()
-                if trio.current_time() - writer.last_write >= heartbeat and writer.offset >= store.commit_log.max_offset:
-                    await connection.send_all(ha.encode_transfer_header(writer.offset, 0))
-                    writer.last_write = trio.current_time()
+                if cursor.frame(commit_log.max_offset) is None:
+                    next_step = cursor.heartbeat(trio.current_time())
+                    if isinstance(next_step, Heartbeat):
+                        await connection.send_all(ha.encode_transfer_header(next_step.offset, 0))
+                        cursor.heartbeat_sent(now=trio.current_time())
+            raise AssertionError("unreachable")
         finally:
             self._writers.discard(writer)
             segment.close()
+
+    async def _send_frame(self, writer: _Writer, segment: _OpenSegment, frame: Send) -> None:
+        """One frame: by ``sendfile`` from the segment file on plain TCP (read from the disk first,
+        in a worker thread, when the page cache does not hold it), from the mapping under TLS."""
+        store, connection = self.store, writer.connection
+        mapped_file, position, size = store.commit_log.transfer_span(frame.offset, frame.size_max)
+        if not mapped_file.resident(position, position + size):  # ~7 us a frame
+            segment.open(mapped_file)
+            await trio.to_thread.run_sync(segment.load, position, size)
+        if connection.can_send_file:
+            fd = segment.open(mapped_file)
+            await connection.send_file(ha.encode_transfer_header(frame.offset, size), fd, position, size)
+        else:  # TLS: from the mapping, through the TLS layer
+            data = store.read(frame.offset, size)
+            try:
+                await connection.send_all(ha.encode_transfer_header(frame.offset, size), data)
+            finally:
+                data.release()
+        writer.cursor.sent(frame, size, now=trio.current_time())  # a push stays out while the task is busy
 
     def push(self) -> None:
         """Send what was just appended to every idle slave connection now, from the put path,
@@ -211,20 +215,23 @@ class HAService:
         a lone SYNC_MASTER producer waited for that on every put."""
         if not self._writers:
             return
-        store = self.broker.store
+        store = self.store
         end = store.commit_log.max_offset
-        batch_size = self.broker.config.ha_transfer_batch_size
         for writer in self._writers:
-            if writer.busy or writer.remainder or writer.offset >= end:
+            if writer.busy or writer.remainder:
                 continue  # a busy task looks at the log's end before it waits again
+            cursor = writer.cursor
+            frame = cursor.frame(end)
+            if frame is None:
+                continue
             fd = writer.connection.raw_fileno  # now, never kept: a closed socket's number is reused
             if fd < 0:
                 writer.wakeup.set()  # TLS, or closed: the task sends (or meets the error)
                 continue
-            data = store.read(writer.offset, batch_size)
+            data = store.read(frame.offset, frame.size_max)
             try:
                 size = len(data)
-                header = ha.encode_transfer_header(writer.offset, size)
+                header = ha.encode_transfer_header(frame.offset, size)
                 try:
                     sent = os.writev(fd, [header, data])
                 except OSError:  # full (EAGAIN), or broken: the task sends, or meets the error
@@ -235,25 +242,23 @@ class HAService:
                     writer.wakeup.set()
             finally:
                 data.release()
-            writer.offset += size
-            writer.last_write = trio.current_time()
-            if writer.offset < end:  # a frame stops at a segment's end and at the batch size
+            cursor.sent(frame, size, now=trio.current_time())
+            if cursor.offset < end:  # a frame stops at a segment's end and at the batch size
                 writer.wakeup.set()
 
 
 class _Writer:
-    """One slave connection's sending side, shared by its writer task and ``push``: where the
-    next frame starts, whether the task is in a send (a push then stays out: frames must not
-    interleave), and the unsent end of a frame a push began."""
+    """One slave connection's sending side, shared by its writer task and ``push``: the cursor
+    (where the next frame starts, when the last was sent), whether the task is in a send (a push
+    then stays out: frames must not interleave), and the unsent end of a frame a push began."""
 
-    __slots__ = ("connection", "offset", "busy", "remainder", "last_write", "wakeup")
+    __slots__ = ("connection", "cursor", "busy", "remainder", "wakeup")
 
-    def __init__(self, connection, offset: int):
+    def __init__(self, connection, cursor: TransferCursor):
         self.connection = connection
-        self.offset = offset
+        self.cursor = cursor
         self.busy = True  # the task is sending or about to
         self.remainder = b""
-        self.last_write = trio.current_time()
         self.wakeup = trio.Event()  # set by push for what it left to the task
 
 

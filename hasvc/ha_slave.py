@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable, Sequence
 
 import trio
 
 from commitlog.commit_log import ReplicationOffsetError
-from commitlog.epoch import EpochEntry, find_consistent_point
+from commitlog.store import MessageStore
 from hasvc import transport
-from hasvc.config import format_address
+from hasvc.config import Address, BrokerConfig, format_address
 from hasvc.protocol import ha, wire
+from hasvc.state.handshake import LogView, reconcile
+from hasvc.state.role import RoleState
 
 LOGGER = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
@@ -43,8 +46,20 @@ SESSION_ERRORS = (
 
 
 class HAClient:
-    def __init__(self, broker):
-        self.broker = broker
+    """A slave's replication from ``role.master_ha``. What it needs of the broker is passed in:
+    the configuration, the store, the role (it says whether a master is connected and remembers
+    the master's epoch), the client address it tells the master, the locks held around a
+    truncation (background store work must not overlap it) and ``after_appends``, called after
+    every frame (dispatch, warm-up)."""
+
+    def __init__(self, *, config: BrokerConfig, store: MessageStore, role: RoleState, listen_address: Address,
+                 truncation_locks: Sequence[trio.Lock], after_appends: Callable[[], None]) -> None:  # fmt: skip
+        self.config = config
+        self.store = store
+        self.role = role
+        self.listen_address = listen_address
+        self.truncation_locks = truncation_locks
+        self.after_appends = after_appends
         self._last_state = None
         self._last_reported = -1
         self._flushed = 0  # flush_before_ack: the end of what is flushed, what we may report
@@ -58,9 +73,8 @@ class HAClient:
             self._last_state = state
 
     async def run(self) -> None:
-        broker = self.broker
-        config = broker.config
-        backoff = config.ha_reconnect_backoff_min_ms / 1000
+        config = self.config
+        backoff = config.ha_reconnect_backoff_min_seconds
         while True:
             try:
                 await self._session()
@@ -70,37 +84,29 @@ class HAClient:
                 if isinstance(transport.first_leaf(error), transport.AuthenticationError):
                     self._state("refused", transport.describe(error))
                 else:
-                    self._state("disconnected", f"{format_address(broker.master_ha)}: {transport.describe(error)}")
-            self.broker.master_connected = False
+                    self._state("disconnected", f"{format_address(self.role.master_ha)}: {transport.describe(error)}")
+            self.role.set_master_connected(False)
             await trio.sleep(backoff)
-            backoff = min(backoff * 2, config.ha_reconnect_backoff_max_ms / 1000)
+            backoff = min(backoff * 2, config.ha_reconnect_backoff_max_seconds)
         raise AssertionError("unreachable")
 
     async def _session(self) -> None:
-        broker = self.broker
-        config = broker.config
-        store = broker.store
+        config, store, role = self.config, self.store, self.role
         ssl_context = transport.client_ssl_context(ca=config.tls_ca, cert=config.tls_cert, key=config.tls_key) if config.tls_ca else None
-        connection = await transport.connect(broker.master_ha, ssl_context=ssl_context)
+        connection = await transport.connect(role.master_ha, ssl_context=ssl_context)
         try:
             await transport.client_preface(connection, port_kind=wire.PORT_KIND_HA, secret=config.secret)
-            slave_id = config.slave_id or f"slave@{format_address(broker.listen_address)}"
+            slave_id = config.slave_id or f"slave@{format_address(self.listen_address)}"
             epochs = tuple((e.epoch, e.start_offset) for e in store.epochs.entries)
-            hello = ha.SlaveHello(slave_id, format_address(broker.listen_address), store.commit_log.max_wrote_offset, epochs, config.sync_from_last_file)
+            hello = ha.SlaveHello(slave_id, format_address(self.listen_address), store.commit_log.max_wrote_offset, epochs, config.sync_from_last_file)
             await connection.send_all(ha.encode_slave_hello(hello))
             master = await self._read_master_hello(connection)
-            if master.status != ha.STATUS_OK:
-                raise transport.AuthenticationError(f"master refused replication: {master.reason}")
-            if master.segment_size != store.commit_log.segment_size:
-                raise transport.AuthenticationError(
-                    f"master segments are {master.segment_size} bytes, ours {store.commit_log.segment_size}: logs could not be identical"
-                )
             await self._reconcile(master)
             splice = transport.SPLICE_AVAILABLE and connection.raw_fileno >= 0
-            self._state("connected", f"master {format_address(broker.master_ha)}, its log [{master.min_offset}, {master.max_offset}), "
+            self._state("connected", f"master {format_address(role.master_ha)}, its log [{master.min_offset}, {master.max_offset}), "
                                      f"ours ends at {store.commit_log.max_offset}; frames of {SPLICE_FRAME_MIN} bytes or more "
                                      f"{'by splice' if splice else 'by pwrite (no splice here)'}")  # fmt: skip
-            broker.master_connected = True
+            role.set_master_connected(True)
             if config.flush_before_ack:  # what we have is flushed before we first report it
                 self._flushed = await trio.to_thread.run_sync(store.flush_commitlog, 0)
             await self._report(connection)
@@ -109,39 +115,36 @@ class HAClient:
                 if config.flush_before_ack:
                     self._flush_wakeup = trio.Event()
                     nursery.start_soon(self._flush_and_report, connection)
-                watchdog = transport.Watchdog(config.ha_housekeeping_interval_ms / 1000, "nothing from the master")
+                watchdog = transport.Watchdog(config.ha_housekeeping_interval_seconds, "nothing from the master")
                 nursery.start_soon(watchdog.run)
                 with transport.SplicePipe() if splice else contextlib.nullcontext() as pipe:
                     await self._receive_frames(connection, watchdog, pipe)
                 nursery.cancel_scope.cancel()
         finally:
-            broker.master_connected = False
+            role.set_master_connected(False)
             await connection.aclose()
 
     async def _reconcile(self, master: ha.MasterHello) -> None:
-        """Cut our log back to the last offset our history shares with the master's (a former
-        master's unacknowledged tail goes), then adopt the master's epoch history. No shared
-        point: refuse, never overwrite."""
-        broker = self.broker
-        store = broker.store
-        master_epochs = [EpochEntry(e, s) for e, s in master.epochs]
-        broker._peer_epoch = max(broker._peer_epoch, master_epochs[-1].epoch if master_epochs else 0)
-        local = store.epochs.entries
-        local_end = store.commit_log.max_wrote_offset
-        if local and master_epochs:
-            point = find_consistent_point(local, local_end, master_epochs, master.max_offset)
-            if point < 0:
-                raise transport.AuthenticationError(
-                    f"no consistent point between our epochs {[(e.epoch, e.start_offset) for e in local]} and the "
-                    f"master's {master.epochs}: refusing to replicate (this store is not from this cluster)"
-                )
-            if point < local_end:
-                async with broker.maintenance, broker.warming:
-                    await trio.to_thread.run_sync(store.truncate, point)
-                LOGGER.warning("truncated the log to %d: dropped %d bytes [%d, %d) the master does not have",
-                               point, local_end - point, point, local_end)  # fmt: skip
-        if master_epochs:
-            store.epochs.replace(master_epochs)
+        """Carry out ``handshake.reconcile``: refuse (AuthenticationError: the session ends and is
+        retried), or cut our log back to the last offset our history shares with the master's (a
+        former master's unacknowledged tail goes), then adopt the master's epoch history."""
+        store = self.store
+        commit_log = store.commit_log
+        local = LogView(tuple(store.epochs.entries), commit_log.min_offset, commit_log.max_offset, commit_log.segment_size)
+        local_end = commit_log.max_wrote_offset
+        answer = reconcile(local, local_end, master)
+        self.role.epoch_seen(answer.master_epoch)
+        if answer.refusal:
+            raise transport.AuthenticationError(answer.refusal)
+        if answer.truncate_to is not None:
+            async with contextlib.AsyncExitStack() as locks:
+                for lock in self.truncation_locks:
+                    await locks.enter_async_context(lock)
+                await trio.to_thread.run_sync(store.truncate, answer.truncate_to)
+            LOGGER.warning("truncated the log to %d: dropped %d bytes [%d, %d) the master does not have",
+                           answer.truncate_to, local_end - answer.truncate_to, answer.truncate_to, local_end)  # fmt: skip
+        if answer.epochs is not None:
+            store.epochs.replace(list(answer.epochs))
 
     async def _read_master_hello(self, connection) -> ha.MasterHello:
         buffer = wire.Buffer(size_max=ha.HANDSHAKE_SIZE_MAX + 4)
@@ -157,12 +160,12 @@ class HAClient:
     async def _report(self, connection) -> None:
         """Report what we may acknowledge: the end of the log, or with ``flush_before_ack`` the
         end of what is flushed (a heartbeat between a frame and its flush must not ack it)."""
-        offset = self._flushed if self.broker.config.flush_before_ack else self.broker.store.commit_log.max_offset
+        offset = self._flushed if self.config.flush_before_ack else self.store.commit_log.max_offset
         await connection.send_small(ha.REPORT.pack(offset))
         self._last_reported = offset
 
     async def _heartbeat(self, connection) -> None:
-        interval = self.broker.config.ha_send_heartbeat_interval_ms / 1000
+        interval = self.config.ha_send_heartbeat_interval_seconds
         while True:
             await trio.sleep(interval)
             await self._report(connection)
@@ -172,7 +175,7 @@ class HAClient:
         during a flush are flushed together by the next one (group commit, as the master's
         SYNC_FLUSH): a flush per frame, in line with receiving, held SYNC_MASTER + slave flush to
         one fsync per frame however many frames were waiting."""
-        store = self.broker.store
+        store = self.store
         while True:
             await self._flush_wakeup.wait()
             self._flush_wakeup = trio.Event()
@@ -186,9 +189,7 @@ class HAClient:
         never pass through this process (catch-up of 2 GiB, 8 alternating runs: 487–1,155 MB/s,
         median ~900, against 352–474 receiving into a buffer and writing it with ``pwrite``). Other frames, and all
         under TLS, are received into a buffer and written with ``pwrite``."""
-        broker = self.broker
-        store = broker.store
-        config = broker.config
+        store, config = self.store, self.config
         frame_buffer = None  # for frames that cannot be spliced; its pages stay hot across frames
         while True:
             raw = await connection.receive_exactly(ha.TRANSFER_HEADER.size, read_ahead=False)
@@ -224,4 +225,4 @@ class HAClient:
                 self._flush_wakeup.set()
             else:
                 await self._report(connection)  # first: the master waits for it
-            broker.after_appends()
+            self.after_appends()

@@ -7,8 +7,6 @@ on a daemon thread; it only reads integers the trio thread writes.
 
 from __future__ import annotations
 
-import time
-
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -17,8 +15,11 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 
 
 class BrokerMetrics:
-    def __init__(self, broker, registry: CollectorRegistry):
+    def __init__(self, broker, registry: CollectorRegistry, clock: trio.abc.Clock):
         self.broker = broker
+        # The broker's one clock (the replica set's times come from it), read from the scrape
+        # thread: trio's clocks compute their time and may be read from any thread.
+        self.clock = clock
         self.appended_bytes = Counter("hasvc_appended_bytes", "Bytes appended to the commit log", registry=registry)
         self.appended_messages = Counter("hasvc_appended_messages", "Messages appended to the commit log", registry=registry)
         self.put_latency = Histogram("hasvc_put_latency_seconds", "Put latency after the append, by final status",
@@ -50,13 +51,13 @@ class BrokerMetrics:
             ("hasvc_flushed_offset", log.flushed_offset, "Commit log offset known flushed"),
             ("hasvc_dispatched_offset", store.reput_from_offset, "Commit log offset indexed in consume queues"),
             ("hasvc_slave_connections", len(broker.replicas.slaves), "Connected slaves"),
-            ("hasvc_master_connected", int(broker.master_connected), "Slave: connected to its master"),
+            ("hasvc_master_connected", int(broker.role_state.master_connected), "Slave: connected to its master"),
         ):
             yield GaugeMetricFamily(name, text, value=value)
         ack = GaugeMetricFamily("hasvc_slave_ack_offset", "Offset each slave acknowledged", labels=["slave"])
         lag = GaugeMetricFamily("hasvc_slave_lag_bytes", "Bytes each slave is behind", labels=["slave"])
         lag_seconds = GaugeMetricFamily("hasvc_slave_lag_seconds", "Seconds since each slave was caught up", labels=["slave"])
-        now = time.monotonic()
+        now = self.clock.current_time()
         for progress in list(broker.replicas.slaves.values()):
             behind, seconds = broker.replicas.lag(progress, master_max_offset=log.max_offset, now=now)
             ack.add_metric([progress.slave_id], progress.ack_offset)
@@ -69,7 +70,7 @@ class BrokerMetrics:
 
 async def serve_metrics(broker, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     registry = CollectorRegistry()
-    broker.metrics = BrokerMetrics(broker, registry)
+    broker.metrics = BrokerMetrics(broker, registry, trio.lowlevel.current_clock())
     host, port = broker.config.metrics_listen
     server, thread = start_http_server(port, addr=host, registry=registry)
     broker.metrics_address = server.server_address[:2]

@@ -12,7 +12,9 @@ from commitlog import record as rec
 from commitlog.commit_log import AppendResult
 from hasvc import transport
 from hasvc.broker import Appended, Outbox, coalesce, split_appended
+from hasvc.config import BrokerRole
 from hasvc.protocol import client as cp
+from hasvc.state.role import RoleState
 
 
 def request(topic="T", queue_id=0, bodies=(b"x",), flag=0):
@@ -218,17 +220,20 @@ async def test_a_flushing_slave_reports_only_what_it_has_flushed():
     from hasvc.ha_slave import HAClient
     from hasvc.protocol import ha
 
-    def broker(flush_before_ack):
+    def client_of(flush_before_ack):
         log = types.SimpleNamespace(max_offset=5000)
-        return types.SimpleNamespace(config=types.SimpleNamespace(flush_before_ack=flush_before_ack),
-                                     store=types.SimpleNamespace(commit_log=log))  # fmt: skip
+        config = types.SimpleNamespace(flush_before_ack=flush_before_ack)
+        store = types.SimpleNamespace(commit_log=log)
+        role = RoleState(BrokerRole.SLAVE, ("127.0.0.1", 1))
+        return HAClient(config=config, store=store, role=role, listen_address=("127.0.0.1", 2),
+                        truncation_locks=(), after_appends=lambda: None)  # fmt: skip
 
-    client = HAClient(broker(True))
+    client = client_of(True)
     client._flushed = 3000
     sent = _Sent()
     await client._report(sent)
     assert ha.REPORT.unpack(sent.data) == (3000,)
-    plain = HAClient(broker(False))
+    plain = client_of(False)
     sent = _Sent()
     await plain._report(sent)
     assert ha.REPORT.unpack(sent.data) == (5000,)

@@ -10,10 +10,9 @@ from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.broker import Broker
 from hasvc.config import BrokerConfig, BrokerRole
-from hasvc.ha_master import HAService
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
-from hasvc.replication import SlaveProgress
+from hasvc.state.replication import SlaveProgress
 
 SEGMENT = 64 * 1024
 
@@ -34,7 +33,7 @@ async def test_ha_connection_sends_frames_heartbeats_and_drops_a_silent_slave(tm
     broker.append(send_request(b"replicate me"))
     slave_end, master_end = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(HAService(broker).handle, master_end)
+        nursery.start_soon(broker.make_ha_service().handle, master_end)
         connection = transport.Connection(slave_end, "master")
         await transport.client_preface(connection, port_kind=wire.PORT_KIND_HA, secret=None)
         await connection.send_all(ha.encode_slave_hello(ha.SlaveHello("s1", "127.0.0.1:1", 0)))
@@ -80,11 +79,11 @@ async def test_sync_master_put_waits_for_the_covering_ack_or_times_out(tmp_path,
         await trio.testing.wait_all_tasks_blocked()
         assert results == []  # waiting: no polling, nothing released yet
         broker.replicas.on_report(1, appended.result.next_offset - 1, master_max_offset=broker.store.commit_log.max_offset, now=1.0)
-        broker.on_ack()
+        broker.replicator.on_report()
         await trio.testing.wait_all_tasks_blocked()
         assert results == []  # an ack short of the record releases nothing
         broker.replicas.on_report(1, appended.result.next_offset, master_max_offset=broker.store.commit_log.max_offset, now=1.0)
-        broker.on_ack()
+        broker.replicator.on_report()
         await trio.testing.wait_all_tasks_blocked()
         assert [r.status for r in results] == ["PUT_OK"]
         nursery.cancel_scope.cancel()
@@ -105,15 +104,15 @@ async def test_a_waiter_due_before_the_timers_next_look_wakes_it_and_only_such_a
     noticed then; a later one must not (that wake-up was a scheduler pass per put)."""
     broker = broker_for(tmp_path)
     assert not broker._timer_wakeup.is_set()
-    broker._wait_for(broker._ack_waiters, 100, 3000)
+    broker._wait_for(broker._ack_waiters, 100, trio.current_time() + 3.0)
     assert broker._timer_wakeup.is_set()  # the timer is not sleeping yet: it is told
     async with trio.open_nursery() as nursery:
         nursery.start_soon(broker._waiter_timer_task)
         await trio.testing.wait_all_tasks_blocked()
         assert not broker._timer_wakeup.is_set() and broker._timer_at <= trio.current_time() + 0.1
-        broker._wait_for(broker._ack_waiters, 200, 3000)  # due long after the timer's next look
+        broker._wait_for(broker._ack_waiters, 200, trio.current_time() + 3.0)  # due long after the timer's next look
         assert not broker._timer_wakeup.is_set()
-        broker._wait_for(broker._ack_waiters, 300, 1)  # due before it
+        broker._wait_for(broker._ack_waiters, 300, trio.current_time() + 0.001)  # due before it
         assert broker._timer_wakeup.is_set()
         nursery.cancel_scope.cancel()
     broker.store.close()
@@ -152,9 +151,9 @@ async def test_stored_puts_are_answered_when_their_last_wait_ends(tmp_path):
         assert outbox.answers == []  # flushed, but no slave has it yet
         end = broker.store.commit_log.max_offset
         broker.replicas.on_report(1, end, master_max_offset=end, now=1.0)
-        broker.on_ack()  # answered here, from the report's reader
+        broker.replicator.on_report()  # answered here, from the report's reader
         assert outbox.answers == [(1, "PUT_OK"), (2, "PUT_OK")]
-        broker.on_ack()
+        broker.replicator.on_report()
         assert len(outbox.answers) == 2  # once
 
         late = cp.Frame(cp.SEND, 3, b"")

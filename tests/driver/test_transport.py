@@ -17,9 +17,10 @@ from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.broker import Broker
 from hasvc.config import BrokerConfig, BrokerRole
-from hasvc.ha_master import HAService, _OpenSegment, _Writer
+from hasvc.ha_master import _OpenSegment, _Writer
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
+from hasvc.state.transfer import TransferCursor
 from tests.cluster import wait_until
 
 SIZE = 8 * 1024 * 1024  # several times the socket buffers: sendfile meets EAGAIN and must wait
@@ -42,10 +43,13 @@ def _master_with_a_slave_writer(tmp_path, **settings):
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=1024 * 1024, **settings)
     broker = Broker(config)
     broker.store = MessageStore.open(str(tmp_path), config.store_config())
-    service = broker.ha_service = HAService(broker)
+    service = broker.ha_service = broker.make_ha_service()
+    broker.replicator.attach(service)
     left, right = socket.socketpair()
     connection = transport.Connection(trio.SocketStream(trio.socket.from_stdlib_socket(left)), "slave")
-    writer = _Writer(connection, 0)
+    cursor = TransferCursor(0, now=trio.current_time(), batch_size=config.ha_transfer_batch_size,
+                            segment_size=config.commitlog_segment_size, heartbeat_seconds=config.ha_send_heartbeat_interval_seconds)  # fmt: skip
+    writer = _Writer(connection, cursor)
     service._writers.add(writer)
     return broker, service, writer, connection, right
 
@@ -184,7 +188,8 @@ async def test_a_transfer_from_a_log_the_page_cache_let_go_is_read_off_the_event
     loads = []
     original = _OpenSegment.load
     monkeypatch.setattr(_OpenSegment, "load", lambda self, position, size: (loads.append(position), original(self, position, size)))
-    service = broker.ha_service = HAService(broker)
+    service = broker.ha_service = broker.make_ha_service()
+    broker.replicator.attach(service)
     listener = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listener[0].socket.getsockname()[1]
     received = bytearray()
@@ -214,7 +219,8 @@ async def test_frames_pushed_from_the_put_path_and_sent_by_the_writer_task_never
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=64 * 1024 * 1024)
     broker = Broker(config)
     broker.store = MessageStore.open(str(tmp_path), config.store_config())
-    service = broker.ha_service = HAService(broker)
+    service = broker.ha_service = broker.make_ha_service()
+    broker.replicator.attach(service)
     listener = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listener[0].socket.getsockname()[1]
     received = []
@@ -259,7 +265,7 @@ async def test_a_push_never_writes_to_a_descriptor_number_reused_after_the_close
         its_peer.setblocking(False)
         with pytest.raises(BlockingIOError):
             its_peer.recv(100)
-        assert writer.offset == 0  # nothing counted as sent
+        assert writer.cursor.offset == 0  # nothing counted as sent
     finally:
         if not reused:
             os.close(number)
@@ -283,7 +289,7 @@ async def test_a_push_that_leaves_part_of_the_appends_wakes_the_writer_task(tmp_
         broker.append(cp.SendRequest("T", 0, [b"y" * 1000] * 10, [b""] * 10, 0, 0))  # ~10 KiB: more than a batch
         service.push()
         header = ha.decode_transfer_header(right.recv(12), size_max=1 << 20)
-        assert header.size <= 4096 and writer.offset < broker.store.commit_log.max_offset
+        assert header.size <= 4096 and writer.cursor.offset < broker.store.commit_log.max_offset
         assert writer.wakeup.is_set()  # the task sends the rest
     finally:
         await connection.aclose()

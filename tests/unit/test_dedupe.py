@@ -1,9 +1,9 @@
-"""The producer table behind idempotent sends (hasvc/dedupe.py), against a model."""
+"""The producer table behind idempotent sends (hasvc/state/dedupe.py), against a model."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hasvc.dedupe import ProducerTable, Stored, Verdict
+from hasvc.state.dedupe import ProducerTable, Stored, Verdict
 
 
 def stored(offset: int) -> Stored:

@@ -1,6 +1,6 @@
 import pytest
 
-from hasvc.replication import Admission, ReplicaSet, ReplicationViolation, SlaveProgress
+from hasvc.state.replication import Admission, ReplicaSet, ReplicationViolation, SlaveProgress
 
 
 def replica_set(*ids):

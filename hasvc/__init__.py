@@ -11,9 +11,10 @@ L1  ``hasvc.protocol``    sans-IO codecs: bytes in, events out.
     ``secrets``, ``datetime``): ``now`` and randomness are arguments. Besides the standard library
     they import only ``commitlog`` and each other.
     ``hasvc.config``      the broker's configuration (frozen dataclasses, TOML loading).
-L2  drivers (trio)        ``hasvc.transport``, ``hasvc.broker``, ``hasvc.client``, the HA drivers,
-                          ``hasvc.metrics``: they feed the L1 cores bytes and time and carry out
-                          what those return.
+L2  drivers (trio)        ``hasvc.transport``, ``hasvc.broker`` (client port, put service, outbox,
+                          store tasks, HA master and slave, metrics), ``hasvc.replicator`` (what
+                          the put path needs of replication), ``hasvc.client``: they feed the L1
+                          cores bytes and time and carry out what those return.
 L3  ``hasvc.tools``       benchmarks, drills, demos, the crash writer: library code the CLI runs.
     ``hasvc.spark``       the Spark data source and jobs (imports ``commitlog`` only, no trio).
     ``hasvc.testing``     simulators and doubles for tests.

@@ -87,6 +87,7 @@ class Client:
                 self._send_wakeup = trio.Event()
                 frames, self._outgoing = self._outgoing, []
                 await self._connection.send_all(b"".join(frames))
+            raise AssertionError("unreachable")
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self._fail(error)
 
@@ -109,6 +110,7 @@ class Client:
                     if slot is not None:
                         slot[1] = frame
                         slot[0].set()
+            raise AssertionError("unreachable")
         except (EOFError, OSError, wire.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self._fail(error)
         finally:

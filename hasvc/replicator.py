@@ -19,14 +19,15 @@ quorum's commit offset, without touching the client port, the outboxes or the pu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from hasvc.state.replication import Admission, ReplicaSet
 
 if TYPE_CHECKING:  # the HA service is attached at run time, once the store is open
-    from hasvc.ha_master import HAService
+    from hasvc.broker.ha_master import HAService
 
 
+@runtime_checkable
 class Replicator(Protocol):
     def appended(self) -> None:
         """Records were appended to the local log: send them on."""

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A put (SEND) on a master goes through four steps (``hasvc/broker.py`` carries them out):
+A put (SEND) on a master goes through four steps (``hasvc/broker/put_service.py`` carries them out):
 
 1. ``refusal``: a slave or a fenced master refuses it (SERVICE_NOT_AVAILABLE, from
    ``RoleState.write_refusal``); with ``min_in_sync_replicas``, too few slaves in sync refuse it

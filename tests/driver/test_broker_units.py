@@ -11,7 +11,8 @@ import trio.testing
 from commitlog import record as rec
 from commitlog.commit_log import AppendResult
 from hasvc import transport
-from hasvc.broker import Appended, Outbox, coalesce, split_appended
+from hasvc.broker.outbox import Outbox
+from hasvc.broker.put_service import Appended, coalesce, split_appended
 from hasvc.config import BrokerRole
 from hasvc.protocol import client as cp
 from hasvc.state.role import RoleState
@@ -217,7 +218,7 @@ class _Sent:
 async def test_a_flushing_slave_reports_only_what_it_has_flushed():
     """With flush_before_ack, a report (a heartbeat between a frame and its flush included)
     acknowledges the flushed end, never the received one."""
-    from hasvc.ha_slave import HAClient
+    from hasvc.broker.ha_slave import HAClient
     from hasvc.protocol import ha
 
     def client_of(flush_before_ack):

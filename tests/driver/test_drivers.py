@@ -20,7 +20,7 @@ SEGMENT = 64 * 1024
 def broker_for(tmp_path, **options) -> Broker:
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=SEGMENT, **options)
     broker = Broker(config)
-    broker.store = MessageStore.open(str(tmp_path), config.store_config())
+    broker.attach_store(MessageStore.open(str(tmp_path), config.store_config()))
     return broker
 
 
@@ -30,7 +30,7 @@ def send_request(body: bytes) -> cp.SendRequest:
 
 async def test_ha_connection_sends_frames_heartbeats_and_drops_a_silent_slave(tmp_path, autojump_clock):
     broker = broker_for(tmp_path)
-    broker.append(send_request(b"replicate me"))
+    broker.put_service.append(send_request(b"replicate me"))
     slave_end, master_end = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(broker.make_ha_service().handle, master_end)
@@ -63,17 +63,17 @@ async def test_sync_master_put_waits_for_the_covering_ack_or_times_out(tmp_path,
     broker.replicas.add(SlaveProgress(1, "s1", "a", 0.0))
     broker.replicas.on_report(1, 0, master_max_offset=0, now=0.0)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(broker._waiter_timer_task)
+        nursery.start_soon(broker.put_service.waiter_timer_task)
         started = trio.current_time()
-        timed_out = await broker.complete_put(broker.append(send_request(b"nobody acks this")))
+        timed_out = await broker.put_service.complete_put(broker.put_service.append(send_request(b"nobody acks this")))
         assert timed_out.status == "FLUSH_SLAVE_TIMEOUT" and timed_out.offsets == [0]
         assert trio.current_time() - started >= 3.0
 
-        appended = broker.append(send_request(b"acked"))
+        appended = broker.put_service.append(send_request(b"acked"))
         results = []
 
         async def put():
-            results.append(await broker.complete_put(appended))
+            results.append(await broker.put_service.complete_put(appended))
 
         nursery.start_soon(put)
         await trio.testing.wait_all_tasks_blocked()
@@ -93,7 +93,7 @@ async def test_sync_master_put_waits_for_the_covering_ack_or_times_out(tmp_path,
 async def test_sync_master_without_slaves_answers_slave_not_available_at_once(tmp_path, autojump_clock):
     broker = broker_for(tmp_path)
     started = trio.current_time()
-    response = await broker.complete_put(broker.append(send_request(b"alone")))
+    response = await broker.put_service.complete_put(broker.put_service.append(send_request(b"alone")))
     assert response.status == "SLAVE_NOT_AVAILABLE" and response.offsets == [0]
     assert trio.current_time() == started
     broker.store.close()
@@ -103,17 +103,17 @@ async def test_a_waiter_due_before_the_timers_next_look_wakes_it_and_only_such_a
     """Real clock: a deadline before the timer task's own next look must wake it, or it is only
     noticed then; a later one must not (that wake-up was a scheduler pass per put)."""
     broker = broker_for(tmp_path)
-    assert not broker._timer_wakeup.is_set()
-    broker._wait_for(broker._ack_waiters, 100, trio.current_time() + 3.0)
-    assert broker._timer_wakeup.is_set()  # the timer is not sleeping yet: it is told
+    assert not broker.put_service._timer_wakeup.is_set()
+    broker.put_service._wait_for(broker.put_service._ack_waiters, 100, trio.current_time() + 3.0)
+    assert broker.put_service._timer_wakeup.is_set()  # the timer is not sleeping yet: it is told
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(broker._waiter_timer_task)
+        nursery.start_soon(broker.put_service.waiter_timer_task)
         await trio.testing.wait_all_tasks_blocked()
-        assert not broker._timer_wakeup.is_set() and broker._timer_at <= trio.current_time() + 0.1
-        broker._wait_for(broker._ack_waiters, 200, trio.current_time() + 3.0)  # due long after the timer's next look
-        assert not broker._timer_wakeup.is_set()
-        broker._wait_for(broker._ack_waiters, 300, trio.current_time() + 0.001)  # due before it
-        assert broker._timer_wakeup.is_set()
+        assert not broker.put_service._timer_wakeup.is_set() and broker.put_service._timer_at <= trio.current_time() + 0.1
+        broker.put_service._wait_for(broker.put_service._ack_waiters, 200, trio.current_time() + 3.0)  # due long after the timer's next look
+        assert not broker.put_service._timer_wakeup.is_set()
+        broker.put_service._wait_for(broker.put_service._ack_waiters, 300, trio.current_time() + 0.001)  # due before it
+        assert broker.put_service._timer_wakeup.is_set()
         nursery.cancel_scope.cancel()
     broker.store.close()
 
@@ -140,10 +140,10 @@ async def test_stored_puts_are_answered_when_their_last_wait_ends(tmp_path):
     broker.replicas.on_report(1, 0, master_max_offset=0, now=0.0)
     outbox = _Outbox()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(broker._waiter_timer_task)
-        nursery.start_soon(broker._group_commit_task)
+        nursery.start_soon(broker.put_service.waiter_timer_task)
+        nursery.start_soon(broker.store_tasks.group_commit_task, broker.put_service)
         frames = [cp.Frame(cp.SEND, i, b"") for i in (1, 2)]
-        broker._respond_when_safe([((outbox, frame), broker.append(send_request(b"m%d" % frame.request_id))) for frame in frames])
+        broker.put_service._respond_when_safe([((outbox, frame), broker.put_service.append(send_request(b"m%d" % frame.request_id))) for frame in frames])
         with trio.fail_after(10):  # the group commit's fdatasync, in a worker thread
             while broker.store.commit_log.flushed_offset < broker.store.commit_log.max_offset:
                 await trio.sleep(0.01)
@@ -158,7 +158,7 @@ async def test_stored_puts_are_answered_when_their_last_wait_ends(tmp_path):
 
         late = cp.Frame(cp.SEND, 3, b"")
         started = trio.current_time()
-        broker._respond_when_safe([((outbox, late), broker.append(send_request(b"nobody acks this")))])
+        broker.put_service._respond_when_safe([((outbox, late), broker.put_service.append(send_request(b"nobody acks this")))])
         with trio.fail_after(10):
             while len(outbox.answers) < 3:
                 await trio.sleep(0.05)
@@ -176,10 +176,10 @@ async def test_the_warm_up_waits_for_a_truncation_but_not_for_a_flush(tmp_path):
     broker = broker_for(tmp_path)
     queue = broker.store.commit_log.mapped_file_queue
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(broker._warm_task)
-        async with broker.maintenance:  # as _async_flush_task holds it around its msync
-            async with broker.warming:  # as a truncation holds it (with maintenance)
-                broker.append(send_request(b"x" * 100))
+        nursery.start_soon(broker.store_tasks.warm_task)
+        async with broker.store_tasks.maintenance:  # as _async_flush_task holds it around its msync
+            async with broker.store_tasks.warming:  # as a truncation holds it (with maintenance)
+                broker.put_service.append(send_request(b"x" * 100))
                 broker.after_appends(push=False)
                 await trio.sleep(0.2)
                 assert queue.last.populated_position == 0

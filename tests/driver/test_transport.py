@@ -17,7 +17,7 @@ from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.broker import Broker
 from hasvc.config import BrokerConfig, BrokerRole
-from hasvc.ha_master import _OpenSegment, _Writer
+from hasvc.broker.ha_master import _OpenSegment, _Writer
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
 from hasvc.state.transfer import TransferCursor
@@ -42,7 +42,7 @@ def _master_with_a_slave_writer(tmp_path, **settings):
     socketpair: (broker, service, writer, connection, the slave's end)."""
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=1024 * 1024, **settings)
     broker = Broker(config)
-    broker.store = MessageStore.open(str(tmp_path), config.store_config())
+    broker.attach_store(MessageStore.open(str(tmp_path), config.store_config()))
     service = broker.ha_service = broker.make_ha_service()
     broker.replicator.attach(service)
     left, right = socket.socketpair()
@@ -175,9 +175,9 @@ async def test_a_transfer_from_a_log_the_page_cache_let_go_is_read_off_the_event
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=4 * 1024 * 1024,
                           ha_transfer_readahead_size=256 * 1024)  # fmt: skip
     broker = Broker(config)
-    broker.store = MessageStore.open(str(tmp_path), config.store_config())
+    broker.attach_store(MessageStore.open(str(tmp_path), config.store_config()))
     for round_ in range(200):
-        broker.append(cp.SendRequest("T", 0, [bytes([round_]) * 30_000], [b""], 0, 0))
+        broker.put_service.append(cp.SendRequest("T", 0, [bytes([round_]) * 30_000], [b""], 0, 0))
     commit_log = broker.store.commit_log
     end = commit_log.max_offset
     assert end > config.commitlog_segment_size  # two segments
@@ -218,7 +218,7 @@ async def test_frames_pushed_from_the_put_path_and_sent_by_the_writer_task_never
     whose bytes are the log's."""
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, commitlog_segment_size=64 * 1024 * 1024)
     broker = Broker(config)
-    broker.store = MessageStore.open(str(tmp_path), config.store_config())
+    broker.attach_store(MessageStore.open(str(tmp_path), config.store_config()))
     service = broker.ha_service = broker.make_ha_service()
     broker.replicator.attach(service)
     listener = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -232,7 +232,7 @@ async def test_frames_pushed_from_the_put_path_and_sent_by_the_writer_task_never
                 await trio.sleep(0.01)
             for round_ in range(40):  # bursts bigger than the socket buffers, pushed from here
                 for _ in range(50):
-                    broker.append(cp.SendRequest("T", 0, [bytes([round_]) * 3000], [b""], 0, 0))
+                    broker.put_service.append(cp.SendRequest("T", 0, [bytes([round_]) * 3000], [b""], 0, 0))
                 service.push()
                 await trio.sleep(0)
             end = broker.store.commit_log.max_offset
@@ -260,7 +260,7 @@ async def test_a_push_never_writes_to_a_descriptor_number_reused_after_the_close
     try:
         if not reused:
             os.dup2(newcomer.fileno(), number)
-        broker.append(cp.SendRequest("T", 0, [b"x" * 100], [b""], 0, 0))
+        broker.put_service.append(cp.SendRequest("T", 0, [b"x" * 100], [b""], 0, 0))
         service.push()
         its_peer.setblocking(False)
         with pytest.raises(BlockingIOError):
@@ -281,12 +281,12 @@ async def test_a_push_that_leaves_part_of_the_appends_wakes_the_writer_task(tmp_
     broker, service, writer, connection, right = _master_with_a_slave_writer(tmp_path, ha_transfer_batch_size=4096)
     try:
         writer.busy = False
-        broker.append(cp.SendRequest("T", 0, [b"x" * 1000], [b""], 0, 0))
+        broker.put_service.append(cp.SendRequest("T", 0, [b"x" * 1000], [b""], 0, 0))
         service.push()  # all of it fits one frame: nothing left for the task
         header = ha.decode_transfer_header(right.recv(12), size_max=1 << 20)
         assert header.offset == 0 and len(right.recv(1 << 16)) == header.size == broker.store.commit_log.max_offset
         assert not writer.wakeup.is_set()
-        broker.append(cp.SendRequest("T", 0, [b"y" * 1000] * 10, [b""] * 10, 0, 0))  # ~10 KiB: more than a batch
+        broker.put_service.append(cp.SendRequest("T", 0, [b"y" * 1000] * 10, [b""] * 10, 0, 0))  # ~10 KiB: more than a batch
         service.push()
         header = ha.decode_transfer_header(right.recv(12), size_max=1 << 20)
         assert header.size <= 4096 and writer.cursor.offset < broker.store.commit_log.max_offset

@@ -6,7 +6,7 @@ Forever: connect to the master's HA port, run the preface and the handshake, rep
 offset, then read frames. Each frame must start exactly at the local max offset (else the
 connection is dropped and opened again — RocketMQ's "master pushed offset not equal the max phy
 offset in slave"); its bytes are moved verbatim into the segment (``splice`` through a pipe on
-plain TCP, else received into a buffer and written with ``pwrite``; ``Broker.warm_ahead`` says why
+plain TCP, else received into a buffer and written with ``pwrite``; ``StoreTasks.warm_ahead`` says why
 not through the mapping) and reported: the slave never
 acknowledges bytes it does not have. With ``flush_before_ack`` a flusher task reports instead,
 only what it has flushed, flushing the frames that arrived meanwhile together. A heartbeat task
@@ -169,6 +169,7 @@ class HAClient:
         while True:
             await trio.sleep(interval)
             await self._report(connection)
+        raise AssertionError("unreachable")
 
     async def _flush_and_report(self, connection) -> None:
         """``flush_before_ack``: flush what has arrived, then report it. Frames that arrive
@@ -181,6 +182,7 @@ class HAClient:
             self._flush_wakeup = trio.Event()
             self._flushed = await trio.to_thread.run_sync(store.flush_commitlog, 0)
             await self._report(connection)
+        raise AssertionError("unreachable")
 
     async def _receive_frames(self, connection, watchdog: transport.Watchdog, pipe: transport.SplicePipe | None) -> None:
         """Frames until the session ends. On plain TCP a frame of ``SPLICE_FRAME_MIN`` bytes or
@@ -226,3 +228,4 @@ class HAClient:
             else:
                 await self._report(connection)  # first: the master waits for it
             self.after_appends()
+        raise AssertionError("unreachable")

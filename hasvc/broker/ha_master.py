@@ -145,6 +145,7 @@ class HAService:
                 if first:
                     first_report.set()
                 self.on_ack()
+        raise AssertionError("unreachable")
 
     async def _write_frames(self, connection, progress: SlaveProgress, first_report: trio.Event, hello: ha.SlaveHello) -> None:
         """The connection's writer task: frames as ``TransferCursor`` plans them, from the slave's

@@ -1,0 +1,265 @@
+"""A broker process: one store, a client port, an HA port (master) or an HA client (slave), and
+the store's background work as trio tasks — each a driver of its own (this package), composed here.
+
+Theory of operation
+-------------------
+Everything runs in one trio loop. ``Broker.run`` opens the store, rebuilds the producer table (a
+master), opens the client port (``ClientPort``), starts the put path's timer (``PutService``), the
+store's tasks (``StoreTasks``), and either the HA service (a master's slaves, ``HAService``) or
+the HA client (a slave's replication, ``HAClient``); it closes the store cleanly when cancelled.
+
+The role is one state (``hasvc.state.role.RoleState``): PROMOTE and DEMOTE requests run its
+transitions and ``_carry_out`` does what they return, in order. The put path reaches replication
+only through the ``Replicator`` (``hasvc.replicator``); the HA drivers get the pieces they need
+(config, store, replica set, role), never the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+
+import trio
+
+from commitlog.store import MessageStore
+from hasvc import transport
+from hasvc.broker.client_port import ClientPort, serve_listener
+from hasvc.broker.ha_master import HAService
+from hasvc.broker.ha_slave import HAClient
+from hasvc.broker.metrics import serve_metrics
+from hasvc.broker.put_service import PutService, rebuild_producer_table
+from hasvc.broker.store_tasks import StoreTasks
+from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
+from hasvc.replicator import ClassicReplicator
+from hasvc.state import role as role_effects
+from hasvc.state.dedupe import ProducerTable
+from hasvc.state.replication import ReplicaSet
+from hasvc.state.role import RoleState
+
+LOGGER = logging.getLogger(__name__)
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig):
+        self.config = config.validate()
+        self.role_state = RoleState(config.role, config.master_ha)
+        self.replicas = ReplicaSet()
+        self.replicator = ClassicReplicator(self.replicas, in_sync_replicas=config.in_sync_replicas,
+                                            max_gap=config.ha_max_gap_not_in_sync, log_end=self._log_end)  # fmt: skip
+        self.producers = ProducerTable(window=config.producer_sequence_window, producers_max=config.producers_max)
+        # The drivers over the store, made when it is open (attach_store).
+        self.store: MessageStore | None = None
+        self.store_tasks: StoreTasks | None = None
+        self.put_service: PutService | None = None
+        self.client_port: ClientPort | None = None
+        self.listen_address: Address | None = None
+        self.ha_address: Address | None = None
+        self._nursery: trio.Nursery | None = None
+        self._ha_client_scope: trio.CancelScope | None = None
+        self._ha_service_scope: trio.CancelScope | None = None
+        self.ha_service: HAService | None = None  # a master's HAService, for pushing appends to its slaves
+        self.started_at = time.time()  # wall clock, for the status's uptime
+        self.metrics = None
+
+    def attach_store(self, store: MessageStore) -> None:
+        """Make the drivers over an open store."""
+        assert self.store is None, "one store per broker"
+        self.store = store
+        self.store_tasks = StoreTasks(store=store, role=self.role_state, warm_ahead_size=store.config.warm_ahead_size)
+        self.put_service = PutService(config=self.config, store=store, role=self.role_state, replicator=self.replicator,
+                                      producers=self.producers, after_appends=self.store_tasks.after_appends)  # fmt: skip
+        self.client_port = ClientPort(config=self.config, store=store, puts=self.put_service, status=self.status,
+                                      promote=self.promote, demote=self.demote)  # fmt: skip
+
+    @property
+    def role(self) -> BrokerRole:
+        return self.role_state.role
+
+    def _log_end(self) -> int:
+        return self.store.commit_log.max_offset
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Open the store, serve until cancelled, then close the store cleanly."""
+        self.attach_store(await trio.to_thread.run_sync(MessageStore.open, self.config.store, self.config.store_config()))
+        LOGGER.info("store %s: %s", self.config.store, self.store.recovery.describe())
+        try:
+            if not self.role_state.is_slave:
+                await self._rebuild_producer_table()  # before the client port opens
+            async with trio.open_nursery() as nursery:
+                ssl_context = self._server_ssl()
+                client_listener, client_socket = await transport.open_listener(self.config.listen, ssl_context=ssl_context)
+                self.listen_address = transport.listener_address(client_socket)
+                nursery.start_soon(self._serve_listener, client_listener, self.client_port.serve_client)
+                self._nursery = nursery
+                if not self.role_state.is_slave:
+                    if self.store.epochs.last is None:
+                        self.store.epochs.append(first_epoch(), self.store.commit_log.max_offset)
+                    await self._start_ha_service(nursery, ssl_context)
+                else:
+                    nursery.start_soon(self._run_ha_client)
+                nursery.start_soon(self.client_port.append_task)
+                nursery.start_soon(self.put_service.waiter_timer_task)
+                self.store_tasks.start(nursery, self.put_service)
+                if self.config.metrics_listen is not None:
+                    await nursery.start(serve_metrics, self)
+                    self.put_service.metrics = self.metrics
+                task_status.started(self.addresses())
+                LOGGER.info("ready: %s", json.dumps(self.addresses()))
+        finally:
+            self.put_service.fail_all_waits()
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.store.close)
+            LOGGER.info("store closed cleanly")
+
+    async def _serve_listener(self, listener, handler) -> None:
+        await serve_listener(listener, handler, connections_max=self.config.connections_max)
+
+    def after_appends(self, *, push: bool = True) -> None:
+        """What follows a pass of appends outside the put path (a frame on a slave): the new
+        records to the replicator (unless the caller pushed already), then the store's part."""
+        if push:
+            self.replicator.appended()
+        self.store_tasks.after_appends()
+
+    async def _run_ha_client(self) -> None:
+        client = HAClient(config=self.config, store=self.store, role=self.role_state, listen_address=self.listen_address,
+                          truncation_locks=(self.store_tasks.maintenance, self.store_tasks.warming), after_appends=self.after_appends)  # fmt: skip
+        self._ha_client_scope = trio.CancelScope()
+        with self._ha_client_scope:
+            await client.run()
+
+    async def promote(self, role: BrokerRole) -> None:
+        """Slave -> master: stop replicating, cut a partial last record, open a new epoch at the
+        log's end and persist it before taking any write, then serve producers and slaves."""
+        promotion, effects = self.role_state.begin_promotion(role, local_epoch=self.store.epochs.last_epoch)
+        await self._carry_out(effects)
+        async with self.store_tasks.maintenance, self.store_tasks.warming:
+            end = await trio.to_thread.run_sync(self.store.last_record_end)
+            if end < self.store.commit_log.max_wrote_offset:
+                LOGGER.warning("promote: cutting a partial record [%d, %d)", end, self.store.commit_log.max_wrote_offset)
+                await trio.to_thread.run_sync(self.store.truncate, end)
+            self.store.epochs.append(promotion.epoch, self.store.commit_log.max_offset)
+            await self._rebuild_producer_table()
+        await self._carry_out(self.role_state.finish_promotion(promotion))
+        LOGGER.warning("promoted to %s: epoch %d from offset %d", role.value, promotion.epoch, self.store.commit_log.max_offset)
+
+    async def _carry_out(self, effects: list[role_effects.Effect]) -> None:
+        """Do what a role transition says, in its order."""
+        for effect in effects:
+            match effect:
+                case role_effects.StopReplicating():
+                    if self._ha_client_scope is not None:
+                        self._ha_client_scope.cancel()
+                case role_effects.StartReplicating():
+                    self._nursery.start_soon(self._run_ha_client)
+                case role_effects.StartHAService():
+                    await self._start_ha_service(self._nursery, self._server_ssl())
+                case role_effects.StopHAService():
+                    if self._ha_service_scope is not None:
+                        self._ha_service_scope.cancel()
+                    self.replicator.detach()
+                    self.ha_service = None
+                    self.ha_address = None
+                case role_effects.FailAckWaits():
+                    self.put_service.fail_ack_waits()
+                case role_effects.ClearProducers():
+                    self.producers.clear()
+                case _:
+                    raise AssertionError(f"unknown effect {effect!r}")
+
+    async def _rebuild_producer_table(self) -> None:
+        """Before taking writes as master: learn the producer sequences at the log's end."""
+        started = trio.current_time()
+        span = self.config.producer_table_rebuild_bytes
+        found = await trio.to_thread.run_sync(lambda: rebuild_producer_table(self.store, self.producers, span_bytes=span))
+        LOGGER.info("producer table: %d producer(s), %d sequence(s) from the last %d bytes of the log in %.3f s",
+                    len(self.producers), found, min(span, self.store.commit_log.max_offset), trio.current_time() - started)  # fmt: skip
+
+    def make_ha_service(self) -> HAService:
+        """The HA service of this broker as a master (its store open)."""
+        return HAService(config=self.config, store=self.store, replicas=self.replicas, role=self.role_state,
+                         on_ack=self.replicator.on_report)  # fmt: skip
+
+    async def _start_ha_service(self, nursery: trio.Nursery, ssl_context) -> None:
+        ha_listener, ha_socket = await transport.open_listener(self.config.effective_ha_listen, ssl_context=ssl_context)
+        self.ha_address = transport.listener_address(ha_socket)
+        self._ha_service_scope = trio.CancelScope()
+        self.ha_service = self.make_ha_service()
+        self.replicator.attach(self.ha_service)
+        nursery.start_soon(self._serve_ha, ha_listener, self.ha_service.handle, self._ha_service_scope)
+
+    async def _serve_ha(self, listener, handler, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                await self._serve_listener(listener, handler)
+        finally:
+            await listener.aclose()
+
+    async def demote(self, master_ha) -> None:
+        """Master -> slave of ``master_ha``: close the HA port and every slave connection, answer
+        waiting SYNC_MASTER puts (FLUSH_SLAVE_TIMEOUT: they are stored here, not known replicated),
+        then replicate from the new master, which first cuts what this log has beyond the two
+        histories' consistent point."""
+        await self._carry_out(self.role_state.demote(master_ha))
+        LOGGER.warning("demoted: now a slave of %s", format_address(master_ha))
+
+    def _server_ssl(self):
+        if self.config.tls_cert is None:
+            return None
+        return transport.server_ssl_context(cert=self.config.tls_cert, key=self.config.tls_key)
+
+    def addresses(self) -> dict:
+        return {
+            "role": self.role.value,
+            "listen": format_address(self.listen_address),
+            "ha_listen": format_address(self.ha_address) if self.ha_address else format_address(self.config.effective_ha_listen),
+            "pid": os.getpid(),
+            "store": self.config.store,
+        }
+
+    def status(self) -> dict:
+        store = self.store
+        master_max = store.commit_log.max_offset
+        now = trio.current_time()
+        slaves = []
+        for progress in self.replicas.slaves.values():
+            lag_bytes, lag_seconds = self.replicas.lag(progress, master_max_offset=master_max, now=now)
+            slaves.append({
+                "address": progress.address, "slave_id": progress.slave_id, "ack_offset": progress.ack_offset,
+                "lag_bytes": lag_bytes, "lag_seconds": round(lag_seconds, 3),
+                "connected_since": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(progress.connected_since)),
+            })  # fmt: skip
+        status = {
+            **self.addresses(),
+            "epoch": store.epochs.last_epoch,
+            "epochs": [[e.epoch, e.start_offset] for e in store.epochs.entries],
+            "min_offset": store.commit_log.min_offset,
+            "max_offset": master_max,
+            "flushed_offset": store.commit_log.flushed_offset,
+            "dispatched_offset": store.reput_from_offset,
+            "flush": store.config.flush_disk_type.value,
+            "slaves": slaves,
+            "producers": len(self.producers),
+            "duplicate_sends": self.put_service.duplicate_sends,
+            "uptime_seconds": round(time.time() - self.started_at, 1),
+        }
+        role = self.role_state
+        if role.is_slave:
+            status["master_ha"] = format_address(role.master_ha)
+            status["master_connected"] = role.master_connected
+        if store.dispatch_error:
+            status["dispatch_error"] = store.dispatch_error
+        if role.fenced_by:
+            status["fenced_by"] = role.fenced_by
+        return status
+
+
+def first_epoch() -> int:
+    """A new cluster's first epoch: random in [1, 2**20], so two unrelated stores are very unlikely
+    to share an (epoch, start offset) entry and be taken for one history; later epochs count up."""
+    return secrets.randbelow(2**20) + 1

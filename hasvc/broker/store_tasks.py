@@ -1,0 +1,157 @@
+"""The store's background work as trio tasks (RocketMQ's FlushCommitLogService, GroupCommitService,
+ReputMessageService, CleanCommitLogService and AllocateMappedFileService, on one loop).
+
+Theory of operation
+-------------------
+The store is synchronous; what blocks on the disk (``fdatasync``, consume-queue flushes, segment
+creation, page warm-up, retention) runs in worker threads (``trio.to_thread``), which release the
+GIL while the kernel works. ``maintenance`` is held around that work and around a truncation (a
+rejoining slave) so the two never overlap; the warm-up has its own lock, ``warming``, so that it
+runs beside flushes but never beside a truncation (which holds both).
+
+* group commit (SYNC_FLUSH): one ``fdatasync`` for everything appended when a put asks
+  (``FlushWaits``), releasing every put it covers;
+* async flush (ASYNC_FLUSH): every ``flush_interval_commitlog``, at least
+  ``flush_commitlog_least_pages`` pages, everything every ``flush_commitlog_thorough_interval``;
+* dispatch: consume-queue units for what the put path's own pass (``after_appends``) left;
+* warm-up: the write area kept faulted in ahead of the writer;
+* housekeeping: consume-queue flush and checkpoint every second, retention every ten.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Protocol
+
+import trio
+
+from commitlog.store import MessageStore
+from hasvc import transport
+from hasvc.state.role import RoleState
+
+LOGGER = logging.getLogger(__name__)
+
+# Background task periods (RocketMQ: reput every 1 ms, checkpoint and CQ flush every 1 s,
+# retention every 10 s; warm-up is ours).
+DISPATCH_INTERVAL_SECONDS = 0.001
+HOUSEKEEPING_INTERVAL_SECONDS = 1.0
+CLEAN_INTERVAL_SECONDS = 10.0
+WARM_INTERVAL_SECONDS = 0.002
+WARM_IDLE_SECONDS = 1.0
+
+
+class FlushWaits(Protocol):
+    """What the group commit needs of the puts waiting for a flush (``PutService``)."""
+
+    async def wait_flush_requested(self) -> None: ...
+
+    def flushed(self, offset: int) -> None: ...
+
+
+class StoreTasks:
+    def __init__(self, *, store: MessageStore, role: RoleState, warm_ahead_size: int) -> None:
+        self.store = store
+        self.role = role
+        self._warm_ahead_size = warm_ahead_size
+        self.new_data = transport.Notifier()
+        self._warm_wanted = trio.Event()  # set by after_appends when the write area needs warming
+        # Held around background work that touches the store from worker threads, and around
+        # truncation (a rejoining slave) so the two never overlap.
+        self.maintenance = trio.Lock()
+        # The warm-up's own lock: it runs beside flushes and housekeeping, only never beside a
+        # truncation (which holds both). Behind ``maintenance`` it waited out every flush's
+        # msync, and a writer at 200 MB/s ran past its 16 MiB of warmed pages and faulted them
+        # in itself: the kernel's page zeroing was 9 % of a busy master's main thread.
+        self.warming = trio.Lock()
+
+    def start(self, nursery: trio.Nursery, flushes: FlushWaits) -> None:
+        for task in (self.dispatch_task, self.warm_task, self.housekeeping_task):
+            nursery.start_soon(task)
+        if self.store.sync_flush:
+            nursery.start_soon(self.group_commit_task, flushes)
+        else:
+            nursery.start_soon(self.async_flush_task)
+
+    @property
+    def warm_ahead(self) -> int:
+        """Bytes kept faulted in ahead of the writer: ``warm_ahead_size`` on a master, none on a
+        slave, which writes frames with ``pwrite`` (``ha_slave``): a page the kernel allocates for
+        a write is not zeroed first where it is written whole, and warming it ahead would be a
+        second pass over every page (zero, then write). 64 producers x 32 messages: +15-30 %
+        (docs/benchmarks.md). The next segment is still made ahead on both."""
+        return 0 if self.role.is_slave else self._warm_ahead_size
+
+    def after_appends(self) -> None:
+        """What follows a pass of appends (a master's puts, a frame on a slave), done here
+        rather than by waking a task per append (for a lone producer each wake-up was a
+        scheduler pass on the put's path): the consume queue units, and a wake-up for the
+        dispatch task only if a pass leaves more, for the warm-up task only when the write
+        area needs it."""
+        store = self.store
+        store.dispatch()
+        if store.reput_from_offset < store.dispatch_end_offset and store.dispatch_error is None:
+            self.new_data.notify()
+        if store.commit_log.mapped_file_queue.needs_warming(self.warm_ahead):
+            self._warm_wanted.set()
+
+    async def group_commit_task(self, flushes: FlushWaits) -> None:
+        """SYNC_FLUSH: one fdatasync for everything appended so far, then release its waiters."""
+        while True:
+            await flushes.wait_flush_requested()
+            async with self.maintenance:
+                flushed = await trio.to_thread.run_sync(self.store.flush_commitlog, 0)
+            flushes.flushed(flushed)
+            self.new_data.notify()  # under SYNC_FLUSH dispatch follows the flushed offset
+        raise AssertionError("unreachable")
+
+    async def async_flush_task(self) -> None:
+        store_config = self.store.config
+        thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_seconds
+        while True:
+            await trio.sleep(store_config.flush_interval_commitlog_seconds)
+            least_pages = store_config.flush_commitlog_least_pages
+            if trio.current_time() >= thorough_at:
+                least_pages = 0
+                thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_seconds
+            async with self.maintenance:
+                await trio.to_thread.run_sync(self.store.flush_commitlog, least_pages)
+        raise AssertionError("unreachable")
+
+    async def dispatch_task(self) -> None:
+        while True:
+            await self.new_data.wait(0.1)
+            while self.store.dispatch():
+                await trio.sleep(0)
+            await trio.sleep(DISPATCH_INTERVAL_SECONDS)
+        raise AssertionError("unreachable")
+
+    async def warm_task(self) -> None:
+        """Keep the write area faulted in: looks after appends (not on a timer: an idle broker
+        should cost nothing), at most once per WARM_INTERVAL_SECONDS."""
+        while True:
+            with trio.move_on_after(WARM_IDLE_SECONDS):
+                await self._warm_wanted.wait()
+            self._warm_wanted = trio.Event()
+            await trio.sleep(WARM_INTERVAL_SECONDS)
+            ahead = self.warm_ahead
+            if self.store.commit_log.mapped_file_queue.needs_warming(ahead):
+                async with self.warming:
+                    await trio.to_thread.run_sync(self.store.warm_commitlog, ahead)
+        raise AssertionError("unreachable")
+
+    async def housekeeping_task(self) -> None:
+        store_config = self.store.config
+        clean_at = trio.current_time() + CLEAN_INTERVAL_SECONDS
+        while True:
+            await trio.sleep(HOUSEKEEPING_INTERVAL_SECONDS)
+            async with self.maintenance:
+                await trio.to_thread.run_sync(self.store.flush_consume_queues, store_config.flush_consume_queue_least_pages)
+                await trio.to_thread.run_sync(self.store.write_checkpoint)
+            if trio.current_time() >= clean_at:
+                clean_at = trio.current_time() + CLEAN_INTERVAL_SECONDS
+                async with self.maintenance:
+                    deleted = await trio.to_thread.run_sync(self.store.clean_expired)
+                if deleted:
+                    LOGGER.info("retention deleted %d segment(s): %s", len(deleted), ", ".join(os.path.basename(p) for p in deleted))
+        raise AssertionError("unreachable")

@@ -29,6 +29,7 @@ from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.config import Address, BrokerConfig, format_address
 from hasvc.protocol import ha, wire
+from hasvc.state.follower import Reports, offset_refusal, room_refusal
 from hasvc.state.handshake import LogView, reconcile
 from hasvc.state.role import RoleState
 
@@ -61,8 +62,7 @@ class HAClient:
         self.truncation_locks = truncation_locks
         self.after_appends = after_appends
         self._last_state = None
-        self._last_reported = -1
-        self._flushed = 0  # flush_before_ack: the end of what is flushed, what we may report
+        self._reports = Reports(flush_before_ack=config.flush_before_ack)  # one per session
         self._flush_wakeup = trio.Event()
 
     def _state(self, state: str, detail: str = "") -> None:
@@ -107,8 +107,9 @@ class HAClient:
                                      f"ours ends at {store.commit_log.max_offset}; frames of {SPLICE_FRAME_MIN} bytes or more "
                                      f"{'by splice' if splice else 'by pwrite (no splice here)'}")  # fmt: skip
             role.set_master_connected(True)
+            self._reports = Reports(flush_before_ack=config.flush_before_ack)
             if config.flush_before_ack:  # what we have is flushed before we first report it
-                self._flushed = await trio.to_thread.run_sync(store.flush_commitlog, 0)
+                self._reports.flushed_to(await trio.to_thread.run_sync(store.flush_commitlog, 0))
             await self._report(connection)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeat, connection)
@@ -160,9 +161,8 @@ class HAClient:
     async def _report(self, connection) -> None:
         """Report what we may acknowledge: the end of the log, or with ``flush_before_ack`` the
         end of what is flushed (a heartbeat between a frame and its flush must not ack it)."""
-        offset = self._flushed if self.config.flush_before_ack else self.store.commit_log.max_offset
+        offset = self._reports.report(log_end=self.store.commit_log.max_offset)
         await connection.send_small(ha.REPORT.pack(offset))
-        self._last_reported = offset
 
     async def _heartbeat(self, connection) -> None:
         interval = self.config.ha_send_heartbeat_interval_seconds
@@ -180,7 +180,7 @@ class HAClient:
         while True:
             await self._flush_wakeup.wait()
             self._flush_wakeup = trio.Event()
-            self._flushed = await trio.to_thread.run_sync(store.flush_commitlog, 0)
+            self._reports.flushed_to(await trio.to_thread.run_sync(store.flush_commitlog, 0))
             await self._report(connection)
         raise AssertionError("unreachable")
 
@@ -197,9 +197,10 @@ class HAClient:
             raw = await connection.receive_exactly(ha.TRANSFER_HEADER.size, read_ahead=False)
             watchdog.feed()
             header = ha.decode_transfer_header(raw, size_max=config.ha_frame_size_max)
-            local_end = store.commit_log.max_wrote_offset
-            if store.commit_log.mapped_file_queue.last is not None and header.offset != local_end:
-                raise wire.ProtocolError(f"master pushed offset {header.offset} but the local log ends at {local_end}")
+            log_started = store.commit_log.mapped_file_queue.last is not None
+            refusal = offset_refusal(header.offset, log_end=store.commit_log.max_wrote_offset, log_started=log_started)
+            if refusal is not None:
+                raise wire.ProtocolError(refusal)
             if header.size == 0:
                 continue  # heartbeat; our heartbeat task reports
             last = store.commit_log.mapped_file_queue.last
@@ -207,8 +208,9 @@ class HAClient:
                 room = await trio.to_thread.run_sync(store.commit_log.prepare_replication, header.offset)
             else:
                 room = last.remaining
-            if header.size > room:
-                raise wire.ProtocolError(f"frame of {header.size} bytes at {header.offset} crosses a segment boundary")
+            refusal = room_refusal(header.offset, header.size, room=room)
+            if refusal is not None:
+                raise wire.ProtocolError(refusal)
             if header.size >= SPLICE_FRAME_MIN and pipe is not None and connection.can_splice:
                 offset, remaining = header.offset, header.size
                 while remaining:

@@ -230,7 +230,7 @@ async def test_a_flushing_slave_reports_only_what_it_has_flushed():
                         truncation_locks=(), after_appends=lambda: None)  # fmt: skip
 
     client = client_of(True)
-    client._flushed = 3000
+    client._reports.flushed_to(3000)
     sent = _Sent()
     await client._report(sent)
     assert ha.REPORT.unpack(sent.data) == (3000,)

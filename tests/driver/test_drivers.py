@@ -121,9 +121,16 @@ async def test_a_waiter_due_before_the_timers_next_look_wakes_it_and_only_such_a
 class _Outbox:
     def __init__(self):
         self.answers = []
+        self.answered = trio.Event()  # set by every answer
 
     def respond(self, frame, payload):
         self.answers.append((frame.request_id, cp.decode_send_response(payload).status))
+        self.answered.set()
+        self.answered = trio.Event()
+
+    async def wait_answers(self, count):
+        while len(self.answers) < count:
+            await self.answered.wait()
 
     def flush(self):
         pass
@@ -143,7 +150,7 @@ async def test_stored_puts_are_answered_when_their_last_wait_ends(tmp_path):
         nursery.start_soon(broker.put_service.waiter_timer_task)
         nursery.start_soon(broker.store_tasks.group_commit_task, broker.put_service)
         frames = [cp.Frame(cp.SEND, i, b"") for i in (1, 2)]
-        broker.put_service._respond_when_safe([((outbox, frame), broker.put_service.append(send_request(b"m%d" % frame.request_id))) for frame in frames])
+        broker.put_service.put_items([(outbox, frame, send_request(b"m%d" % frame.request_id)) for frame in frames])
         with trio.fail_after(10):  # the group commit's fdatasync, in a worker thread
             while broker.store.commit_log.flushed_offset < broker.store.commit_log.max_offset:
                 await trio.sleep(0.01)
@@ -158,10 +165,9 @@ async def test_stored_puts_are_answered_when_their_last_wait_ends(tmp_path):
 
         late = cp.Frame(cp.SEND, 3, b"")
         started = trio.current_time()
-        broker.put_service._respond_when_safe([((outbox, late), broker.put_service.append(send_request(b"nobody acks this")))])
+        broker.put_service.put_items([(outbox, late, send_request(b"nobody acks this"))])
         with trio.fail_after(10):
-            while len(outbox.answers) < 3:
-                await trio.sleep(0.05)
+            await outbox.wait_answers(3)  # from the timer, at slave_timeout
         assert outbox.answers[2] == (3, "FLUSH_SLAVE_TIMEOUT") and trio.current_time() - started >= 0.3
         nursery.cancel_scope.cancel()
     broker.store.close()

@@ -7,8 +7,9 @@ The rule, precisely:
 2. The pure packages (``hasvc.state``, ``hasvc.protocol``) import, besides the standard library,
    only ``commitlog``, ``hasvc.config`` and each other; and none of ``NOT_PURE_MODULES`` (the
    above plus threads, processes, signals, the clock and entropy: ``time``, ``datetime``,
-   ``random``, ``secrets``). Entropy from ``os`` (``os.urandom``, ``os.getrandom``) is read
-   only at the sites in ``ALLOWED_ENTROPY``.
+   ``secrets``). ``random`` is imported only for the type of an rng passed in: no use of its
+   module-level (unseeded, shared) generator, no ``random.Random()`` without a seed. Entropy from
+   ``os`` (``os.urandom``, ``os.getrandom``) is read only at the sites in ``ALLOWED_ENTROPY``.
 3. ``commitlog`` reads the clock (``time.time``, ``time.monotonic``, ... ``datetime.now``) only in
    the functions of ``ALLOWED_CLOCK_READS``, each with its reason; new ones take the clock as an
    argument instead.
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NO_IO_MODULES = frozenset({"trio", "socket", "ssl", "select", "selectors", "asyncio"})
 NOT_PURE_MODULES = NO_IO_MODULES | frozenset(
     {"threading", "_thread", "subprocess", "multiprocessing", "concurrent", "signal",
-     "time", "datetime", "random", "secrets"}
+     "time", "datetime", "secrets"}
 )  # fmt: skip
 PURE_PACKAGES = ("hasvc.state", "hasvc.protocol")
 PURE_MAY_IMPORT = ("commitlog", "hasvc.config", *PURE_PACKAGES)
@@ -71,6 +72,7 @@ class _Reader(ast.NodeVisitor):
         self.package = module if is_package else module.rpartition(".")[0]
         self.imports: list[tuple[str, int]] = []
         self.calls: list[tuple[str, str, int]] = []
+        self.random_uses: list[tuple[str, int]] = []  # random.X read, or random.Random() without a seed
         self.scope: list[str] = []
 
     def visit_Import(self, node: ast.Import) -> None:
@@ -96,6 +98,13 @@ class _Reader(ast.NodeVisitor):
         dotted = _dotted(node.func)
         if dotted:
             self.calls.append((dotted, ".".join(self.scope) or "<module>", node.lineno))
+        if dotted in ("random.Random", "Random") and not node.args and not node.keywords:
+            self.random_uses.append(("random.Random()", node.lineno))
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if isinstance(node.value, ast.Name) and node.value.id == "random" and node.attr != "Random":
+            self.random_uses.append((f"random.{node.attr}", node.lineno))
         self.generic_visit(node)
 
 
@@ -143,8 +152,12 @@ def violations(module: str, reader: _Reader) -> list[str]:
         if _within(module, ("hasvc.spark",)) and (_top(name) == "trio" or (
                 _top(name) == "hasvc" and not _within(name, ("hasvc.spark",)))):  # fmt: skip
             found.append(f"{where}: Spark's executors import no trio and no hasvc beyond hasvc.spark")
+        if pure and name.startswith("random.") and name != "random.Random":
+            found.append(f"{where}: a pure package takes its rng as an argument (random.Random for its type only)")
         if name in ENTROPY_CALLS and (pure or _within(module, ("commitlog",))):
             found.append(f"{where}: a pure package takes randomness as an argument")
+    for use, line in reader.random_uses if pure else ():
+        found.append(f"{module}:{line} uses {use}: a pure package takes its rng as an argument")
     for call, function, line in reader.calls:
         where = f"{module}:{line} {function} calls {call}"
         clock_allowed = (module, function) in ALLOWED_CLOCK_READS or (module, "*") in ALLOWED_CLOCK_READS
@@ -185,6 +198,9 @@ def test_the_rule_catches_each_kind_of_violation():
         ("commitlog.x", "import time\ndef f():\n    return time.monotonic()\n"): "takes the time as an argument",
         ("hasvc.state.x", "import time\n"): "takes time and randomness",
         ("hasvc.state.x", "from secrets import randbelow\n"): "takes time and randomness",
+        ("hasvc.state.x", "import random\nrandom.shuffle([])\n"): "takes its rng as an argument",
+        ("hasvc.state.x", "from random import choice\n"): "takes its rng as an argument",
+        ("hasvc.state.x", "import random\nrng = random.Random()\n"): "takes its rng as an argument",
         ("hasvc.state.x", "import os\nos.urandom(4)\n"): "randomness as an argument",
         ("hasvc.protocol.x", "from os import getrandom\n"): "randomness as an argument",
         ("hasvc.protocol.x", "from hasvc import transport\n"): "only the standard library",
@@ -198,6 +214,8 @@ def test_the_rule_catches_each_kind_of_violation():
         problems = violations(module, read(module, source))
         assert any(reason in problem for problem in problems), (module, source, problems)
     assert not violations("hasvc.state.x", read("hasvc.state.x", "import dataclasses\nfrom commitlog import epoch\n"))
+    rng_argument = "import random\ndef step(rng: random.Random, seed: int):\n    return rng.random(), random.Random(seed)\n"
+    assert not violations("hasvc.state.x", read("hasvc.state.x", rng_argument))
     assert not violations("hasvc.cli.x", read("hasvc.cli.x", "from hasvc.tools import drill\n"))
 
 

@@ -16,6 +16,7 @@ only through the ``Replicator`` (``hasvc.replicator``); the HA drivers get the p
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ from hasvc import transport
 from hasvc.broker.client_port import ClientPort, serve_listener
 from hasvc.broker.ha_master import HAService
 from hasvc.broker.ha_slave import HAClient
-from hasvc.broker.metrics import serve_metrics
+from hasvc.broker.metrics import BrokerMetrics, serve_metrics
 from hasvc.broker.put_service import PutService, rebuild_producer_table
 from hasvc.broker.store_tasks import StoreTasks
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
@@ -62,7 +63,8 @@ class Broker:
         self._ha_service_scope: trio.CancelScope | None = None
         self.ha_service: HAService | None = None  # a master's HAService, for pushing appends to its slaves
         self.started_at = time.time()  # wall clock, for the status's uptime
-        self.metrics = None
+        self.metrics: BrokerMetrics | None = None
+        self.metrics_address: Address | None = None
 
     def attach_store(self, store: MessageStore) -> None:
         """Make the drivers over an open store."""
@@ -106,7 +108,9 @@ class Broker:
                 nursery.start_soon(self.put_service.waiter_timer_task)
                 self.store_tasks.start(nursery, self.put_service)
                 if self.config.metrics_listen is not None:
-                    await nursery.start(serve_metrics, self)
+                    self.metrics, self.metrics_address = await nursery.start(functools.partial(
+                        serve_metrics, self.config.metrics_listen, store=self.store, replicas=self.replicas, role=self.role_state
+                    ))  # fmt: skip
                     self.put_service.metrics = self.metrics
                 task_status.started(self.addresses())
                 LOGGER.info("ready: %s", json.dumps(self.addresses()))

@@ -11,12 +11,22 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from commitlog.store import MessageStore
+from hasvc.state.replication import ReplicaSet
+from hasvc.state.role import RoleState
+
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class BrokerMetrics:
-    def __init__(self, broker, registry: CollectorRegistry, clock: trio.abc.Clock):
-        self.broker = broker
+    """The metrics of one broker: what it needs is passed in (the open store, the replica set,
+    the role), read when scraped."""
+
+    def __init__(self, *, store: MessageStore, replicas: ReplicaSet, role: RoleState, registry: CollectorRegistry,
+                 clock: trio.abc.Clock) -> None:  # fmt: skip
+        self.store = store
+        self.replicas = replicas
+        self.role = role
         # The broker's one clock (the replica set's times come from it), read from the scrape
         # thread: trio's clocks compute their time and may be read from any thread.
         self.clock = clock
@@ -40,26 +50,23 @@ class BrokerMetrics:
             histogram.observe(seconds)
 
     def collect(self):
-        broker = self.broker
-        store = broker.store
-        if store is None:
-            return
+        store, replicas = self.store, self.replicas
         log = store.commit_log
         for name, value, text in (
             ("hasvc_max_offset", log.max_offset, "End of the readable commit log"),
             ("hasvc_min_offset", log.min_offset, "Oldest retained commit log offset"),
             ("hasvc_flushed_offset", log.flushed_offset, "Commit log offset known flushed"),
             ("hasvc_dispatched_offset", store.reput_from_offset, "Commit log offset indexed in consume queues"),
-            ("hasvc_slave_connections", len(broker.replicas.slaves), "Connected slaves"),
-            ("hasvc_master_connected", int(broker.role_state.master_connected), "Slave: connected to its master"),
+            ("hasvc_slave_connections", len(replicas.slaves), "Connected slaves"),
+            ("hasvc_master_connected", int(self.role.master_connected), "Slave: connected to its master"),
         ):
             yield GaugeMetricFamily(name, text, value=value)
         ack = GaugeMetricFamily("hasvc_slave_ack_offset", "Offset each slave acknowledged", labels=["slave"])
         lag = GaugeMetricFamily("hasvc_slave_lag_bytes", "Bytes each slave is behind", labels=["slave"])
         lag_seconds = GaugeMetricFamily("hasvc_slave_lag_seconds", "Seconds since each slave was caught up", labels=["slave"])
         now = self.clock.current_time()
-        for progress in list(broker.replicas.slaves.values()):
-            behind, seconds = broker.replicas.lag(progress, master_max_offset=log.max_offset, now=now)
+        for progress in list(replicas.slaves.values()):
+            behind, seconds = replicas.lag(progress, master_max_offset=log.max_offset, now=now)
             ack.add_metric([progress.slave_id], progress.ack_offset)
             lag.add_metric([progress.slave_id], behind)
             lag_seconds.add_metric([progress.slave_id], seconds)
@@ -68,13 +75,15 @@ class BrokerMetrics:
         yield lag_seconds
 
 
-async def serve_metrics(broker, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_metrics(address: tuple[str, int], *, store: MessageStore, replicas: ReplicaSet, role: RoleState,
+                        task_status=trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
+    """Serve the metrics on ``address`` until cancelled; ``task_status.started`` gets
+    (the BrokerMetrics the put path updates, the address served)."""
     registry = CollectorRegistry()
-    broker.metrics = BrokerMetrics(broker, registry, trio.lowlevel.current_clock())
-    host, port = broker.config.metrics_listen
+    metrics = BrokerMetrics(store=store, replicas=replicas, role=role, registry=registry, clock=trio.lowlevel.current_clock())
+    host, port = address
     server, thread = start_http_server(port, addr=host, registry=registry)
-    broker.metrics_address = server.server_address[:2]
-    task_status.started()
+    task_status.started((metrics, server.server_address[:2]))
     try:
         await trio.sleep_forever()
     finally:

@@ -238,7 +238,7 @@ def test_cli_audit_exits_1_on_divergence_under_spark_submit(store, tmp_path):
     hasvc = os.path.join(os.path.dirname(sys.executable), "hasvc")
     subprocess.run([hasvc, "spark", "pyfiles", pyfiles], check=True, capture_output=True)
     submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above tests/spark/
     done = subprocess.run(
         [submit, "--master", "local[2]", "--py-files", pyfiles, os.path.join(root, "scripts", "spark_audit.py"), path, tampered],
         env=spark_env(), capture_output=True, text=True, timeout=300,

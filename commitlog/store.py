@@ -111,6 +111,7 @@ class MessageStore:
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
         self._lock: StoreLock | None = None
         self._disk_checked_at = float("-inf")
+        self._disk_check_interval_seconds = config.disk_check_interval_seconds  # read on every append
         self._disk_used_ratio = 0.0
         self._opened = False
 
@@ -283,7 +284,7 @@ class MessageStore:
 
     def disk_full(self) -> bool:
         now = time.monotonic()
-        if now - self._disk_checked_at >= self.config.disk_check_interval_seconds:
+        if now - self._disk_checked_at >= self._disk_check_interval_seconds:
             self._disk_checked_at = now
             self._disk_used_ratio = disk_used_ratio(self.path)
         return self._disk_used_ratio > self.config.disk_max_used_space_ratio

@@ -27,6 +27,7 @@ import dataclasses
 from collections.abc import Callable
 
 from commitlog.record import PutMessageStatus
+from hasvc.config import BrokerRole
 from hasvc.state.replication import Admission
 from hasvc.state.role import RoleState
 
@@ -82,11 +83,12 @@ class PutTracker:
         return None
 
     def waits_for_acks(self, role: RoleState) -> bool:
-        return role.sync_master and self.in_sync_replicas > 0
+        return self.in_sync_replicas > 0 and role.role is BrokerRole.SYNC_MASTER
 
     def must_wait(self, role: RoleState) -> bool:
-        """Whether a stored put waits at all (else it is answered at once)."""
-        return self.sync_flush or self.waits_for_acks(role)
+        """Whether a stored put waits at all (else it is answered at once). Twice per pass of
+        puts: ``waits_for_acks`` is written out, not called."""
+        return self.sync_flush or (self.in_sync_replicas > 0 and role.role is BrokerRole.SYNC_MASTER)
 
     def plan(self, next_offset: int, *, role: RoleState, replicated_to: int, admit: Callable[[], Admission]) -> WaitPlan:
         """Step 3 for a put whose records end at ``next_offset``. ``replicated_to``: the offset

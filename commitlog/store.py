@@ -111,7 +111,7 @@ class MessageStore:
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
         self._lock: StoreLock | None = None
         self._disk_checked_at = float("-inf")
-        self._disk_check_interval_seconds = config.disk_check_interval_seconds  # read on every append
+        self._disk_check_interval_seconds = self.config.disk_check_interval_seconds  # read on every append
         self._disk_used_ratio = 0.0
         self._opened = False
 

@@ -153,7 +153,7 @@ async def test_stored_puts_are_answered_when_their_last_wait_ends(tmp_path):
         broker.put_service.put_items([(outbox, frame, send_request(b"m%d" % frame.request_id)) for frame in frames])
         with trio.fail_after(10):  # the group commit's fdatasync, in a worker thread
             while broker.store.commit_log.flushed_offset < broker.store.commit_log.max_offset:
-                await trio.sleep(0.01)
+                await broker.store_tasks.new_data.wait(10)  # notified after every group commit
         await trio.testing.wait_all_tasks_blocked()
         assert outbox.answers == []  # flushed, but no slave has it yet
         end = broker.store.commit_log.max_offset

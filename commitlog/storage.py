@@ -10,9 +10,9 @@ offsets; ``segment_size`` fixes where frames must stop.
 Invariants every implementation keeps: ``min_offset <= max_offset <= max_wrote_offset`` and
 ``flushed_offset <= max_wrote_offset``; the ends never decrease except by ``truncate``.
 
-``commitlog.commit_log.CommitLog`` satisfies it (``tests/unit/test_log_storage.py`` checks the
-contract); an in-memory log that loses what was not flushed when it crashes satisfies it too, so
-the replication cores can run in a simulator.
+``commitlog.commit_log.CommitLog`` satisfies it, and so does ``commitlog.memory_log.MemoryLog``,
+an in-memory twin that loses what was not flushed when it crashes, so the replication cores can
+run in a simulator; ``tests/unit/test_log_storage.py`` runs one contract test against both.
 """
 
 from __future__ import annotations

@@ -765,10 +765,18 @@ class Broker:
                     max_gap=self.config.ha_max_gap_not_in_sync, replicas=self.config.in_sync_replicas,
                 )  # fmt: skip
                 if admission is Admission.SLAVE_NOT_AVAILABLE:
-                    status, reason = rec.PutMessageStatus.SLAVE_NOT_AVAILABLE, "stored on the master only: no slave connected or close enough to wait for"
+                    status, reason = rec.PutMessageStatus.SLAVE_NOT_AVAILABLE, self._not_available_reason(next_offset)
                 else:
                     ack_wait = self._wait_for(self._ack_waiters, next_offset, self.config.slave_timeout_ms, callback)
         return status, reason, flush_wait, ack_wait
+
+    def _not_available_reason(self, next_offset: int) -> str:
+        """SLAVE_NOT_AVAILABLE's reason: how many in-sync slaves were needed, how many there were."""
+        gap = self.config.ha_max_gap_not_in_sync
+        ready = self.replicas.ready_count(next_offset=next_offset, max_gap=gap)
+        return (f"stored on the master only: in_sync_replicas {self.config.in_sync_replicas} slave(s) needed within "
+                f"ha_max_gap_not_in_sync {gap} bytes of the put's end {next_offset}, {ready} there "
+                f"({len(self.replicas.slaves)} connected)")  # fmt: skip
 
     @staticmethod
     def _final_status(status, reason: str, flush_wait: _Wait | None, ack_wait: _Wait | None) -> tuple:
@@ -783,9 +791,9 @@ class Broker:
         if self.metrics:
             self.metrics.put_done(appended.status.name, time.perf_counter() - started)
         result = appended.result
-        offsets = list(result.offsets) if result is not None else []
-        queue_offsets = list(result.queue_offsets) if result is not None else []
-        return cp.SendResponse(appended.status.name, appended.reason, appended.queue_id, offsets, queue_offsets)
+        if result is None:  # nothing stored: queue id -1 and no offsets, whatever the status
+            return cp.SendResponse(appended.status.name, appended.reason, -1, [], [])
+        return cp.SendResponse(appended.status.name, appended.reason, appended.queue_id, list(result.offsets), list(result.queue_offsets))
 
     def _wait_for(self, waiters: OffsetWaiters, offset: int, timeout_ms: int, callback=None) -> _Wait:
         wait = _Wait(callback)
@@ -847,7 +855,7 @@ class Broker:
             slaves.append({
                 "address": progress.address, "slave_id": progress.slave_id, "ack_offset": progress.ack_offset,
                 "lag_bytes": lag_bytes, "lag_seconds": round(lag_seconds, 3),
-                "connected_since": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(progress.connected_since)),
+                "connected_since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(progress.connected_since)),  # UTC
             })  # fmt: skip
         status = {
             **self.addresses(),

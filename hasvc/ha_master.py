@@ -43,6 +43,9 @@ from hasvc.replication import ReplicationViolation, SlaveProgress
 
 LOGGER = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
+# A refusal's reason in MASTER_HELLO is cut to this many characters (at most 4 bytes each: with
+# 1000 epoch entries the frame stays under ha.HANDSHAKE_SIZE_MAX); the log keeps it whole.
+REFUSAL_REASON_CHARS_MAX = 4096
 # What ends one HA connection (logged once, that connection closed); anything else is our bug.
 CONNECTION_ERRORS = (
     transport.AuthenticationError, ReplicationViolation, wire.ProtocolError, trio.BrokenResourceError,
@@ -66,7 +69,8 @@ class HAService:
             hello = await self._handshake(connection)
             if hello is None:
                 return
-            progress = SlaveProgress(connection_id, hello.slave_id, hello.client_address or connection.peer, time.time())
+            progress = SlaveProgress(connection_id, hello.slave_id, hello.client_address or connection.peer, time.time(),
+                                     caught_up_at=time.monotonic())  # lag counts from here until it catches up
             broker.replicas.add(progress)
             LOGGER.info("slave %s (%s) connected from %s, its log ends at %d", hello.slave_id, progress.address, connection.peer, hello.max_offset)
             try:
@@ -92,13 +96,17 @@ class HAService:
     async def _handshake(self, connection) -> ha.SlaveHello | None:
         store = self.broker.store
         buffer = wire.Buffer(size_max=ha.HANDSHAKE_SIZE_MAX + 4)
-        with trio.fail_after(HANDSHAKE_TIMEOUT_SECONDS):
-            while (body := ha.take_handshake_frame(buffer)) is None:
-                data = await connection.receive_some()
-                if not data:
-                    raise EOFError("slave closed during the handshake")
-                buffer.feed(data)
-        hello = ha.decode_slave_hello(body)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_SECONDS):
+                while (body := ha.take_handshake_frame(buffer)) is None:  # the length is checked first
+                    data = await connection.receive_some()
+                    if not data:
+                        raise EOFError("slave closed during the handshake")
+                    buffer.feed(data)
+            hello = ha.decode_slave_hello(body)
+        except wire.ProtocolError as error:  # refused with the reason, as every other refusal
+            await self._refuse(connection, f"bad SLAVE_HELLO: {error}")
+            raise
         max_offset, min_offset = store.commit_log.max_offset, store.commit_log.min_offset
         slave_epoch = hello.epochs[-1][0] if hello.epochs else 0
         slave_entries = [EpochEntry(e, s) for e, s in hello.epochs]
@@ -118,19 +126,35 @@ class HAService:
         elif 0 < hello.max_offset < min_offset:
             reason = (f"the slave's log ends at {hello.max_offset} but the master's oldest retained offset is "
                       f"{min_offset}: clear the slave's store to resynchronise")  # fmt: skip
-        status = ha.STATUS_REFUSED if reason else ha.STATUS_OK
-        await connection.send_all(
-            ha.encode_master_hello(ha.MasterHello(
-                status, max_offset, min_offset, store.commit_log.segment_size,
-                tuple((e.epoch, e.start_offset) for e in store.epochs.entries), reason,
-            ))  # fmt: skip
-        )
+        await self._answer_hello(connection, reason)
         if reason:
             LOGGER.warning("refused slave %s from %s: %s", hello.slave_id, connection.peer, reason)
             return None
         if len(buffer):
             raise wire.ProtocolError("slave sent data before the handshake was answered")
         return hello
+
+    async def _answer_hello(self, connection, reason: str) -> None:
+        """MASTER_HELLO: accepted when ``reason`` is empty, else refused with it (cut to
+        ``REFUSAL_REASON_CHARS_MAX``: two 1000-entry histories quoted would not fit the frame)."""
+        store = self.broker.store
+        if len(reason) > REFUSAL_REASON_CHARS_MAX:
+            reason = reason[: REFUSAL_REASON_CHARS_MAX - 3] + "..."
+        await connection.send_all(
+            ha.encode_master_hello(ha.MasterHello(
+                ha.STATUS_REFUSED if reason else ha.STATUS_OK, store.commit_log.max_offset, store.commit_log.min_offset,
+                store.commit_log.segment_size, tuple((e.epoch, e.start_offset) for e in store.epochs.entries), reason,
+            ))  # fmt: skip
+        )
+
+    async def _refuse(self, connection, reason: str) -> None:
+        """Answer a hello that could not be read with a refusal naming why (best effort: the
+        connection closes after it either way)."""
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_SECONDS):
+            try:
+                await self._answer_hello(connection, reason)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
     async def _read_reports(self, connection, progress: SlaveProgress, first_report: trio.Event, watchdog) -> None:
         broker = self.broker

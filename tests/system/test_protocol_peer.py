@@ -279,3 +279,107 @@ def test_an_unreadable_slave_hello_gets_a_refusal_with_the_reason(cluster, hello
     sock.close()
     with hc.BlockingClient(master.address) as client:
         assert client.send("T", b"still serving").ok
+
+
+# -- not yet covered by the peer: PULL, PROMOTE/DEMOTE, SEND_IDEMPOTENT, a slave below the oldest byte
+
+
+def pull_raw(sock: socket.socket, topic: str, queue_id: int, offset: int, count: int) -> cp.PullResponse:
+    return cp.decode_pull_response(request(sock, cp.PULL, cp.encode_pull(cp.PullRequest(topic, queue_id, offset, count))))
+
+
+def test_pull_statuses_offsets_and_the_byte_bound(cluster):
+    master = cluster.start_master(role="async")
+    sock = raw_connect(master.address)
+    preface(sock)
+    for _ in range(15):
+        assert send_raw(sock, "Big", 1, b"b" * 300_000).status == "PUT_OK"
+    wait_until(lambda: status(master)["dispatched_offset"] == status(master)["max_offset"], message="dispatched")
+    first = pull_raw(sock, "Big", 1, 0, 100)
+    sizes = [len(r) for r in first.records]
+    assert first.status == "OK" and first.max_queue_offset == 15
+    assert sum(sizes) <= 4 * 1024 * 1024 < sum(sizes) + sizes[0] and first.next_queue_offset == len(sizes) < 15
+    rest = pull_raw(sock, "Big", 1, first.next_queue_offset, 100)
+    assert (rest.status, rest.next_queue_offset, len(rest.records)) == ("OK", 15, 15 - len(sizes))
+    at_end = pull_raw(sock, "Big", 1, 15, 100)
+    assert (at_end.status, at_end.next_queue_offset, at_end.max_queue_offset, at_end.records) == ("OK", 15, 15, [])
+    beyond = pull_raw(sock, "Big", 1, 16, 100)
+    assert (beyond.status, beyond.next_queue_offset, beyond.max_queue_offset, beyond.records) == ("OFFSET_ILLEGAL", 16, 15, [])
+    missing = pull_raw(sock, "Big", 2, 0, 100)
+    assert (missing.status, missing.next_queue_offset, missing.max_queue_offset, missing.records) == ("NOT_FOUND", 0, 0, [])
+    garbled = request(sock, cp.PULL, b"\x00")
+    assert cp.Reader(garbled).text() == "ERROR" and len(garbled) == 2 + 5 + 2 + len("payload ends in the middle of a field")
+    sock.close()
+
+
+def role_request(sock: socket.socket, kind: int, payload: bytes) -> tuple[str, str, bytes]:
+    return cp.decode_status_response(request(sock, kind, payload))
+
+
+def test_promote_and_demote_refusals_change_nothing(cluster):
+    master = cluster.start_master(role="async")
+    slave = cluster.start_slave(master.ha_address)
+    to_slave, to_master = raw_connect(slave.address), raw_connect(master.address)
+    preface(to_slave)
+    preface(to_master)
+    for payload in (b"", b"\x02", b"\x01\x00"):
+        state, reason, blob = role_request(to_slave, cp.PROMOTE, payload)
+        assert (state, blob) == ("ERROR", b"") and reason.startswith("PROMOTE payload must be one byte, 0 (ASYNC_MASTER) or 1")
+    assert role_request(to_master, cp.PROMOTE, b"\x01") == ("ERROR", "already ASYNC_MASTER", b"")
+    assert role_request(to_slave, cp.DEMOTE, cp.encode_demote(master.ha_address)) == ("ERROR", "already a slave", b"")
+    assert role_request(to_master, cp.DEMOTE, cp.encode_demote("nowhere")) == ("ERROR", "address 'nowhere' is not HOST:PORT", b"")
+    assert (status(master)["role"], status(slave)["role"]) == ("ASYNC_MASTER", "SLAVE")
+    wait_until(lambda: status(slave)["master_connected"], message="the slave still replicates")
+    to_slave.close()
+    to_master.close()
+
+
+def send_idempotent_raw(sock, producer_id: str, first: int, bodies: list[bytes], queue_id: int = 2, properties: bytes = b"") -> cp.SendResponse:
+    payload = cp.encode_send(cp.SendRequest("Idem", queue_id, bodies, [properties] * len(bodies), 0, 0, producer_id, first))
+    return cp.decode_send_response(request(sock, cp.SEND_IDEMPOTENT, payload))
+
+
+def test_send_idempotent_on_the_wire(cluster):
+    master = cluster.start_master(role="async")
+    sock = raw_connect(master.address)
+    preface(sock)
+    stored = send_idempotent_raw(sock, "p1", 0, [b"a", b"b"], properties=b"TAGS\x01t\x02")
+    assert (stored.status, stored.queue_id, len(stored.offsets)) == ("PUT_OK", 2, 2)
+    state, _, _, record = cp.decode_read_response(request(sock, cp.READ, struct.pack(">qI", stored.offsets[1], 4096)))
+    assert state == "OK" and b"TAGS\x01t\x02HASVC_PRODUCER_ID\x01p1\x02HASVC_PRODUCER_SEQ\x011\x02" in record
+    retry = send_idempotent_raw(sock, "p1", 0, [b"other", b"bodies"], queue_id=3)  # not compared: a retry
+    assert (retry.status, retry.queue_id, retry.offsets, retry.queue_offsets) == ("PUT_OK", 2, stored.offsets, stored.queue_offsets)
+    partial = send_idempotent_raw(sock, "p1", 1, [b"b", b"c"])
+    assert (partial.status, partial.queue_id, partial.offsets) == ("MESSAGE_ILLEGAL", -1, [])
+    assert "overlap an earlier send only in part" in partial.reason
+    assert send_idempotent_raw(sock, "p1", 5000, [b"far"]).status == "PUT_OK"  # a gap is allowed
+    old = send_idempotent_raw(sock, "p1", 900, [b"old"])  # 900 < 5000 - 4096 + 1
+    assert (old.status, old.queue_id) == ("MESSAGE_ILLEGAL", -1) and "cannot tell a retry from a new message" in old.reason
+    assert status(master)["duplicate_sends"] == 1
+    sock.close()
+
+
+def test_a_slave_whose_log_ends_below_the_masters_oldest_byte_is_refused_and_an_empty_one_starts_there(cluster):
+    from commitlog.config import StoreConfig
+    from commitlog.store import MessageStore
+    from commitlog import record as rec
+
+    with MessageStore.open(cluster.store("master"), StoreConfig(commitlog_segment_size=SEGMENT)) as store:
+        for i in range(40):
+            store.append_batch(rec.MessageBatch("T", [b"%d" % i + b"x" * 100_000], queue_id=0))
+    segments = sorted(os.listdir(os.path.join(cluster.store("master"), "commitlog")))
+    assert len(segments) >= 3
+    os.remove(os.path.join(cluster.store("master"), "commitlog", segments[0]))  # as retention would
+    master = cluster.start_master(role="async")
+    oldest = status(master)["min_offset"]
+    assert oldest == SEGMENT
+    sock = raw_connect(master.ha_address)
+    preface(sock)
+    sock.sendall(ha.encode_slave_hello(ha.SlaveHello("behind", "127.0.0.1:1", 1000)))
+    answer = read_master_hello(sock)
+    assert (answer.status, answer.min_offset) == (ha.STATUS_REFUSED, SEGMENT)
+    assert answer.reason == f"the slave's log ends at 1000 but the master's oldest retained offset is {SEGMENT}: clear the slave's store to resynchronise"
+    sock.close()
+    slave = cluster.start_slave(master.ha_address)
+    wait_until(lambda: status(slave)["max_offset"] == status(master)["max_offset"], message="the empty slave caught up")
+    assert status(slave)["min_offset"] == SEGMENT

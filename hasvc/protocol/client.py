@@ -19,7 +19,7 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
     kind 3 READ    request : i64 offset | u32 size max
                    response: status | reason | i64 offset | blob-32 (log bytes from offset)
     kind 4 STATUS  request : (empty)
-                   response: status | reason | blob-32 (a JSON object, see README)
+                   response: status | reason | blob-32 (a JSON object, docs/PROTOCOL.md §2)
     kind 5 PROMOTE request : u8 role (1 SYNC_MASTER, 0 ASYNC_MASTER)
                    response: status | reason | blob-32 (the STATUS JSON after the change)
     kind 6 DEMOTE  request : string new master's HA address (HOST:PORT)

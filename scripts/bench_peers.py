@@ -16,6 +16,11 @@ Every point writes 1 KiB payloads at 1, 16 and 64 concurrent writers for ``durat
   slave flushing before it acknowledges.
 - hasvc ASYNC_MASTER for reference (a write returns before any slave has it).
 
+The runs of points compared with each other alternate (peer, hasvc, hasvc, peer, ...; at one
+writer the trio relay floor too; at 16 and 64 writers hasvc with a connection per writer too),
+so that each ratio compares the same minutes of a machine others share. Every load generator's
+CPU is reported beside its figure, and a WARNING names any at or above 70 % of one core.
+
 Ceilings measured in the same run: loopback TCP (1 MiB ``send``, ``os.sendfile``) and a minimal
 trio request/reply (16-byte request, 16-byte reply) at 1 and 64 connections, and the trio relay
 floor: one writer's 1 KiB request through a trio "master" and a trio "slave" that do nothing but
@@ -26,6 +31,7 @@ process involved is read from /proc. Every process started is stopped by its PID
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 
 import trio
 
@@ -519,9 +526,9 @@ def report_tables(results: dict) -> list[str]:
         lines += ["", f"Every load generator stayed below {LOAD_GENERATOR_CPU_MAX:.0f} % of one core at every point (medians; "
                   "the CPU column below)."]  # fmt: skip
     lines += ["", "## Every point", "", "| system | writers | acked/s | p50 / p99 ms | CPU % |", "|---|---:|---:|---:|---|"]
-    for name, point in results.items():
-        if "@" not in name or name.startswith("trio"):
-            continue
+    systems = list(dict.fromkeys(name.rsplit(" @", 1)[0] for name in results if "@" in name and not name.startswith("trio")))
+    for name, point in sorted(((name, point) for name, point in results.items() if "@" in name and not name.startswith("trio")),
+                              key=lambda item: (systems.index(item[0].rsplit(" @", 1)[0]), int(item[0].rsplit(" @", 1)[1]))):  # fmt: skip
         system, n = name.rsplit(" @", 1)
         lines.append(f"| {system} | {n} | {fmt_rate(point)} | {fmt_latency(point) if 'p50_us' in point else '–'} | {fmt_cpu(point)} |")
     lines += ["", "## Ceilings of this machine (same run)", "", "| measure | result |", "|---|---:|"]
@@ -691,17 +698,23 @@ def main() -> int:
         if args.json:
             write_json(results, args.json, settings, versions, status)
 
-    def point(name: str, measure) -> None:
-        runs = [measure() for _ in range(args.runs)]
-        results[name] = summarize(runs)
-        p = results[name]
-        print(f"{name:<52} {fmt_rate(p):>28} acked/s  p50/p99 {fmt_latency(p)} ms  cpu {fmt_cpu(p)}", flush=True)
-        if overloaded_generators({name: p}):
-            print(f"WARNING: {name}: the load generator used {generator_cpu(p):.0f} % of a core (>= {LOAD_GENERATOR_CPU_MAX:.0f} %)", flush=True)
+    def points(measures: list[tuple[str, Callable[[], dict]]]) -> None:
+        """The runs of points compared with each other, alternating (A B, B A, A B, ...): on a
+        machine whose other load comes and goes, a ratio is only as good as the two sides'
+        sharing the same minutes."""
+        runs: dict[str, list[dict]] = {name: [] for name, _ in measures}
+        for index in range(args.runs):
+            for name, measure in measures if index % 2 == 0 else measures[::-1]:
+                runs[name].append(measure())
+        for name, _ in measures:
+            results[name] = p = summarize(runs[name])
+            print(f"{name:<52} {fmt_rate(p):>28} acked/s  p50/p99 {fmt_latency(p)} ms  cpu {fmt_cpu(p)}", flush=True)
+            if overloaded_generators({name: p}):
+                print(f"WARNING: {name}: the load generator used {generator_cpu(p):.0f} % of a core (>= {LOAD_GENERATOR_CPU_MAX:.0f} %)", flush=True)
         publish(f"Run in progress: {len(results)} points so far; the tables fill in as they are measured.")
 
     try:
-        measure_all(args, skip, root, versions, results, point)
+        measure_all(args, skip, root, versions, results, points)
     except BaseException as error:
         publish(f"This run stopped early ({type(error).__name__}: {error}); the tables hold what it measured before that.")
         raise
@@ -721,78 +734,98 @@ def main() -> int:
     return 0
 
 
-def measure_all(args: argparse.Namespace, skip: set[str], root: str, versions: dict, results: dict, point) -> None:
-    """Every point, in order: ceilings, Redis, PostgreSQL, hasvc; ``point(name, measure)`` runs
-    and records one (and publishes the report so far)."""
+def measure_all(args: argparse.Namespace, skip: set[str], root: str, versions: dict, results: dict, points) -> None:
+    """Every point: the machine's ceilings, then each peer beside the hasvc mode that makes its
+    promise, their runs alternating (``points``), then hasvc's ASYNC_MASTER alone."""
     if "ceilings" not in skip:
-        total = 2 << 30
-        results["loopback send"] = {"bytes_per_s": statistics.median(loopback_ceiling(total)[0] for _ in range(args.runs))}
-        blob = os.path.join(root, "blob")
-        with open(blob, "wb") as file:
-            file.write(os.urandom(256 << 20))
-        results["loopback sendfile"] = {"bytes_per_s": statistics.median(loopback_ceiling(total, files=[blob])[0] for _ in range(args.runs))}
-        os.unlink(blob)
-        for name in ("loopback send", "loopback sendfile"):
-            print(f"{name:<52} {results[name]['bytes_per_s'] / 1e6:,.0f} MB/s", flush=True)
-        for n in (1, 64):
-            runs = [trio_ceiling(n, args.duration) for _ in range(args.runs)]
-            results[f"trio request/reply @{n}"] = {
-                "acked_per_second": statistics.median(r["acked_per_second"] for r in runs),
-                "cpu_percent": {k: statistics.median(r["cpu_percent"][k] for r in runs) for k in runs[0]["cpu_percent"]},
-            }  # fmt: skip
-            print(f"trio request/reply @{n:<33} {results[f'trio request/reply @{n}']['acked_per_second']:,.0f} /s", flush=True)
-        point("trio relay floor @1", lambda: trio_relay_floor(args.duration))
-    if "redis" not in skip:
-        versions["redis"] = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2].removeprefix("v=")
-        load = args.redis_load or os.path.join(root, "redis_load")
-        if args.redis_load is None:
-            subprocess.run(["cc", "-O2", "-o", load, os.path.join(ROOT, "scripts", "redis_load.c"), "-lpthread"], check=True)
-        redis = RedisPair(root)
-        try:
-            for batch, label in ((1, "redis SET+WAIT"), (BATCH, "redis 32xSET+WAIT")):
-                for n in CONCURRENCY:
-                    point(f"{label} @{n}", lambda n=n, batch=batch: redis.run(load, n, batch, args.duration, args.redis_load_threads))
-        finally:
-            redis.close()
-    if "postgres" not in skip:
-        postgres = PostgresPair(root)
-        versions["postgresql"] = postgres.sql("SHOW server_version").strip()
-        try:
-            for commit in ("remote_write", "on"):
-                for n in CONCURRENCY:
-                    point(f"postgres {commit} @{n}", lambda n=n, commit=commit: postgres.run(
-                        commit, n, args.duration, jobs=args.pgbench_jobs, protocol=args.pgbench_protocol))  # fmt: skip
-        finally:
-            postgres.close()
+        measure_ceilings(args, root, results)
+    hasvc_load = None
     if "hasvc" not in skip:
-        measure_hasvc(args, point)
+        hasvc_load = build_c_load()
+        if hasvc_load is None:
+            raise RuntimeError("scripts/hasvc_load.c cannot be built: a C compiler (cc) is needed")
 
+    def hasvc(pair: LocalPair, n: int, batch: int, connections: int = 1) -> Callable[[], dict]:
+        return lambda: hasvc_run(pair, n, batch, args.duration, hasvc_load, connections=connections)
 
-def measure_hasvc(args: argparse.Namespace, point) -> None:
-    hasvc_load = build_c_load()
-    if hasvc_load is None:
-        raise RuntimeError("scripts/hasvc_load.c cannot be built: a C compiler (cc) is needed")
-    modes = [
-        ("hasvc SYNC_MASTER, ASYNC_FLUSH", dict(role="sync", flush="async"), (1, BATCH)),
-        ("hasvc SYNC_MASTER, SYNC_FLUSH", dict(role="sync", flush="sync"), (1,)),
-        ("hasvc SYNC_MASTER, SYNC_FLUSH, slave flushes", dict(role="sync", flush="sync", slave_flush_before_ack=True), (1,)),
-        ("hasvc ASYNC_MASTER, ASYNC_FLUSH", dict(role="async", flush="async"), (1,)),
-    ]
-    for label, settings, batches in modes:
-        pair = LocalPair(**settings, settings=HASVC_SETTINGS)
-        try:
-            for batch in batches:
-                name = label if len(batches) == 1 else f"{label}, {'1 msg' if batch == 1 else f'{batch} msgs'}/request"
+    with contextlib.ExitStack() as stack:
+        redis = load = None
+        if "redis" not in skip:
+            versions["redis"] = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2].removeprefix("v=")
+            load = args.redis_load or os.path.join(root, "redis_load")
+            if args.redis_load is None:
+                subprocess.run(["cc", "-O2", "-o", load, os.path.join(ROOT, "scripts", "redis_load.c"), "-lpthread"], check=True)
+            redis = RedisPair(root)
+            stack.callback(redis.close)
+        pair = stack.enter_context(hasvc_pair(role="sync", flush="async")) if hasvc_load else None
+        label = "hasvc SYNC_MASTER, ASYNC_FLUSH"
+        for batch, peer in ((1, "redis SET+WAIT"), (BATCH, "redis 32xSET+WAIT")):
+            for n in CONCURRENCY:
+                group = []
+                if redis is not None:
+                    group.append((f"{peer} @{n}", lambda n=n, batch=batch: redis.run(load, n, batch, args.duration, args.redis_load_threads)))
+                if pair is not None:
+                    group.append((f"{label}, {'1 msg' if batch == 1 else f'{batch} msgs'}/request @{n}", hasvc(pair, n, batch)))
+                    if batch == 1 and n > 1:
+                        # Redis' load opens a connection per writer; hasvc's multiplexes. This row
+                        # shows what a connection per writer costs hasvc's master.
+                        group.append((f"{label}, a connection per writer @{n}", hasvc(pair, n, 1, connections=n)))
+                if batch == 1 and n == 1 and "ceilings" not in skip:
+                    group.append(("trio relay floor @1", lambda: trio_relay_floor(args.duration)))
+                if group:
+                    points(group)
+    with contextlib.ExitStack() as stack:
+        postgres = None
+        if "postgres" not in skip:
+            postgres = PostgresPair(root)
+            stack.callback(postgres.close)
+            versions["postgresql"] = postgres.sql("SHOW server_version").strip()
+        for commit, label, flushes in (("remote_write", "hasvc SYNC_MASTER, SYNC_FLUSH", False),
+                                       ("on", "hasvc SYNC_MASTER, SYNC_FLUSH, slave flushes", True)):  # fmt: skip
+            with contextlib.ExitStack() as inner:
+                pair = inner.enter_context(hasvc_pair(role="sync", flush="sync", slave_flush_before_ack=flushes)) if hasvc_load else None
                 for n in CONCURRENCY:
-                    point(f"{name} @{n}", lambda n=n, batch=batch, pair=pair: hasvc_run(pair, n, batch, args.duration, hasvc_load))
-            if label == "hasvc SYNC_MASTER, ASYNC_FLUSH":
-                # Redis' load opens a connection per writer; hasvc's multiplexes. This row
-                # shows what a connection per writer costs hasvc's master.
-                for n in CONCURRENCY[1:]:
-                    point(f"{label}, a connection per writer @{n}",
-                          lambda n=n, pair=pair: hasvc_run(pair, n, 1, args.duration, hasvc_load, connections=n))
-        finally:
-            pair.close()
+                    group = []
+                    if postgres is not None:
+                        group.append((f"postgres {commit} @{n}", lambda n=n, commit=commit: postgres.run(
+                            commit, n, args.duration, jobs=args.pgbench_jobs, protocol=args.pgbench_protocol)))  # fmt: skip
+                    if pair is not None:
+                        group.append((f"{label} @{n}", hasvc(pair, n, 1)))
+                    if group:
+                        points(group)
+    if hasvc_load:
+        with hasvc_pair(role="async", flush="async") as pair:
+            for n in CONCURRENCY:
+                points([(f"hasvc ASYNC_MASTER, ASYNC_FLUSH @{n}", hasvc(pair, n, 1))])
+
+
+@contextlib.contextmanager
+def hasvc_pair(**settings) -> Iterator[LocalPair]:
+    pair = LocalPair(**settings, settings=HASVC_SETTINGS)
+    try:
+        yield pair
+    finally:
+        pair.close()
+
+
+def measure_ceilings(args: argparse.Namespace, root: str, results: dict) -> None:
+    """Loopback TCP and the trio request/reply ceilings (the relay floor runs beside the one-writer points)."""
+    total = 2 << 30
+    results["loopback send"] = {"bytes_per_s": statistics.median(loopback_ceiling(total)[0] for _ in range(args.runs))}
+    blob = os.path.join(root, "blob")
+    with open(blob, "wb") as file:
+        file.write(os.urandom(256 << 20))
+    results["loopback sendfile"] = {"bytes_per_s": statistics.median(loopback_ceiling(total, files=[blob])[0] for _ in range(args.runs))}
+    os.unlink(blob)
+    for name in ("loopback send", "loopback sendfile"):
+        print(f"{name:<52} {results[name]['bytes_per_s'] / 1e6:,.0f} MB/s", flush=True)
+    for n in (1, 64):
+        runs = [trio_ceiling(n, args.duration) for _ in range(args.runs)]
+        results[f"trio request/reply @{n}"] = {
+            "acked_per_second": statistics.median(r["acked_per_second"] for r in runs),
+            "cpu_percent": {k: statistics.median(r["cpu_percent"][k] for r in runs) for k in runs[0]["cpu_percent"]},
+        }  # fmt: skip
+        print(f"trio request/reply @{n:<33} {results[f'trio request/reply @{n}']['acked_per_second']:,.0f} /s", flush=True)
 
 
 if __name__ == "__main__":

@@ -563,7 +563,7 @@ def report_settings(settings: dict) -> list[str]:
             "- hasvc: a master and a slave process (`hasvc master/slave`, defaults otherwise, but for "
             + ", ".join(f"`{name}={value}`" for name, value in HASVC_SETTINGS.items())
             + " on both: see `docs/benchmarks.md`, 'What was tried'); load from "
-            "`scripts/hasvc_load.c` (C, one thread per connection, each writer one `SEND` of 1 or 32 messages in "
+            "`scripts/hasvc_load.c` (C, one thread with an epoll loop over its connections as in `redis_load.c`, each writer one `SEND` of 1 or 32 messages in "
             "flight on 4 queues, a write counts when its response says `PUT_OK`). Every writer's requests share one "
             "connection (the client protocol multiplexes, as hasvc's Python client does), except in the rows marked "
             "\"a connection per writer\".", ""]  # fmt: skip

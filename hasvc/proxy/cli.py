@@ -1,0 +1,54 @@
+"""``hasvc proxy``: the RocketMQ 5 gRPC gateway in front of a hasvc master/slave pair."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import click
+
+
+@click.command()
+@click.option("--listen", default="127.0.0.1:8081", show_default=True,
+              help="gRPC (plaintext) address; port 0 picks a free one (READY says which). RocketMQ's proxy uses 8081.")
+@click.option("--brokers", required=True, help="The pair's client addresses, ADDR[,ADDR...]; the proxy follows the master.")
+@click.option("--advertise", default=None, help="HOST:PORT clients reach this proxy at (QueryRoute); default: the listen "
+              "address, or for a wildcard listen the address the client used.")
+@click.option("--queues", type=click.IntRange(1, 1024), default=4, show_default=True, help="Queues per topic (RocketMQ's producer default).")
+@click.option("--topic", "topics", multiple=True, help="Serve only these topics (repeatable); default: any legal name.")
+@click.option("--invisible-min-seconds", type=click.FloatRange(0.0), default=10.0, show_default=True,
+              help="Shortest invisible duration a receive may ask for (RocketMQ's proxy: 10 s).")
+@click.option("--start-at-end", is_flag=True, help="A new consumer group starts at the end of each queue (RocketMQ's "
+              "proxy default) instead of at the oldest retained message.")
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None, help="The brokers' cluster secret (or HASVC_SECRET).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), default=None, help="CA to verify the brokers' TLS certificate.")
+def proxy(listen, brokers, advertise, queues, topics, invisible_min_seconds, start_at_end, secret_file, tls_ca) -> None:
+    """A RocketMQ 5 gRPC proxy (apache.rocketmq.v2.MessagingService) in front of hasvc brokers.
+
+    The official RocketMQ 5 clients produce (normal messages) and consume (SimpleConsumer,
+    PushConsumer) through it unmodified; consumer-group progress is stored in the topic
+    %HASVC_PROXY_PROGRESS of the brokers themselves. Prints READY {json} once it serves, logs to
+    stderr, stops cleanly on SIGTERM/SIGINT. See docs/PROXY.md.
+    """
+    from hasvc.config import parse_address, read_secret
+    from hasvc.proxy import gateway, server
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        listen_address = parse_address(listen)
+        advertise_address = parse_address(advertise) if advertise else None
+        broker_list = [b.strip() for b in brokers.split(",") if b.strip()]
+        for broker in broker_list:
+            parse_address(broker)
+        secret = read_secret(secret_file)
+    except (ValueError, OSError) as error:
+        raise click.ClickException(str(error)) from None
+    config = gateway.GatewayConfig(queues=queues, topics=frozenset(topics) if topics else None,
+                                   invisible_min_seconds=invisible_min_seconds, start_at_end=start_at_end)  # fmt: skip
+    try:
+        code = asyncio.run(server.serve(listen_address, broker_list, secret=secret, tls_ca=tls_ca,
+                                        advertise=advertise_address, config=config))  # fmt: skip
+    except OSError as error:
+        raise click.ClickException(str(error)) from None
+    sys.exit(code)

@@ -1,0 +1,266 @@
+"""System tests of ``hasvc proxy``: real master and slave (SYNC_MASTER), a real proxy process, and
+the official RocketMQ 5 Python client (``rocketmq-python-client`` from PyPI) in its own process.
+
+Raw gRPC calls (the generated stubs, in this process) cover what the official client checks for
+itself before it would send (FIFO messages, oversize bodies) and the exact codes of bad input.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import grpc
+import pytest
+
+from hasvc import client as hc
+from tests.cluster import BrokerProcess, Cluster, wait_until
+
+pb = pytest.importorskip("hasvc.proxy.pb")
+Code = pb.Code
+definition, service = pb.definition, pb.service
+
+DRIVER = os.path.join(os.path.dirname(__file__), "rmq_driver.py")
+DRIVER_TIMEOUT_SECONDS = 120
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    cluster = Cluster(tmp_path_factory.mktemp("proxy"), segment_size=4 * 1024 * 1024)
+    master = cluster.start_master(role="sync")
+    slave = cluster.start_slave(master.ha_address)
+
+    def acking():
+        with hc.BlockingClient(master.address) as client:
+            slaves = client.status()["slaves"]
+        return slaves and slaves[0]["ack_offset"] >= 0
+
+    wait_until(acking, message="slave acking")
+    yield cluster, master, slave
+    cluster.close()
+
+
+def start_proxy(cluster, master, slave, name="proxy", *extra):
+    command = [sys.executable, "-m", "hasvc.cli", "proxy", "--listen", "127.0.0.1:0",
+               "--brokers", f"{master.address},{slave.address}", "--invisible-min-seconds", "1", *extra]  # fmt: skip
+    process = BrokerProcess(name, command, os.path.join(cluster.root, f"{name}.log"))
+    cluster.brokers.append(process)
+    return process
+
+
+@pytest.fixture(scope="module")
+def proxy(pair):
+    process = start_proxy(*pair)
+    yield process
+    assert process.stop() == 0, process.log()[-3000:]
+
+
+def drive(proxy_process, steps, home):
+    """Run the official client's steps in a child process; their results."""
+    env = {**os.environ, "HOME": str(home)}
+    done = subprocess.run([sys.executable, DRIVER, proxy_process.address, json.dumps(steps)], env=env,
+                          capture_output=True, text=True, timeout=DRIVER_TIMEOUT_SECONDS)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:] + "\nproxy log:\n" + proxy_process.log()[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def unique(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def body_of(topic, i):
+    return f"{topic}:{i}:".encode() + bytes(range(256)) + b"\x00end"
+
+
+def stub(proxy_process):
+    channel = grpc.insecure_channel(proxy_process.address)
+    return channel, pb.service_grpc.MessagingServiceStub(channel)
+
+
+def normal_message(topic, body=b"x", message_id=None, **system):
+    message = definition.Message(body=body)
+    message.topic.name = topic
+    message.system_properties.message_id = message_id or "01" + uuid.uuid4().hex.upper()
+    message.system_properties.message_type = system.pop("message_type", definition.NORMAL)
+    for key, value in system.items():
+        setattr(message.system_properties, key, value)
+    return message
+
+
+CLIENT = (("x-mq-client-id", "test-client@1@0@abc"),)
+
+
+# --- producing ---
+
+
+def test_official_producer_sends_and_hasvc_reads_back_byte_for_byte(pair, proxy, tmp_path):
+    topic = unique("Orders")
+    count = 24
+    (sent,) = drive(proxy, [{"op": "produce", "topic": topic, "count": count}], tmp_path)
+    assert len({s["id"] for s in sent}) == count
+    by_id = {s["id"]: s for s in sent}
+    _, master, slave = pair
+    found = {}
+    for address in (master.address, slave.address):  # the slave has them too (SYNC_MASTER)
+        with hc.BlockingClient(address) as client:
+            wait_until(lambda: sum(len(client.pull(topic, q, 0, count_max=64).records) for q in range(4)) == count,  # noqa: B023
+                       message="all messages in the queues")  # fmt: skip
+            for queue_id in range(4):
+                for record in client.pull(topic, queue_id, 0, count_max=64).records:
+                    found.setdefault(address, {})[record.properties["UNIQ_KEY"]] = record
+    for address, records in found.items():
+        assert set(records) == set(by_id), address
+        for message_id, record in records.items():
+            i = by_id[message_id]["i"]
+            assert bytes(record.body) == body_of(topic, i)
+            assert record.tags == f"tag{i % 3}" and record.keys == f"key-{i}"
+            assert record.properties["index"] == str(i) and record.properties["kind"] == "test"
+            # the offset is the message's queue offset; the queue is the proxy's choice, not the
+            # one the client's receipt names (as with RocketMQ's proxy: SendMessageRequest has none)
+            assert record.queue_offset == by_id[message_id]["offset"]
+
+
+def test_a_retried_send_is_stored_once(pair, proxy):
+    topic = unique("Retry")
+    channel, messaging = stub(proxy)
+    message = normal_message(topic, b"only once")
+    first = messaging.SendMessage(service.SendMessageRequest(messages=[message]), metadata=CLIENT)
+    again = messaging.SendMessage(service.SendMessageRequest(messages=[message]), metadata=CLIENT)
+    channel.close()
+    assert first.status.code == Code.OK and again.status.code == Code.OK
+    assert first.entries[0].offset == again.entries[0].offset
+    assert first.entries[0].message_id == again.entries[0].message_id == message.system_properties.message_id
+    with hc.BlockingClient(pair[1].address) as client:
+        bodies = [bytes(r.body) for q in range(4) for r in client.pull(topic, q, 0).records]
+    assert bodies == [b"only once"]
+
+
+def test_settings_are_answered_completely_and_routes_name_the_proxy(proxy):
+    channel, messaging = stub(proxy)
+    settings = definition.Settings(client_type=definition.PRODUCER)
+    settings.publishing.topics.add(name="T")
+    answers = messaging.Telemetry(iter([service.TelemetryCommand(settings=settings)]), metadata=CLIENT)
+    (answer,) = list(answers)
+    assert answer.status.code == Code.OK
+    assert answer.settings.publishing.max_body_size == 4 * 1024 * 1024
+    assert answer.settings.publishing.validate_message_type
+    assert answer.settings.backoff_policy.max_attempts == 3
+    subscription = definition.Settings(client_type=definition.SIMPLE_CONSUMER)
+    subscription.subscription.group.name = "G"
+    (answer,) = list(messaging.Telemetry(iter([service.TelemetryCommand(settings=subscription)]), metadata=CLIENT))
+    assert answer.status.code == Code.OK and answer.settings.subscription.receive_batch_size == 32
+
+    route = messaging.QueryRoute(service.QueryRouteRequest(topic=definition.Resource(name="T")), metadata=CLIENT)
+    channel.close()
+    assert route.status.code == Code.OK and len(route.message_queues) == 4
+    host, port = proxy.address.rsplit(":", 1)
+    for queue in route.message_queues:
+        assert queue.permission == definition.READ_WRITE and queue.broker.id == 0
+        assert list(queue.accept_message_types) == [definition.NORMAL]
+        assert [(a.host, a.port) for a in queue.broker.endpoints.addresses] == [(host, int(port))]
+
+
+def test_unsupported_types_and_bad_input_get_the_right_codes(proxy):
+    channel, messaging = stub(proxy)
+
+    def send(message):
+        response = messaging.SendMessage(service.SendMessageRequest(messages=[message]), metadata=CLIENT)
+        return response.status.code, response.status.message
+
+    fifo = send(normal_message("Bad", message_type=definition.FIFO, message_group="g"))
+    assert fifo[0] == Code.UNSUPPORTED and "FIFO" in fifo[1]
+    assert send(normal_message("Bad", message_type=definition.TRANSACTION))[0] == Code.UNSUPPORTED
+    delay = normal_message("Bad", message_type=definition.DELAY)
+    delay.system_properties.delivery_timestamp.seconds = 2_000_000_000
+    assert send(delay)[0] == Code.UNSUPPORTED
+    assert send(normal_message("Bad", b"x" * (4 * 1024 * 1024 + 1)))[0] == Code.MESSAGE_BODY_TOO_LARGE
+    assert send(normal_message("Bad", b""))[0] == Code.MESSAGE_BODY_EMPTY
+    assert send(normal_message("no spaces allowed"))[0] == Code.ILLEGAL_TOPIC
+    assert send(normal_message("%HASVC_PROXY_PROGRESS"))[0] == Code.ILLEGAL_TOPIC
+    reserved = normal_message("Bad")
+    reserved.user_properties["UNIQ_KEY"] = "mine"
+    assert send(reserved)[0] == Code.ILLEGAL_MESSAGE_PROPERTY_KEY
+
+    ack = messaging.AckMessage(service.AckMessageRequest(
+        group=definition.Resource(name="G"), topic=definition.Resource(name="Bad"),
+        entries=[service.AckMessageEntry(message_id="m", receipt_handle="not a handle")]), metadata=CLIENT)  # fmt: skip
+    assert ack.entries[0].status.code == Code.INVALID_RECEIPT_HANDLE
+    change = messaging.ChangeInvisibleDuration(service.ChangeInvisibleDurationRequest(
+        group=definition.Resource(name="G"), topic=definition.Resource(name="Bad"), receipt_handle="hasvc1 0 0 ff",
+        message_id="m", invisible_duration={"seconds": 5}), metadata=CLIENT)  # fmt: skip
+    assert change.status.code == Code.INVALID_RECEIPT_HANDLE
+    # and the proxy still serves
+    assert send(normal_message(unique("After"), b"fine"))[0] == Code.OK
+    channel.close()
+
+
+def test_long_polling_answers_before_the_clients_deadline(proxy):
+    channel, messaging = stub(proxy)
+    request = service.ReceiveMessageRequest(group=definition.Resource(name=unique("G")), batch_size=1)
+    request.message_queue.topic.name = unique("Empty")
+    request.long_polling_timeout.seconds = 20
+    request.invisible_duration.seconds = 30
+    responses = list(messaging.ReceiveMessage(request, timeout=2.0, metadata=CLIENT))  # a deadline well before 20 s
+    channel.close()
+    assert [r.status.code for r in responses] == [Code.MESSAGE_NOT_FOUND]
+
+
+# --- consuming ---
+
+
+def test_two_groups_each_consume_every_message_exactly_once(proxy, tmp_path):
+    topic = unique("Feed")
+    count = 40
+    steps = [{"op": "produce", "topic": topic, "count": count},
+             {"op": "consume", "group": "A", "topic": topic, "want": count},
+             {"op": "consume", "group": "B", "topic": topic, "want": count},
+             {"op": "consume", "group": "A", "topic": topic, "want": 1, "rounds": 1, "await": 1}]  # fmt: skip
+    sent, group_a, group_b, after = drive(proxy, steps, tmp_path)
+    ids = sorted(s["id"] for s in sent)
+    assert sorted(m["id"] for m in group_a) == ids
+    assert sorted(m["id"] for m in group_b) == ids
+    assert after == []  # everything acknowledged: nothing comes back
+    by_id = {s["id"]: s["i"] for s in sent}
+    for message in group_a:
+        i = by_id[message["id"]]
+        assert bytes.fromhex(message["body"]) == body_of(topic, i)
+        assert message["tag"] == f"tag{i % 3}" and message["keys"] == [f"key-{i}"]
+        assert message["props"] == {"index": str(i), "kind": "test"} and message["attempt"] == 1
+
+
+def test_unacked_messages_come_back_and_a_stale_handle_is_refused(proxy, tmp_path):
+    topic = unique("Redeliver")
+    steps = [{"op": "produce", "topic": topic, "count": 3},
+             {"op": "consume", "group": "R", "topic": topic, "want": 3, "invisible": 1, "ack": False, "slot": "first"},
+             {"op": "consume", "group": "R", "topic": topic, "want": 3, "invisible": 30, "ack": False, "slot": "second"},
+             {"op": "change", "slot": "second", "invisible": 30},
+             {"op": "ack", "slot": "second_old"},
+             {"op": "ack", "slot": "second"},
+             {"op": "consume", "group": "R", "topic": topic, "want": 1, "rounds": 1, "await": 1}]  # fmt: skip
+    sent, first, second, changed, stale_acks, acks, after = drive(proxy, steps, tmp_path)
+    ids = sorted(s["id"] for s in sent)
+    assert sorted(m["id"] for m in first) == ids and {m["attempt"] for m in first} == {1}
+    assert sorted(m["id"] for m in second) == ids and {m["attempt"] for m in second} == {2}
+    assert sorted(changed) == ids
+    assert stale_acks == [Code.INVALID_RECEIPT_HANDLE] * 3
+    assert acks == [None] * 3
+    assert after == []
+
+
+def test_progress_survives_a_proxy_sigkill(pair, tmp_path):
+    cluster, master, slave = pair
+    first = start_proxy(cluster, master, slave, "proxy-a")
+    topic = unique("Durable")
+    count = 30
+    steps = [{"op": "produce", "topic": topic, "count": count},
+             {"op": "consume", "group": "D", "topic": topic, "want": 10, "invisible": 60}]  # fmt: skip
+    sent, consumed = drive(first, steps, tmp_path)
+    first.process.send_signal(signal.SIGKILL)
+    first.kill()
+    second = start_proxy(cluster, master, slave, "proxy-b")
+    (rest,) = drive(second, [{"op": "consume", "group": "D", "topic": topic, "want": count - 10}], tmp_path)
+    assert second.stop() == 0
+    assert len(consumed) == 10
+    assert sorted(m["id"] for m in consumed + rest) == sorted(s["id"] for s in sent)  # none acked came back

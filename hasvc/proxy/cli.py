@@ -21,9 +21,12 @@ import click
               help="Shortest invisible duration a receive may ask for (RocketMQ's proxy: 10 s).")
 @click.option("--start-at-end", is_flag=True, help="A new consumer group starts at the end of each queue (RocketMQ's "
               "proxy default) instead of at the oldest retained message.")
+@click.option("--snapshot-every-events", type=click.IntRange(1), default=10_000, show_default=True,
+              help="Write the whole consumer progress after this many events (replay starts there).")
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None, help="The brokers' cluster secret (or HASVC_SECRET).")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), default=None, help="CA to verify the brokers' TLS certificate.")
-def proxy(listen, brokers, advertise, queues, topics, invisible_min_seconds, start_at_end, secret_file, tls_ca) -> None:
+def proxy(listen, brokers, advertise, queues, topics, invisible_min_seconds, start_at_end, snapshot_every_events,
+          secret_file, tls_ca) -> None:
     """A RocketMQ 5 gRPC proxy (apache.rocketmq.v2.MessagingService) in front of hasvc brokers.
 
     The official RocketMQ 5 clients produce (normal messages) and consume (SimpleConsumer,
@@ -45,7 +48,8 @@ def proxy(listen, brokers, advertise, queues, topics, invisible_min_seconds, sta
     except (ValueError, OSError) as error:
         raise click.ClickException(str(error)) from None
     config = gateway.GatewayConfig(queues=queues, topics=frozenset(topics) if topics else None,
-                                   invisible_min_seconds=invisible_min_seconds, start_at_end=start_at_end)  # fmt: skip
+                                   invisible_min_seconds=invisible_min_seconds, start_at_end=start_at_end,
+                                   snapshot_every_events=snapshot_every_events)  # fmt: skip
     try:
         code = asyncio.run(server.serve(listen_address, broker_list, secret=secret, tls_ca=tls_ca,
                                         advertise=advertise_address, config=config))  # fmt: skip

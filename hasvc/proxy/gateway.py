@@ -41,7 +41,7 @@ from hasvc import client as hc
 from hasvc.proxy import convert
 from hasvc.proxy.convert import Refused
 from hasvc.proxy.pb import Code
-from hasvc.proxy.progress import ProgressError, ProgressTable
+from hasvc.proxy.progress import ProgressError, ProgressTable, QueueProgress
 
 log = logging.getLogger("hasvc.proxy")
 
@@ -215,7 +215,8 @@ class Gateway:
         async with self._lock(key):
             if key not in self.table.queues and self.config.start_at_end:
                 await self._start_at_end(key, events)
-            progress = self.table.get(key)
+            # a queue this group never touched gets an entry only once something happens on it
+            progress = self.table.queues.get(key) or QueueProgress()
             now = now_ms()
             for offset in progress.expired(now)[:count]:
                 pulled = await self.cluster.pull(topic, queue_id, offset, count_max=1)
@@ -387,11 +388,18 @@ class Gateway:
     def _replay_record(self, record: rec.Record) -> None:
         try:
             events = json.loads(bytes(record.body))
-            for event in events:
-                self.table.apply(event)
-                self.stats["replayed"] += 1
-        except (ValueError, TypeError, ProgressError) as error:
+            if not isinstance(events, list):
+                raise ValueError("not a list of events")
+        except ValueError as error:
             log.error("progress event record at queue offset %d skipped: %s", record.queue_offset, error)
+            return
+        for event in events:
+            try:
+                self.table.apply(event)
+            except ProgressError as error:
+                log.error("progress event in the record at queue offset %d skipped: %s", record.queue_offset, error)
+                continue
+            self.stats["replayed"] += 1
 
     def summary(self) -> dict:
         return {**self.stats, "group_queues": len(self.table.queues)}

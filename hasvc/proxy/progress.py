@@ -54,6 +54,9 @@ class QueueProgress:
             assert self.committed <= offset < self.next_new and offset not in self.acked, offset
         for offset in self.acked:
             assert self.committed < offset < self.next_new, offset
+        # every offset below next_new not yet committed is either in flight or acknowledged:
+        # nothing handed out is forgotten
+        assert len(self.inflight) + len(self.acked) == self.next_new - self.committed
 
     def done(self, offset: int) -> bool:
         return offset < self.committed or offset in self.acked
@@ -70,15 +73,22 @@ class QueueProgress:
 
     # Mutations: each is what applying its event does.
 
+    def _contiguous(self, offset: int) -> None:
+        if offset > self.next_new:
+            raise ProgressError(f"offset {offset} leaves a gap after {self.next_new}, the next undelivered offset")
+
     def deliver(self, offset: int, nonce: int, deadline_ms: int, attempt: int) -> None:
         if self.done(offset):
             return
+        self._contiguous(offset)
         self.inflight[offset] = InFlight(nonce, deadline_ms, attempt)
         self.next_new = max(self.next_new, offset + 1)
 
     def ack(self, offset: int) -> None:
+        """Acknowledge ``offset``: delivered, or the next undelivered one (filtered out, gone)."""
         if self.done(offset):
             return
+        self._contiguous(offset)
         self.inflight.pop(offset, None)
         self.next_new = max(self.next_new, offset + 1)
         self.acked.add(offset)
@@ -99,7 +109,7 @@ class QueueProgress:
         self.committed = offset
         self.next_new = max(self.next_new, offset)
         self.inflight = {o: each for o, each in self.inflight.items() if o >= offset}
-        self.acked = {o for o in self.acked if o > offset}
+        self.acked = {o for o in self.acked if o >= offset}
         while self.committed in self.acked:
             self.acked.remove(self.committed)
             self.committed += 1
@@ -121,7 +131,8 @@ class ProgressTable:
         """Apply one event: ``[kind, group, topic, queue, *fields]``."""
         try:
             kind, group, topic, queue_id, *fields = event
-            progress = self.get((str(group), str(topic), int(queue_id)))
+            key = (str(group), str(topic), int(queue_id))
+            progress = self.queues.get(key) or QueueProgress()  # kept only if the event applies
             if kind == "d":
                 offset, nonce, deadline_ms, attempt = (int(f) for f in fields)
                 progress.deliver(offset, nonce, deadline_ms, attempt)
@@ -136,9 +147,12 @@ class ProgressTable:
                 progress.skip_to(offset)
             else:
                 raise ProgressError(f"unknown event kind {kind!r}")
+        except ProgressError:
+            raise
         except (TypeError, ValueError) as error:
             raise ProgressError(f"malformed progress event {event!r}: {error}") from None
         progress.check()
+        self.queues[key] = progress
 
     def snapshot(self) -> list:
         """Everything, as JSON-able lists: one ``[group, topic, queue, committed, next_new,

@@ -5,6 +5,7 @@ Raw gRPC calls (the generated stubs, in this process) cover what the official cl
 itself before it would send (FIFO messages, oversize bodies) and the exact codes of bad input.
 """
 
+import itertools
 import json
 import os
 import signal
@@ -79,17 +80,26 @@ def stub(proxy_process):
     return channel, pb.service_grpc.MessagingServiceStub(channel)
 
 
+MESSAGE_COUNTER = itertools.count()
+PROCESS_PART = uuid.uuid4().hex[:16].upper()
+
+
+def next_message_id():
+    """A v1 message id as the official clients make them: the counter at the end increases."""
+    return f"01{PROCESS_PART}00000000{next(MESSAGE_COUNTER):08X}"
+
+
 def normal_message(topic, body=b"x", message_id=None, **system):
     message = definition.Message(body=body)
     message.topic.name = topic
-    message.system_properties.message_id = message_id or "01" + uuid.uuid4().hex.upper()
+    message.system_properties.message_id = message_id or next_message_id()
     message.system_properties.message_type = system.pop("message_type", definition.NORMAL)
     for key, value in system.items():
         setattr(message.system_properties, key, value)
     return message
 
 
-CLIENT = (("x-mq-client-id", "test-client@1@0@abc"),)
+CLIENT = (("x-mq-client-id", f"test-client@{os.getpid()}@0@{PROCESS_PART}"),)
 
 
 # --- producing ---
@@ -251,7 +261,8 @@ def test_unacked_messages_come_back_and_a_stale_handle_is_refused(proxy, tmp_pat
 
 def test_progress_survives_a_proxy_sigkill(pair, tmp_path):
     cluster, master, slave = pair
-    first = start_proxy(cluster, master, slave, "proxy-a")
+    # snapshots every 4 events, so the restart loads one and replays the events after it
+    first = start_proxy(cluster, master, slave, "proxy-a", "--snapshot-every-events", "4")
     topic = unique("Durable")
     count = 30
     steps = [{"op": "produce", "topic": topic, "count": count},
@@ -259,8 +270,55 @@ def test_progress_survives_a_proxy_sigkill(pair, tmp_path):
     sent, consumed = drive(first, steps, tmp_path)
     first.process.send_signal(signal.SIGKILL)
     first.kill()
-    second = start_proxy(cluster, master, slave, "proxy-b")
+    second = start_proxy(cluster, master, slave, "proxy-b", "--snapshot-every-events", "4")
     (rest,) = drive(second, [{"op": "consume", "group": "D", "topic": topic, "want": count - 10}], tmp_path)
     assert second.stop() == 0
+    assert "progress snapshot stored" in first.log()
+    replayed = [line for line in second.log().splitlines() if "progress replayed" in line]
+    assert replayed and "[0, 0)" not in replayed[0], replayed  # a snapshot, then the events after it
     assert len(consumed) == 10
     assert sorted(m["id"] for m in consumed + rest) == sorted(s["id"] for s in sent)  # none acked came back
+
+
+def test_a_receive_waiting_for_messages_gets_one_sent_meanwhile(proxy):
+    import threading
+
+    topic, group = unique("Wake"), unique("W")
+    channel, messaging = stub(proxy)
+    request = service.ReceiveMessageRequest(group=definition.Resource(name=group), batch_size=4)
+    request.message_queue.topic.name = topic
+    request.long_polling_timeout.seconds = 20
+    request.invisible_duration.seconds = 30
+    responses = []
+    receiving = threading.Thread(target=lambda: responses.extend(messaging.ReceiveMessage(request, timeout=30, metadata=CLIENT)))
+    receiving.start()
+    sent = messaging.SendMessage(service.SendMessageRequest(messages=[normal_message(topic, b"wake up")]), metadata=CLIENT)
+    receiving.join()
+    channel.close()
+    assert sent.status.code == Code.OK
+    assert responses[0].status.code == Code.OK
+    assert [r.message.body for r in responses[1:]] == [b"wake up"]
+
+
+def test_a_write_no_slave_acknowledged_is_not_ok_until_a_slave_has_it(tmp_path):
+    cluster = Cluster(tmp_path, segment_size=4 * 1024 * 1024)
+    try:
+        master = cluster.start_master(role="sync")
+        command = [sys.executable, "-m", "hasvc.cli", "proxy", "--listen", "127.0.0.1:0", "--brokers", master.address]
+        proxy_process = BrokerProcess("proxy", command, os.path.join(cluster.root, "proxy.log"))
+        cluster.brokers.append(proxy_process)
+        channel, messaging = stub(proxy_process)
+        message = normal_message(unique("Lonely"), b"needs a slave")
+        alone = messaging.SendMessage(service.SendMessageRequest(messages=[message]), metadata=CLIENT)
+        assert alone.status.code == Code.HA_NOT_AVAILABLE, alone.status
+        cluster.start_slave(master.ha_address)
+
+        def retried():
+            answer = messaging.SendMessage(service.SendMessageRequest(messages=[message]), metadata=CLIENT)
+            return answer if answer.status.code == Code.OK else None
+
+        again = wait_until(retried, interval=0.2, message="the retry acknowledged once a slave has it")
+        channel.close()
+        assert again.entries[0].offset == alone.entries[0].offset  # stored once, acknowledged on the retry
+    finally:
+        cluster.close()

@@ -52,11 +52,12 @@ EVENTS_QUEUE, SNAPSHOT_QUEUE = 0, 1
 QUEUES_PER_TOPIC_DEFAULT = 4
 # RocketMQ's proxy: invisible time 10 s .. 12 h for a receive (minInvisibleTimeMillsForRecv,
 # maxInvisibleTimeMills); long polling at most 20 s (grpcClientConsumerMaxLongPollingTimeoutMillis),
-# answered 100 ms before the client's deadline (longPollingReserveTimeInMillis).
+# answered 100 ms before the client's deadline (longPollingReserveTimeInMillis). We reserve 500 ms:
+# the answer crosses two event loops and the GIL, and 100 ms was too little on a loaded 2-core machine.
 INVISIBLE_MIN_SECONDS_DEFAULT = 10.0
 INVISIBLE_MAX_SECONDS = 12 * 3600.0
 LONG_POLLING_MAX_SECONDS = 20.0
-LONG_POLLING_RESERVE_SECONDS = 0.1
+LONG_POLLING_RESERVE_SECONDS = 0.5
 # RocketMQ's proxy answers at most 32 messages per receive (grpcClientConsumerLongPollingBatchSize).
 RECEIVE_BATCH_MAX = 32
 # Messages other clients write reach a waiting receive within this (RocketMQ's broker re-checks
@@ -207,6 +208,8 @@ class Gateway:
                 return deliveries
             with trio.move_on_after(min(deadline - now, self.config.receive_recheck_seconds)):
                 await arrival.wait()
+            if trio.current_time() >= deadline:
+                return []  # time is up: answer now rather than pull once more
 
     async def _collect(self, group: str, topic: str, queue_id: int, tags, count: int, invisible_ms: int) -> list[Delivery]:
         key = (group, topic, queue_id)

@@ -47,6 +47,9 @@ PRODUCER_ATTEMPTS = 3
 PRODUCER_BACKOFF_INITIAL_MS, PRODUCER_BACKOFF_MAX_MS, PRODUCER_BACKOFF_MULTIPLIER = 10, 1000, 2
 # RocketMQ's SubscriptionGroupConfig: 16 retries (17 attempts), then the dead-letter queue.
 CONSUMER_ATTEMPTS = 17
+# ... and its CustomizedRetryPolicy: a PushConsumer whose listener fails makes the message invisible
+# for the attempt's delay (the broker's message delay levels 1s 5s 10s 30s 1m ... 2h).
+CONSUMER_RETRY_DELAYS_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 SHUTDOWN_GRACE_SECONDS = 1.0
 
 
@@ -190,9 +193,8 @@ class Servicer(service_grpc.MessagingServiceServicer):
             answer.subscription.long_polling_timeout.FromMilliseconds(int(gateway.LONG_POLLING_MAX_SECONDS * 1000))
             answer.subscription.fifo = False
             backoff.max_attempts = CONSUMER_ATTEMPTS
-            backoff.exponential_backoff.initial.FromMilliseconds(1000)
-            backoff.exponential_backoff.max.FromMilliseconds(60_000)
-            backoff.exponential_backoff.multiplier = 2
+            for seconds in CONSUMER_RETRY_DELAYS_SECONDS:
+                backoff.customized_backoff.next.add(seconds=seconds)
         answer.metric.on = False
         return answer
 
@@ -265,6 +267,10 @@ class Servicer(service_grpc.MessagingServiceServicer):
             yield service.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
         yield service.ReceiveMessageResponse(status=status(Code.OK))
+        # as RocketMQ's proxy: when the messages left (the clients measure receive latency with it)
+        delivered_at = service.ReceiveMessageResponse()
+        delivered_at.delivery_timestamp.GetCurrentTime()
+        yield delivered_at
         for delivery in result:
             message = convert.delivered_message(delivery.record, receipt_handle=delivery.receipt_handle,
                                                 attempt=delivery.attempt, invisible_ms=delivery.invisible_ms)  # fmt: skip

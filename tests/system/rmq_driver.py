@@ -9,13 +9,20 @@ Steps (dicts, by "op"):
   consume  group topic want [invisible] [await] [rounds] [ack] [slot] -> [{id, body, tag, keys, props, attempt}]
   change   slot invisible      -> the ids whose invisible duration changed; old handles kept as "<slot>_old"
   ack      slot                -> [error code or null per message]
+  push     group topic want [fail_first] -> [{id, attempt, ...}] consumed by a PushConsumer's listener (one
+           FAILURE per message id in fail_first, on its first attempt), until want were consumed
 """
 
 import copy
 import json
 import sys
+import threading
+import time
 
-from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message, MessageListener, Producer,
+                      PushConsumer, SimpleConsumer)
+
+PUSH_TIMEOUT_SECONDS = 15
 
 
 def message_body(topic: str, i: int) -> bytes:
@@ -92,6 +99,30 @@ class Session:
             except Exception as error:  # the test reads the code the proxy answered
                 out.append(getattr(error, "code", None) or repr(error))
         return out
+
+    def push(self, step):
+        got, done, lock = [], threading.Event(), threading.Lock()
+        fail_first = set(step.get("fail_first", ()))
+
+        class Listener(MessageListener):
+            def consume(self, message):
+                with lock:
+                    if message.message_id in fail_first and message.delivery_attempt == 1:
+                        return ConsumeResult.FAILURE
+                    got.append(describe(message))
+                    if len(got) >= step["want"]:
+                        done.set()
+                return ConsumeResult.SUCCESS
+
+        consumer = PushConsumer(self.config, step["group"], Listener(), {step["topic"]: FilterExpression()})
+        consumer.startup()
+        try:
+            done.wait(PUSH_TIMEOUT_SECONDS)
+            time.sleep(step.get("linger", 0))  # to see whether anything more arrives
+        finally:
+            consumer.shutdown()
+        with lock:
+            return list(got)
 
     def close(self):
         for consumer in self.consumers.values():

@@ -5,7 +5,7 @@ under ~/logs on import). Usage: ``python rmq_driver.py ENDPOINT STEPS_JSON``; pr
 line: the results of the steps, in order. Not a test module (no ``test_`` prefix).
 
 Steps (dicts, by "op"):
-  produce  topic count [start] -> [{i, id, offset, queue}]
+  produce  topic count [start] [tolerate] [pause] -> [{i, id, offset, queue} or {i, error}]
   consume  group topic want [invisible] [await] [rounds] [ack] [slot] -> [{id, body, tag, keys, props, attempt}]
   change   slot invisible      -> the ids whose invisible duration changed; old handles kept as "<slot>_old"
   ack      slot                -> [error code or null per message]
@@ -43,8 +43,15 @@ def produce(config, step):
             message.keys = f"key-{i}"
             message.add_property("index", str(i))
             message.add_property("kind", "test")
-            receipt = producer.send(message)
+            try:
+                receipt = producer.send(message)
+            except Exception as error:  # with "tolerate" (a failover under way), note it and go on
+                if not step.get("tolerate"):
+                    raise
+                out.append({"i": i, "error": repr(error)})
+                continue
             out.append({"i": i, "id": receipt.message_id, "offset": receipt.offset, "queue": str(receipt.message_queue)})
+            time.sleep(step.get("pause", 0))
     finally:
         producer.shutdown()
     return out

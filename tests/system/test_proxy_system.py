@@ -16,6 +16,7 @@ import uuid
 import grpc
 import pytest
 
+from commitlog.inspect import iter_records
 from hasvc import client as hc
 from tests.cluster import BrokerProcess, Cluster, wait_until
 
@@ -331,3 +332,51 @@ def test_push_consumer_consumes_every_message_and_a_failed_one_again(proxy, tmp_
     (consumed,) = drive(proxy, [{"op": "push", "group": "P", "topic": topic, "want": 12, "fail_first": [failing], "linger": 1}], tmp_path)
     assert sorted(m["id"] for m in consumed) == sorted(s["id"] for s in sent)  # each once: acked after success
     assert [m["attempt"] for m in consumed if m["id"] == failing] == [2]
+
+
+def test_no_send_acknowledged_to_the_official_client_is_lost_when_the_master_dies(tmp_path):
+    """SIGKILL the master under an official Producer, promote the slave; the proxy follows it."""
+    cluster = Cluster(tmp_path, segment_size=4 * 1024 * 1024)
+    try:
+        master = cluster.start_master(role="sync")
+        slave = cluster.start_slave(master.ha_address)
+        proxy_process = start_proxy(cluster, master, slave)
+        topic = unique("Failover")
+        count = 150
+        steps = [{"op": "produce", "topic": topic, "count": count, "tolerate": True, "pause": 0.01}]
+        env = {**os.environ, "HOME": str(tmp_path)}
+        producer = subprocess.Popen([sys.executable, DRIVER, proxy_process.address, json.dumps(steps)], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            with hc.BlockingClient(master.address) as client:
+                wait_until(lambda: sum(client.pull(topic, q, 0, count_max=1).max_queue_offset for q in range(4)) >= 30,  # noqa: B023
+                           message="the producer under way")  # fmt: skip
+            master.kill()
+            with hc.BlockingClient(slave.address) as client:
+                client.promote(sync=False)  # no slave left to wait for
+            out, err = producer.communicate(timeout=DRIVER_TIMEOUT_SECONDS)
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait()
+        assert producer.returncode == 0, err[-3000:] + proxy_process.log()[-3000:]
+        (sent,) = json.loads(out.strip().splitlines()[-1])
+        acked = [s["id"] for s in sent if "id" in s]
+        errors = [s for s in sent if "error" in s]
+        assert len(acked) > 30, errors
+        with hc.BlockingClient(slave.address) as client:
+            wait_until(lambda: (lambda s: s["dispatched_offset"] == s["max_offset"])(client.status()),  # noqa: B023
+                       message="the new master's queues built")  # fmt: skip
+            queued = [r.properties["UNIQ_KEY"] for q in range(4) for r in client.pull(topic, q, 0, count_max=1024).records]
+        # the new master's log holds every acknowledged message, once
+        logged = [r.properties["UNIQ_KEY"] for _, r, _ in iter_records(cluster.store("slave")) if r.topic == topic]
+        assert not set(acked) - set(logged), (len(set(acked) - set(logged)), errors)
+        assert len(logged) == len(set(logged))
+        if set(acked) - set(queued):
+            # hasvc broker bug (reported): promote() keeps the slave's stale topic queue offset
+            # table, so its first writes reuse queue offsets of replicated records and the consume
+            # queue shows only one of each pair. The records are in the log (checked above).
+            pytest.xfail(f"{len(set(acked) - set(queued))} acknowledged messages in the log but not in the promoted "
+                         "master's consume queues: queue offsets reused after promote")  # fmt: skip
+    finally:
+        cluster.close()

@@ -13,6 +13,11 @@ import click
 @click.option("--listen", default="127.0.0.1:8081", show_default=True,
               help="gRPC (plaintext) address; port 0 picks a free one (READY says which). RocketMQ's proxy uses 8081.")
 @click.option("--brokers", required=True, help="The pair's client addresses, ADDR[,ADDR...]; the proxy follows the master.")
+@click.option("--tls-listen", default=None, help="A second gRPC listener, with TLS (the Java client's default); needs "
+              "--tls-cert and --tls-key.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="PEM certificate (chain) of the TLS listener.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key of the TLS listener.")
+@click.option("--metrics-listen", default=None, help="HOST:PORT for Prometheus metrics (port 0: a free one, in READY).")
 @click.option("--advertise", default=None, help="HOST:PORT clients reach this proxy at (QueryRoute); default: the listen "
               "address, or for a wildcard listen the address the client used.")
 @click.option("--queues", type=click.IntRange(1, 1024), default=4, show_default=True, help="Queues per topic (RocketMQ's producer default).")
@@ -25,7 +30,7 @@ import click
               help="Write the whole consumer progress after this many events (replay starts there).")
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None, help="The brokers' cluster secret (or HASVC_SECRET).")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), default=None, help="CA to verify the brokers' TLS certificate.")
-def proxy(listen, brokers, advertise, queues, topics, invisible_min_seconds, start_at_end, snapshot_every_events,
+def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advertise, queues, topics, invisible_min_seconds, start_at_end, snapshot_every_events,
           secret_file, tls_ca) -> None:
     """A RocketMQ 5 gRPC proxy (apache.rocketmq.v2.MessagingService) in front of hasvc brokers.
 
@@ -45,6 +50,10 @@ def proxy(listen, brokers, advertise, queues, topics, invisible_min_seconds, sta
         for broker in broker_list:
             parse_address(broker)
         secret = read_secret(secret_file)
+        tls_address = parse_address(tls_listen) if tls_listen else None
+        metrics_address = parse_address(metrics_listen) if metrics_listen else None
+        if tls_address is not None and not (tls_cert and tls_key):
+            raise ValueError("--tls-listen needs --tls-cert and --tls-key")
     except (ValueError, OSError) as error:
         raise click.ClickException(str(error)) from None
     config = gateway.GatewayConfig(queues=queues, topics=frozenset(topics) if topics else None,
@@ -52,7 +61,8 @@ def proxy(listen, brokers, advertise, queues, topics, invisible_min_seconds, sta
                                    snapshot_every_events=snapshot_every_events)  # fmt: skip
     try:
         code = asyncio.run(server.serve(listen_address, broker_list, secret=secret, tls_ca=tls_ca,
-                                        advertise=advertise_address, config=config))  # fmt: skip
+                                        advertise=advertise_address, config=config, tls_listen=tls_address,
+                                        tls_cert=tls_cert, tls_key=tls_key, metrics_listen=metrics_address))  # fmt: skip
     except OSError as error:
         raise click.ClickException(str(error)) from None
     sys.exit(code)

@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import grpc
 import grpc.aio
@@ -126,22 +127,30 @@ class Servicer(service_grpc.MessagingServiceServicer):
         self.gate = gate
         self.listen = listen
         self.advertise = advertise
+        self.tls_listen: tuple[str, int] | None = None  # the TLS listener, when there is one
+        self.metrics = None  # ProxyMetrics with --metrics-listen
         self.settings: dict[str, object] = {}  # client id -> its last Settings
 
     # --- routes and client lifecycle ---
 
+    def _answered(self, method: str, code: int) -> None:
+        if self.metrics is not None:
+            self.metrics.answered(method, code)
+
     def _access_point(self, request_endpoints) -> tuple[str, int]:
         """Our reachable address: --advertise, else the listen address unless it is a wildcard,
         else the address the client used to reach us (never 0.0.0.0)."""
-        if self.advertise is not None:
-            return self.advertise
-        host, port = self.listen
+        used = [(a.host, a.port) for a in request_endpoints.addresses if a.host and a.host not in ("0.0.0.0", "::")]
+        if self.tls_listen is not None and any(port == self.tls_listen[1] for _, port in used):
+            listen, advertise = self.tls_listen, None  # a TLS client is routed to the TLS listener
+        else:
+            listen, advertise = self.listen, self.advertise
+        if advertise is not None:
+            return advertise
+        host, port = listen
         if host not in ("0.0.0.0", "::", ""):
             return host, port
-        for address in request_endpoints.addresses:
-            if address.host and address.host not in ("0.0.0.0", "::"):
-                return address.host, address.port or port
-        return "127.0.0.1", port
+        return (used[0][0], port) if used else ("127.0.0.1", port)
 
     def _queues(self, resource, endpoints):
         queues = []
@@ -220,6 +229,7 @@ class Servicer(service_grpc.MessagingServiceServicer):
         if not request.messages:
             return service.SendMessageResponse(status=status(Code.MESSAGE_CORRUPTED, "no message to send"))
         client_id = _client_id(context)
+        started = time.monotonic()
         outcomes = []
         for message in request.messages:
             message.topic.name = gateway.wrap_topic(message.topic)
@@ -232,6 +242,9 @@ class Servicer(service_grpc.MessagingServiceServicer):
                                            offset=max(r.queue_offset, 0)) for r in results]  # fmt: skip
         codes = {r.code for r in results}
         overall = status(results[0].code, results[0].message) if len(codes) == 1 else status(Code.MULTIPLE_RESULTS)
+        self._answered("SendMessage", overall.code)
+        if self.metrics is not None:
+            self.metrics.sent(overall.code, time.monotonic() - started)
         return service.SendMessageResponse(status=overall, entries=entries)
 
     async def EndTransaction(self, request, context):
@@ -264,8 +277,10 @@ class Servicer(service_grpc.MessagingServiceServicer):
             yield service.ReceiveMessageResponse(status=status(result.code, result.message))
             return
         if not result:
+            self._answered("ReceiveMessage", Code.MESSAGE_NOT_FOUND)
             yield service.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
+        self._answered("ReceiveMessage", Code.OK)
         yield service.ReceiveMessageResponse(status=status(Code.OK))
         # as RocketMQ's proxy: when the messages left (the clients measure receive latency with it)
         delivered_at = service.ReceiveMessageResponse()
@@ -288,12 +303,14 @@ class Servicer(service_grpc.MessagingServiceServicer):
         overall = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS)
         if not entries:
             overall = status(Code.BAD_REQUEST, "no entries to acknowledge")
+        self._answered("AckMessage", overall.code)
         return service.AckMessageResponse(status=overall, entries=entries)
 
     async def ChangeInvisibleDuration(self, request, context):
         invisible_ms = request.invisible_duration.ToMilliseconds()
         code, text, handle = await self.bridge.call(self.gate.change_invisible, request.group.name,
                                                     gateway.wrap_topic(request.topic), request.receipt_handle, invisible_ms)  # fmt: skip
+        self._answered("ChangeInvisibleDuration", code)
         return service.ChangeInvisibleDurationResponse(status=status(code, text), receipt_handle=handle)
 
     async def ForwardMessageToDeadLetterQueue(self, request, context):
@@ -359,8 +376,24 @@ def trio_thread(brokers: list[str], secret, tls_ca, config: gateway.GatewayConfi
         thread.join()
 
 
+def _bind(server, address: tuple[str, int], credentials=None) -> int:
+    host, port = address
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bound = server.add_secure_port(target, credentials) if credentials else server.add_insecure_port(target)
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    return bound
+
+
+def tls_credentials(cert_file: str, key_file: str):
+    with open(key_file, "rb") as key, open(cert_file, "rb") as cert:
+        return grpc.ssl_server_credentials([(key.read(), cert.read())])
+
+
 async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls_ca=None,
-                advertise: tuple[str, int] | None = None, config: gateway.GatewayConfig) -> int:  # fmt: skip
+                advertise: tuple[str, int] | None = None, config: gateway.GatewayConfig,
+                tls_listen: tuple[str, int] | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+                metrics_listen: tuple[str, int] | None = None) -> int:  # fmt: skip
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -369,15 +402,22 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", config.body_size_max + 1024 * 1024)])
         servicer = Servicer(bridge, gate, listen, advertise)
         service_grpc.add_MessagingServiceServicer_to_server(servicer, server)
-        host, port = listen
-        bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-        if bound == 0:
-            raise OSError(f"cannot listen on {host}:{port}")
+        host = listen[0]
+        bound = _bind(server, listen)
         servicer.listen = (host, bound)
-        await server.start()
         ready = {"listen": f"{host}:{bound}", "access_point": "{}:{}".format(*servicer._access_point(definition.Endpoints())),
                  "brokers": brokers, "queues": config.queues, "pid": os.getpid()}  # fmt: skip
-        log.info("proxy serving on %s:%d in front of %s; %s", host, bound, ",".join(brokers), gate.summary())
+        if tls_listen is not None:
+            servicer.tls_listen = (tls_listen[0], _bind(server, tls_listen, tls_credentials(tls_cert, tls_key)))
+            ready["tls_listen"] = "{}:{}".format(*servicer.tls_listen)
+        if metrics_listen is not None:
+            from hasvc.proxy.metrics import serve_metrics
+
+            servicer.metrics, metrics_port = serve_metrics(gate, servicer, metrics_listen)
+            ready["metrics_listen"] = f"{metrics_listen[0]}:{metrics_port}"
+        await server.start()
+        log.info("proxy serving on %s in front of %s; %s", ", ".join(v for k, v in ready.items() if k.endswith("listen")),
+                 ",".join(brokers), gate.summary())  # fmt: skip
         sys.stdout.write("READY " + json.dumps(ready) + "\n")
         sys.stdout.flush()
         await stop.wait()

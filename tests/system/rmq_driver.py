@@ -23,6 +23,8 @@ from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExp
                       PushConsumer, SimpleConsumer)
 
 PUSH_TIMEOUT_SECONDS = 15
+# RMQ_DRIVER_TLS=1: connect with TLS (the CA comes from GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)
+TLS = bool(__import__("os").environ.get("RMQ_DRIVER_TLS"))
 
 
 def message_body(topic: str, i: int) -> bytes:
@@ -31,7 +33,7 @@ def message_body(topic: str, i: int) -> bytes:
 
 
 def produce(config, step):
-    producer = Producer(config, (step["topic"],))
+    producer = Producer(config, (step["topic"],), tls_enable=TLS)
     producer.startup()
     out = []
     try:
@@ -71,7 +73,7 @@ class Session:
     def consumer(self, group, topic, await_seconds):
         key = (group, topic)
         if key not in self.consumers:
-            consumer = SimpleConsumer(self.config, group, {topic: FilterExpression()}, await_duration=await_seconds)
+            consumer = SimpleConsumer(self.config, group, {topic: FilterExpression()}, await_duration=await_seconds, tls_enable=TLS)
             consumer.startup()
             self.consumers[key] = consumer
         return self.consumers[key]
@@ -121,7 +123,7 @@ class Session:
                         done.set()
                 return ConsumeResult.SUCCESS
 
-        consumer = PushConsumer(self.config, step["group"], Listener(), {step["topic"]: FilterExpression()})
+        consumer = PushConsumer(self.config, step["group"], Listener(), {step["topic"]: FilterExpression()}, tls_enable=TLS)
         consumer.startup()
         try:
             done.wait(PUSH_TIMEOUT_SECONDS)

@@ -8,9 +8,11 @@ itself before it would send (FIFO messages, oversize bodies) and the exact codes
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 import uuid
 
 import grpc
@@ -54,15 +56,15 @@ def start_proxy(cluster, master, slave, name="proxy", *extra):
 
 @pytest.fixture(scope="module")
 def proxy(pair):
-    process = start_proxy(*pair)
+    process = start_proxy(*pair, "proxy", "--metrics-listen", "127.0.0.1:0")
     yield process
     assert process.stop() == 0, process.log()[-3000:]
 
 
-def drive(proxy_process, steps, home):
+def drive(proxy_process, steps, home, *, endpoint=None, env=None):
     """Run the official client's steps in a child process; their results."""
-    env = {**os.environ, "HOME": str(home)}
-    done = subprocess.run([sys.executable, DRIVER, proxy_process.address, json.dumps(steps)], env=env,
+    env = {**os.environ, "HOME": str(home), **(env or {})}
+    done = subprocess.run([sys.executable, DRIVER, endpoint or proxy_process.address, json.dumps(steps)], env=env,
                           capture_output=True, text=True, timeout=DRIVER_TIMEOUT_SECONDS)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:] + "\nproxy log:\n" + proxy_process.log()[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -232,6 +234,10 @@ def test_two_groups_each_consume_every_message_exactly_once(proxy, tmp_path):
     ids = sorted(s["id"] for s in sent)
     assert sorted(m["id"] for m in group_a) == ids
     assert sorted(m["id"] for m in group_b) == ids
+    with urllib.request.urlopen(f"http://{proxy.ready['metrics_listen']}/metrics") as response:
+        scraped = response.read().decode()
+    assert 'hasvc_proxy_requests_total{code="OK",method="SendMessage"}' in scraped
+    assert "hasvc_proxy_messages_acked_total" in scraped and "hasvc_proxy_inflight_messages" in scraped
     assert after == []  # everything acknowledged: nothing comes back
     by_id = {s["id"]: s["i"] for s in sent}
     for message in group_a:
@@ -380,3 +386,27 @@ def test_no_send_acknowledged_to_the_official_client_is_lost_when_the_master_die
                          "master's consume queues: queue offsets reused after promote")  # fmt: skip
     finally:
         cluster.close()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+def test_tls_listener_beside_the_plaintext_one(pair, tmp_path):
+    key, cert = str(tmp_path / "key.pem"), str(tmp_path / "cert.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    proxy_process = start_proxy(*pair, "proxy-tls", "--tls-listen", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", key)
+    tls_address = proxy_process.ready["tls_listen"]
+    with open(cert, "rb") as file:
+        credentials = grpc.ssl_channel_credentials(root_certificates=file.read())
+    with grpc.secure_channel(tls_address, credentials) as channel:
+        messaging = pb.service_grpc.MessagingServiceStub(channel)
+        request = service.QueryRouteRequest(topic=definition.Resource(name="T"))
+        request.endpoints.addresses.add(host="127.0.0.1", port=int(tls_address.rsplit(":", 1)[1]))
+        route = messaging.QueryRoute(request, metadata=CLIENT)
+    assert route.status.code == Code.OK
+    assert {f"{a.host}:{a.port}" for q in route.message_queues for a in q.broker.endpoints.addresses} == {tls_address}
+    topic = unique("Secure")
+    steps = [{"op": "produce", "topic": topic, "count": 3}, {"op": "consume", "group": "S", "topic": topic, "want": 3}]
+    sent, consumed = drive(proxy_process, steps, tmp_path, endpoint=tls_address,
+                           env={"RMQ_DRIVER_TLS": "1", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": cert})  # fmt: skip
+    assert proxy_process.stop() == 0
+    assert sorted(m["id"] for m in consumed) == sorted(s["id"] for s in sent)

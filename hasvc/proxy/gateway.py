@@ -215,6 +215,18 @@ class Gateway:
         key = (group, topic, queue_id)
         events: list[list] = []
         deliveries: list[Delivery] = []
+        try:
+            await self._collect_locked(key, tags, count, invisible_ms, events, deliveries)
+        finally:
+            if events:  # applied events are stored even when the receive was abandoned half-way
+                with trio.CancelScope(shield=True):
+                    await self._persist(events)  # a failure only means these may be delivered again
+        deliveries = [d for d in deliveries if d is not None]
+        self.stats["delivered"] += len(deliveries)
+        return deliveries
+
+    async def _collect_locked(self, key: tuple, tags, count: int, invisible_ms: int, events: list, deliveries: list) -> None:
+        group, topic, queue_id = key
         async with self._lock(key):
             if key not in self.table.queues and self.config.start_at_end:
                 await self._start_at_end(key, events)
@@ -234,11 +246,6 @@ class Gateway:
                     self._event(events, ["s", group, topic, queue_id, pulled.records[0].queue_offset])  # retention
                 for record in pulled.records:
                     deliveries.append(self._deliver(events, key, record, invisible_ms, now, tags))
-        deliveries = [d for d in deliveries if d is not None]
-        if events:
-            await self._persist(events)  # a failure only means these may be delivered again
-        self.stats["delivered"] += len(deliveries)
-        return deliveries
 
     async def _start_at_end(self, key: tuple, events: list) -> None:
         group, topic, queue_id = key

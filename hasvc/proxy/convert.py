@@ -87,6 +87,17 @@ def check_topic(name: str, reserved_prefix: str) -> Refused | None:
     return None
 
 
+# RocketMQ's Validators: a consumer group is 1..255 characters of [%|a-zA-Z0-9_-].
+GROUP_SIZE_MAX = 255
+
+
+def check_group(name: str) -> Refused | None:
+    if not name or len(name) > GROUP_SIZE_MAX or not TOPIC_PATTERN.fullmatch(name):
+        return Refused(Code.ILLEGAL_CONSUMER_GROUP, f"consumer group must be 1..{GROUP_SIZE_MAX} characters of "
+                                                    f"[%|a-zA-Z0-9_-], got {name[:300]!r}")  # fmt: skip
+    return None
+
+
 def outgoing(message, *, body_size_max: int) -> Outgoing | Refused:
     """Check one ``apache.rocketmq.v2.Message`` for sending, as RocketMQ's proxy does."""
     system = message.system_properties

@@ -38,6 +38,7 @@ import trio
 
 from commitlog import record as rec
 from hasvc import client as hc
+from hasvc.dedupe import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ
 from hasvc.proxy import convert
 from hasvc.proxy.convert import Refused
 from hasvc.proxy.pb import Code
@@ -48,6 +49,8 @@ log = logging.getLogger("hasvc.proxy")
 PROGRESS_TOPIC_PREFIX = "%HASVC_PROXY"  # reserved: clients cannot send to or consume these topics
 PROGRESS_TOPIC = f"{PROGRESS_TOPIC_PREFIX}_PROGRESS"
 EVENTS_QUEUE, SNAPSHOT_QUEUE = 0, 1
+DLQ_PREFIX = "%DLQ%"  # RocketMQ's MixAll.DLQ_GROUP_TOPIC_PREFIX: a group's dead-letter topic
+DLQ_ORIGIN_PROPERTY = "HASVC_DLQ_ORIGIN"  # topic/queue/offset the message was consumed from
 # RocketMQ: a producer creates topics with 4 queues (DefaultMQProducer.defaultTopicQueueNums).
 QUEUES_PER_TOPIC_DEFAULT = 4
 # RocketMQ's proxy: invisible time 10 s .. 12 h for a receive (minInvisibleTimeMillsForRecv,
@@ -120,10 +123,12 @@ class Gateway:
 
     # --- topics ---
 
-    def check_topic(self, topic: str) -> Refused | None:
+    def check_topic(self, topic: str, group: str | None = None) -> Refused | None:
         refused = convert.check_topic(topic, PROGRESS_TOPIC_PREFIX)
         if refused is None and self.config.topics is not None and topic not in self.config.topics:
             return Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} is not served by this proxy (--topic)")
+        if refused is None and group is not None:
+            return convert.check_group(group)
         return refused
 
     # --- send ---
@@ -187,7 +192,7 @@ class Gateway:
     async def receive(self, group: str, topic: str, queue_hint: int, tags: frozenset[str] | None, batch: int,
                       invisible_ms: int, wait_seconds: float) -> list[Delivery] | Refused:  # fmt: skip
         """Up to ``batch`` messages for ``group``, waiting up to ``wait_seconds`` for the first."""
-        refused = self.check_topic(topic)
+        refused = self.check_topic(topic, group)
         if refused is not None:
             return refused
         if not (self.config.invisible_min_seconds * 1000 <= invisible_ms <= INVISIBLE_MAX_SECONDS * 1000):
@@ -287,7 +292,7 @@ class Gateway:
         return "current", queue_id, offset
 
     async def ack(self, group: str, topic: str, handle: str) -> tuple[int, str]:
-        refused = self.check_topic(topic)
+        refused = self.check_topic(topic, group)
         if refused is not None:
             return refused.code, refused.message
         found = self._current_delivery(group, topic, handle)
@@ -303,7 +308,7 @@ class Gateway:
         return self._persist_code(status)
 
     async def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> tuple[int, str, str]:
-        refused = self.check_topic(topic)
+        refused = self.check_topic(topic, group)
         if refused is not None:
             return refused.code, refused.message, ""
         if not (0 <= invisible_ms <= INVISIBLE_MAX_SECONDS * 1000):
@@ -319,6 +324,33 @@ class Gateway:
         self._event(events, ["c", group, topic, queue_id, offset, nonce, now_ms() + invisible_ms])
         code, message = self._persist_code(await self._persist(events))
         return code, message, convert.encode_receipt_handle(queue_id, offset, nonce)
+
+    async def dead_letter(self, group: str, topic: str, handle: str) -> tuple[int, str]:
+        """A consumer gave up on a message after its last attempt: copy it to ``%DLQ%<group>``
+        (RocketMQ's dead-letter topic, queue 0), then acknowledge it for the group. A retry of a
+        forward that was copied but not yet acknowledged copies it again (at least once)."""
+        refused = self.check_topic(topic, group)
+        found = refused or self._current_delivery(group, topic, handle)
+        if isinstance(found, Refused):
+            return found.code, found.message
+        state, queue_id, offset = found
+        if state == "done":
+            return Code.OK, "OK (already acknowledged)"
+        pulled = await self.cluster.pull(topic, queue_id, offset, count_max=1)
+        if pulled.records and pulled.records[0].queue_offset == offset:
+            record = pulled.records[0]
+            # tags and keys travel as such; the original producer's idempotence key does not
+            dropped = (rec.PROPERTY_TAGS, rec.PROPERTY_KEYS, PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ)
+            properties = {k: v for k, v in record.properties.items() if k not in dropped}
+            properties[DLQ_ORIGIN_PROPERTY] = f"{topic}/{queue_id}/{offset}"
+            try:
+                result = await self.cluster.send(DLQ_PREFIX + group, bytes(record.body), tags=record.tags, keys=record.keys,
+                                                 properties=properties, retry=True)  # fmt: skip
+            except hc.ClientError as error:
+                return Code.PROXY_TIMEOUT, f"dead-letter copy not stored: {error}"
+            if not result.ok:
+                return convert.send_status_code(result.status), f"dead-letter copy not stored safely: {result.status} {result.reason}"
+        return await self.ack(group, topic, handle)
 
     @staticmethod
     def _persist_code(status: str) -> tuple[int, str]:

@@ -314,12 +314,13 @@ class Servicer(service_grpc.MessagingServiceServicer):
         return service.ChangeInvisibleDurationResponse(status=status(code, text), receipt_handle=handle)
 
     async def ForwardMessageToDeadLetterQueue(self, request, context):
-        # After its last attempt a PushConsumer hands the message over; hasvc has no DLQ yet, so
-        # it is acknowledged for the group and logged (RocketMQ moves it to %DLQ%group).
-        code, text = await self.bridge.call(self.gate.ack, request.group.name, gateway.wrap_topic(request.topic), request.receipt_handle)
+        # After its last attempt a PushConsumer hands the message over: it goes to %DLQ%<group>.
+        code, text = await self.bridge.call(self.gate.dead_letter, request.group.name, gateway.wrap_topic(request.topic),
+                                            request.receipt_handle)  # fmt: skip
         if code == Code.OK:
-            log.warning("group %s gave up on message %s after %d attempts: acknowledged (no dead-letter queue)",
-                        request.group.name, request.message_id, request.delivery_attempt)  # fmt: skip
+            log.warning("group %s gave up on message %s after %d attempts: moved to %s%s", request.group.name,
+                        request.message_id, request.delivery_attempt, gateway.DLQ_PREFIX, request.group.name)  # fmt: skip
+        self._answered("ForwardMessageToDeadLetterQueue", code)
         return service.ForwardMessageToDeadLetterQueueResponse(status=status(code, text))
 
     async def PullMessage(self, request, context):

@@ -410,3 +410,29 @@ def test_tls_listener_beside_the_plaintext_one(pair, tmp_path):
                            env={"RMQ_DRIVER_TLS": "1", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": cert})  # fmt: skip
     assert proxy_process.stop() == 0
     assert sorted(m["id"] for m in consumed) == sorted(s["id"] for s in sent)
+
+
+def test_a_message_given_up_on_goes_to_the_groups_dead_letter_topic(pair, proxy):
+    topic, group = unique("Poison"), unique("DL")
+    channel, messaging = stub(proxy)
+    sent = messaging.SendMessage(service.SendMessageRequest(messages=[normal_message(topic, b"poison", tag="t")]), metadata=CLIENT)
+    assert sent.status.code == Code.OK
+    request = service.ReceiveMessageRequest(group=definition.Resource(name=group), batch_size=1)
+    request.message_queue.topic.name = topic
+    request.long_polling_timeout.seconds = 5
+    request.invisible_duration.seconds = 30
+    (message,) = [r.message for r in messaging.ReceiveMessage(request, timeout=10, metadata=CLIENT) if r.HasField("message")]
+    forward = messaging.ForwardMessageToDeadLetterQueue(service.ForwardMessageToDeadLetterQueueRequest(
+        group=definition.Resource(name=group), topic=definition.Resource(name=topic),
+        receipt_handle=message.system_properties.receipt_handle, message_id=message.system_properties.message_id,
+        delivery_attempt=17, max_delivery_attempts=17), metadata=CLIENT)  # fmt: skip
+    assert forward.status.code == Code.OK
+    again = messaging.ForwardMessageToDeadLetterQueue(service.ForwardMessageToDeadLetterQueueRequest(
+        group=definition.Resource(name=group), topic=definition.Resource(name=topic),
+        receipt_handle=message.system_properties.receipt_handle), metadata=CLIENT)  # fmt: skip
+    assert again.status.code == Code.OK  # a retried forward: already acknowledged, not copied twice
+    channel.close()
+    with hc.BlockingClient(pair[1].address) as client:
+        (dead,) = client.pull(f"%DLQ%{group}", 0, 0).records
+    assert bytes(dead.body) == b"poison" and dead.tags == "t"
+    assert dead.properties["UNIQ_KEY"] == message.system_properties.message_id

@@ -95,6 +95,12 @@ def test_topics():
     assert convert.check_topic("", "%HASVC").code == Code.ILLEGAL_TOPIC
 
 
+def test_groups():
+    assert convert.check_group("ns%Group_1-a") is None
+    for bad in ("", "a b", "x" * 256, "g\n"):
+        assert convert.check_group(bad).code == Code.ILLEGAL_CONSUMER_GROUP, bad
+
+
 def test_tag_filters():
     assert convert.tag_filter(None) is None
     assert convert.tag_filter(definition.FilterExpression(type=definition.TAG, expression="*")) is None

@@ -28,10 +28,11 @@ import click
               "proxy default) instead of at the oldest retained message.")
 @click.option("--snapshot-every-events", type=click.IntRange(1), default=10_000, show_default=True,
               help="Write the whole consumer progress after this many events (replay starts there).")
+@click.option("--null-sends", is_flag=True, hidden=True, help="Benchmark only: answer sends OK without storing them.")
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None, help="The brokers' cluster secret (or HASVC_SECRET).")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), default=None, help="CA to verify the brokers' TLS certificate.")
 def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advertise, queues, topics, invisible_min_seconds, start_at_end, snapshot_every_events,
-          secret_file, tls_ca) -> None:
+          null_sends, secret_file, tls_ca) -> None:
     """A RocketMQ 5 gRPC proxy (apache.rocketmq.v2.MessagingService) in front of hasvc brokers.
 
     The official RocketMQ 5 clients produce (normal messages) and consume (SimpleConsumer,
@@ -58,7 +59,9 @@ def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advert
         raise click.ClickException(str(error)) from None
     config = gateway.GatewayConfig(queues=queues, topics=frozenset(topics) if topics else None,
                                    invisible_min_seconds=invisible_min_seconds, start_at_end=start_at_end,
-                                   snapshot_every_events=snapshot_every_events)  # fmt: skip
+                                   snapshot_every_events=snapshot_every_events, null_sends=null_sends)  # fmt: skip
+    if null_sends:
+        logging.getLogger("hasvc.proxy").warning("--null-sends: sends are answered OK and NOT STORED (benchmark ceiling)")
     try:
         code = asyncio.run(server.serve(listen_address, broker_list, secret=secret, tls_ca=tls_ca,
                                         advertise=advertise_address, config=config, tls_listen=tls_address,
@@ -66,3 +69,31 @@ def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advert
     except OSError as error:
         raise click.ClickException(str(error)) from None
     sys.exit(code)
+
+
+@click.command("proxy")
+@click.option("--senders", default="1,16", show_default=True, help="Comma-separated numbers of concurrent senders.")
+@click.option("--seconds", type=float, default=10.0, show_default=True, help="Per producer run.")
+@click.option("--size", type=int, default=1024, show_default=True, help="Body bytes.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the runs as JSON here.")
+def bench_proxy(senders, seconds, size, json_path) -> None:
+    """The official Python client through hasvc proxy beside hasvc's own client, on loopback.
+
+    Starts a SYNC_MASTER master and a slave, the proxy, and a proxy that stores nothing (the
+    official client's ceiling). For each number of senders: producers through both proxies and
+    hasvc's client against the master; then a SimpleConsumer draining what was produced beside
+    hasvc's client pulling it. Prints the rates and the gateway's cost against the ceiling.
+    """
+    from hasvc.proxy.bench import run_bench
+
+    try:
+        counts = [int(n) for n in senders.split(",") if n.strip()]
+    except ValueError:
+        raise click.ClickException(f"--senders must be comma-separated numbers, got {senders!r}") from None
+    run_bench(senders=counts, seconds=seconds, size=size, json_path=json_path, echo=click.echo)
+
+
+def register(main: click.Group, bench: click.Group) -> None:
+    """Add ``hasvc proxy`` and ``hasvc bench proxy`` to the command line."""
+    main.add_command(proxy)
+    bench.add_command(bench_proxy)

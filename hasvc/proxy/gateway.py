@@ -83,6 +83,7 @@ class GatewayConfig:
     start_at_end: bool = False  # a new group starts at the end of each queue, not at the oldest message
     receive_recheck_seconds: float = RECEIVE_RECHECK_SECONDS
     snapshot_every_events: int = SNAPSHOT_EVENTS_DEFAULT
+    null_sends: bool = False  # benchmark only: answer checked sends OK without storing them
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,6 +153,8 @@ class Gateway:
         checked = refused or convert.outgoing(message, body_size_max=self.config.body_size_max)
         if isinstance(checked, Refused):
             return SendOutcome(checked.code, checked.message, message.system_properties.message_id)
+        if self.config.null_sends:
+            return SendOutcome(Code.OK, "OK (not stored: --null-sends)", checked.message_id, 0)
         key = self._idempotence_key(client_id, checked.message_id)
         while (busy := self._sending.get(key)) is not None:
             await busy.wait()  # an earlier attempt of this message is still out: ours is its retry

@@ -68,6 +68,9 @@ RECEIVE_BATCH_MAX = 32
 RECEIVE_RECHECK_SECONDS = 0.5
 EVENTS_PER_RECORD_MAX = 4096  # ~60 bytes an event: well under the 4 MiB body limit
 SNAPSHOT_EVENTS_DEFAULT = 10_000
+# ... and at least this often while events come: the progress topic ages out with the brokers'
+# retention (72 h) like any topic, so the last snapshot must always be far younger than that.
+SNAPSHOT_INTERVAL_SECONDS = 3600.0
 PULL_PAGE = 1024  # the broker's PULL_COUNT_MAX
 # A message id that is not a v1 id (not one of the official clients') is keyed by the proxy: it
 # remembers this many such ids (a retry of an id it forgot is stored again).
@@ -120,6 +123,7 @@ class Gateway:
         self._writes: list[tuple[list, dict]] = []
         self._write_wakeup = trio.Event()
         self._events_since_snapshot = 0
+        self._last_snapshot = trio.current_time() if trio.lowlevel.in_trio_run() else 0.0
         self.stats = {"sent": 0, "delivered": 0, "acked": 0, "events": 0, "replayed": 0}
 
     # --- topics ---
@@ -385,7 +389,9 @@ class Gateway:
                     slot["done"].set()
                 self.stats["events"] += count
                 self._events_since_snapshot += count
-                if queue_offset >= 0 and self._events_since_snapshot >= self.config.snapshot_every_events:
+                due = (self._events_since_snapshot >= self.config.snapshot_every_events
+                       or trio.current_time() - self._last_snapshot >= SNAPSHOT_INTERVAL_SECONDS)  # fmt: skip
+                if queue_offset >= 0 and due:
                     await self._snapshot(queue_offset + 1)
 
     async def _append(self, payload, queue_id: int) -> tuple[str, int]:
@@ -401,9 +407,12 @@ class Gateway:
 
     async def _snapshot(self, events_next: int) -> None:
         status, _ = await self._append({"events_next": events_next, "table": self.table.snapshot()}, SNAPSHOT_QUEUE)
+        self._events_since_snapshot = 0  # on failure too: the next try comes after as many events again
+        self._last_snapshot = trio.current_time()
         if status == "PUT_OK":
-            self._events_since_snapshot = 0
             log.info("progress snapshot stored: %d queues, replay from event record %d", len(self.table.queues), events_next)
+        else:
+            log.error("progress snapshot not stored (%s): a restart replays from the previous one", status)
 
     async def replay(self) -> None:
         """Load the last snapshot and the events after it (before serving)."""

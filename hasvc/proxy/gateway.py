@@ -12,8 +12,9 @@ request goes through one :class:`hasvc.client.FailoverClient`, which follows the
 * **Receive**: per (group, topic, queue) under a lock: expired in-flight messages first (read one by
   one at their offsets), then new ones from ``next_new``; messages a TAG filter rejects are
   acknowledged for the group. The deliveries are events, applied to the
-  :class:`~hasvc.proxy.progress.ProgressTable` and appended to the progress topic before the
-  messages are handed out. With nothing to deliver the receive waits (long polling) until a send
+  :class:`~hasvc.proxy.progress.ProgressTable` and queued for the progress topic as the
+  messages are handed out (not waiting for them to be stored: a delivery a restart forgets is
+  only delivered again). With nothing to deliver the receive waits (long polling) until a send
   through this proxy wakes it, ``receive_recheck_seconds`` pass (messages other clients wrote, or a
   deadline that passed), or its time is up.
 * **Ack / ChangeInvisibleDuration**: the receipt handle must name the current delivery (its nonce);
@@ -230,9 +231,12 @@ class Gateway:
         try:
             await self._collect_locked(key, tags, count, invisible_ms, events, deliveries)
         finally:
-            if events:  # applied events are stored even when the receive was abandoned half-way
-                with trio.CancelScope(shield=True):
-                    await self._persist(events)  # a failure only means these may be delivered again
+            # Applied events are queued for the writer, even when the receive was abandoned
+            # half-way, and the messages go out without waiting for them: a delivery that is
+            # never stored is only forgotten by a restart (and delivered again), and an ack of it
+            # is queued after it, so the log never holds the ack without the delivery.
+            if events:
+                self._enqueue(events)
         deliveries = [d for d in deliveries if d is not None]
         self.stats["delivered"] += len(deliveries)
         return deliveries
@@ -366,10 +370,15 @@ class Gateway:
 
     # --- the progress topic ---
 
-    async def _persist(self, events: list[list]) -> str:
+    def _enqueue(self, events: list[list]) -> dict:
         slot = {"done": trio.Event(), "status": ""}
         self._writes.append((events, slot))
         self._write_wakeup.set()
+        return slot
+
+    async def _persist(self, events: list[list]) -> str:
+        """Queue ``events`` for the writer and wait until they are stored; the put status."""
+        slot = self._enqueue(events)
         await slot["done"].wait()
         return slot["status"]
 

@@ -294,11 +294,12 @@ class Servicer(service_grpc.MessagingServiceServicer):
 
     async def AckMessage(self, request, context):
         topic = gateway.wrap_topic(request.topic)
-        entries = []
-        for entry in request.entries:
-            code, text = await self.bridge.call(self.gate.ack, request.group.name, topic, entry.receipt_handle)
-            entries.append(service.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
-                                                         status=status(code, text)))  # fmt: skip
+        # all entries at once: the progress writer stores the acks that wait together as one record
+        answers = await asyncio.gather(*(self.bridge.call(self.gate.ack, request.group.name, topic, entry.receipt_handle)
+                                         for entry in request.entries))  # fmt: skip
+        entries = [service.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                                 status=status(code, text))
+                   for entry, (code, text) in zip(request.entries, answers, strict=True)]  # fmt: skip
         codes = {e.status.code for e in entries}
         overall = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS)
         if not entries:

@@ -436,3 +436,28 @@ def test_a_message_given_up_on_goes_to_the_groups_dead_letter_topic(pair, proxy)
         (dead,) = client.pull(f"%DLQ%{group}", 0, 0).records
     assert bytes(dead.body) == b"poison" and dead.tags == "t"
     assert dead.properties["UNIQ_KEY"] == message.system_properties.message_id
+
+
+def test_one_ack_request_acknowledges_many_messages(proxy):
+    topic, group = unique("Batch"), unique("B")
+    channel, messaging = stub(proxy)
+    messages = [normal_message(topic, f"m{i}".encode()) for i in range(5)]
+    assert messaging.SendMessage(service.SendMessageRequest(messages=messages), metadata=CLIENT).status.code == Code.OK
+    request = service.ReceiveMessageRequest(group=definition.Resource(name=group), batch_size=32)
+    request.message_queue.topic.name = topic
+    request.long_polling_timeout.seconds = 2
+    request.invisible_duration.seconds = 30
+    received = []
+    while len(received) < 5:
+        received += [r.message for r in messaging.ReceiveMessage(request, timeout=10, metadata=CLIENT) if r.HasField("message")]
+    entries = [service.AckMessageEntry(message_id=m.system_properties.message_id, receipt_handle=m.system_properties.receipt_handle)
+               for m in received]  # fmt: skip
+    entries.append(service.AckMessageEntry(message_id="x", receipt_handle="hasvc1 3 999 1"))  # never delivered
+    ack = messaging.AckMessage(service.AckMessageRequest(group=definition.Resource(name=group), topic=definition.Resource(name=topic),
+                                                         entries=entries), metadata=CLIENT)  # fmt: skip
+    request.long_polling_timeout.seconds = 1
+    after = [r for r in messaging.ReceiveMessage(request, timeout=10, metadata=CLIENT) if r.HasField("message")]
+    channel.close()
+    assert ack.status.code == Code.MULTIPLE_RESULTS
+    assert [e.status.code for e in ack.entries] == [Code.OK] * 5 + [Code.INVALID_RECEIPT_HANDLE]
+    assert sorted(m.body for m in received) == [f"m{i}".encode() for i in range(5)] and after == []

@@ -183,6 +183,8 @@ def decode_receipt_handle(handle: str) -> tuple[int, int, int] | None:
         return None
     if not (0 <= queue_id < 2**31 and 0 <= queue_offset < 2**63 and 0 <= nonce < 2**64):
         return None
+    if encode_receipt_handle(queue_id, queue_offset, nonce) != handle:
+        return None  # only the canonical spelling ("+1", "01", other digits than ASCII are not ours)
     return queue_id, queue_offset, nonce
 
 

@@ -576,6 +576,8 @@ def bench_spark_read(size_gib, segment_mib, runs, master, directory, keep, json_
 from hasvc.spark_cli import spark  # noqa: E402
 
 main.add_command(spark)
+from hasvc.proxy.cli import register as register_proxy  # noqa: E402
+register_proxy(main, bench)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -382,6 +382,7 @@ class Broker:
                 LOGGER.warning("promote: cutting a partial record [%d, %d)", end, self.store.commit_log.max_wrote_offset)
                 await trio.to_thread.run_sync(self.store.truncate, end)
             epoch = max(self.store.epochs.last_epoch, self.highest_epoch_seen) + 1
+            await trio.to_thread.run_sync(self.store.resume_queue_offsets)
             self.store.epochs.append(epoch, self.store.commit_log.max_offset)
             await self._rebuild_producer_table()
         self.role = role

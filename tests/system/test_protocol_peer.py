@@ -118,6 +118,21 @@ def test_an_empty_secret_file_makes_the_broker_exit_with_a_message(tmp_path, con
     assert not done.stdout
 
 
+def test_hasvc_secret_is_stripped_as_the_file_is_and_a_blank_one_exits(tmp_path):
+    cluster = Cluster(tmp_path, segment_size=SEGMENT)
+    try:
+        slave = cluster.start_slave("127.0.0.1:1", env={"HASVC_SECRET": "\t k\u00e9y \n"})  # a broker with a secret
+        sock = raw_connect(slave.address)
+        preface(sock, key="k\u00e9y".encode())
+        sock.close()
+    finally:
+        cluster.close()
+    done = subprocess.run([sys.executable, "-m", "hasvc.cli", "master", "--store", str(tmp_path / "s"), "--listen", "127.0.0.1:0",
+                           "--ha-listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HASVC_SECRET": " \n"})  # fmt: skip
+    assert (done.returncode, done.stderr.strip()) == (1, "hasvc: HASVC_SECRET is only whitespace; refusing to start")
+
+
 class FakeMaster:
     """An HA port that greets as a server without a secret (HELLO auth required 0) and records
     every byte the peer sends after the greeting, until the peer closes."""

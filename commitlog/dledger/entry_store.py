@@ -228,6 +228,23 @@ class DLedgerMmapFileStore:
                              f"its index unit says {unit}")  # fmt: skip
         return StoredEntry(header.index, header.term, header.pos, header.size, body)
 
+    def get_by_pos(self, pos: int) -> StoredEntry:
+        """The entry that starts at data offset ``pos`` (DLedgerCommitLog reads messages by
+        offset: pos = PHYSICALOFFSET - 48); ValueError when no entry of the log starts there."""
+        mapped_file = self.data_file_list.find_mapped_file_by_offset(pos)
+        if mapped_file is None or pos - mapped_file.file_from_offset >= mapped_file.wrote_position:
+            raise ValueError(f"offset {pos} is outside the written data files")
+        try:
+            header = codec.decode_entry_header(mapped_file.view(), pos - mapped_file.file_from_offset)
+        except codec.EntryFormatError as error:
+            raise ValueError(f"no entry starts at offset {pos}: {error.reason}") from None
+        if not self._first_index <= header.index <= self._last_index:
+            raise ValueError(f"no entry starts at offset {pos}: entry {header.index} is not in the log")
+        stored = self.get(header.index)
+        if stored.pos != pos:
+            raise ValueError(f"no entry starts at offset {pos}: entry {header.index} lies at {stored.pos}")
+        return stored
+
     def pos_at(self, index: int) -> int:
         """Data-file offset of entry ``index`` (DLedgerEntry.pos)."""
         return self._index_unit(index).pos

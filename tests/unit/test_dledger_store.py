@@ -474,3 +474,16 @@ def test_the_first_data_file_can_start_at_a_segment_boundary(tmp_path):
     store.close()
     with pytest.raises(ValueError):
         open_store(tmp_path / "x", data_start_offset=100)
+
+
+def test_the_dledger_package_imports_neither_trio_nor_hasvc():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import commitlog.dledger, commitlog.dledger.upgrade\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('trio', 'hasvc')]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

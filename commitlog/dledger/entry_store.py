@@ -44,7 +44,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger import state_files
@@ -144,8 +145,14 @@ class _Scan:
 class DLedgerMmapFileStore:
     """The on-disk EntryLog (ENTRYLOG.md): DLedger's file layout, indexes from 0."""
 
-    def __init__(self, directory: str, config: DLedgerStoreConfig, *, data_start_offset: int):
+    def __init__(self, directory: str, config: DLedgerStoreConfig, *, data_start_offset: int,
+                 entry_class: Callable[[int, int, bytes], Any] = Entry,
+                 hard_state_class: Callable[[int, str | None, int], Any] = HardState):  # fmt: skip
         config.validate()
+        # What read() and load_hard_state() build: hasvc's own Entry and HardState (hasvc.state.raft.storage)
+        # can be passed in, so that they compare equal to the core's (commitlog cannot import hasvc).
+        self._entry_class = entry_class
+        self._hard_state_class = hard_state_class
         if data_start_offset < 0 or data_start_offset % config.data_file_size:
             raise ValueError(f"data_start_offset {data_start_offset} is not a multiple of {config.data_file_size}")
         self.directory = directory
@@ -166,11 +173,13 @@ class DLedgerMmapFileStore:
         self.recovery: RecoveryReport | None = None
 
     @classmethod
-    def open(cls, directory: str, config: DLedgerStoreConfig | None = None, *,
-             data_start_offset: int = 0) -> DLedgerMmapFileStore:  # fmt: skip
+    def open(cls, directory: str, config: DLedgerStoreConfig | None = None, *, data_start_offset: int = 0,
+             entry_class: Callable[[int, int, bytes], Any] = Entry,
+             hard_state_class: Callable[[int, str | None, int], Any] = HardState) -> DLedgerMmapFileStore:  # fmt: skip
         """Open (creating it if needed) and recover the store in ``directory``. An empty store's
         first data file starts at ``data_start_offset`` (smooth upgrade: dividedCommitlogOffset)."""
-        store = cls(directory, config or DLedgerStoreConfig(), data_start_offset=data_start_offset)
+        store = cls(directory, config or DLedgerStoreConfig(), data_start_offset=data_start_offset,
+                    entry_class=entry_class, hard_state_class=hard_state_class)  # fmt: skip
         os.makedirs(directory, exist_ok=True)
         store.data_file_list.load()
         try:
@@ -199,7 +208,7 @@ class DLedgerMmapFileStore:
     def term_at(self, index: int) -> int:
         return self._index_unit(index).term
 
-    def read(self, lo: int, hi: int, *, size_max: int) -> list[Entry]:
+    def read(self, lo: int, hi: int, *, size_max: int) -> list[Any]:
         """Entries ``lo <= index < hi``, stopping before the bodies' total would pass ``size_max``
         (at least one when ``lo <= last_index()``)."""
         if lo > self._last_index:
@@ -210,7 +219,7 @@ class DLedgerMmapFileStore:
             stored = self.get(index)
             if entries and total + len(stored.body) > size_max:
                 break
-            entries.append(Entry(stored.index, stored.term, stored.body))
+            entries.append(self._entry_class(stored.index, stored.term, stored.body))
             total += len(stored.body)
         return entries
 
@@ -329,14 +338,30 @@ class DLedgerMmapFileStore:
             assert mapped_file is not None and mapped_file.wrote_position == 0
         return mapped_file.offset_of(mapped_file.wrote_position)
 
-    def next_pos(self, size: int) -> int:
-        """Where an entry of ``size`` bytes appended now would land (no side effects)."""
+    def plan_positions(self, sizes: Sequence[int]) -> list[int]:
+        """Where entries of these sizes (header included), appended now in this order, would land;
+        no side effects. A follower checks the leader's ``pos`` with it before appending
+        (DLedger's appendAsFollower requires the data to land at the entry's pos)."""
+        file_size = self.config.data_file_size
         last = self.data_file_list.last
         if last is None:
-            return self._data_start_offset
-        if last.full or size + codec.MIN_BLANK_SIZE > last.remaining:
-            return last.file_from_offset + self.config.data_file_size
-        return last.offset_of(last.wrote_position)
+            offset = self._data_start_offset
+        elif last.full:
+            offset = last.file_from_offset + file_size
+        else:
+            offset = last.offset_of(last.wrote_position)
+        positions = []
+        for size in sizes:
+            remaining = file_size - offset % file_size
+            if size + codec.MIN_BLANK_SIZE > remaining:
+                offset += remaining  # a blank record fills the rest; the entry starts the next file
+            positions.append(offset)
+            offset += size
+        return positions
+
+    def next_pos(self, size: int) -> int:
+        """Where an entry of ``size`` bytes appended now would land (no side effects)."""
+        return self.plan_positions([size])[0]
 
     def _append_index_unit(self, unit: bytes, *, index: int) -> None:
         offset = index * codec.INDEX_UNIT_SIZE
@@ -423,8 +448,10 @@ class DLedgerMmapFileStore:
         })  # fmt: skip
         self._checkpoint_flushed_index = self._flushed_index
 
-    def load_hard_state(self) -> HardState:
-        return dataclasses.replace(self._hard_state, committed_index=self._committed_index)
+    def load_hard_state(self) -> Any:
+        """The saved term and vote; the committed index known now (HardState(0, None, -1) fresh)."""
+        saved = self._hard_state
+        return self._hard_state_class(saved.term, saved.voted_for, self._committed_index)
 
     def save_hard_state(self, state: HardState) -> None:
         """Replace ``currterm`` durably (fsynced before this returns). The term never decreases."""

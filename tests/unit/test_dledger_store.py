@@ -7,6 +7,8 @@ import os
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from commitlog.dledger import DLedgerMmapFileStore, DLedgerStoreConfig, Entry, HardState
 from commitlog.dledger import entry_codec as codec
@@ -117,13 +119,16 @@ def test_an_entry_that_leaves_exactly_eight_bytes_stays_and_the_next_rolls(tmp_p
     store.close()
 
 
-def test_next_pos_predicts_where_append_lands(tmp_path):
+@given(batches=st.lists(st.lists(st.integers(0, 968), min_size=1, max_size=5), min_size=1, max_size=6))
+def test_plan_positions_predicts_where_append_lands(tmp_path_factory, batches):
     config = DLedgerStoreConfig(data_file_size=1024, index_file_size=32 * 4)
-    store = open_store(tmp_path, config)
-    for index, size in enumerate([400, 400, 400, 900, 10]):
-        predicted = store.next_pos(48 + size)
-        store.append([Entry(index, 0, bytes(size))])
-        assert store.pos_at(index) == predicted
+    store = open_store(tmp_path_factory.mktemp("plan"), config)
+    for sizes in batches:
+        predicted = store.plan_positions([48 + size for size in sizes])
+        assert store.next_pos(48 + sizes[0]) == predicted[0]
+        first = store.last_index() + 1
+        store.append([Entry(first + i, 0, bytes(size)) for i, size in enumerate(sizes)])
+        assert [store.pos_at(first + i) for i in range(len(sizes))] == predicted
     store.close()
 
 
@@ -148,6 +153,8 @@ def test_truncate_then_append_and_reopen(tmp_path):
     assert len(data_files(tmp_path)) == 2
     store.truncate(after_index=20)
     assert (store.last_index(), store.last_term(), store.flushed_index()) == (20, 1, 20)
+    # DLedgerManagedFileStoreTruncateTest: the flushed position is the new end right after a truncate
+    assert store.data_file_list.flushed_where == store.data_file_list.max_wrote_offset
     assert data_files(tmp_path) == ["00000000000000000000"]  # the second file went
     assert store.data_file_list.max_wrote_offset == store.pos_at(20) + 148
     assert store.index_file_list.max_wrote_offset == 21 * INDEX_UNIT_SIZE
@@ -487,3 +494,50 @@ def test_the_dledger_package_imports_neither_trio_nor_hasvc():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_empty_bodies_are_entries_of_48_bytes(tmp_path):
+    """A leader's no-op entry has an empty body (DLedger's recovery accepts size 48 > HEADER_SIZE 44)."""
+    store = open_store(tmp_path)
+    store.append([Entry(0, 1, b""), Entry(1, 1, b"x"), Entry(2, 2, b"")])
+    assert [store.entry_span(i) for i in range(3)] == [(0, 48), (48, 49), (97, 48)]
+    store.close()
+    store = open_store(tmp_path)
+    assert store.read(0, 3, size_max=0) == [Entry(0, 1, b"")]
+    assert store.read(0, 3, size_max=1 << 20) == [Entry(0, 1, b""), Entry(1, 1, b"x"), Entry(2, 2, b"")]
+    store.close()
+
+
+def test_a_log_whose_first_data_files_were_deleted_starts_at_their_successor(tmp_path):
+    """reviseLedgerBeginIndex: the first index is the first remaining data file's first entry."""
+    store = open_store(tmp_path)
+    store.append(entries(0, 100))  # 27 entries per data file
+    store.close()
+    for name in data_files(tmp_path)[:2]:
+        os.unlink(tmp_path / "data" / name)
+    store = open_store(tmp_path)
+    assert (store.first_index(), store.last_index(), store.term_at(54)) == (54, 99, 0)
+    assert store.read(54, 56, size_max=1 << 20) == entries(54, 2)
+    with pytest.raises(IndexError):
+        store.term_at(53)
+    store.truncate(after_index=60)
+    store.append(entries(61, 1, term=1))
+    store.close()
+    store = open_store(tmp_path)
+    assert (store.first_index(), store.last_index(), store.last_term()) == (54, 61, 1)
+    store.close()
+
+
+def test_read_and_load_hard_state_build_the_callers_classes(tmp_path):
+    """The raft core's Entry and HardState (hasvc.state.raft.storage) are other classes with the
+    same fields; the store builds those so that the core's comparisons hold."""
+    import collections
+
+    TheirEntry = collections.namedtuple("TheirEntry", "index term body")
+    TheirHardState = collections.namedtuple("TheirHardState", "term voted_for committed_index")
+    store = DLedgerMmapFileStore.open(str(tmp_path), SMALL, entry_class=TheirEntry, hard_state_class=TheirHardState)
+    store.append([TheirEntry(0, 1, b"a")])
+    store.save_hard_state(TheirHardState(1, "n1", 0))
+    assert store.read(0, 1, size_max=10) == [TheirEntry(0, 1, b"a")]
+    assert store.load_hard_state() == TheirHardState(1, "n1", 0)
+    store.close()

@@ -58,6 +58,15 @@ INDEX_DIRECTORY = "index"
 _MEMBER_ID = re.compile(r"[^\s=:#!\\]{1,255}")
 
 
+def _sync_file(path: str) -> None:
+    """fdatasync ``path`` through a descriptor of its own (the same inode's pages)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Entry:
     index: int  # >= 0, consecutive
@@ -402,11 +411,16 @@ class DLedgerMmapFileStore:
 
     @staticmethod
     def _cut(queue: MappedFileQueue, offset: int) -> None:
-        """Cut ``queue`` at ``offset`` durably: the cut zeroed and synced, removed files' names synced."""
-        count = len(queue.mapped_files)
-        queue.truncate_dirty_files(offset)
-        if len(queue.mapped_files) < count:
+        """Cut ``queue`` at ``offset`` durably. Later files go first, newest first, and their names
+        are synced before the file holding ``offset`` is cut (zeroed, synced): a crash part way
+        leaves a shorter log or the old one, never a cut file followed by files it dropped."""
+        later = [f for f in queue.mapped_files if f.file_from_offset > offset]
+        for mapped_file in reversed(later):
+            mapped_file.destroy()
+        if later:
+            queue.mapped_files = [f for f in queue.mapped_files if f.file_from_offset <= offset]
             fsync_directory(queue.directory)
+        queue.truncate_dirty_files(offset)
 
     def flush(self) -> int:
         """Make every appended entry durable (data, then index); return ``flushed_index()``."""
@@ -494,19 +508,24 @@ class DLedgerMmapFileStore:
         index units that did not match."""
         committed_hint, checkpoint_flushed = self._load_state_files()
         files = self.data_file_list.mapped_files
+        start_number = 0
         if not files:
             scan = _Scan(end_offset=self._data_start_offset, reason="no data files")
             start_offset = self._data_start_offset
         else:
-            start = self._recovery_start(files)
-            start_offset = files[start].file_from_offset
-            scan = self._scan(files, start)
+            start_number = self._recovery_start(files)
+            start_offset = files[start_number].file_from_offset
+            scan = self._scan(files, start_number)
         lost = max(0, checkpoint_flushed - scan.last_index)
         if lost and not self.config.recovery_accept_lost_entries:
             raise StoreError(self._refusal(scan, f"the checkpoint says entries up to {checkpoint_flushed} were "
                                                  f"flushed; {lost} of them are gone", "recovery_accept_lost_entries"))
         deleted = self._cut_data_after_scan(scan)
         self._cut_index_after_scan(scan)
+        # What the scan read may have been only in the page cache (the process was killed, the
+        # machine was not): sync it before calling it flushed.
+        for mapped_file in [*self.data_file_list.mapped_files[start_number:], *self.index_file_list.mapped_files]:
+            _sync_file(mapped_file.path)
         self._last_index, self._last_term = scan.last_index, scan.last_term
         self._first_index = self._read_first_index(scan)
         self._flushed_index = scan.last_index

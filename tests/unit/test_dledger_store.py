@@ -541,3 +541,38 @@ def test_read_and_load_hard_state_build_the_callers_classes(tmp_path):
     assert store.read(0, 1, size_max=10) == [TheirEntry(0, 1, b"a")]
     assert store.load_hard_state() == TheirHardState(1, "n1", 0)
     store.close()
+
+
+class Crash(BaseException):
+    pass
+
+
+def test_a_crash_part_way_through_a_truncate_leaves_a_prefix_of_the_log(tmp_path, monkeypatch):
+    """Later data files go newest first before the cut file is cut: a crash in between leaves a
+    shorter log, never a cut file followed by files it should have dropped (which recovery would
+    take for damage in the middle)."""
+    from commitlog.mapped_file import MappedFile
+
+    store = open_store(tmp_path)
+    store.append(entries(0, 100))  # 4 data files
+    store.flush()
+    store.persist_checkpoint()
+    original = MappedFile.destroy
+    destroyed = []
+
+    def destroy_then_crash(self):
+        if destroyed:
+            raise Crash(self.path)
+        destroyed.append(self.path)
+        original(self)
+
+    monkeypatch.setattr(MappedFile, "destroy", destroy_then_crash)
+    with pytest.raises(Crash):
+        store.truncate(after_index=10)
+    monkeypatch.undo()
+    assert destroyed == [str(tmp_path / "data" / f"{3 * 4096:020d}")]
+    store.abandon()
+    store = open_store(tmp_path)
+    assert store.last_index() == 80  # the first three files' entries, whole
+    assert store.read(0, 100, size_max=1 << 20) == entries(0, 81)
+    store.close()

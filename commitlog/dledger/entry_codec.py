@@ -86,10 +86,12 @@ BLANK = struct.Struct(
 )
 assert BLANK.size == MIN_BLANK_SIZE
 
-# The largest entry: DLedger encodes into a 4 MiB thread-local buffer (``localEntryBuffer``) and
-# RocketMQ's maxMessageSize is 4 MiB, so nothing larger is ever written; a larger size field is
-# damage, not data.
-ENTRY_SIZE_MAX: Final = 4 * 1024 * 1024 + BODY_OFFSET
+# The largest entry body: one RocketMQ message record (DLedgerCommitLog puts one message in one
+# entry) with the largest body (maxMessageSize, 4 MiB), topic (255 bytes) and properties (32 767
+# bytes) and IPv6 hosts fits in 4 MiB + 64 KiB. DLedger itself encodes into a 4 MiB buffer
+# (``localEntryBuffer``) and so refuses the largest messages; a larger size field is damage.
+ENTRY_BODY_SIZE_MAX: Final = 4 * 1024 * 1024 + 64 * 1024
+ENTRY_SIZE_MAX: Final = BODY_OFFSET + ENTRY_BODY_SIZE_MAX
 
 _INT32 = struct.Struct(">i")
 

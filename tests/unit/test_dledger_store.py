@@ -576,3 +576,41 @@ def test_a_crash_part_way_through_a_truncate_leaves_a_prefix_of_the_log(tmp_path
     assert store.last_index() == 80  # the first three files' entries, whole
     assert store.read(0, 100, size_max=1 << 20) == entries(0, 81)
     store.close()
+
+
+def test_a_tail_torn_at_any_byte_loses_exactly_the_torn_entry(tmp_path):
+    """The last entry written, not flushed, cut at every byte of its header and every 16th of its
+    body (bodyCrc covers the rest): recovery ends right before it."""
+    import shutil
+
+    body = bytes(range(1, 201))  # no zero byte: a zeroed byte always changes the entry
+    size = 48 + len(body)
+    base = tmp_path / "base"
+    store = open_store(base)
+    store.append([Entry(i, 1, body) for i in range(5)])
+    store.flush()
+    store.persist_checkpoint()
+    store.append([Entry(5, 2, body)])
+    pos = store.pos_at(5)
+    store.abandon()
+    for keep in [*range(48), *range(48, size, 16), size - 1]:
+        path = tmp_path / f"torn{keep}"
+        shutil.copytree(base, path)
+        damage(path, pos + keep, bytes(size - keep))
+        store = open_store(path)
+        assert (store.last_index(), store.last_term()) == (4, 1), keep
+        store.close()
+
+
+def test_a_log_with_dledger_s_zero_body_crcs_reads(tmp_path):
+    """DLedger leaves bodyCrc 0; such entries are read (and recovered) without a check."""
+    store = open_store(tmp_path)
+    store.append(entries(0, 10))
+    spans = [store.entry_span(i) for i in range(10)]
+    store.close()
+    for pos, _ in spans:
+        damage(tmp_path, pos + 40, bytes(4))
+    store = open_store(tmp_path)
+    assert store.read(0, 10, size_max=1 << 20) == entries(0, 10)
+    assert store.recovery.index_rebuilt_from is None
+    store.close()

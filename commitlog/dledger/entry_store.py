@@ -49,6 +49,7 @@ from typing import Any
 
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger import state_files
+from commitlog.dledger.scan import DataFile, DataScan, scan_data_files, unit_matches
 from commitlog.mapped_file import MappedFile, StoreError, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
 
@@ -133,22 +134,6 @@ class RecoveryReport:
     deleted_data_files: tuple[str, ...]
     index_rebuilt_from: int | None  # first entry whose index unit was rewritten from the data
     lost_entries: int  # entries at or below the checkpoint's flushedIndex that were gone (accepted)
-
-
-@dataclasses.dataclass
-class _Scan:
-    """Where the recovery scan stopped and what it saw."""
-
-    end_offset: int
-    first_index: int = -1
-    last_index: int = -1
-    last_term: int = -1
-    count: int = 0
-    reason: str = "end of written data"
-    clean: bool = True
-    stop_file: MappedFile | None = None
-    index_rebuilt_from: int | None = None  # first entry whose index unit did not match
-    index_rebuild_offset: int = -1  # its data offset
 
 
 class DLedgerMmapFileStore:
@@ -510,7 +495,7 @@ class DLedgerMmapFileStore:
         files = self.data_file_list.mapped_files
         start_number = 0
         if not files:
-            scan = _Scan(end_offset=self._data_start_offset, reason="no data files")
+            scan = DataScan(end_offset=self._data_start_offset, reason="no data files")
             start_offset = self._data_start_offset
         else:
             start_number = self._recovery_start(files)
@@ -535,11 +520,11 @@ class DLedgerMmapFileStore:
             self.persist_checkpoint()  # the loss was accepted once; the next open must not refuse again
         self.recovery = RecoveryReport(start_offset, scan.end_offset, self._first_index, scan.last_index,
                                        scan.count, scan.reason, None if scan.clean else scan.end_offset,
-                                       deleted, scan.index_rebuilt_from, lost)  # fmt: skip
+                                       deleted, scan.index_mismatch_from, lost)  # fmt: skip
         self._check()
 
-    def _refusal(self, scan: _Scan, why: str, setting: str) -> str:
-        where = scan.stop_file.path if scan.stop_file is not None else self.data_file_list.directory
+    def _refusal(self, scan: DataScan, why: str, setting: str) -> str:
+        where = scan.stop_path or self.data_file_list.directory
         return (f"recovery refuses to end the log at offset {scan.end_offset} ({where}: {scan.reason}): {why}. "
                 f"Inspect the files; set {setting} to accept the loss.")  # fmt: skip
 
@@ -565,68 +550,13 @@ class DLedgerMmapFileStore:
             unit = codec.decode_index_unit(mapped_file.view(), offset - mapped_file.file_from_offset)
         except codec.EntryFormatError:
             return False
-        return (unit.magic, unit.pos, unit.size, unit.index, unit.term) == (
-            header.magic, header.pos, header.size, header.index, header.term)  # fmt: skip
+        return unit_matches(unit, header)
 
-    def _scan(self, files: list[MappedFile], start: int) -> _Scan:
-        scan = _Scan(end_offset=files[start].file_from_offset)
-        for mapped_file in files[start:]:
-            scan.stop_file = mapped_file
-            if not self._scan_file(mapped_file, scan):
-                return scan
-        scan.end_offset = files[-1].file_from_offset + self.config.data_file_size
-        scan.reason = "end of the last data file (blank record)"
-        return scan
+    def _scan(self, files: list[MappedFile], start: int) -> DataScan:
+        data_files = [DataFile(f.path, f.file_from_offset, f.view()) for f in files[start:]]
+        return scan_data_files(data_files, file_size=self.config.data_file_size, unit_matches=self._unit_matches)
 
-    def _scan_file(self, mapped_file: MappedFile, scan: _Scan) -> bool:
-        """Scan one data file into ``scan`` without writing; True when it ends with a blank record."""
-        view = mapped_file.view()
-        size_limit = mapped_file.file_size
-        position = 0
-        while True:
-            scan.end_offset = mapped_file.offset_of(position)
-            if size_limit - position < codec.MIN_BLANK_SIZE:
-                return self._stop(scan, f"{size_limit - position} bytes left, no room for a record", clean=False)
-            blank = codec.peek_blank(view, position)
-            if blank is not None:
-                if blank != size_limit - position:
-                    return self._stop(scan, f"blank record of {blank} bytes, {size_limit - position} left", clean=False)
-                return True
-            if not any(view[position : position + codec.MIN_BLANK_SIZE]):
-                return self._stop(scan, "end of written data", clean=True)
-            try:
-                header = codec.decode_entry_header(view, position)
-                codec.check_body(header, view, position)
-            except codec.EntryFormatError as error:
-                return self._stop(scan, error.reason, clean=False)
-            problem = self._misplaced(header, scan, mapped_file.offset_of(position))
-            if problem:
-                return self._stop(scan, problem, clean=False)
-            if scan.index_rebuilt_from is None and not self._unit_matches(header):
-                scan.index_rebuilt_from = header.index
-                scan.index_rebuild_offset = header.pos
-            if scan.first_index < 0:
-                scan.first_index = header.index
-            scan.last_index, scan.last_term = header.index, header.term
-            scan.count += 1
-            position += header.size
-
-    @staticmethod
-    def _stop(scan: _Scan, reason: str, *, clean: bool) -> bool:
-        scan.reason, scan.clean = reason, clean
-        return False
-
-    @staticmethod
-    def _misplaced(header: codec.EntryHeader, scan: _Scan, offset: int) -> str | None:
-        if header.pos != offset:
-            return f"entry {header.index} says pos {header.pos}, lies at {offset}"
-        if scan.last_index >= 0 and header.index != scan.last_index + 1:
-            return f"entry index {header.index} does not follow {scan.last_index}"
-        if header.term < scan.last_term:
-            return f"entry {header.index} has term {header.term}, below the previous {scan.last_term}"
-        return None
-
-    def _cut_data_after_scan(self, scan: _Scan) -> tuple[str, ...]:
+    def _cut_data_after_scan(self, scan: DataScan) -> tuple[str, ...]:
         """Cut the data files where the scan stopped (zeroing the rest of that file: bytes of a
         torn tail must not be read back after the next crash); refuse when that deletes too much."""
         queue = self.data_file_list
@@ -642,7 +572,7 @@ class DLedgerMmapFileStore:
         queue.flushed_where = queue.committed_where = scan.end_offset
         return tuple(f.path for f in later)
 
-    def _cut_index_after_scan(self, scan: _Scan) -> None:
+    def _cut_index_after_scan(self, scan: DataScan) -> None:
         """Cut the index after the last entry; rewrite the units from the first that did not
         match; make it all durable."""
         queue = self.index_file_list
@@ -652,9 +582,9 @@ class DLedgerMmapFileStore:
             if had_files:
                 fsync_directory(queue.directory)
             return
-        if scan.index_rebuilt_from is not None:
-            self._rewind_index(scan.index_rebuilt_from * codec.INDEX_UNIT_SIZE)
-            self._rebuild_index(scan.index_rebuild_offset, scan.end_offset)
+        if scan.index_mismatch_from is not None:
+            self._rewind_index(scan.index_mismatch_from * codec.INDEX_UNIT_SIZE)
+            self._rebuild_index(scan.index_mismatch_offset, scan.end_offset)
         self._rewind_index((scan.last_index + 1) * codec.INDEX_UNIT_SIZE)
         queue.flush()
 
@@ -687,7 +617,7 @@ class DLedgerMmapFileStore:
             self._append_index_unit(unit, index=header.index)
             offset += header.size
 
-    def _read_first_index(self, scan: _Scan) -> int:
+    def _read_first_index(self, scan: DataScan) -> int:
         """The index of the first entry kept (DLedger's reviseLedgerBeginIndex); 0 when empty."""
         if scan.last_index < 0:
             return 0

@@ -93,9 +93,6 @@ assert BLANK.size == MIN_BLANK_SIZE
 ENTRY_BODY_SIZE_MAX: Final = 4 * 1024 * 1024 + 64 * 1024
 ENTRY_SIZE_MAX: Final = BODY_OFFSET + ENTRY_BODY_SIZE_MAX
 
-_INT32 = struct.Struct(">i")
-
-
 class EntryFormatError(ValueError):
     """Bytes that are not a valid entry, index unit or blank; ``reason`` says why in a few words."""
 
@@ -130,7 +127,8 @@ class IndexUnit:
 
 def body_crc(body) -> int:
     """CRC32 (java.util.zip.CRC32, zlib's) of ``body`` as a signed int32, as the field holds it."""
-    return _INT32.unpack(struct.pack(">I", zlib.crc32(body)))[0]
+    crc = zlib.crc32(body)
+    return crc - (1 << 32) if crc & 0x80000000 else crc
 
 
 def entry_size(body_size: int) -> int:
@@ -146,6 +144,15 @@ def encode_entry(*, index: int, term: int, pos: int, body, magic: int = MAGIC_1)
         raise ValueError(f"index {index}, term {term} and pos {pos} must be >= 0")
     header = ENTRY_HEADER.pack(magic, size, index, term, pos, 0, 0, body_crc(body), len(body))
     return header + bytes(body)
+
+
+def write_entry(buffer, position: int, *, index: int, term: int, pos: int, body, magic: int = MAGIC_1) -> int:
+    """``encode_entry`` straight into ``buffer`` at ``position`` (a data file's mapping); return
+    the entry's size. The caller has checked the limits (``encode_entry`` raises on them)."""
+    size = BODY_OFFSET + len(body)
+    ENTRY_HEADER.pack_into(buffer, position, magic, size, index, term, pos, 0, 0, body_crc(body), len(body))
+    buffer[position + BODY_OFFSET : position + size] = body
+    return size
 
 
 def decode_entry_header(buffer, position: int = 0) -> EntryHeader:

@@ -66,6 +66,14 @@ def test_entry_round_trip(index, term, pos, body):
     assert header2 == header and decoded2 == body
 
 
+@given(index=INT64, term=INT64, pos=INT64, body=BODY, at=st.integers(0, 16))
+def test_write_entry_into_a_buffer_matches_encode_entry(index, term, pos, body, at):
+    buffer = bytearray(b"\xee" * (at + 48 + len(body) + 3))
+    size = codec.write_entry(buffer, at, index=index, term=term, pos=pos, body=body)
+    assert bytes(buffer[at : at + size]) == codec.encode_entry(index=index, term=term, pos=pos, body=body)
+    assert buffer[:at] == b"\xee" * at and buffer[at + size :] == b"\xee" * 3
+
+
 @given(index=INT64, term=INT64, pos=INT64, body=BODY, cut=st.data())
 def test_truncated_entry_raises_entry_format_error(index, term, pos, body, cut):
     data = codec.encode_entry(index=index, term=term, pos=pos, body=body)

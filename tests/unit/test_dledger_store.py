@@ -614,3 +614,20 @@ def test_a_log_with_dledger_s_zero_body_crcs_reads(tmp_path):
     assert store.read(0, 10, size_max=1 << 20) == entries(0, 10)
     assert store.recovery.index_rebuilt_from is None
     store.close()
+
+
+def test_warm_ahead_creates_the_next_files_and_recovery_ignores_them(tmp_path):
+    store = open_store(tmp_path)
+    store.append(entries(0, 20))  # more than half of the first data file
+    store.warm_ahead(4096)
+    assert data_files(tmp_path) == ["00000000000000000000", "00000000000000004096"]  # the spare, zeros
+    store.abandon()
+    store = open_store(tmp_path)  # the spare (all zeros) is not data
+    assert store.last_index() == 19
+    store.warm_ahead(4096)
+    store.append(entries(20, 20))  # rolls into the warmed file
+    assert store.pos_at(27) == 4096
+    store.close()
+    store = open_store(tmp_path)
+    assert store.read(0, 100, size_max=1 << 20) == entries(0, 40)
+    store.close()

@@ -74,6 +74,10 @@ class EntryStoreMachine(RuleBasedStateMachine):
         assert self.store.flush() == len(self.model) - 1
 
     @rule()
+    def warm_ahead(self):
+        self.store.warm_ahead(CONFIG.data_file_size)
+
+    @rule()
     def persist_checkpoint(self):
         self.store.persist_checkpoint()
 

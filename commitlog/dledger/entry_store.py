@@ -46,7 +46,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger import state_files
@@ -205,18 +205,49 @@ class DLedgerMmapFileStore:
 
     def read(self, lo: int, hi: int, *, size_max: int) -> list[Any]:
         """Entries ``lo <= index < hi``, stopping before the bodies' total would pass ``size_max``
-        (at least one when ``lo <= last_index()``)."""
+        (at least one when ``lo <= last_index()``). Each entry is checked against its index unit
+        and its bodyCrc, as ``get`` does, without building the intermediate objects."""
         if lo > self._last_index:
             return []
-        entries: list[Entry] = []
+        if lo < self._first_index:
+            raise IndexError(f"index {lo} outside the log [{self._first_index}, {self._last_index}]")
+        entries: list[Any] = []
         total = 0
+        index_file = None
         for index in range(lo, min(hi, self._last_index + 1)):
-            stored = self.get(index)
-            if entries and total + len(stored.body) > size_max:
+            offset = index * codec.INDEX_UNIT_SIZE
+            if index_file is None or offset - index_file.file_from_offset >= index_file.file_size:
+                index_file = self.index_file_list.find_mapped_file_by_offset(offset)
+                if index_file is None:
+                    self._raise_damage(index)
+            magic, pos, size, unit_index, term = codec.INDEX_UNIT.unpack_from(index_file.view(),
+                                                                              offset - index_file.file_from_offset)  # fmt: skip
+            body = self._checked_body(index, magic, pos, size, unit_index, term)
+            if entries and total + len(body) > size_max:
                 break
-            entries.append(self._entry_class(stored.index, stored.term, stored.body))
-            total += len(stored.body)
+            entries.append(self._entry_class(index, term, body))
+            total += len(body)
         return entries
+
+    def _checked_body(self, index: int, magic: int, pos: int, size: int, unit_index: int, term: int) -> bytes:
+        """The body of entry ``index`` whose index unit holds these values, after the pair check."""
+        data_file = self.data_file_list.find_mapped_file_by_offset(pos)
+        position = pos - data_file.file_from_offset if data_file is not None else -1
+        if data_file is None or not codec.BODY_OFFSET <= size <= data_file.wrote_position - position:
+            self._raise_damage(index)
+        view = data_file.view()
+        header = codec.ENTRY_HEADER.unpack_from(view, position)
+        if header[:5] != (magic, size, index, term, pos) or unit_index != index or header[8] + codec.BODY_OFFSET != size:
+            self._raise_damage(index)
+        body = bytes(view[position + codec.BODY_OFFSET : position + size])
+        if header[7] and codec.body_crc(body) != header[7]:
+            self._raise_damage(index)
+        return body
+
+    def _raise_damage(self, index: int) -> NoReturn:
+        """``get`` names what is wrong with entry ``index``; the caller's fast check found it."""
+        self.get(index)
+        raise AssertionError(f"entry {index} failed a check that get() passes")
 
     def get(self, index: int) -> StoredEntry:
         """Entry ``index`` with its ``pos``; IndexError outside [first, last]; StoreError when the

@@ -631,3 +631,24 @@ def test_warm_ahead_creates_the_next_files_and_recovery_ignores_them(tmp_path):
     store = open_store(tmp_path)
     assert store.read(0, 100, size_max=1 << 20) == entries(0, 40)
     store.close()
+
+
+@pytest.mark.parametrize("where", ["body", "header", "index unit"])
+def test_damage_after_recovery_is_a_store_error_on_read(tmp_path, where):
+    """Reads check every entry against its index unit and its bodyCrc (pair assertions)."""
+    store = open_store(tmp_path)
+    store.append(entries(0, 10))
+    store.flush()
+    pos, _ = store.entry_span(6)
+    if where == "body":
+        damage(tmp_path, pos + 70, b"\x00\x01")
+    elif where == "header":
+        damage(tmp_path, pos + 16, struct.pack(">q", 5))  # the term
+    else:
+        damage(tmp_path, 6 * INDEX_UNIT_SIZE + 4, struct.pack(">q", pos + 1), directory="index")
+    assert store.read(0, 6, size_max=1 << 20) == entries(0, 6)
+    with pytest.raises(StoreError, match="entry 6|entry at offset"):
+        store.read(0, 10, size_max=1 << 20)
+    with pytest.raises(StoreError):
+        store.get(6)
+    store.abandon()

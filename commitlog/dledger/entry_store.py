@@ -383,6 +383,20 @@ class DLedgerMmapFileStore:
             assert mapped_file is not None and mapped_file.wrote_position == 0
         return mapped_file.offset_of(mapped_file.wrote_position)
 
+    def start_at(self, offset: int) -> None:
+        """Make an empty log's first entry land at data offset ``offset`` (a data-file boundary):
+        a follower joining a group whose log starts at a smooth upgrade's divide learns it from
+        the leader's first entry's pos. Empty data files are removed; refused on a non-empty log."""
+        if self._last_index >= 0 or self._first_index != 0:
+            raise ValueError(f"the log holds entries [{self._first_index}, {self._last_index}]; its start is fixed")
+        if offset < 0 or offset % self.config.data_file_size:
+            raise ValueError(f"start offset {offset} is not a multiple of the data file size {self.config.data_file_size}")
+        if self.data_file_list.mapped_files or self.data_file_list.min_offset != offset:
+            self.data_file_list.reset_to(offset)
+            if os.path.isdir(self.data_file_list.directory):
+                fsync_directory(self.data_file_list.directory)
+        self._data_start_offset = offset
+
     def plan_positions(self, sizes: Sequence[int]) -> list[int]:
         """Where entries of these sizes (header included), appended now in this order, would land;
         no side effects. A follower checks the leader's ``pos`` with it before appending

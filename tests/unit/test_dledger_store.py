@@ -652,3 +652,23 @@ def test_damage_after_recovery_is_a_store_error_on_read(tmp_path, where):
     with pytest.raises(StoreError):
         store.get(6)
     store.abandon()
+
+
+def test_an_empty_follower_can_start_where_the_leader_s_log_starts(tmp_path):
+    """A leader upgraded from a classic log starts at the divide; an empty follower learns it
+    from the first entry's pos, so that both hold the same bytes at the same offsets."""
+    store = open_store(tmp_path)
+    store.append(entries(0, 2))
+    with pytest.raises(ValueError, match="fixed"):
+        store.start_at(2 * 4096)
+    store.truncate(after_index=-1)
+    with pytest.raises(ValueError, match="multiple"):
+        store.start_at(100)
+    store.start_at(2 * 4096)
+    assert data_files(tmp_path) == [] and store.next_pos(148) == 2 * 4096
+    store.append(entries(0, 3))
+    assert store.pos_at(0) == 2 * 4096
+    store.close()
+    store = open_store(tmp_path)
+    assert (store.first_index(), store.last_index(), store.pos_at(2)) == (0, 2, 2 * 4096 + 2 * 148)
+    store.close()

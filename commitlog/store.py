@@ -429,6 +429,19 @@ class MessageStore:
         self.commit_log.topic_queue_table = self.consume_queues.queue_offset_table()
         self.epochs.replace(truncate_suffix_by_offset(self.epochs.entries, offset))
 
+    def resume_queue_offsets(self) -> None:
+        """Before a promoted slave takes writes: flush and dispatch every replicated record, then
+        continue each queue's offsets from its consume queue. Replication writes records, not the
+        append path's ``topic_queue_table``; without this a new master's first writes would reuse
+        queue offsets that replicated records already hold (RocketMQ: recoverTopicQueueTable on
+        the role change)."""
+        self.commit_log.flush()
+        while self.dispatch():
+            pass
+        if self.dispatch_error is not None:
+            raise StoreError(f"cannot take writes: {self.dispatch_error}")
+        self.commit_log.topic_queue_table = self.consume_queues.queue_offset_table()
+
     def last_record_end(self) -> int:
         """The end of the last complete, valid record: a slave's log may end in the middle of a
         record (frames are cut by size), and a new master must start after whole records."""

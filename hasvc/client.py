@@ -336,14 +336,21 @@ class FailoverClient:
 
     async def send_batch(self, topic: str, bodies: Sequence[bytes], *, retry: bool | None = None, **kwargs) -> list[SendResult]:
         """As Client.send_batch, to the current master; see the class for retries."""
-        retry = self.retry_sends if retry is None else retry
         first = self._sequence
         self._sequence += len(bodies)
+        return await self.send_idempotent(topic, bodies, producer_id=self.producer_id, first_sequence=first, retry=retry, **kwargs)
+
+    async def send_idempotent(self, topic: str, bodies: Sequence[bytes], *, producer_id: str, first_sequence: int,
+                              retry: bool | None = None, **kwargs) -> list[SendResult]:  # fmt: skip
+        """As send_batch, under a caller's own producer id and sequences (a gateway that sends
+        for many producers keys each one's retries this way)."""
+        retry = self.retry_sends if retry is None else retry
+        first = first_sequence
         deadline = trio.current_time() + self.failover_timeout
         client, generation = await self._current()
         while True:
             try:
-                results = await client.send_batch(topic, bodies, producer_id=self.producer_id, first_sequence=first, **kwargs)
+                results = await client.send_batch(topic, bodies, producer_id=producer_id, first_sequence=first, **kwargs)
             except ClientError:
                 if failover.after_send(failover.SendOutcome.FAILED, retry=retry, now=trio.current_time(), deadline=deadline) is failover.Next.RAISE:
                     raise

@@ -234,12 +234,21 @@ def convert(name: str, value: Any) -> Any:
 
 
 def read_secret(secret_file: str | None) -> bytes | None:
-    """The cluster secret: from a file (stripped), else HASVC_SECRET, else None."""
+    """The cluster secret, the HMAC key of the preface (docs/PROTOCOL.md §1): the file's bytes,
+    else HASVC_SECRET's (as the environment holds them), else None; in both cases with leading
+    and trailing ASCII whitespace (space, \\t, \\n, \\v, \\f, \\r) removed, nothing decoded.
+    Nothing left (an empty file, a HASVC_SECRET of blanks) exits the command with a message:
+    an empty key would look like a secret and prove nothing. An unset or empty HASVC_SECRET
+    means no secret."""
     if secret_file:
         with open(secret_file, "rb") as file:
             secret = file.read().strip()
         if not secret:
-            raise ValueError(f"{secret_file}: empty secret")
+            raise SystemExit(f"hasvc: the secret file {secret_file} is empty (or only whitespace); refusing to start")
         return secret
-    value = os.environ.get("HASVC_SECRET")
-    return value.encode() if value else None
+    value = os.environb.get(b"HASVC_SECRET")
+    if not value:
+        return None
+    if not value.strip():
+        raise SystemExit("hasvc: HASVC_SECRET is only whitespace; refusing to start")
+    return value.strip()

@@ -38,6 +38,10 @@ class Replicator(Protocol):
     def admit(self, next_offset: int) -> Admission:
         """Whether a put ending at ``next_offset`` should wait for replication at all."""
 
+    def shortfall(self, next_offset: int) -> str:
+        """Why a put ending at ``next_offset`` cannot wait for replication (when ``admit`` says
+        so): SLAVE_NOT_AVAILABLE's reason."""
+
     def in_sync_count(self) -> int:
         """Replicas close enough to the local log to count as in sync."""
 
@@ -74,6 +78,13 @@ class ClassicReplicator:
     def admit(self, next_offset: int) -> Admission:
         return self.replicas.admit(next_offset=next_offset, master_max_offset=self.log_end(), max_gap=self.max_gap,
                                    replicas=self.in_sync_replicas)  # fmt: skip
+
+    def shortfall(self, next_offset: int) -> str:
+        """How many in-sync slaves were needed, how many there were."""
+        ready = self.replicas.ready_count(next_offset=next_offset, max_gap=self.max_gap)
+        return (f"stored on the master only: in_sync_replicas {self.in_sync_replicas} slave(s) needed within "
+                f"ha_max_gap_not_in_sync {self.max_gap} bytes of the put's end {next_offset}, {ready} there "
+                f"({len(self.replicas.slaves)} connected)")  # fmt: skip
 
     def in_sync_count(self) -> int:
         return self.replicas.in_sync_count(master_max_offset=self.log_end(), max_gap=self.max_gap)

@@ -278,6 +278,10 @@ async def client_preface(connection: Connection, *, port_kind: int, secret: byte
             raise AuthenticationError(f"{connection.peer} speaks protocol version {version}, we speak {wire.PROTOCOL_VERSION}")
         if server_kind != port_kind:
             raise AuthenticationError(f"{connection.peer}: {wire.AUTH_STATUS_TEXT[wire.AUTH_STATUS_WRONG_PORT]}")
+        if secret is not None and not auth_required:
+            # A server without the secret cannot prove it is one of ours: whoever it is, a slave
+            # must not take log bytes from it nor a client send to it (nothing is sent to it).
+            raise AuthenticationError(f"{connection.peer} requires no secret but we have one: refusing a server that cannot prove it knows the secret")
         client_nonce = wire.new_nonce()
         await connection.send_all(wire.encode_auth(secret=secret, server_nonce=server_nonce, client_nonce=client_nonce))
         status, proof = wire.AUTH_OK.unpack(await connection.receive_exactly(wire.AUTH_OK.size))

@@ -147,6 +147,7 @@ class Broker:
             if end < self.store.commit_log.max_wrote_offset:
                 LOGGER.warning("promote: cutting a partial record [%d, %d)", end, self.store.commit_log.max_wrote_offset)
                 await trio.to_thread.run_sync(self.store.truncate, end)
+            await trio.to_thread.run_sync(self.store.resume_queue_offsets)
             self.store.epochs.append(promotion.epoch, self.store.commit_log.max_offset)
             await self._rebuild_producer_table()
         await self._carry_out(self.role_state.finish_promotion(promotion))
@@ -236,7 +237,7 @@ class Broker:
             slaves.append({
                 "address": progress.address, "slave_id": progress.slave_id, "ack_offset": progress.ack_offset,
                 "lag_bytes": lag_bytes, "lag_seconds": round(lag_seconds, 3),
-                "connected_since": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(progress.connected_since)),
+                "connected_since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(progress.connected_since)),  # UTC
             })  # fmt: skip
         status = {
             **self.addresses(),

@@ -34,6 +34,9 @@ from hasvc.protocol import wire
 LOGGER = logging.getLogger(__name__)
 
 PULL_COUNT_MAX = 1024  # records in one PULL response
+# Record bytes in one PULL response (past the first record): with 1024 records of up to 4 MiB
+# bodies a response could pass a client's 16 MiB frame_size_max and be refused whole.
+PULL_BYTES_MAX = 4 * 1024 * 1024
 READ_SIZE_MAX = 4 * 1024 * 1024  # bytes in one READ response
 ACCEPT_RETRY_SECONDS = 0.1  # after a failed accept (EMFILE and friends)
 # What ends one client connection (logged, that connection closed); anything else is our bug.
@@ -158,6 +161,8 @@ class ClientPort:
     async def _role_request(self, outbox: Outbox, frame: cp.Frame) -> None:
         try:
             if frame.kind == cp.PROMOTE:
+                if bytes(frame.payload) not in (b"\x00", b"\x01"):
+                    raise ValueError(f"PROMOTE payload must be one byte, 0 (ASYNC_MASTER) or 1 (SYNC_MASTER), not {bytes(frame.payload)[:8]!r}")
                 await self.promote(BrokerRole.SYNC_MASTER if frame.payload[:1] == b"\x01" else BrokerRole.ASYNC_MASTER)
             else:
                 await self.demote(parse_address(cp.decode_demote(frame.payload)))
@@ -176,6 +181,9 @@ class ClientPort:
             return cp.encode_simple_response(cp.OK, "", json.dumps(self.status()).encode())
         except wire.ProtocolError as error:
             return error_response(frame, str(error))
+        except ReadError as error:  # a queue unit naming bytes the log no longer has: that request fails, not the broker
+            LOGGER.warning("%s request failed: %s", "PULL" if frame.kind == cp.PULL else "READ", error)
+            return error_response(frame, f"read failed: {error}")
 
     def _pull(self, request: cp.PullRequest) -> bytes:
         queue = self.store.consume_queues.find(request.topic, request.queue_id)
@@ -183,7 +191,11 @@ class ClientPort:
             return cp.encode_pull_response(cp.PullResponse(cp.NOT_FOUND, f"no queue {request.topic}/{request.queue_id}", request.queue_offset, 0, []))
         records = []
         next_offset = max(request.queue_offset, queue.min_offset_in_queue)
+        total = 0
         for offset, size, _tags in queue.read(next_offset, min(request.count_max, PULL_COUNT_MAX)):
+            total += size
+            if records and total > PULL_BYTES_MAX:
+                break
             records.append(bytes(self.store.read(offset, size)))
         next_offset += len(records)
         status = cp.OK if records or request.queue_offset <= queue.max_offset_in_queue else cp.OFFSET_ILLEGAL

@@ -41,7 +41,7 @@ from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.config import BrokerConfig
 from hasvc.protocol import ha, wire
-from hasvc.state.handshake import LogView, admit_slave
+from hasvc.state.handshake import LogView, SlaveAdmission, admit_slave
 from hasvc.state.replication import ReplicaSet, ReplicationViolation, SlaveProgress
 from hasvc.state.role import RoleState
 from hasvc.state.transfer import Heartbeat, Send, TransferCursor, WaitUntil, start_offset
@@ -80,7 +80,8 @@ class HAService:
             hello = await self._handshake(connection)
             if hello is None:
                 return
-            progress = SlaveProgress(connection_id, hello.slave_id, hello.client_address or connection.peer, time.time())
+            progress = SlaveProgress(connection_id, hello.slave_id, hello.client_address or connection.peer, time.time(),
+                                     caught_up_at=trio.current_time())  # lag counts from here until it catches up
             self.replicas.add(progress)
             LOGGER.info("slave %s (%s) connected from %s, its log ends at %d", hello.slave_id, progress.address, connection.peer, hello.max_offset)
             try:
@@ -104,17 +105,19 @@ class HAService:
             await connection.aclose()
 
     async def _handshake(self, connection) -> ha.SlaveHello | None:
-        store = self.store
         buffer = wire.Buffer(size_max=ha.HANDSHAKE_SIZE_MAX + 4)
-        with trio.fail_after(HANDSHAKE_TIMEOUT_SECONDS):
-            while (body := ha.take_handshake_frame(buffer)) is None:
-                data = await connection.receive_some()
-                if not data:
-                    raise EOFError("slave closed during the handshake")
-                buffer.feed(data)
-        hello = ha.decode_slave_hello(body)
-        commit_log = store.commit_log
-        view = LogView(tuple(store.epochs.entries), commit_log.min_offset, commit_log.max_offset, commit_log.segment_size)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_SECONDS):
+                while (body := ha.take_handshake_frame(buffer)) is None:  # the length is checked first
+                    data = await connection.receive_some()
+                    if not data:
+                        raise EOFError("slave closed during the handshake")
+                    buffer.feed(data)
+            hello = ha.decode_slave_hello(body)
+        except wire.ProtocolError as error:  # refused with the reason, as every other refusal
+            await self._refuse(connection, f"bad SLAVE_HELLO: {error}")
+            raise
+        view = self._log_view()
         admission = admit_slave(hello, view)
         if admission.fence_epoch:
             self.role.epoch_seen(admission.fence_epoch)
@@ -128,6 +131,20 @@ class HAService:
         if len(buffer):
             raise wire.ProtocolError("slave sent data before the handshake was answered")
         return hello
+
+    def _log_view(self) -> LogView:
+        store = self.store
+        commit_log = store.commit_log
+        return LogView(tuple(store.epochs.entries), commit_log.min_offset, commit_log.max_offset, commit_log.segment_size)
+
+    async def _refuse(self, connection, reason: str) -> None:
+        """Answer a hello that could not be read with a refusal naming why (best effort: the
+        connection closes after it either way)."""
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_SECONDS):
+            try:
+                await connection.send_all(ha.encode_master_hello(SlaveAdmission(reason).master_hello(self._log_view())))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
     async def _read_reports(self, connection, progress: SlaveProgress, first_report: trio.Event, watchdog) -> None:
         replicas, commit_log = self.replicas, self.store.commit_log

@@ -343,7 +343,7 @@ class PutService:
         next_offset = appended.result.next_offset
         replicator = self.replicator
         plan = self.tracker.plan(next_offset, role=self.role, replicated_to=replicator.replicated_offset(),
-                              admit=lambda: replicator.admit(next_offset))  # fmt: skip
+                                 admit=lambda: replicator.admit(next_offset), shortfall=lambda: replicator.shortfall(next_offset))  # fmt: skip
         now = trio.current_time()
         flush_wait = ack_wait = None
         if plan.flush:
@@ -365,9 +365,9 @@ class PutService:
         if self.metrics:
             self.metrics.put_done(appended.status.name, time.perf_counter() - started)
         result = appended.result
-        offsets = list(result.offsets) if result is not None else []
-        queue_offsets = list(result.queue_offsets) if result is not None else []
-        return cp.SendResponse(appended.status.name, appended.reason, appended.queue_id, offsets, queue_offsets)
+        if result is None:  # nothing stored: queue id -1 and no offsets, whatever the status
+            return cp.SendResponse(appended.status.name, appended.reason, -1, [], [])
+        return cp.SendResponse(appended.status.name, appended.reason, appended.queue_id, list(result.offsets), list(result.queue_offsets))
 
     def _wait_for(self, waiters: OffsetWaiters, offset: int, deadline: float, callback=None) -> _Wait:
         wait = _Wait(callback)

@@ -12,6 +12,7 @@ from hasvc.cli.bench import bench
 from hasvc.cli.broker import master, slave
 from hasvc.cli.client import demote, promote, read, send, status
 from hasvc.cli.drill import demo, drill
+from hasvc.cli.proxy import register as register_proxy
 from hasvc.cli.spark import spark
 from hasvc.cli.store import store
 
@@ -29,3 +30,4 @@ def main() -> None:
 
 for command in (store, master, slave, send, read, promote, demote, status, demo, drill, bench, spark):
     main.add_command(command)
+register_proxy(main, bench)  # hasvc proxy, hasvc bench proxy

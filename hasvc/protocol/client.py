@@ -19,7 +19,7 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
     kind 3 READ    request : i64 offset | u32 size max
                    response: status | reason | i64 offset | blob-32 (log bytes from offset)
     kind 4 STATUS  request : (empty)
-                   response: status | reason | blob-32 (a JSON object, see README)
+                   response: status | reason | blob-32 (a JSON object, docs/PROTOCOL.md §2)
     kind 5 PROMOTE request : u8 role (1 SYNC_MASTER, 0 ASYNC_MASTER)
                    response: status | reason | blob-32 (the STATUS JSON after the change)
     kind 6 DEMOTE  request : string new master's HA address (HOST:PORT)
@@ -45,6 +45,7 @@ from hasvc.protocol.wire import Buffer, ProtocolError
 
 FRAME_HEADER = struct.Struct(">IBI")  # length, kind, request id
 U32 = struct.Struct(">I")
+LENGTH_KIND = struct.Struct(">IB")  # the header's first 5 bytes, checked before the request id is in
 SEND_RESPONSE_HEAD = struct.Struct(">iI")  # queue id, n
 SEND_HEAD = struct.Struct(">iiqI")  # queue id, flag, born timestamp, n
 assert FRAME_HEADER.size == 9
@@ -92,14 +93,19 @@ class FrameDecoder:
         self._buffer.feed(data)
 
     def next_frame(self) -> Frame | None:
+        """The next whole frame, or None until it is in. The length is checked as soon as its
+        4 bytes are in and the kind as soon as its byte is, not once the 9-byte header is: a
+        peer that sends a bad length alone is refused, not left waiting for 5 more bytes."""
         head = self._buffer.unpack(FRAME_HEADER)
         if head is None:
+            buffered = len(self._buffer)
+            if buffered >= LENGTH_KIND.size:
+                self._check(*self._buffer.unpack(LENGTH_KIND))
+            elif buffered >= U32.size:
+                self._check(*self._buffer.unpack(U32), None)
             return None
         length, kind, request_id = head
-        if length < 5 or length > self.frame_size_max:
-            raise ProtocolError(f"frame of {length} bytes, outside 5..{self.frame_size_max}")
-        if kind not in self._kinds:
-            raise ProtocolError(f"unknown frame kind {kind}")
+        self._check(length, kind)
         if len(self._buffer) < 4 + length:
             return None
         self._buffer.skip(FRAME_HEADER.size)
@@ -109,6 +115,12 @@ class FrameDecoder:
         # bodies by split_messages): the payload is a view, not a copy of up to 4 MiB (a 32 KiB
         # copy per SEND was ~3 % of a busy master).
         return Frame(kind, request_id, self._buffer.take_view(length - 5))
+
+    def _check(self, length: int, kind: int | None) -> None:
+        if length < 5 or length > self.frame_size_max:
+            raise ProtocolError(f"frame of {length} bytes, outside 5..{self.frame_size_max}")
+        if kind is not None and kind not in self._kinds:
+            raise ProtocolError(f"unknown frame kind {kind}")
 
 
 # -- payload fields -----------------------------------------------------------------------------

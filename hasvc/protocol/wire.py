@@ -7,14 +7,17 @@ Both ports (client and HA) start the same way, before a single log byte moves:
 
     server -> client  HELLO     "HSVC" | u8 version | u8 port kind | u8 auth required | 32-byte server nonce
     client -> server  AUTH      "HSVC" | u8 version | 32-byte client nonce | 32-byte client proof
-    server -> client  AUTH_OK   u8 status (0 ok, 1 bad proof, 2 wrong port kind, 3 version) | 32-byte server proof
+    server -> client  AUTH_OK   u8 status (0 ok, 1 bad proof, 3 version; 2 is never sent) | 32-byte server proof
 
     client proof = HMAC-SHA256(secret, "hasvc-client" | server nonce | client nonce)
     server proof = HMAC-SHA256(secret, "hasvc-server" | client nonce | server nonce)
 
-Without a secret both proofs are 32 zero bytes and ``auth required`` is 0; a server with a secret
-refuses a client without one. A client checks the server proof too (a fake master cannot feed a
-slave). A refusal is the AUTH_OK frame with a nonzero status, then the server closes.
+The secret is the server's and the client's own: a server without one sends ``auth required`` 0
+and a zero proof, and expects a zero proof; a server with one refuses a client without it. A
+client with a secret refuses a server whose HELLO requires none (before sending AUTH) and checks
+the server proof (a fake master cannot feed a slave). The client checks the port kind in HELLO
+itself (AUTH carries none). A refusal is the AUTH_OK frame with a nonzero status, then the
+server closes.
 
 Everything here is sans-IO: ``Buffer`` collects bytes fed to it and hands out exact-size pieces.
 """
@@ -38,6 +41,8 @@ PORT_KIND_HA: Final = 2
 
 AUTH_STATUS_OK: Final = 0
 AUTH_STATUS_BAD_PROOF: Final = 1
+# Never sent: AUTH carries no port kind, the client checks HELLO's. Kept reserved (and its text
+# for the client's own message) so no later status reuses the value.
 AUTH_STATUS_WRONG_PORT: Final = 2
 AUTH_STATUS_VERSION: Final = 3
 AUTH_STATUS_TEXT: Final = {

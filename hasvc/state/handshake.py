@@ -27,6 +27,9 @@ from collections.abc import Sequence
 from commitlog.epoch import EpochEntry, find_consistent_point
 from hasvc.protocol import ha
 
+# A refusal's reason in MASTER_HELLO is cut to this many characters (at most 4 bytes each: with
+# 1000 epoch entries the frame stays under ha.HANDSHAKE_SIZE_MAX); the master's log keeps it whole.
+REFUSAL_REASON_CHARS_MAX = 4096
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LogView:
@@ -63,10 +66,13 @@ class SlaveAdmission:
         return not self.refusal
 
     def master_hello(self, master: LogView) -> ha.MasterHello:
-        """The handshake answer that says so."""
-        status = ha.STATUS_REFUSED if self.refusal else ha.STATUS_OK
-        return ha.MasterHello(status, master.max_offset, master.min_offset, master.segment_size,
-                              master.epoch_pairs(), self.refusal)  # fmt: skip
+        """The handshake answer that says so (the reason cut to ``REFUSAL_REASON_CHARS_MAX``:
+        two 1000-entry histories quoted would not fit the frame)."""
+        reason = self.refusal
+        if len(reason) > REFUSAL_REASON_CHARS_MAX:
+            reason = reason[: REFUSAL_REASON_CHARS_MAX - 3] + "..."
+        status = ha.STATUS_REFUSED if reason else ha.STATUS_OK
+        return ha.MasterHello(status, master.max_offset, master.min_offset, master.segment_size, master.epoch_pairs(), reason)
 
 
 def _entries(pairs: Sequence[tuple[int, int]]) -> list[EpochEntry]:

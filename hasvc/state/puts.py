@@ -31,7 +31,6 @@ from hasvc.config import BrokerRole
 from hasvc.state.replication import Admission
 from hasvc.state.role import RoleState
 
-SLAVE_NOT_AVAILABLE_REASON = "stored on the master only: no slave connected or close enough to wait for"
 FLUSH_TIMEOUT_REASON = "stored, but not known to be flushed within sync_flush_timeout"
 SLAVE_TIMEOUT_REASON = "stored on the master; no slave acknowledged it within slave_timeout"
 
@@ -90,13 +89,14 @@ class PutTracker:
         puts: ``waits_for_acks`` is written out, not called."""
         return self.sync_flush or (self.in_sync_replicas > 0 and role.role is BrokerRole.SYNC_MASTER)
 
-    def plan(self, next_offset: int, *, role: RoleState, replicated_to: int, admit: Callable[[], Admission]) -> WaitPlan:
+    def plan(self, next_offset: int, *, role: RoleState, replicated_to: int, admit: Callable[[], Admission],
+             shortfall: Callable[[], str]) -> WaitPlan:  # fmt: skip
         """Step 3 for a put whose records end at ``next_offset``. ``replicated_to``: the offset
         ``in_sync_replicas`` slaves have all acknowledged; ``admit`` is asked only when that is
-        not past the put."""
+        not past the put, and ``shortfall`` (SLAVE_NOT_AVAILABLE's reason) only when it refuses."""
         ack = self.waits_for_acks(role) and replicated_to < next_offset
         if ack and admit() is Admission.SLAVE_NOT_AVAILABLE:
-            return WaitPlan(self.sync_flush, False, PutMessageStatus.SLAVE_NOT_AVAILABLE, SLAVE_NOT_AVAILABLE_REASON)
+            return WaitPlan(self.sync_flush, False, PutMessageStatus.SLAVE_NOT_AVAILABLE, shortfall())
         return WaitPlan(self.sync_flush, ack)
 
     def flush_deadline(self, now: float) -> float:

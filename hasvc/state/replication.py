@@ -32,7 +32,9 @@ class SlaveProgress:
     connected_since: float  # wall clock, for display
     request_offset: int = -1
     ack_offset: int = -1
-    caught_up_at: float = 0.0  # monotonic time when ack last reached the master's end
+    # Monotonic time when its ack last reached the master's end; until it first does, when it
+    # connected (so ``lag`` never counts from the clock's zero, the host's uptime).
+    caught_up_at: float = 0.0
 
 
 class Admission(enum.Enum):
@@ -84,16 +86,20 @@ class ReplicaSet:
     def in_sync_count(self, *, master_max_offset: int, max_gap: int) -> int:
         return sum(1 for p in self.slaves.values() if p.ack_offset >= 0 and master_max_offset - p.ack_offset < max_gap)
 
+    def ready_count(self, *, next_offset: int, max_gap: int) -> int:
+        """Slaves that have reported and are less than ``max_gap`` bytes behind ``next_offset``
+        (the end of a put's records, after its append)."""
+        return sum(1 for p in self.slaves.values() if p.ack_offset >= 0 and next_offset - p.ack_offset < max_gap)
+
     def admit(self, *, next_offset: int, master_max_offset: int, max_gap: int, replicas: int) -> Admission:
         """Whether a SYNC_MASTER put ending at ``next_offset`` should wait for acks."""
-        ready = [p for p in self.slaves.values() if p.ack_offset >= 0 and next_offset - p.ack_offset < max_gap]
-        if len(ready) < replicas:
+        if self.ready_count(next_offset=next_offset, max_gap=max_gap) < replicas:
             return Admission.SLAVE_NOT_AVAILABLE
         return Admission.WAIT
 
     def lag(self, progress: SlaveProgress, *, master_max_offset: int, now: float) -> tuple[int, float]:
-        """(bytes behind, seconds since last caught up) for status."""
-        if progress.ack_offset < 0:
-            return master_max_offset, now - progress.caught_up_at if progress.caught_up_at else 0.0
-        behind = max(0, master_max_offset - progress.ack_offset)
-        return behind, 0.0 if behind == 0 else now - progress.caught_up_at
+        """(bytes behind, seconds behind) for status: 0 s when it has acknowledged the master's
+        end, else the time since it last had (or, never having had it, since it connected).
+        Before its first report it is behind by the whole log (``master_max_offset``)."""
+        behind = master_max_offset if progress.ack_offset < 0 else max(0, master_max_offset - progress.ack_offset)
+        return behind, 0.0 if behind == 0 else max(0.0, now - progress.caught_up_at)

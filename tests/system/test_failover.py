@@ -1,6 +1,8 @@
 """Failover with real processes: promote a slave, bring the old master back as a slave (its
 unreplicated tail is cut), refuse unrelated stores, fence a master that sees a newer epoch."""
 
+import functools
+
 import trio
 
 from hasvc import client as hc
@@ -138,16 +140,23 @@ def test_sigkill_master_under_sync_load_then_promote_loses_no_acknowledged_write
     assert len(acked) > 100
     with hc.BlockingClient(slave.address) as client:
         client.promote(sync=False)
+    after = trio.run(functools.partial(send_many, slave.address, 40, 8, topic="Drill", size=50))  # on the live promoted slave
+    assert {r.status for r in after.values()} == {"PUT_OK"}
     slave.stop()  # read its log from disk, as the drill does
     seen: dict[int, int] = {}
     duplicates = 0
+    places = []  # each record's place in its queue: a promoted slave continues after the replicated ones
     for offset, record, crc_ok in iter_records(cluster.store("slave")):
         assert crc_ok
+        places.append((record.topic, record.queue_id, record.queue_offset))
+        if bytes(record.body).endswith(b"x"):
+            continue  # one of the writes after the promotion
         number = int(bytes(record.body).split(b":", 1)[0][1:])
         duplicates += number in seen
         seen[number] = offset
     lost = [i for i, offset in acked.items() if seen.get(i) != offset]
     assert lost == [] and duplicates == 0
+    assert len(set(places)) == len(places)
 
 
 def test_a_three_round_drill_loses_nothing_in_sync_mode(tmp_path):

@@ -246,6 +246,45 @@ def test_frame_decoder_on_garbage_raises_protocol_error_only(data, responses):
         pass
 
 
+def _frames_or_error(data: bytes, piece: int, responses: bool) -> tuple[list, str | None, int]:
+    """What a decoder makes of ``data`` fed ``piece`` bytes at a time: the frames, the error
+    and how many bytes had been fed when it was raised."""
+    decoder = cp.FrameDecoder(frame_size_max=1024, responses=responses)
+    frames, fed = [], 0
+    try:
+        for start in range(0, len(data), piece):
+            decoder.receive_data(data[start : start + piece])
+            fed = min(len(data), start + piece)
+            while (frame := decoder.next_frame()) is not None:
+                frames.append((frame.kind, frame.request_id, bytes(frame.payload)))
+    except wire.ProtocolError as error:
+        return frames, str(error), fed
+    return frames, None, fed
+
+
+@given(st.binary(max_size=64), st.booleans(), st.integers(1, 9))
+def test_frame_decoder_gives_the_same_frames_and_error_whatever_the_pieces(data, responses, piece):
+    whole = _frames_or_error(data, len(data) or 1, responses)
+    pieces = _frames_or_error(data, piece, responses)
+    assert pieces[:2] == whole[:2]
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(0, 255), st.booleans())
+def test_a_bad_length_is_refused_at_its_fourth_byte_and_a_bad_kind_at_its_own(length, kind, responses):
+    """A peer that sends a bad length (or kind) and then nothing more is refused, not left waiting."""
+    head = cp.FRAME_HEADER.pack(length, kind, 1)
+    bad_length = not 5 <= length <= 1024
+    legal = {k | (cp.RESPONSE_BIT if responses else 0) for k in cp.REQUEST_KINDS}
+    frames, error, fed = _frames_or_error(head, 1, responses)
+    assert frames == []
+    if bad_length:
+        assert (error, fed) == (f"frame of {length} bytes, outside 5..1024", 4)
+    elif kind not in legal:
+        assert (error, fed) == (f"unknown frame kind {kind}", 5)
+    else:
+        assert error is None
+
+
 def test_unknown_kinds_and_oversize_frames_are_refused():
     decoder = cp.FrameDecoder(frame_size_max=100, responses=False)
     decoder.receive_data(cp.FRAME_HEADER.pack(10, 9, 1))

@@ -43,11 +43,11 @@ def test_which_puts_wait():
 
 def test_a_sync_master_put_waits_for_acks_unless_already_replicated_or_no_slave_is_close():
     rules = tracker(sync_flush=True)
-    assert rules.plan(100, role=SYNC_MASTER, replicated_to=50, admit=lambda: Admission.WAIT) == WaitPlan(True, True)
-    assert rules.plan(100, role=SYNC_MASTER, replicated_to=100, admit=never) == WaitPlan(True, False)
-    plan = rules.plan(100, role=SYNC_MASTER, replicated_to=50, admit=lambda: Admission.SLAVE_NOT_AVAILABLE)
-    assert (plan.flush, plan.ack, plan.status) == (True, False, S.SLAVE_NOT_AVAILABLE)
-    assert rules.plan(100, role=ASYNC_MASTER, replicated_to=-1, admit=never) == WaitPlan(True, False)
+    assert rules.plan(100, role=SYNC_MASTER, replicated_to=50, admit=lambda: Admission.WAIT, shortfall=never) == WaitPlan(True, True)
+    assert rules.plan(100, role=SYNC_MASTER, replicated_to=100, admit=never, shortfall=never) == WaitPlan(True, False)
+    plan = rules.plan(100, role=SYNC_MASTER, replicated_to=50, admit=lambda: Admission.SLAVE_NOT_AVAILABLE, shortfall=lambda: "1 needed, 0 there")
+    assert (plan.flush, plan.ack, plan.status, plan.reason) == (True, False, S.SLAVE_NOT_AVAILABLE, "1 needed, 0 there")
+    assert rules.plan(100, role=ASYNC_MASTER, replicated_to=-1, admit=never, shortfall=never) == WaitPlan(True, False)
 
 
 def test_deadlines_are_now_plus_the_timeouts():

@@ -59,3 +59,23 @@ def test_lag_in_bytes_and_seconds_since_caught_up():
     progress = replicas.slaves[1]
     assert replicas.lag(progress, master_max_offset=100, now=9.0) == (0, 0.0)
     assert replicas.lag(progress, master_max_offset=150, now=9.0) == (50, 4.0)
+
+
+def test_lag_of_a_slave_never_caught_up_counts_from_its_connection_not_the_clocks_zero():
+    replicas = ReplicaSet()
+    replicas.add(SlaveProgress(1, "s1", "127.0.0.1:1", 0.0, caught_up_at=1000.0))  # connected at 1000
+    progress = replicas.slaves[1]
+    assert replicas.lag(progress, master_max_offset=500, now=1003.0) == (500, 3.0)  # before its first report
+    replicas.on_report(1, 100, master_max_offset=500, now=1004.0)
+    assert replicas.lag(progress, master_max_offset=500, now=1006.0) == (400, 6.0)
+    replicas.on_report(1, 500, master_max_offset=500, now=1007.0)
+    assert replicas.lag(progress, master_max_offset=600, now=1010.0) == (100, 3.0)
+
+
+def test_ready_count_measures_the_gap_from_the_puts_end():
+    replicas = replica_set(1, 2)
+    replicas.on_report(1, 100, master_max_offset=100, now=0.0)
+    replicas.on_report(2, 20, master_max_offset=100, now=0.0)
+    assert replicas.ready_count(next_offset=100, max_gap=100) == 2
+    assert replicas.ready_count(next_offset=120, max_gap=100) == 1  # slave 2 is 100 behind the put's end
+    assert replicas.admit(next_offset=120, master_max_offset=120, max_gap=100, replicas=2) is Admission.SLAVE_NOT_AVAILABLE

@@ -59,3 +59,5 @@ def test_admission_and_in_sync_count_measure_against_the_local_logs_end():
     end[0] = 1300
     assert classic.in_sync_count() == 0  # the log moved on: 600 behind
     assert classic.admit(1100) is Admission.WAIT and classic.admit(1300) is Admission.SLAVE_NOT_AVAILABLE
+    assert classic.shortfall(1300) == ("stored on the master only: in_sync_replicas 1 slave(s) needed within "
+                                       "ha_max_gap_not_in_sync 500 bytes of the put's end 1300, 0 there (1 connected)")  # fmt: skip

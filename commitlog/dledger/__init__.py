@@ -1,0 +1,23 @@
+"""DLedger mode's storage: the Raft log on disk in DLedger's format (openmessaging/dledger 0.3.1.2).
+
+``entry_codec``  the 48-byte entry header, the 32-byte index unit, the blank record (byte tables).
+``entry_store``  ``DLedgerMmapFileStore``: data and index files over ``MappedFileQueue``, preAppend
+                 blanks, truncate, flush, checkpoint and currterm, recovery. It satisfies the
+                 EntryLog contract (ENTRYLOG.md, ``hasvc.state.raft.storage``) structurally.
+``scan``         the recovery scan of data files, pure (shared by recovery and ``inspect``).
+``inspect``      read-only ``verify`` and ``iter_entries`` of a store directory.
+``upgrade``      smooth upgrade: a classic commit log continued by DLedger (dividedCommitlogOffset).
+``state_files``  the properties files (checkpoint, currterm), replaced durably.
+Synchronous; imports neither trio nor hasvc. docs/FORMAT.md, "DLedger store", has the formats.
+"""
+
+from commitlog.dledger.entry_store import (
+    DLedgerMmapFileStore,
+    DLedgerStoreConfig,
+    Entry,
+    HardState,
+    RecoveryReport,
+    StoredEntry,
+)
+
+__all__ = ["DLedgerMmapFileStore", "DLedgerStoreConfig", "Entry", "HardState", "RecoveryReport", "StoredEntry"]

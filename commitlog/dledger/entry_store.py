@@ -1,0 +1,736 @@
+"""DLedgerMmapFileStore: DLedger's on-disk Raft log (data files, index files, checkpoint, currterm).
+
+Theory of operation
+-------------------
+A store directory (DLedger's ``dledger-<selfId>``) holds::
+
+    data/<20-digit offset>    entries laid end to end, ``data_file_size`` each (1 GiB)
+    index/<20-digit offset>   one 32-byte unit per entry, entry i at offset i * 32 (160 MiB files)
+    checkpoint                endIndex, committedIndex (+ hasvc's flushedIndex)
+    currterm                  currTerm, voteLeader (+ hasvc's committedIndex)
+
+Both file lists are ``MappedFileQueue``s of ``MappedFile``s, as the commit log's. Appending an
+entry (``append``): ``pre_append`` finds where it lands — the data file's write position, or the
+start of the next data file after padding this one with a blank record when ``size + 8`` does not
+fit (DLedger's ``MmapFileList.preAppend``) — then the entry is written there with its ``pos`` and
+its index unit at ``index * 32``. ``pos`` is a function of the log's prefix and the file size, so
+two stores holding the same entries hold the same bytes at the same offsets.
+
+Nothing is durable until ``flush`` (data, then index; DLedger's FlushDataService every 10 ms),
+which returns ``flushed_index``: entries at or below it survive a crash. ``truncate`` is durable
+when it returns (later files deleted newest first and their names synced, then the cut zeroed and
+synced: a crash part way leaves a prefix of the log).
+``persist_checkpoint`` (DLedger: every 3 s) records ``endIndex`` and ``committedIndex`` as
+DLedger does, plus ``flushedIndex``, the flushed index at that moment; ``truncate`` lowers it on
+disk before cutting below it. ``save_hard_state`` replaces ``currterm`` durably before it returns.
+
+Recovery (``open``), as ``DLedgerMmapFileStore#recover``: start at data file ``max(0, n - 3)``,
+walking back to the first whose first entry is whole, lies at the file's start and matches its
+index unit (none: file 0); scan forward entry by entry: a blank record moves to the next file,
+zeros end the log; an entry must be whole (bodyCrc when not 0), lie at its own ``pos``, follow the
+previous index by one and not lower the term. An index unit that does not match its entry is
+rewritten from the data, with all that follow. Anything else ends the scan: that is where the
+log ends, and what follows is cut (zeroed) — a torn tail. Refused instead, with a StoreError
+naming the file and offset and nothing changed: a cut that would delete more than
+``recovery_cut_segments_max`` later data files holding data (damage in the middle of the log,
+DLedger's "processOffset is too small" rule), and a cut below the checkpoint's ``flushedIndex``
+(entries known durable are gone) unless ``recovery_accept_lost_entries`` says to accept it.
+
+Not thread-safe: one caller at a time (a driver may run ``flush`` in a worker thread while it
+holds the store for that time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from commitlog.dledger import entry_codec as codec
+from commitlog.dledger import state_files
+from commitlog.dledger.scan import DataFile, DataScan, scan_data_files, unit_matches
+from commitlog.mapped_file import OS_PAGE_SIZE, MappedFile, StoreError, fsync_directory
+from commitlog.mapped_file_queue import MappedFileQueue
+
+DATA_DIRECTORY = "data"
+INDEX_DIRECTORY = "index"
+# A member id as currterm can hold it: no whitespace or properties syntax, bounded.
+_MEMBER_ID = re.compile(r"[^\s=:#!\\]{1,255}")
+
+
+def _sync_file(path: str) -> None:
+    """fdatasync ``path`` through a descriptor of its own (the same inode's pages)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    index: int  # >= 0, consecutive
+    term: int  # >= 0, never decreasing along the log
+    body: bytes  # opaque payload (in DLedgerCommitLog, one RocketMQ message record)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HardState:
+    term: int  # current term (DLedger: currTerm)
+    voted_for: str | None  # member id voted for in `term` (DLedger: voteLeader)
+    committed_index: int  # -1 when nothing committed (a hint; the core re-derives it)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredEntry:
+    """An entry as it lies on disk: ``pos`` is its data-file offset (DLedgerCommitLog's
+    PHYSICALOFFSET of the message in it is ``pos + 48``), ``size`` header plus body."""
+
+    index: int
+    term: int
+    pos: int
+    size: int
+    body: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class DLedgerStoreConfig:
+    # mappedFileSizeForEntryData: 1 GiB (RocketMQ sets it to the commit log's segment size).
+    data_file_size: int = 1024 * 1024 * 1024
+    # mappedFileSizeForEntryIndex: 5 Mi units of 32 bytes = 160 MiB.
+    index_file_size: int = codec.INDEX_UNIT_SIZE * 5 * 1024 * 1024
+    # flushFileInterval (10 ms) and checkPointInterval (3 s): for the driver that calls flush()
+    # and persist_checkpoint(); the store itself reads no clock.
+    flush_interval_seconds: float = 0.010
+    checkpoint_interval_seconds: float = 3.0
+    # As the commit log's StoreConfig: a torn tail spans at most the newest data file and its
+    # predecessor; a cut deleting more later files holding data is damage, refused.
+    recovery_cut_segments_max: int = 1
+    # Recovery refuses to end below the checkpoint's flushedIndex (entries known durable are
+    # gone) unless this is set — as DLedger, which recovers to whatever is left, always does.
+    recovery_accept_lost_entries: bool = False
+
+    def validate(self) -> None:
+        if self.data_file_size < codec.BODY_OFFSET + codec.MIN_BLANK_SIZE:
+            raise ValueError(f"data_file_size {self.data_file_size} cannot hold an entry and a blank record")
+        if self.index_file_size <= 0 or self.index_file_size % codec.INDEX_UNIT_SIZE:
+            raise ValueError(f"index_file_size {self.index_file_size} must be a positive multiple of 32")
+        if self.recovery_cut_segments_max < 0:
+            raise ValueError("recovery_cut_segments_max must be >= 0")
+        if self.flush_interval_seconds <= 0 or self.checkpoint_interval_seconds <= 0:
+            raise ValueError("flush and checkpoint intervals must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryReport:
+    start_offset: int  # data offset the scan started at
+    end_offset: int  # data offset the log ends at now
+    first_index: int
+    last_index: int
+    entries_scanned: int
+    reason: str  # why the scan stopped
+    corrupt_offset: int | None  # where an invalid entry was cut (None: the log ended cleanly)
+    deleted_data_files: tuple[str, ...]
+    index_rebuilt_from: int | None  # first entry whose index unit was rewritten from the data
+    lost_entries: int  # entries at or below the checkpoint's flushedIndex that were gone (accepted)
+
+
+class DLedgerMmapFileStore:
+    """The on-disk EntryLog (ENTRYLOG.md): DLedger's file layout, indexes from 0."""
+
+    def __init__(self, directory: str, config: DLedgerStoreConfig, *, data_start_offset: int,
+                 entry_class: Callable[[int, int, bytes], Any] = Entry,
+                 hard_state_class: Callable[[int, str | None, int], Any] = HardState):  # fmt: skip
+        config.validate()
+        # What read() and load_hard_state() build: hasvc's own Entry and HardState (hasvc.state.raft.storage)
+        # can be passed in, so that they compare equal to the core's (commitlog cannot import hasvc).
+        self._entry_class = entry_class
+        self._hard_state_class = hard_state_class
+        if data_start_offset < 0 or data_start_offset % config.data_file_size:
+            raise ValueError(f"data_start_offset {data_start_offset} is not a multiple of {config.data_file_size}")
+        self.directory = directory
+        self.config = config
+        self._data_start_offset = data_start_offset
+        self.data_file_list = MappedFileQueue(os.path.join(directory, DATA_DIRECTORY), file_size=config.data_file_size)
+        self.index_file_list = MappedFileQueue(os.path.join(directory, INDEX_DIRECTORY),
+                                               file_size=config.index_file_size)  # fmt: skip
+        self._checkpoint_path = os.path.join(directory, state_files.CHECKPOINT_FILE)
+        self._term_path = os.path.join(directory, state_files.TERM_FILE)
+        self._first_index = 0
+        self._last_index = -1
+        self._last_term = -1
+        self._flushed_index = -1
+        self._committed_index = -1
+        self._checkpoint_flushed_index = -1  # the flushedIndex the checkpoint file holds
+        self._hard_state = HardState(0, None, -1)
+        self.recovery: RecoveryReport | None = None
+
+    @classmethod
+    def open(cls, directory: str, config: DLedgerStoreConfig | None = None, *, data_start_offset: int = 0,
+             entry_class: Callable[[int, int, bytes], Any] = Entry,
+             hard_state_class: Callable[[int, str | None, int], Any] = HardState) -> DLedgerMmapFileStore:  # fmt: skip
+        """Open (creating it if needed) and recover the store in ``directory``. An empty store's
+        first data file starts at ``data_start_offset`` (smooth upgrade: dividedCommitlogOffset)."""
+        store = cls(directory, config or DLedgerStoreConfig(), data_start_offset=data_start_offset,
+                    entry_class=entry_class, hard_state_class=hard_state_class)  # fmt: skip
+        os.makedirs(directory, exist_ok=True)
+        store.data_file_list.load()
+        try:
+            store.index_file_list.load()
+            store._recover()
+        except BaseException:
+            store.data_file_list.close()
+            store.index_file_list.close()
+            raise
+        return store
+
+    # -- EntryLog: reading ----------------------------------------------------------------
+
+    def first_index(self) -> int:
+        return self._first_index
+
+    def last_index(self) -> int:
+        return self._last_index
+
+    def last_term(self) -> int:
+        return self._last_term
+
+    def flushed_index(self) -> int:
+        return self._flushed_index
+
+    def term_at(self, index: int) -> int:
+        return self._index_unit(index).term
+
+    def read(self, lo: int, hi: int, *, size_max: int) -> list[Any]:
+        """Entries ``lo <= index < hi``, stopping before the bodies' total would pass ``size_max``
+        (at least one when ``lo <= last_index()``). Each entry is checked against its index unit
+        and its bodyCrc, as ``get`` does, without building the intermediate objects."""
+        if lo > self._last_index:
+            return []
+        if lo < self._first_index:
+            raise IndexError(f"index {lo} outside the log [{self._first_index}, {self._last_index}]")
+        entries: list[Any] = []
+        total = 0
+        index_file = None
+        for index in range(lo, min(hi, self._last_index + 1)):
+            offset = index * codec.INDEX_UNIT_SIZE
+            if index_file is None or offset - index_file.file_from_offset >= index_file.file_size:
+                index_file = self.index_file_list.find_mapped_file_by_offset(offset)
+                if index_file is None:
+                    self._raise_damage(index)
+            magic, pos, size, unit_index, term = codec.INDEX_UNIT.unpack_from(index_file.view(),
+                                                                              offset - index_file.file_from_offset)  # fmt: skip
+            body = self._checked_body(index, magic, pos, size, unit_index, term)
+            if entries and total + len(body) > size_max:
+                break
+            entries.append(self._entry_class(index, term, body))
+            total += len(body)
+        return entries
+
+    def _checked_body(self, index: int, magic: int, pos: int, size: int, unit_index: int, term: int) -> bytes:
+        """The body of entry ``index`` whose index unit holds these values, after the pair check."""
+        data_file = self.data_file_list.find_mapped_file_by_offset(pos)
+        position = pos - data_file.file_from_offset if data_file is not None else -1
+        if data_file is None or not codec.BODY_OFFSET <= size <= data_file.wrote_position - position:
+            self._raise_damage(index)
+        view = data_file.view()
+        header = codec.ENTRY_HEADER.unpack_from(view, position)
+        if header[:5] != (magic, size, index, term, pos) or unit_index != index or header[8] + codec.BODY_OFFSET != size:
+            self._raise_damage(index)
+        body = bytes(view[position + codec.BODY_OFFSET : position + size])
+        if header[7] and codec.body_crc(body) != header[7]:
+            self._raise_damage(index)
+        return body
+
+    def _raise_damage(self, index: int) -> NoReturn:
+        """``get`` names what is wrong with entry ``index``; the caller's fast check found it."""
+        self.get(index)
+        raise AssertionError(f"entry {index} failed a check that get() passes")
+
+    def get(self, index: int) -> StoredEntry:
+        """Entry ``index`` with its ``pos``; IndexError outside [first, last]; StoreError when the
+        data does not match its index unit (damage after recovery)."""
+        unit = self._index_unit(index)
+        view = self._data_view(unit.pos, unit.size)
+        try:
+            header, body = codec.decode_entry(view)
+        except codec.EntryFormatError as error:
+            raise StoreError(f"{self.data_file_list.directory}: entry {index} at offset {unit.pos}: {error}") from None
+        if (header.index, header.term, header.pos, header.size) != (unit.index, unit.term, unit.pos, unit.size):
+            raise StoreError(f"{self.data_file_list.directory}: entry at offset {unit.pos} is {header}, "
+                             f"its index unit says {unit}")  # fmt: skip
+        return StoredEntry(header.index, header.term, header.pos, header.size, body)
+
+    def get_by_pos(self, pos: int) -> StoredEntry:
+        """The entry that starts at data offset ``pos`` (DLedgerCommitLog reads messages by
+        offset: pos = PHYSICALOFFSET - 48); ValueError when no entry of the log starts there."""
+        mapped_file = self.data_file_list.find_mapped_file_by_offset(pos)
+        if mapped_file is None or pos - mapped_file.file_from_offset >= mapped_file.wrote_position:
+            raise ValueError(f"offset {pos} is outside the written data files")
+        try:
+            header = codec.decode_entry_header(mapped_file.view(), pos - mapped_file.file_from_offset)
+        except codec.EntryFormatError as error:
+            raise ValueError(f"no entry starts at offset {pos}: {error.reason}") from None
+        if not self._first_index <= header.index <= self._last_index:
+            raise ValueError(f"no entry starts at offset {pos}: entry {header.index} is not in the log")
+        stored = self.get(header.index)
+        if stored.pos != pos:
+            raise ValueError(f"no entry starts at offset {pos}: entry {header.index} lies at {stored.pos}")
+        return stored
+
+    def pos_at(self, index: int) -> int:
+        """Data-file offset of entry ``index`` (DLedgerEntry.pos)."""
+        return self._index_unit(index).pos
+
+    def entry_span(self, index: int) -> tuple[int, int]:
+        """``(pos, size)`` of entry ``index``: its bytes are ``[pos, pos + size)`` of the data files."""
+        unit = self._index_unit(index)
+        return unit.pos, unit.size
+
+    def _index_unit(self, index: int) -> codec.IndexUnit:
+        if not self._first_index <= index <= self._last_index:
+            raise IndexError(f"index {index} outside the log [{self._first_index}, {self._last_index}]")
+        offset = index * codec.INDEX_UNIT_SIZE
+        mapped_file = self.index_file_list.find_mapped_file_by_offset(offset)
+        if mapped_file is None:
+            raise StoreError(f"{self.index_file_list.directory}: no index file holds offset {offset} (entry {index})")
+        position = offset - mapped_file.file_from_offset
+        try:
+            unit = codec.decode_index_unit(mapped_file.view(), position)
+        except codec.EntryFormatError as error:
+            raise StoreError(f"{mapped_file.path}: index unit of entry {index}: {error}") from None
+        if unit.index != index:
+            raise StoreError(f"{mapped_file.path}: index unit at position {position} names entry {unit.index}, not {index}")
+        return unit
+
+    def _data_view(self, pos: int, size: int) -> memoryview:
+        mapped_file = self.data_file_list.find_mapped_file_by_offset(pos)
+        if mapped_file is None:
+            raise StoreError(f"{self.data_file_list.directory}: no data file holds offset {pos}")
+        position = pos - mapped_file.file_from_offset
+        if position + size > mapped_file.wrote_position:
+            raise StoreError(f"{mapped_file.path}: entry [{position}, {position + size}) beyond the written "
+                             f"{mapped_file.wrote_position} bytes")  # fmt: skip
+        return mapped_file.view()[position : position + size]
+
+    # -- EntryLog: writing ----------------------------------------------------------------
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        """Append ``entries`` (``entries[0].index == last_index() + 1``, consecutive, terms not
+        decreasing); not durable until ``flush``. Bad input: ValueError, nothing written.
+        Entries are written a data file at a time, straight into the mapping."""
+        self._check_appendable(entries)
+        sizes = [codec.entry_size(len(entry.body)) for entry in entries]
+        units: list[tuple[int, int, int, int]] = []  # (index, pos, size, term)
+        start = 0
+        while start < len(entries):
+            start = self._append_run(entries, sizes, start, units)
+        self._append_index_units(units)
+        if entries:
+            self._last_index, self._last_term = entries[-1].index, entries[-1].term
+        self._check()
+
+    def _append_run(self, entries: Sequence[Entry], sizes: list[int], start: int,
+                    units: list[tuple[int, int, int, int]]) -> int:  # fmt: skip
+        """Write the entries from ``start`` that fit in the data file ``pre_append`` picks for the
+        first; return the index (in ``entries``) of the first one left for the next file."""
+        pos = self.pre_append(sizes[start])
+        mapped_file = self.data_file_list.last
+        assert mapped_file is not None and mapped_file.offset_of(mapped_file.wrote_position) == pos, pos
+        view = mapped_file.writable_view()
+        first_position = position = mapped_file.wrote_position
+        limit = mapped_file.file_size - codec.MIN_BLANK_SIZE  # an entry leaves room for a blank record
+        end = start
+        while end < len(entries) and position + sizes[end] <= limit:
+            entry = entries[end]
+            entry_pos = mapped_file.file_from_offset + position
+            codec.write_entry(view, position, index=entry.index, term=entry.term, pos=entry_pos, body=entry.body)
+            units.append((entry.index, entry_pos, sizes[end], entry.term))
+            position += sizes[end]
+            end += 1
+        assert end > start, (pos, sizes[start])  # pre_append made room for the first
+        mapped_file.advance(position - first_position)
+        return end
+
+    def _check_appendable(self, entries: Sequence[Entry]) -> None:
+        index, term = self._last_index, self._last_term
+        fit_max = self.config.data_file_size - codec.MIN_BLANK_SIZE
+        for entry in entries:
+            if entry.index != index + 1:
+                raise ValueError(f"entry index {entry.index} does not follow {index}")
+            if entry.term < max(term, 0):
+                raise ValueError(f"entry {entry.index} has term {entry.term}, below the previous {term}")
+            size = codec.entry_size(len(entry.body))
+            if size > codec.ENTRY_SIZE_MAX or size > fit_max:
+                raise ValueError(f"entry {entry.index} of {size} bytes is larger than ENTRY_SIZE_MAX="
+                                 f"{codec.ENTRY_SIZE_MAX} or a data file of {self.config.data_file_size} less 8")  # fmt: skip
+            index, term = entry.index, entry.term
+
+    def pre_append(self, size: int) -> int:
+        """Make room for an entry of ``size`` bytes and return its ``pos`` (MmapFileList.preAppend):
+        when ``size + 8`` does not fit in the last data file, fill its rest with a blank record
+        (``[-1][remaining]`` and zeros) and start the next file."""
+        queue = self.data_file_list
+        mapped_file = queue.get_last_mapped_file(self._data_start_offset)
+        assert mapped_file is not None
+        if size + codec.MIN_BLANK_SIZE > mapped_file.remaining:
+            remaining = mapped_file.remaining
+            written = mapped_file.append(codec.encode_blank(remaining) + bytes(remaining - codec.MIN_BLANK_SIZE))
+            assert written and mapped_file.full, mapped_file
+            mapped_file = queue.get_last_mapped_file()
+            assert mapped_file is not None and mapped_file.wrote_position == 0
+        return mapped_file.offset_of(mapped_file.wrote_position)
+
+    def start_at(self, offset: int) -> None:
+        """Make an empty log's first entry land at data offset ``offset`` (a data-file boundary):
+        a follower joining a group whose log starts at a smooth upgrade's divide learns it from
+        the leader's first entry's pos. Empty data files are removed; refused on a non-empty log."""
+        if self._last_index >= 0 or self._first_index != 0:
+            raise ValueError(f"the log holds entries [{self._first_index}, {self._last_index}]; its start is fixed")
+        if offset < 0 or offset % self.config.data_file_size:
+            raise ValueError(f"start offset {offset} is not a multiple of the data file size {self.config.data_file_size}")
+        if self.data_file_list.mapped_files or self.data_file_list.min_offset != offset:
+            self.data_file_list.reset_to(offset)
+            if os.path.isdir(self.data_file_list.directory):
+                fsync_directory(self.data_file_list.directory)
+        self._data_start_offset = offset
+
+    def plan_positions(self, sizes: Sequence[int]) -> list[int]:
+        """Where entries of these sizes (header included), appended now in this order, would land;
+        no side effects. A follower checks the leader's ``pos`` with it before appending
+        (DLedger's appendAsFollower requires the data to land at the entry's pos)."""
+        file_size = self.config.data_file_size
+        last = self.data_file_list.last
+        if last is None:
+            offset = self._data_start_offset
+        elif last.full:
+            offset = last.file_from_offset + file_size
+        else:
+            offset = last.offset_of(last.wrote_position)
+        positions = []
+        for size in sizes:
+            remaining = file_size - offset % file_size
+            if size + codec.MIN_BLANK_SIZE > remaining:
+                offset += remaining  # a blank record fills the rest; the entry starts the next file
+            positions.append(offset)
+            offset += size
+        return positions
+
+    def next_pos(self, size: int) -> int:
+        """Where an entry of ``size`` bytes appended now would land (no side effects)."""
+        return self.plan_positions([size])[0]
+
+    def warm_ahead(self, size: int) -> None:
+        """Fault in ``size`` bytes of data file ahead of the writer (and the index units that go
+        with them), creating the next file when the last is half full: the commit log's
+        ``warm_ahead`` (RocketMQ's warm-up of mapped files). A first write to a page costs a page
+        fault; warmed, 32-entry batches of 1 KiB appended ~1.5x faster here. For a driver's
+        background thread or idle time; the files it creates are zeros that recovery ignores."""
+        self.data_file_list.warm_ahead(size)
+        self.index_file_list.warm_ahead(max(OS_PAGE_SIZE, size // codec.BODY_OFFSET * codec.INDEX_UNIT_SIZE))
+
+    def _append_index_units(self, units: list[tuple[int, int, int, int]]) -> None:
+        """Write the index units ``(index, pos, size, term)`` of consecutive entries at ``index * 32``,
+        an index file at a time."""
+        done = 0
+        while done < len(units):
+            offset = units[done][0] * codec.INDEX_UNIT_SIZE
+            mapped_file = self.index_file_list.get_last_mapped_file(offset)
+            assert mapped_file is not None
+            if mapped_file.wrote_position == 0 and mapped_file.offset_of(0) < offset:
+                # The first unit of a rebuilt index need not start its file (entries before the
+                # first kept entry have no units).
+                mapped_file.set_positions(offset - mapped_file.file_from_offset)
+            assert mapped_file.offset_of(mapped_file.wrote_position) == offset, (mapped_file, offset)
+            view = mapped_file.writable_view()
+            first_position = position = mapped_file.wrote_position
+            run = units[done : done + mapped_file.remaining // codec.INDEX_UNIT_SIZE]
+            for index, pos, size, term in run:
+                codec.INDEX_UNIT.pack_into(view, position, codec.MAGIC_1, pos, size, index, term)
+                position += codec.INDEX_UNIT_SIZE
+            mapped_file.advance(position - first_position)
+            done += len(run)
+
+    def truncate(self, *, after_index: int) -> None:
+        """Drop every entry with index > ``after_index``; durable when it returns. Refuses
+        (ValueError) to drop committed entries or to cut below the first entry."""
+        if after_index >= self._last_index:
+            return
+        if after_index < self._first_index - 1:
+            raise ValueError(f"cannot truncate after {after_index}: the log starts at {self._first_index}")
+        if after_index < self._committed_index:
+            raise ValueError(f"truncating after {after_index} would drop committed entries (committed {self._committed_index})")
+        if after_index >= self._first_index:
+            pos, size = self.entry_span(after_index)
+            cut = pos + size
+            term = self.term_at(after_index)
+        else:
+            cut, term = self.pos_at(self._first_index), -1
+        if self._checkpoint_flushed_index > after_index:
+            self._flushed_index = min(self._flushed_index, after_index)
+            self.persist_checkpoint()  # before the cut: the checkpoint never names entries that are gone
+        self._cut(self.data_file_list, cut)
+        self._cut(self.index_file_list, (after_index + 1) * codec.INDEX_UNIT_SIZE)
+        self._last_index = after_index
+        self._last_term = term
+        self._flushed_index = min(self._flushed_index, after_index)
+        self._check()
+
+    @staticmethod
+    def _cut(queue: MappedFileQueue, offset: int) -> None:
+        """Cut ``queue`` at ``offset`` durably. Later files go first, newest first, and their names
+        are synced before the file holding ``offset`` is cut (zeroed, synced): a crash part way
+        leaves a shorter log or the old one, never a cut file followed by files it dropped."""
+        later = [f for f in queue.mapped_files if f.file_from_offset > offset]
+        for mapped_file in reversed(later):
+            mapped_file.destroy()
+        if later:
+            queue.mapped_files = [f for f in queue.mapped_files if f.file_from_offset <= offset]
+            fsync_directory(queue.directory)
+        queue.truncate_dirty_files(offset)
+
+    def flush(self) -> int:
+        """Make every appended entry durable (data, then index); return ``flushed_index()``."""
+        target = self._last_index
+        self.data_file_list.flush()
+        self.index_file_list.flush()
+        self._flushed_index = max(self._flushed_index, target)
+        self._check()
+        return self._flushed_index
+
+    # -- committed index, checkpoint, hard state ------------------------------------------
+
+    @property
+    def committed_index(self) -> int:
+        return self._committed_index
+
+    @property
+    def committed_pos(self) -> int:
+        """End offset of the committed entry (DLedger's committedPos); -1 when nothing is."""
+        if self._committed_index < self._first_index:
+            return -1
+        pos, size = self.entry_span(self._committed_index)
+        return pos + size
+
+    def update_committed_index(self, index: int) -> int:
+        """DLedger's updateCommittedIndex: ignore -1 and decreases, cap at the last index;
+        return the committed index now. Persisted by ``persist_checkpoint``."""
+        index = min(index, self._last_index)
+        if index > self._committed_index and index >= self._first_index:
+            self._committed_index = index
+        return self._committed_index
+
+    def persist_checkpoint(self) -> None:
+        """Replace ``checkpoint`` durably: endIndex, committedIndex (DLedger's) and flushedIndex."""
+        state_files.write_properties(self._checkpoint_path, {
+            state_files.END_INDEX_KEY: self._last_index,
+            state_files.COMMITTED_INDEX_KEY: self._committed_index,
+            state_files.FLUSHED_INDEX_KEY: self._flushed_index,
+        })  # fmt: skip
+        self._checkpoint_flushed_index = self._flushed_index
+
+    def load_hard_state(self) -> Any:
+        """The saved term and vote; the committed index known now (HardState(0, None, -1) fresh)."""
+        saved = self._hard_state
+        return self._hard_state_class(saved.term, saved.voted_for, self._committed_index)
+
+    def save_hard_state(self, state: HardState) -> None:
+        """Replace ``currterm`` durably (fsynced before this returns). The term never decreases."""
+        if state.term < self._hard_state.term:
+            raise ValueError(f"term {state.term} below the saved term {self._hard_state.term}")
+        if state.voted_for is not None and not _MEMBER_ID.fullmatch(state.voted_for):
+            raise ValueError(f"member id {state.voted_for!r} cannot be stored (whitespace, = : # ! \\ or too long)")
+        if state.committed_index < -1:
+            raise ValueError(f"committed_index {state.committed_index} < -1")
+        state_files.write_properties(self._term_path, {
+            state_files.TERM_KEY: state.term,
+            state_files.VOTE_FOR_KEY: state.voted_for or "",
+            state_files.COMMITTED_INDEX_KEY: state.committed_index,
+        })  # fmt: skip
+        self._hard_state = state
+        self.update_committed_index(state.committed_index)
+
+    def _load_state_files(self) -> tuple[int, int]:
+        """Read currterm and checkpoint; return (committed index hint, checkpoint flushedIndex)."""
+        hint = -1
+        values = state_files.read_properties(self._term_path)
+        if values is not None:
+            term = state_files.int_property(values, state_files.TERM_KEY, path=self._term_path, default=0)
+            vote = values.get(state_files.VOTE_FOR_KEY, "") or None
+            hint = state_files.int_property(values, state_files.COMMITTED_INDEX_KEY, path=self._term_path, default=-1)
+            self._hard_state = HardState(max(term, 0), vote, hint)
+        flushed = -1
+        values = state_files.read_properties(self._checkpoint_path)
+        if values is not None:
+            path = self._checkpoint_path
+            committed = state_files.int_property(values, state_files.COMMITTED_INDEX_KEY, path=path, default=-1)
+            hint = max(hint, committed)
+            flushed = state_files.int_property(values, state_files.FLUSHED_INDEX_KEY, path=path, default=-1)
+        return hint, flushed
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Scan (reading only), refuse or accept the end found, then cut there and rebuild the
+        index units that did not match."""
+        committed_hint, checkpoint_flushed = self._load_state_files()
+        files = self.data_file_list.mapped_files
+        start_number = 0
+        if not files:
+            scan = DataScan(end_offset=self._data_start_offset, reason="no data files")
+            start_offset = self._data_start_offset
+        else:
+            start_number = self._recovery_start(files)
+            start_offset = files[start_number].file_from_offset
+            scan = self._scan(files, start_number)
+        lost = max(0, checkpoint_flushed - scan.last_index)
+        if lost and not self.config.recovery_accept_lost_entries:
+            raise StoreError(self._refusal(scan, f"the checkpoint says entries up to {checkpoint_flushed} were "
+                                                 f"flushed; {lost} of them are gone", "recovery_accept_lost_entries"))
+        deleted = self._cut_data_after_scan(scan)
+        self._cut_index_after_scan(scan)
+        # What the scan read may have been only in the page cache (the process was killed, the
+        # machine was not): sync it before calling it flushed.
+        for mapped_file in [*self.data_file_list.mapped_files[start_number:], *self.index_file_list.mapped_files]:
+            _sync_file(mapped_file.path)
+        self._last_index, self._last_term = scan.last_index, scan.last_term
+        self._first_index = self._read_first_index(scan)
+        self._flushed_index = scan.last_index
+        self._checkpoint_flushed_index = checkpoint_flushed
+        self.update_committed_index(committed_hint)
+        if lost:
+            self.persist_checkpoint()  # the loss was accepted once; the next open must not refuse again
+        self.recovery = RecoveryReport(start_offset, scan.end_offset, self._first_index, scan.last_index,
+                                       scan.count, scan.reason, None if scan.clean else scan.end_offset,
+                                       deleted, scan.index_mismatch_from, lost)  # fmt: skip
+        self._check()
+
+    def _refusal(self, scan: DataScan, why: str, setting: str) -> str:
+        where = scan.stop_path or self.data_file_list.directory
+        return (f"recovery refuses to end the log at offset {scan.end_offset} ({where}: {scan.reason}): {why}. "
+                f"Inspect the files; set {setting} to accept the loss.")  # fmt: skip
+
+    def _recovery_start(self, files: list[MappedFile]) -> int:
+        """From file max(0, n - 3) back: the first whose first entry is whole, at the file's
+        start and matching its index unit; none: 0."""
+        for number in range(max(0, len(files) - 3), -1, -1):
+            mapped_file = files[number]
+            try:
+                header, _ = codec.decode_entry(mapped_file.view())
+            except codec.EntryFormatError:
+                continue
+            if header.pos == mapped_file.file_from_offset and self._unit_matches(header):
+                return number
+        return 0
+
+    def _unit_matches(self, header: codec.EntryHeader) -> bool:
+        offset = header.index * codec.INDEX_UNIT_SIZE
+        mapped_file = self.index_file_list.find_mapped_file_by_offset(offset)
+        if mapped_file is None or offset - mapped_file.file_from_offset >= mapped_file.wrote_position:
+            return False
+        try:
+            unit = codec.decode_index_unit(mapped_file.view(), offset - mapped_file.file_from_offset)
+        except codec.EntryFormatError:
+            return False
+        return unit_matches(unit, header)
+
+    def _scan(self, files: list[MappedFile], start: int) -> DataScan:
+        data_files = [DataFile(f.path, f.file_from_offset, f.view()) for f in files[start:]]
+        return scan_data_files(data_files, file_size=self.config.data_file_size, unit_matches=self._unit_matches)
+
+    def _cut_data_after_scan(self, scan: DataScan) -> tuple[str, ...]:
+        """Cut the data files where the scan stopped (zeroing the rest of that file: bytes of a
+        torn tail must not be read back after the next crash); refuse when that deletes too much."""
+        queue = self.data_file_list
+        later = [f for f in queue.mapped_files if f.file_from_offset > scan.end_offset]
+        holding_data = [f for f in later if any(f.view()[: codec.MIN_BLANK_SIZE])]
+        if len(holding_data) > self.config.recovery_cut_segments_max:
+            raise StoreError(self._refusal(scan, f"that would delete {len(holding_data)} later data files holding data, "
+                                                 f"more than recovery_cut_segments_max="
+                                                 f"{self.config.recovery_cut_segments_max}",
+                                           "recovery_cut_segments_max"))  # fmt: skip
+        if queue.mapped_files:
+            self._cut(queue, scan.end_offset)
+        queue.flushed_where = queue.committed_where = scan.end_offset
+        return tuple(f.path for f in later)
+
+    def _cut_index_after_scan(self, scan: DataScan) -> None:
+        """Cut the index after the last entry; rewrite the units from the first that did not
+        match; make it all durable."""
+        queue = self.index_file_list
+        if scan.last_index < 0:
+            had_files = bool(queue.mapped_files)
+            queue.destroy()
+            if had_files:
+                fsync_directory(queue.directory)
+            return
+        if scan.index_mismatch_from is not None:
+            self._rewind_index(scan.index_mismatch_from * codec.INDEX_UNIT_SIZE)
+            self._rebuild_index(scan.index_mismatch_offset, scan.end_offset)
+        self._rewind_index((scan.last_index + 1) * codec.INDEX_UNIT_SIZE)
+        queue.flush()
+
+    def _rewind_index(self, offset: int) -> None:
+        """Cut the index files at ``offset``; when no kept file can hold it, drop them all (the
+        next unit then starts a file of its own)."""
+        queue = self.index_file_list
+        last = queue.last
+        if last is not None and queue.min_offset <= offset <= last.file_from_offset + queue.file_size:
+            self._cut(queue, offset)
+            return
+        had_files = bool(queue.mapped_files)
+        queue.reset_to(offset)
+        if had_files:
+            fsync_directory(queue.directory)
+
+    def _rebuild_index(self, start_offset: int, end_offset: int) -> None:
+        """Append the index unit of every entry in ``[start_offset, end_offset)`` of the data
+        (already validated by the scan)."""
+        offset = start_offset
+        while offset < end_offset:
+            mapped_file = self.data_file_list.find_mapped_file_by_offset(offset)
+            assert mapped_file is not None, offset
+            position = offset - mapped_file.file_from_offset
+            if codec.peek_blank(mapped_file.view(), position) is not None:
+                offset = mapped_file.file_from_offset + mapped_file.file_size
+                continue
+            header = codec.decode_entry_header(mapped_file.view(), position)
+            self._append_index_units([(header.index, header.pos, header.size, header.term)])
+            offset += header.size
+
+    def _read_first_index(self, scan: DataScan) -> int:
+        """The index of the first entry kept (DLedger's reviseLedgerBeginIndex); 0 when empty."""
+        if scan.last_index < 0:
+            return 0
+        first = self.data_file_list.first
+        assert first is not None
+        try:
+            return codec.decode_entry_header(first.view(), 0).index
+        except codec.EntryFormatError as error:
+            raise StoreError(f"{first.path}: the first entry of the log: {error}") from None
+
+    # -- invariants and lifetime ----------------------------------------------------------
+
+    def _check(self) -> None:
+        assert -1 <= self._flushed_index <= self._last_index, (self._flushed_index, self._last_index)
+        assert self._committed_index <= self._last_index, (self._committed_index, self._last_index)
+        assert 0 <= self._first_index <= self._last_index + 1, (self._first_index, self._last_index)
+        empty = self._last_index < self._first_index
+        assert empty == (self._last_term < 0), (self._first_index, self._last_index, self._last_term)
+        if not empty:
+            end = (self._last_index + 1) * codec.INDEX_UNIT_SIZE
+            assert self.index_file_list.max_wrote_offset == end, (self.index_file_list.max_wrote_offset, end)
+
+    def close(self) -> None:
+        """Flush, write the checkpoint, close the files (DLedgerMmapFileStore#shutdown)."""
+        self.flush()
+        self.persist_checkpoint()
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Close the files without flushing or writing anything: what a crash leaves behind,
+        less what only the page cache held (tests remove that themselves)."""
+        self.data_file_list.close()
+        self.index_file_list.close()

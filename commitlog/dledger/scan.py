@@ -1,0 +1,111 @@
+"""The recovery scan of DLedger data files, shared by the store's recovery and the read-only
+inspector: pure, it reads the buffers it is handed and writes nothing.
+
+Theory of operation
+-------------------
+``scan_data_files`` walks data files in order from the first one it is given. In each: a blank
+record (magic -1) whose size reaches exactly the end of the file moves to the next file; eight
+zero bytes end the log (clean); anything else must be a whole entry (``entry_codec``: header
+fields, body inside the file, bodyCrc when not 0) lying at its own ``pos``, with index = previous
++ 1 and a term not below the previous one. The first that is not ends the log there (not clean).
+``unit_matches`` tells whether an entry's index unit agrees with it; the first entry whose unit
+does not is remembered (recovery rewrites the index from there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from commitlog.dledger import entry_codec as codec
+
+
+@dataclasses.dataclass
+class DataScan:
+    """Where the scan stopped and what it saw."""
+
+    end_offset: int  # global data offset where the log ends
+    first_index: int = -1
+    last_index: int = -1
+    last_term: int = -1
+    count: int = 0
+    reason: str = "end of written data"
+    clean: bool = True  # ended at zeros or at the end of the last file, not at an invalid entry
+    stop_path: str | None = None  # the data file the scan stopped in
+    index_mismatch_from: int | None = None  # first entry whose index unit did not match
+    index_mismatch_offset: int = -1  # its data offset
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    path: str
+    file_from_offset: int
+    view: object  # a buffer of the whole file (mmap, memoryview, bytes)
+
+
+def scan_data_files(files: Sequence[DataFile], *, file_size: int,
+                    unit_matches: Callable[[codec.EntryHeader], bool]) -> DataScan:  # fmt: skip
+    """Scan ``files`` (contiguous data files, non-empty) from the first one's start."""
+    scan = DataScan(end_offset=files[0].file_from_offset)
+    for data_file in files:
+        scan.stop_path = data_file.path
+        if not _scan_file(data_file, file_size, scan, unit_matches):
+            return scan
+    scan.end_offset = files[-1].file_from_offset + file_size
+    scan.reason = "end of the last data file (blank record)"
+    return scan
+
+
+def _scan_file(data_file: DataFile, file_size: int, scan: DataScan,
+               unit_matches: Callable[[codec.EntryHeader], bool]) -> bool:  # fmt: skip
+    """Scan one data file into ``scan``; True when it ends with a blank record."""
+    view = data_file.view
+    position = 0
+    while True:
+        scan.end_offset = data_file.file_from_offset + position
+        if file_size - position < codec.MIN_BLANK_SIZE:
+            return _stop(scan, f"{file_size - position} bytes left, no room for a record", clean=False)
+        blank = codec.peek_blank(view, position)
+        if blank is not None:
+            if blank != file_size - position:
+                return _stop(scan, f"blank record of {blank} bytes, {file_size - position} left", clean=False)
+            return True
+        if not any(view[position : position + codec.MIN_BLANK_SIZE]):
+            return _stop(scan, "end of written data", clean=True)
+        try:
+            header = codec.decode_entry_header(view, position)
+            codec.check_body(header, view, position)
+        except codec.EntryFormatError as error:
+            return _stop(scan, error.reason, clean=False)
+        problem = _misplaced(header, scan, data_file.file_from_offset + position)
+        if problem:
+            return _stop(scan, problem, clean=False)
+        if scan.index_mismatch_from is None and not unit_matches(header):
+            scan.index_mismatch_from = header.index
+            scan.index_mismatch_offset = header.pos
+        if scan.first_index < 0:
+            scan.first_index = header.index
+        scan.last_index, scan.last_term = header.index, header.term
+        scan.count += 1
+        position += header.size
+
+
+def _stop(scan: DataScan, reason: str, *, clean: bool) -> bool:
+    scan.reason, scan.clean = reason, clean
+    return False
+
+
+def _misplaced(header: codec.EntryHeader, scan: DataScan, offset: int) -> str | None:
+    if header.pos != offset:
+        return f"entry {header.index} says pos {header.pos}, lies at {offset}"
+    if scan.last_index >= 0 and header.index != scan.last_index + 1:
+        return f"entry index {header.index} does not follow {scan.last_index}"
+    if header.term < scan.last_term:
+        return f"entry {header.index} has term {header.term}, below the previous {scan.last_term}"
+    return None
+
+
+def unit_matches(unit: codec.IndexUnit | None, header: codec.EntryHeader) -> bool:
+    """Whether index unit ``unit`` (None: missing) agrees with the entry ``header``."""
+    return unit is not None and (unit.magic, unit.pos, unit.size, unit.index, unit.term) == (
+        header.magic, header.pos, header.size, header.index, header.term)  # fmt: skip

@@ -1,0 +1,99 @@
+"""``hasvc proxy``: the RocketMQ 5 gRPC gateway in front of a hasvc master/slave pair."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import click
+
+
+@click.command()
+@click.option("--listen", default="127.0.0.1:8081", show_default=True,
+              help="gRPC (plaintext) address; port 0 picks a free one (READY says which). RocketMQ's proxy uses 8081.")
+@click.option("--brokers", required=True, help="The pair's client addresses, ADDR[,ADDR...]; the proxy follows the master.")
+@click.option("--tls-listen", default=None, help="A second gRPC listener, with TLS (the Java client's default); needs "
+              "--tls-cert and --tls-key.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="PEM certificate (chain) of the TLS listener.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key of the TLS listener.")
+@click.option("--metrics-listen", default=None, help="HOST:PORT for Prometheus metrics (port 0: a free one, in READY).")
+@click.option("--advertise", default=None, help="HOST:PORT clients reach this proxy at (QueryRoute); default: the listen "
+              "address, or for a wildcard listen the address the client used.")
+@click.option("--queues", type=click.IntRange(1, 1024), default=4, show_default=True, help="Queues per topic (RocketMQ's producer default).")
+@click.option("--topic", "topics", multiple=True, help="Serve only these topics (repeatable); default: any legal name.")
+@click.option("--invisible-min-seconds", type=click.FloatRange(0.0), default=10.0, show_default=True,
+              help="Shortest invisible duration a receive may ask for (RocketMQ's proxy: 10 s).")
+@click.option("--start-at-end", is_flag=True, help="A new consumer group starts at the end of each queue (RocketMQ's "
+              "proxy default) instead of at the oldest retained message.")
+@click.option("--snapshot-every-events", type=click.IntRange(1), default=10_000, show_default=True,
+              help="Write the whole consumer progress after this many events (replay starts there).")
+@click.option("--null-sends", is_flag=True, hidden=True, help="Benchmark only: answer sends OK without storing them.")
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None, help="The brokers' cluster secret (or HASVC_SECRET).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), default=None, help="CA to verify the brokers' TLS certificate.")
+def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advertise, queues, topics, invisible_min_seconds, start_at_end, snapshot_every_events,
+          null_sends, secret_file, tls_ca) -> None:
+    """A RocketMQ 5 gRPC proxy (apache.rocketmq.v2.MessagingService) in front of hasvc brokers.
+
+    The official RocketMQ 5 clients produce (normal messages) and consume (SimpleConsumer,
+    PushConsumer) through it unmodified; consumer-group progress is stored in the topic
+    %HASVC_PROXY_PROGRESS of the brokers themselves. Prints READY {json} once it serves, logs to
+    stderr, stops cleanly on SIGTERM/SIGINT. See docs/PROXY.md.
+    """
+    from hasvc.config import parse_address, read_secret
+    from hasvc.proxy import gateway, server
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        listen_address = parse_address(listen)
+        advertise_address = parse_address(advertise) if advertise else None
+        broker_list = [b.strip() for b in brokers.split(",") if b.strip()]
+        for broker in broker_list:
+            parse_address(broker)
+        secret = read_secret(secret_file)
+        tls_address = parse_address(tls_listen) if tls_listen else None
+        metrics_address = parse_address(metrics_listen) if metrics_listen else None
+        if tls_address is not None and not (tls_cert and tls_key):
+            raise ValueError("--tls-listen needs --tls-cert and --tls-key")
+    except (ValueError, OSError) as error:
+        raise click.ClickException(str(error)) from None
+    config = gateway.GatewayConfig(queues=queues, topics=frozenset(topics) if topics else None,
+                                   invisible_min_seconds=invisible_min_seconds, start_at_end=start_at_end,
+                                   snapshot_every_events=snapshot_every_events, null_sends=null_sends)  # fmt: skip
+    if null_sends:
+        logging.getLogger("hasvc.proxy").warning("--null-sends: sends are answered OK and NOT STORED (benchmark ceiling)")
+    try:
+        code = asyncio.run(server.serve(listen_address, broker_list, secret=secret, tls_ca=tls_ca,
+                                        advertise=advertise_address, config=config, tls_listen=tls_address,
+                                        tls_cert=tls_cert, tls_key=tls_key, metrics_listen=metrics_address))  # fmt: skip
+    except OSError as error:
+        raise click.ClickException(str(error)) from None
+    sys.exit(code)
+
+
+@click.command("proxy")
+@click.option("--senders", default="1,16", show_default=True, help="Comma-separated numbers of concurrent senders.")
+@click.option("--seconds", type=float, default=10.0, show_default=True, help="Per producer run.")
+@click.option("--size", type=int, default=1024, show_default=True, help="Body bytes.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the runs as JSON here.")
+def bench_proxy(senders, seconds, size, json_path) -> None:
+    """The official Python client through hasvc proxy beside hasvc's own client, on loopback.
+
+    Starts a SYNC_MASTER master and a slave, the proxy, and a proxy that stores nothing (the
+    official client's ceiling). For each number of senders: producers through both proxies and
+    hasvc's client against the master; then a SimpleConsumer draining what was produced beside
+    hasvc's client pulling it. Prints the rates and the gateway's cost against the ceiling.
+    """
+    from hasvc.tools.bench.proxy import run_bench
+
+    try:
+        counts = [int(n) for n in senders.split(",") if n.strip()]
+    except ValueError:
+        raise click.ClickException(f"--senders must be comma-separated numbers, got {senders!r}") from None
+    run_bench(senders=counts, seconds=seconds, size=size, json_path=json_path, echo=click.echo)
+
+
+def register(main: click.Group, bench: click.Group) -> None:
+    """Add ``hasvc proxy`` and ``hasvc bench proxy`` to the command line."""
+    main.add_command(proxy)
+    bench.add_command(bench_proxy)

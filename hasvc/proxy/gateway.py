@@ -1,0 +1,475 @@
+"""The gateway's trio side: sends, receives, acks and consumer progress against a hasvc pair.
+
+Theory of operation
+-------------------
+All state lives in one trio loop (its own thread, see ``hasvc/proxy/server.py``) and every broker
+request goes through one :class:`hasvc.client.FailoverClient`, which follows the master.
+
+* **Send**: each message is a SEND_IDEMPOTENT keyed by (a producer id derived from the client id,
+  the counter in the message id) — ``hasvc/proxy/convert.py`` — into a queue chosen from the message
+  id, so a retry lands where the first attempt did. Two attempts of one message that overlap in
+  the proxy are serialised, so the broker always sees the second as a retry.
+* **Receive**: per (group, topic, queue) under a lock: expired in-flight messages first (read one by
+  one at their offsets), then new ones from ``next_new``; messages a TAG filter rejects are
+  acknowledged for the group. The deliveries are events, applied to the
+  :class:`~hasvc.proxy.progress.ProgressTable` and queued for the progress topic as the
+  messages are handed out (not waiting for them to be stored: a delivery a restart forgets is
+  only delivered again). With nothing to deliver the receive waits (long polling) until a send
+  through this proxy wakes it, ``receive_recheck_seconds`` pass (messages other clients wrote, or a
+  deadline that passed), or its time is up.
+* **Ack / ChangeInvisibleDuration**: the receipt handle must name the current delivery (its nonce);
+  the event is appended and the answer waits until it is stored.
+* **Progress topic**: one writer appends events in the order they were applied (a batch per
+  record, queue 0) and, every ``snapshot_every_events``, the whole table (queue 1) with the queue-0
+  offset replay starts from. On start the gateway loads the last snapshot and replays the events
+  after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import secrets
+import time
+import zlib
+from collections import OrderedDict
+
+import trio
+
+from commitlog import record as rec
+from hasvc import client as hc
+from hasvc.state.dedupe import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ
+from hasvc.proxy import convert
+from hasvc.proxy.convert import Refused
+from hasvc.proxy.pb import Code
+from hasvc.proxy.progress import ProgressError, ProgressTable, QueueProgress
+
+log = logging.getLogger("hasvc.proxy")
+
+PROGRESS_TOPIC_PREFIX = "%HASVC_PROXY"  # reserved: clients cannot send to or consume these topics
+PROGRESS_TOPIC = f"{PROGRESS_TOPIC_PREFIX}_PROGRESS"
+EVENTS_QUEUE, SNAPSHOT_QUEUE = 0, 1
+DLQ_PREFIX = "%DLQ%"  # RocketMQ's MixAll.DLQ_GROUP_TOPIC_PREFIX: a group's dead-letter topic
+DLQ_ORIGIN_PROPERTY = "HASVC_DLQ_ORIGIN"  # topic/queue/offset the message was consumed from
+# RocketMQ: a producer creates topics with 4 queues (DefaultMQProducer.defaultTopicQueueNums).
+QUEUES_PER_TOPIC_DEFAULT = 4
+# RocketMQ's proxy: invisible time 10 s .. 12 h for a receive (minInvisibleTimeMillsForRecv,
+# maxInvisibleTimeMills); long polling at most 20 s (grpcClientConsumerMaxLongPollingTimeoutMillis),
+# answered 100 ms before the client's deadline (longPollingReserveTimeInMillis). We reserve 500 ms:
+# the answer crosses two event loops and the GIL, and 100 ms was too little on a loaded 2-core machine.
+INVISIBLE_MIN_SECONDS_DEFAULT = 10.0
+INVISIBLE_MAX_SECONDS = 12 * 3600.0
+LONG_POLLING_MAX_SECONDS = 20.0
+LONG_POLLING_RESERVE_SECONDS = 0.5
+# RocketMQ's proxy answers at most 32 messages per receive (grpcClientConsumerLongPollingBatchSize).
+RECEIVE_BATCH_MAX = 32
+# Messages other clients write reach a waiting receive within this (RocketMQ's broker re-checks
+# held pulls every 1 s with short polling; sends through this proxy wake it at once).
+RECEIVE_RECHECK_SECONDS = 0.5
+EVENTS_PER_RECORD_MAX = 4096  # ~60 bytes an event: well under the 4 MiB body limit
+SNAPSHOT_EVENTS_DEFAULT = 10_000
+# ... and at least this often while events come: the progress topic ages out with the brokers'
+# retention (72 h) like any topic, so the last snapshot must always be far younger than that.
+SNAPSHOT_INTERVAL_SECONDS = 3600.0
+PULL_PAGE = 1024  # the broker's PULL_COUNT_MAX
+# A message id that is not a v1 id (not one of the official clients') is keyed by the proxy: it
+# remembers this many such ids (a retry of an id it forgot is stored again).
+FOREIGN_IDS_MAX = 65536
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayConfig:
+    queues: int = QUEUES_PER_TOPIC_DEFAULT
+    body_size_max: int = convert.BODY_SIZE_MAX_DEFAULT
+    topics: frozenset[str] | None = None  # None: any legal name (RocketMQ's autoCreateTopicEnable)
+    invisible_min_seconds: float = INVISIBLE_MIN_SECONDS_DEFAULT
+    start_at_end: bool = False  # a new group starts at the end of each queue, not at the oldest message
+    receive_recheck_seconds: float = RECEIVE_RECHECK_SECONDS
+    snapshot_every_events: int = SNAPSHOT_EVENTS_DEFAULT
+    null_sends: bool = False  # benchmark only: answer checked sends OK without storing them
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SendOutcome:
+    code: int
+    message: str
+    message_id: str = ""
+    queue_offset: int = -1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Delivery:
+    record: rec.Record
+    receipt_handle: str
+    attempt: int
+    invisible_ms: int
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Gateway:
+    def __init__(self, cluster: hc.FailoverClient, config: GatewayConfig):
+        self.cluster = cluster
+        self.config = config
+        self.table = ProgressTable()
+        self._locks: dict[tuple, trio.Lock] = {}
+        self._arrivals: dict[str, trio.Event] = {}
+        self._sending: dict[tuple[str, int], trio.Event] = {}
+        self._foreign_ids: OrderedDict[str, int] = OrderedDict()
+        self._foreign_producer = "rmq-proxy-" + secrets.token_hex(8)
+        self._foreign_next = 0
+        self._writes: list[tuple[list, dict]] = []
+        self._write_wakeup = trio.Event()
+        self._events_since_snapshot = 0
+        self._last_snapshot = trio.current_time() if trio.lowlevel.in_trio_run() else 0.0
+        self.stats = {"sent": 0, "delivered": 0, "acked": 0, "events": 0, "replayed": 0}
+
+    # --- topics ---
+
+    def check_topic(self, topic: str, group: str | None = None) -> Refused | None:
+        refused = convert.check_topic(topic, PROGRESS_TOPIC_PREFIX)
+        if refused is None and self.config.topics is not None and topic not in self.config.topics:
+            return Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} is not served by this proxy (--topic)")
+        if refused is None and group is not None:
+            return convert.check_group(group)
+        return refused
+
+    # --- send ---
+
+    def _idempotence_key(self, client_id: str, message_id: str) -> tuple[str, int]:
+        sequence = convert.message_id_sequence(message_id)
+        if sequence is not None and client_id:
+            return convert.producer_id_for(client_id), sequence
+        known = self._foreign_ids.get(message_id)
+        if known is None:
+            known = self._foreign_ids[message_id] = self._foreign_next
+            self._foreign_next += 1
+            while len(self._foreign_ids) > FOREIGN_IDS_MAX:
+                self._foreign_ids.popitem(last=False)
+        return self._foreign_producer, known
+
+    async def send(self, client_id: str, message) -> SendOutcome:
+        """Send one ``apache.rocketmq.v2.Message``; the outcome carries the gRPC code."""
+        topic = message.topic.name
+        refused = self.check_topic(topic)
+        checked = refused or convert.outgoing(message, body_size_max=self.config.body_size_max)
+        if isinstance(checked, Refused):
+            return SendOutcome(checked.code, checked.message, message.system_properties.message_id)
+        if self.config.null_sends:
+            return SendOutcome(Code.OK, "OK (not stored: --null-sends)", checked.message_id, 0)
+        key = self._idempotence_key(client_id, checked.message_id)
+        while (busy := self._sending.get(key)) is not None:
+            await busy.wait()  # an earlier attempt of this message is still out: ours is its retry
+        self._sending[key] = done = trio.Event()
+        try:
+            queue_id = zlib.crc32(checked.message_id.encode()) % self.config.queues
+            results = await self.cluster.send_idempotent(
+                topic, [checked.body], producer_id=key[0], first_sequence=key[1], retry=True, tags=checked.tags,
+                keys=checked.keys, properties=checked.properties, queue_id=queue_id)  # fmt: skip
+        except hc.ClientError as error:
+            return SendOutcome(Code.PROXY_TIMEOUT, f"hasvc did not answer: {error}", checked.message_id)
+        finally:
+            del self._sending[key]
+            done.set()
+        result = results[0]
+        if result.offset >= 0:
+            self._wake(topic)
+        code = convert.send_status_code(result.status)
+        if code == Code.OK:
+            self.stats["sent"] += 1
+            return SendOutcome(code, "OK", checked.message_id, result.queue_offset)
+        detail = f"send message failed, status {result.status}" + (f": {result.reason}" if result.reason else "")
+        return SendOutcome(code, detail, checked.message_id, result.queue_offset)
+
+    def _wake(self, topic: str) -> None:
+        event = self._arrivals.pop(topic, None)
+        if event is not None:
+            event.set()
+
+    # --- receive ---
+
+    def _lock(self, key: tuple) -> trio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = trio.Lock()
+        return lock
+
+    async def receive(self, group: str, topic: str, queue_hint: int, tags: frozenset[str] | None, batch: int,
+                      invisible_ms: int, wait_seconds: float) -> list[Delivery] | Refused:  # fmt: skip
+        """Up to ``batch`` messages for ``group``, waiting up to ``wait_seconds`` for the first."""
+        refused = self.check_topic(topic, group)
+        if refused is not None:
+            return refused
+        if not (self.config.invisible_min_seconds * 1000 <= invisible_ms <= INVISIBLE_MAX_SECONDS * 1000):
+            return Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {invisible_ms / 1000:g} s is outside "
+                           f"[{self.config.invisible_min_seconds:g} s, {INVISIBLE_MAX_SECONDS:g} s]")  # fmt: skip
+        batch = max(1, min(batch, RECEIVE_BATCH_MAX))
+        deadline = trio.current_time() + max(0.0, wait_seconds)
+        while True:
+            arrival = self._arrivals.setdefault(topic, trio.Event())
+            deliveries: list[Delivery] = []
+            for index in range(self.config.queues):
+                queue_id = (queue_hint + index) % self.config.queues
+                deliveries += await self._collect(group, topic, queue_id, tags, batch - len(deliveries), invisible_ms)
+                if len(deliveries) >= batch:
+                    break
+            now = trio.current_time()
+            if deliveries or now >= deadline:
+                return deliveries
+            with trio.move_on_after(min(deadline - now, self.config.receive_recheck_seconds)):
+                await arrival.wait()
+            if trio.current_time() >= deadline:
+                return []  # time is up: answer now rather than pull once more
+
+    async def _collect(self, group: str, topic: str, queue_id: int, tags, count: int, invisible_ms: int) -> list[Delivery]:
+        key = (group, topic, queue_id)
+        events: list[list] = []
+        deliveries: list[Delivery] = []
+        try:
+            await self._collect_locked(key, tags, count, invisible_ms, events, deliveries)
+        finally:
+            # Applied events are queued for the writer, even when the receive was abandoned
+            # half-way, and the messages go out without waiting for them: a delivery that is
+            # never stored is only forgotten by a restart (and delivered again), and an ack of it
+            # is queued after it, so the log never holds the ack without the delivery.
+            if events:
+                self._enqueue(events)
+        deliveries = [d for d in deliveries if d is not None]
+        self.stats["delivered"] += len(deliveries)
+        return deliveries
+
+    async def _collect_locked(self, key: tuple, tags, count: int, invisible_ms: int, events: list, deliveries: list) -> None:
+        group, topic, queue_id = key
+        async with self._lock(key):
+            if key not in self.table.queues and self.config.start_at_end:
+                await self._start_at_end(key, events)
+            # a queue this group never touched gets an entry only once something happens on it
+            progress = self.table.queues.get(key) or QueueProgress()
+            now = now_ms()
+            for offset in progress.expired(now)[:count]:
+                pulled = await self.cluster.pull(topic, queue_id, offset, count_max=1)
+                if not pulled.records or pulled.records[0].queue_offset != offset:
+                    self._event(events, ["a", group, topic, queue_id, offset])  # gone (retention)
+                    continue
+                deliveries.append(self._deliver(events, key, pulled.records[0], invisible_ms, now, tags))
+            room = min(count - len(deliveries), progress.room())
+            if room > 0:
+                pulled = await self.cluster.pull(topic, queue_id, progress.next_new, count_max=room)
+                if pulled.records and pulled.records[0].queue_offset > progress.next_new:
+                    self._event(events, ["s", group, topic, queue_id, pulled.records[0].queue_offset])  # retention
+                for record in pulled.records:
+                    deliveries.append(self._deliver(events, key, record, invisible_ms, now, tags))
+
+    async def _start_at_end(self, key: tuple, events: list) -> None:
+        group, topic, queue_id = key
+        pulled = await self.cluster.pull(topic, queue_id, 0, count_max=1)
+        self._event(events, ["s", group, topic, queue_id, max(0, pulled.max_queue_offset)])
+
+    def _deliver(self, events: list, key: tuple, record: rec.Record, invisible_ms: int, now: int, tags) -> Delivery | None:
+        group, topic, queue_id = key
+        offset = record.queue_offset
+        if tags is not None and record.tags not in tags:
+            self._event(events, ["a", group, topic, queue_id, offset])  # filtered out for this group
+            return None
+        previous = self.table.get(key).inflight.get(offset)
+        attempt = previous.attempt + 1 if previous else 1
+        nonce = secrets.randbits(63)
+        self._event(events, ["d", group, topic, queue_id, offset, nonce, now + invisible_ms, attempt])
+        return Delivery(record, convert.encode_receipt_handle(queue_id, offset, nonce), attempt, invisible_ms)
+
+    def _event(self, events: list, event: list) -> None:
+        self.table.apply(event)
+        events.append(event)
+
+    # --- ack / change invisible duration ---
+
+    def _current_delivery(self, group: str, topic: str, handle: str):
+        decoded = convert.decode_receipt_handle(handle)
+        if decoded is None:
+            return Refused(Code.INVALID_RECEIPT_HANDLE, f"malformed receipt handle {handle[:100]!r}")
+        queue_id, offset, nonce = decoded
+        progress = self.table.queues.get((group, topic, queue_id))
+        if progress is None:
+            return Refused(Code.INVALID_RECEIPT_HANDLE, f"group {group!r} has received nothing from {topic}/{queue_id}")
+        if progress.done(offset):
+            return "done", queue_id, offset
+        current = progress.inflight.get(offset)
+        if current is None or current.nonce != nonce:
+            return Refused(Code.INVALID_RECEIPT_HANDLE, "stale receipt handle: the message was delivered again "
+                                                        "or its invisible duration changed since")  # fmt: skip
+        return "current", queue_id, offset
+
+    async def ack(self, group: str, topic: str, handle: str) -> tuple[int, str]:
+        refused = self.check_topic(topic, group)
+        if refused is not None:
+            return refused.code, refused.message
+        found = self._current_delivery(group, topic, handle)
+        if isinstance(found, Refused):
+            return found.code, found.message
+        state, queue_id, offset = found
+        if state == "done":
+            return Code.OK, "OK (already acknowledged)"
+        events: list[list] = []
+        self._event(events, ["a", group, topic, queue_id, offset])
+        status = await self._persist(events)
+        self.stats["acked"] += 1
+        return self._persist_code(status)
+
+    async def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> tuple[int, str, str]:
+        refused = self.check_topic(topic, group)
+        if refused is not None:
+            return refused.code, refused.message, ""
+        if not (0 <= invisible_ms <= INVISIBLE_MAX_SECONDS * 1000):
+            return Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {invisible_ms / 1000:g} s is outside [0, {INVISIBLE_MAX_SECONDS:g} s]", ""
+        found = self._current_delivery(group, topic, handle)
+        if isinstance(found, Refused):
+            return found.code, found.message, ""
+        state, queue_id, offset = found
+        if state == "done":
+            return Code.INVALID_RECEIPT_HANDLE, "the message is already acknowledged", ""
+        nonce = secrets.randbits(63)
+        events: list[list] = []
+        self._event(events, ["c", group, topic, queue_id, offset, nonce, now_ms() + invisible_ms])
+        code, message = self._persist_code(await self._persist(events))
+        return code, message, convert.encode_receipt_handle(queue_id, offset, nonce)
+
+    async def dead_letter(self, group: str, topic: str, handle: str) -> tuple[int, str]:
+        """A consumer gave up on a message after its last attempt: copy it to ``%DLQ%<group>``
+        (RocketMQ's dead-letter topic, queue 0), then acknowledge it for the group. A retry of a
+        forward that was copied but not yet acknowledged copies it again (at least once)."""
+        refused = self.check_topic(topic, group)
+        found = refused or self._current_delivery(group, topic, handle)
+        if isinstance(found, Refused):
+            return found.code, found.message
+        state, queue_id, offset = found
+        if state == "done":
+            return Code.OK, "OK (already acknowledged)"
+        pulled = await self.cluster.pull(topic, queue_id, offset, count_max=1)
+        if pulled.records and pulled.records[0].queue_offset == offset:
+            record = pulled.records[0]
+            # tags and keys travel as such; the original producer's idempotence key does not
+            dropped = (rec.PROPERTY_TAGS, rec.PROPERTY_KEYS, PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ)
+            properties = {k: v for k, v in record.properties.items() if k not in dropped}
+            properties[DLQ_ORIGIN_PROPERTY] = f"{topic}/{queue_id}/{offset}"
+            try:
+                result = await self.cluster.send(DLQ_PREFIX + group, bytes(record.body), tags=record.tags, keys=record.keys,
+                                                 properties=properties, retry=True)  # fmt: skip
+            except hc.ClientError as error:
+                return Code.PROXY_TIMEOUT, f"dead-letter copy not stored: {error}"
+            if not result.ok:
+                return convert.send_status_code(result.status), f"dead-letter copy not stored safely: {result.status} {result.reason}"
+        return await self.ack(group, topic, handle)
+
+    @staticmethod
+    def _persist_code(status: str) -> tuple[int, str]:
+        code = convert.send_status_code(status) if not status.startswith("ERROR") else Code.PROXY_TIMEOUT
+        return code, "OK" if code == Code.OK else f"progress not stored safely: {status}"
+
+    # --- the progress topic ---
+
+    def _enqueue(self, events: list[list]) -> dict:
+        slot = {"done": trio.Event(), "status": ""}
+        self._writes.append((events, slot))
+        self._write_wakeup.set()
+        return slot
+
+    async def _persist(self, events: list[list]) -> str:
+        """Queue ``events`` for the writer and wait until they are stored; the put status."""
+        slot = self._enqueue(events)
+        await slot["done"].wait()
+        return slot["status"]
+
+    async def writer(self) -> None:
+        """The one task that appends events, in the order they were applied."""
+        while True:
+            await self._write_wakeup.wait()
+            self._write_wakeup = trio.Event()
+            while self._writes:
+                batch, count = [], 0
+                while self._writes and count < EVENTS_PER_RECORD_MAX:
+                    batch.append(self._writes.pop(0))
+                    count += len(batch[-1][0])
+                status, queue_offset = await self._append([e for events, _ in batch for e in events], EVENTS_QUEUE)
+                for _, slot in batch:
+                    slot["status"] = status
+                    slot["done"].set()
+                self.stats["events"] += count
+                self._events_since_snapshot += count
+                due = (self._events_since_snapshot >= self.config.snapshot_every_events
+                       or trio.current_time() - self._last_snapshot >= SNAPSHOT_INTERVAL_SECONDS)  # fmt: skip
+                if queue_offset >= 0 and due:
+                    await self._snapshot(queue_offset + 1)
+
+    async def _append(self, payload, queue_id: int) -> tuple[str, int]:
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        try:
+            result = await self.cluster.send(PROGRESS_TOPIC, body, queue_id=queue_id, retry=True)
+        except hc.ClientError as error:
+            log.warning("progress not stored: %s", error)
+            return f"ERROR {error}", -1
+        if not result.ok:
+            log.warning("progress stored with status %s %s", result.status, result.reason)
+        return result.status, result.queue_offset if result.offset >= 0 else -1
+
+    async def _snapshot(self, events_next: int) -> None:
+        status, _ = await self._append({"events_next": events_next, "table": self.table.snapshot()}, SNAPSHOT_QUEUE)
+        self._events_since_snapshot = 0  # on failure too: the next try comes after as many events again
+        self._last_snapshot = trio.current_time()
+        if status == "PUT_OK":
+            log.info("progress snapshot stored: %d queues, replay from event record %d", len(self.table.queues), events_next)
+        else:
+            log.error("progress snapshot not stored (%s): a restart replays from the previous one", status)
+
+    async def replay(self) -> None:
+        """Load the last snapshot and the events after it (before serving)."""
+        start = 0
+        last = await self.cluster.pull(PROGRESS_TOPIC, SNAPSHOT_QUEUE, 0, count_max=1)
+        if last.max_queue_offset > 0:
+            snapshot = await self.cluster.pull(PROGRESS_TOPIC, SNAPSHOT_QUEUE, last.max_queue_offset - 1, count_max=1)
+            if snapshot.records:
+                try:
+                    data = json.loads(bytes(snapshot.records[0].body))
+                    self.table.load(data["table"])
+                    start = int(data["events_next"])
+                except (ValueError, KeyError, TypeError, ProgressError) as error:
+                    log.error("progress snapshot at %d unreadable (%s): replaying every event", last.max_queue_offset - 1, error)
+                    self.table = ProgressTable()
+        offset = start
+        while True:
+            pulled = await self.cluster.pull(PROGRESS_TOPIC, EVENTS_QUEUE, offset, count_max=PULL_PAGE)
+            if not pulled.records:
+                break
+            for record in pulled.records:
+                self._replay_record(record)
+            offset = pulled.next_queue_offset
+        log.info("progress replayed: snapshot then event records [%d, %d), %d events; %d group queues",
+                 start, offset, self.stats["replayed"], len(self.table.queues))  # fmt: skip
+
+    def _replay_record(self, record: rec.Record) -> None:
+        try:
+            events = json.loads(bytes(record.body))
+            if not isinstance(events, list):
+                raise ValueError("not a list of events")
+        except ValueError as error:
+            log.error("progress event record at queue offset %d skipped: %s", record.queue_offset, error)
+            return
+        for event in events:
+            try:
+                self.table.apply(event)
+            except ProgressError as error:
+                log.error("progress event in the record at queue offset %d skipped: %s", record.queue_offset, error)
+                continue
+            self.stats["replayed"] += 1
+
+    def summary(self) -> dict:
+        return {**self.stats, "group_queues": len(self.table.queues)}
+
+
+def wrap_topic(resource) -> str:
+    """A RocketMQ resource (namespace, name) as a hasvc topic: ``namespace%name`` as RocketMQ's
+    NamespaceUtil wraps it, or the bare name."""
+    return f"{resource.resource_namespace}%{resource.name}" if resource.resource_namespace else resource.name
+

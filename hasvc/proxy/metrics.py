@@ -1,0 +1,54 @@
+"""Prometheus metrics of the proxy (``--metrics-listen HOST:PORT``), with prometheus-client.
+
+Request counts and send latency are updated by the gRPC handlers (asyncio thread); the gauges are
+read from the gateway when scraped (integers and a copy of the progress table's values, written by
+the trio thread). The HTTP endpoint is prometheus-client's own server on a daemon thread.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from hasvc.broker.metrics import LATENCY_BUCKETS
+from hasvc.proxy.pb import definition
+
+
+class ProxyMetrics:
+    def __init__(self, gate, servicer, registry: CollectorRegistry):
+        self.gate = gate
+        self.servicer = servicer
+        self.requests = Counter("hasvc_proxy_requests", "gRPC requests answered, by method and RocketMQ code",
+                                ["method", "code"], registry=registry)  # fmt: skip
+        self.send_latency = Histogram("hasvc_proxy_send_latency_seconds", "SendMessage latency, by RocketMQ code", ["code"],
+                                      buckets=LATENCY_BUCKETS, registry=registry)  # fmt: skip
+        registry.register(self)
+
+    def answered(self, method: str, code: int) -> None:
+        self.requests.labels(method, definition.Code.Name(code) if code in definition.Code.values() else str(code)).inc()
+
+    def sent(self, code: int, seconds: float) -> None:
+        self.send_latency.labels(definition.Code.Name(code) if code in definition.Code.values() else str(code)).observe(seconds)
+
+    def collect(self):
+        stats = dict(self.gate.stats)
+        for name, key, text in (
+            ("hasvc_proxy_messages_sent", "sent", "Messages stored and acknowledged (OK) through the proxy"),
+            ("hasvc_proxy_messages_delivered", "delivered", "Deliveries to consumers (redeliveries included)"),
+            ("hasvc_proxy_messages_acked", "acked", "Acknowledgements by consumers"),
+            ("hasvc_proxy_progress_events", "events", "Consumer progress events appended to the progress topic"),
+        ):
+            yield CounterMetricFamily(name, text, value=stats.get(key, 0))
+        queues = list(self.gate.table.queues.values())
+        yield GaugeMetricFamily("hasvc_proxy_group_queues", "Consumer group queues with progress", value=len(queues))
+        yield GaugeMetricFamily("hasvc_proxy_inflight_messages", "Messages delivered and not yet acknowledged",
+                                value=sum(len(q.inflight) for q in queues))  # fmt: skip
+        yield GaugeMetricFamily("hasvc_proxy_clients", "Clients with settings (open Telemetry streams)", value=len(self.servicer.settings))
+
+
+def serve_metrics(gate, servicer, address: tuple[str, int]) -> tuple[ProxyMetrics, int]:
+    """Start the HTTP endpoint; the metrics and the bound port."""
+    registry = CollectorRegistry()
+    metrics = ProxyMetrics(gate, servicer, registry)
+    server, _ = start_http_server(address[1], addr=address[0], registry=registry)
+    return metrics, server.server_port

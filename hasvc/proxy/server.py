@@ -1,0 +1,428 @@
+"""The gRPC side: ``apache.rocketmq.v2.MessagingService`` on grpc.aio, bridged to the trio gateway.
+
+Theory of operation
+-------------------
+The main thread runs asyncio with grpcio's aio server; a second thread runs trio with the
+:class:`~hasvc.proxy.gateway.Gateway` and its FailoverClient (as ``BlockingClient`` runs its
+client). A handler turns the request into plain values, hands a coroutine to the trio loop
+(:class:`TrioBridge`: ``TrioToken.run_sync_soon`` in, ``loop.call_soon_threadsafe`` out) and turns
+the result into the response. A call the client abandons (deadline, vanished client) cancels its
+trio task. Why aio and not grpcio's thread pool: both bridges cost the same per request (measured,
+docs/PROXY.md), and every long-polling receive (up to 20 s) and every client's Telemetry stream
+(its whole life) would hold a pool thread.
+
+Telemetry: the client sends its Settings; the proxy answers with them completed as RocketMQ's proxy
+completes them (GrpcClientSettingsManager): producers get the body limit, message type validation
+and the send backoff; consumers the receive batch size and long polling timeout. A Producer that
+got no publishing settings would set its body limit to 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import grpc
+import grpc.aio
+import trio
+
+from hasvc import client as hc
+from hasvc.proxy import convert, gateway
+from hasvc.proxy.convert import Refused
+from hasvc.proxy.pb import Code, definition, service, service_grpc
+
+log = logging.getLogger("hasvc.proxy")
+
+CLIENT_ID_HEADER = "x-mq-client-id"
+BROKER_NAME = "hasvc"
+# RocketMQ's proxy: producer backoff 10 ms .. 1 s, x2, 3 attempts (grpcClientProducer*).
+PRODUCER_ATTEMPTS = 3
+PRODUCER_BACKOFF_INITIAL_MS, PRODUCER_BACKOFF_MAX_MS, PRODUCER_BACKOFF_MULTIPLIER = 10, 1000, 2
+# RocketMQ's SubscriptionGroupConfig: 16 retries (17 attempts), then the dead-letter queue.
+CONSUMER_ATTEMPTS = 17
+# ... and its CustomizedRetryPolicy: a PushConsumer whose listener fails makes the message invisible
+# for the attempt's delay (the broker's message delay levels 1s 5s 10s 30s 1m ... 2h).
+CONSUMER_RETRY_DELAYS_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+SHUTDOWN_GRACE_SECONDS = 1.0
+
+
+class TrioBridge:
+    """Run trio coroutines from asyncio handlers (the trio loop runs in its own thread)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery):
+        self._loop, self._token, self._nursery = loop, token, nursery
+
+    async def call(self, function, *args):
+        future = self._loop.create_future()
+        state = {"scope": None, "cancelled": False}
+
+        def settle(ok: bool, value) -> None:
+            if not future.done():
+                (future.set_result if ok else future.set_exception)(value)
+
+        async def task() -> None:
+            with trio.CancelScope() as scope:
+                state["scope"] = scope
+                if state["cancelled"]:
+                    scope.cancel()
+                try:
+                    result = await function(*args)
+                except Exception as error:  # handed to the handler, which answers INTERNAL_SERVER_ERROR
+                    self._loop.call_soon_threadsafe(settle, False, error)
+                    return
+                self._loop.call_soon_threadsafe(settle, True, result)
+            if scope.cancelled_caught:
+                self._loop.call_soon_threadsafe(settle, False, asyncio.CancelledError())
+
+        def cancel() -> None:
+            state["cancelled"] = True
+            if state["scope"] is not None:
+                state["scope"].cancel()
+
+        try:
+            self._token.run_sync_soon(lambda: self._nursery.start_soon(task))
+        except trio.RunFinishedError:
+            raise RuntimeError("the gateway is shutting down") from None
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(cancel)
+            raise
+
+
+def status(code: int, message: str = ""):
+    return definition.Status(code=code, message=message or definition.Code.Name(code))
+
+
+def _endpoints(host: str, port: int):
+    endpoints = definition.Endpoints()
+    try:
+        version = ipaddress.ip_address(host).version
+        endpoints.scheme = definition.IPv4 if version == 4 else definition.IPv6
+    except ValueError:
+        endpoints.scheme = definition.DOMAIN_NAME
+    endpoints.addresses.add(host=host, port=port)
+    return endpoints
+
+
+def _client_id(context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID_HEADER:
+            return value
+    return ""
+
+
+class Servicer(service_grpc.MessagingServiceServicer):
+    def __init__(self, bridge: TrioBridge, gate: gateway.Gateway, listen: tuple[str, int], advertise: tuple[str, int] | None):
+        self.bridge = bridge
+        self.gate = gate
+        self.listen = listen
+        self.advertise = advertise
+        self.tls_listen: tuple[str, int] | None = None  # the TLS listener, when there is one
+        self.metrics = None  # ProxyMetrics with --metrics-listen
+        self.settings: dict[str, object] = {}  # client id -> its last Settings
+
+    # --- routes and client lifecycle ---
+
+    def _answered(self, method: str, code: int) -> None:
+        if self.metrics is not None:
+            self.metrics.answered(method, code)
+
+    def _access_point(self, request_endpoints) -> tuple[str, int]:
+        """Our reachable address: --advertise, else the listen address unless it is a wildcard,
+        else the address the client used to reach us (never 0.0.0.0)."""
+        used = [(a.host, a.port) for a in request_endpoints.addresses if a.host and a.host not in ("0.0.0.0", "::")]
+        if self.tls_listen is not None and any(port == self.tls_listen[1] for _, port in used):
+            listen, advertise = self.tls_listen, None  # a TLS client is routed to the TLS listener
+        else:
+            listen, advertise = self.listen, self.advertise
+        if advertise is not None:
+            return advertise
+        host, port = listen
+        if host not in ("0.0.0.0", "::", ""):
+            return host, port
+        return (used[0][0], port) if used else ("127.0.0.1", port)
+
+    def _queues(self, resource, endpoints):
+        queues = []
+        for queue_id in range(self.gate.config.queues):
+            queue = definition.MessageQueue(id=queue_id, permission=definition.READ_WRITE,
+                                            accept_message_types=[definition.NORMAL])  # fmt: skip
+            queue.topic.CopyFrom(resource)
+            queue.broker.name, queue.broker.id = BROKER_NAME, 0
+            queue.broker.endpoints.CopyFrom(endpoints)
+            queues.append(queue)
+        return queues
+
+    async def QueryRoute(self, request, context):
+        refused = self.gate.check_topic(gateway.wrap_topic(request.topic))
+        if refused is not None:
+            return service.QueryRouteResponse(status=status(refused.code, refused.message))
+        endpoints = _endpoints(*self._access_point(request.endpoints))
+        return service.QueryRouteResponse(status=status(Code.OK), message_queues=self._queues(request.topic, endpoints))
+
+    async def QueryAssignment(self, request, context):
+        refused = self.gate.check_topic(gateway.wrap_topic(request.topic))
+        if refused is not None:
+            return service.QueryAssignmentResponse(status=status(refused.code, refused.message))
+        endpoints = _endpoints(*self._access_point(request.endpoints))
+        assignments = [definition.Assignment(message_queue=q) for q in self._queues(request.topic, endpoints)]
+        return service.QueryAssignmentResponse(status=status(Code.OK), assignments=assignments)
+
+    async def Heartbeat(self, request, context):
+        return service.HeartbeatResponse(status=status(Code.OK))
+
+    async def NotifyClientTermination(self, request, context):
+        self.settings.pop(_client_id(context), None)
+        return service.NotifyClientTerminationResponse(status=status(Code.OK))
+
+    def _complete_settings(self, settings):
+        """The client's Settings completed as RocketMQ's proxy completes them."""
+        answer = definition.Settings()
+        answer.CopyFrom(settings)
+        backoff = answer.backoff_policy
+        if settings.HasField("publishing"):
+            backoff.max_attempts = PRODUCER_ATTEMPTS
+            backoff.exponential_backoff.initial.FromMilliseconds(PRODUCER_BACKOFF_INITIAL_MS)
+            backoff.exponential_backoff.max.FromMilliseconds(PRODUCER_BACKOFF_MAX_MS)
+            backoff.exponential_backoff.multiplier = PRODUCER_BACKOFF_MULTIPLIER
+            answer.publishing.max_body_size = self.gate.config.body_size_max
+            answer.publishing.validate_message_type = True
+        elif settings.HasField("subscription"):
+            answer.subscription.receive_batch_size = gateway.RECEIVE_BATCH_MAX
+            answer.subscription.long_polling_timeout.FromMilliseconds(int(gateway.LONG_POLLING_MAX_SECONDS * 1000))
+            answer.subscription.fifo = False
+            backoff.max_attempts = CONSUMER_ATTEMPTS
+            for seconds in CONSUMER_RETRY_DELAYS_SECONDS:
+                backoff.customized_backoff.next.add(seconds=seconds)
+        answer.metric.on = False
+        return answer
+
+    async def Telemetry(self, request_iterator, context):
+        client_id = _client_id(context)
+        try:
+            async for command in request_iterator:
+                if not command.HasField("settings"):
+                    continue  # thread stack traces, verify results: nothing to answer
+                settings = command.settings
+                if not (settings.HasField("publishing") or settings.HasField("subscription")):
+                    yield service.TelemetryCommand(status=status(Code.BAD_REQUEST, "there is no publishing or subscription data in settings"))
+                    continue
+                self.settings[client_id] = settings
+                yield service.TelemetryCommand(status=status(Code.OK), settings=self._complete_settings(settings))
+        finally:
+            # a client that vanished mid-stream: forget its settings (NotifyClientTermination does too)
+            self.settings.pop(client_id, None)
+
+    # --- producing ---
+
+    async def SendMessage(self, request, context):
+        if not request.messages:
+            return service.SendMessageResponse(status=status(Code.MESSAGE_CORRUPTED, "no message to send"))
+        client_id = _client_id(context)
+        started = time.monotonic()
+        outcomes = []
+        for message in request.messages:
+            message.topic.name = gateway.wrap_topic(message.topic)
+            outcomes.append(self.bridge.call(self.gate.send, client_id, message))
+        try:
+            results = await asyncio.gather(*outcomes)
+        except RuntimeError as error:
+            return service.SendMessageResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(error)))
+        entries = [service.SendResultEntry(status=status(r.code, r.message), message_id=r.message_id,
+                                           offset=max(r.queue_offset, 0)) for r in results]  # fmt: skip
+        codes = {r.code for r in results}
+        overall = status(results[0].code, results[0].message) if len(codes) == 1 else status(Code.MULTIPLE_RESULTS)
+        self._answered("SendMessage", overall.code)
+        if self.metrics is not None:
+            self.metrics.sent(overall.code, time.monotonic() - started)
+        return service.SendMessageResponse(status=overall, entries=entries)
+
+    async def EndTransaction(self, request, context):
+        return service.EndTransactionResponse(status=status(Code.UNSUPPORTED, "transactional messages are not supported by hasvc proxy"))
+
+    async def RecallMessage(self, request, context):
+        return service.RecallMessageResponse(status=status(Code.UNSUPPORTED, "delay messages (and so recall) are not supported by hasvc proxy"))
+
+    # --- consuming ---
+
+    async def ReceiveMessage(self, request, context):
+        topic = gateway.wrap_topic(request.message_queue.topic)
+        tags = convert.tag_filter(request.filter_expression if request.HasField("filter_expression") else None)
+        if isinstance(tags, Refused):
+            yield service.ReceiveMessageResponse(status=status(tags.code, tags.message))
+            return
+        invisible_ms = request.invisible_duration.ToMilliseconds() if request.HasField("invisible_duration") else 30_000
+        wait = request.long_polling_timeout.ToMilliseconds() / 1000 if request.HasField("long_polling_timeout") else 0.0
+        remaining = context.time_remaining()
+        wait = min(wait, gateway.LONG_POLLING_MAX_SECONDS)
+        if remaining is not None:
+            wait = max(0.0, min(wait, remaining - gateway.LONG_POLLING_RESERVE_SECONDS))
+        try:
+            result = await self.bridge.call(self.gate.receive, request.group.name, topic, request.message_queue.id, tags,
+                                            request.batch_size or 1, invisible_ms, wait)  # fmt: skip
+        except (RuntimeError, hc.ClientError) as error:
+            yield service.ReceiveMessageResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(error)))
+            return
+        if isinstance(result, Refused):
+            yield service.ReceiveMessageResponse(status=status(result.code, result.message))
+            return
+        if not result:
+            self._answered("ReceiveMessage", Code.MESSAGE_NOT_FOUND)
+            yield service.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        self._answered("ReceiveMessage", Code.OK)
+        yield service.ReceiveMessageResponse(status=status(Code.OK))
+        # as RocketMQ's proxy: when the messages left (the clients measure receive latency with it)
+        delivered_at = service.ReceiveMessageResponse()
+        delivered_at.delivery_timestamp.GetCurrentTime()
+        yield delivered_at
+        for delivery in result:
+            message = convert.delivered_message(delivery.record, receipt_handle=delivery.receipt_handle,
+                                                attempt=delivery.attempt, invisible_ms=delivery.invisible_ms)  # fmt: skip
+            message.topic.CopyFrom(request.message_queue.topic)
+            yield service.ReceiveMessageResponse(message=message)
+
+    async def AckMessage(self, request, context):
+        topic = gateway.wrap_topic(request.topic)
+        # all entries at once: the progress writer stores the acks that wait together as one record
+        answers = await asyncio.gather(*(self.bridge.call(self.gate.ack, request.group.name, topic, entry.receipt_handle)
+                                         for entry in request.entries))  # fmt: skip
+        entries = [service.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                                 status=status(code, text))
+                   for entry, (code, text) in zip(request.entries, answers, strict=True)]  # fmt: skip
+        codes = {e.status.code for e in entries}
+        overall = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS)
+        if not entries:
+            overall = status(Code.BAD_REQUEST, "no entries to acknowledge")
+        self._answered("AckMessage", overall.code)
+        return service.AckMessageResponse(status=overall, entries=entries)
+
+    async def ChangeInvisibleDuration(self, request, context):
+        invisible_ms = request.invisible_duration.ToMilliseconds()
+        code, text, handle = await self.bridge.call(self.gate.change_invisible, request.group.name,
+                                                    gateway.wrap_topic(request.topic), request.receipt_handle, invisible_ms)  # fmt: skip
+        self._answered("ChangeInvisibleDuration", code)
+        return service.ChangeInvisibleDurationResponse(status=status(code, text), receipt_handle=handle)
+
+    async def ForwardMessageToDeadLetterQueue(self, request, context):
+        # After its last attempt a PushConsumer hands the message over: it goes to %DLQ%<group>.
+        code, text = await self.bridge.call(self.gate.dead_letter, request.group.name, gateway.wrap_topic(request.topic),
+                                            request.receipt_handle)  # fmt: skip
+        if code == Code.OK:
+            log.warning("group %s gave up on message %s after %d attempts: moved to %s%s", request.group.name,
+                        request.message_id, request.delivery_attempt, gateway.DLQ_PREFIX, request.group.name)  # fmt: skip
+        self._answered("ForwardMessageToDeadLetterQueue", code)
+        return service.ForwardMessageToDeadLetterQueueResponse(status=status(code, text))
+
+    async def PullMessage(self, request, context):
+        yield service.PullMessageResponse(status=status(Code.UNSUPPORTED, "offset-based PullMessage is not supported; use SimpleConsumer or PushConsumer"))
+
+    async def UpdateOffset(self, request, context):
+        return service.UpdateOffsetResponse(status=status(Code.UNSUPPORTED, "offset-based consumption is not supported"))
+
+    async def GetOffset(self, request, context):
+        return service.GetOffsetResponse(status=status(Code.UNSUPPORTED, "offset-based consumption is not supported"))
+
+    async def QueryOffset(self, request, context):
+        return service.QueryOffsetResponse(status=status(Code.UNSUPPORTED, "offset-based consumption is not supported"))
+
+    async def SyncLiteSubscription(self, request, context):
+        return service.SyncLiteSubscriptionResponse(status=status(Code.UNSUPPORTED, "lite topics are not supported"))
+
+
+@contextlib.contextmanager
+def trio_thread(brokers: list[str], secret, tls_ca, config: gateway.GatewayConfig, loop):
+    """Start the trio loop with the gateway; yield (bridge, gateway) once replayed; stop it after."""
+    box: dict = {}
+    ready = threading.Event()
+
+    async def main() -> None:
+        try:
+            async with hc.connect_cluster(brokers, secret, tls_ca=tls_ca, retry_sends=True) as cluster:
+                gate = gateway.Gateway(cluster, config)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(gate.writer)
+                    await gate.replay()
+                    box["stop"] = trio.Event()
+                    box["bridge"] = TrioBridge(loop, trio.lowlevel.current_trio_token(), nursery)
+                    box["gateway"] = gate
+                    ready.set()
+                    await box["stop"].wait()
+                    nursery.cancel_scope.cancel()
+        except BaseException as error:  # reported to the starting thread
+            box["error"] = error
+            ready.set()
+            if not isinstance(error, Exception):
+                raise
+
+    thread = threading.Thread(target=trio.run, args=(main,), name="hasvc-proxy-trio", daemon=True)
+    thread.start()
+    ready.wait()
+    if "error" in box:
+        raise box["error"]
+    try:
+        yield box["bridge"], box["gateway"]
+    finally:
+        with contextlib.suppress(trio.RunFinishedError):
+            box["bridge"]._token.run_sync_soon(box["stop"].set)
+        thread.join()
+
+
+def _bind(server, address: tuple[str, int], credentials=None) -> int:
+    host, port = address
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bound = server.add_secure_port(target, credentials) if credentials else server.add_insecure_port(target)
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    return bound
+
+
+def tls_credentials(cert_file: str, key_file: str):
+    with open(key_file, "rb") as key, open(cert_file, "rb") as cert:
+        return grpc.ssl_server_credentials([(key.read(), cert.read())])
+
+
+async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls_ca=None,
+                advertise: tuple[str, int] | None = None, config: gateway.GatewayConfig,
+                tls_listen: tuple[str, int] | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+                metrics_listen: tuple[str, int] | None = None) -> int:  # fmt: skip
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    with trio_thread(brokers, secret, tls_ca, config, loop) as (bridge, gate):
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", config.body_size_max + 1024 * 1024)])
+        servicer = Servicer(bridge, gate, listen, advertise)
+        service_grpc.add_MessagingServiceServicer_to_server(servicer, server)
+        host = listen[0]
+        bound = _bind(server, listen)
+        servicer.listen = (host, bound)
+        ready = {"listen": f"{host}:{bound}", "access_point": "{}:{}".format(*servicer._access_point(definition.Endpoints())),
+                 "brokers": brokers, "queues": config.queues, "pid": os.getpid()}  # fmt: skip
+        if tls_listen is not None:
+            servicer.tls_listen = (tls_listen[0], _bind(server, tls_listen, tls_credentials(tls_cert, tls_key)))
+            ready["tls_listen"] = "{}:{}".format(*servicer.tls_listen)
+        if metrics_listen is not None:
+            from hasvc.proxy.metrics import serve_metrics
+
+            servicer.metrics, metrics_port = serve_metrics(gate, servicer, metrics_listen)
+            ready["metrics_listen"] = f"{metrics_listen[0]}:{metrics_port}"
+        await server.start()
+        log.info("proxy serving on %s in front of %s; %s", ", ".join(v for k, v in ready.items() if k.endswith("listen")),
+                 ",".join(brokers), gate.summary())  # fmt: skip
+        sys.stdout.write("READY " + json.dumps(ready) + "\n")
+        sys.stdout.flush()
+        await stop.wait()
+        log.info("stopping: %s", gate.summary())
+        await server.stop(SHUTDOWN_GRACE_SECONDS)
+    return 0

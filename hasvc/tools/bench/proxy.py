@@ -1,0 +1,113 @@
+"""``hasvc bench proxy``: the official client through the gateway, beside hasvc's own client.
+
+One run on loopback: a SYNC_MASTER master and a slave, the proxy in front of them, and a second
+proxy whose sends store nothing (``--null-sends``: the official client's own ceiling through the
+same gRPC layers). For each number of senders: the official Python client producing 1 KiB
+messages through the null proxy and through the real one, and hasvc's own client (trio tasks on
+one connection) against the same master; then consumers: a SimpleConsumer draining what the
+official client produced, beside hasvc's client pulling it. The gateway's cost is the real
+proxy's rate against the null one's (the issue's target: at most 30 % below).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import trio
+
+from hasvc import client as hc
+from hasvc.tools.bench.store import envelope, write_json
+from hasvc.tools.drill import Process
+
+CLIENT_TIMEOUT_MARGIN_SECONDS = 60.0
+
+
+def _official(endpoint: str, home: str, mode: str, senders: int, seconds: float, size: int, topic: str, group: str = "") -> dict:
+    command = [sys.executable, "-m", "hasvc.tools.bench.proxy_client", endpoint, mode, str(senders), str(seconds), str(size), topic, group]
+    done = subprocess.run(command, env={**os.environ, "HOME": home}, capture_output=True, text=True,
+                          timeout=seconds + CLIENT_TIMEOUT_MARGIN_SECONDS)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"official client ({mode}) failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+async def _own_produce(address: str, senders: int, seconds: float, size: int, topic: str) -> dict:
+    count = 0
+    body = b"x" * size
+    async with hc.connect(address) as client:
+        stop = trio.current_time() + seconds
+
+        async def sender(index: int) -> None:
+            nonlocal count
+            while trio.current_time() < stop:
+                result = await client.send(topic, body, queue_id=index % 4)
+                count += result.ok
+
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for index in range(senders):
+                nursery.start_soon(sender, index)
+        elapsed = trio.current_time() - started
+    return {"count": count, "seconds": elapsed, "rate": count / elapsed, "errors": 0}
+
+
+async def _own_consume(address: str, topic: str) -> dict:
+    count = 0
+    async with hc.connect(address) as client:
+        started = trio.current_time()
+        for queue_id in range(4):
+            offset = 0
+            while (pulled := await client.pull(topic, queue_id, offset, count_max=1024)).records:
+                count += len(pulled.records)
+                offset = pulled.next_queue_offset
+        elapsed = trio.current_time() - started
+    return {"count": count, "seconds": elapsed, "rate": count / elapsed if elapsed else 0.0, "errors": 0}
+
+
+def _start(root: str) -> tuple[list[Process], Process, Process, Process]:
+    master = Process(root, "master", ["master", "--store", f"{root}/m", "--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0",
+                                      "--role", "sync", "--set", "disk_max_used_space_ratio=1.0"])  # fmt: skip
+    slave = Process(root, "slave", ["slave", "--store", f"{root}/s", "--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0",
+                                    "--master-ha", master.ready["ha_listen"], "--set", "disk_max_used_space_ratio=1.0"])  # fmt: skip
+    brokers = f"{master.ready['listen']},{slave.ready['listen']}"
+    deadline = time.monotonic() + 30
+    with hc.BlockingClient(master.ready["listen"]) as client:
+        while not [s for s in client.status()["slaves"] if s["ack_offset"] >= 0]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the slave did not connect")
+            time.sleep(0.05)
+    proxy = Process(root, "proxy", ["proxy", "--listen", "127.0.0.1:0", "--brokers", brokers])
+    null = Process(root, "null-proxy", ["proxy", "--listen", "127.0.0.1:0", "--brokers", brokers, "--null-sends"])
+    return [null, proxy, slave, master], master, proxy, null
+
+
+def run_bench(*, senders: list[int], seconds: float, size: int, json_path: str | None, echo=print) -> dict:
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="hasvc-bench-proxy-") as root:
+        processes, master, proxy, null = _start(root)
+        try:
+            for count in senders:
+                topic = f"BenchProxy{count}"
+                row = {"senders": count,
+                       "official_null": _official(null.ready["listen"], root, "produce", count, seconds, size, f"{topic}Null"),
+                       "official_proxy": _official(proxy.ready["listen"], root, "produce", count, seconds, size, topic),
+                       "hasvc": trio.run(_own_produce, master.ready["listen"], count, seconds, size, f"{topic}Own")}  # fmt: skip
+                row["official_consume"] = _official(proxy.ready["listen"], root, "consume", 1, seconds * 4, size, topic, f"G{count}")
+                row["hasvc_consume"] = trio.run(_own_consume, master.ready["listen"], topic)
+                row["gateway_cost"] = 1 - row["official_proxy"]["rate"] / row["official_null"]["rate"]
+                runs.append(row)
+                echo(f"{count:3d} senders  official via proxy {row['official_proxy']['rate']:8.0f} msgs/s   "
+                     f"via null proxy {row['official_null']['rate']:8.0f}   gateway cost {row['gateway_cost']:6.1%}   "
+                     f"hasvc client {row['hasvc']['rate']:8.0f}   consume: official {row['official_consume']['rate']:7.0f} "
+                     f"hasvc {row['hasvc_consume']['rate']:8.0f} msgs/s")  # fmt: skip
+        finally:
+            for process in processes:
+                process.stop()
+    result = envelope("proxy", {"senders": senders, "seconds": seconds, "size": size}, runs=runs)
+    write_json(json_path, result)
+    return result

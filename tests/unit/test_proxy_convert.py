@@ -1,0 +1,109 @@
+"""The proxy's pure conversions (hasvc/proxy/convert.py): handles, message ids, statuses, checks."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+pb = pytest.importorskip("hasvc.proxy.pb")
+
+from commitlog import record as rec  # noqa: E402
+from hasvc.proxy import convert  # noqa: E402
+from hasvc.proxy.convert import Refused  # noqa: E402
+
+Code, definition = pb.Code, pb.definition
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1), st.integers(0, 2**64 - 1))
+def test_receipt_handles_round_trip(queue_id, offset, nonce):
+    assert convert.decode_receipt_handle(convert.encode_receipt_handle(queue_id, offset, nonce)) == (queue_id, offset, nonce)
+
+
+@given(st.text(max_size=80))
+def test_garbage_is_never_taken_for_a_receipt_handle(text):
+    decoded = convert.decode_receipt_handle(text)
+    if decoded is not None:  # only handles we could have made decode
+        assert convert.encode_receipt_handle(*decoded) == text
+
+
+@pytest.mark.parametrize("handle", ["", "hasvc1", "hasvc1 0 0", "hasvc1 -1 0 1", "hasvc1 0 0 zz", "other 0 0 1", "hasvc1 0 0 1 2",
+                                    "hasvc1 01 0 1", "hasvc1 +1 0 1", "hasvc1 \u0661 0 1", "hasvc1 0 0 0A"])
+def test_malformed_receipt_handles(handle):
+    assert convert.decode_receipt_handle(handle) is None
+
+
+def test_v1_message_ids_give_their_counter_and_others_none():
+    assert convert.message_id_sequence("0102FC000000012EBD0B163CBA0000002A") == 42
+    assert convert.message_id_sequence("C0A8000100002A9F0000000000000001") is None  # a 4.x offset id
+    assert convert.message_id_sequence("01XYZ") is None
+    producer = convert.producer_id_for("host@123@0@abc" * 20)
+    assert producer == convert.producer_id_for("host@123@0@abc" * 20) and len(producer) <= 64
+
+
+def test_only_put_ok_is_ok():
+    assert convert.send_status_code("PUT_OK") == Code.OK
+    assert convert.send_status_code("FLUSH_SLAVE_TIMEOUT") == Code.SLAVE_PERSISTENCE_TIMEOUT
+    assert convert.send_status_code("SLAVE_NOT_AVAILABLE") == Code.HA_NOT_AVAILABLE
+    assert convert.send_status_code("FLUSH_DISK_TIMEOUT") == Code.MASTER_PERSISTENCE_TIMEOUT
+    for status in rec.PutMessageStatus:
+        if status is not rec.PutMessageStatus.PUT_OK:
+            assert convert.send_status_code(status.value) != Code.OK, status
+
+
+def message(**system):
+    result = definition.Message(body=system.pop("body", b"b"))
+    result.topic.name = "T"
+    result.system_properties.message_id = "01" + "0" * 32
+    for key, value in system.items():
+        if key == "keys":
+            result.system_properties.keys.extend(value)
+        else:
+            setattr(result.system_properties, key, value)
+    return result
+
+
+def test_a_normal_message_becomes_a_send_with_its_id_stored():
+    checked = convert.outgoing(message(tag="t", keys=["a", "b"]), body_size_max=10)
+    assert (checked.tags, checked.keys, checked.properties) == ("t", "a b", {"UNIQ_KEY": "01" + "0" * 32})
+
+
+@pytest.mark.parametrize("system, code", [
+    ({"message_type": definition.FIFO}, Code.UNSUPPORTED),
+    ({"message_group": "g"}, Code.UNSUPPORTED),
+    ({"message_type": definition.TRANSACTION}, Code.UNSUPPORTED),
+    ({"message_id": ""}, Code.ILLEGAL_MESSAGE_ID),
+    ({"body": b""}, Code.MESSAGE_BODY_EMPTY),
+    ({"body": b"x" * 11}, Code.MESSAGE_BODY_TOO_LARGE),
+    ({"tag": "a||b"}, Code.ILLEGAL_MESSAGE_TAG),
+    ({"keys": [" "]}, Code.ILLEGAL_MESSAGE_KEY),
+])  # fmt: skip
+def test_refusals(system, code):
+    refused = convert.outgoing(message(**system), body_size_max=10)
+    assert isinstance(refused, Refused) and refused.code == code and refused.message
+
+
+def test_reserved_and_control_character_properties_are_refused():
+    for key, value in [("TAGS", "x"), ("HASVC_PRODUCER_ID", "x"), ("a\x01", "x"), ("a", "b\x02")]:
+        m = message()
+        m.user_properties[key] = value
+        refused = convert.outgoing(m, body_size_max=10)
+        assert isinstance(refused, Refused) and refused.code == Code.ILLEGAL_MESSAGE_PROPERTY_KEY, key
+
+
+def test_topics():
+    assert convert.check_topic("ns%Orders", "%HASVC") is None
+    assert convert.check_topic("%HASVC_PROXY_PROGRESS", "%HASVC").code == Code.ILLEGAL_TOPIC
+    assert convert.check_topic("a b", "%HASVC").code == Code.ILLEGAL_TOPIC
+    assert convert.check_topic("", "%HASVC").code == Code.ILLEGAL_TOPIC
+
+
+def test_groups():
+    assert convert.check_group("ns%Group_1-a") is None
+    for bad in ("", "a b", "x" * 256, "g\n"):
+        assert convert.check_group(bad).code == Code.ILLEGAL_CONSUMER_GROUP, bad
+
+
+def test_tag_filters():
+    assert convert.tag_filter(None) is None
+    assert convert.tag_filter(definition.FilterExpression(type=definition.TAG, expression="*")) is None
+    assert convert.tag_filter(definition.FilterExpression(type=definition.TAG, expression="a || b")) == {"a", "b"}
+    assert convert.tag_filter(definition.FilterExpression(type=definition.SQL, expression="a > 1")).code == Code.UNSUPPORTED

@@ -1,0 +1,77 @@
+"""The proxy's routing answers, completed settings and progress-record replay, without a network."""
+
+import json
+import types
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+pb = pytest.importorskip("hasvc.proxy.pb")
+
+from hasvc.proxy import gateway, server  # noqa: E402
+
+definition, Code = pb.definition, pb.Code
+
+
+def servicer(listen=("127.0.0.1", 8081), advertise=None):
+    gate = types.SimpleNamespace(config=gateway.GatewayConfig())
+    return server.Servicer(None, gate, listen, advertise)
+
+
+def endpoints(*addresses):
+    result = definition.Endpoints()
+    for host, port in addresses:
+        result.addresses.add(host=host, port=port)
+    return result
+
+
+def test_the_access_point_is_never_a_wildcard():
+    assert servicer(("0.0.0.0", 8081))._access_point(endpoints(("10.1.2.3", 8081))) == ("10.1.2.3", 8081)
+    assert servicer(("0.0.0.0", 8081))._access_point(endpoints(("0.0.0.0", 8081))) == ("127.0.0.1", 8081)
+    assert servicer(("::", 8081))._access_point(endpoints()) == ("127.0.0.1", 8081)
+    assert servicer(("127.0.0.1", 8081))._access_point(endpoints(("localhost", 8081))) == ("127.0.0.1", 8081)
+    assert servicer(("0.0.0.0", 8081), ("mq.example", 9876))._access_point(endpoints(("10.1.2.3", 8081))) == ("mq.example", 9876)
+
+
+def test_a_tls_client_is_routed_to_the_tls_listener():
+    proxy = servicer(("0.0.0.0", 8081), ("mq.example", 8081))
+    proxy.tls_listen = ("0.0.0.0", 8443)
+    assert proxy._access_point(endpoints(("10.1.2.3", 8443))) == ("10.1.2.3", 8443)
+    assert proxy._access_point(endpoints(("10.1.2.3", 8081))) == ("mq.example", 8081)
+
+
+def test_settings_are_completed_for_producers_and_consumers():
+    proxy = servicer()
+    producer = definition.Settings(client_type=definition.PRODUCER)
+    producer.publishing.topics.add(name="T")
+    answer = proxy._complete_settings(producer)
+    assert answer.publishing.max_body_size == 4 * 1024 * 1024 and answer.publishing.validate_message_type
+    assert answer.backoff_policy.max_attempts == 3 and answer.backoff_policy.exponential_backoff.multiplier == 2
+    assert [t.name for t in answer.publishing.topics] == ["T"] and not answer.metric.on
+    consumer = definition.Settings(client_type=definition.PUSH_CONSUMER)
+    consumer.subscription.group.name = "G"
+    answer = proxy._complete_settings(consumer)
+    assert answer.subscription.receive_batch_size == 32 and answer.subscription.long_polling_timeout.seconds == 20
+    assert [d.seconds for d in answer.backoff_policy.customized_backoff.next][:3] == [1, 5, 10]
+
+
+def record(body: bytes, queue_offset: int = 0):
+    return types.SimpleNamespace(body=memoryview(body), queue_offset=queue_offset)
+
+
+def test_replay_applies_events_and_skips_what_it_cannot_read():
+    gate = gateway.Gateway(None, gateway.GatewayConfig())
+    gate._replay_record(record(json.dumps([["d", "G", "T", 0, 0, 5, 100, 1], ["a", "G", "T", 0, 0]]).encode()))
+    gate._replay_record(record(b"not json"))
+    gate._replay_record(record(json.dumps([["d", "G", "T", 0, 7, 5, 100, 1], ["d", "G", "T", 0, 1, 6, 100, 1]]).encode()))
+    progress = gate.table.queues[("G", "T", 0)]
+    assert (progress.committed, sorted(progress.inflight)) == (1, [1])  # the gap at 7 skipped, the next event applied
+
+
+@given(st.binary(max_size=200))
+def test_garbage_progress_records_never_stop_a_replay(data):
+    gate = gateway.Gateway(None, gateway.GatewayConfig())
+    gate._replay_record(record(data))
+    for progress in gate.table.queues.values():
+        progress.check()

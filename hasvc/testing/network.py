@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 ``send(source, target, message, now)`` schedules a delivery at ``now + delay`` (uniform in
 ``[delay_min_seconds, delay_max_seconds]``, plus ``straggler_delay_seconds`` for a
-``straggler_probability`` share, which reorders messages), or drops it (``drop_probability``),
+``straggler_probability`` share, which reorders messages unless ``fifo``), or drops it (``drop_probability``),
 or schedules it twice (``duplicate_probability``). Partitions split the nodes into sides; a message
 between two sides is dropped when sent and again when due (a partition also eats what is in
 flight). ``pop_due(now)`` hands out the next delivery due by ``now``, in time order, ties in send
@@ -29,6 +29,9 @@ class NetworkConfig:
     duplicate_probability: float = 0.0
     straggler_probability: float = 0.0
     straggler_delay_seconds: float = 0.05
+    # First in, first out per (source, target) link, as over one TCP connection; False lets a later
+    # message overtake an earlier one.
+    fifo: bool = False
 
     def validate(self) -> NetworkConfig:
         if not 0 <= self.delay_min_seconds <= self.delay_max_seconds:
@@ -62,6 +65,7 @@ class SimNetwork:
         self._queue: list[tuple[float, int, Delivery]] = []
         self._sequence = 0
         self._side: dict[str, int] = {}  # node -> side; absent nodes are all on side 0
+        self._link_last: dict[tuple[str, str], float] = {}  # fifo: latest delivery time per link
         self.statistics = NetworkStatistics()
 
     # ------------------------------------------------------------------ partitions
@@ -104,8 +108,12 @@ class SimNetwork:
             delay = self._rng.uniform(config.delay_min_seconds, config.delay_max_seconds)
             if self._rng.random() < config.straggler_probability:
                 delay += config.straggler_delay_seconds
+            at = now + delay
+            if config.fifo:
+                at = max(at, self._link_last.get((source, target), at))
+                self._link_last[(source, target)] = at
             self._sequence += 1
-            heapq.heappush(self._queue, (now + delay, self._sequence, Delivery(source, target, message)))
+            heapq.heappush(self._queue, (at, self._sequence, Delivery(source, target, message)))
 
     def next_delivery_at(self) -> float:
         return self._queue[0][0] if self._queue else math.inf

@@ -40,7 +40,7 @@ class SimCluster:
         members: Sequence[str] = ("n0", "n1", "n2"),
         config: RaftConfig | None = None,
         network: NetworkConfig | None = None,
-        lose_unflushed: bool = True,
+        lose_unflushed: bool | None = None,
         flush_delay_seconds: tuple[float, float] = (0.002, 0.010),
     ) -> None:
         self.seed = seed
@@ -48,7 +48,9 @@ class SimCluster:
         self.config = (config or RaftConfig()).validate()
         self.rng = random.Random(f"cluster-{seed}")
         self.network = SimNetwork(random.Random(f"network-{seed}"), network)
-        self.lose_unflushed = lose_unflushed
+        # By default a crash is the worst the configured durability survives: a power loss with
+        # flush_sync, a process kill (page cache kept) without.
+        self.lose_unflushed = self.config.flush_sync if lose_unflushed is None else lose_unflushed
         self.flush_delay_seconds = flush_delay_seconds
         self.logs = {member: SimLog() for member in self.members}
         self.nodes: dict[str, RaftNode | None] = {member: None for member in self.members}
@@ -60,7 +62,9 @@ class SimCluster:
         self.outcomes: dict[ProposalStatus, int] = {status: 0 for status in ProposalStatus}
         self._incarnation = {member: 0 for member in self.members}
         self._flush_at = {member: math.inf for member in self.members}
+        self._deadline = {member: math.inf for member in self.members}  # node.deadline() after its last event
         self._proposals: dict[tuple[str, int], tuple[bytes, ...]] = {}
+        self.results: dict[tuple[str, int], ProposalStatus] = {}  # (leader, first index) -> outcome
         for member in self.members:
             self.start(member)
 
@@ -88,6 +92,7 @@ class SimCluster:
         self.nodes[member] = None
         self.crashes += 1
         self._flush_at[member] = math.inf
+        self._deadline[member] = math.inf
         self.network.discard_to(member)
         self._proposals = {key: bodies for key, bodies in self._proposals.items() if key[0] != member}
         log = self.logs[member]
@@ -113,6 +118,47 @@ class SimCluster:
         self._drain(member)
         return refusal
 
+    # ------------------------------------------------------------------ stories (tests)
+
+    def run_until_leader(self, *, timeout: float, among: Sequence[str] | None = None, step: float = 0.01) -> str:
+        """Run until one live member (of `among`) leads and every live member it can reach follows it."""
+        deadline = self.now + timeout
+        while self.now < deadline:
+            self.run_until(self.now + step)
+            leaders = [m for m in (among or self.members) if self.nodes[m] is not None and self.node(m).role is Role.LEADER]
+            if not leaders:
+                continue
+            leader = max(leaders, key=lambda m: self.node(m).term)
+            term = self.node(leader).term
+            reachable = [m for m in self.alive() if m != leader and self.network.connected(m, leader)]
+            if all(self.node(m).leader_id == leader and self.node(m).term == term for m in reachable):
+                return leader
+        raise AssertionError(f"no settled leader within {timeout} s: {self.describe()}")
+
+    def propose_and_wait(self, member: str, bodies: Sequence[bytes], *, timeout: float) -> ProposalStatus | Refused:
+        """Propose on `member` and run until the outcome is known (a Refused comes back at once)."""
+        result = self.propose(member, bodies)
+        if isinstance(result, Refused):
+            return result
+        key = (member, result.first_index)
+        deadline = self.now + timeout
+        while key not in self.results:
+            if self.now >= deadline or self.nodes[member] is None:
+                raise AssertionError(f"proposal {key} undecided after {timeout} s: {self.describe()}")
+            self.run_until(self.now + 0.01)
+        return self.results[key]
+
+    def describe(self) -> str:
+        parts = []
+        for member in self.members:
+            node = self.nodes[member]
+            if node is None:
+                parts.append(f"{member}: down")
+            else:
+                parts.append(f"{member}: {node.role.value} term {node.term} leader {node.leader_id} "
+                             f"last {node.last_index} commit {node.committed_index}")  # fmt: skip
+        return "; ".join(parts)
+
     # ------------------------------------------------------------------ time
 
     def run_until(self, until: float) -> None:
@@ -127,11 +173,7 @@ class SimCluster:
         raise AssertionError(f"livelock: {EVENTS_PER_RUN_MAX} events without reaching t={until}")
 
     def _next_event_at(self) -> float:
-        times = [self.network.next_delivery_at()]
-        for member in self.alive():
-            times.append(self.node(member).deadline())
-            times.append(self._flush_at[member])
-        return min(times)
+        return min(self.network.next_delivery_at(), min(self._deadline.values()), min(self._flush_at.values()))
 
     def _handle_one(self) -> None:
         self.events += 1
@@ -142,20 +184,22 @@ class SimCluster:
                 self.node(delivery.target).step(delivery.message, now)
                 self._drain(delivery.target)
             return
-        for member in self.alive():
+        for member in self.members:
             if self._flush_at[member] <= now:
                 self._flush_at[member] = math.inf
                 self.node(member).persisted(self.logs[member].flush(), now)
                 self._drain(member)
                 return
-            if self.node(member).deadline() <= now:
+            if self._deadline[member] <= now:
                 self.node(member).tick(now)
                 self._drain(member)
                 return
 
     def _drain(self, member: str) -> None:
         """Carry one Ready out, in the contract's order."""
-        ready = self.node(member).ready()
+        node = self.node(member)
+        ready = node.ready()
+        self._deadline[member] = node.deadline()
         log = self.logs[member]
         if ready.hard_state is not None:
             self.checker.on_hard_state(member, ready.hard_state)
@@ -178,6 +222,7 @@ class SimCluster:
         for done in ready.proposals:
             bodies = self._proposals.pop((member, done.first_index))
             self.outcomes[done.status] += 1
+            self.results[(member, done.first_index)] = done.status
             if done.status is ProposalStatus.SUCCESS:
                 self.checker.on_acked(member, done.first_index, bodies)
                 self.acked_count += len(bodies)

@@ -27,7 +27,7 @@ from hasvc.testing.network import NetworkConfig
 from hasvc.testing.raft_cluster import SimCluster
 
 # Simulated seconds of faults per seed, and the most a healed cluster may take to agree again.
-CHAOS_SECONDS = 3.0
+CHAOS_SECONDS = 2.0
 SETTLE_SECONDS_MAX = 20.0
 
 
@@ -57,7 +57,7 @@ class SeedReport:
 
 def settings_for(rng: random.Random) -> SeedSettings:
     config = RaftConfig(
-        heartbeat_interval_seconds=0.05,
+        heartbeat_interval_seconds=0.075,
         election_timeout_min_seconds=0.3,
         election_timeout_max_seconds=0.6,
         push_timeout_seconds=0.1,
@@ -76,8 +76,9 @@ def settings_for(rng: random.Random) -> SeedSettings:
         duplicate_probability=rng.choice([0.0, 0.05]),
         straggler_probability=rng.choice([0.0, 0.05]),
         straggler_delay_seconds=0.2,
+        fifo=rng.random() < 0.5,
     )
-    return SeedSettings(config, network, rng.choice([0.02, 0.06]), rng.choice([0.15, 0.5]))
+    return SeedSettings(config, network, rng.choice([0.03, 0.08]), rng.choice([0.15, 0.4]))
 
 
 def _client(cluster: SimCluster, rng: random.Random, counter: list[int]) -> None:

@@ -26,7 +26,8 @@ class RaftConfig:
     election_timeout_max_seconds: float = 7.0
     # Bytes of entry bodies per push (at least one entry always goes). DLedger maxBatchPushSize 4 KiB.
     push_batch_size_max: int = 4 * 1024
-    # Entries pushed to one follower and not yet acknowledged. DLedger maxPendingSize = 1000 per peer.
+    # Entries pushed to one follower and not yet acknowledged (a push starts while fewer are, so one
+    # batch may go past it). DLedger maxPendingSize = 1000 per peer.
     push_in_flight_max: int = 1000
     # The entry after a follower's acknowledged index pending longer than this is pushed again.
     # DLedger maxPushTimeOutMs = 1000.

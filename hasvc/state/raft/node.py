@@ -690,9 +690,9 @@ class RaftNode:
             progress.sent_at = None
         last = self._log.last_index()
         while progress.index <= last and progress.index - progress.match_index - 1 < self.config.push_in_flight_max:
-            room = self.config.push_in_flight_max - (progress.index - progress.match_index - 1)
-            entries = self._log.read(progress.index, min(last + 1, progress.index + room),
-                                     size_max=self.config.push_batch_size_max)  # fmt: skip
+            # Whole batches (a window that opens by one entry must not make one-entry pushes):
+            # in flight may pass push_in_flight_max by less than a batch.
+            entries = self._log.read(progress.index, last + 1, size_max=self.config.push_batch_size_max)
             prev_term = self._log.term_or_missing(progress.index - 1)
             self._messages.append(Push(self.self_id, peer, self.term, PushType.APPEND, progress.index, prev_term,
                                        self.committed_index, tuple(entries)))  # fmt: skip
@@ -765,16 +765,17 @@ class RaftNode:
         self._term_floor = self.term
         assert self.committed_index >= self._committed_floor, ("commit went back", self.committed_index)
         self._committed_floor = self.committed_index
-        assert self.committed_index <= self._log.last_index(), (self.committed_index, self._log.last_index())
+        last = self._log.last_index()
+        assert self.committed_index <= last, ("commit beyond the log", self.committed_index, last)
         assert self._log.last_term() <= self.term, ("log term above current term", self._log.last_term(), self.term)
-        assert self.flushed_index <= self._log.last_index(), (self.flushed_index, self._log.last_index())
+        assert self.flushed_index <= last, ("flushed beyond the log", self.flushed_index, last)
         if self.role is Role.LEADER:
             assert self.leader_id == self.self_id and self.voted_for == self.self_id
             assert self._pending_count == sum(p.last_index - p.first_index + 1 for p in self._pending)
-            assert all(p.match_index <= self._log.last_index() for p in self._progress.values())
+            assert all(p.match_index <= last for p in self._progress.values())
         else:
             assert not self._pending and not self._progress and self._transfer is None
-            assert self._matched_index <= self._log.last_index()
+            assert self._matched_index <= last
         assert (self.role is Role.CANDIDATE) == (self._campaign is not None)
 
     _HANDLERS = {

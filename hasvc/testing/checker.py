@@ -7,6 +7,8 @@ applies it to the node's ``SimLog``; the checker keeps just enough history to ch
 
 * **Election safety**: at most one leader per term (``on_leader``); a member's saved term never
   goes back and it never saves two different votes in one term, across restarts (``on_hard_state``).
+* **Save before send**: every message leaves with a term the member has saved, every vote it
+  grants or asks for is the saved vote of that term (``on_send``).
 * **Log matching**: every appended entry is recorded by (index, term) with its body and the term of
   the entry before it; another append of the same (index, term) must carry the same body and the
   same previous term, which by induction makes the whole prefixes equal (``on_append``).
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from hasvc.state.raft.messages import VoteRequest, VoteResponse, VoteResult
 from hasvc.state.raft.storage import Entry, HardState
 from hasvc.testing.log import SimLog
 
@@ -62,6 +65,20 @@ class RaftChecker:
         if state.voted_for is not None:
             vote = self._votes.setdefault((node, state.term), state.voted_for)
             _require(vote == state.voted_for, f"{node} voted for {vote} and {state.voted_for} in term {state.term}")
+
+    def on_send(self, node: str, message: object) -> None:
+        """`message` leaves `node` after its Ready's hard state was saved (or none changed)."""
+        saved = self._saved.get(node, HardState(0, None, -1))
+        term = getattr(message, "term")
+        if isinstance(message, VoteRequest | VoteResponse) and message.pre_vote:
+            return  # a pre-vote names a term nobody adopted
+        _require(term <= saved.term, f"{node} sends {message} in a term it has not saved ({saved})")
+        if isinstance(message, VoteRequest):
+            _require(saved.term == term and saved.voted_for == node,
+                     f"{node} asks for votes in term {term} before saving its own vote ({saved})")  # fmt: skip
+        if isinstance(message, VoteResponse) and message.result is VoteResult.ACCEPT:
+            _require(saved.term == term and saved.voted_for == message.target,
+                     f"{node} grants {message.target} its vote in term {term} before saving it ({saved})")  # fmt: skip
 
     def on_append(self, node: str, log: SimLog, entries: Sequence[Entry]) -> None:
         previous_term = log.last_term()

@@ -101,6 +101,12 @@ class SimCluster:
         if log.last_index() < before:
             self.checker.after_crash(self.logs, log.last_index() + 1)
 
+    def most_unflushed(self) -> str | None:
+        """The live member with the most entries a power loss would take (None: nobody has any)."""
+        tails = [(self.logs[m].last_index() - self.logs[m].flushed_index(), m) for m in self.alive()]
+        tail, member = max(tails, default=(0, None))
+        return member if tail > 0 else None
+
     def leader(self) -> str | None:
         """The live member that leads the highest term, if any."""
         leaders = [(self.node(m).term, m) for m in self.alive() if self.node(m).role is Role.LEADER]
@@ -213,6 +219,7 @@ class SimCluster:
         if log.flushed_index() < log.last_index() and self._flush_at[member] == math.inf:
             self._flush_at[member] = self.now + self.rng.uniform(*self.flush_delay_seconds)
         for message in ready.messages:
+            self.checker.on_send(member, message)
             self.network.send(member, message.target, message, self.now)
         for change in ready.role_changes:
             if isinstance(change, BecameLeader):

@@ -41,6 +41,7 @@ class SeedSettings:
     network: NetworkConfig
     client_interval_seconds: float  # mean time between proposals
     fault_interval_seconds: float  # mean time between faults
+    flush_delay_seconds: tuple[float, float]  # a flush completes this long after an append
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,7 +79,8 @@ def settings_for(rng: random.Random) -> SeedSettings:
         straggler_delay_seconds=0.2,
         fifo=rng.random() < 0.5,
     )
-    return SeedSettings(config, network, rng.choice([0.03, 0.08]), rng.choice([0.15, 0.4]))
+    flush = rng.choice([(0.002, 0.010), (0.01, 0.05)])  # DLedger flushes every 10 ms; a slow disk
+    return SeedSettings(config, network, rng.choice([0.03, 0.08]), rng.choice([0.15, 0.4]), flush)
 
 
 def _client(cluster: SimCluster, rng: random.Random, counter: list[int]) -> None:
@@ -98,8 +100,14 @@ def _fault(cluster: SimCluster, rng: random.Random) -> None:
     alive, down = cluster.alive(), [m for m in cluster.members if cluster.nodes[m] is None]
     roll = rng.random()
     if roll < 0.25 and len(alive) > 1:
-        leader = cluster.leader()
-        cluster.crash(leader if leader is not None and rng.random() < 0.5 else rng.choice(alive))
+        leader, unflushed = cluster.leader(), cluster.most_unflushed()
+        pick = rng.random()
+        if pick < 0.4 and leader is not None:
+            cluster.crash(leader)
+        elif pick < 0.6 and unflushed is not None:
+            cluster.crash(unflushed)  # the worst moment for a power loss
+        else:
+            cluster.crash(rng.choice(alive))
     elif roll < 0.5 and down:
         cluster.start(rng.choice(down))
     elif roll < 0.65:
@@ -150,7 +158,7 @@ def run_seed(seed: int, nodes: int = 3) -> SeedReport:
     settings = settings_for(rng)
     members = [f"n{i}" for i in range(nodes)]
     cluster = SimCluster(seed=f"{nodes}-{seed}", members=members, config=settings.config, network=settings.network,
-                         lose_unflushed=settings.config.flush_sync)  # fmt: skip
+                         flush_delay_seconds=settings.flush_delay_seconds)  # fmt: skip
     counter = [0]
     next_client = rng.expovariate(1 / settings.client_interval_seconds)
     next_fault = rng.expovariate(1 / settings.fault_interval_seconds)

@@ -76,7 +76,7 @@ class Heartbeat:
     source: str
     target: str
     term: int
-    commit_index: int
+    commit_index: int  # the leader's, capped at what this follower acknowledged in this term
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

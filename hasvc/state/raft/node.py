@@ -388,8 +388,11 @@ class RaftNode:
     def _tick_leader(self, now: float) -> None:
         if now >= self._heartbeat_at:
             self._heartbeat_at = now + self.config.heartbeat_interval_seconds
-            for peer in self.peers:
-                self._messages.append(Heartbeat(self.self_id, peer, self.term, self.committed_index))
+            for peer, progress in self._progress.items():
+                # Capped at what the follower acknowledged in this term: it may commit that much
+                # even when it restarted and no longer knows where its log matches ours (etcd does so).
+                commit = min(self.committed_index, progress.match_index)
+                self._messages.append(Heartbeat(self.self_id, peer, self.term, commit))
             if self._lost_quorum(now):
                 self._become_follower(self.term, None, now)
                 return
@@ -493,6 +496,8 @@ class RaftNode:
     def _on_heartbeat(self, m: Heartbeat, now: float) -> None:
         result = self._accept_leader(m.source, m.term, now)
         if result is HeartbeatResult.SUCCESS:
+            # The leader vouches that our entries up to m.commit_index equal its own.
+            self._matched_index = max(self._matched_index, min(m.commit_index, self._log.last_index()))
             self._follow_commit(m.commit_index)
         self._messages.append(HeartbeatResponse(self.self_id, m.source, self.term, result))
 

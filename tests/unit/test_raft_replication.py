@@ -200,3 +200,25 @@ def test_a_vote_request_for_a_candidate_with_an_older_log_does_not_change_the_le
     ready = node.ready()
     (answer,) = [m for m in ready.messages if isinstance(m, VoteResponse)]
     assert answer.result is VoteResult.REJECT_EXPIRED_LEDGER_TERM and node.role is Role.LEADER
+
+
+def test_an_append_whose_previous_entry_differs_is_refused_not_applied():
+    node, log = make_node([1, 1], term=2, self_id="n1")
+    node.step(Push("n0", "n1", 2, PushType.APPEND, 2, 2, -1, (Entry(2, 2, b"x"),)), 0.0)  # we have term 1 at 1
+    (answer,) = carry_out(node, log).messages
+    assert answer.result is PushResult.INCONSISTENT_STATE and log.last_index() == 1
+
+
+def test_an_append_that_overlaps_differently_is_refused_not_applied():
+    node, log = make_node([1, 1, 1], term=2, self_id="n1")
+    node.step(Push("n0", "n1", 2, PushType.APPEND, 1, 1, -1, (Entry(1, 1, b"e1"), Entry(2, 2, b"y"), Entry(3, 2, b"z"))), 0.0)
+    (answer,) = carry_out(node, log).messages
+    assert answer.result is PushResult.INCONSISTENT_STATE and [e.term for e in log.entries] == [1, 1, 1]
+
+
+def test_an_overlapping_append_of_equal_entries_appends_only_the_new_ones():
+    node, log = make_node([1, 1], term=1, self_id="n1")
+    node.step(Push("n0", "n1", 1, PushType.APPEND, 1, 1, 1, (Entry(1, 1, b"e1"), Entry(2, 1, b"new"))), 0.0)
+    (answer,) = carry_out(node, log).messages
+    assert answer.result is PushResult.SUCCESS and answer.ack_index == 2
+    assert [e.body for e in log.entries] == [b"e0", b"e1", b"new"] and node.committed_index == 1

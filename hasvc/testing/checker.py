@@ -69,7 +69,7 @@ class RaftChecker:
     def on_send(self, node: str, message: object) -> None:
         """`message` leaves `node` after its Ready's hard state was saved (or none changed)."""
         saved = self._saved.get(node, HardState(0, None, -1))
-        term = getattr(message, "term")
+        term = message.term
         if isinstance(message, VoteRequest | VoteResponse) and message.pre_vote:
             return  # a pre-vote names a term nobody adopted
         _require(term <= saved.term, f"{node} sends {message} in a term it has not saved ({saved})")
@@ -101,7 +101,9 @@ class RaftChecker:
         _require(committed_index < len(self.committed) or committed_index == -1,
                  f"{node} restarts with commit {committed_index} beyond the cluster's {len(self.committed) - 1}")  # fmt: skip
         for index in range(committed_index + 1):
-            _require(log.entry_at(index) == self.committed[index], f"{node} restarted with a changed committed entry {index}")
+            _require(
+                log.entry_at(index) == self.committed[index], f"{node} restarted with a changed committed entry {index}"
+            )
         self._node_committed[node] = committed_index
 
     def on_commit(self, node: str, log: SimLog, committed_index: int) -> None:
@@ -110,7 +112,10 @@ class RaftChecker:
         for index in range(before + 1, committed_index + 1):
             entry = log.entry_at(index)
             if index < len(self.committed):
-                _require(entry == self.committed[index], f"{node} commits {entry}, the cluster committed {self.committed[index]}")
+                _require(
+                    entry == self.committed[index],
+                    f"{node} commits {entry}, the cluster committed {self.committed[index]}",
+                )
                 continue
             _require(index == len(self.committed), f"commit gap at {index}")
             self.committed.append(entry)

@@ -82,7 +82,9 @@ class SimCluster:
         assert self.nodes[member] is None, f"{member} is running"
         self._incarnation[member] += 1
         rng = random.Random(f"node-{self.seed}-{member}-{self._incarnation[member]}")
-        node = RaftNode(self_id=member, members=self.members, log=self.logs[member], config=self.config, rng=rng, now=self.now)
+        node = RaftNode(
+            self_id=member, members=self.members, log=self.logs[member], config=self.config, rng=rng, now=self.now
+        )
         self.nodes[member] = node
         self.checker.on_start(member, self.logs[member], node.committed_index)
         self._drain(member)
@@ -131,7 +133,9 @@ class SimCluster:
         deadline = self.now + timeout
         while self.now < deadline:
             self.run_until(self.now + step)
-            leaders = [m for m in (among or self.members) if self.nodes[m] is not None and self.node(m).role is Role.LEADER]
+            leaders = [
+                m for m in (among or self.members) if self.nodes[m] is not None and self.node(m).role is Role.LEADER
+            ]
             if not leaders:
                 continue
             leader = max(leaders, key=lambda m: self.node(m).term)

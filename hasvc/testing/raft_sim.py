@@ -21,7 +21,7 @@ import sys
 import time
 
 from hasvc.state.raft.config import RaftConfig
-from hasvc.state.raft.ready import ProposalStatus, Proposed
+from hasvc.state.raft.ready import Proposed
 from hasvc.testing.checker import SafetyViolation
 from hasvc.testing.network import NetworkConfig
 from hasvc.testing.raft_cluster import SimCluster
@@ -191,7 +191,9 @@ def run_seeds(first: int, count: int, nodes: int) -> list[SeedReport]:
         try:
             reports.append(run_seed(seed, nodes))
         except AssertionError as error:  # SafetyViolation, LivenessFailure, a core invariant
-            raise AssertionError(f"seed {seed} ({nodes} nodes) failed: {error!r}\nreplay: {replay_command(seed, nodes)}") from error
+            raise AssertionError(
+                f"seed {seed} ({nodes} nodes) failed: {error!r}\nreplay: {replay_command(seed, nodes)}"
+            ) from error
     return reports
 
 

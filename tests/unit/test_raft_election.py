@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hasvc.state.raft import ETCD_LIKE, Entry, HardState, RaftConfig, RaftNode, Ready, Role
+from hasvc.state.raft import DLEDGER_DEFAULTS, ETCD_LIKE, Entry, HardState, RaftConfig, RaftNode, Ready, Role
 from hasvc.state.raft.messages import Heartbeat, VoteRequest, VoteResponse, VoteResult
 from hasvc.testing.log import SimLog
 from hasvc.testing.network import NetworkConfig
@@ -16,7 +16,7 @@ MEMBERS = ("n0", "n1", "n2")
 QUIET = NetworkConfig(delay_min_seconds=0.001, delay_max_seconds=0.005, fifo=True)  # as over TCP
 
 
-def make_node(*, terms=(1, 1, 2), term=3, voted_for=None, config=RaftConfig(), self_id="n0"):
+def make_node(*, terms=(1, 1, 2), term=3, voted_for=None, config=DLEDGER_DEFAULTS, self_id="n0"):
     log = SimLog()
     log.append([Entry(i, t, b"e%d" % i) for i, t in enumerate(terms)])
     log.flush()

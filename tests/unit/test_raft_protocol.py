@@ -25,17 +25,26 @@ from hasvc.state.raft.messages import (
 HELLO = rp.Hello("group-a", "n0", "n1")
 terms = st.integers(0, 2**63 - 1)
 indexes = st.integers(-1, 2**63 - 1)
-entries = st.lists(
-    st.builds(Entry, st.integers(0, 2**62), terms, st.binary(max_size=64)), max_size=4
-).map(tuple)
+entries = st.lists(st.builds(Entry, st.integers(0, 2**62), terms, st.binary(max_size=64)), max_size=4).map(tuple)
 messages = st.one_of(
     st.builds(VoteRequest, st.just("n0"), st.just("n1"), terms, indexes, indexes, st.booleans(), st.booleans()),
     st.builds(VoteResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(VoteResult), st.booleans()),
     st.builds(Heartbeat, st.just("n0"), st.just("n1"), terms, indexes),
     st.builds(HeartbeatResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(HeartbeatResult)),
     st.builds(Push, st.just("n0"), st.just("n1"), terms, st.sampled_from(PushType), indexes, indexes, indexes, entries),
-    st.builds(PushResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(PushType),
-              st.sampled_from(PushResult), indexes, indexes, indexes, indexes, indexes),  # fmt: skip
+    st.builds(
+        PushResponse,
+        st.just("n0"),
+        st.just("n1"),
+        terms,
+        st.sampled_from(PushType),
+        st.sampled_from(PushResult),
+        indexes,
+        indexes,
+        indexes,
+        indexes,
+        indexes,
+    ),  # fmt: skip
     st.builds(TimeoutNow, st.just("n0"), st.just("n1"), terms),
 )
 SAMPLES = [
@@ -114,12 +123,17 @@ def test_a_flipped_byte_raises_protocol_error_or_decodes(message, position, valu
         (rp.encode_hello(rp.Hello("g", "a", "b", version=9)), "version 9"),
         (rp.encode_hello(HELLO) + b"\x00\x00\x00\x01\x63", "unknown Raft frame kind 99"),
         (rp.encode_hello(HELLO) + b"\xff\xff\xff\xff\x01", "frame of 4294967295 bytes"),
-        (rp.encode_hello(HELLO) + rp.encode(Heartbeat("n0", "n1", 1, 1))[:-1].replace(b"\x00\x00\x00\x11", b"\x00\x00\x00\x10", 1),
-         "middle of a field"),  # fmt: skip
+        (
+            rp.encode_hello(HELLO)
+            + rp.encode(Heartbeat("n0", "n1", 1, 1))[:-1].replace(b"\x00\x00\x00\x11", b"\x00\x00\x00\x10", 1),
+            "middle of a field",
+        ),  # fmt: skip
         (rp.encode_hello(HELLO) + b"\x00\x00\x00\x0a\x07" + (1).to_bytes(8, "big") + b"x", "unexpected bytes"),
         (rp.encode_hello(HELLO) + b"\x00\x00\x00\x09\x07" + (-3).to_bytes(8, "big", signed=True), "negative term"),
-        (rp.encode_hello(HELLO) + rp.encode(VoteResponse("n0", "n1", 1, VoteResult.ACCEPT))[:-2] + b"\x63\x00",
-         "not a VoteResult"),  # fmt: skip
+        (
+            rp.encode_hello(HELLO) + rp.encode(VoteResponse("n0", "n1", 1, VoteResult.ACCEPT))[:-2] + b"\x63\x00",
+            "not a VoteResult",
+        ),  # fmt: skip
     ],
 )
 def test_bad_frames_are_named(data, message):

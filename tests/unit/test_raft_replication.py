@@ -37,7 +37,7 @@ def carry_out(node: RaftNode, log: SimLog) -> Ready:
     return ready
 
 
-def make_node(terms, *, term, config=RaftConfig(), self_id="n0"):
+def make_node(terms, *, term, config=DLEDGER_DEFAULTS, self_id="n0"):
     log = SimLog()
     log.append([Entry(i, t, b"e%d" % i) for i, t in enumerate(terms)])
     log.flush()
@@ -154,7 +154,10 @@ def test_a_follower_far_behind_catches_up_in_batches():
     behind = next(m for m in MEMBERS if m != leader)
     cluster.crash(behind)
     for i in range(300):
-        assert cluster.propose_and_wait(leader, [b"%05d" % (10 * i + j) for j in range(10)], timeout=2) is ProposalStatus.SUCCESS
+        assert (
+            cluster.propose_and_wait(leader, [b"%05d" % (10 * i + j) for j in range(10)], timeout=2)
+            is ProposalStatus.SUCCESS
+        )
     pushes_before = cluster.network.statistics.sent
     cluster.start(behind)
     cluster.run_until(cluster.now + 3)
@@ -211,7 +214,9 @@ def test_an_append_whose_previous_entry_differs_is_refused_not_applied():
 
 def test_an_append_that_overlaps_differently_is_refused_not_applied():
     node, log = make_node([1, 1, 1], term=2, self_id="n1")
-    node.step(Push("n0", "n1", 2, PushType.APPEND, 1, 1, -1, (Entry(1, 1, b"e1"), Entry(2, 2, b"y"), Entry(3, 2, b"z"))), 0.0)
+    node.step(
+        Push("n0", "n1", 2, PushType.APPEND, 1, 1, -1, (Entry(1, 1, b"e1"), Entry(2, 2, b"y"), Entry(3, 2, b"z"))), 0.0
+    )
     (answer,) = carry_out(node, log).messages
     assert answer.result is PushResult.INCONSISTENT_STATE and [e.term for e in log.entries] == [1, 1, 1]
 

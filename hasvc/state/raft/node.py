@@ -264,7 +264,9 @@ class RaftNode:
             times.append(self._pending[0].deadline)
         if self._transfer is not None:
             times.append(self._transfer.deadline)
-        times.extend(p.sent_at + self.config.push_timeout_seconds for p in self._progress.values() if p.sent_at is not None)
+        times.extend(
+            p.sent_at + self.config.push_timeout_seconds for p in self._progress.values() if p.sent_at is not None
+        )
         return min(times)
 
     # ------------------------------------------------------------------ read-only views
@@ -521,7 +523,11 @@ class RaftNode:
     def _on_push(self, m: Push, now: float) -> None:
         leadership = self._accept_leader(m.source, m.term, now)
         if leadership is not HeartbeatResult.SUCCESS:
-            result = PushResult.EXPIRED_TERM if leadership is HeartbeatResult.EXPIRED_TERM else PushResult.INCONSISTENT_LEADER
+            result = (
+                PushResult.EXPIRED_TERM
+                if leadership is HeartbeatResult.EXPIRED_TERM
+                else PushResult.INCONSISTENT_LEADER
+            )
             self._send_push_response(m.source, m.type, result, m.index)
             return
         if m.type is PushType.COMPARE:
@@ -581,7 +587,7 @@ class RaftNode:
         if not consistent or any(self._log.term_at(e.index) != e.term for e in overlap):
             self._send_push_response(m.source, m.type, PushResult.INCONSISTENT_STATE, m.index)
             return
-        new = list(m.entries[len(overlap):])
+        new = list(m.entries[len(overlap) :])
         if new:
             self._log.append(new)
         self._matched_index = max(self._matched_index, m.entries[-1].index)
@@ -604,7 +610,9 @@ class RaftNode:
         progress = self._progress[m.source]
         progress.last_contact_at = now
         if m.ack_index > self._log.last_index():
-            raise ValueError(f"{m.source} acknowledges {m.ack_index} beyond the leader's last index {self._log.last_index()}")
+            raise ValueError(
+                f"{m.source} acknowledges {m.ack_index} beyond the leader's last index {self._log.last_index()}"
+            )
         if m.ack_index > progress.match_index:
             progress.match_index = m.ack_index
             progress.sent_at = now if progress.state is PushType.APPEND else progress.sent_at
@@ -627,7 +635,9 @@ class RaftNode:
                 progress.compare_mismatch_from = min(progress.compare_mismatch_from, compared)
             else:  # nothing between the last index of a term <= the follower's and `compared` can match
                 below = self._last_index_with_term_at_most(m.term_at_index, compared - 1)
-                progress.compare_mismatch_from = min(progress.compare_mismatch_from, max(below, progress.compare_floor) + 1)
+                progress.compare_mismatch_from = min(
+                    progress.compare_mismatch_from, max(below, progress.compare_floor) + 1
+                )
         self._compare_next(progress)
 
     def _compare_next(self, progress: Progress) -> None:
@@ -690,7 +700,11 @@ class RaftNode:
                                            self.committed_index, entries))  # fmt: skip
                 progress.sent_at = now
             return
-        if progress.sent_at is not None and progress.index > progress.match_index + 1 and now >= progress.sent_at + timeout:
+        if (
+            progress.sent_at is not None
+            and progress.index > progress.match_index + 1
+            and now >= progress.sent_at + timeout
+        ):
             progress.index = progress.match_index + 1  # DLedger: re-push what waited past maxPushTimeOutMs
             progress.sent_at = None
         last = self._log.last_index()
@@ -726,7 +740,9 @@ class RaftNode:
         if self.role is not Role.LEADER:
             return Refused(RefusalStatus.NOT_LEADER, self.leader_id, f"{self.self_id} is {self.role.value}")
         if target not in self.members:
-            return Refused(RefusalStatus.UNKNOWN_MEMBER, self.self_id, f"{target!r} is not a member of {list(self.members)}")
+            return Refused(
+                RefusalStatus.UNKNOWN_MEMBER, self.self_id, f"{target!r} is not a member of {list(self.members)}"
+            )
         if target == self.self_id:
             return Refused(RefusalStatus.ALREADY_LEADER, self.self_id, f"{target} leads already")
         if self._transfer is not None:
@@ -743,9 +759,17 @@ class RaftNode:
 
     def _maybe_transfer_to_preferred(self, now: float) -> None:
         preferred = self.config.preferred_leader_id
-        if preferred is None or preferred == self.self_id or self._transfer is not None or preferred not in self._progress:
+        if (
+            preferred is None
+            or preferred == self.self_id
+            or self._transfer is not None
+            or preferred not in self._progress
+        ):
             return
-        if self._progress[preferred].match_index == self._log.last_index() and self._transfer_refusal(preferred, now) is None:
+        if (
+            self._progress[preferred].match_index == self._log.last_index()
+            and self._transfer_refusal(preferred, now) is None
+        ):
             self._transfer = Transfer(preferred, now + self.config.election_timeout_min_seconds)
 
     def _send_timeout_now(self) -> None:

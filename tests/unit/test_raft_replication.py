@@ -127,6 +127,15 @@ def test_append_with_a_quorum_and_identical_logs():
     logs = [cluster.logs[m].entries for m in MEMBERS]
     assert logs[0] == logs[1] == logs[2] and len(logs[0]) == 41  # 40 and the no-op
     assert all(cluster.node(m).committed_index == 40 for m in MEMBERS)
+    status = cluster.node(leader).status(cluster.now)
+    assert (status.role, status.leader_id, status.ledger_end_index, status.committed_index) == (
+        Role.LEADER,
+        leader,
+        40,
+        40,
+    )
+    assert {p.lag_entries for p in status.peers.values()} == {0} and set(status.peers) == set(MEMBERS) - {leader}
+    assert cluster.node(next(iter(status.peers))).status(cluster.now).peers == {}
 
 
 def test_without_a_quorum_proposals_time_out_then_the_leader_is_full():

@@ -6,9 +6,11 @@ from hasvc.state.raft.ready import (
     BecameCandidate,
     BecameFollower,
     BecameLeader,
+    PeerStatus,
     ProposalDone,
     ProposalStatus,
     Proposed,
+    RaftStatus,
     Ready,
     RefusalStatus,
     Refused,
@@ -19,6 +21,6 @@ from hasvc.state.raft.storage import Entry, EntryLog, HardState
 
 __all__ = [
     "DLEDGER_DEFAULTS", "ETCD_LIKE", "NO_OP", "BecameCandidate", "BecameFollower", "BecameLeader", "Entry",
-    "EntryLog", "HardState", "ProposalDone", "ProposalStatus", "Proposed", "RaftConfig", "RaftNode", "Ready",
-    "RefusalStatus", "Refused", "Role", "TransferAborted",
+    "EntryLog", "HardState", "PeerStatus", "ProposalDone", "ProposalStatus", "Proposed", "RaftConfig",
+    "RaftNode", "RaftStatus", "Ready", "RefusalStatus", "Refused", "Role", "TransferAborted",
 ]  # fmt: skip

@@ -70,6 +70,8 @@ from hasvc.state.raft.messages import (
     VoteResult,
 )
 from hasvc.state.raft.ready import (
+    PeerStatus,
+    RaftStatus,
     BecameCandidate,
     BecameFollower,
     BecameLeader,
@@ -282,6 +284,15 @@ class RaftNode:
     @property
     def pending_count(self) -> int:
         return self._pending_count
+
+    def status(self, now: float) -> RaftStatus:
+        last = self._log.last_index()
+        peers = {
+            peer: PeerStatus(p.match_index, last - p.match_index, now - p.last_contact_at)
+            for peer, p in self._progress.items()
+        }
+        return RaftStatus(self.self_id, self.role, self.term, self.leader_id, last, self.committed_index,
+                          self.flushed_index, self._pending_count, peers)  # fmt: skip
 
     def match_index(self, peer: str) -> int:
         """Leader: the last index `peer` acknowledged (-1 when unknown)."""

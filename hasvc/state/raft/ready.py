@@ -103,3 +103,25 @@ class Ready:
 
 
 EMPTY_READY = Ready()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PeerStatus:
+    """A leader's view of one follower (for ``hasvc status``)."""
+
+    match_index: int
+    lag_entries: int  # the leader's last index minus match_index
+    last_contact_seconds: float  # since its last response in this term (inf: none yet)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RaftStatus:
+    self_id: str
+    role: Role
+    term: int
+    leader_id: str | None
+    ledger_end_index: int
+    committed_index: int
+    flushed_index: int
+    pending_count: int
+    peers: dict[str, PeerStatus]  # leader only; empty otherwise

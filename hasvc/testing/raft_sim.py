@@ -29,6 +29,7 @@ from hasvc.testing.raft_cluster import SimCluster
 # Simulated seconds of faults per seed, and the most a healed cluster may take to agree again.
 CHAOS_SECONDS = 2.0
 SETTLE_SECONDS_MAX = 20.0
+PROGRESS_EVERY = 5000  # seeds between progress lines on stderr
 
 
 class LivenessFailure(AssertionError):
@@ -218,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         events += report.events
         acked += report.acked
+        done = seed - args.first_seed + 1
+        if done % PROGRESS_EVERY == 0:
+            print(f"... {done} seeds, {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     elapsed = time.monotonic() - started
     print(f"OK {args.seeds} seeds ({args.first_seed}..{args.first_seed + args.seeds - 1}), {args.nodes} nodes, "
           f"{events} events, {acked} acknowledged entries, {elapsed:.1f} s")  # fmt: skip

@@ -70,6 +70,7 @@ def settings_for(rng: random.Random) -> SeedSettings:
         flush_sync=rng.random() < 0.5,
         pre_vote=rng.random() < 0.85,
         check_quorum=rng.random() < 0.85,
+        preferred_leader_id="n0" if rng.random() < 0.2 else None,
     )
     network = NetworkConfig(
         delay_min_seconds=0.0005,

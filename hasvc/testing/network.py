@@ -17,7 +17,7 @@ import dataclasses
 import heapq
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -67,6 +67,8 @@ class SimNetwork:
         self._side: dict[str, int] = {}  # node -> side; absent nodes are all on side 0
         self._link_last: dict[tuple[str, str], float] = {}  # fifo: latest delivery time per link
         self.statistics = NetworkStatistics()
+        # A test's scalpel: messages for which this returns True are dropped when sent.
+        self.drop_if: Callable[[str, str, Any], bool] | None = None
 
     # ------------------------------------------------------------------ partitions
 
@@ -95,6 +97,9 @@ class SimNetwork:
         self.statistics.sent += 1
         if not self.connected(source, target):
             self.statistics.partitioned += 1
+            return
+        if self.drop_if is not None and self.drop_if(source, target, message):
+            self.statistics.dropped += 1
             return
         config = self.config
         if self._rng.random() < config.drop_probability:

@@ -236,3 +236,49 @@ def test_an_overlapping_append_of_equal_entries_appends_only_the_new_ones():
     (answer,) = carry_out(node, log).messages
     assert answer.result is PushResult.SUCCESS and answer.ack_index == 2
     assert [e.body for e in log.entries] == [b"e0", b"e1", b"new"] and node.committed_index == 1
+
+
+def test_raft_figure_8_an_old_entry_on_a_majority_is_not_committed_and_may_be_overwritten():
+    """The Raft paper's figure 8, played out: without the current-term rule the third leader would
+    commit "bb" by counting, and the returning x would then overwrite a committed entry."""
+    members = ("n0", "n1", "n2", "n3", "n4")
+    config = dataclasses.replace(ETCD_LIKE, push_batch_size_max=1, push_in_flight_max=1)  # one entry per push
+    cluster = SimCluster(seed=0, members=members, config=config, network=QUIET)
+
+    def run_until(condition):
+        for _ in range(10_000):
+            if condition():
+                return
+            cluster.run_until(cluster.now + 0.001)
+        raise AssertionError(cluster.describe())
+
+    p = cluster.run_until_leader(timeout=10)
+    assert cluster.propose_and_wait(p, [b"a"], timeout=2) is ProposalStatus.SUCCESS
+    cluster.run_until(cluster.now + 0.5)
+    q = next(m for m in members if m != p)
+    cluster.network.partition([p, q])  # "bb" (term 1) reaches q only
+    b = cluster.propose(p, [b"bb"]).first_index
+    run_until(lambda: cluster.logs[q].last_index() == b)
+    cluster.crash(p)
+    cluster.crash(q)
+    cluster.network.heal()
+    run_until(lambda: cluster.leader() is not None)
+    x = cluster.leader()  # its no-op (term 2) at b stays on x alone
+    cluster.network.partition([x])
+    y, z = [m for m in members if m not in (p, q, x)]
+    # p or q leads term 3 and pushes "bb" everywhere, but its own no-op never leaves it.
+    cluster.network.drop_if = lambda source, target, m: isinstance(m, Push) and any(e.index > b for e in m.entries)
+    cluster.start(p)
+    cluster.start(q)
+    run_until(lambda: cluster.leader() in (p, q))
+    third = cluster.leader()
+    cluster.run_until(cluster.now + 2)
+    holders = [m for m in members if cluster.logs[m].last_index() >= b and cluster.logs[m].entries[b].body == b"bb"]
+    assert len(holders) >= 3 and x not in holders
+    assert cluster.node(third).committed_index < b  # on a majority, but of an older term
+    # The third leader and its partner go; x returns (y and z kept from campaigning) and wins.
+    cluster.network.partition([p, q])
+    cluster.network.drop_if = lambda source, target, m: isinstance(m, VoteRequest) and source in (y, z)
+    cluster.run_until(cluster.now + 5)
+    assert cluster.leader() == x
+    assert all(e.body != b"bb" for m in (x, y, z) for e in cluster.logs[m].entries)  # legitimately overwritten

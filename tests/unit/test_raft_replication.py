@@ -282,3 +282,18 @@ def test_raft_figure_8_an_old_entry_on_a_majority_is_not_committed_and_may_be_ov
     cluster.run_until(cluster.now + 5)
     assert cluster.leader() == x
     assert all(e.body != b"bb" for m in (x, y, z) for e in cluster.logs[m].entries)  # legitimately overwritten
+
+
+def test_entries_a_follower_holds_but_has_not_acknowledged_are_pushed_again_after_the_timeout():
+    # flush_sync: COMPARE finds n1 has index 1 but acknowledges nothing flushed; with one entry in
+    # flight allowed the leader pushes nothing more -- if that acknowledgement after n1's flush is
+    # lost, only the push timeout brings the follower back (seed 6851 of the simulator found it).
+    config = RaftConfig(flush_sync=True, push_in_flight_max=1)
+    node, log = make_node([1, 1], term=1, config=config)
+    elect(node, log, now=10.0)
+    node.step(PushResponse("n1", "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 1, -1, 0, 1), 10.1)
+    assert not [m for m in carry_out(node, log).messages if isinstance(m, Push) and m.target == "n1"]
+    assert node.deadline() <= 10.1 + config.push_timeout_seconds
+    node.tick(10.1 + config.push_timeout_seconds)
+    (push,) = [m for m in carry_out(node, log).messages if isinstance(m, Push) and m.target == "n1"]
+    assert (push.type, push.index) == (PushType.APPEND, 0)

@@ -730,6 +730,10 @@ class RaftNode:
             progress.sent_at = now if progress.sent_at is None else progress.sent_at
         if progress.index <= progress.match_index + 1:
             progress.sent_at = None
+        elif progress.sent_at is None:
+            # Unacknowledged entries the follower may hold already (COMPARE found them; with
+            # flush_sync their acknowledgement waits for its flush, and may be lost): time them.
+            progress.sent_at = now
 
     def _maybe_commit(self) -> None:
         own = self.flushed_index if self.config.flush_sync else self._log.last_index()

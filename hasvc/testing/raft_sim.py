@@ -29,7 +29,7 @@ from hasvc.testing.raft_cluster import SimCluster
 # Simulated seconds of faults per seed, and the most a healed cluster may take to agree again.
 CHAOS_SECONDS = 2.0
 SETTLE_SECONDS_MAX = 20.0
-PROGRESS_EVERY = 5000  # seeds between progress lines on stderr
+PROGRESS_EVERY = 1000  # seeds between progress lines on stderr
 
 
 class LivenessFailure(AssertionError):

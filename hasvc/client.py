@@ -154,7 +154,8 @@ class Client:
         kind = cp.SEND_IDEMPOTENT if producer_id else cp.SEND
         response = cp.decode_send_response(await self._request(kind, cp.encode_send(request)))
         if not response.offsets:
-            return [SendResult(response.status, -1, queue_id, -1, response.reason) for _ in bodies]
+            # nothing stored: the response's queue id is -1 (docs/PROTOCOL.md, SEND response)
+            return [SendResult(response.status, -1, response.queue_id, -1, response.reason) for _ in bodies]
         return [
             SendResult(response.status, offset, response.queue_id, queue_offset, response.reason)
             for offset, queue_offset in zip(response.offsets, response.queue_offsets, strict=True)

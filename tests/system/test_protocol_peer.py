@@ -217,6 +217,9 @@ def test_a_send_response_names_the_queue_only_when_something_was_stored(cluster)
     refused = send_raw(sock, "T", 3)
     assert (refused.status, refused.queue_id, refused.offsets) == ("SERVICE_NOT_AVAILABLE", -1, [])
     sock.close()
+    with hc.BlockingClient(slave.address) as client:  # the client library reports the wire's -1 too
+        result = client.send("T", b"m", queue_id=3)
+    assert (result.status, result.offset, result.queue_id, result.queue_offset) == ("SERVICE_NOT_AVAILABLE", -1, -1, -1)
 
 
 def test_slave_not_available_names_the_in_sync_slaves_needed_and_present(cluster):

@@ -1,0 +1,284 @@
+"""The Raft port's wire protocol: one HELLO frame, then the core's messages, big-endian.
+
+Theory of operation
+-------------------
+After the preface (``wire.py``), each side sends one HELLO (group, its own id, the id it means
+to reach) -- the driver checks the group and both ids against its configuration -- and then
+message frames, whose source and target are those of the sender's HELLO. Every frame is
+
+    u32 length (of what follows) | u8 kind | body
+
+    kind 0 HELLO              u8 version | u8 g | group (g bytes UTF-8) | u8 s | source id | u8 t | target id
+    kind 1 VOTE_REQUEST       i64 term | i64 ledger end index | i64 ledger end term | u8 flags
+                              (flags bit 0: pre-vote, bit 1: transfer)
+    kind 2 VOTE_RESPONSE      i64 term | u8 result (VoteResult) | u8 flags (bit 0: pre-vote)
+    kind 3 HEARTBEAT          i64 term | i64 commit index
+    kind 4 HEARTBEAT_RESPONSE i64 term | u8 result (HeartbeatResult)
+    kind 5 PUSH               i64 term | u8 type (PushType) | i64 index | i64 previous term
+                              | i64 commit index | u32 n | n x (i64 index | i64 term | u32 size | body)
+    kind 6 PUSH_RESPONSE      i64 term | u8 type | u8 result (PushResult) | i64 request index
+                              | i64 ack index | i64 begin index | i64 end index | i64 term at index
+    kind 7 TIMEOUT_NOW        i64 term
+
+A frame over ``frame_size_max``, an unknown kind or enum value, a negative term, an index below
+-1, a body whose fields do not fill its length exactly, or a message before HELLO raises
+``ProtocolError`` (the driver closes that connection alone). docs/RAFT-PROTOCOL.md has the byte
+tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import Final
+
+from hasvc.protocol.wire import Buffer, ProtocolError
+from hasvc.state.raft.messages import (
+    Heartbeat,
+    HeartbeatResponse,
+    HeartbeatResult,
+    Message,
+    Push,
+    PushResponse,
+    PushResult,
+    PushType,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
+from hasvc.state.raft.storage import Entry
+
+RAFT_PROTOCOL_VERSION: Final = 1
+# RocketMQ remoting's frameMaxLength (16 MiB): room for a 4 MiB message (maxMessageSize) in a push.
+FRAME_SIZE_MAX_DEFAULT: Final = 16 * 1024 * 1024
+ID_SIZE_MAX: Final = 255  # group and member ids: one length byte
+
+FRAME_HEADER = struct.Struct(">IB")  # length of what follows (kind included), kind
+assert FRAME_HEADER.size == 5
+VOTE_REQUEST = struct.Struct(">qqqB")  # term, ledger end index, ledger end term, flags
+assert VOTE_REQUEST.size == 25
+VOTE_RESPONSE = struct.Struct(">qBB")  # term, result, flags
+assert VOTE_RESPONSE.size == 10
+HEARTBEAT = struct.Struct(">qq")  # term, commit index
+assert HEARTBEAT.size == 16
+HEARTBEAT_RESPONSE = struct.Struct(">qB")  # term, result
+assert HEARTBEAT_RESPONSE.size == 9
+PUSH = struct.Struct(">qBqqqI")  # term, type, index, previous term, commit index, entry count
+assert PUSH.size == 37
+ENTRY_HEADER = struct.Struct(">qqI")  # index, term, body size
+assert ENTRY_HEADER.size == 20
+PUSH_RESPONSE = struct.Struct(">qBBqqqqq")  # term, type, result, request/ack/begin/end index, term at index
+assert PUSH_RESPONSE.size == 50
+TIMEOUT_NOW = struct.Struct(">q")  # term
+assert TIMEOUT_NOW.size == 8
+HELLO_HEAD = struct.Struct(">B")  # version (then three u8-length-prefixed ids)
+assert HELLO_HEAD.size == 1
+
+HELLO: Final = 0
+VOTE_REQUEST_KIND: Final = 1
+VOTE_RESPONSE_KIND: Final = 2
+HEARTBEAT_KIND: Final = 3
+HEARTBEAT_RESPONSE_KIND: Final = 4
+PUSH_KIND: Final = 5
+PUSH_RESPONSE_KIND: Final = 6
+TIMEOUT_NOW_KIND: Final = 7
+
+FLAG_PRE_VOTE: Final = 0x1
+FLAG_TRANSFER: Final = 0x2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hello:
+    group: str
+    source: str  # the connecting member
+    target: str  # the member it meant to reach
+    version: int = RAFT_PROTOCOL_VERSION
+
+
+def _id(value: str) -> bytes:
+    data = value.encode()
+    if not 0 < len(data) <= ID_SIZE_MAX:
+        raise ValueError(f"id {value!r} must be 1..{ID_SIZE_MAX} bytes of UTF-8")
+    return bytes([len(data)]) + data
+
+
+def _frame(kind: int, body: bytes) -> bytes:
+    return FRAME_HEADER.pack(len(body) + 1, kind) + body
+
+
+def encode_hello(hello: Hello) -> bytes:
+    return _frame(HELLO, HELLO_HEAD.pack(hello.version) + _id(hello.group) + _id(hello.source) + _id(hello.target))
+
+
+def encode(message: Message) -> bytes:
+    """One frame for `message` (its source and target are the connection's)."""
+    if isinstance(message, Push):
+        parts = [PUSH.pack(message.term, message.type, message.index, message.prev_term, message.commit_index,
+                           len(message.entries))]  # fmt: skip
+        for entry in message.entries:
+            parts.append(ENTRY_HEADER.pack(entry.index, entry.term, len(entry.body)))
+            parts.append(entry.body)
+        return _frame(PUSH_KIND, b"".join(parts))
+    if isinstance(message, PushResponse):
+        return _frame(PUSH_RESPONSE_KIND, PUSH_RESPONSE.pack(
+            message.term, message.type, message.result, message.request_index, message.ack_index,
+            message.begin_index, message.end_index, message.term_at_index))  # fmt: skip
+    if isinstance(message, VoteRequest):
+        flags = (FLAG_PRE_VOTE if message.pre_vote else 0) | (FLAG_TRANSFER if message.transfer else 0)
+        return _frame(VOTE_REQUEST_KIND, VOTE_REQUEST.pack(message.term, message.ledger_end_index,
+                                                           message.ledger_end_term, flags))  # fmt: skip
+    if isinstance(message, VoteResponse):
+        flags = FLAG_PRE_VOTE if message.pre_vote else 0
+        return _frame(VOTE_RESPONSE_KIND, VOTE_RESPONSE.pack(message.term, message.result, flags))
+    if isinstance(message, Heartbeat):
+        return _frame(HEARTBEAT_KIND, HEARTBEAT.pack(message.term, message.commit_index))
+    if isinstance(message, HeartbeatResponse):
+        return _frame(HEARTBEAT_RESPONSE_KIND, HEARTBEAT_RESPONSE.pack(message.term, message.result))
+    if isinstance(message, TimeoutNow):
+        return _frame(TIMEOUT_NOW_KIND, TIMEOUT_NOW.pack(message.term))
+    raise TypeError(f"not a Raft message: {message!r}")
+
+
+class _Body:
+    """Cursor over one frame body; every read is bounds-checked."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.position = 0
+
+    def unpack(self, layout: struct.Struct) -> tuple:
+        if self.position + layout.size > len(self.data):
+            raise ProtocolError("frame ends in the middle of a field")
+        values = layout.unpack_from(self.data, self.position)
+        self.position += layout.size
+        return values
+
+    def raw(self, size: int) -> bytes:
+        if self.position + size > len(self.data):
+            raise ProtocolError(f"a {size}-byte field runs past the frame")
+        piece = self.data[self.position : self.position + size]
+        self.position += size
+        return piece
+
+    def identifier(self) -> str:
+        (size,) = self.unpack(HELLO_HEAD)
+        try:
+            value = self.raw(size).decode()
+        except UnicodeDecodeError:
+            raise ProtocolError("an id is not UTF-8") from None
+        if not value:
+            raise ProtocolError("an empty id")
+        return value
+
+    def done(self) -> None:
+        if self.position != len(self.data):
+            raise ProtocolError(f"{len(self.data) - self.position} unexpected bytes at the end of a frame")
+
+
+def _enum(kind, value: int):
+    try:
+        return kind(value)
+    except ValueError:
+        raise ProtocolError(f"{value} is not a {kind.__name__}") from None
+
+
+def _check_term(term: int) -> int:
+    if term < 0:
+        raise ProtocolError(f"negative term {term}")
+    return term
+
+
+def _check_index(index: int, name: str) -> int:
+    if index < -1:
+        raise ProtocolError(f"{name} {index} is below -1")
+    return index
+
+
+def _decode_push(body: _Body, source: str, target: str) -> Push:
+    term, kind, index, prev_term, commit, count = body.unpack(PUSH)
+    if count * ENTRY_HEADER.size > len(body.data) - body.position:
+        raise ProtocolError(f"push of {count} entries in a {len(body.data)}-byte frame")
+    entries = []
+    for _ in range(count):
+        entry_index, entry_term, size = body.unpack(ENTRY_HEADER)
+        if entry_index < 0:
+            raise ProtocolError(f"entry index {entry_index}")
+        entries.append(Entry(entry_index, _check_term(entry_term), body.raw(size)))
+    return Push(source, target, _check_term(term), _enum(PushType, kind), _check_index(index, "push index"),
+                _check_index(prev_term, "previous term"), _check_index(commit, "commit index"), tuple(entries))  # fmt: skip
+
+
+def _decode_push_response(body: _Body, source: str, target: str) -> PushResponse:
+    term, kind, result, request, ack, begin, end, term_at = body.unpack(PUSH_RESPONSE)
+    return PushResponse(source, target, _check_term(term), _enum(PushType, kind), _enum(PushResult, result),
+                        _check_index(request, "request index"), _check_index(ack, "ack index"),
+                        _check_index(begin, "begin index"), _check_index(end, "end index"),
+                        _check_index(term_at, "term at index"))  # fmt: skip
+
+
+def _decode_message(kind: int, body: _Body, source: str, target: str) -> Message:
+    if kind == PUSH_KIND:
+        return _decode_push(body, source, target)
+    if kind == PUSH_RESPONSE_KIND:
+        return _decode_push_response(body, source, target)
+    if kind == VOTE_REQUEST_KIND:
+        term, end_index, end_term, flags = body.unpack(VOTE_REQUEST)
+        return VoteRequest(source, target, _check_term(term), _check_index(end_index, "ledger end index"),
+                           _check_index(end_term, "ledger end term"), bool(flags & FLAG_PRE_VOTE),
+                           bool(flags & FLAG_TRANSFER))  # fmt: skip
+    if kind == VOTE_RESPONSE_KIND:
+        term, result, flags = body.unpack(VOTE_RESPONSE)
+        return VoteResponse(source, target, _check_term(term), _enum(VoteResult, result), bool(flags & FLAG_PRE_VOTE))
+    if kind == HEARTBEAT_KIND:
+        term, commit = body.unpack(HEARTBEAT)
+        return Heartbeat(source, target, _check_term(term), _check_index(commit, "commit index"))
+    if kind == HEARTBEAT_RESPONSE_KIND:
+        term, result = body.unpack(HEARTBEAT_RESPONSE)
+        return HeartbeatResponse(source, target, _check_term(term), _enum(HeartbeatResult, result))
+    if kind == TIMEOUT_NOW_KIND:
+        (term,) = body.unpack(TIMEOUT_NOW)
+        return TimeoutNow(source, target, _check_term(term))
+    raise ProtocolError(f"unknown Raft frame kind {kind}")
+
+
+class RaftDecoder:
+    """Bytes in, the peer's ``Hello`` and then its messages out (h11 style: ``receive_data``/``next_event``)."""
+
+    def __init__(self, *, frame_size_max: int = FRAME_SIZE_MAX_DEFAULT) -> None:
+        self.frame_size_max = frame_size_max
+        self.hello: Hello | None = None
+        self._buffer = Buffer(size_max=frame_size_max + FRAME_HEADER.size)
+
+    def receive_data(self, data: bytes) -> None:
+        self._buffer.feed(data)
+
+    def next_event(self) -> Hello | Message | None:
+        """The next whole frame decoded, or None until more bytes come."""
+        header = self._buffer.unpack(FRAME_HEADER)
+        if header is None:
+            return None
+        length, kind = header
+        if not 1 <= length <= self.frame_size_max:
+            raise ProtocolError(f"frame of {length} bytes (1..{self.frame_size_max} allowed)")
+        if len(self._buffer) < 4 + length:
+            return None
+        self._buffer.skip(FRAME_HEADER.size)
+        body = _Body(self._buffer.take(length - 1))
+        if kind == HELLO:
+            event = self._decode_hello(body)
+        elif self.hello is None:
+            raise ProtocolError(f"frame kind {kind} before HELLO")
+        else:
+            event = _decode_message(kind, body, self.hello.source, self.hello.target)
+        body.done()
+        return event
+
+    def _decode_hello(self, body: _Body) -> Hello:
+        if self.hello is not None:
+            raise ProtocolError("a second HELLO")
+        (version,) = body.unpack(HELLO_HEAD)
+        if version != RAFT_PROTOCOL_VERSION:
+            raise ProtocolError(f"Raft protocol version {version}, this member speaks {RAFT_PROTOCOL_VERSION}")
+        self.hello = Hello(body.identifier(), body.identifier(), body.identifier(), version)
+        return self.hello

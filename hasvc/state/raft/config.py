@@ -1,0 +1,83 @@
+"""The Raft core's configuration: one frozen dataclass, DLedger's defaults, and an etcd-like preset.
+
+DLedger's numbers come from ``DLedgerConfig`` 0.3.1.2 (rocketmq-notes §8.5, §8.6). Its election is
+"no heartbeat for maxHeartBeatLeak x heartBeatTimeIntervalMs, then a random minVoteIntervalMs ..
+maxVoteIntervalMs before asking for votes"; here that is one randomised election timeout drawn
+from ``[election_timeout_min_seconds, election_timeout_max_seconds]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Final
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RaftConfig:
+    # How often a leader sends a heartbeat (with its commit index) to every follower.
+    # DLedger heartBeatTimeIntervalMs = 2000.
+    heartbeat_interval_seconds: float = 2.0
+    # A follower that heard nothing from a leader for a random time in [min, max] starts an election
+    # (pre-vote first). DLedger: maxHeartBeatLeak (3) x 2 s = 6 s, then 300..1000 ms
+    # (minVoteIntervalMs..maxVoteIntervalMs). The same window bounds a candidate's round, the
+    # leader lease that makes voters ignore a disruptive candidate, and check-quorum (a leader
+    # that heard from no quorum for election_timeout_min_seconds steps down; DLedger: 3 x 2 s).
+    election_timeout_min_seconds: float = 6.3
+    election_timeout_max_seconds: float = 7.0
+    # Bytes of entry bodies per push (at least one entry always goes). DLedger maxBatchPushSize 4 KiB.
+    push_batch_size_max: int = 4 * 1024
+    # Entries pushed to one follower and not yet acknowledged (a push starts while fewer are, so one
+    # batch may go past it). DLedger maxPendingSize = 1000 per peer.
+    push_in_flight_max: int = 1000
+    # The entry after a follower's acknowledged index pending longer than this is pushed again.
+    # DLedger maxPushTimeOutMs = 1000.
+    push_timeout_seconds: float = 1.0
+    # Proposals waiting for a quorum; one more is refused with LEADER_PENDING_FULL.
+    # DLedger maxPendingRequestsNum = 10 000.
+    pending_max: int = 10_000
+    # A proposal not committed within this fails with WAIT_QUORUM_ACK_TIMEOUT (its entry stays in the
+    # log and may still commit: the client retries idempotently). DLedger maxWaitAckTimeMs = 2500.
+    quorum_ack_timeout_seconds: float = 2.5
+    # False (DLedger's default): a member counts an entry toward the quorum once it is in its log
+    # (page cache; flushed every 10 ms in the background). True: only once it is flushed (etcd's promise).
+    flush_sync: bool = False
+    # A leadership transfer is refused when the target is more entries behind than this.
+    # DLedger maxLeadershipTransferWaitIndex = 1000.
+    leadership_transfer_wait_index_max: int = 1000
+    # The member that should lead when it is caught up (DLedger preferredLeaderId); None: any.
+    preferred_leader_id: str | None = None
+    # What DLedger 0.3 lacks and etcd users expect; off only to show in tests what they prevent.
+    pre_vote: bool = True
+    check_quorum: bool = True
+
+    def validate(self) -> RaftConfig:
+        """Raise ValueError naming the first impossible setting; returns self."""
+        positive = ("heartbeat_interval_seconds", "election_timeout_min_seconds", "push_batch_size_max",
+                    "push_in_flight_max", "push_timeout_seconds", "pending_max", "quorum_ack_timeout_seconds")  # fmt: skip
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, not {getattr(self, name)!r}")
+        if self.election_timeout_max_seconds < self.election_timeout_min_seconds:
+            raise ValueError(
+                f"election_timeout_max_seconds ({self.election_timeout_max_seconds}) is below "
+                f"election_timeout_min_seconds ({self.election_timeout_min_seconds})"
+            )
+        if self.heartbeat_interval_seconds >= self.election_timeout_min_seconds:
+            raise ValueError(
+                f"heartbeat_interval_seconds ({self.heartbeat_interval_seconds}) must be below "
+                f"election_timeout_min_seconds ({self.election_timeout_min_seconds}): followers would "
+                "start elections between two heartbeats of a healthy leader"
+            )
+        if self.leadership_transfer_wait_index_max < 0:
+            raise ValueError("leadership_transfer_wait_index_max must be >= 0")
+        return self
+
+
+# DLedger 0.3.1.2's defaults.
+DLEDGER_DEFAULTS: Final = RaftConfig()
+
+# Comparable with etcd's defaults (heartbeat 100 ms, election timeout 1000 ms randomised in
+# [1000, 2000) ms as etcd-raft does), for failover measured beside etcd.
+ETCD_LIKE: Final = RaftConfig(
+    heartbeat_interval_seconds=0.1, election_timeout_min_seconds=1.0, election_timeout_max_seconds=2.0
+)

@@ -1,0 +1,832 @@
+"""The pure Raft core of one DLedger member: events in, a ``Ready`` out (etcd-raft's RawNode shape).
+
+Theory of operation
+-------------------
+``RaftNode`` owns no thread, socket, clock or file. Its driver feeds it events and carries out
+what it says:
+
+    tick(now)                     timers: heartbeats, elections, re-pushes, proposal timeouts
+    step(message, now)            a message from a peer (``hasvc.state.raft.messages``)
+    propose(bodies, now)          leader: append entries -> ``Proposed`` or ``Refused``
+    persisted(flushed_index, now) the store made entries up to here durable
+    transfer_leadership(to, now)  hand leadership to a caught-up follower -> ``Refused`` or None
+    ready()                       the work accumulated since the last call (a ``Ready``)
+    deadline()                    when tick() must be called next (if nothing else happens first)
+
+The order contract (the driver's side, asserted where the core can see it):
+
+1. ``ready.hard_state``, when set, is saved *and fsynced* first: a vote or a new term is never
+   announced before it would survive a crash (at most one vote per term, terms never go back).
+2. Then ``log.truncate(after_index=ready.truncate_after)`` and ``log.append(ready.entries)``, before
+   the driver calls into the core again (the core reads the store; ``LogView.check_applied``).
+3. Then ``ready.messages`` are sent. A follower acknowledges an index only once it is in its log
+   (step 2 precedes step 3), and with ``flush_sync`` only once it is flushed: its acknowledgements
+   carry ``min(matched, flushed)`` and ``persisted()`` sends the ones a flush released. A leader
+   likewise counts itself for the quorum with its last index, or with ``flush_sync`` its flushed one.
+4. ``committed_index``, role changes, finished proposals and aborted transfers are for the state
+   machine and the clients. ``committed_index`` is the driver's to checkpoint when it likes
+   (DLedger: every 3 s); it is only a hint after a restart.
+
+Election (rocketmq-notes §8.5) keeps DLedger's vote checks in DLedger's order and adds what DLedger
+0.3 lacks: pre-vote (a candidate first asks whether it *could* win, without anyone changing term),
+a leader lease (a member that heard from a live leader within ``election_timeout_min_seconds``
+refuses to vote for a newcomer, so a member partitioned away and back cannot depose a healthy
+leader), check-quorum (a leader that heard from no quorum for that long steps down), and the Raft
+paper's commit rule (only an entry of the leader's own term commits by counting; a new leader
+appends an empty no-op entry so the earlier ones commit with it). One deliberate difference from
+DLedger: a vote request with a higher term makes the voter adopt the term and decide at once,
+instead of answering REJECT_TERM_NOT_READY and waiting for the candidate to ask again.
+
+Replication (§8.6) is DLedger's EntryPusher per follower: COMPARE (walk back to the last index
+where the follower's entry equals the leader's, skipping a whole older term per round trip) ->
+TRUNCATE (the follower drops its divergent tail) -> APPEND (batched pushes, at most
+``push_in_flight_max`` unacknowledged entries, re-pushed after ``push_timeout_seconds``). Every
+append is guarded by the term of the entry before it, so logs that share an (index, term) share
+the whole prefix.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import random
+from collections.abc import Sequence
+
+from hasvc.state.raft.config import RaftConfig
+from hasvc.state.raft.log_view import LogView
+from hasvc.state.raft.messages import (
+    Heartbeat,
+    HeartbeatResponse,
+    HeartbeatResult,
+    Message,
+    Push,
+    PushResponse,
+    PushResult,
+    PushType,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
+from hasvc.state.raft.ready import (
+    PeerStatus,
+    RaftStatus,
+    BecameCandidate,
+    BecameFollower,
+    BecameLeader,
+    ProposalDone,
+    ProposalStatus,
+    Proposed,
+    Ready,
+    RefusalStatus,
+    Refused,
+    Role,
+    RoleChange,
+    TransferAborted,
+)
+from hasvc.state.raft.storage import Entry, EntryLog, HardState
+
+NO_OP = b""  # the body of the entry a new leader appends in its term
+
+
+@dataclasses.dataclass(slots=True)
+class Progress:
+    """The leader's view of one follower (DLedger's EntryDispatcher state).
+
+    During COMPARE the leader narrows the window between ``compare_floor`` (the highest index known
+    to match, -1 always does) and ``compare_mismatch_from`` (the lowest known to differ: by log
+    matching every index above it differs too), until the follower's log is a prefix (APPEND) or
+    its tail past the floor must go (TRUNCATE). Knowledge can go stale (pushes still in flight);
+    the follower re-checks before it truncates, so staleness costs a round trip, never an entry.
+    """
+
+    state: PushType  # COMPARE, TRUNCATE or APPEND
+    index: int  # COMPARE/TRUNCATE: the index compared or kept; APPEND: the next index to push
+    match_index: int = -1  # acknowledged: matches the leader's log (flushed there with flush_sync)
+    sent_at: float | None = None  # COMPARE/TRUNCATE sent, or oldest unacknowledged APPEND (None: none)
+    last_contact_at: float = -math.inf  # last response of any kind in this term
+    follower_end: int = -1  # the follower's last index, as last reported
+    compare_floor: int = -1
+    compare_mismatch_from: float = math.inf
+
+
+@dataclasses.dataclass(slots=True)
+class Campaign:
+    pre_vote: bool
+    accepted: set[str]
+
+
+@dataclasses.dataclass(slots=True)
+class Pending:
+    first_index: int
+    last_index: int
+    term: int
+    deadline: float
+
+
+@dataclasses.dataclass(slots=True)
+class Transfer:
+    target: str
+    deadline: float
+    sent: bool = False
+
+
+class RaftNode:
+    def __init__(
+        self, *, self_id: str, members: Sequence[str], log: EntryLog, config: RaftConfig, rng: random.Random, now: float
+    ) -> None:
+        config.validate()
+        if self_id not in members:
+            raise ValueError(f"self id {self_id!r} is not among the members {list(members)}")
+        if len(set(members)) != len(members):
+            raise ValueError(f"members repeat an id: {list(members)}")
+        self.self_id = self_id
+        self.members = tuple(members)
+        self.peers = tuple(m for m in members if m != self_id)
+        self.quorum = len(self.members) // 2 + 1  # DLedger isQuorum: n >= peers/2 + 1 (peers incl. self)
+        self.config = config
+        self._rng = rng
+        self._log = LogView(log)
+        state = log.load_hard_state()
+        self.term = state.term
+        self.voted_for = state.voted_for
+        self.committed_index = max(-1, min(state.committed_index, self._log.last_index()))
+        self.flushed_index = min(log.flushed_index(), self._log.last_index())
+        self.role = Role.FOLLOWER
+        self.leader_id: str | None = None
+        self._campaign: Campaign | None = None
+        self._progress: dict[str, Progress] = {}
+        self._pending: collections.deque[Pending] = collections.deque()
+        self._pending_count = 0  # entries in self._pending
+        self._transfer: Transfer | None = None
+        self._matched_index = -1  # follower: every entry up to here equals the current leader's
+        self._acked_index = -1  # follower: the highest ack_index sent to the current leader
+        self._gap_reported_end = -2  # follower: OUT_OF_ORDER answered once per end index (no storms)
+        self._leader_contact_at = -math.inf
+        self._election_deadline = now + self._election_timeout()
+        self._heartbeat_at = math.inf
+        self._became_leader_at = -math.inf
+        # Outputs, drained by ready().
+        self._messages: list[Message] = []
+        self._role_changes: list[RoleChange] = []
+        self._proposals_done: list[ProposalDone] = []
+        self._transfers_aborted: list[TransferAborted] = []
+        self._hard_state_changed = False
+        self._committed_reported = self.committed_index
+        # Invariant floors.
+        self._term_floor = self.term
+        self._committed_floor = self.committed_index
+        self._check_invariants()
+
+    # ------------------------------------------------------------------ events
+
+    def tick(self, now: float) -> None:
+        self._log.check_applied()
+        if self.role is Role.LEADER:
+            self._tick_leader(now)
+        elif now >= self._election_deadline:
+            self._campaign_start(now, pre_vote=self.config.pre_vote)
+        self._after_event(now)
+
+    def step(self, message: Message, now: float) -> None:
+        """Handle one message addressed to this member. ValueError: a message that no member could send."""
+        self._log.check_applied()
+        if message.target != self.self_id:
+            raise ValueError(f"message for {message.target!r} delivered to {self.self_id!r}")
+        if isinstance(message, VoteRequest):
+            self._on_vote_request(message, now)
+        else:
+            if message.source not in self.peers:
+                raise ValueError(f"{type(message).__name__} from {message.source!r}, not a peer of {self.self_id!r}")
+            handler = self._HANDLERS[type(message)]
+            handler(self, message, now)
+        self._after_event(now)
+
+    def propose(self, bodies: Sequence[bytes], now: float) -> Proposed | Refused:
+        """Append `bodies` as entries of this leader's term; their outcome comes later as a ProposalDone."""
+        self._log.check_applied()
+        if not bodies:
+            raise ValueError("propose() needs at least one body")
+        if self.role is not Role.LEADER:
+            return Refused(RefusalStatus.NOT_LEADER, self.leader_id, f"{self.self_id} is {self.role.value}")
+        if self._transfer is not None:
+            return Refused(RefusalStatus.LEADER_TRANSFERRING, None, f"handing over to {self._transfer.target}")
+        if self._pending_count >= self.config.pending_max:
+            return Refused(RefusalStatus.LEADER_PENDING_FULL, self.self_id,
+                           f"{self._pending_count} proposals wait for a quorum (pending_max {self.config.pending_max})")  # fmt: skip
+        first = self._log.last_index() + 1
+        self._log.append([Entry(first + i, self.term, bytes(body)) for i, body in enumerate(bodies)])
+        last = first + len(bodies) - 1
+        self._pending.append(Pending(first, last, self.term, now + self.config.quorum_ack_timeout_seconds))
+        self._pending_count += len(bodies)
+        self._after_event(now)
+        return Proposed(first, last, self.term)
+
+    def persisted(self, flushed_index: int, now: float) -> None:
+        """The store's flushed_index() after a flush (entries up to there survive a crash)."""
+        self._log.check_applied()
+        self.flushed_index = max(self.flushed_index, min(flushed_index, self._log.stored_last_index()))
+        if self.role is Role.FOLLOWER and self.leader_id is not None and self._ack_index() > self._acked_index:
+            self._send_push_response(self.leader_id, PushType.APPEND, PushResult.SUCCESS, -1)
+        self._after_event(now)
+
+    def transfer_leadership(self, target: str, now: float) -> Refused | None:
+        """Start handing leadership to `target` (TimeoutNow once it has every entry); None: started."""
+        self._log.check_applied()
+        refusal = self._transfer_refusal(target, now)
+        if refusal is None:
+            self._transfer = Transfer(target, now + self.config.election_timeout_min_seconds)
+        self._after_event(now)
+        return refusal
+
+    def ready(self) -> Ready:
+        truncate_after, entries = self._log.drain()
+        committed = None
+        if self.committed_index != self._committed_reported:
+            committed = self._committed_reported = self.committed_index
+        hard_state = None
+        if self._hard_state_changed:
+            hard_state = HardState(self.term, self.voted_for, self.committed_index)
+            self._hard_state_changed = False
+        ready = Ready(hard_state, truncate_after, entries, tuple(self._messages), committed,
+                      tuple(self._role_changes), tuple(self._proposals_done), tuple(self._transfers_aborted))  # fmt: skip
+        self._messages.clear()
+        self._role_changes.clear()
+        self._proposals_done.clear()
+        self._transfers_aborted.clear()
+        return ready
+
+    def deadline(self) -> float:
+        """The time by which tick() must be called (earlier calls are harmless)."""
+        if self.role is not Role.LEADER:
+            return self._election_deadline
+        times = [self._heartbeat_at]
+        if self._pending:
+            times.append(self._pending[0].deadline)
+        if self._transfer is not None:
+            times.append(self._transfer.deadline)
+        times.extend(
+            p.sent_at + self.config.push_timeout_seconds for p in self._progress.values() if p.sent_at is not None
+        )
+        return min(times)
+
+    # ------------------------------------------------------------------ read-only views
+
+    @property
+    def last_index(self) -> int:
+        return self._log.last_index()
+
+    @property
+    def last_term(self) -> int:
+        return self._log.last_term()
+
+    @property
+    def pending_count(self) -> int:
+        return self._pending_count
+
+    def status(self, now: float) -> RaftStatus:
+        last = self._log.last_index()
+        peers = {
+            peer: PeerStatus(p.match_index, last - p.match_index, now - p.last_contact_at)
+            for peer, p in self._progress.items()
+        }
+        return RaftStatus(self.self_id, self.role, self.term, self.leader_id, last, self.committed_index,
+                          self.flushed_index, self._pending_count, peers)  # fmt: skip
+
+    def match_index(self, peer: str) -> int:
+        """Leader: the last index `peer` acknowledged (-1 when unknown)."""
+        progress = self._progress.get(peer)
+        return -1 if progress is None else progress.match_index
+
+    def last_contact_at(self, peer: str) -> float:
+        progress = self._progress.get(peer)
+        return -math.inf if progress is None else progress.last_contact_at
+
+    # ------------------------------------------------------------------ roles
+
+    def _election_timeout(self) -> float:
+        return self._rng.uniform(self.config.election_timeout_min_seconds, self.config.election_timeout_max_seconds)
+
+    def _set_term(self, term: int) -> None:
+        assert term >= self.term, (term, self.term)
+        if term > self.term:
+            self.term = term
+            self.voted_for = None
+            self._hard_state_changed = True
+
+    def _become_follower(self, term: int, leader_id: str | None, now: float) -> None:
+        before = (self.role, self.term, self.leader_id)
+        if self.role is Role.LEADER:
+            self._leave_leadership()
+        self._set_term(term)
+        self.role = Role.FOLLOWER
+        self._campaign = None
+        if leader_id != self.leader_id or before[1] != term:
+            self._matched_index = -1
+            self._acked_index = -1
+            self._gap_reported_end = -2
+        self.leader_id = leader_id
+        if leader_id is not None:
+            self._leader_contact_at = now
+        self._election_deadline = now + self._election_timeout()
+        if (self.role, self.term, self.leader_id) != before:
+            self._role_changes.append(BecameFollower(self.term, self.leader_id))
+
+    def _leave_leadership(self) -> None:
+        for pending in self._pending:
+            self._proposals_done.append(
+                ProposalDone(pending.first_index, pending.last_index, pending.term, ProposalStatus.TERM_CHANGED)
+            )
+        self._pending.clear()
+        self._pending_count = 0
+        self._progress.clear()
+        self._transfer = None
+        self._heartbeat_at = math.inf
+
+    def _campaign_start(self, now: float, *, pre_vote: bool, transfer: bool = False) -> None:
+        if self.role is Role.LEADER:
+            self._leave_leadership()
+        entering = self.role is not Role.CANDIDATE
+        self.role = Role.CANDIDATE
+        self.leader_id = None
+        self._matched_index = self._acked_index = -1
+        if pre_vote:
+            term = self.term + 1
+        else:
+            self._set_term(self.term + 1)
+            self._record_vote(self.self_id)
+            term = self.term
+        if entering or not pre_vote:
+            self._role_changes.append(BecameCandidate(self.term))
+        self._campaign = Campaign(pre_vote, {self.self_id})
+        self._election_deadline = now + self._election_timeout()
+        for peer in self.peers:
+            self._messages.append(VoteRequest(self.self_id, peer, term, self._log.last_index(),
+                                              self._log.last_term(), pre_vote, transfer))  # fmt: skip
+        self._campaign_check(now)
+
+    def _campaign_check(self, now: float) -> None:
+        campaign = self._campaign
+        assert campaign is not None
+        if len(campaign.accepted) < self.quorum:
+            return
+        if campaign.pre_vote:
+            self._campaign_start(now, pre_vote=False)
+        else:
+            self._become_leader(now)
+
+    def _record_vote(self, candidate: str) -> None:
+        assert self.voted_for in (None, candidate), ("two votes in one term", self.term, self.voted_for, candidate)
+        if self.voted_for != candidate:
+            self.voted_for = candidate
+            self._hard_state_changed = True
+
+    def _become_leader(self, now: float) -> None:
+        assert self.role is Role.CANDIDATE and self.voted_for == self.self_id
+        self.role = Role.LEADER
+        self.leader_id = self.self_id
+        self._campaign = None
+        self._became_leader_at = now
+        self._role_changes.append(BecameLeader(self.term))
+        compare_from = self._log.last_index()  # DLedger compares from the leader's end first
+        self._log.append([Entry(self._log.last_index() + 1, self.term, NO_OP)])
+        self._progress = {}
+        for peer in self.peers:
+            self._progress[peer] = Progress(PushType.COMPARE, compare_from, last_contact_at=now)
+            self._start_compare(self._progress[peer], compare_from)
+        self._heartbeat_at = now  # announce the new leader on the way out of this event
+        self._tick_leader(now)
+
+    def _tick_leader(self, now: float) -> None:
+        if now >= self._heartbeat_at:
+            self._heartbeat_at = now + self.config.heartbeat_interval_seconds
+            for peer, progress in self._progress.items():
+                # Capped at what the follower acknowledged in this term: it may commit that much
+                # even when it restarted and no longer knows where its log matches ours (etcd does so).
+                commit = min(self.committed_index, progress.match_index)
+                self._messages.append(Heartbeat(self.self_id, peer, self.term, commit))
+            if self._lost_quorum(now):
+                self._become_follower(self.term, None, now)
+                return
+            self._maybe_transfer_to_preferred(now)
+        while self._pending and self._pending[0].deadline <= now:
+            pending = self._pending.popleft()
+            self._pending_count -= pending.last_index - pending.first_index + 1
+            self._proposals_done.append(ProposalDone(pending.first_index, pending.last_index, pending.term,
+                                                     ProposalStatus.WAIT_QUORUM_ACK_TIMEOUT))  # fmt: skip
+        if self._transfer is not None and now >= self._transfer.deadline:
+            self._transfers_aborted.append(TransferAborted(self._transfer.target))
+            self._transfer = None
+
+    def _lost_quorum(self, now: float) -> bool:
+        """Check-quorum: no quorum heard from within the election timeout (DLedger: 3 heartbeats)."""
+        window = self.config.election_timeout_min_seconds
+        if not self.config.check_quorum or now - self._became_leader_at < window:
+            return False
+        live = 1 + sum(1 for p in self._progress.values() if now - p.last_contact_at < window)
+        return live < self.quorum
+
+    def _in_lease(self, now: float) -> bool:
+        """A live leader is known: a vote for a newcomer would depose it."""
+        if not self.config.check_quorum:
+            return False
+        if self.role is Role.LEADER:
+            return True
+        return self.leader_id is not None and now - self._leader_contact_at < self.config.election_timeout_min_seconds
+
+    # ------------------------------------------------------------------ votes
+
+    def _vote_refusal(self, m: VoteRequest, now: float) -> VoteResult | None:
+        """DLedger's handleVote checks, in its order, up to the term; then our lease check."""
+        if m.source not in self.members:
+            return VoteResult.REJECT_UNKNOWN_LEADER
+        if m.source == self.self_id:
+            return VoteResult.REJECT_UNEXPECTED_LEADER
+        if m.ledger_end_term < self._log.last_term():
+            return VoteResult.REJECT_EXPIRED_LEDGER_TERM
+        if m.ledger_end_term == self._log.last_term() and m.ledger_end_index < self._log.last_index():
+            return VoteResult.REJECT_SMALL_LEDGER_END_INDEX
+        if m.term < self.term:
+            return VoteResult.REJECT_EXPIRED_VOTE_TERM
+        if m.term > self.term and not m.transfer and self._in_lease(now):
+            return VoteResult.REJECT_LEADER_LEASE
+        return None
+
+    def _vote_refusal_same_term(self, m: VoteRequest) -> VoteResult | None:
+        """The checks after the voter is in the request's term."""
+        if self.voted_for not in (None, m.source) or self.leader_id not in (None, m.source):
+            return VoteResult.REJECT_ALREADY_HAS_LEADER if self.leader_id else VoteResult.REJECT_ALREADY_VOTED
+        if m.term < self._log.last_term():
+            return VoteResult.REJECT_TERM_SMALL_THAN_LEDGER
+        return None
+
+    def _on_vote_request(self, m: VoteRequest, now: float) -> None:
+        refusal = self._vote_refusal(m, now)
+        if refusal is None and m.pre_vote:
+            if m.term == self.term:
+                refusal = self._vote_refusal_same_term(m)
+        elif refusal is None:
+            if m.term > self.term:
+                self._become_follower(m.term, None, now)
+            refusal = self._vote_refusal_same_term(m)
+            if refusal is None:
+                self._record_vote(m.source)
+                self._election_deadline = now + self._election_timeout()
+        result = VoteResult.ACCEPT if refusal is None else refusal
+        term = m.term if (m.pre_vote and result is VoteResult.ACCEPT) else self.term
+        self._messages.append(VoteResponse(self.self_id, m.source, term, result, m.pre_vote))
+
+    def _on_vote_response(self, m: VoteResponse, now: float) -> None:
+        if m.term > self.term and not (m.pre_vote and m.result is VoteResult.ACCEPT):
+            self._become_follower(m.term, None, now)
+            return
+        campaign = self._campaign
+        if self.role is not Role.CANDIDATE or campaign is None or campaign.pre_vote != m.pre_vote:
+            return
+        if m.result is not VoteResult.ACCEPT or m.term != self.term + (1 if m.pre_vote else 0):
+            return
+        campaign.accepted.add(m.source)
+        self._campaign_check(now)
+
+    def _on_timeout_now(self, m: TimeoutNow, now: float) -> None:
+        if m.term == self.term and self.role is Role.FOLLOWER and self.leader_id == m.source:
+            self._campaign_start(now, pre_vote=False, transfer=True)
+
+    # ------------------------------------------------------------------ follower side of replication
+
+    def _accept_leader(self, source: str, term: int, now: float) -> HeartbeatResult:
+        """Whether `source` leads `term` as far as this member knows (and follow it if so)."""
+        if term < self.term:
+            return HeartbeatResult.EXPIRED_TERM
+        if term == self.term and self.role is Role.LEADER:
+            return HeartbeatResult.INCONSISTENT_LEADER
+        if term == self.term and self.role is Role.FOLLOWER and self.leader_id not in (None, source):
+            return HeartbeatResult.INCONSISTENT_LEADER
+        self._become_follower(term, source, now)
+        return HeartbeatResult.SUCCESS
+
+    def _on_heartbeat(self, m: Heartbeat, now: float) -> None:
+        result = self._accept_leader(m.source, m.term, now)
+        if result is HeartbeatResult.SUCCESS:
+            # The leader vouches that our entries up to m.commit_index equal its own.
+            self._matched_index = max(self._matched_index, min(m.commit_index, self._log.last_index()))
+            self._follow_commit(m.commit_index)
+        self._messages.append(HeartbeatResponse(self.self_id, m.source, self.term, result))
+
+    def _follow_commit(self, leader_commit: int) -> None:
+        commit = min(leader_commit, self._matched_index)
+        if commit > self.committed_index:
+            self.committed_index = commit
+
+    def _ack_index(self) -> int:
+        if self.config.flush_sync:
+            return min(self._matched_index, self.flushed_index)
+        return self._matched_index
+
+    def _send_push_response(self, leader: str, kind: PushType, result: PushResult, request_index: int,
+                            term_at_index: int = -1) -> None:  # fmt: skip
+        ack = self._ack_index() if result is PushResult.SUCCESS else -1
+        self._acked_index = max(self._acked_index, ack)
+        self._messages.append(PushResponse(self.self_id, leader, self.term, kind, result, request_index, ack,
+                                           self._log.first_index(), self._log.last_index(), term_at_index))  # fmt: skip
+
+    def _on_push(self, m: Push, now: float) -> None:
+        leadership = self._accept_leader(m.source, m.term, now)
+        if leadership is not HeartbeatResult.SUCCESS:
+            result = (
+                PushResult.EXPIRED_TERM
+                if leadership is HeartbeatResult.EXPIRED_TERM
+                else PushResult.INCONSISTENT_LEADER
+            )
+            self._send_push_response(m.source, m.type, result, m.index)
+            return
+        if m.type is PushType.COMPARE:
+            self._on_compare(m)
+        elif m.type is PushType.TRUNCATE:
+            self._on_truncate(m)
+        else:
+            self._on_append(m)
+        self._follow_commit(m.commit_index)
+
+    def _matches(self, index: int, entries: tuple[Entry, ...]) -> bool:
+        """Whether our entry at `index` equals the leader's (index -1: the empty prefix always does)."""
+        if index == -1:
+            return True
+        if not entries or entries[0].index != index:
+            raise ValueError(f"push names index {index} but carries {entries[:1]}")
+        return self._log.term_or_missing(index) == entries[0].term
+
+    def _on_compare(self, m: Push) -> None:
+        if self._matches(m.index, m.entries):
+            self._matched_index = max(self._matched_index, m.index)
+            self._send_push_response(m.source, m.type, PushResult.SUCCESS, m.index)
+        else:
+            self._send_push_response(m.source, m.type, PushResult.MISMATCH, m.index, self._log.term_or_missing(m.index))
+
+    def _on_truncate(self, m: Push) -> None:
+        """Drop the tail after `index` -- only if our entry there equals the leader's and the next one
+        differs from the leader's next (or the leader has none): so no entry the leader has, and hence
+        no committed entry, is ever dropped, however stale the leader's view of us was."""
+        ours = [e for e in m.entries if e.index == m.index]
+        theirs_next = [e for e in m.entries if e.index == m.index + 1]
+        if len(ours) + len(theirs_next) != len(m.entries):
+            raise ValueError(f"TRUNCATE at {m.index} carries {m.entries}")
+        if not self._matches(m.index, tuple(ours)) or (
+            theirs_next and self._log.term_or_missing(m.index + 1) == theirs_next[0].term
+        ):
+            self._send_push_response(m.source, m.type, PushResult.INCONSISTENT_STATE, m.index)
+            return
+        if m.index < self._log.last_index():
+            assert m.index >= self.committed_index, ("truncating committed entries", m.index, self.committed_index)
+            self._log.truncate(after_index=m.index)
+            self.flushed_index = min(self.flushed_index, m.index)
+        self._matched_index = m.index
+        self._send_push_response(m.source, m.type, PushResult.SUCCESS, m.index)
+
+    def _on_append(self, m: Push) -> None:
+        if not m.entries or m.entries[0].index != m.index:
+            raise ValueError(f"APPEND at {m.index} carries {m.entries[:1]}")
+        last = self._log.last_index()
+        if m.index > last + 1:  # an earlier push was lost: say where we are, once per end index
+            if self._gap_reported_end != last:
+                self._gap_reported_end = last
+                self._send_push_response(m.source, m.type, PushResult.OUT_OF_ORDER, m.index)
+            return
+        consistent = self._log.term_or_missing(m.index - 1) == m.prev_term
+        overlap = [e for e in m.entries if e.index <= last]
+        if not consistent or any(self._log.term_at(e.index) != e.term for e in overlap):
+            self._send_push_response(m.source, m.type, PushResult.INCONSISTENT_STATE, m.index)
+            return
+        new = list(m.entries[len(overlap) :])
+        if new:
+            self._log.append(new)
+        self._matched_index = max(self._matched_index, m.entries[-1].index)
+        self._send_push_response(m.source, m.type, PushResult.SUCCESS, m.index)
+
+    # ------------------------------------------------------------------ leader side of replication
+
+    def _on_heartbeat_response(self, m: HeartbeatResponse, now: float) -> None:
+        if m.term > self.term:
+            self._become_follower(m.term, None, now)
+        elif m.term == self.term and self.role is Role.LEADER:
+            self._progress[m.source].last_contact_at = now
+
+    def _on_push_response(self, m: PushResponse, now: float) -> None:
+        if m.term > self.term:
+            self._become_follower(m.term, None, now)
+            return
+        if m.term < self.term or self.role is not Role.LEADER:
+            return
+        progress = self._progress[m.source]
+        progress.last_contact_at = now
+        if m.ack_index > self._log.last_index():
+            raise ValueError(
+                f"{m.source} acknowledges {m.ack_index} beyond the leader's last index {self._log.last_index()}"
+            )
+        if m.ack_index > progress.match_index:
+            progress.match_index = m.ack_index
+            progress.sent_at = now if progress.state is PushType.APPEND else progress.sent_at
+        if progress.state is PushType.APPEND:
+            if m.type is PushType.APPEND:
+                self._on_append_response(progress, m)
+        elif m.type is progress.state and m.request_index == progress.index:
+            if m.type is PushType.COMPARE:
+                self._on_compare_response(progress, m)
+            else:
+                self._on_truncate_response(progress, m)
+
+    def _on_compare_response(self, progress: Progress, m: PushResponse) -> None:
+        compared = progress.index
+        progress.follower_end = m.end_index
+        if m.result is PushResult.SUCCESS:
+            progress.compare_floor = max(progress.compare_floor, compared)
+        elif m.result is PushResult.MISMATCH:
+            if m.term_at_index == -1:  # no entry there at all
+                progress.compare_mismatch_from = min(progress.compare_mismatch_from, compared)
+            else:  # nothing between the last index of a term <= the follower's and `compared` can match
+                below = self._last_index_with_term_at_most(m.term_at_index, compared - 1)
+                progress.compare_mismatch_from = min(
+                    progress.compare_mismatch_from, max(below, progress.compare_floor) + 1
+                )
+        self._compare_next(progress)
+
+    def _compare_next(self, progress: Progress) -> None:
+        """COMPARE again, TRUNCATE, or APPEND, from what the window says."""
+        floor, end, last = progress.compare_floor, progress.follower_end, self._log.last_index()
+        progress.sent_at = None
+        if floor >= end:  # the follower's log is a prefix of ours
+            self._start_append(progress, min(floor, end) + 1)
+        elif floor >= last or progress.compare_mismatch_from == floor + 1:
+            progress.state, progress.index = PushType.TRUNCATE, floor
+        else:
+            progress.state = PushType.COMPARE
+            progress.index = int(min(last, end, progress.compare_mismatch_from - 1))
+
+    def _on_truncate_response(self, progress: Progress, m: PushResponse) -> None:
+        if m.result is PushResult.SUCCESS:
+            self._start_append(progress, progress.index + 1)
+        else:
+            self._start_compare(progress, m.end_index)
+
+    def _on_append_response(self, progress: Progress, m: PushResponse) -> None:
+        if m.result is PushResult.OUT_OF_ORDER:
+            progress.index = max(progress.match_index + 1, min(progress.index, m.end_index + 1))
+        elif m.result is PushResult.INCONSISTENT_STATE:
+            self._start_compare(progress, m.end_index)
+
+    def _start_append(self, progress: Progress, next_index: int) -> None:
+        progress.state, progress.index, progress.sent_at = PushType.APPEND, next_index, None
+
+    def _start_compare(self, progress: Progress, follower_end: int) -> None:
+        """A new COMPARE session: nothing known but the follower's end."""
+        progress.follower_end = follower_end
+        progress.compare_floor = -1
+        progress.compare_mismatch_from = math.inf
+        self._compare_next(progress)
+
+    def _last_index_with_term_at_most(self, term: int, hi: int) -> int:
+        """The largest index <= hi whose term is <= `term` (-1 if none): no entry between there and
+        the mismatch can equal the follower's, whose terms are all <= `term` (etcd's findConflictByTerm)."""
+        lo = self._log.first_index() - 1
+        hi = min(hi, self._log.last_index())
+        while lo < hi:  # terms never decrease along the log: binary search
+            mid = (lo + hi + 1) // 2
+            if self._log.term_at(mid) <= term:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _push(self, peer: str, progress: Progress, now: float) -> None:
+        timeout = self.config.push_timeout_seconds
+        if progress.state is not PushType.APPEND:
+            if progress.sent_at is None or now >= progress.sent_at + timeout:
+                index = progress.index
+                # COMPARE carries our entry at index; TRUNCATE ours at index and index + 1 (where we have them)
+                wanted = (index,) if progress.state is PushType.COMPARE else (index, index + 1)
+                last = self._log.last_index()
+                entries = tuple(self._log.read(i, i + 1, size_max=0)[0] for i in wanted if 0 <= i <= last)
+                self._messages.append(Push(self.self_id, peer, self.term, progress.state, index, -1,
+                                           self.committed_index, entries))  # fmt: skip
+                progress.sent_at = now
+            return
+        if (
+            progress.sent_at is not None
+            and progress.index > progress.match_index + 1
+            and now >= progress.sent_at + timeout
+        ):
+            progress.index = progress.match_index + 1  # DLedger: re-push what waited past maxPushTimeOutMs
+            progress.sent_at = None
+        last = self._log.last_index()
+        while progress.index <= last and progress.index - progress.match_index - 1 < self.config.push_in_flight_max:
+            # Whole batches (a window that opens by one entry must not make one-entry pushes):
+            # in flight may pass push_in_flight_max by less than a batch.
+            entries = self._log.read(progress.index, last + 1, size_max=self.config.push_batch_size_max)
+            prev_term = self._log.term_or_missing(progress.index - 1)
+            self._messages.append(Push(self.self_id, peer, self.term, PushType.APPEND, progress.index, prev_term,
+                                       self.committed_index, tuple(entries)))  # fmt: skip
+            progress.index += len(entries)
+            progress.sent_at = now if progress.sent_at is None else progress.sent_at
+        if progress.index <= progress.match_index + 1:
+            progress.sent_at = None
+        elif progress.sent_at is None:
+            # Unacknowledged entries the follower may hold already (COMPARE found them; with
+            # flush_sync their acknowledgement waits for its flush, and may be lost): time them.
+            progress.sent_at = now
+
+    def _maybe_commit(self) -> None:
+        own = self.flushed_index if self.config.flush_sync else self._log.last_index()
+        marks = sorted([own, *(p.match_index for p in self._progress.values())], reverse=True)
+        quorum_index = marks[self.quorum - 1]
+        # The Raft paper's rule (DLedger has none): count only entries of the leader's own term.
+        if quorum_index > self.committed_index and self._log.term_at(quorum_index) == self.term:
+            self.committed_index = quorum_index
+        while self._pending and self._pending[0].last_index <= self.committed_index:
+            pending = self._pending.popleft()
+            self._pending_count -= pending.last_index - pending.first_index + 1
+            self._proposals_done.append(
+                ProposalDone(pending.first_index, pending.last_index, pending.term, ProposalStatus.SUCCESS)
+            )
+
+    # ------------------------------------------------------------------ leadership transfer
+
+    def _transfer_refusal(self, target: str, now: float) -> Refused | None:
+        if self.role is not Role.LEADER:
+            return Refused(RefusalStatus.NOT_LEADER, self.leader_id, f"{self.self_id} is {self.role.value}")
+        if target not in self.members:
+            return Refused(
+                RefusalStatus.UNKNOWN_MEMBER, self.self_id, f"{target!r} is not a member of {list(self.members)}"
+            )
+        if target == self.self_id:
+            return Refused(RefusalStatus.ALREADY_LEADER, self.self_id, f"{target} leads already")
+        if self._transfer is not None:
+            return Refused(RefusalStatus.TRANSFER_IN_PROGRESS, self.self_id, f"handing over to {self._transfer.target}")
+        progress = self._progress[target]
+        behind = self._log.last_index() - progress.match_index
+        if behind > self.config.leadership_transfer_wait_index_max:
+            return Refused(RefusalStatus.FOLLOWER_FALL_BEHIND_TOO_MUCH, self.self_id,
+                           f"{target} is {behind} entries behind (at most {self.config.leadership_transfer_wait_index_max})")  # fmt: skip
+        silent = now - progress.last_contact_at
+        if silent >= self.config.election_timeout_min_seconds:
+            return Refused(RefusalStatus.FOLLOWER_NOT_REACHABLE, self.self_id, f"{target} silent for {silent:.3f} s")
+        return None
+
+    def _maybe_transfer_to_preferred(self, now: float) -> None:
+        preferred = self.config.preferred_leader_id
+        if (
+            preferred is None
+            or preferred == self.self_id
+            or self._transfer is not None
+            or preferred not in self._progress
+        ):
+            return
+        if (
+            self._progress[preferred].match_index == self._log.last_index()
+            and self._transfer_refusal(preferred, now) is None
+        ):
+            self._transfer = Transfer(preferred, now + self.config.election_timeout_min_seconds)
+
+    def _send_timeout_now(self) -> None:
+        transfer = self._transfer
+        if transfer is None or transfer.sent or self._progress[transfer.target].match_index != self._log.last_index():
+            return
+        transfer.sent = True
+        self._messages.append(TimeoutNow(self.self_id, transfer.target, self.term))
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _after_event(self, now: float) -> None:
+        if self.role is Role.LEADER:
+            for peer, progress in self._progress.items():
+                self._push(peer, progress, now)
+            self._maybe_commit()
+            self._send_timeout_now()
+        self._check_invariants()
+
+    def _check_invariants(self) -> None:
+        assert self.term >= self._term_floor, ("term went back", self.term, self._term_floor)
+        self._term_floor = self.term
+        assert self.committed_index >= self._committed_floor, ("commit went back", self.committed_index)
+        self._committed_floor = self.committed_index
+        last = self._log.last_index()
+        assert self.committed_index <= last, ("commit beyond the log", self.committed_index, last)
+        assert self._log.last_term() <= self.term, ("log term above current term", self._log.last_term(), self.term)
+        assert self.flushed_index <= last, ("flushed beyond the log", self.flushed_index, last)
+        if self.role is Role.LEADER:
+            assert self.leader_id == self.self_id and self.voted_for == self.self_id
+            assert self._pending_count == sum(p.last_index - p.first_index + 1 for p in self._pending)
+            assert all(p.match_index <= last for p in self._progress.values())
+        else:
+            assert not self._pending and not self._progress and self._transfer is None
+            assert self._matched_index <= last
+        assert (self.role is Role.CANDIDATE) == (self._campaign is not None)
+
+    _HANDLERS = {
+        VoteResponse: _on_vote_response,
+        Heartbeat: _on_heartbeat,
+        HeartbeatResponse: _on_heartbeat_response,
+        Push: _on_push,
+        PushResponse: _on_push_response,
+        TimeoutNow: _on_timeout_now,
+    }

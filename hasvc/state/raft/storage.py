@@ -1,0 +1,66 @@
+"""What the Raft core needs from a log store: ``Entry``, ``HardState`` and the ``EntryLog`` protocol.
+
+This is the contract of /work/wt/ENTRYLOG.md (shared with ``commitlog/dledger``, which satisfies it
+structurally because ``commitlog`` cannot import ``hasvc``). Indexes are DLedger's: the first entry
+of a fresh log has index 0, an empty log has ``last_index() == -1`` and ``last_term() == -1``; terms
+start at 0 and the first election makes term 1.
+
+Crash semantics: entries above ``flushed_index()`` may be lost on a crash, entries at or below it
+never are; a saved hard state is never lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    index: int  # >= 0, consecutive
+    term: int  # >= 0, never decreasing along the log
+    body: bytes  # opaque payload (in DLedgerCommitLog, one RocketMQ message record); b"" is a leader's no-op
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HardState:
+    term: int  # current term (DLedger: currTerm)
+    voted_for: str | None  # member id voted for in `term` (DLedger: voteLeader)
+    committed_index: int  # -1 when nothing committed (a hint; the core re-derives it)
+
+
+class EntryLog(Protocol):
+    def first_index(self) -> int:
+        """ledgerBeginIndex: 0 unless a prefix was deleted."""
+
+    def last_index(self) -> int:
+        """ledgerEndIndex, -1 when empty."""
+
+    def last_term(self) -> int:
+        """Term of last_index(), -1 when empty."""
+
+    def term_at(self, index: int) -> int:
+        """Raises IndexError outside [first_index(), last_index()]."""
+
+    def read(self, lo: int, hi: int, *, size_max: int) -> list[Entry]:
+        """Entries with lo <= index < hi, stopping before the total body size would pass size_max
+        (always at least one entry when lo <= last_index())."""
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        """entries[0].index == last_index() + 1, consecutive, terms non-decreasing; not yet durable."""
+
+    def truncate(self, *, after_index: int) -> None:
+        """Drop every entry with index > after_index (never below committed: the caller asserts)."""
+
+    def flush(self) -> int:
+        """Make all appended entries durable; returns flushed_index()."""
+
+    def flushed_index(self) -> int:
+        """Highest index that survives a crash (-1 if none)."""
+
+    def load_hard_state(self) -> HardState:
+        """The last saved hard state (HardState(0, None, -1) for a fresh store)."""
+
+    def save_hard_state(self, state: HardState) -> None:
+        """Durable when it returns (fsync)."""

@@ -1,0 +1,239 @@
+"""SimCluster: 3 or 5 Raft cores on a simulated clock, network and logs, checked after every step.
+
+Theory of operation
+-------------------
+The cluster is the cores' driver, exactly as a trio driver will be, minus trio: it delivers
+messages from the ``SimNetwork``, calls ``tick`` when a core's ``deadline()`` comes, flushes a
+member's ``SimLog`` a few milliseconds after it appended (DLedger flushes every 10 ms) and reports
+it with ``persisted``, and after every event carries the core's ``Ready`` out in the contract's
+order (hard state, truncate, append, send, then commit and the rest) -- telling the
+``RaftChecker`` about each side effect first. Time jumps from event to event; nothing sleeps.
+
+``crash(member)`` drops the core and whatever its log loses (``lose_unflushed``: a power loss,
+else a process kill); ``start(member)`` builds a new core from the log, as a restart does.
+Scenario code (``hasvc.testing.raft_sim``, tests) decides when to propose, crash and partition,
+and calls ``run_until(t)`` in between.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+from hasvc.state.raft.config import RaftConfig
+from hasvc.state.raft.node import RaftNode
+from hasvc.state.raft.ready import BecameLeader, ProposalStatus, Proposed, Refused, Role
+from hasvc.testing.checker import RaftChecker
+from hasvc.testing.log import SimLog
+from hasvc.testing.network import NetworkConfig, SimNetwork
+
+# A run_until() that handles more events than this without reaching its time is a livelock bug.
+EVENTS_PER_RUN_MAX = 1_000_000
+
+
+class SimCluster:
+    def __init__(
+        self,
+        *,
+        seed: int | str,
+        members: Sequence[str] = ("n0", "n1", "n2"),
+        config: RaftConfig | None = None,
+        network: NetworkConfig | None = None,
+        lose_unflushed: bool | None = None,
+        flush_delay_seconds: tuple[float, float] = (0.002, 0.010),
+    ) -> None:
+        self.seed = seed
+        self.members = tuple(members)
+        self.config = (config or RaftConfig()).validate()
+        self.rng = random.Random(f"cluster-{seed}")
+        self.network = SimNetwork(random.Random(f"network-{seed}"), network)
+        # By default a crash is the worst the configured durability survives: a power loss with
+        # flush_sync, a process kill (page cache kept) without.
+        self.lose_unflushed = self.config.flush_sync if lose_unflushed is None else lose_unflushed
+        self.flush_delay_seconds = flush_delay_seconds
+        self.logs = {member: SimLog() for member in self.members}
+        self.nodes: dict[str, RaftNode | None] = {member: None for member in self.members}
+        self.checker = RaftChecker(self.members)
+        self.now = 0.0
+        self.events = 0
+        self.crashes = 0
+        self.acked_count = 0
+        self.outcomes: dict[ProposalStatus, int] = {status: 0 for status in ProposalStatus}
+        self._incarnation = {member: 0 for member in self.members}
+        self._flush_at = {member: math.inf for member in self.members}
+        self._deadline = {member: math.inf for member in self.members}  # node.deadline() after its last event
+        self._proposals: dict[tuple[str, int], tuple[bytes, ...]] = {}
+        self.results: dict[tuple[str, int], ProposalStatus] = {}  # (leader, first index) -> outcome
+        for member in self.members:
+            self.start(member)
+
+    # ------------------------------------------------------------------ members
+
+    def node(self, member: str) -> RaftNode:
+        node = self.nodes[member]
+        assert node is not None, f"{member} is down"
+        return node
+
+    def alive(self) -> list[str]:
+        return [member for member, node in self.nodes.items() if node is not None]
+
+    def start(self, member: str) -> None:
+        assert self.nodes[member] is None, f"{member} is running"
+        self._incarnation[member] += 1
+        rng = random.Random(f"node-{self.seed}-{member}-{self._incarnation[member]}")
+        node = RaftNode(
+            self_id=member, members=self.members, log=self.logs[member], config=self.config, rng=rng, now=self.now
+        )
+        self.nodes[member] = node
+        self.checker.on_start(member, self.logs[member], node.committed_index)
+        self._drain(member)
+
+    def crash(self, member: str) -> None:
+        assert self.nodes[member] is not None, f"{member} is down"
+        self.nodes[member] = None
+        self.crashes += 1
+        self._flush_at[member] = math.inf
+        self._deadline[member] = math.inf
+        self.network.discard_to(member)
+        self._proposals = {key: bodies for key, bodies in self._proposals.items() if key[0] != member}
+        log = self.logs[member]
+        before = log.last_index()
+        log.crash(lose_unflushed=self.lose_unflushed)
+        if log.last_index() < before:
+            self.checker.after_crash(self.logs, log.last_index() + 1)
+
+    def most_unflushed(self) -> str | None:
+        """The live member with the most entries a power loss would take (None: nobody has any)."""
+        tails = [(self.logs[m].last_index() - self.logs[m].flushed_index(), m) for m in self.alive()]
+        tail, member = max(tails, default=(0, None))
+        return member if tail > 0 else None
+
+    def leader(self) -> str | None:
+        """The live member that leads the highest term, if any."""
+        leaders = [(self.node(m).term, m) for m in self.alive() if self.node(m).role is Role.LEADER]
+        return max(leaders)[1] if leaders else None
+
+    def propose(self, member: str, bodies: Sequence[bytes]) -> Proposed | Refused:
+        result = self.node(member).propose(bodies, self.now)
+        if isinstance(result, Proposed):
+            self._proposals[(member, result.first_index)] = tuple(bodies)
+        self._drain(member)
+        return result
+
+    def transfer_leadership(self, member: str, target: str) -> Refused | None:
+        refusal = self.node(member).transfer_leadership(target, self.now)
+        self._drain(member)
+        return refusal
+
+    # ------------------------------------------------------------------ stories (tests)
+
+    def run_until_leader(self, *, timeout: float, among: Sequence[str] | None = None, step: float = 0.01) -> str:
+        """Run until one live member (of `among`) leads and every live member it can reach follows it."""
+        deadline = self.now + timeout
+        while self.now < deadline:
+            self.run_until(self.now + step)
+            leaders = [
+                m for m in (among or self.members) if self.nodes[m] is not None and self.node(m).role is Role.LEADER
+            ]
+            if not leaders:
+                continue
+            leader = max(leaders, key=lambda m: self.node(m).term)
+            term = self.node(leader).term
+            reachable = [m for m in self.alive() if m != leader and self.network.connected(m, leader)]
+            if all(self.node(m).leader_id == leader and self.node(m).term == term for m in reachable):
+                return leader
+        raise AssertionError(f"no settled leader within {timeout} s: {self.describe()}")
+
+    def propose_and_wait(self, member: str, bodies: Sequence[bytes], *, timeout: float) -> ProposalStatus | Refused:
+        """Propose on `member` and run until the outcome is known (a Refused comes back at once)."""
+        result = self.propose(member, bodies)
+        if isinstance(result, Refused):
+            return result
+        key = (member, result.first_index)
+        deadline = self.now + timeout
+        while key not in self.results:
+            if self.now >= deadline or self.nodes[member] is None:
+                raise AssertionError(f"proposal {key} undecided after {timeout} s: {self.describe()}")
+            self.run_until(self.now + 0.01)
+        return self.results[key]
+
+    def describe(self) -> str:
+        parts = []
+        for member in self.members:
+            node = self.nodes[member]
+            if node is None:
+                parts.append(f"{member}: down")
+            else:
+                parts.append(f"{member}: {node.role.value} term {node.term} leader {node.leader_id} "
+                             f"last {node.last_index} commit {node.committed_index}")  # fmt: skip
+        return "; ".join(parts)
+
+    # ------------------------------------------------------------------ time
+
+    def run_until(self, until: float) -> None:
+        """Handle every event due up to `until` in time order, then set the clock to `until`."""
+        for _ in range(EVENTS_PER_RUN_MAX):
+            due = self._next_event_at()
+            if due > until:
+                self.now = max(self.now, until)
+                return
+            self.now = max(self.now, due)
+            self._handle_one()
+        raise AssertionError(f"livelock: {EVENTS_PER_RUN_MAX} events without reaching t={until}")
+
+    def _next_event_at(self) -> float:
+        return min(self.network.next_delivery_at(), min(self._deadline.values()), min(self._flush_at.values()))
+
+    def _handle_one(self) -> None:
+        self.events += 1
+        now = self.now
+        if self.network.next_delivery_at() <= now:
+            delivery = self.network.pop_due(now)
+            if delivery is not None and self.nodes[delivery.target] is not None:
+                self.node(delivery.target).step(delivery.message, now)
+                self._drain(delivery.target)
+            return
+        for member in self.members:
+            if self._flush_at[member] <= now:
+                self._flush_at[member] = math.inf
+                self.node(member).persisted(self.logs[member].flush(), now)
+                self._drain(member)
+                return
+            if self._deadline[member] <= now:
+                self.node(member).tick(now)
+                self._drain(member)
+                return
+
+    def _drain(self, member: str) -> None:
+        """Carry one Ready out, in the contract's order."""
+        node = self.node(member)
+        ready = node.ready()
+        self._deadline[member] = node.deadline()
+        log = self.logs[member]
+        if ready.hard_state is not None:
+            self.checker.on_hard_state(member, ready.hard_state)
+            log.save_hard_state(ready.hard_state)
+        if ready.truncate_after is not None:
+            self.checker.on_truncate(member, log, ready.truncate_after)
+            log.truncate(after_index=ready.truncate_after)
+        if ready.entries:
+            self.checker.on_append(member, log, ready.entries)
+            log.append(ready.entries)
+        if log.flushed_index() < log.last_index() and self._flush_at[member] == math.inf:
+            self._flush_at[member] = self.now + self.rng.uniform(*self.flush_delay_seconds)
+        for message in ready.messages:
+            self.checker.on_send(member, message)
+            self.network.send(member, message.target, message, self.now)
+        for change in ready.role_changes:
+            if isinstance(change, BecameLeader):
+                self.checker.on_leader(member, change.term)
+        if ready.committed_index is not None:
+            self.checker.on_commit(member, log, ready.committed_index)
+        for done in ready.proposals:
+            bodies = self._proposals.pop((member, done.first_index))
+            self.outcomes[done.status] += 1
+            self.results[(member, done.first_index)] = done.status
+            if done.status is ProposalStatus.SUCCESS:
+                self.checker.on_acked(member, done.first_index, bodies)
+                self.acked_count += len(bodies)

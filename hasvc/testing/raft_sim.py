@@ -1,0 +1,233 @@
+"""Randomised fault schedules for the Raft core, one seed at a time, and the CLI that runs many.
+
+    python -m hasvc.testing.raft_sim --seeds 100000 [--nodes 3|5] [--first-seed N]
+    python -m hasvc.testing.raft_sim --nodes 5 --seed 1234          # replay one seed, verbosely
+
+A seed fixes everything: the settings (flush_sync or not, batch and in-flight limits, pre-vote and
+check-quorum sometimes off, network loss, duplication and reordering), the clients' proposals and
+the faults (crashes that lose unflushed entries, restarts, partitions that come and go, leadership
+transfers). A chaos phase of ``chaos_seconds`` is followed by a settle phase: the network heals,
+every member restarts, and within ``settle_seconds_max`` a leader must commit a final proposal and
+every member must hold the same committed log. The ``RaftChecker`` runs after every step. A
+failure prints the one command that replays it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import sys
+import time
+
+from hasvc.state.raft.config import RaftConfig
+from hasvc.state.raft.ready import Proposed
+from hasvc.testing.checker import SafetyViolation
+from hasvc.testing.network import NetworkConfig
+from hasvc.testing.raft_cluster import SimCluster
+
+# Simulated seconds of faults per seed, and the most a healed cluster may take to agree again.
+CHAOS_SECONDS = 2.0
+SETTLE_SECONDS_MAX = 20.0
+PROGRESS_EVERY = 1000  # seeds between progress lines on stderr
+
+
+class LivenessFailure(AssertionError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SeedSettings:
+    config: RaftConfig
+    network: NetworkConfig
+    client_interval_seconds: float  # mean time between proposals
+    fault_interval_seconds: float  # mean time between faults
+    flush_delay_seconds: tuple[float, float]  # a flush completes this long after an append
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SeedReport:
+    seed: int
+    nodes: int
+    events: int
+    crashes: int
+    acked: int
+    committed: int
+    leaders: int  # terms that had a leader
+    outcomes: dict[str, int]
+
+
+def settings_for(rng: random.Random) -> SeedSettings:
+    config = RaftConfig(
+        heartbeat_interval_seconds=0.075,
+        election_timeout_min_seconds=0.3,
+        election_timeout_max_seconds=0.6,
+        push_timeout_seconds=0.1,
+        quorum_ack_timeout_seconds=rng.choice([0.2, 0.5, 2.5]),
+        push_batch_size_max=rng.choice([1, 40, 4096]),
+        push_in_flight_max=rng.choice([1, 3, 1000]),
+        pending_max=rng.choice([4, 10_000]),
+        flush_sync=rng.random() < 0.5,
+        pre_vote=rng.random() < 0.85,
+        check_quorum=rng.random() < 0.85,
+        preferred_leader_id="n0" if rng.random() < 0.2 else None,
+    )
+    network = NetworkConfig(
+        delay_min_seconds=0.0005,
+        delay_max_seconds=rng.choice([0.002, 0.02]),
+        drop_probability=rng.choice([0.0, 0.02, 0.1]),
+        duplicate_probability=rng.choice([0.0, 0.05]),
+        straggler_probability=rng.choice([0.0, 0.05]),
+        straggler_delay_seconds=0.2,
+        fifo=rng.random() < 0.5,
+    )
+    flush = rng.choice([(0.002, 0.010), (0.01, 0.05)])  # DLedger flushes every 10 ms; a slow disk
+    return SeedSettings(config, network, rng.choice([0.03, 0.08]), rng.choice([0.15, 0.4]), flush)
+
+
+def _client(cluster: SimCluster, rng: random.Random, counter: list[int]) -> None:
+    alive = cluster.alive()
+    if not alive:
+        return
+    leader = cluster.leader()
+    target = leader if leader is not None and rng.random() < 0.85 else rng.choice(alive)
+    bodies = []
+    for _ in range(rng.randint(1, 3)):
+        counter[0] += 1
+        bodies.append(f"p{counter[0]}".encode())
+    cluster.propose(target, bodies)
+
+
+def _fault(cluster: SimCluster, rng: random.Random) -> None:
+    alive, down = cluster.alive(), [m for m in cluster.members if cluster.nodes[m] is None]
+    roll = rng.random()
+    if roll < 0.25 and len(alive) > 1:
+        leader, unflushed = cluster.leader(), cluster.most_unflushed()
+        pick = rng.random()
+        if pick < 0.4 and leader is not None:
+            cluster.crash(leader)
+        elif pick < 0.6 and unflushed is not None:
+            cluster.crash(unflushed)  # the worst moment for a power loss
+        else:
+            cluster.crash(rng.choice(alive))
+    elif roll < 0.5 and down:
+        cluster.start(rng.choice(down))
+    elif roll < 0.65:
+        members = list(cluster.members)
+        rng.shuffle(members)
+        cut = rng.randint(1, len(members) - 1)
+        cluster.network.partition(members[:cut], members[cut:])
+    elif roll < 0.75 and cluster.leader() is not None:
+        cluster.network.partition([cluster.leader()])  # the leader alone on its side
+    elif roll < 0.9:
+        cluster.network.heal()
+    elif cluster.leader() is not None:
+        cluster.transfer_leadership(cluster.leader(), rng.choice(cluster.members))
+
+
+def _settle(cluster: SimCluster) -> None:
+    """Heal, restart everyone; a leader must commit a last proposal and all logs must agree."""
+    cluster.network.heal()
+    for member in cluster.members:
+        if cluster.nodes[member] is None:
+            cluster.start(member)
+    deadline = cluster.now + SETTLE_SECONDS_MAX
+    probe: tuple[str, int] | None = None
+    while cluster.now < deadline:
+        cluster.run_until(cluster.now + 0.05)
+        leader = cluster.leader()
+        if probe is None or cluster.nodes[probe[0]] is None or cluster.node(probe[0]).role.value != "LEADER":
+            probe = None
+            if leader is not None:
+                result = cluster.propose(leader, [b"probe-%d" % cluster.events])
+                probe = (leader, result.last_index) if isinstance(result, Proposed) else None
+            continue
+        index = probe[1]
+        nodes = [cluster.node(m) for m in cluster.members]
+        if all(n.committed_index >= index for n in nodes):
+            logs = [cluster.logs[m].entries[: index + 1] for m in cluster.members]
+            if all(log == logs[0] for log in logs):
+                return
+    raise LivenessFailure(f"no agreement {SETTLE_SECONDS_MAX} s after healing: "
+                          + ", ".join(f"{m}: {cluster.node(m).role.value} term {cluster.node(m).term} "
+                                      f"last {cluster.node(m).last_index} commit {cluster.node(m).committed_index}"
+                                      for m in cluster.members))  # fmt: skip
+
+
+def run_seed(seed: int, nodes: int = 3) -> SeedReport:
+    """One seed's schedule; raises SafetyViolation, LivenessFailure or AssertionError on a bug."""
+    rng = random.Random(f"raft-sim-{nodes}-{seed}")
+    settings = settings_for(rng)
+    members = [f"n{i}" for i in range(nodes)]
+    cluster = SimCluster(seed=f"{nodes}-{seed}", members=members, config=settings.config, network=settings.network,
+                         flush_delay_seconds=settings.flush_delay_seconds)  # fmt: skip
+    counter = [0]
+    next_client = rng.expovariate(1 / settings.client_interval_seconds)
+    next_fault = rng.expovariate(1 / settings.fault_interval_seconds)
+    while True:
+        at = min(next_client, next_fault)
+        if at >= CHAOS_SECONDS:
+            break
+        cluster.run_until(at)
+        if at == next_client:
+            _client(cluster, rng, counter)
+            next_client += rng.expovariate(1 / settings.client_interval_seconds)
+        else:
+            _fault(cluster, rng)
+            next_fault += rng.expovariate(1 / settings.fault_interval_seconds)
+    cluster.run_until(CHAOS_SECONDS)
+    _settle(cluster)
+    cluster.checker.final()
+    return SeedReport(seed, nodes, cluster.events, cluster.crashes, cluster.acked_count, len(cluster.checker.committed),
+                      len(cluster.checker.leaders), {s.value: n for s, n in cluster.outcomes.items()})  # fmt: skip
+
+
+def replay_command(seed: int, nodes: int) -> str:
+    return f"python -m hasvc.testing.raft_sim --nodes {nodes} --seed {seed}"
+
+
+def run_seeds(first: int, count: int, nodes: int) -> list[SeedReport]:
+    """Run seeds first..first+count-1; on a failure raise it with the replay command in the message."""
+    reports = []
+    for seed in range(first, first + count):
+        try:
+            reports.append(run_seed(seed, nodes))
+        except AssertionError as error:  # SafetyViolation, LivenessFailure, a core invariant
+            raise AssertionError(
+                f"seed {seed} ({nodes} nodes) failed: {error!r}\nreplay: {replay_command(seed, nodes)}"
+            ) from error
+    return reports
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to run")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, help="replay this one seed and print its report")
+    parser.add_argument("--nodes", type=int, choices=(3, 5), default=3)
+    args = parser.parse_args(argv)
+    if args.seed is not None:
+        print(run_seed(args.seed, args.nodes))
+        return 0
+    started = time.monotonic()
+    events = acked = 0
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        try:
+            report = run_seed(seed, args.nodes)
+        except (SafetyViolation, LivenessFailure, AssertionError) as error:
+            print(f"FAIL seed {seed} ({args.nodes} nodes): {error!r}", file=sys.stderr)
+            print(f"replay: {replay_command(seed, args.nodes)}", file=sys.stderr)
+            return 1
+        events += report.events
+        acked += report.acked
+        done = seed - args.first_seed + 1
+        if done % PROGRESS_EVERY == 0:
+            print(f"... {done} seeds, {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    elapsed = time.monotonic() - started
+    print(f"OK {args.seeds} seeds ({args.first_seed}..{args.first_seed + args.seeds - 1}), {args.nodes} nodes, "
+          f"{events} events, {acked} acknowledged entries, {elapsed:.1f} s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""Election at the core level: DLedger's vote checks in order, votes saved before they are sent,
+pre-vote, the leader lease and check-quorum (rocketmq-notes §8.5; DLedger LeaderElectorTest and
+VoteRequestTest)."""
+
+import random
+
+import pytest
+
+from hasvc.state.raft import DLEDGER_DEFAULTS, ETCD_LIKE, Entry, HardState, RaftConfig, RaftNode, Ready, Role
+from hasvc.state.raft.messages import Heartbeat, VoteRequest, VoteResponse, VoteResult
+from hasvc.testing.log import SimLog
+from hasvc.testing.network import NetworkConfig
+from hasvc.testing.raft_cluster import SimCluster
+
+MEMBERS = ("n0", "n1", "n2")
+QUIET = NetworkConfig(delay_min_seconds=0.001, delay_max_seconds=0.005, fifo=True)  # as over TCP
+
+
+def make_node(*, terms=(1, 1, 2), term=3, voted_for=None, config=DLEDGER_DEFAULTS, self_id="n0"):
+    log = SimLog()
+    log.append([Entry(i, t, b"e%d" % i) for i, t in enumerate(terms)])
+    log.flush()
+    log.save_hard_state(HardState(term, voted_for, -1))
+    node = RaftNode(self_id=self_id, members=MEMBERS, log=log, config=config, rng=random.Random(1), now=0.0)
+    return node, log
+
+
+def carry_out(node: RaftNode, log: SimLog) -> Ready:
+    ready = node.ready()
+    if ready.hard_state is not None:
+        log.save_hard_state(ready.hard_state)
+    if ready.truncate_after is not None:
+        log.truncate(after_index=ready.truncate_after)
+    log.append(ready.entries)
+    return ready
+
+
+def vote(node, log, *, source="n1", term=4, end_index=2, end_term=2, pre_vote=False, transfer=False, now=0.0):
+    node.step(VoteRequest(source, "n0", term, end_index, end_term, pre_vote, transfer), now)
+    ready = carry_out(node, log)
+    (response,) = [m for m in ready.messages if isinstance(m, VoteResponse)]
+    return response, ready
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "expected"),
+    [
+        # Each case breaks the named rule and every later one: the earlier check answers.
+        ({"source": "n9", "term": 1, "end_term": 0}, VoteResult.REJECT_UNKNOWN_LEADER),
+        ({"source": "n0", "term": 1, "end_term": 0}, VoteResult.REJECT_UNEXPECTED_LEADER),
+        ({"term": 1, "end_term": 1, "end_index": 10}, VoteResult.REJECT_EXPIRED_LEDGER_TERM),
+        ({"term": 1, "end_term": 2, "end_index": 1}, VoteResult.REJECT_SMALL_LEDGER_END_INDEX),
+        ({"term": 2}, VoteResult.REJECT_EXPIRED_VOTE_TERM),
+        ({"term": 4}, VoteResult.ACCEPT),
+    ],
+)
+def test_vote_checks_come_in_dledger_order(request_fields, expected):
+    node, log = make_node()
+    response, _ = vote(node, log, **request_fields)
+    assert response.result is expected
+
+
+def test_a_vote_is_saved_in_the_same_ready_before_the_response_and_given_once_per_term():
+    node, log = make_node()
+    response, ready = vote(node, log, source="n1", term=4)
+    assert response.result is VoteResult.ACCEPT and response.term == 4
+    assert ready.hard_state == HardState(4, "n1", -1)  # the driver fsyncs this before sending
+    again, ready = vote(node, log, source="n1", term=4)  # a duplicated request
+    assert again.result is VoteResult.ACCEPT and ready.hard_state is None
+    other, _ = vote(node, log, source="n2", term=4, end_index=7)
+    assert other.result is VoteResult.REJECT_ALREADY_VOTED
+
+
+def test_a_restarted_member_remembers_its_vote():
+    node, log = make_node()
+    vote(node, log, source="n1", term=4)
+    restarted = RaftNode(self_id="n0", members=MEMBERS, log=log, config=RaftConfig(), rng=random.Random(2), now=5.0)
+    assert (restarted.term, restarted.voted_for) == (4, "n1")
+    response, _ = vote(restarted, log, source="n2", term=4, end_index=9, now=5.0)
+    assert response.result is VoteResult.REJECT_ALREADY_VOTED
+
+
+def test_pre_vote_changes_no_term_and_saves_nothing():
+    node, log = make_node()
+    response, ready = vote(node, log, source="n1", term=4, pre_vote=True)
+    assert response.result is VoteResult.ACCEPT and response.pre_vote and response.term == 4
+    assert ready.hard_state is None and node.term == 3 and node.voted_for is None
+
+
+def test_a_member_that_hears_a_leader_refuses_newcomers_unless_the_leader_hands_over():
+    node, log = make_node()
+    node.step(Heartbeat("n1", "n0", 3, -1), 0.0)
+    carry_out(node, log)
+    assert (node.role, node.leader_id) == (Role.FOLLOWER, "n1")
+    response, _ = vote(node, log, source="n2", term=4, now=0.5)
+    assert response.result is VoteResult.REJECT_LEADER_LEASE and node.term == 3
+    response, _ = vote(node, log, source="n2", term=4, transfer=True, now=0.5)
+    assert response.result is VoteResult.ACCEPT and node.term == 4
+
+
+def test_without_check_quorum_there_is_no_lease():
+    node, log = make_node(config=RaftConfig(check_quorum=False))
+    node.step(Heartbeat("n1", "n0", 3, -1), 0.0)
+    carry_out(node, log)
+    response, _ = vote(node, log, source="n2", term=4, now=0.5)
+    assert response.result is VoteResult.ACCEPT
+
+
+def test_a_single_member_leads_and_keeps_its_term_across_restarts():
+    cluster = SimCluster(seed=1, members=("n0",), config=ETCD_LIKE, network=QUIET)
+    assert cluster.run_until_leader(timeout=5) == "n0"
+    term = cluster.node("n0").term
+    assert term == 1
+    assert cluster.propose_and_wait("n0", [b"a"], timeout=1).value == "SUCCESS"
+    cluster.crash("n0")
+    cluster.start("n0")
+    assert cluster.node("n0").term == term and cluster.node("n0").role is Role.FOLLOWER
+    cluster.run_until_leader(timeout=5)
+    assert cluster.node("n0").term == term + 1
+
+
+def test_three_members_elect_one_leader_that_the_others_follow():
+    cluster = SimCluster(seed=2, config=ETCD_LIKE, network=QUIET)
+    leader = cluster.run_until_leader(timeout=10)
+    term = cluster.node(leader).term
+    cluster.run_until(cluster.now + 5)  # a healthy group stays put
+    assert cluster.leader() == leader and cluster.node(leader).term == term
+    assert all(cluster.node(m).leader_id == leader for m in MEMBERS)
+
+
+def test_after_the_leader_dies_another_takes_over_and_the_old_one_rejoins_as_follower():
+    cluster = SimCluster(seed=3, config=ETCD_LIKE, network=QUIET)
+    old = cluster.run_until_leader(timeout=10)
+    old_term = cluster.node(old).term
+    cluster.crash(old)
+    started = cluster.now
+    new = cluster.run_until_leader(timeout=10)
+    assert new != old and cluster.node(new).term > old_term
+    # Detection (election timeout, at most 2 s here) plus a pre-vote and a vote round.
+    assert cluster.now - started < ETCD_LIKE.election_timeout_max_seconds + 1.0
+    cluster.start(old)
+    assert cluster.run_until_leader(timeout=5) == new
+    assert cluster.node(old).leader_id == new
+
+
+def test_a_restarted_follower_leaves_leader_and_term_alone():
+    cluster = SimCluster(seed=4, config=ETCD_LIKE, network=QUIET)
+    leader = cluster.run_until_leader(timeout=10)
+    term = cluster.node(leader).term
+    follower = next(m for m in MEMBERS if m != leader)
+    cluster.crash(follower)
+    cluster.run_until(cluster.now + 3)
+    cluster.start(follower)
+    cluster.run_until(cluster.now + 3)
+    assert cluster.leader() == leader and cluster.node(leader).term == term
+    assert cluster.node(follower).leader_id == leader
+
+
+def partition_a_follower_and_heal(config: RaftConfig) -> tuple[str, int, str, int]:
+    cluster = SimCluster(seed=5, config=config, network=QUIET)
+    leader = cluster.run_until_leader(timeout=10)
+    term = cluster.node(leader).term
+    follower = next(m for m in MEMBERS if m != leader)
+    cluster.network.partition([follower])
+    cluster.run_until(cluster.now + 10)  # the lonely follower times out again and again
+    cluster.network.heal()
+    cluster.run_until(cluster.now + 5)
+    new_leader = cluster.run_until_leader(timeout=10)
+    return leader, term, new_leader, cluster.node(new_leader).term
+
+
+def test_a_follower_partitioned_away_and_back_does_not_depose_a_healthy_leader():
+    leader, term, new_leader, new_term = partition_a_follower_and_heal(ETCD_LIKE)
+    assert (new_leader, new_term) == (leader, term)
+
+
+def test_without_pre_vote_and_check_quorum_the_returning_follower_disrupts_the_group():
+    import dataclasses
+
+    leader, term, _, new_term = partition_a_follower_and_heal(
+        dataclasses.replace(ETCD_LIKE, pre_vote=False, check_quorum=False)
+    )
+    assert new_term > term  # what pre-vote and the lease prevent
+
+
+def test_a_partitioned_leader_steps_down_and_rejoins_with_its_uncommitted_tail_cut():
+    cluster = SimCluster(seed=6, config=ETCD_LIKE, network=QUIET)
+    old = cluster.run_until_leader(timeout=10)
+    assert cluster.propose_and_wait(old, [b"before"], timeout=2).value == "SUCCESS"
+    cluster.network.partition([old])
+    stranded = cluster.propose(old, [b"stranded-1", b"stranded-2"])  # no quorum: never acknowledged
+    cluster.run_until(cluster.now + ETCD_LIKE.election_timeout_min_seconds + 2 * ETCD_LIKE.heartbeat_interval_seconds)
+    assert cluster.node(old).role is Role.FOLLOWER  # check-quorum
+    assert cluster.results[(old, stranded.first_index)].value == "TERM_CHANGED"
+    new = cluster.run_until_leader(timeout=10, among=[m for m in MEMBERS if m != old])
+    assert cluster.propose_and_wait(new, [b"after"], timeout=2).value == "SUCCESS"
+    cluster.network.heal()
+    assert cluster.run_until_leader(timeout=10) == new
+    cluster.run_until(cluster.now + 1)
+    bodies = [e.body for e in cluster.logs[old].entries]
+    assert b"stranded-1" not in bodies and b"after" in bodies
+    assert cluster.logs[old].entries == cluster.logs[new].entries

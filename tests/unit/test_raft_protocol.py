@@ -1,0 +1,146 @@
+"""The Raft wire codec: every message fed whole, one byte at a time and followed by the next frame;
+hypothesis round trips; garbage raises ProtocolError and nothing else."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hasvc.protocol import raft as rp
+from hasvc.protocol.wire import ProtocolError
+from hasvc.state.raft import Entry
+from hasvc.state.raft.messages import (
+    Heartbeat,
+    HeartbeatResponse,
+    HeartbeatResult,
+    Push,
+    PushResponse,
+    PushResult,
+    PushType,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
+
+HELLO = rp.Hello("group-a", "n0", "n1")
+terms = st.integers(0, 2**63 - 1)
+indexes = st.integers(-1, 2**63 - 1)
+entries = st.lists(st.builds(Entry, st.integers(0, 2**62), terms, st.binary(max_size=64)), max_size=4).map(tuple)
+messages = st.one_of(
+    st.builds(VoteRequest, st.just("n0"), st.just("n1"), terms, indexes, indexes, st.booleans(), st.booleans()),
+    st.builds(VoteResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(VoteResult), st.booleans()),
+    st.builds(Heartbeat, st.just("n0"), st.just("n1"), terms, indexes),
+    st.builds(HeartbeatResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(HeartbeatResult)),
+    st.builds(Push, st.just("n0"), st.just("n1"), terms, st.sampled_from(PushType), indexes, indexes, indexes, entries),
+    st.builds(
+        PushResponse,
+        st.just("n0"),
+        st.just("n1"),
+        terms,
+        st.sampled_from(PushType),
+        st.sampled_from(PushResult),
+        indexes,
+        indexes,
+        indexes,
+        indexes,
+        indexes,
+    ),  # fmt: skip
+    st.builds(TimeoutNow, st.just("n0"), st.just("n1"), terms),
+)
+SAMPLES = [
+    VoteRequest("n0", "n1", 3, 10, 2, pre_vote=True),
+    VoteResponse("n0", "n1", 3, VoteResult.REJECT_LEADER_LEASE),
+    Heartbeat("n0", "n1", 3, 9),
+    HeartbeatResponse("n0", "n1", 3, HeartbeatResult.EXPIRED_TERM),
+    Push("n0", "n1", 3, PushType.APPEND, 7, 2, 6, (Entry(7, 3, b"abc"), Entry(8, 3, b""))),
+    PushResponse("n0", "n1", 3, PushType.COMPARE, PushResult.MISMATCH, 7, -1, 0, 9, 2),
+    TimeoutNow("n0", "n1", 3),
+]
+
+
+def decode_all(data: bytes, *, piece: int | None = None) -> list:
+    decoder = rp.RaftDecoder()
+    events = []
+    pieces = [data] if piece is None else [data[i : i + piece] for i in range(0, len(data), piece)]
+    for chunk in pieces:
+        decoder.receive_data(chunk)
+        while (event := decoder.next_event()) is not None:
+            events.append(event)
+    return events
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+def test_each_message_whole_byte_by_byte_and_followed_by_another(message):
+    data = rp.encode_hello(HELLO) + rp.encode(message)
+    assert decode_all(data) == [HELLO, message]
+    assert decode_all(data, piece=1) == [HELLO, message]
+    assert decode_all(data + rp.encode(message)) == [HELLO, message, message]
+
+
+def test_header_sizes():
+    assert rp.encode(TimeoutNow("n0", "n1", 5)) == b"\x00\x00\x00\x09\x07" + (5).to_bytes(8, "big")
+    assert len(rp.encode(Heartbeat("n0", "n1", 1, 1))) == 5 + 16
+
+
+@given(st.lists(messages, max_size=5), st.integers(1, 50))
+def test_round_trip(batch, piece):
+    data = rp.encode_hello(HELLO) + b"".join(rp.encode(m) for m in batch)
+    assert decode_all(data) == [HELLO, *batch]
+    assert decode_all(data, piece=piece) == [HELLO, *batch]
+
+
+@given(st.binary(max_size=200))
+def test_garbage_raises_protocol_error_only(data):
+    try:
+        decode_all(data)
+    except ProtocolError:
+        pass
+
+
+@given(st.binary(max_size=120))
+def test_garbage_after_hello_raises_protocol_error_only(data):
+    try:
+        decode_all(rp.encode_hello(HELLO) + data)
+    except ProtocolError:
+        pass
+
+
+@given(messages, st.integers(0, 200), st.integers(0, 255))
+def test_a_flipped_byte_raises_protocol_error_or_decodes(message, position, value):
+    data = bytearray(rp.encode_hello(HELLO) + rp.encode(message))
+    data[position % len(data)] = value
+    try:
+        decode_all(bytes(data))
+    except ProtocolError:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (rp.encode(TimeoutNow("n0", "n1", 1)), "before HELLO"),
+        (rp.encode_hello(HELLO) * 2, "a second HELLO"),
+        (rp.encode_hello(rp.Hello("g", "a", "b", version=9)), "version 9"),
+        (rp.encode_hello(HELLO) + b"\x00\x00\x00\x01\x63", "unknown Raft frame kind 99"),
+        (rp.encode_hello(HELLO) + b"\xff\xff\xff\xff\x01", "frame of 4294967295 bytes"),
+        (
+            rp.encode_hello(HELLO)
+            + rp.encode(Heartbeat("n0", "n1", 1, 1))[:-1].replace(b"\x00\x00\x00\x11", b"\x00\x00\x00\x10", 1),
+            "middle of a field",
+        ),  # fmt: skip
+        (rp.encode_hello(HELLO) + b"\x00\x00\x00\x0a\x07" + (1).to_bytes(8, "big") + b"x", "unexpected bytes"),
+        (rp.encode_hello(HELLO) + b"\x00\x00\x00\x09\x07" + (-3).to_bytes(8, "big", signed=True), "negative term"),
+        (
+            rp.encode_hello(HELLO) + rp.encode(VoteResponse("n0", "n1", 1, VoteResult.ACCEPT))[:-2] + b"\x63\x00",
+            "not a VoteResult",
+        ),  # fmt: skip
+    ],
+)
+def test_bad_frames_are_named(data, message):
+    with pytest.raises(ProtocolError, match=message):
+        decode_all(data)
+
+
+def test_ids_must_fit_one_length_byte():
+    with pytest.raises(ValueError, match="1..255 bytes"):
+        rp.encode_hello(rp.Hello("g" * 256, "n0", "n1"))

@@ -132,8 +132,8 @@ def run_seed(seed: int, *, mutation: str = "") -> SeedReport:
                       dict(cluster.outcomes))  # fmt: skip
 
 
-def replay_command(seed: int) -> str:
-    return f"python -m hasvc.testing.classic_sim --seed {seed}"
+def replay_command(seed: int, mutation: str = "") -> str:
+    return f"python -m hasvc.testing.classic_sim --seed {seed}" + (f" --mutation {mutation}" if mutation else "")
 
 
 def run_seeds(first: int, count: int, *, mutation: str = "") -> list[SeedReport]:
@@ -143,7 +143,7 @@ def run_seeds(first: int, count: int, *, mutation: str = "") -> list[SeedReport]
         try:
             reports.append(run_seed(seed, mutation=mutation))
         except AssertionError as error:
-            raise AssertionError(f"seed {seed} failed: {error!r}\nreplay: {replay_command(seed)}") from error
+            raise AssertionError(f"seed {seed} failed: {error!r}\nreplay: {replay_command(seed, mutation)}") from error
     return reports
 
 

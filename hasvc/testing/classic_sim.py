@@ -82,6 +82,9 @@ class Schedule:
             cluster.network.heal()
         else:
             name = rng.choice(list(cluster.brokers))
+            if not cluster.brokers[name].role.is_slave and cluster.network.partitioned:
+                cluster.network.heal()  # operator rule: no master is killed while a slave is cut off
+                return
             self.down_was_master = not cluster.brokers[name].role.is_slave
             self.power_loss = rng.random() < 0.5
             cluster.crash(name, power_loss=self.power_loss)

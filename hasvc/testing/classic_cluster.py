@@ -429,7 +429,7 @@ class ClassicCluster:
         broker = self.brokers[name]
         assert broker.up
         broker.up = False
-        for wait in broker.pending:  # the clients see the connection close: no answer
+        for _wait in broker.pending:  # the clients see the connection close: no answer
             self._outcome("NO_ANSWER")
         broker.pending = []
         broker.log.crash(self.rng, lose_unflushed=power_loss)

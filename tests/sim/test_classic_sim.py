@@ -10,7 +10,7 @@ import random
 import pytest
 
 from hasvc.config import BrokerRole
-from hasvc.testing.classic_cluster import ClassicCluster, SafetyViolation
+from hasvc.testing.classic_cluster import ClassicCluster
 from hasvc.testing.classic_sim import run_seeds
 from hasvc.testing.network import NetworkConfig
 

@@ -442,6 +442,17 @@ class MessageStore:
             raise StoreError(f"cannot take writes: {self.dispatch_error}")
         self.commit_log.topic_queue_table = self.consume_queues.queue_offset_table()
 
+    def open_epoch(self, epoch: int) -> None:
+        """A new master's epoch, starting at the log's end. Entries a slave adopted from its
+        master that start past its own end (it had not caught up to them: that master's bytes
+        from there on are not in this log) are cut first; without that the history could not
+        grow and the promotion failed (found by the classic cluster simulation)."""
+        end = self.commit_log.max_offset
+        kept = [entry for entry in self.epochs.entries if entry.start_offset <= end]
+        if len(kept) < len(self.epochs.entries):
+            self.epochs.replace(kept)
+        self.epochs.append(epoch, end)
+
     def last_record_end(self) -> int:
         """The end of the last complete, valid record: a slave's log may end in the middle of a
         record (frames are cut by size), and a new master must start after whole records."""

@@ -148,7 +148,7 @@ class Broker:
                 LOGGER.warning("promote: cutting a partial record [%d, %d)", end, self.store.commit_log.max_wrote_offset)
                 await trio.to_thread.run_sync(self.store.truncate, end)
             await trio.to_thread.run_sync(self.store.resume_queue_offsets)
-            self.store.epochs.append(promotion.epoch, self.store.commit_log.max_offset)
+            self.store.open_epoch(promotion.epoch)
             await self._rebuild_producer_table()
         await self._carry_out(self.role_state.finish_promotion(promotion))
         LOGGER.warning("promoted to %s: epoch %d from offset %d", role.value, promotion.epoch, self.store.commit_log.max_offset)

@@ -9,6 +9,7 @@ import pytest
 from commitlog import record as rec
 from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import CQ_UNIT
+from commitlog.epoch import EpochEntry
 from commitlog.mapped_file import StoreError, segment_name
 from commitlog.services import StoreServices
 from commitlog.store import MessageStore, disk_used_ratio
@@ -350,3 +351,18 @@ def test_disk_used_ratio_is_what_df_shows(monkeypatch):
     assert disk_used_ratio("/anywhere") == pytest.approx(37 / 102)
     monkeypatch.setattr(os, "statvfs", lambda path: types.SimpleNamespace(f_blocks=100, f_bfree=0, f_bavail=0))
     assert disk_used_ratio("/anywhere") == 1.0
+
+
+def test_a_new_epoch_cuts_adopted_entries_past_the_log_end(tmp_path, small_config):
+    """A slave that adopted its master's epochs before catching up holds an entry starting past
+    its own end; promoting it opens the new epoch at its end all the same."""
+    with MessageStore.open(str(tmp_path), small_config) as store:
+        fill(store, 10)
+        end = store.commit_log.max_offset
+        store.epochs.replace([EpochEntry(1, 0), EpochEntry(2, end), EpochEntry(3, end + 5000)])
+        with pytest.raises(ValueError, match="must grow"):
+            store.epochs.append(4, end)  # what promote did before
+        store.open_epoch(4)
+        assert store.epochs.entries == [EpochEntry(1, 0), EpochEntry(2, end), EpochEntry(4, end)]
+    with MessageStore.open(str(tmp_path), small_config) as store:
+        assert store.epochs.entries == [EpochEntry(1, 0), EpochEntry(2, end), EpochEntry(4, end)]

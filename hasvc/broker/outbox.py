@@ -42,9 +42,18 @@ class Outbox:
     async def reserve(self) -> None:
         # No checkpoint while there is room: a yield per frame let the rest of the read's frames
         # wait behind every other task and cost a scheduler pass per message.
+        await self.wait_room()
+        self.in_flight += 1
+
+    def take_place(self) -> None:
+        """``reserve`` for a caller that checked ``full`` and must not wait (a shared reader)."""
+        assert self.in_flight < self.in_flight_max, "no room: check full first"
+        self.in_flight += 1
+
+    async def wait_room(self) -> None:
+        """Until a place is free (no checkpoint when one is)."""
         while self.full:
             await self._room.wait()
-        self.in_flight += 1
 
     def respond(self, frame: client_protocol.Frame, payload: bytes) -> None:
         self._parts.append(client_protocol.FRAME_HEADER.pack(len(payload) + 5, frame.kind | client_protocol.RESPONSE_BIT, frame.request_id))

@@ -282,17 +282,20 @@ class ReadinessGroup:
             pass
 
     async def wait(self) -> list:
-        """The members readable now, after waiting (a checkpoint) until at least one may be.
-        Can return an empty list: whoever took a member's bytes meanwhile left nothing."""
-        await trio.lowlevel.wait_readable(self._epoll.fileno())
+        """The members readable now; a checkpoint. Asks the set first and waits in trio only
+        when nothing is readable: a busy group (a connection streaming batches) is read again
+        after one yield, as a receive that finds bytes is, not after a trio wait (an
+        ``epoll_ctl``, trio's ``epoll_wait`` and a second look at the set per pass cost 10-15 %
+        at 32-message batches on one connection). Can return an empty list, and a member
+        reported may have nothing left by the time it is read."""
         members = self._members
-        ready = []
-        for fd, _events in self._epoll.poll(0, max(1, len(members))):
-            member = members.get(fd)
-            if member is None:  # cannot happen while members are discarded before they close
-                raise AssertionError(f"descriptor {fd} reported by the group but not a member")
-            ready.append(member)
-        return ready
+        events = self._epoll.poll(0, max(1, len(members)))
+        if events:
+            await trio.lowlevel.checkpoint()  # members may leave (or join) during the yield
+        else:
+            await trio.lowlevel.wait_readable(self._epoll.fileno())
+            events = self._epoll.poll(0, max(1, len(members)))
+        return [member for fd, _events in events if (member := members.get(fd)) is not None]
 
     def close(self) -> None:
         self._members.clear()

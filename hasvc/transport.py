@@ -249,11 +249,11 @@ class Connection:
 class ReadinessGroup:
     """Many plain TCP sockets waited on by one task. The group is an epoll set of its own,
     level-triggered, each socket registered once (``add``) until it leaves (``discard``);
-    ``wait`` waits in trio for the set's descriptor alone, then asks the set which members are
-    readable. A task per socket instead cost a trio wait per receive: a ``read`` that finds
-    nothing, an ``epoll_ctl`` to arm trio's one-shot registration, a task switch and the
-    coroutine chain resumed (~20 us a receive on this VM), where the group pays one wait per
-    pass over every socket ready in it.
+    ``wait`` asks the set which members are readable and, when none is, waits in trio for the
+    set's descriptor alone. A task per socket instead cost a trio wait per receive: a ``read``
+    that finds nothing, an ``epoll_ctl`` to arm trio's one-shot registration, a task switch and
+    the coroutine chain resumed (~20 us a receive on this VM), where the group pays at most one
+    wait per pass over every socket ready in it.
 
     Members are keyed by descriptor number: a member must be discarded before its socket is
     closed (the number is soon given to another socket). Level-triggered: a member whose bytes

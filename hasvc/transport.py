@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import select
 import socket
 import ssl
 
@@ -151,6 +152,27 @@ class Connection:
                 await trio.lowlevel.cancel_shielded_checkpoint()  # a yield that cannot lose them
             return data
 
+    def take_buffered(self) -> bytes:
+        """What an earlier receive read ahead and nobody took yet (b"" if nothing): a reader that
+        goes on with ``receive_now`` must start from these bytes."""
+        data, self._pending = bytes(self._pending), bytearray()
+        return data
+
+    def receive_now(self, size_max: int = RECEIVE_SIZE) -> bytes | None:
+        """One non-blocking receive straight from the descriptor (plain TCP only: ``raw_fileno``
+        >= 0 when the caller started): what has arrived, up to ``size_max`` bytes; b"" at the end
+        of the stream; None when nothing has. Never waits and never yields: for a caller that
+        learnt readiness elsewhere (``ReadinessGroup``)."""
+        fd = self._socket.fileno()
+        if fd < 0:
+            raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
+        try:
+            return os.read(fd, size_max)
+        except BlockingIOError:
+            return None
+        except OSError as error:
+            raise trio.BrokenResourceError(f"receive from {self.peer}: {error}") from error
+
     async def receive_exactly(self, size: int, *, read_ahead: bool = True) -> bytes:
         """``size`` bytes. Without ``read_ahead`` nothing past them is taken from the kernel: a
         slave reads a frame header so, and the frame's bytes then go straight into its frame
@@ -222,6 +244,62 @@ class Connection:
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)
+
+
+class ReadinessGroup:
+    """Many plain TCP sockets waited on by one task. The group is an epoll set of its own,
+    level-triggered, each socket registered once (``add``) until it leaves (``discard``);
+    ``wait`` asks the set which members are readable and, when none is, waits in trio for the
+    set's descriptor alone. A task per socket instead cost a trio wait per receive: a ``read``
+    that finds nothing, an ``epoll_ctl`` to arm trio's one-shot registration, a task switch and
+    the coroutine chain resumed (~20 us a receive on this VM), where the group pays at most one
+    wait per pass over every socket ready in it.
+
+    Members are keyed by descriptor number: a member must be discarded before its socket is
+    closed (the number is soon given to another socket). Level-triggered: a member whose bytes
+    were not all taken is reported again; one that must not be (it cannot take more now) is
+    discarded until it can."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._members: dict[int, object] = {}
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def add(self, fd: int, member: object) -> None:
+        assert fd >= 0 and fd not in self._members, f"descriptor {fd} is already in the group"
+        self._epoll.register(fd, select.EPOLLIN)
+        self._members[fd] = member
+
+    def discard(self, fd: int) -> None:
+        """Remove ``fd`` if it is a member (before its socket closes)."""
+        if self._members.pop(fd, None) is None:
+            return
+        try:
+            self._epoll.unregister(fd)
+        except (OSError, ValueError):  # the set is closed already (the port stopping)
+            pass
+
+    async def wait(self) -> list:
+        """The members readable now; a checkpoint. Asks the set first and waits in trio only
+        when nothing is readable: a busy group (a connection streaming batches) is read again
+        after one yield, as a receive that finds bytes is, not after a trio wait (an
+        ``epoll_ctl``, trio's ``epoll_wait`` and a second look at the set per pass cost 10-15 %
+        at 32-message batches on one connection). Can return an empty list, and a member
+        reported may have nothing left by the time it is read."""
+        members = self._members
+        events = self._epoll.poll(0, max(1, len(members)))
+        if events:
+            await trio.lowlevel.checkpoint()  # members may leave (or join) during the yield
+        else:
+            await trio.lowlevel.wait_readable(self._epoll.fileno())
+            events = self._epoll.poll(0, max(1, len(members)))
+        return [member for fd, _events in events if (member := members.get(fd)) is not None]
+
+    def close(self) -> None:
+        self._members.clear()
+        self._epoll.close()
 
 
 class SplicePipe:

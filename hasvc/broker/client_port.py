@@ -2,13 +2,19 @@
 
 Theory of operation
 -------------------
-One task per connection reads frames (``client_protocol.FrameDecoder``) and answers each through
-the connection's ``Outbox``, which bounds the requests in flight. SENDs read together, from every
-connection, are put together: with a single connection they are put at once from its receive loop
-(nobody to batch with, and a task's scheduler pass cost ~10 % of a lone producer's latency),
-otherwise by the append task, which groups what all connections read since its last pass. PULL,
-READ and STATUS are answered from the store at once; PROMOTE and DEMOTE run in a task of their own
-(they wait for the store) and answer with the new status.
+Each connection has a task that runs its preface and its ``Outbox`` writer, but on plain TCP it
+does not read: one reader task (``_read_task``) waits on every plain TCP connection together
+(``transport.ReadinessGroup``), and each pass reads every connection that has bytes, decodes
+their frames, puts all the SENDs read in the pass together (``PutService.put_items``, inline: one
+pass is one batch) and answers the other requests. A task per connection had cost a trio wait,
+a failed ``read`` and a task switch per put with a connection per producer, twice the master's
+CPU per put of one shared connection. A connection hands itself back to its own task when it
+must wait (its outbox is full: that task waits for room, takes the rest of its frames, then
+rejoins the group), when it ends or when it breaks. TLS connections (whose bytes trio's stream
+must decrypt) read in their own task as before; their SENDs go to the append task, or are put
+at once when theirs is the only connection. Each connection's SENDs keep their order. PULL,
+READ and STATUS are answered from the store at once; PROMOTE and DEMOTE run in a task of their
+own (they wait for the store) and answer with the new status.
 
 Errors end one connection: a bad preface, a malformed frame or a peer that goes away is logged
 once with the peer address and closes that connection alone.
@@ -71,6 +77,24 @@ async def _run_connection(handler, stream, limiter: trio.CapacityLimiter, token:
         limiter.release_on_behalf_of(token)
 
 
+class _Client:
+    """One client connection's reading state, shared by its task and the port's reader task.
+    ``fd`` is its number in the readiness group (-1 when not in it); the reader sets ``ended``
+    or ``error`` and ``handed_back`` when it gives the connection back to its task."""
+
+    __slots__ = ("connection", "decoder", "outbox", "nursery", "fd", "handed_back", "ended", "error")
+
+    def __init__(self, connection: transport.Connection, decoder: cp.FrameDecoder, outbox: Outbox, nursery: trio.Nursery) -> None:
+        self.connection = connection
+        self.decoder = decoder
+        self.outbox = outbox
+        self.nursery = nursery  # PROMOTE and DEMOTE run here
+        self.fd = -1
+        self.handed_back = trio.Event()
+        self.ended = False
+        self.error: BaseException | None = None
+
+
 class ClientPort:
     """The client connections of one broker. What it needs is passed in: the configuration, the
     store (reads), the put path, and the broker's answers to STATUS, PROMOTE and DEMOTE."""
@@ -83,46 +107,28 @@ class ClientPort:
         self.status = status
         self.promote = promote
         self.demote = demote
-        # SENDs read by every connection, for append_task: (outbox, frame, request).
+        # SENDs read and not yet put, in the order read: (outbox, frame, request).
         self._sends: list[tuple[Outbox, cp.Frame, cp.SendRequest]] = []
         self._sends_ready = trio.Event()
         self._client_connections = 0
+        self._group = transport.ReadinessGroup()  # the plain TCP connections _read_task reads
 
     async def serve_client(self, stream) -> None:
         connection = transport.Connection(stream, transport.peer_name(stream))
         self._client_connections += 1
+        client = None
         try:
             await transport.server_preface(connection, port_kind=wire.PORT_KIND_CLIENT, secret=self.config.secret)
             decoder = cp.FrameDecoder(frame_size_max=self.config.frame_size_max, responses=False)
             outbox = Outbox(connection, self.config.requests_in_flight_max)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(outbox.run)
-                while True:
-                    data = await connection.receive_some()
-                    if not data:
-                        nursery.cancel_scope.cancel()
-                        return
-                    decoder.receive_data(data)
-                    while (frame := decoder.next_frame()) is not None:
-                        if outbox.full:
-                            # The room comes from responses: the SENDs read so far must be put
-                            # before this connection waits for it.
-                            self._submit_sends()
-                        await outbox.reserve()
-                        if frame.kind in (cp.PROMOTE, cp.DEMOTE):
-                            nursery.start_soon(self._role_request, outbox, frame)
-                            continue
-                        if frame.kind not in cp.SEND_KINDS:
-                            outbox.respond(frame, self._answer(frame))
-                            continue
-                        try:
-                            request = cp.decode_send(frame.payload, idempotent=frame.kind == cp.SEND_IDEMPOTENT)
-                        except wire.ProtocolError as error:
-                            outbox.respond(frame, error_response(frame, str(error)))
-                            continue
-                        self._sends.append((outbox, frame, request))
-                    self._submit_sends()
-                    outbox.flush()  # answers to requests other than SENDs
+                client = _Client(connection, decoder, outbox, nursery)
+                if connection.raw_fileno >= 0:
+                    await self._serve_in_group(client)
+                else:
+                    await self._serve_alone(client)
+                nursery.cancel_scope.cancel()  # the peer closed: the writer task goes too
         except BaseException as error:
             if not transport.is_expected(error, CLIENT_CONNECTION_ERRORS):
                 raise
@@ -131,8 +137,82 @@ class ClientPort:
             else:
                 LOGGER.info("client %s closed: %s", connection.peer, transport.describe(error))
         finally:
+            if client is not None:
+                self._leave_group(client)  # before the close frees its descriptor number
             self._client_connections -= 1
             await connection.aclose()
+
+    async def _serve_in_group(self, client: _Client) -> None:
+        """A plain TCP connection: read by ``_read_task`` while it can take requests; here
+        only what was read ahead with the preface and what the reader leaves when the outbox
+        is full. Returns when the peer closed; raises what broke the connection."""
+        data = client.connection.take_buffered()
+        if data:
+            client.decoder.receive_data(data)
+        while True:
+            await self._take_all(client)
+            self._submit_sends()
+            client.outbox.flush()
+            client.handed_back = trio.Event()
+            client.fd = client.connection.raw_fileno
+            if client.fd < 0:
+                raise trio.ClosedResourceError(f"connection to {client.connection.peer} is closed")
+            self._group.add(client.fd, client)
+            await client.handed_back.wait()
+            if client.error is not None:
+                raise client.error
+            if client.ended:
+                return
+
+    async def _serve_alone(self, client: _Client) -> None:
+        """A TLS connection: its own receive loop. Returns when the peer closed."""
+        while True:
+            data = await client.connection.receive_some()
+            if not data:
+                return
+            client.decoder.receive_data(data)
+            await self._take_all(client)
+            self._submit_sends()
+            client.outbox.flush()  # answers to requests other than SENDs
+
+    def _leave_group(self, client: _Client) -> None:
+        if client.fd >= 0:
+            self._group.discard(client.fd)
+            client.fd = -1
+
+    async def _take_all(self, client: _Client) -> None:
+        """Take every frame decoded so far, waiting for room in the outbox when it is full."""
+        while not self._take_frames(client):
+            # The room comes from responses: the SENDs read so far must be put, and the answers
+            # queued sent, before this connection waits for it.
+            self._submit_sends()
+            client.outbox.flush()
+            await client.outbox.wait_room()
+
+    def _take_frames(self, client: _Client) -> bool:
+        """Take decoded frames while the outbox has room (each holds a place until answered):
+        SENDs queued for the put path, other requests answered or started. False when it
+        stopped for want of room, True when no frame is left."""
+        decoder, outbox = client.decoder, client.outbox
+        while True:
+            if outbox.full:
+                return False
+            frame = decoder.next_frame()
+            if frame is None:
+                return True
+            outbox.take_place()
+            if frame.kind in (cp.PROMOTE, cp.DEMOTE):
+                client.nursery.start_soon(self._role_request, outbox, frame)
+                continue
+            if frame.kind not in cp.SEND_KINDS:
+                outbox.respond(frame, self._answer(frame))
+                continue
+            try:
+                request = cp.decode_send(frame.payload, idempotent=frame.kind == cp.SEND_IDEMPOTENT)
+            except wire.ProtocolError as error:
+                outbox.respond(frame, error_response(frame, str(error)))
+                continue
+            self._sends.append((outbox, frame, request))
 
     def _submit_sends(self) -> None:
         """Hand the queued SENDs to the append task or, with a single client connection, put
@@ -147,16 +227,52 @@ class ClientPort:
             self._sends_ready.set()
 
     async def append_task(self) -> None:
-        """Every connection's SENDs go through here: what all connections read since the last
-        pass is grouped by queue, appended and waited for together (a connection per producer
-        made a batch, a wait and a response task of every message). Each connection's SENDs
-        keep their order; a SEND_IDEMPOTENT is put after the plain SENDs queued before it."""
+        """The port's own tasks: the reader of the plain TCP connections (``_read_task``), and
+        the append loop for SENDs that connections' own tasks read (TLS, or the rest of a read
+        that found the outbox full): what they queued since the last pass, put together."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_task)
+                while True:
+                    await self._sends_ready.wait()
+                    self._sends_ready = trio.Event()
+                    items, self._sends = self._sends, []
+                    if items:
+                        self.puts.put_items(items)
+        finally:
+            self._group.close()
+
+    async def _read_task(self) -> None:
+        """One pass per wait: read every ready connection of the group, put every SEND read
+        (grouped by queue, appended and waited for together: ``PutService.put_items``), then
+        send what was answered at once."""
         while True:
-            await self._sends_ready.wait()
-            self._sends_ready = trio.Event()
-            items, self._sends = self._sends, []
-            self.puts.put_items(items)
+            touched = [client.outbox for client in await self._group.wait() if self._read_client(client)]
+            if self._sends:
+                items, self._sends = self._sends, []
+                self.puts.put_items(items)
+            for outbox in touched:
+                outbox.flush()
         raise AssertionError("unreachable")
+
+    def _read_client(self, client: _Client) -> bool:
+        """One receive of a ready connection and its frames taken; the connection handed back
+        to its task when it ended, broke or must wait for room. True if anything was read."""
+        try:
+            data = client.connection.receive_now()
+            if data is None:
+                return False  # nothing after all (the group reported it before an earlier read took it)
+            if data:
+                client.decoder.receive_data(data)
+                if self._take_frames(client):
+                    return True
+            else:
+                client.ended = True
+        except CLIENT_CONNECTION_ERRORS as error:
+            client.error = error
+        self._leave_group(client)
+        client.handed_back.set()
+        return True
 
     async def _role_request(self, outbox: Outbox, frame: cp.Frame) -> None:
         try:

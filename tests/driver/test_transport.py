@@ -388,3 +388,48 @@ async def test_receive_from_a_reset_connection_is_a_broken_resource():
             await receiver.receive_some()
     finally:
         await receiver.aclose()
+
+
+async def test_a_readiness_group_reports_readable_members_until_their_bytes_are_taken():
+    pairs = [await _connected_pair() for _ in range(3)]
+    group = transport.ReadinessGroup()
+    try:
+        for index, (_, server) in enumerate(pairs):
+            group.add(server.raw_fileno, index)
+        await pairs[0][0].send_all(b"a")
+        await pairs[2][0].send_all(b"c")
+        with trio.fail_after(10):
+            ready = set(await group.wait())
+            while ready != {0, 2}:  # the second send may not have landed when the first woke us
+                ready |= set(await group.wait())
+        assert pairs[2][1].receive_now() == b"c"
+        assert pairs[1][1].receive_now() is None  # nothing has arrived: no wait, no bytes
+        with trio.fail_after(10):
+            assert await group.wait() == [0]  # level-triggered: still unread; 2 was drained
+        group.discard(pairs[0][1].raw_fileno)
+        group.discard(pairs[0][1].raw_fileno)  # twice is harmless
+        await pairs[1][0].send_all(b"b")
+        with trio.fail_after(10):
+            assert await group.wait() == [1]  # a discarded member is not reported, bytes or not
+        await pairs[1][0].aclose()
+        assert pairs[1][1].receive_now() == b"b"
+        assert pairs[1][1].receive_now() == b""  # the end of the stream
+    finally:
+        group.close()
+        for client, server in pairs:
+            await client.aclose()
+            await server.aclose()
+
+
+async def test_receive_now_keeps_what_the_preface_read_ahead_first():
+    client, server = await _connected_pair()
+    try:
+        await client.send_all(b"headbody")
+        assert await server.receive_exactly(4) == b"head"
+        assert server.take_buffered() == b"body"  # read ahead with the header
+        assert server.take_buffered() == b""
+        await server.stream.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            server.receive_now()
+    finally:
+        await client.aclose()

@@ -407,6 +407,26 @@ def test_more_sends_in_one_read_than_requests_in_flight_max_are_all_answered(clu
         assert {r.status for r in responses.values()} == {"PUT_OK"}
 
 
+def test_more_status_requests_in_one_read_than_requests_in_flight_max_are_all_answered(cluster):
+    """Answers other than SENDs must be sent before a connection waits for room (they are what
+    frees it); before, thirty STATUS requests in one read with four places waited forever."""
+    from hasvc.protocol import client as cp
+
+    master = cluster.start_master(role="sync", requests_in_flight_max=4)
+    sock = raw_connect(master.address)
+    preface(sock)
+    sock.sendall(b"".join(cp.encode_frame(cp.STATUS, n, b"") for n in range(30)))
+    decoder, answered = cp.FrameDecoder(responses=True), set()
+    while len(answered) < 30:
+        data = sock.recv(65536)  # the socket's 10 s timeout ends a stuck broker's test
+        assert data, "the broker closed the connection"
+        decoder.receive_data(data)
+        while (frame := decoder.next_frame()) is not None:
+            answered.add(frame.request_id)
+    sock.close()
+    assert answered == set(range(30))
+
+
 def test_a_bad_send_coalesced_with_good_ones_fails_alone(cluster):
     from hasvc.protocol import client as cp
 

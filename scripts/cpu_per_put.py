@@ -1,0 +1,68 @@
+"""CPU per put of a local SYNC_MASTER pair's master and slave under scripts/hasvc_load.c.
+
+    python scripts/cpu_per_put.py TREE CONNECTIONS PRODUCERS SECONDS [ROUNDS] [BATCH] [--load PATH]
+
+Starts a master and a slave from the hasvc code in TREE (as scripts/bench_peers does: SYNC_MASTER,
+ASYNC_FLUSH, page_cache_keep_size 256 MiB on both), runs ``hasvc_load 127.0.0.1 PORT CONNECTIONS
+PRODUCERS BATCH SECONDS 1024`` ROUNDS times, and prints one JSON line per round: acked/s, p50/p99
+in microseconds, and each process's CPU (user + system from /proc/PID/stat, every thread) divided
+by the requests answered. On a shared machine CPU per put moves much less than rates do, so it is
+the figure to compare two builds by (alternate them, a fresh pair each). Builds the load generator
+into a temporary directory unless --load names one.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as file:
+        fields = file.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    load = None
+    if "--load" in args:
+        index = args.index("--load")
+        load = args[index + 1]
+        del args[index : index + 2]
+    tree, connections, producers, seconds = args[0], int(args[1]), int(args[2]), float(args[3])
+    rounds = int(args[4]) if len(args) > 4 else 1
+    batch = args[5] if len(args) > 5 else "1"
+    here = os.path.dirname(os.path.abspath(__file__))
+    if load is None:
+        load = os.path.join(tempfile.mkdtemp(), "hasvc_load")
+        subprocess.run(["cc", "-O2", "-o", load, os.path.join(here, "hasvc_load.c"), "-lpthread"], check=True)
+    tree = os.path.abspath(tree)
+    sys.path.insert(0, tree)
+    os.chdir(tree)  # the pair's `python -m hasvc.cli` runs TREE's code
+    from hasvc.tools.bench.sync_write import LocalPair
+
+    pair = LocalPair(role="sync", flush="async", settings={"page_cache_keep_size": str(256 << 20)})
+    try:
+        pair.wait_connected()
+        host, _, port = pair.master["listen"].rpartition(":")
+        for _ in range(rounds):
+            before = {name: cpu_seconds(pid) for name, pid in pair.pids.items()}
+            done = subprocess.run([load, host, port, str(connections), str(producers), batch, str(seconds), "1024"],
+                                  capture_output=True, text=True, check=True)  # fmt: skip
+            after = {name: cpu_seconds(pid) for name, pid in pair.pids.items()}
+            data = json.loads(done.stdout)
+            requests = data["requests"]
+            print(json.dumps({
+                "tree": tree, "connections": connections, "producers": producers, "acked_per_second": round(data["acked"] / data["seconds"]),
+                "p50_us": data["p50_us"], "p99_us": data["p99_us"],
+                **{f"{name}_cpu_us_per_put": round(1e6 * (after[name] - before[name]) / requests, 1) for name in pair.pids},
+                "statuses": data["statuses"],
+            }), flush=True)  # fmt: skip
+    finally:
+        pair.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -85,10 +85,11 @@ class DLedgerMessageStore:
 
     @classmethod
     def open(cls, path: str, config: StoreConfig | None = None, *, self_id: str,
-             dledger: DLedgerStoreConfig | None = None) -> DLedgerMessageStore:  # fmt: skip
+             dledger: DLedgerStoreConfig | None = None, **entry_types) -> DLedgerMessageStore:  # fmt: skip
         """Open (or create) a member's store under ``path``: DLedger files in ``dledger-<self_id>``
         (data files the size of ``commitlog_segment_size``, as RocketMQ sets them), consume queues
-        in ``consumequeue``; recovery of both."""
+        in ``consumequeue``; recovery of both. ``entry_types``: ``entry_class``/``hard_state_class``
+        for the entry store (the Raft core's own types: ``commitlog`` cannot import them)."""
         config = (config or StoreConfig()).validate()
         if dledger is None:
             dledger = DLedgerStoreConfig(data_file_size=config.commitlog_segment_size)
@@ -98,7 +99,7 @@ class DLedgerMessageStore:
                              "upgrade) is not built into the node yet")  # fmt: skip
         abort = os.path.join(path, "abort")
         last_exit_ok = not os.path.exists(abort)
-        entries = DLedgerMmapFileStore.open(dledger_directory(path, self_id), dledger)
+        entries = DLedgerMmapFileStore.open(dledger_directory(path, self_id), dledger, **entry_types)
         store = cls(path, config, entries)
         store.last_exit_ok = last_exit_ok
         try:

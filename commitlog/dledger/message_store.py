@@ -134,7 +134,7 @@ class DLedgerMessageStore:
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
         self._queue_table: dict[tuple[str, int], int] = {}
-        self._pending: list[tuple[int, int]] = []  # (index, entry size) accepted, not yet appended
+        self._pending: list[tuple[int, int, int]] = []  # (index, pos, entry size) accepted, not yet appended
         self._last_store_timestamp = 0
         self._lock: StoreLock | None = None
         self._disk_checked_at = float("-inf")
@@ -335,13 +335,22 @@ class DLedgerMessageStore:
         return self.entries.last_index() + 1 + len(pending), positions
 
     def _pending_sizes(self) -> list[int]:
-        """Sizes of accepted plans' entries not appended yet (appended ones are dropped here)."""
-        last = self.entries.last_index()
-        self._pending = [(index, size) for index, size in self._pending if index > last]
+        """Sizes of accepted plans' entries not appended yet. Appended ones are dropped here, after
+        checking that what lies at their index is where and as large as planned; StoreError when
+        not (an accepted plan was not appended as planned)."""
+        entries = self.entries
+        last = entries.last_index()
+        for index, pos, size in self._pending:
+            if index > last:
+                break
+            if index >= entries.first_index() and entries.entry_span(index) != (pos, size):
+                raise StoreError(f"entry {index} lies at {entries.entry_span(index)}, planned at {(pos, size)}: "
+                                 "an accepted plan was not appended as planned (call discard_plans)")  # fmt: skip
+        self._pending = [item for item in self._pending if item[0] > last]
         if self._pending and self._pending[0][0] != last + 1:
             raise StoreError(f"accepted entries from {self._pending[0][0]} but the log ends at {last}: "
                              "an accepted plan was not appended (call discard_plans)")  # fmt: skip
-        return [size for _, size in self._pending]
+        return [size for _, _, size in self._pending]
 
     def _take_queue_offset(self, queue_next: dict, topic: str, queue_id: int, sysflag: int, count: int = 1) -> int:
         if _transactional(sysflag):
@@ -360,7 +369,10 @@ class DLedgerMessageStore:
         for key, next_offset in plan.queue_next.items():
             assert next_offset >= self._queue_table.get(key, 0), (key, next_offset)
         self._queue_table.update(plan.queue_next)
-        self._pending.extend(zip(range(plan.first_index, plan.first_index + len(plan.bodies)), plan.entry_sizes))
+        positions = [offset - BODY_OFFSET for offset in plan.offsets]
+        self._pending.extend(
+            zip(range(plan.first_index, plan.first_index + len(plan.bodies)), positions, plan.entry_sizes)
+        )
         self._last_store_timestamp = max(self._last_store_timestamp, plan.store_timestamp)
 
     def discard_plans(self) -> None:

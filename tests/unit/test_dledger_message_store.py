@@ -12,6 +12,7 @@ from commitlog.commit_log import ReadError
 from commitlog.config import StoreConfig
 from commitlog.dledger import DLedgerStoreConfig, Entry
 from commitlog.dledger import entry_codec as codec
+from commitlog.dledger.message_inspect import iter_messages, verify_member
 from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.dledger.upgrade import dledger_directory
 from commitlog.mapped_file import StoreError
@@ -342,4 +343,38 @@ def test_after_a_crash_dispatch_goes_back_to_the_recovery_scan_start(tmp_path):
     shutil.rmtree(tmp_path / "consumequeue" / "T" / "1")  # queue 1's units never reached the disk; queue 0's did
     store = open_store(tmp_path)
     assert [len(pulled(store, q)) for q in range(2)] == [3, 3]
+    store.close()
+
+
+def test_verify_and_iterate_a_member_store_with_both_parts(tmp_path):
+    old = classic_store_with(tmp_path, 7)
+    store = open_store(tmp_path)
+    noop(store, 1)
+    new = lead(store, [message(10, 0), message(11, 1)])
+    store.close()
+    report = verify_member(str(tmp_path), "n0")
+    assert report.ok and report.divided_offset == store.divided_offset
+    assert (report.dledger_messages, report.dledger_noops, report.classic.records) == (2, 1, 7)
+    assert [part["part"] for part in report.as_json()["parts"]] == ["classic", "dledger"]
+    listed = [(m.part.value, m.offset, m.index) for m in iter_messages(str(tmp_path), "n0")]
+    assert listed == [("classic", o, None) for o in old] + [("dledger", o, i) for i, o in enumerate(new.offsets, 1)]
+    assert [m.offset for m in iter_messages(str(tmp_path), "n0", from_offset=new.offsets[1])] == [new.offsets[1]]
+    assert [m.offset for m in iter_messages(str(tmp_path), "n0", from_offset=old[-1])] == [old[-1], *new.offsets]
+    # a body whose PHYSICALOFFSET is not pos + 48 (a store written wrongly) is found
+    pos = new.offsets[1] - codec.BODY_OFFSET
+    data = os.path.join(dledger_directory(str(tmp_path), "n0"), "data", f"{pos - pos % SEGMENT_SIZE:020d}")
+    body = bytearray(new.bodies[1])
+    body[28:36] = (new.offsets[1] + 1).to_bytes(8, "big")
+    with open(data, "r+b") as file:  # a whole entry, its bodyCrc right: only the message is wrong
+        file.seek(pos % SEGMENT_SIZE)
+        file.write(codec.encode_entry(index=2, term=1, pos=pos, body=bytes(body)))
+    report = verify_member(str(tmp_path), "n0")
+    assert not report.ok and report.bad_message_offset == new.offsets[1] and "pos + 48" in report.bad_message_reason
+    with pytest.raises(rec.RecordError, match="pos \\+ 48"):
+        list(iter_messages(str(tmp_path), "n0"))
+    store = open_store(tmp_path)  # the store's own dispatch refuses it too, and serves the rest
+    assert "not one record" in store.dispatch_error and not store.caught_up()
+    with pytest.raises(ReadError, match="names offset"):
+        store.get_record(new.offsets[1])
+    assert pulled(store, 1) == [(q, message(i, 1, 700).body) for q, i in enumerate((1, 3, 5))]  # classic only
     store.close()

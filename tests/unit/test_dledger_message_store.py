@@ -4,8 +4,11 @@ pos + 48, consume queues over committed entries only, recovery, smooth upgrade f
 import os
 import random
 import shutil
+import tempfile
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commitlog import record as rec
 from commitlog.commit_log import ReadError
@@ -122,7 +125,9 @@ def test_physical_offset_is_pos_plus_48_for_every_record_across_data_files(tmp_p
     plans = []
     for round_ in range(12):
         if round_ % 3:
-            plans.append(store.plan_append([message(i, i % 2, rng.randrange(1, 900)) for i in range(rng.randrange(1, 5))]))
+            plans.append(
+                store.plan_append([message(i, i % 2, rng.randrange(1, 900)) for i in range(rng.randrange(1, 5))])
+            )
         else:
             plans.append(store.plan_batch(rec.MessageBatch("T", [b"b" * rng.randrange(1, 900)] * 3, queue_id=1)))
         store.accept_plan(plans[-1])  # several proposals in flight before any is appended
@@ -149,7 +154,8 @@ def test_physical_offset_is_pos_plus_48_for_every_record_across_data_files(tmp_p
             queue_offsets[queue_id].append(queue_offset)
     assert all(offsets_ == list(range(len(offsets_))) for offsets_ in queue_offsets.values())
     assert [r.physical_offset for q in (0, 1) for r in store.pull("T", q, 0, 1000)] == [
-        offset for q in (0, 1) for plan in plans for offset, queue_id, _ in plan.placements if queue_id == q]
+        offset for q in (0, 1) for plan in plans for offset, queue_id, _ in plan.placements if queue_id == q
+    ]
     store.close()
 
 
@@ -378,3 +384,27 @@ def test_verify_and_iterate_a_member_store_with_both_parts(tmp_path):
         store.get_record(new.offsets[1])
     assert pulled(store, 1) == [(q, message(i, 1, 700).body) for q, i in enumerate((1, 3, 5))]  # classic only
     store.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 1500), min_size=1, max_size=4), min_size=1, max_size=12))
+def test_every_planned_offset_is_where_the_entry_lands_plus_48(batches):
+    with tempfile.TemporaryDirectory() as path:
+        store = open_store(path)
+        plans = []
+        for sizes in batches:
+            plans.append(store.plan_append([message(i, i % 3, size) for i, size in enumerate(sizes)]))
+            store.accept_plan(plans[-1])
+            if len(plans) % 2 == 0:  # sometimes two proposals in flight
+                for plan in plans[-2:]:
+                    append_plan(store, plan)
+        if len(plans) % 2:
+            append_plan(store, plans[-1])
+        store.set_committed(store.entries.last_index())
+        while store.dispatch():
+            pass
+        offsets = [offset for plan in plans for offset in plan.offsets]
+        assert offsets == [store.entries.pos_at(i) + codec.BODY_OFFSET for i in range(len(offsets))]
+        assert all(store.get_record(offset, check_crc=True).physical_offset == offset for offset in offsets)
+        assert sum(len(pulled(store, q)) for q in range(3)) == len(offsets) and store.caught_up()
+        store.close()

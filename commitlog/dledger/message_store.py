@@ -1,300 +1,569 @@
-"""``DLedgerMessageStore``: a DLedger member's message store (RocketMQ's DLedgerCommitLog).
+"""DLedgerMessageStore: the message store of a DLedger member (RocketMQ's DLedgerCommitLog).
 
 Theory of operation
 -------------------
-The log is the DLedger entry store (``entries``, a ``DLedgerMmapFileStore`` that the Raft driver
-appends to, truncates, flushes and keeps the hard state in): one message is one entry whose body
-is the RocketMQ record, and the record's PHYSICALOFFSET is its entry's ``pos + 48`` (the entry
-header's size), so a message's offset is where its record bytes lie in the data files.
+The log is the member's DLedger entries (``DLedgerMmapFileStore``, ``self.entries``): one RocketMQ
+record per entry, the record's commit-log offset (PHYSICALOFFSET) being its entry's ``pos + 48``.
+Below ``divided_offset`` (smooth upgrade) lies the old classic commit log, sealed and read-only.
+The consume queues (``path/consumequeue``, the classic store's format and code) index **committed**
+entries only, so nothing uncommitted is ever readable: ``read``/``get_record``/``pull`` refuse
+offsets at or past ``committed_end_offset()``.
 
-The leader encodes records before proposing them (``plan_append``): queue offsets from the queue
-table, PHYSICALOFFSET from ``entries.plan_positions`` (where the entries will land once the core's
-Ready appends them, blank padding at a file's end included), the store timestamp. Nothing changes
-until the core accepted the proposal (``accept_plan`` then advances the queue table). Followers
-append the leader's bytes as they are; positions agree because every member's data files have the
-same size and the same entries.
+Writing is the Raft driver's (DLedger's leader path, split the etcd-raft way)::
 
-Only **committed** entries exist for readers: ``set_committed`` (the core's committed index)
-moves the readable end, ``dispatch`` builds consume-queue units for committed entries in index
-order (a leader's no-op entry, with an empty body, has none), and ``read``/``get_record``/``pull``
-refuse anything above it. A committed entry never changes (the Raft log's guarantee; ``truncate``
-below the committed index is refused by the core and asserted here), so consume-queue units never
-need cutting except after a crash: recovery cuts units naming bytes past the recovered data end.
+    plan = store.plan_append(messages)   # leader: bodies for indexes last+1.., queue offsets, PHYSICALOFFSET
+    core.propose(plan.bodies, now)       # the pure core accepts (or refuses: then forget the plan)
+    store.accept_plan(plan)              # queue table advanced; the next plan starts after this one
+    ... driver appends the core's entries through store.entries, flushes, learns the commit ...
+    store.set_committed(index)           # entries.update_committed_index
+    store.dispatch()                     # consume-queue units for committed entries (no-ops skipped)
 
-A new leader takes writes only once ``caught_up()`` (every entry committed and dispatched) and
-``resume_queue_offsets()`` continued each queue from its consume queue: entries of an earlier term
-that commit under the new leader carry queue offsets that leader assigned, and the new one must
-continue after them (RocketMQ: recoverTopicQueueTable on the role change).
+A plan is computed against the log's end plus the plans accepted but not yet appended, so a leader
+may have several proposals in flight; the core must append each accepted plan's bodies at
+``plan.first_index`` and nothing else in between (its term-start no-op is appended before the
+leader plans: ``caught_up``). A member that stops leading calls ``discard_plans``.
 
-What MessageStore has that this store deliberately lacks: ``append*`` (writes go through Raft),
-``append_replicated``/``truncate``/epochs (classic HA), ``clean_expired`` (retention of DLedger
-data files is not built), and the classic part of a smooth upgrade (``commitlog.dledger.upgrade``
-has it; this store does not serve offsets below the divided offset yet).
+Recovery (``open``): the classic part, when DLedger has no data yet, is recovered and dispatched by
+opening it as a classic ``MessageStore`` once (then sealed by ``open_after_classic``). The DLedger
+store recovers itself (the committed index is its checkpoint's hint). Consume-queue units pointing
+past the recovered entries' end are cut, and a torn last unit dropped. Dispatch resumes after the
+entry of the newest unit; those entries were committed when dispatched (a committed entry never
+changes and truncation never goes below it), so the committed index is raised to cover them. After a
+crash dispatch goes back to the first entry of the data file where the entries' recovery scan began
+(units already there are skipped by ``ConsumeQueue.put_run``), as ``MessageStore`` does.
+
+MessageStore's names this store has, so the broker's ``ClientPort`` and ``StoreTasks`` work
+unchanged: ``config``, ``path``, ``checkpoint``, ``consume_queues``, ``reput_from_offset``,
+``dispatch_error``, ``dispatch_end_offset`` (a property, as MessageStore's: StoreTasks compares
+it), ``sync_flush`` (False: durability is the quorum's), ``commit_log`` (only
+``commit_log.mapped_file_queue``, the DLedger data files, for StoreTasks' warm-up test),
+``warm_commitlog``, ``flush_commitlog``, ``flush_consume_queues``, ``write_checkpoint``,
+``dispatch``, ``clean_expired`` (no retention in DLedger mode yet: deletes nothing), ``read``,
+``get_record``, ``pull``, ``statistics``, ``find_at_record_ends`` (DLedger part only),
+``resume_queue_offsets``, ``disk_full``, ``close``.
+Deliberately lacking: ``append``/``append_batch``/``append_prepared`` (writes go through Raft:
+``plan_append``), ``append_replicated``/``truncate``/``last_record_end``/``open_epoch``/``epochs``
+(classic replication; a follower's log is cut by the Raft driver through ``entries.truncate``).
+Synchronous and not thread-safe, as MessageStore.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import re
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from commitlog import record as rec
-from commitlog.commit_log import ReadError
+from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
+from commitlog.commit_log import CommitLog, ReadError, now_ms
 from commitlog.config import StoreConfig
-from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
+from commitlog.consume_queue import ConsumeQueueStore
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig
-from commitlog.dledger.upgrade import dledger_directory
+from commitlog.dledger.upgrade import DividedLog, LogPart, dledger_directory, open_after_classic
 from commitlog.mapped_file import StoreError
-from commitlog.store import RecordPlace, StoreStatistics
+from commitlog.mapped_file_queue import MappedFileQueue
+from commitlog.store import (
+    _STOP_BLANK,
+    _STOP_MALFORMED,
+    _STOP_SLOW,
+    MessageStore,
+    RecordPlace,
+    StoreStatistics,
+    _dispatch_units_python,
+    _topic_name,
+    disk_used_ratio,
+    dispatch_units,
+)
 
-HEADER_SIZE = codec.BODY_OFFSET  # 48: PHYSICALOFFSET = pos + 48
-assert HEADER_SIZE == 48
+BODY_OFFSET = codec.BODY_OFFSET  # PHYSICALOFFSET = entry pos + 48 (DLedgerCommitLog's BODY_OFFSET)
 
 
 @dataclasses.dataclass(frozen=True)
 class AppendPlan:
-    """Entry bodies for indexes ``first_index``.., and what each message will be once stored."""
+    """What a leader proposes: ``bodies[i]`` is entry ``first_index + i``, one RocketMQ record
+    whose commit-log offset is ``offsets[i]`` (= its planned pos + 48), queue ``queue_ids[i]`` at
+    ``queue_offsets[i]`` (0 for transaction prepare/rollback records, which take none)."""
 
     first_index: int
     bodies: tuple[bytes, ...]
-    offsets: tuple[int, ...]  # PHYSICALOFFSET of each record (pos + 48)
+    offsets: tuple[int, ...]
+    queue_ids: tuple[int, ...]
     queue_offsets: tuple[int, ...]
     store_timestamp: int
-    table: dict[tuple[str, int], int]  # queue table entries after the plan
+    queue_next: dict[tuple[str, int], int]  # the queue table once accepted (changed keys only)
+
+    @property
+    def placements(self) -> list[tuple[int, int, int]]:
+        """(commit-log offset, queue id, queue offset) of each message."""
+        return list(zip(self.offsets, self.queue_ids, self.queue_offsets))
+
+    @property
+    def entry_sizes(self) -> list[int]:
+        return [codec.entry_size(len(body)) for body in self.bodies]
+
+
+@dataclasses.dataclass(frozen=True)
+class _LogFiles:
+    """What StoreTasks reads of ``store.commit_log``: the files the writer appends to."""
+
+    mapped_file_queue: MappedFileQueue
 
 
 class DLedgerMessageStore:
-    def __init__(self, path: str, config: StoreConfig, entries: DLedgerMmapFileStore):
+    """Consume queues and reads over a DLedger entry log (see the module docstring)."""
+
+    def __init__(self, path: str, config: StoreConfig | None, *, self_id: str, dledger: DLedgerStoreConfig | None):
         self.path = path
-        self.config = config
-        self.entries = entries
-        self.crc_function = config.crc_function
+        self.config = (config or StoreConfig()).validate()
+        self.self_id = self_id
+        self.dledger_config = dledger or DLedgerStoreConfig(data_file_size=self.config.commitlog_segment_size)
+        self.crc_function = self.config.crc_function
+        self.classic: CommitLog | None = None  # the sealed classic part (None: no classic segments)
+        self.divided_log: DividedLog | None = None
+        self.entries: DLedgerMmapFileStore | None = None
+        self.divided_offset = -1
         self.consume_queues = ConsumeQueueStore(os.path.join(path, "consumequeue"),
-                                                units_per_file=config.consume_queue_units_per_file)  # fmt: skip
-        self.store_ip, self.store_port, self.store_v6 = rec.encode_host(config.store_host)
-        self.queue_table: dict[tuple[str, int], int] = {}
-        self.dispatched_index = -1
-        self.dispatch_error: str | None = None
-        self.dispatch_skipped = 0
-        self.last_store_timestamp = 0
+                                                units_per_file=self.config.consume_queue_units_per_file)  # fmt: skip
+        self.checkpoint: StoreCheckpoint | None = None
         self.last_exit_ok = True
+        self.dispatched_index = -1  # every committed entry <= it has its consume-queue unit
+        self.dispatch_error: str | None = None
+        self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
+        self._queue_table: dict[tuple[str, int], int] = {}
+        self._pending: list[tuple[int, int, int]] = []  # (index, pos, entry size) accepted, not yet appended
+        self._last_store_timestamp = 0
+        self._lock: StoreLock | None = None
+        self._disk_checked_at = float("-inf")
+        self._disk_used_ratio = 0.0
+        self._disk_check_interval_seconds = self.config.disk_check_interval_seconds
+        self._opened = False
 
     # -- lifetime -------------------------------------------------------------------------
 
     @classmethod
     def open(cls, path: str, config: StoreConfig | None = None, *, self_id: str,
-             dledger: DLedgerStoreConfig | None = None, **entry_types) -> DLedgerMessageStore:  # fmt: skip
-        """Open (or create) a member's store under ``path``: DLedger files in ``dledger-<self_id>``
-        (data files the size of ``commitlog_segment_size``, as RocketMQ sets them), consume queues
-        in ``consumequeue``; recovery of both. ``entry_types``: ``entry_class``/``hard_state_class``
-        for the entry store (the Raft core's own types: ``commitlog`` cannot import them)."""
-        config = (config or StoreConfig()).validate()
-        if dledger is None:
-            dledger = DLedgerStoreConfig(data_file_size=config.commitlog_segment_size)
-        os.makedirs(path, exist_ok=True)
-        if os.path.isdir(os.path.join(path, "commitlog")) and os.listdir(os.path.join(path, "commitlog")):
-            raise StoreError(f"{path}/commitlog holds a classic commit log: serving it beside DLedger (smooth "
-                             "upgrade) is not built into the node yet")  # fmt: skip
-        abort = os.path.join(path, "abort")
-        last_exit_ok = not os.path.exists(abort)
-        entries = DLedgerMmapFileStore.open(dledger_directory(path, self_id), dledger, **entry_types)
-        store = cls(path, config, entries)
-        store.last_exit_ok = last_exit_ok
-        try:
-            store._recover()
-        except BaseException:
-            entries.close()
-            raise
-        with open(abort, "wb"):
-            pass
+             dledger: DLedgerStoreConfig | None = None, **entry_options: Any) -> DLedgerMessageStore:  # fmt: skip
+        """Open the store root ``path`` as member ``self_id``: the classic part (if
+        ``path/commitlog`` has segments), the DLedger files in ``dledger_directory(path,
+        self_id)``, the consume queues; recover. ``entry_options`` (``entry_class``,
+        ``hard_state_class``) go to ``DLedgerMmapFileStore.open``."""
+        store = cls(path, config, self_id=self_id, dledger=dledger)
+        store._open(entry_options)
         return store
 
-    def _recover(self) -> None:
-        self.consume_queues.load()
-        self.consume_queues.recover()
-        self.consume_queues.truncate_dirty(self._data_end())
-        end = self.consume_queues.max_physic_offset
-        self.dispatched_index = self._index_ending_at_or_before(end)
-        committed = max(self.entries.committed_index, self.dispatched_index)
-        self.entries.update_committed_index(committed)
-        self.queue_table = self.consume_queues.queue_offset_table()
-
-    def _data_end(self) -> int:
-        last = self.entries.last_index()
-        if last < self.entries.first_index():
-            return 0
-        pos, size = self.entries.entry_span(last)
-        return pos + size
-
-    def _index_ending_at_or_before(self, end: int) -> int:
-        """The last entry whose bytes end at or before data offset ``end`` (-1 / first-1 if none)."""
-        lo, hi = self.entries.first_index(), self.entries.last_index()
-        found = lo - 1
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            pos, size = self.entries.entry_span(mid)
-            if pos + size <= end:
-                found, lo = mid, mid + 1
+    def _open(self, entry_options: dict[str, Any]) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        directory = dledger_directory(self.path, self.self_id)
+        classic_directory = os.path.join(self.path, "commitlog")
+        has_classic = bool(MappedFileQueue.segment_files(classic_directory))
+        if has_classic and not MappedFileQueue.segment_files(os.path.join(directory, "data")):
+            MessageStore.open(self.path, self.config).close()  # recover and dispatch the classic part once
+        self._lock = StoreLock(os.path.join(self.path, "lock"))
+        try:
+            abort_path = os.path.join(self.path, "abort")
+            self.last_exit_ok = not os.path.exists(abort_path)
+            self.checkpoint = StoreCheckpoint.open(os.path.join(self.path, "checkpoint"))
+            if has_classic:
+                self._open_classic(classic_directory, directory, entry_options)
             else:
-                hi = mid - 1
-        return found
+                self.entries = DLedgerMmapFileStore.open(directory, self.dledger_config, **entry_options)
+                self.divided_log = DividedLog(CommitLog(classic_directory, segment_size=self.config.commitlog_segment_size),
+                                              self.entries, -1)  # fmt: skip
+            self.consume_queues.load()
+            self._recover()
+            create_abort_file(abort_path)
+        except BaseException:
+            self._release(clean=False)
+            raise
+        self._opened = True
+
+    def _open_classic(self, classic_directory: str, directory: str, entry_options: dict[str, Any]) -> None:
+        self.classic = CommitLog(classic_directory, segment_size=self.config.commitlog_segment_size,
+                                 store_host=self.config.store_host)  # fmt: skip
+        self.classic.load()
+        # Recovered and dispatched by MessageStore before it was sealed: a normal-exit scan.
+        self.classic.recover(abnormal=False, dispatch_from=1 << 62, checkpoint_min_timestamp=0, crc_function=None,
+                             cut_segments_max=self.config.recovery_cut_segments_max)  # fmt: skip
+        self.divided_log = open_after_classic(directory, self.dledger_config, commit_log=self.classic, **entry_options)
+        self.entries = self.divided_log.dledger
+        self.divided_offset = self.divided_log.divided_commitlog_offset
+
+    def _recover(self) -> None:
+        queues = self.consume_queues
+        queues.recover()
+        queues.truncate_dirty(self._entries_end())
+        self._drop_torn_units()
+        entries = self.entries
+        self.dispatched_index = self._newest_dispatched_index()
+        entries.update_committed_index(self.dispatched_index)  # dispatched => was committed
+        if not self.last_exit_ok and entries.recovery is not None and entries.last_index() >= entries.first_index():
+            self.dispatched_index = min(
+                self.dispatched_index, self._first_index_at_or_after(entries.recovery.start_offset) - 1
+            )
+        while self.dispatch():
+            pass
+        self._queue_table = queues.queue_offset_table()
+
+    def _newest_dispatched_index(self) -> int:
+        """The entry of the newest consume-queue unit in the DLedger part; first - 1 if none."""
+        entries = self.entries
+        newest = max((unit[0] for queue in self.consume_queues.queues.values()
+                      if (unit := queue.last_unit()) is not None), default=-1)  # fmt: skip
+        if newest < self._dledger_start() or entries.last_index() < entries.first_index():
+            return entries.first_index() - 1
+        return entries.get_by_pos(newest - BODY_OFFSET).index
+
+    def _drop_torn_units(self) -> None:
+        """A queue's last unit whose record is not what it says (torn write) is dropped, newest first."""
+        for (topic, queue_id), queue in self.consume_queues.queues.items():
+            while (unit := queue.last_unit()) is not None:
+                offset, size, _ = unit
+                try:
+                    record = self._record_at(offset, committed_only=False)
+                    if record.size == size and record.topic == topic and record.queue_id == queue_id:
+                        break
+                except ReadError:
+                    pass
+                queue.drop_last_unit()
 
     def close(self, *, clean: bool = True) -> None:
-        if clean:
+        """Flush the entries, dispatch, flush the queues, write both checkpoints, remove ``abort``
+        (only if every committed entry is dispatched). ``clean=False``: let go of the files as a
+        killed process would (nothing flushed, ``abort`` kept)."""
+        if not self._opened:
+            return
+        self._opened = False
+        if not clean:
+            self._release(clean=False)
+            return
+        try:
             self.entries.flush()
-            self.entries.persist_checkpoint()
-            self.consume_queues.flush()
-        self.consume_queues.close()
-        self.entries.close()
-        if clean:
-            try:
-                os.unlink(os.path.join(self.path, "abort"))
-            except FileNotFoundError:
+            while self.dispatch():
                 pass
+            self.flush_consume_queues(0)
+            self.write_checkpoint()
+            if self.dispatch_error is None and self.dispatched_index >= self.entries.committed_index:
+                try:
+                    os.unlink(os.path.join(self.path, "abort"))
+                except FileNotFoundError:
+                    pass
+        finally:
+            self._release(clean=True)
 
-    # -- the leader's writes ---------------------------------------------------------------
+    def _release(self, *, clean: bool) -> None:
+        if self.entries is not None:
+            self.entries.close() if clean else self.entries.abandon()
+        if self.classic is not None:
+            self.classic.mapped_file_queue.close()
+        self.consume_queues.close()
+        if self._lock is not None:
+            self._lock.release()
 
-    def plan_append(self, messages: Sequence[rec.Message], *, now_ms: int) -> AppendPlan:
-        """Entry bodies for ``messages`` as the next entries; nothing changes (see the module).
-        Raises ``rec.MessageRejected`` for a message the classic store would refuse too."""
-        prepared = [rec.prepare_message(m, crc_function=self.crc_function, body_size_max=self.config.max_message_size)
-                    for m in messages]  # fmt: skip
-        for message in prepared:
-            rec.with_store_host(message, store_v6=self.store_v6)
-        if sum(HEADER_SIZE + message.size for message in prepared) + codec.MIN_BLANK_SIZE > self.entries.config.data_file_size:
-            raise rec.MessageRejected(rec.PutMessageStatus.MESSAGE_ILLEGAL,
-                                      f"messages of {sum(m.size for m in prepared)} bytes do not fit a data file")  # fmt: skip
-        positions = self.entries.plan_positions([HEADER_SIZE + message.size for message in prepared])
-        store_timestamp = max(now_ms, self.last_store_timestamp)
-        table: dict[tuple[str, int], int] = {}
-        bodies, offsets, queue_offsets = [], [], []
-        for message, pos in zip(prepared, positions):
-            key = (message.message.topic, message.message.queue_id)
-            transactional = message.sysflag & rec.SYSFLAG_TRANSACTION_MASK in (
-                rec.SYSFLAG_TRANSACTION_PREPARED, rec.SYSFLAG_TRANSACTION_ROLLBACK)  # fmt: skip
-            queue_offset = 0 if transactional else table.get(key, self.queue_table.get(key, 0))
-            if not transactional:
-                table[key] = queue_offset + 1
-            buffer = bytearray(message.size)
-            rec.write_record(buffer, 0, message, queue_offset=queue_offset, physical_offset=pos + HEADER_SIZE,
-                             store_timestamp=store_timestamp, store_ip=self.store_ip, store_port=self.store_port)  # fmt: skip
-            bodies.append(bytes(buffer))
-            offsets.append(pos + HEADER_SIZE)
+    def __enter__(self) -> DLedgerMessageStore:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- the leader's writes --------------------------------------------------------------
+
+    def plan_append(self, messages: Sequence[rec.Message]) -> AppendPlan:
+        """Entry bodies for ``messages`` (one record each) at the next indexes; mutates nothing.
+        Raises ``rec.MessageRejected`` for a bad or oversize message (nothing planned)."""
+        body_size_max = self.config.max_message_size
+        prepared = [rec.prepare_message(message, crc_function=self.crc_function, body_size_max=body_size_max)
+                    for message in messages]  # fmt: skip
+        if not prepared:
+            raise rec.MessageRejected(rec.PutMessageStatus.MESSAGE_ILLEGAL, "empty batch")
+        store_ip, store_port, store_v6 = rec.encode_host(self.config.store_host)
+        sizes = [rec.with_store_host(message, store_v6=store_v6) for message in prepared]
+        first_index, positions = self._plan_positions(sizes)
+        store_timestamp = max(now_ms(), self._last_store_timestamp)
+        queue_next: dict[tuple[str, int], int] = {}
+        bodies, queue_offsets = [], []
+        for message, size, pos in zip(prepared, sizes, positions):
+            queue_offset = self._take_queue_offset(queue_next, message.message.topic, message.message.queue_id,
+                                                   message.sysflag)  # fmt: skip
+            body = bytearray(size)
+            rec.write_record(body, 0, message, queue_offset=queue_offset, physical_offset=pos + BODY_OFFSET,
+                             store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port)  # fmt: skip
+            bodies.append(bytes(body))
             queue_offsets.append(queue_offset)
-        return AppendPlan(self.entries.last_index() + 1, tuple(bodies), tuple(offsets), tuple(queue_offsets),
-                          store_timestamp, table)  # fmt: skip
+        return AppendPlan(first_index, tuple(bodies), tuple(pos + BODY_OFFSET for pos in positions),
+                          tuple(m.message.queue_id for m in prepared), tuple(queue_offsets), store_timestamp,
+                          queue_next)  # fmt: skip
+
+    def plan_batch(self, batch: rec.MessageBatch) -> AppendPlan:
+        """As ``plan_append`` for a batch sharing topic and queue: one entry per message."""
+        store_ip, store_port, store_v6 = rec.encode_host(self.config.store_host)
+        prepared = rec.prepare_batch(batch, body_size_max=self.config.max_message_size, store_v6=store_v6)
+        first_index, positions = self._plan_positions(prepared.sizes)
+        store_timestamp = max(now_ms(), self._last_store_timestamp)
+        queue_next: dict[tuple[str, int], int] = {}
+        first = self._take_queue_offset(queue_next, batch.topic, batch.queue_id, prepared.sysflag, prepared.count)
+        transactional = _transactional(prepared.sysflag)
+        shared = isinstance(prepared.properties, bytes)
+        bodies = []
+        for i, (body, size, pos) in enumerate(zip(batch.bodies, prepared.sizes, positions)):
+            one = rec.PreparedBatch(dataclasses.replace(batch, bodies=[body]), prepared.topic,
+                                    prepared.properties if shared else [prepared.properties[i]], prepared.sysflag,
+                                    prepared.born_ip, prepared.born_port, [size], size)  # fmt: skip
+            buffer = bytearray(size)
+            rec.write_batch(buffer, 0, one, queue_offset_first=first + i, physical_base=pos + BODY_OFFSET,
+                            store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port,
+                            crc_function=self.crc_function)  # fmt: skip
+            bodies.append(bytes(buffer))
+        queue_offsets = [0] * prepared.count if transactional else list(range(first, first + prepared.count))
+        return AppendPlan(first_index, tuple(bodies), tuple(pos + BODY_OFFSET for pos in positions),
+                          (batch.queue_id,) * prepared.count, tuple(queue_offsets), store_timestamp, queue_next)  # fmt: skip
+
+    def _plan_positions(self, record_sizes: list[int]) -> tuple[int, list[int]]:
+        """(first index, entry positions) for records of these sizes after the pending plans;
+        MessageRejected when one cannot fit a data file (with the blank record DLedger needs)."""
+        entry_sizes = [codec.entry_size(size) for size in record_sizes]
+        fit_max = self.dledger_config.data_file_size - codec.MIN_BLANK_SIZE
+        if max(entry_sizes) > fit_max:
+            raise rec.MessageRejected(rec.PutMessageStatus.MESSAGE_ILLEGAL,
+                                      f"an entry of {max(entry_sizes)} bytes does not fit a DLedger data file of "
+                                      f"{self.dledger_config.data_file_size} bytes")  # fmt: skip
+        pending = self._pending_sizes()
+        positions = self.entries.plan_positions(pending + entry_sizes)[len(pending) :]
+        return self.entries.last_index() + 1 + len(pending), positions
+
+    def _pending_sizes(self) -> list[int]:
+        """Sizes of accepted plans' entries not appended yet. Appended ones are dropped here, after
+        checking that what lies at their index is where and as large as planned; StoreError when
+        not (an accepted plan was not appended as planned)."""
+        entries = self.entries
+        last = entries.last_index()
+        for index, pos, size in self._pending:
+            if index > last:
+                break
+            if index >= entries.first_index() and entries.entry_span(index) != (pos, size):
+                raise StoreError(f"entry {index} lies at {entries.entry_span(index)}, planned at {(pos, size)}: "
+                                 "an accepted plan was not appended as planned (call discard_plans)")  # fmt: skip
+        self._pending = [item for item in self._pending if item[0] > last]
+        if self._pending and self._pending[0][0] != last + 1:
+            raise StoreError(f"accepted entries from {self._pending[0][0]} but the log ends at {last}: "
+                             "an accepted plan was not appended (call discard_plans)")  # fmt: skip
+        return [size for _, _, size in self._pending]
+
+    def _take_queue_offset(self, queue_next: dict, topic: str, queue_id: int, sysflag: int, count: int = 1) -> int:
+        if _transactional(sysflag):
+            return 0
+        key = (topic, queue_id)
+        first = queue_next.get(key, self._queue_table.get(key, 0))
+        queue_next[key] = first + count
+        return first
 
     def accept_plan(self, plan: AppendPlan) -> None:
-        """The core accepted the proposal of ``plan.bodies``: advance the queue table."""
-        self.queue_table.update(plan.table)
-        self.last_store_timestamp = plan.store_timestamp
+        """The core accepted ``plan``'s proposal: advance the queue table; the next plan starts
+        after it. Plans are accepted in the order they were made, each planned after the last."""
+        expected = self.entries.last_index() + 1 + len(self._pending_sizes())
+        if plan.first_index != expected:
+            raise ValueError(f"plan starts at entry {plan.first_index}, the next is {expected} (planned out of order?)")
+        for key, next_offset in plan.queue_next.items():
+            assert next_offset >= self._queue_table.get(key, 0), (key, next_offset)
+        self._queue_table.update(plan.queue_next)
+        positions = [offset - BODY_OFFSET for offset in plan.offsets]
+        self._pending.extend(
+            zip(range(plan.first_index, plan.first_index + len(plan.bodies)), positions, plan.entry_sizes)
+        )
+        self._last_store_timestamp = max(self._last_store_timestamp, plan.store_timestamp)
 
-    # -- commit and dispatch ---------------------------------------------------------------
-
-    @property
-    def committed_index(self) -> int:
-        return self.entries.committed_index
+    def discard_plans(self) -> None:
+        """No longer leading: forget accepted-but-unappended plans and the queue table's advance."""
+        self._pending.clear()
+        self._queue_table = self.consume_queues.queue_offset_table()
 
     def set_committed(self, index: int) -> None:
-        """The core's committed index (it never goes back)."""
+        """The core's committed index (never goes back; capped at the log's end by the entries)."""
         self.entries.update_committed_index(index)
 
-    def dispatch(self, max_bytes: int | None = None) -> int:
-        """Consume-queue units for committed entries not yet dispatched, in index order; returns
-        how many entries were read. An entry whose record cannot be parsed stops dispatch and is
-        named in ``dispatch_error``."""
-        if self.dispatch_error is not None:
-            return 0
-        budget = max_bytes or self.config.dispatch_batch_size_max
-        count = 0
-        while self.dispatched_index < self.committed_index and budget > 0:
-            entry = self.entries.get(self.dispatched_index + 1)
-            if entry.body:
-                try:
-                    self._dispatch_record(entry.pos, entry.body)
-                except rec.RecordError as error:
-                    self.dispatch_error = f"entry {entry.index} at {entry.pos}: {error}"
-                    return count
-            self.dispatched_index = entry.index
-            budget -= entry.size
-            count += 1
-        return count
-
-    def _dispatch_record(self, pos: int, body: bytes) -> None:
-        size, physical, topic, queue_id, queue_offset, sysflag, store_ts, tags = rec.decode_dispatch(memoryview(body), 0, len(body))
-        if physical != pos + HEADER_SIZE or size != len(body):
-            raise rec.RecordError(f"PHYSICALOFFSET {physical}, size {size}: the entry says {pos + HEADER_SIZE}, {len(body)}")
-        if sysflag & rec.SYSFLAG_TRANSACTION_MASK in (rec.SYSFLAG_TRANSACTION_PREPARED, rec.SYSFLAG_TRANSACTION_ROLLBACK):
-            return
-        queue = self.consume_queues.find_or_create(topic, queue_id)
-        queue.put_run(queue_offset, CQ_UNIT.pack(physical, size, tags), physical + size, store_ts)
-
-    def caught_up(self) -> bool:
-        """Every entry is committed and dispatched: a new leader may resume queue offsets."""
-        return self.entries.last_index() == self.committed_index == self.dispatched_index
-
-    def resume_queue_offsets(self) -> None:
-        assert self.caught_up(), "resume queue offsets only once every entry is dispatched"
-        if self.dispatch_error is not None:
-            raise StoreError(f"cannot take writes: {self.dispatch_error}")
-        self.queue_table = self.consume_queues.queue_offset_table()
-
-    # -- offsets ---------------------------------------------------------------------------
+    # -- dispatch -------------------------------------------------------------------------
 
     @property
-    def dispatch_end_offset(self) -> int:
-        return self.committed_end_offset()
+    def sync_flush(self) -> bool:
+        """False: a DLedger write is durable through the quorum; the driver flushes entries."""
+        return False
 
     @property
     def reput_from_offset(self) -> int:
-        """The offset dispatch has reached (the classic store's name)."""
-        return self._end_of(self.dispatched_index)
+        """Commit-log offset up to which committed entries are dispatched (MessageStore's name)."""
+        return self._end_offset_of(self.dispatched_index)
 
-    def committed_end_offset(self) -> int:
-        """The offset just past the last committed entry: the readable end."""
-        return self._end_of(self.committed_index)
+    @property
+    def dispatch_end_offset(self) -> int:
+        """Dispatch goes up to the committed end (a property, as MessageStore's)."""
+        return self.committed_end_offset()
 
-    def _end_of(self, index: int) -> int:
-        if index < self.entries.first_index():
+    def dispatch(self, max_bytes: int | None = None) -> int:
+        """Consume-queue units for committed entries after ``dispatched_index``, about
+        ``max_bytes`` (default ``dispatch_batch_size_max``) of entries; return how many entries were
+        dispatched (no-ops, empty bodies, included: non-zero means progress). A body that is not
+        one record at its offset stops dispatch and is reported in ``dispatch_error``."""
+        if self.dispatch_error is not None:
             return 0
+        budget = max_bytes or self.config.dispatch_batch_size_max
+        entries = self.entries
+        count = 0
+        while self.dispatched_index < entries.committed_index and budget > 0:
+            index = self.dispatched_index + 1
+            pos, size = entries.entry_span(index)
+            if size > BODY_OFFSET:
+                error = self._dispatch_entry(index, pos, size)
+                if error is not None:
+                    self.dispatch_error = error
+                    return count
+            self.dispatched_index = index
+            budget -= size
+            count += 1
+        return count
+
+    def _dispatch_entry(self, index: int, pos: int, size: int) -> str | None:
+        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(pos)
+        base = mapped_file.file_from_offset
+        start, limit = pos + BODY_OFFSET - base, pos + size - base
+        view = mapped_file.view()
+        position, stop, records, runs = dispatch_units(view, start, limit, base, 1)
+        if stop == _STOP_SLOW:
+            position, stop, records, runs = _dispatch_units_python(view, start, limit, base, records_max=1)
+        if stop in (_STOP_MALFORMED, _STOP_BLANK) or records != 1 or position != limit:
+            return f"entry {index}: its body at offset {pos + BODY_OFFSET} is not one record (malformed)"
+        for topic, queue_id, first_queue_offset, count, units, _first, last_end, store_ts in runs:
+            name = _topic_name(topic)
+            if name is None:
+                self.dispatch_skipped += count
+                continue
+            self.consume_queues.find_or_create(name, queue_id).put_run(first_queue_offset, units, last_end, store_ts)
+        return None
+
+    def caught_up(self) -> bool:
+        """Every entry committed and dispatched (DLedgerRoleChangeHandler's test before a leader
+        takes writes: ledgerEnd == committedIndex and no dispatch behind)."""
+        entries = self.entries
+        return (entries.last_index() == entries.committed_index and self.dispatched_index >= entries.committed_index
+                and self.dispatch_error is None)  # fmt: skip
+
+    def resume_queue_offsets(self) -> None:
+        """A new leader, once caught up: continue each queue from its consume queue (entries it
+        followed were dispatched, not planned here). StoreError when not caught up."""
+        while self.dispatch():
+            pass
+        if not self.caught_up():
+            raise StoreError(f"cannot take writes: log ends at {self.entries.last_index()}, committed "
+                             f"{self.entries.committed_index}, dispatched {self.dispatched_index}, "
+                             f"dispatch error {self.dispatch_error}")  # fmt: skip
+        self._pending.clear()
+        self._queue_table = self.consume_queues.queue_offset_table()
+
+    def flush_consume_queues(self, least_pages: int = 0) -> None:
+        newest = self.consume_queues.flush(least_pages)
+        if newest:
+            self.checkpoint.logics_msg_timestamp = newest
+
+    def write_checkpoint(self) -> None:
+        """The store checkpoint and the entries' checkpoint (endIndex, committedIndex, flushedIndex)."""
+        self.checkpoint.flush()
+        self.entries.persist_checkpoint()
+
+    def flush_commitlog(self, least_pages: int = 0) -> int:
+        """Flush the entries (``least_pages`` is ignored: DLedger flushes all); return the
+        commit-log offset up to which they are durable."""
+        return self._end_offset_of(self.entries.flush())
+
+    def warm_commitlog(self, ahead: int | None = None) -> None:
+        self.entries.warm_ahead(self.config.warm_ahead_size if ahead is None else ahead)
+
+    @property
+    def commit_log(self) -> _LogFiles:
+        """Only ``mapped_file_queue`` (the DLedger data files), what StoreTasks looks at."""
+        return _LogFiles(self.entries.data_file_list)
+
+    def clean_expired(self, *, now_ms_value: int | None = None) -> list[str]:
+        """Retention is not implemented in DLedger mode yet: nothing is deleted."""
+        return []
+
+    # MessageStore's disk check (every disk_check_interval_ms), on the same attributes.
+    disk_full = MessageStore.disk_full
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    def _dledger_start(self) -> int:
+        """Commit-log offset where the DLedger part starts."""
+        entries = self.entries
+        if entries.last_index() >= entries.first_index():
+            return entries.pos_at(entries.first_index())
+        if entries.data_file_list.mapped_files:
+            return entries.data_file_list.min_offset
+        return max(self.divided_offset, 0)
+
+    def _end_offset_of(self, index: int) -> int:
+        """End of entry ``index`` in the commit-log offset space (the DLedger start below the first)."""
+        if index < self.entries.first_index():
+            return self._dledger_start()
         pos, size = self.entries.entry_span(index)
         return pos + size
 
-    def offset_of_index(self, index: int) -> int:
-        return self.entries.pos_at(index) + HEADER_SIZE
+    def _entries_end(self) -> int:
+        return self._end_offset_of(self.entries.last_index())
 
-    @property
-    def max_offset(self) -> int:
-        return self._data_end()
+    def _first_index_at_or_after(self, pos: int) -> int:
+        entries = self.entries
+        indexes = range(entries.first_index(), entries.last_index() + 1)
+        return entries.first_index() + bisect.bisect_left(indexes, pos, key=entries.pos_at)
+
+    def committed_end_offset(self) -> int:
+        """Commit-log offset just past the last committed entry: the readable end."""
+        return self._end_offset_of(self.entries.committed_index)
+
+    def offset_of_index(self, index: int) -> int:
+        """PHYSICALOFFSET of the message in entry ``index`` (its pos + 48)."""
+        return self.entries.pos_at(index) + BODY_OFFSET
 
     @property
     def min_offset(self) -> int:
-        first = self.entries.first_index()
-        return self.entries.pos_at(first) if first <= self.entries.last_index() else 0
+        return self.classic.min_offset if self.classic is not None else self._dledger_start()
 
-    # -- reading ---------------------------------------------------------------------------
+    # -- reading ----------------------------------------------------------------------------
 
-    def _committed_body(self, offset: int) -> tuple[int, bytes]:
+    def _record_at(self, offset: int, *, committed_only: bool = True, crc_function=None) -> rec.Record:
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            return self.classic.get_record(offset, crc_function=crc_function)
         try:
-            entry = self.entries.get_by_pos(offset - HEADER_SIZE)
-        except ValueError as error:
+            stored = self.entries.get_by_pos(offset - BODY_OFFSET)
+        except (ValueError, IndexError, StoreError) as error:
             raise ReadError(f"no message at offset {offset}: {error}") from None
-        if entry.index > self.committed_index:
-            raise ReadError(f"offset {offset} is entry {entry.index}, not committed yet (committed {self.committed_index})")
-        if not entry.body:
-            raise ReadError(f"offset {offset} is entry {entry.index}, a leader's no-op entry without a message")
-        return entry.index, entry.body
-
-    def read(self, offset: int, size_max: int) -> memoryview:
-        """The record at ``offset`` (a committed message's PHYSICALOFFSET), whole, if it fits."""
-        _index, body = self._committed_body(offset)
-        return memoryview(body)[:size_max]
+        if committed_only and stored.index > self.entries.committed_index:
+            raise ReadError(f"entry {stored.index} at offset {offset} is not committed")
+        try:
+            record = rec.decode_record(stored.body, 0, crc_function=crc_function, limit=len(stored.body))
+        except rec.RecordError as error:
+            raise ReadError(f"entry {stored.index} at offset {offset}: {error.reason}") from None
+        if record.physical_offset != offset:
+            raise ReadError(f"entry {stored.index}: its record names offset {record.physical_offset}, not {offset}")
+        return record
 
     def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
-        _index, body = self._committed_body(offset)
-        return rec.decode_record(body, crc_function=self.crc_function if check_crc else None)
+        """The committed message whose commit-log offset is ``offset``; ReadError otherwise."""
+        return self._record_at(offset, crc_function=self.crc_function if check_crc else None)
+
+    def read(self, offset: int, size_max: int) -> memoryview:
+        """Zero-copy bytes from ``offset``: up to ``size_max``, never past a file's end nor, in the
+        DLedger part, past the committed end (DLedgerCommitLog.getData)."""
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            return self.classic.read(offset, size_max)
+        start, end = self._dledger_start(), self.committed_end_offset()
+        if not start <= offset < end:
+            raise ReadError(f"offset {offset} outside the committed DLedger log [{start}, {end})")
+        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
+        position = offset - mapped_file.file_from_offset
+        size = min(size_max, mapped_file.wrote_position - position, end - offset)
+        return mapped_file.slice(position, size)
 
     def pull(self, topic: str, queue_id: int, queue_offset: int, count_max: int) -> list[rec.Record]:
         queue = self.consume_queues.find(topic, queue_id)
@@ -302,43 +571,45 @@ class DLedgerMessageStore:
             return []
         return [self.get_record(offset) for offset, _size, _tags in queue.read(queue_offset, count_max)]
 
-    def iter_committed(self, from_index: int | None = None) -> Iterator[tuple[int, int, bytes]]:
-        """(index, PHYSICALOFFSET, record) of every committed message entry from ``from_index``."""
-        index = max(self.entries.first_index(), from_index if from_index is not None else 0)
-        while index <= self.committed_index:
-            entry = self.entries.get(index)
-            if entry.body:
-                yield entry.index, entry.pos + HEADER_SIZE, entry.body
-            index += 1
-
     def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern) -> Iterator[tuple[re.Match, RecordPlace]]:
-        """Matches of ``pattern`` in the committed records of the last ``span_bytes`` of the log
-        (the producer table's rebuild), each with the place of its record."""
-        start = max(0, self.committed_end_offset() - span_bytes)
-        first = self._index_ending_at_or_before(start) + 1
-        for _index, offset, body in self.iter_committed(first):
-            for match in pattern.finditer(body):
-                size, _physical, _topic, queue_id, queue_offset, *_ = rec.decode_dispatch(memoryview(body), 0, len(body))
-                yield match, RecordPlace(offset, size, queue_id, queue_offset)
-
-    # -- background work (the classic store's names, for StoreTasks) ----------------------
-
-    def flush_commitlog(self, least_pages: int = 0) -> int:
-        return self.entries.flush()
-
-    def flush_consume_queues(self, least_pages: int = 0) -> None:
-        self.consume_queues.flush(least_pages)
-
-    def write_checkpoint(self) -> None:
-        self.entries.persist_checkpoint()
-
-    def disk_full(self) -> bool:
-        return False
+        """Matches of ``pattern`` ending exactly where a record ends (its properties), in the
+        committed entries of the last ``span_bytes`` of the DLedger part (the classic part is not
+        searched), with where that record is (MessageStore.find_at_record_ends)."""
+        entries = self.entries
+        end = self.committed_end_offset()
+        index = self._first_index_at_or_after(end - span_bytes)
+        while index <= entries.committed_index:
+            pos, size = entries.entry_span(index)
+            index += 1
+            if size <= BODY_OFFSET:
+                continue
+            mapped_file = entries.data_file_list.find_mapped_file_by_offset(pos)
+            base = mapped_file.file_from_offset
+            view = mapped_file.view()
+            start, limit = pos + BODY_OFFSET - base, pos + size - base
+            for match in pattern.finditer(view, start, limit):
+                if match.end() != limit:
+                    continue
+                _, _, _, queue_id, queue_offset, sysflag, _, _ = rec.decode_dispatch(view, start, limit)
+                if not _transactional(sysflag):
+                    yield match, RecordPlace(pos + BODY_OFFSET, size - BODY_OFFSET, queue_id, queue_offset)
 
     def statistics(self) -> StoreStatistics:
-        flushed = self.entries.flushed_index()
-        return StoreStatistics(min_offset=self.min_offset, max_offset=self.max_offset,
-                               flushed_offset=self._end_of(flushed), committed_offset=self.committed_end_offset(),
-                               dispatched_offset=self.reput_from_offset,
-                               segments=len(self.entries.data_file_list.mapped_files),
-                               consume_queues=len(self.consume_queues.queues), disk_used_ratio=0.0)  # fmt: skip
+        classic_segments = len(self.classic.mapped_file_queue.mapped_files) if self.classic is not None else 0
+        return StoreStatistics(
+            min_offset=self.min_offset,
+            max_offset=self.committed_end_offset(),
+            flushed_offset=self._end_offset_of(self.entries.flushed_index()),
+            committed_offset=self.committed_end_offset(),
+            dispatched_offset=self.reput_from_offset,
+            segments=classic_segments + len(self.entries.data_file_list.mapped_files),
+            consume_queues=len(self.consume_queues.queues),
+            disk_used_ratio=disk_used_ratio(self.path),
+        )
+
+
+def _transactional(sysflag: int) -> bool:
+    return sysflag & rec.SYSFLAG_TRANSACTION_MASK in (
+        rec.SYSFLAG_TRANSACTION_PREPARED,
+        rec.SYSFLAG_TRANSACTION_ROLLBACK,
+    )

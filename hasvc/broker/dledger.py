@@ -221,7 +221,7 @@ class RaftDriver:
 
     def propose(self, messages: list[rec.Message]) -> AppendResult:
         try:
-            plan = self.store.plan_append(messages, now_ms=time.time_ns() // 1_000_000)
+            plan = self.store.plan_append(messages)
         except rec.MessageRejected as error:
             return AppendResult(error.status, reason=error.reason)
         result = self.node.propose(plan.bodies, trio.current_time())
@@ -389,7 +389,7 @@ class DLedgerBroker:
             self.config.store, self.config.store_config(), self_id=self.group.self_id,
             entry_class=Entry, hard_state_class=HardState))  # fmt: skip
         LOGGER.info("store %s: entries %d..%d, committed %d, dispatched %d", self.config.store,
-                    self.store.entries.first_index(), self.store.entries.last_index(), self.store.committed_index,
+                    self.store.entries.first_index(), self.store.entries.last_index(), self.store.entries.committed_index,
                     self.store.dispatched_index)  # fmt: skip
         try:
             async with trio.open_nursery() as nursery:
@@ -461,10 +461,11 @@ class DLedgerBroker:
         if self._taking_writes and not leading:
             self._taking_writes = False
             self.role_state.role = BrokerRole.SLAVE
+            self.store.discard_plans()
             self.put_service.fail_ack_waits()
             LOGGER.warning("no longer leading (term %d): writes refused, waiting puts failed", node.term)
         elif leading and not self._taking_writes:
-            if self.store.dispatched_index < self.store.committed_index:
+            if self.store.dispatched_index < self.store.entries.committed_index:
                 self._dispatch_wakeup.set()
                 return
             if not self.store.caught_up():

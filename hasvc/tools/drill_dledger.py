@@ -133,14 +133,17 @@ class DLedgerDrill:
         self.root = root or tempfile.mkdtemp(prefix="hasvc-drill-dledger-")
         self.echo = echo
         self.relay = PartitionRelay({member: (LOOPBACK, free_port()) for member in self.members})
+        # Client ports fixed too: a restarted member must be where the producers' client looks.
+        self.client_ports = {member: free_port() for member in self.members}
         self.nodes: dict[str, Node] = {}
         self.next_number = 0
         self.acked: dict[int, int] = {}  # message number -> acknowledged offset
         self.ok_times: list[tuple[float, float]] = []  # (send started, answered) of every PUT_OK
         self.lost: set[int] = set()
+        self.paused = False  # producers hold off while a round's checks run (logs must stand still)
 
     def node_args(self, member: str) -> list[str]:
-        args = ["--store", os.path.join(self.root, member), "--listen", f"{LOOPBACK}:0", "--group", GROUP,
+        args = ["--store", os.path.join(self.root, member), "--listen", f"{LOOPBACK}:{self.client_ports[member]}", "--group", GROUP,
                 "--peers", self.relay.peers_for(member), "--self", member,
                 "--set", f"commitlog_segment_size={self.segment_size}", "--set", "disk_clean_ratio=1.0"]  # fmt: skip
         for setting in self.settings:
@@ -183,6 +186,8 @@ class DLedgerDrill:
 
     async def producer(self, client: hc.FailoverClient) -> None:
         while True:
+            while self.paused:
+                await trio.sleep(0.01)
             number = self.next_number
             self.next_number += 1
             started = time.monotonic()
@@ -219,8 +224,13 @@ class DLedgerDrill:
             self.relay.heal(victim)
         else:
             await trio.to_thread.run_sync(self.nodes[victim].start)
-        await self.wait_caught_up()
-        return self.verify(number, fault, victim, failover, before, new_leader)
+        await trio.sleep(SETTLE_SECONDS)  # writes go on while the member rejoins
+        self.paused = True
+        try:
+            await self.wait_caught_up()
+            return self.verify(number, fault, victim, failover, before, new_leader)
+        finally:
+            self.paused = False
 
     async def wait_caught_up(self) -> None:
         """Every member has the same ledger end, all committed and dispatched."""

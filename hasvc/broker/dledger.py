@@ -314,8 +314,12 @@ class RaftDriver:
         connection = transport.Connection(stream, transport.peer_name(stream))
         try:
             await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
-        except (transport.AuthenticationError, trio.TooSlowError, trio.BrokenResourceError, EOFError, OSError) as error:
+        except (transport.AuthenticationError, wire.ProtocolError, trio.TooSlowError, trio.BrokenResourceError,
+                EOFError, OSError) as error:  # fmt: skip
+            self.refused_connections += 1
             LOGGER.warning("raft: %s refused: %s", connection.peer, error)
+            with trio.CancelScope(shield=True):
+                await connection.stream.aclose()
             return
         decoder = raft_wire.RaftDecoder()
         source = None

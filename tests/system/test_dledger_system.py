@@ -33,14 +33,7 @@ def _start_group(tmp_path, size: int) -> dict[str, Node]:
             args += ["--set", setting]
         nodes[member] = Node(str(tmp_path), member, args)
     for node in nodes.values():
-        node.popen = subprocess.Popen([sys.executable, "-m", "hasvc.cli", "node", *node.args], stdout=subprocess.PIPE,
-                                      stderr=open(node.log_path, "ab"))  # fmt: skip
-    for node in nodes.values():  # started together: one alone would wait for a quorum
-        import json
-
-        line = node.popen.stdout.readline().decode()
-        assert line.startswith("READY "), f"{node.member} did not start: {open(node.log_path).read()[-2000:]}"
-        node.ready = json.loads(line[6:])
+        node.start()  # READY comes once its ports listen, before any election
     return nodes
 
 

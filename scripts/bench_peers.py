@@ -133,6 +133,67 @@ class RedisPair:
             stop_process(process)
 
 
+# -- etcd --------------------------------------------------------------------------------------
+
+
+ETCD_MEMBERS = 3
+ETCD_CONNECTIONS_MAX = 8  # etcd's benchmark: --conns (shared round-robin by --clients goroutines)
+
+
+class EtcdGroup:
+    """Three etcd members on loopback, data on disk (a put is acknowledged once a quorum has it in
+    its fsynced WAL, etcd's promise), etcd's default timing (heartbeat 100 ms, election 1 000 ms)."""
+
+    def __init__(self, root: str):
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+        self.client_ports = [free_port() for _ in range(ETCD_MEMBERS)]
+        peer_ports = [free_port() for _ in range(ETCD_MEMBERS)]
+        cluster = ",".join(f"e{i}=http://127.0.0.1:{port}" for i, port in enumerate(peer_ports))
+        self.members = []
+        for i in range(ETCD_MEMBERS):
+            client, peer = f"http://127.0.0.1:{self.client_ports[i]}", f"http://127.0.0.1:{peer_ports[i]}"
+            args = ["etcd", "--name", f"e{i}", "--data-dir", os.path.join(root, f"etcd{i}"), "--listen-client-urls", client,
+                    "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                    "--initial-cluster", cluster, "--initial-cluster-state", "new", "--logger", "zap",
+                    "--log-outputs", "stderr"]  # fmt: skip
+            with open(os.path.join(root, f"etcd{i}.log"), "wb") as log:
+                self.members.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
+        self.endpoints = ",".join(f"127.0.0.1:{port}" for port in self.client_ports)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["etcdctl", "--endpoints", self.endpoints, "endpoint", "health"], capture_output=True,
+                             env={**os.environ, "ETCDCTL_API": "3"}).returncode != 0:  # fmt: skip
+            if time.monotonic() > deadline or any(m.poll() is not None for m in self.members):
+                raise RuntimeError(f"etcd did not start (see {root}/etcd*.log)")
+            time.sleep(0.2)
+
+    def version(self) -> str:
+        return subprocess.run(["etcd", "--version"], capture_output=True, text=True).stdout.split()[2]
+
+    def run(self, load: str, clients: int, duration: float) -> dict:
+        pids = {f"etcd {i}": member.pid for i, member in enumerate(self.members)}
+        before = {name: process_cpu_seconds(pid) for name, pid in pids.items()}
+        started = time.perf_counter()
+        child_before = os.times()
+        conns = min(clients, ETCD_CONNECTIONS_MAX)
+        done = subprocess.run([load, self.endpoints, str(conns), str(clients), str(duration), str(SIZE)],
+                              capture_output=True, text=True, timeout=duration + 60)  # fmt: skip
+        seconds = time.perf_counter() - started
+        child_after = os.times()
+        if done.returncode != 0:
+            raise RuntimeError(f"etcd_load failed: {done.stderr.strip()}")
+        data = json.loads(done.stdout)
+        cpu = {name: 100 * (process_cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
+        load_cpu = (child_after.children_user + child_after.children_system) - (child_before.children_user + child_before.children_system)
+        cpu["load generator"] = 100 * load_cpu / seconds
+        return {"acked_per_second": data["acked"] / data["seconds"], "p50_us": data["p50_us"], "p99_us": data["p99_us"],
+                "failed": data["failed"], "cpu_percent": cpu}  # fmt: skip
+
+    def close(self) -> None:
+        for member in self.members:
+            stop_process(member)
+
+
 # -- PostgreSQL --------------------------------------------------------------------------------
 
 
@@ -621,7 +682,7 @@ def draw_chart(results: dict, path: str) -> None:
 # -- main --------------------------------------------------------------------------------------
 
 
-def preflight(skip: set[str], redis_load: str | None) -> list[str]:
+def preflight(skip: set[str], redis_load: str | None, etcd_load: str | None = None) -> list[str]:
     """What the run will need, checked before the first measurement (a run takes ~10 minutes)."""
     problems = []
     try:
@@ -639,6 +700,11 @@ def preflight(skip: set[str], redis_load: str | None) -> list[str]:
             pg_bin()
         except (RuntimeError, OSError) as error:
             problems.append(f"{error} (apt-get install postgresql, or --skip postgres)")
+    if "etcd" not in skip:
+        problems += [f"{tool} is not on the PATH (apt-get install etcd-server etcd-client, or --skip etcd)"
+                     for tool in ("etcd", "etcdctl") if shutil.which(tool) is None]  # fmt: skip
+        if etcd_load is None or not os.access(etcd_load, os.X_OK):
+            problems.append("--etcd-load names no executable (scripts/bench_peers builds it from scripts/etcd_load.go; or --skip etcd)")
     if "hasvc" not in skip and shutil.which("cc") is None:
         problems.append("a C compiler (cc) is needed to build scripts/hasvc_load.c (or --skip hasvc)")
     return problems
@@ -659,7 +725,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--redis-load-threads", type=int, default=1, help="threads of redis_load, each an epoll loop (1 or 2)")
     parser.add_argument("--pgbench-jobs", type=int, default=os.cpu_count() or 2, help="pgbench -j is min(clients, this)")
     parser.add_argument("--pgbench-protocol", default="prepared", choices=("simple", "extended", "prepared"), help="pgbench -M")
-    parser.add_argument("--skip", default="", help="comma-separated: redis, postgres, hasvc, ceilings")
+    parser.add_argument("--etcd-load", default=None, help="the built etcd_load binary (scripts/etcd_load.go)")
+    parser.add_argument("--skip", default="", help="comma-separated: redis, postgres, hasvc, etcd, ceilings")
     parser.add_argument("--echo-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--relay-slave", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--relay-master", type=int, default=None, help=argparse.SUPPRESS)
@@ -678,7 +745,7 @@ def main() -> int:
         trio.run(_relay_master, args.relay_master)
         return 0
     skip = set(filter(None, args.skip.split(",")))
-    problems = preflight(skip, args.redis_load)
+    problems = preflight(skip, args.redis_load, args.etcd_load)
     if problems:
         print("bench_peers cannot run:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
@@ -687,7 +754,8 @@ def main() -> int:
     versions = {"python": platform.python_version(), "trio": trio.__version__}
     started = time.monotonic()
     chart = os.path.splitext(args.out)[0] + ".png"
-    shown = [arg for i, arg in enumerate(sys.argv[1:]) if arg != "--redis-load" and (i == 0 or sys.argv[i] != "--redis-load")]
+    built = ("--redis-load", "--etcd-load")  # paths of binaries the shell script built: not settings
+    shown = [arg for i, arg in enumerate(sys.argv[1:]) if arg not in built and (i == 0 or sys.argv[i] not in built)]
     settings = {"args": " ".join(shown), "date": time.strftime("%Y-%m-%d"), "runs": args.runs, "duration": args.duration,
                 "machine": f"{os.cpu_count()} cores, {platform.platform()}", "load_before": load_average(),
                 "redis_threads": args.redis_load_threads, "pgbench_jobs": args.pgbench_jobs,
@@ -797,6 +865,20 @@ def measure_all(args: argparse.Namespace, skip: set[str], root: str, versions: d
         with hasvc_pair(role="async", flush="async") as pair:
             for n in CONCURRENCY:
                 points([(f"hasvc ASYNC_MASTER, ASYNC_FLUSH @{n}", hasvc(pair, n, 1))])
+    measure_raft(args, skip, root, versions, points)
+
+
+def measure_raft(args: argparse.Namespace, skip: set[str], root: str, versions: dict, points) -> None:
+    """etcd, three members on loopback (its promise: a quorum's fsynced WAL), driven by its own
+    client library the way etcd's benchmark tool does (scripts/etcd_load.go)."""
+    if "etcd" in skip:
+        return
+    with contextlib.ExitStack() as stack:
+        etcd = EtcdGroup(os.path.join(root, "etcd"))
+        stack.callback(etcd.close)
+        versions["etcd"] = etcd.version()
+        for n in CONCURRENCY:
+            points([(f"etcd put, 3 members, WAL fsynced @{n}", lambda n=n: etcd.run(args.etcd_load, n, args.duration))])
 
 
 @contextlib.contextmanager

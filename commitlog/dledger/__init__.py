@@ -8,6 +8,9 @@
 ``inspect``      read-only ``verify`` and ``iter_entries`` of a store directory.
 ``upgrade``      smooth upgrade: a classic commit log continued by DLedger (dividedCommitlogOffset).
 ``state_files``  the properties files (checkpoint, currterm), replaced durably.
+``message_store``  ``DLedgerMessageStore``: a DLedger member's message store (DLedgerCommitLog): one record
+                 per entry at pos + 48, consume queues over committed entries, the classic part below the divide.
+``message_inspect``  read-only ``verify_member`` and ``iter_messages`` over both parts (``hasvc store``).
 Synchronous; imports neither trio nor hasvc. docs/FORMAT.md, "DLedger store", has the formats.
 """
 

@@ -12,6 +12,7 @@ from hasvc.cli.bench import bench
 from hasvc.cli.broker import master, slave
 from hasvc.cli.client import demote, promote, read, send, status
 from hasvc.cli.drill import demo, drill
+from hasvc.cli.node import node
 from hasvc.cli.proxy import register as register_proxy
 from hasvc.cli.spark import spark
 from hasvc.cli.store import store
@@ -28,6 +29,6 @@ def main() -> None:
     """
 
 
-for command in (store, master, slave, send, read, promote, demote, status, demo, drill, bench, spark):
+for command in (store, master, slave, node, send, read, promote, demote, status, demo, drill, bench, spark):
     main.add_command(command)
 register_proxy(main, bench)  # hasvc proxy, hasvc bench proxy

@@ -61,7 +61,11 @@ def bench_recover(size_mb, body_size, segment_size_mb, runs, json_path) -> None:
 @click.option("--duration", type=float, default=5.0, show_default=True, help="Seconds per run.")
 @click.option("--runs", type=int, default=3, show_default=True)
 @click.option("--role", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
-@click.option("--flush", type=click.Choice(["sync", "async"]), default="async", show_default=True)
+@click.option("--mode", type=click.Choice(["classic", "dledger"]), default="classic", show_default=True,
+              help="classic: a master + slave (--role); dledger: a Raft group of --nodes `hasvc node`s, etcd-like timing.")
+@click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True, help="dledger: group size.")
+@click.option("--flush", type=click.Choice(["sync", "async"]), default="async", show_default=True,
+              help="classic: the master's flush; dledger: sync = a quorum fsyncs an entry before it counts (etcd's promise).")
 @click.option("--slave-flush-before-ack", is_flag=True, help="The slave fsyncs before acknowledging.")
 @click.option("--master", default=None, help="Target a running master instead of starting a local pair.")
 @secret_option
@@ -69,14 +73,14 @@ def bench_recover(size_mb, body_size, segment_size_mb, runs, json_path) -> None:
               help="c: scripts/hasvc_load.c, built on first use (no secret support); python: hasvc.client; "
                    "auto: c when a compiler is there and no secret is given.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def bench_sync_write(producers, connections, size, batch, duration, runs, role, flush, slave_flush_before_ack, master,
-                     secret_file, load_generator, json_path) -> None:  # fmt: skip
+def bench_sync_write(producers, connections, size, batch, duration, runs, role, mode, nodes, flush, slave_flush_before_ack,
+                     master, secret_file, load_generator, json_path) -> None:  # fmt: skip
     """Acknowledged writes per second, MB/s and latency percentiles against a master + slave."""
     from hasvc.tools.bench.store import write_json
     from hasvc.tools.bench.sync_write import bench_sync_write as run
 
     data = run(producers=producers, connections=connections, size=size, batch=batch, duration=duration, runs=runs,
-               role=role, flush=flush, master=master, slave_flush_before_ack=slave_flush_before_ack,
+               role="dledger" if mode == "dledger" else role, nodes=int(nodes), flush=flush, master=master, slave_flush_before_ack=slave_flush_before_ack,
                secret=client_secret(secret_file), load_generator=load_generator, echo=click.echo)  # fmt: skip
     write_json(json_path, data)
 

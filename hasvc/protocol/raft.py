@@ -22,7 +22,7 @@ message frames, whose source and target are those of the sender's HELLO. Every f
 
 A frame over ``frame_size_max``, an unknown kind or enum value, a negative term, an index below
 -1, a body whose fields do not fill its length exactly, or a message before HELLO raises
-``ProtocolError`` (the driver closes that connection alone). docs/RAFT-PROTOCOL.md has the byte
+``ProtocolError`` (the driver closes that connection alone). docs/PROTOCOL.md §4 has the byte
 tables.
 """
 

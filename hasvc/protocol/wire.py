@@ -38,6 +38,7 @@ PROOF_SIZE: Final = 32
 
 PORT_KIND_CLIENT: Final = 1
 PORT_KIND_HA: Final = 2
+PORT_KIND_RAFT: Final = 3  # a DLedger member's Raft port (docs/PROTOCOL.md, the Raft port)
 
 AUTH_STATUS_OK: Final = 0
 AUTH_STATUS_BAD_PROOF: Final = 1

@@ -242,13 +242,68 @@ class LocalPair:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+class LocalGroup:
+    """A DLedger group of ``nodes`` ``hasvc node`` processes with temporary stores, etcd-like
+    election timing; ``master`` is the leader once it plays SYNC_MASTER. Stopped by PID on exit.
+    ``flush`` "sync": an entry counts toward the quorum once fsynced (etcd's promise)."""
+
+    def __init__(self, *, nodes: int, flush: str, settings: dict[str, str] | None = None):
+        from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
+        from hasvc.tools.partition import free_port
+
+        self.root = tempfile.mkdtemp(prefix="hasvc-bench-dledger-")
+        members = [f"n{i}" for i in range(nodes)]
+        peers = ";".join(f"{member}-127.0.0.1:{free_port()}" for member in members)
+        extra = [*ETCD_LIKE_SETTINGS, *(f"{name}={value}" for name, value in (settings or {}).items())]
+        self.nodes = []
+        for member in members:
+            args = ["--store", os.path.join(self.root, member), "--listen", "127.0.0.1:0", "--group", "bench",
+                    "--peers", peers, "--self", member, "--flush", flush]  # fmt: skip
+            for setting in extra:
+                args += ["--set", setting]
+            node = Node(self.root, member, args)
+            self.nodes.append(node)
+            node.start()
+        self.master = {"listen": self._leader()}
+
+    def _leader(self, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                with hc.BlockingClient(node.client_address) as client:
+                    if client.status()["role"] == "SYNC_MASTER":
+                        return node.client_address
+            time.sleep(0.05)
+        raise RuntimeError("no leader took writes")
+
+    def wait_connected(self) -> None:
+        pass  # the leader plays SYNC_MASTER only once a quorum follows it
+
+    @property
+    def pids(self) -> dict[str, int]:
+        leader = self.master["listen"]
+        return {("leader " if node.client_address == leader else "") + node.member: node.popen.pid for node in self.nodes}
+
+    def close(self) -> None:
+        import shutil
+
+        for node in self.nodes:
+            node.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 def bench_sync_write(*, producers: int, connections: int, size: int, batch: int, duration: float, runs: int, role: str,
                      flush: str, master: str | None, slave_flush_before_ack: bool, secret=None, load_generator: str = "auto",
-                     echo=print) -> dict:  # fmt: skip
+                     nodes: int = 3, echo=print) -> dict:  # fmt: skip
+    """``role`` sync/async: a classic pair; "dledger": a group of ``nodes`` (``flush`` sync: the
+    quorum fsyncs before a put is acknowledged)."""
     load_kind, load_binary = choose_load_generator(load_generator, secret)
     pair = None
     if master is None:
-        pair = LocalPair(role=role, flush=flush, slave_flush_before_ack=slave_flush_before_ack)
+        if role == "dledger":
+            pair = LocalGroup(nodes=nodes, flush=flush)
+        else:
+            pair = LocalPair(role=role, flush=flush, slave_flush_before_ack=slave_flush_before_ack)
         pair.wait_connected()
         address, pids = pair.master["listen"], pair.pids
     else:
@@ -279,7 +334,8 @@ def bench_sync_write(*, producers: int, connections: int, size: int, batch: int,
     echo(f"  cpu %         {', '.join(f'{name} {value:.0f}' for name, value in cpu.items())}")
     settings = {"producers": producers, "connections": connections, "size": size, "batch": batch, "duration": duration,
                 "runs": runs, "role": role, "flush": flush, "slave_flush_before_ack": slave_flush_before_ack,
-                "target": master or "local pair", "load_generator": load_kind}  # fmt: skip
+                "target": master or ("local DLedger group" if role == "dledger" else "local pair"),
+                "nodes": nodes if role == "dledger" else None, "load_generator": load_kind}  # fmt: skip
     return envelope(
         "sync-write", settings,
         summary={key: dataclasses.asdict(value) for key, value in summary.items()},

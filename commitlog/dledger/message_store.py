@@ -1,0 +1,615 @@
+"""DLedgerMessageStore: the message store of a DLedger member (RocketMQ's DLedgerCommitLog).
+
+Theory of operation
+-------------------
+The log is the member's DLedger entries (``DLedgerMmapFileStore``, ``self.entries``): one RocketMQ
+record per entry, the record's commit-log offset (PHYSICALOFFSET) being its entry's ``pos + 48``.
+Below ``divided_offset`` (smooth upgrade) lies the old classic commit log, sealed and read-only.
+The consume queues (``path/consumequeue``, the classic store's format and code) index **committed**
+entries only, so nothing uncommitted is ever readable: ``read``/``get_record``/``pull`` refuse
+offsets at or past ``committed_end_offset()``.
+
+Writing is the Raft driver's (DLedger's leader path, split the etcd-raft way)::
+
+    plan = store.plan_append(messages)   # leader: bodies for indexes last+1.., queue offsets, PHYSICALOFFSET
+    core.propose(plan.bodies, now)       # the pure core accepts (or refuses: then forget the plan)
+    store.accept_plan(plan)              # queue table advanced; the next plan starts after this one
+    ... driver appends the core's entries through store.entries, flushes, learns the commit ...
+    store.set_committed(index)           # entries.update_committed_index
+    store.dispatch()                     # consume-queue units for committed entries (no-ops skipped)
+
+A plan is computed against the log's end plus the plans accepted but not yet appended, so a leader
+may have several proposals in flight; the core must append each accepted plan's bodies at
+``plan.first_index`` and nothing else in between (its term-start no-op is appended before the
+leader plans: ``caught_up``). A member that stops leading calls ``discard_plans``.
+
+Recovery (``open``): the classic part, when DLedger has no data yet, is recovered and dispatched by
+opening it as a classic ``MessageStore`` once (then sealed by ``open_after_classic``). The DLedger
+store recovers itself (the committed index is its checkpoint's hint). Consume-queue units pointing
+past the recovered entries' end are cut, and a torn last unit dropped. Dispatch resumes after the
+entry of the newest unit; those entries were committed when dispatched (a committed entry never
+changes and truncation never goes below it), so the committed index is raised to cover them. After a
+crash dispatch goes back to the first entry of the data file where the entries' recovery scan began
+(units already there are skipped by ``ConsumeQueue.put_run``), as ``MessageStore`` does.
+
+MessageStore's names this store has, so the broker's ``ClientPort`` and ``StoreTasks`` work
+unchanged: ``config``, ``path``, ``checkpoint``, ``consume_queues``, ``reput_from_offset``,
+``dispatch_error``, ``dispatch_end_offset`` (a property, as MessageStore's: StoreTasks compares
+it), ``sync_flush`` (False: durability is the quorum's), ``commit_log`` (only
+``commit_log.mapped_file_queue``, the DLedger data files, for StoreTasks' warm-up test),
+``warm_commitlog``, ``flush_commitlog``, ``flush_consume_queues``, ``write_checkpoint``,
+``dispatch``, ``clean_expired`` (no retention in DLedger mode yet: deletes nothing), ``read``,
+``get_record``, ``pull``, ``statistics``, ``find_at_record_ends`` (DLedger part only),
+``resume_queue_offsets``, ``disk_full``, ``close``.
+Deliberately lacking: ``append``/``append_batch``/``append_prepared`` (writes go through Raft:
+``plan_append``), ``append_replicated``/``truncate``/``last_record_end``/``open_epoch``/``epochs``
+(classic replication; a follower's log is cut by the Raft driver through ``entries.truncate``).
+Synchronous and not thread-safe, as MessageStore.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from commitlog import record as rec
+from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
+from commitlog.commit_log import CommitLog, ReadError, now_ms
+from commitlog.config import StoreConfig
+from commitlog.consume_queue import ConsumeQueueStore
+from commitlog.dledger import entry_codec as codec
+from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig
+from commitlog.dledger.upgrade import DividedLog, LogPart, dledger_directory, open_after_classic
+from commitlog.mapped_file import StoreError
+from commitlog.mapped_file_queue import MappedFileQueue
+from commitlog.store import (
+    _STOP_BLANK,
+    _STOP_MALFORMED,
+    _STOP_SLOW,
+    MessageStore,
+    RecordPlace,
+    StoreStatistics,
+    _dispatch_units_python,
+    _topic_name,
+    disk_used_ratio,
+    dispatch_units,
+)
+
+BODY_OFFSET = codec.BODY_OFFSET  # PHYSICALOFFSET = entry pos + 48 (DLedgerCommitLog's BODY_OFFSET)
+
+
+@dataclasses.dataclass(frozen=True)
+class AppendPlan:
+    """What a leader proposes: ``bodies[i]`` is entry ``first_index + i``, one RocketMQ record
+    whose commit-log offset is ``offsets[i]`` (= its planned pos + 48), queue ``queue_ids[i]`` at
+    ``queue_offsets[i]`` (0 for transaction prepare/rollback records, which take none)."""
+
+    first_index: int
+    bodies: tuple[bytes, ...]
+    offsets: tuple[int, ...]
+    queue_ids: tuple[int, ...]
+    queue_offsets: tuple[int, ...]
+    store_timestamp: int
+    queue_next: dict[tuple[str, int], int]  # the queue table once accepted (changed keys only)
+
+    @property
+    def placements(self) -> list[tuple[int, int, int]]:
+        """(commit-log offset, queue id, queue offset) of each message."""
+        return list(zip(self.offsets, self.queue_ids, self.queue_offsets))
+
+    @property
+    def entry_sizes(self) -> list[int]:
+        return [codec.entry_size(len(body)) for body in self.bodies]
+
+
+@dataclasses.dataclass(frozen=True)
+class _LogFiles:
+    """What StoreTasks reads of ``store.commit_log``: the files the writer appends to."""
+
+    mapped_file_queue: MappedFileQueue
+
+
+class DLedgerMessageStore:
+    """Consume queues and reads over a DLedger entry log (see the module docstring)."""
+
+    def __init__(self, path: str, config: StoreConfig | None, *, self_id: str, dledger: DLedgerStoreConfig | None):
+        self.path = path
+        self.config = (config or StoreConfig()).validate()
+        self.self_id = self_id
+        self.dledger_config = dledger or DLedgerStoreConfig(data_file_size=self.config.commitlog_segment_size)
+        self.crc_function = self.config.crc_function
+        self.classic: CommitLog | None = None  # the sealed classic part (None: no classic segments)
+        self.divided_log: DividedLog | None = None
+        self.entries: DLedgerMmapFileStore | None = None
+        self.divided_offset = -1
+        self.consume_queues = ConsumeQueueStore(os.path.join(path, "consumequeue"),
+                                                units_per_file=self.config.consume_queue_units_per_file)  # fmt: skip
+        self.checkpoint: StoreCheckpoint | None = None
+        self.last_exit_ok = True
+        self.dispatched_index = -1  # every committed entry <= it has its consume-queue unit
+        self.dispatch_error: str | None = None
+        self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
+        self._queue_table: dict[tuple[str, int], int] = {}
+        self._pending: list[tuple[int, int, int]] = []  # (index, pos, entry size) accepted, not yet appended
+        self._last_store_timestamp = 0
+        self._lock: StoreLock | None = None
+        self._disk_checked_at = float("-inf")
+        self._disk_used_ratio = 0.0
+        self._disk_check_interval_seconds = self.config.disk_check_interval_seconds
+        self._opened = False
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str, config: StoreConfig | None = None, *, self_id: str,
+             dledger: DLedgerStoreConfig | None = None, **entry_options: Any) -> DLedgerMessageStore:  # fmt: skip
+        """Open the store root ``path`` as member ``self_id``: the classic part (if
+        ``path/commitlog`` has segments), the DLedger files in ``dledger_directory(path,
+        self_id)``, the consume queues; recover. ``entry_options`` (``entry_class``,
+        ``hard_state_class``) go to ``DLedgerMmapFileStore.open``."""
+        store = cls(path, config, self_id=self_id, dledger=dledger)
+        store._open(entry_options)
+        return store
+
+    def _open(self, entry_options: dict[str, Any]) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        directory = dledger_directory(self.path, self.self_id)
+        classic_directory = os.path.join(self.path, "commitlog")
+        has_classic = bool(MappedFileQueue.segment_files(classic_directory))
+        if has_classic and not MappedFileQueue.segment_files(os.path.join(directory, "data")):
+            MessageStore.open(self.path, self.config).close()  # recover and dispatch the classic part once
+        self._lock = StoreLock(os.path.join(self.path, "lock"))
+        try:
+            abort_path = os.path.join(self.path, "abort")
+            self.last_exit_ok = not os.path.exists(abort_path)
+            self.checkpoint = StoreCheckpoint.open(os.path.join(self.path, "checkpoint"))
+            if has_classic:
+                self._open_classic(classic_directory, directory, entry_options)
+            else:
+                self.entries = DLedgerMmapFileStore.open(directory, self.dledger_config, **entry_options)
+                self.divided_log = DividedLog(CommitLog(classic_directory, segment_size=self.config.commitlog_segment_size),
+                                              self.entries, -1)  # fmt: skip
+            self.consume_queues.load()
+            self._recover()
+            create_abort_file(abort_path)
+        except BaseException:
+            self._release(clean=False)
+            raise
+        self._opened = True
+
+    def _open_classic(self, classic_directory: str, directory: str, entry_options: dict[str, Any]) -> None:
+        self.classic = CommitLog(classic_directory, segment_size=self.config.commitlog_segment_size,
+                                 store_host=self.config.store_host)  # fmt: skip
+        self.classic.load()
+        # Recovered and dispatched by MessageStore before it was sealed: a normal-exit scan.
+        self.classic.recover(abnormal=False, dispatch_from=1 << 62, checkpoint_min_timestamp=0, crc_function=None,
+                             cut_segments_max=self.config.recovery_cut_segments_max)  # fmt: skip
+        self.divided_log = open_after_classic(directory, self.dledger_config, commit_log=self.classic, **entry_options)
+        self.entries = self.divided_log.dledger
+        self.divided_offset = self.divided_log.divided_commitlog_offset
+
+    def _recover(self) -> None:
+        queues = self.consume_queues
+        queues.recover()
+        queues.truncate_dirty(self._entries_end())
+        self._drop_torn_units()
+        entries = self.entries
+        self.dispatched_index = self._newest_dispatched_index()
+        entries.update_committed_index(self.dispatched_index)  # dispatched => was committed
+        if not self.last_exit_ok and entries.recovery is not None and entries.last_index() >= entries.first_index():
+            self.dispatched_index = min(
+                self.dispatched_index, self._first_index_at_or_after(entries.recovery.start_offset) - 1
+            )
+        while self.dispatch():
+            pass
+        self._queue_table = queues.queue_offset_table()
+
+    def _newest_dispatched_index(self) -> int:
+        """The entry of the newest consume-queue unit in the DLedger part; first - 1 if none."""
+        entries = self.entries
+        newest = max((unit[0] for queue in self.consume_queues.queues.values()
+                      if (unit := queue.last_unit()) is not None), default=-1)  # fmt: skip
+        if newest < self._dledger_start() or entries.last_index() < entries.first_index():
+            return entries.first_index() - 1
+        return entries.get_by_pos(newest - BODY_OFFSET).index
+
+    def _drop_torn_units(self) -> None:
+        """A queue's last unit whose record is not what it says (torn write) is dropped, newest first."""
+        for (topic, queue_id), queue in self.consume_queues.queues.items():
+            while (unit := queue.last_unit()) is not None:
+                offset, size, _ = unit
+                try:
+                    record = self._record_at(offset, committed_only=False)
+                    if record.size == size and record.topic == topic and record.queue_id == queue_id:
+                        break
+                except ReadError:
+                    pass
+                queue.drop_last_unit()
+
+    def close(self, *, clean: bool = True) -> None:
+        """Flush the entries, dispatch, flush the queues, write both checkpoints, remove ``abort``
+        (only if every committed entry is dispatched). ``clean=False``: let go of the files as a
+        killed process would (nothing flushed, ``abort`` kept)."""
+        if not self._opened:
+            return
+        self._opened = False
+        if not clean:
+            self._release(clean=False)
+            return
+        try:
+            self.entries.flush()
+            while self.dispatch():
+                pass
+            self.flush_consume_queues(0)
+            self.write_checkpoint()
+            if self.dispatch_error is None and self.dispatched_index >= self.entries.committed_index:
+                try:
+                    os.unlink(os.path.join(self.path, "abort"))
+                except FileNotFoundError:
+                    pass
+        finally:
+            self._release(clean=True)
+
+    def _release(self, *, clean: bool) -> None:
+        if self.entries is not None:
+            self.entries.close() if clean else self.entries.abandon()
+        if self.classic is not None:
+            self.classic.mapped_file_queue.close()
+        self.consume_queues.close()
+        if self._lock is not None:
+            self._lock.release()
+
+    def __enter__(self) -> DLedgerMessageStore:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- the leader's writes --------------------------------------------------------------
+
+    def plan_append(self, messages: Sequence[rec.Message]) -> AppendPlan:
+        """Entry bodies for ``messages`` (one record each) at the next indexes; mutates nothing.
+        Raises ``rec.MessageRejected`` for a bad or oversize message (nothing planned)."""
+        body_size_max = self.config.max_message_size
+        prepared = [rec.prepare_message(message, crc_function=self.crc_function, body_size_max=body_size_max)
+                    for message in messages]  # fmt: skip
+        if not prepared:
+            raise rec.MessageRejected(rec.PutMessageStatus.MESSAGE_ILLEGAL, "empty batch")
+        store_ip, store_port, store_v6 = rec.encode_host(self.config.store_host)
+        sizes = [rec.with_store_host(message, store_v6=store_v6) for message in prepared]
+        first_index, positions = self._plan_positions(sizes)
+        store_timestamp = max(now_ms(), self._last_store_timestamp)
+        queue_next: dict[tuple[str, int], int] = {}
+        bodies, queue_offsets = [], []
+        for message, size, pos in zip(prepared, sizes, positions):
+            queue_offset = self._take_queue_offset(queue_next, message.message.topic, message.message.queue_id,
+                                                   message.sysflag)  # fmt: skip
+            body = bytearray(size)
+            rec.write_record(body, 0, message, queue_offset=queue_offset, physical_offset=pos + BODY_OFFSET,
+                             store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port)  # fmt: skip
+            bodies.append(bytes(body))
+            queue_offsets.append(queue_offset)
+        return AppendPlan(first_index, tuple(bodies), tuple(pos + BODY_OFFSET for pos in positions),
+                          tuple(m.message.queue_id for m in prepared), tuple(queue_offsets), store_timestamp,
+                          queue_next)  # fmt: skip
+
+    def plan_batch(self, batch: rec.MessageBatch) -> AppendPlan:
+        """As ``plan_append`` for a batch sharing topic and queue: one entry per message."""
+        store_ip, store_port, store_v6 = rec.encode_host(self.config.store_host)
+        prepared = rec.prepare_batch(batch, body_size_max=self.config.max_message_size, store_v6=store_v6)
+        first_index, positions = self._plan_positions(prepared.sizes)
+        store_timestamp = max(now_ms(), self._last_store_timestamp)
+        queue_next: dict[tuple[str, int], int] = {}
+        first = self._take_queue_offset(queue_next, batch.topic, batch.queue_id, prepared.sysflag, prepared.count)
+        transactional = _transactional(prepared.sysflag)
+        shared = isinstance(prepared.properties, bytes)
+        bodies = []
+        for i, (body, size, pos) in enumerate(zip(batch.bodies, prepared.sizes, positions)):
+            one = rec.PreparedBatch(dataclasses.replace(batch, bodies=[body]), prepared.topic,
+                                    prepared.properties if shared else [prepared.properties[i]], prepared.sysflag,
+                                    prepared.born_ip, prepared.born_port, [size], size)  # fmt: skip
+            buffer = bytearray(size)
+            rec.write_batch(buffer, 0, one, queue_offset_first=first + i, physical_base=pos + BODY_OFFSET,
+                            store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port,
+                            crc_function=self.crc_function)  # fmt: skip
+            bodies.append(bytes(buffer))
+        queue_offsets = [0] * prepared.count if transactional else list(range(first, first + prepared.count))
+        return AppendPlan(first_index, tuple(bodies), tuple(pos + BODY_OFFSET for pos in positions),
+                          (batch.queue_id,) * prepared.count, tuple(queue_offsets), store_timestamp, queue_next)  # fmt: skip
+
+    def _plan_positions(self, record_sizes: list[int]) -> tuple[int, list[int]]:
+        """(first index, entry positions) for records of these sizes after the pending plans;
+        MessageRejected when one cannot fit a data file (with the blank record DLedger needs)."""
+        entry_sizes = [codec.entry_size(size) for size in record_sizes]
+        fit_max = self.dledger_config.data_file_size - codec.MIN_BLANK_SIZE
+        if max(entry_sizes) > fit_max:
+            raise rec.MessageRejected(rec.PutMessageStatus.MESSAGE_ILLEGAL,
+                                      f"an entry of {max(entry_sizes)} bytes does not fit a DLedger data file of "
+                                      f"{self.dledger_config.data_file_size} bytes")  # fmt: skip
+        pending = self._pending_sizes()
+        positions = self.entries.plan_positions(pending + entry_sizes)[len(pending) :]
+        return self.entries.last_index() + 1 + len(pending), positions
+
+    def _pending_sizes(self) -> list[int]:
+        """Sizes of accepted plans' entries not appended yet. Appended ones are dropped here, after
+        checking that what lies at their index is where and as large as planned; StoreError when
+        not (an accepted plan was not appended as planned)."""
+        entries = self.entries
+        last = entries.last_index()
+        for index, pos, size in self._pending:
+            if index > last:
+                break
+            if index >= entries.first_index() and entries.entry_span(index) != (pos, size):
+                raise StoreError(f"entry {index} lies at {entries.entry_span(index)}, planned at {(pos, size)}: "
+                                 "an accepted plan was not appended as planned (call discard_plans)")  # fmt: skip
+        self._pending = [item for item in self._pending if item[0] > last]
+        if self._pending and self._pending[0][0] != last + 1:
+            raise StoreError(f"accepted entries from {self._pending[0][0]} but the log ends at {last}: "
+                             "an accepted plan was not appended (call discard_plans)")  # fmt: skip
+        return [size for _, _, size in self._pending]
+
+    def _take_queue_offset(self, queue_next: dict, topic: str, queue_id: int, sysflag: int, count: int = 1) -> int:
+        if _transactional(sysflag):
+            return 0
+        key = (topic, queue_id)
+        first = queue_next.get(key, self._queue_table.get(key, 0))
+        queue_next[key] = first + count
+        return first
+
+    def accept_plan(self, plan: AppendPlan) -> None:
+        """The core accepted ``plan``'s proposal: advance the queue table; the next plan starts
+        after it. Plans are accepted in the order they were made, each planned after the last."""
+        expected = self.entries.last_index() + 1 + len(self._pending_sizes())
+        if plan.first_index != expected:
+            raise ValueError(f"plan starts at entry {plan.first_index}, the next is {expected} (planned out of order?)")
+        for key, next_offset in plan.queue_next.items():
+            assert next_offset >= self._queue_table.get(key, 0), (key, next_offset)
+        self._queue_table.update(plan.queue_next)
+        positions = [offset - BODY_OFFSET for offset in plan.offsets]
+        self._pending.extend(
+            zip(range(plan.first_index, plan.first_index + len(plan.bodies)), positions, plan.entry_sizes)
+        )
+        self._last_store_timestamp = max(self._last_store_timestamp, plan.store_timestamp)
+
+    def discard_plans(self) -> None:
+        """No longer leading: forget accepted-but-unappended plans and the queue table's advance."""
+        self._pending.clear()
+        self._queue_table = self.consume_queues.queue_offset_table()
+
+    def set_committed(self, index: int) -> None:
+        """The core's committed index (never goes back; capped at the log's end by the entries)."""
+        self.entries.update_committed_index(index)
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    @property
+    def sync_flush(self) -> bool:
+        """False: a DLedger write is durable through the quorum; the driver flushes entries."""
+        return False
+
+    @property
+    def reput_from_offset(self) -> int:
+        """Commit-log offset up to which committed entries are dispatched (MessageStore's name)."""
+        return self._end_offset_of(self.dispatched_index)
+
+    @property
+    def dispatch_end_offset(self) -> int:
+        """Dispatch goes up to the committed end (a property, as MessageStore's)."""
+        return self.committed_end_offset()
+
+    def dispatch(self, max_bytes: int | None = None) -> int:
+        """Consume-queue units for committed entries after ``dispatched_index``, about
+        ``max_bytes`` (default ``dispatch_batch_size_max``) of entries; return how many entries were
+        dispatched (no-ops, empty bodies, included: non-zero means progress). A body that is not
+        one record at its offset stops dispatch and is reported in ``dispatch_error``."""
+        if self.dispatch_error is not None:
+            return 0
+        budget = max_bytes or self.config.dispatch_batch_size_max
+        entries = self.entries
+        count = 0
+        while self.dispatched_index < entries.committed_index and budget > 0:
+            index = self.dispatched_index + 1
+            pos, size = entries.entry_span(index)
+            if size > BODY_OFFSET:
+                error = self._dispatch_entry(index, pos, size)
+                if error is not None:
+                    self.dispatch_error = error
+                    return count
+            self.dispatched_index = index
+            budget -= size
+            count += 1
+        return count
+
+    def _dispatch_entry(self, index: int, pos: int, size: int) -> str | None:
+        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(pos)
+        base = mapped_file.file_from_offset
+        start, limit = pos + BODY_OFFSET - base, pos + size - base
+        view = mapped_file.view()
+        position, stop, records, runs = dispatch_units(view, start, limit, base, 1)
+        if stop == _STOP_SLOW:
+            position, stop, records, runs = _dispatch_units_python(view, start, limit, base, records_max=1)
+        if stop in (_STOP_MALFORMED, _STOP_BLANK) or records != 1 or position != limit:
+            return f"entry {index}: its body at offset {pos + BODY_OFFSET} is not one record (malformed)"
+        for topic, queue_id, first_queue_offset, count, units, _first, last_end, store_ts in runs:
+            name = _topic_name(topic)
+            if name is None:
+                self.dispatch_skipped += count
+                continue
+            self.consume_queues.find_or_create(name, queue_id).put_run(first_queue_offset, units, last_end, store_ts)
+        return None
+
+    def caught_up(self) -> bool:
+        """Every entry committed and dispatched (DLedgerRoleChangeHandler's test before a leader
+        takes writes: ledgerEnd == committedIndex and no dispatch behind)."""
+        entries = self.entries
+        return (entries.last_index() == entries.committed_index and self.dispatched_index >= entries.committed_index
+                and self.dispatch_error is None)  # fmt: skip
+
+    def resume_queue_offsets(self) -> None:
+        """A new leader, once caught up: continue each queue from its consume queue (entries it
+        followed were dispatched, not planned here). StoreError when not caught up."""
+        while self.dispatch():
+            pass
+        if not self.caught_up():
+            raise StoreError(f"cannot take writes: log ends at {self.entries.last_index()}, committed "
+                             f"{self.entries.committed_index}, dispatched {self.dispatched_index}, "
+                             f"dispatch error {self.dispatch_error}")  # fmt: skip
+        self._pending.clear()
+        self._queue_table = self.consume_queues.queue_offset_table()
+
+    def flush_consume_queues(self, least_pages: int = 0) -> None:
+        newest = self.consume_queues.flush(least_pages)
+        if newest:
+            self.checkpoint.logics_msg_timestamp = newest
+
+    def write_checkpoint(self) -> None:
+        """The store checkpoint and the entries' checkpoint (endIndex, committedIndex, flushedIndex)."""
+        self.checkpoint.flush()
+        self.entries.persist_checkpoint()
+
+    def flush_commitlog(self, least_pages: int = 0) -> int:
+        """Flush the entries (``least_pages`` is ignored: DLedger flushes all); return the
+        commit-log offset up to which they are durable."""
+        return self._end_offset_of(self.entries.flush())
+
+    def warm_commitlog(self, ahead: int | None = None) -> None:
+        self.entries.warm_ahead(self.config.warm_ahead_size if ahead is None else ahead)
+
+    @property
+    def commit_log(self) -> _LogFiles:
+        """Only ``mapped_file_queue`` (the DLedger data files), what StoreTasks looks at."""
+        return _LogFiles(self.entries.data_file_list)
+
+    def clean_expired(self, *, now_ms_value: int | None = None) -> list[str]:
+        """Retention is not implemented in DLedger mode yet: nothing is deleted."""
+        return []
+
+    # MessageStore's disk check (every disk_check_interval_ms), on the same attributes.
+    disk_full = MessageStore.disk_full
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    def _dledger_start(self) -> int:
+        """Commit-log offset where the DLedger part starts."""
+        entries = self.entries
+        if entries.last_index() >= entries.first_index():
+            return entries.pos_at(entries.first_index())
+        if entries.data_file_list.mapped_files:
+            return entries.data_file_list.min_offset
+        return max(self.divided_offset, 0)
+
+    def _end_offset_of(self, index: int) -> int:
+        """End of entry ``index`` in the commit-log offset space (the DLedger start below the first)."""
+        if index < self.entries.first_index():
+            return self._dledger_start()
+        pos, size = self.entries.entry_span(index)
+        return pos + size
+
+    def _entries_end(self) -> int:
+        return self._end_offset_of(self.entries.last_index())
+
+    def _first_index_at_or_after(self, pos: int) -> int:
+        entries = self.entries
+        indexes = range(entries.first_index(), entries.last_index() + 1)
+        return entries.first_index() + bisect.bisect_left(indexes, pos, key=entries.pos_at)
+
+    def committed_end_offset(self) -> int:
+        """Commit-log offset just past the last committed entry: the readable end."""
+        return self._end_offset_of(self.entries.committed_index)
+
+    def offset_of_index(self, index: int) -> int:
+        """PHYSICALOFFSET of the message in entry ``index`` (its pos + 48)."""
+        return self.entries.pos_at(index) + BODY_OFFSET
+
+    @property
+    def min_offset(self) -> int:
+        return self.classic.min_offset if self.classic is not None else self._dledger_start()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _record_at(self, offset: int, *, committed_only: bool = True, crc_function=None) -> rec.Record:
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            return self.classic.get_record(offset, crc_function=crc_function)
+        try:
+            stored = self.entries.get_by_pos(offset - BODY_OFFSET)
+        except (ValueError, IndexError, StoreError) as error:
+            raise ReadError(f"no message at offset {offset}: {error}") from None
+        if committed_only and stored.index > self.entries.committed_index:
+            raise ReadError(f"entry {stored.index} at offset {offset} is not committed")
+        try:
+            record = rec.decode_record(stored.body, 0, crc_function=crc_function, limit=len(stored.body))
+        except rec.RecordError as error:
+            raise ReadError(f"entry {stored.index} at offset {offset}: {error.reason}") from None
+        if record.physical_offset != offset:
+            raise ReadError(f"entry {stored.index}: its record names offset {record.physical_offset}, not {offset}")
+        return record
+
+    def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
+        """The committed message whose commit-log offset is ``offset``; ReadError otherwise."""
+        return self._record_at(offset, crc_function=self.crc_function if check_crc else None)
+
+    def read(self, offset: int, size_max: int) -> memoryview:
+        """Zero-copy bytes from ``offset``: up to ``size_max``, never past a file's end nor, in the
+        DLedger part, past the committed end (DLedgerCommitLog.getData)."""
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            return self.classic.read(offset, size_max)
+        start, end = self._dledger_start(), self.committed_end_offset()
+        if not start <= offset < end:
+            raise ReadError(f"offset {offset} outside the committed DLedger log [{start}, {end})")
+        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
+        position = offset - mapped_file.file_from_offset
+        size = min(size_max, mapped_file.wrote_position - position, end - offset)
+        return mapped_file.slice(position, size)
+
+    def pull(self, topic: str, queue_id: int, queue_offset: int, count_max: int) -> list[rec.Record]:
+        queue = self.consume_queues.find(topic, queue_id)
+        if queue is None:
+            return []
+        return [self.get_record(offset) for offset, _size, _tags in queue.read(queue_offset, count_max)]
+
+    def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern) -> Iterator[tuple[re.Match, RecordPlace]]:
+        """Matches of ``pattern`` ending exactly where a record ends (its properties), in the
+        committed entries of the last ``span_bytes`` of the DLedger part (the classic part is not
+        searched), with where that record is (MessageStore.find_at_record_ends)."""
+        entries = self.entries
+        end = self.committed_end_offset()
+        index = self._first_index_at_or_after(end - span_bytes)
+        while index <= entries.committed_index:
+            pos, size = entries.entry_span(index)
+            index += 1
+            if size <= BODY_OFFSET:
+                continue
+            mapped_file = entries.data_file_list.find_mapped_file_by_offset(pos)
+            base = mapped_file.file_from_offset
+            view = mapped_file.view()
+            start, limit = pos + BODY_OFFSET - base, pos + size - base
+            for match in pattern.finditer(view, start, limit):
+                if match.end() != limit:
+                    continue
+                _, _, _, queue_id, queue_offset, sysflag, _, _ = rec.decode_dispatch(view, start, limit)
+                if not _transactional(sysflag):
+                    yield match, RecordPlace(pos + BODY_OFFSET, size - BODY_OFFSET, queue_id, queue_offset)
+
+    def statistics(self) -> StoreStatistics:
+        classic_segments = len(self.classic.mapped_file_queue.mapped_files) if self.classic is not None else 0
+        return StoreStatistics(
+            min_offset=self.min_offset,
+            max_offset=self.committed_end_offset(),
+            flushed_offset=self._end_offset_of(self.entries.flushed_index()),
+            committed_offset=self.committed_end_offset(),
+            dispatched_offset=self.reput_from_offset,
+            segments=classic_segments + len(self.entries.data_file_list.mapped_files),
+            consume_queues=len(self.consume_queues.queues),
+            disk_used_ratio=disk_used_ratio(self.path),
+        )
+
+
+def _transactional(sysflag: int) -> bool:
+    return sysflag & rec.SYSFLAG_TRANSACTION_MASK in (
+        rec.SYSFLAG_TRANSACTION_PREPARED,
+        rec.SYSFLAG_TRANSACTION_ROLLBACK,
+    )

@@ -1,0 +1,509 @@
+"""DLedger mode: a broker whose log is replicated by Raft (``hasvc node``).
+
+Theory of operation
+-------------------
+``DLedgerBroker`` composes, in one trio loop: the member's store (``DLedgerMessageStore``: records
+in DLedger entries, consume queues over committed ones), the pure Raft core (``RaftNode``), its
+driver (``RaftDriver``: the Raft port, one outbound connection per peer, timers, the background
+flush), and the classic put path and client port unchanged: ``PutService`` appends through
+``RaftLog.append_batch``, which *proposes* the records (planned at their final offsets) instead of
+writing them, and waits, as under SYNC_MASTER, until the ``RaftReplicator``'s replicated offset
+-- the end of the committed entries -- passes the put's end. So a put is answered PUT_OK only once
+a quorum has its entry (in memory, or flushed with ``--flush sync``); a put whose entry does not
+commit in ``slave_timeout_ms`` is answered FLUSH_SLAVE_TIMEOUT, and one whose leader lost its
+term before the commit is answered SLAVE_NOT_AVAILABLE (the waits fail on the role change): never
+PUT_OK without a quorum. A retried idempotent send is recognised by the new leader, which rebuilds
+its producer table from the committed log before it takes writes.
+
+Roles (``hasvc status``: ``raft_role`` is the core's, ``role`` the broker role the node plays): a
+leader plays SYNC_MASTER once every entry of its log is committed and dispatched (its no-op entry
+commits the earlier terms' tail), after continuing each queue from its consume queue; every other
+member plays SLAVE, serving committed reads, and refuses writes naming the leader it knows.
+
+The driver carries each ``Ready`` out in the core's order: the hard state saved (fsynced), the
+log truncated and appended, then messages queued to the peers' senders (bounded: a message that
+does not fit is dropped, which Raft survives), then the commit index to the store and dispatch,
+role changes to the broker. Time is ``trio.current_time()`` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import random
+import time
+
+import trio
+
+from commitlog import record as rec
+from commitlog.dledger.message_store import DLedgerMessageStore
+from commitlog.store import AppendResult
+from hasvc import transport
+from hasvc.broker.client_port import ClientPort, serve_listener
+from hasvc.broker.put_service import PutService, rebuild_producer_table
+from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
+from hasvc.protocol import raft as raft_wire
+from hasvc.protocol import wire
+from hasvc.state.dedupe import ProducerTable
+from hasvc.state.raft.config import RaftConfig
+from hasvc.state.raft.node import RaftNode
+from hasvc.state.raft.ready import Proposed, Role
+from hasvc.state.raft.storage import Entry, HardState
+from hasvc.state.replication import Admission
+from hasvc.state.role import RoleState
+
+LOGGER = logging.getLogger(__name__)
+
+# Messages queued for one peer's sender; one more is dropped (Raft re-sends what matters).
+RAFT_SEND_QUEUE_MAX = 4096
+# Reconnecting to a peer: first pause, doubling up to the max (a peer that restarts is back soon).
+RAFT_RECONNECT_MIN_SECONDS = 0.05
+RAFT_RECONNECT_MAX_SECONDS = 1.0
+# DLedger flushStoreIntervalMs (10 ms) and checkPointInterval (3 s); consume queues every 1 s
+# (RocketMQ flushIntervalConsumeQueue).
+FLUSH_INTERVAL_SECONDS = 0.010
+CHECKPOINT_INTERVAL_SECONDS = 3.0
+CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS = 1.0
+# Inbound Raft connections at once: two per peer is normal (a reconnect overlapping the old one).
+RAFT_CONNECTIONS_MAX = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupConfig:
+    group: str
+    self_id: str
+    peers: dict[str, Address]  # every member's Raft address, self included
+    raft: RaftConfig
+
+    def validate(self) -> GroupConfig:
+        if self.self_id not in self.peers:
+            raise ValueError(f"--self {self.self_id!r} is not among --peers ({', '.join(self.peers)})")
+        if len(self.peers) not in (1, 3, 5, 7):
+            raise ValueError(f"a DLedger group has an odd number of members (3 or 5), not {len(self.peers)}")
+        if not self.group:
+            raise ValueError("--group must not be empty")
+        self.raft.validate()
+        return self
+
+
+def parse_peers(text: str) -> dict[str, Address]:
+    """``n0-HOST:PORT;n1-HOST:PORT;...`` (DLedger's peers syntax) -> {id: address}."""
+    from hasvc.config import parse_address
+
+    peers: dict[str, Address] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        member, separator, address = part.partition("-")
+        if not separator or not member:
+            raise ValueError(f"peer {part!r}: expected ID-HOST:PORT")
+        if member in peers:
+            raise ValueError(f"peer id {member!r} appears twice")
+        peers[member] = parse_address(address)
+    if not peers:
+        raise ValueError("--peers names no member")
+    return peers
+
+
+class DLedgerRole(RoleState):
+    """RoleState for a member: SLAVE means "not a leader that has caught up"; the refusal names
+    the leader this member knows."""
+
+    __slots__ = ("leader_hint",)
+
+    def __init__(self) -> None:
+        super().__init__(BrokerRole.SYNC_MASTER, None)
+        self.role = BrokerRole.SLAVE
+        self.leader_hint = "no leader is known yet"
+
+    def check_invariants(self) -> None:
+        assert self.fenced_by is None
+
+    def write_refusal(self) -> str | None:
+        if self.role is BrokerRole.SLAVE:
+            return f"this DLedger member does not lead: {self.leader_hint}"
+        return None
+
+
+class RaftReplicator:
+    """The Replicator seam for DLedger mode: replicated = committed by the group."""
+
+    def __init__(self, store: DLedgerMessageStore) -> None:
+        self.store = store
+        self._listeners = []
+
+    def appended(self) -> None:
+        pass  # proposals reach the peers through the driver
+
+    def replicated_offset(self) -> int:
+        return self.store.committed_end_offset()
+
+    def admit(self, next_offset: int) -> Admission:
+        return Admission.WAIT
+
+    def shortfall(self, next_offset: int) -> str:
+        return "not committed by a quorum of the group"
+
+    def in_sync_count(self) -> int:
+        return 1
+
+    def subscribe(self, listener) -> None:
+        self._listeners.append(listener)
+
+    def committed(self) -> None:
+        offset = self.replicated_offset()
+        for listener in self._listeners:
+            listener(offset)
+
+
+class RaftLog:
+    """What ``PutService`` and ``ClientPort`` use as a store: the member's store, whose
+    ``append_batch`` proposes through the Raft core."""
+
+    def __init__(self, store: DLedgerMessageStore, driver: RaftDriver) -> None:
+        self._store = store
+        self._driver = driver
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def append_batch(self, batch: rec.MessageBatch) -> AppendResult:
+        properties = batch.properties if isinstance(batch.properties, list) else [batch.properties] * len(batch.bodies)
+        messages = [rec.Message(batch.topic, body, queue_id=batch.queue_id, flag=batch.flag, born_timestamp=batch.born_timestamp,
+                                properties=rec.decode_properties(props) if isinstance(props, (bytes, bytearray)) else props)
+                    for body, props in zip(batch.bodies, properties)]  # fmt: skip
+        return self._driver.propose(messages)
+
+
+class RaftDriver:
+    """Drives one ``RaftNode`` over trio: see the module."""
+
+    def __init__(self, *, group: GroupConfig, store: DLedgerMessageStore, secret: bytes | None,
+                 on_commit, on_role) -> None:  # fmt: skip
+        self.group = group
+        self.store = store
+        self.secret = secret
+        self.on_commit = on_commit
+        self.on_role = on_role
+        self.node = RaftNode(self_id=group.self_id, members=tuple(group.peers), log=store.entries, config=group.raft,
+                             rng=random.Random(), now=trio.current_time())  # fmt: skip
+        self._queues = {peer: trio.open_memory_channel(RAFT_SEND_QUEUE_MAX) for peer in group.peers if peer != group.self_id}
+        self._wakeup = trio.Event()
+        self._inbound: dict[str, trio.CancelScope] = {}
+        self.dropped_messages = 0
+        self.refused_connections = 0
+        self.connected: dict[str, bool] = {peer: False for peer in self._queues}
+
+    # -- carrying a Ready out ------------------------------------------------------------
+
+    def drain(self) -> None:
+        ready = self.node.ready()
+        entries = self.store.entries
+        if ready.hard_state is not None:
+            entries.save_hard_state(ready.hard_state)
+        if ready.truncate_after is not None:
+            entries.truncate(after_index=ready.truncate_after)
+        if ready.entries:
+            entries.append(ready.entries)
+        for message in ready.messages:
+            try:
+                self._queues[message.target][0].send_nowait(message)
+            except trio.WouldBlock:
+                self.dropped_messages += 1
+        if ready.committed_index is not None:
+            self.store.set_committed(ready.committed_index)
+            self.on_commit()
+        for change in ready.role_changes:
+            LOGGER.info("raft: %s", change)
+        if ready.role_changes or ready.committed_index is not None:
+            self.on_role()
+        self._wakeup.set()
+
+    def propose(self, messages: list[rec.Message]) -> AppendResult:
+        try:
+            plan = self.store.plan_append(messages)
+        except rec.MessageRejected as error:
+            return AppendResult(error.status, reason=error.reason)
+        result = self.node.propose(plan.bodies, trio.current_time())
+        if not isinstance(result, Proposed):
+            return AppendResult(rec.PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                reason=f"{result.status.value}: {result.reason or 'leader ' + str(result.leader_id)}")  # fmt: skip
+        assert result.first_index == plan.first_index, (result, plan.first_index)
+        self.store.accept_plan(plan)
+        self.drain()
+        last = plan.offsets[-1] + len(plan.bodies[-1])
+        return AppendResult(rec.PutMessageStatus.PUT_OK, wrote_offset=plan.offsets[0], wrote_bytes=last - plan.offsets[0],
+                            store_timestamp=plan.store_timestamp, offsets=plan.offsets, queue_offsets=plan.queue_offsets)  # fmt: skip
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    async def run(self, nursery: trio.Nursery, listener) -> None:
+        self.drain()
+        nursery.start_soon(self._timer)
+        nursery.start_soon(self._flusher)
+        nursery.start_soon(self._checkpointer)
+        for peer in self._queues:
+            nursery.start_soon(self._sender, peer)
+        nursery.start_soon(functools.partial(serve_listener, listener, self._serve_peer, connections_max=RAFT_CONNECTIONS_MAX))
+
+    async def _timer(self) -> None:
+        while True:
+            delay = self.node.deadline() - trio.current_time()
+            with trio.move_on_after(max(0.0, delay)):
+                await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            if trio.current_time() >= self.node.deadline():
+                self.node.tick(trio.current_time())
+                self.drain()
+
+    async def _flusher(self) -> None:
+        entries = self.store.entries
+        while True:
+            await trio.sleep(FLUSH_INTERVAL_SECONDS)
+            if entries.flushed_index() < entries.last_index():
+                flushed = entries.flush()
+                self.node.persisted(flushed, trio.current_time())
+                self.drain()
+
+    async def _checkpointer(self) -> None:
+        while True:
+            await trio.sleep(CHECKPOINT_INTERVAL_SECONDS)
+            self.store.write_checkpoint()
+
+    async def _sender(self, peer: str) -> None:
+        """Keep a connection to ``peer`` and send it what the core addresses to it; while there
+        is none, what is queued is dropped (the core re-sends what still matters)."""
+        receive = self._queues[peer][1]
+        pause = RAFT_RECONNECT_MIN_SECONDS
+        address = self.group.peers[peer]
+        while True:
+            try:
+                connection = await transport.connect(address)
+                await transport.client_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
+                await connection.send_all(raft_wire.encode_hello(raft_wire.Hello(self.group.group, self.group.self_id, peer)))
+            except (OSError, trio.BrokenResourceError, trio.TooSlowError, transport.AuthenticationError, EOFError) as error:
+                LOGGER.debug("raft: cannot reach %s at %s: %s", peer, format_address(address), error)
+                await self._drop_queued(receive, pause)
+                pause = min(pause * 2, RAFT_RECONNECT_MAX_SECONDS)
+                continue
+            pause = RAFT_RECONNECT_MIN_SECONDS
+            self.connected[peer] = True
+            try:
+                async with connection.stream:
+                    while True:
+                        message = await receive.receive()
+                        frames = [raft_wire.encode(message)]
+                        while True:  # what else is queued goes in the same write
+                            try:
+                                frames.append(raft_wire.encode(receive.receive_nowait()))
+                            except trio.WouldBlock:
+                                break
+                        await connection.send_all(b"".join(frames))
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                LOGGER.info("raft: connection to %s lost: %s", peer, error)
+            finally:
+                self.connected[peer] = False
+
+    async def _drop_queued(self, receive, pause: float) -> None:
+        with trio.move_on_after(pause):
+            while True:
+                await receive.receive()
+                self.dropped_messages += 1
+
+    async def _serve_peer(self, stream) -> None:
+        connection = transport.Connection(stream, transport.peer_name(stream))
+        try:
+            await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
+        except (transport.AuthenticationError, wire.ProtocolError, trio.TooSlowError, trio.BrokenResourceError,
+                EOFError, OSError) as error:  # fmt: skip
+            self.refused_connections += 1
+            LOGGER.warning("raft: %s refused: %s", connection.peer, error)
+            with trio.CancelScope(shield=True):
+                await connection.stream.aclose()
+            return
+        decoder = raft_wire.RaftDecoder()
+        source = None
+        scope = trio.CancelScope()
+        with scope:
+            try:
+                while True:
+                    data = await connection.receive_some()
+                    if not data:
+                        return
+                    decoder.receive_data(data)
+                    while (event := decoder.next_event()) is not None:
+                        if isinstance(event, raft_wire.Hello):
+                            source = self._check_hello(event, connection.peer)
+                            if source is None:
+                                return
+                            old = self._inbound.get(source)
+                            if old is not None:
+                                old.cancel()  # a peer that reconnected: its old connection is dead
+                            self._inbound[source] = scope
+                            continue
+                        self.node.step(event, trio.current_time())
+                        self.drain()
+            except wire.ProtocolError as error:
+                self.refused_connections += 1
+                LOGGER.warning("raft: %s (%s) sent a bad frame, connection closed: %s", connection.peer, source, error)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, EOFError):
+                pass
+            finally:
+                if source is not None and self._inbound.get(source) is scope:
+                    del self._inbound[source]
+                with trio.CancelScope(shield=True):
+                    await connection.stream.aclose()
+
+    def _check_hello(self, hello: raft_wire.Hello, peer: str) -> str | None:
+        why = None
+        if hello.group != self.group.group:
+            why = f"group {hello.group!r}, this member is in {self.group.group!r}"
+        elif hello.target != self.group.self_id:
+            why = f"meant for member {hello.target!r}, this is {self.group.self_id!r}"
+        elif hello.source not in self._queues:
+            why = f"unknown member {hello.source!r} (members: {', '.join(self.group.peers)})"
+        if why is not None:
+            self.refused_connections += 1
+            LOGGER.warning("raft: %s refused: %s", peer, why)
+            return None
+        return hello.source
+
+
+class DLedgerBroker:
+    """A DLedger member: see the module."""
+
+    def __init__(self, config: BrokerConfig, group: GroupConfig) -> None:
+        self.config = config.validate()
+        self.group = group.validate()
+        self.role_state = DLedgerRole()
+        self.producers = ProducerTable(window=config.producer_sequence_window, producers_max=config.producers_max)
+        self.store: DLedgerMessageStore | None = None
+        self.driver: RaftDriver | None = None
+        self.replicator: RaftReplicator | None = None
+        self.put_service: PutService | None = None
+        self.client_port: ClientPort | None = None
+        self.listen_address: Address | None = None
+        self.raft_address: Address | None = None
+        self.started_at = time.time()
+        self._dispatch_wakeup = trio.Event()
+        self._taking_writes = False
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
+            self.config.store, self.config.store_config(), self_id=self.group.self_id,
+            entry_class=Entry, hard_state_class=HardState))  # fmt: skip
+        LOGGER.info("store %s: entries %d..%d, committed %d, dispatched %d", self.config.store,
+                    self.store.entries.first_index(), self.store.entries.last_index(), self.store.entries.committed_index,
+                    self.store.dispatched_index)  # fmt: skip
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._serve(nursery, task_status)
+        finally:
+            if self.put_service is not None:
+                self.put_service.fail_all_waits()
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.store.close)
+            LOGGER.info("store closed cleanly")
+
+    async def _serve(self, nursery: trio.Nursery, task_status) -> None:
+        self.driver = RaftDriver(group=self.group, store=self.store, secret=self.config.secret,
+                                 on_commit=self._on_commit, on_role=self._on_role)  # fmt: skip
+        self.replicator = RaftReplicator(self.store)
+        log = RaftLog(self.store, self.driver)
+        self.put_service = PutService(config=self.config, store=log, role=self.role_state, replicator=self.replicator,
+                                      producers=self.producers, after_appends=lambda: None)  # fmt: skip
+        self.client_port = ClientPort(config=self.config, store=log, puts=self.put_service, status=self.status,
+                                      promote=self._no_promote, demote=self._no_promote)  # fmt: skip
+        raft_listener, raft_socket = await transport.open_listener(self.group.peers[self.group.self_id])
+        self.raft_address = transport.listener_address(raft_socket)
+        client_listener, client_socket = await transport.open_listener(self.config.listen)
+        self.listen_address = transport.listener_address(client_socket)
+        nursery.start_soon(functools.partial(serve_listener, client_listener, self.client_port.serve_client,
+                                              connections_max=self.config.connections_max))
+        nursery.start_soon(self.client_port.append_task)
+        nursery.start_soon(self.put_service.waiter_timer_task)
+        nursery.start_soon(self._dispatcher)
+        nursery.start_soon(self._consume_queue_flusher)
+        await self.driver.run(nursery, raft_listener)
+        task_status.started(self.addresses())
+        LOGGER.info("ready: %s", json.dumps(self.addresses()))
+
+    async def _no_promote(self, *args, **kwargs) -> dict:
+        raise ValueError("a DLedger member is never promoted or demoted by hand: the group elects its leader")
+
+    def addresses(self) -> dict:
+        return {"listen": format_address(self.listen_address), "raft_listen": format_address(self.raft_address),
+                "group": self.group.group, "self_id": self.group.self_id}  # fmt: skip
+
+    # -- commit, dispatch, role ----------------------------------------------------------
+
+    def _on_commit(self) -> None:
+        self._dispatch_wakeup.set()
+        self.replicator.committed()
+
+    async def _dispatcher(self) -> None:
+        while True:
+            await self._dispatch_wakeup.wait()
+            self._dispatch_wakeup = trio.Event()
+            while self.store.dispatch():
+                await trio.lowlevel.checkpoint()
+            self._on_role()
+
+    async def _consume_queue_flusher(self) -> None:
+        while True:
+            await trio.sleep(CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS)
+            self.store.flush_consume_queues()
+
+    def _on_role(self) -> None:
+        """Play SYNC_MASTER while leading with every entry committed and dispatched, else SLAVE."""
+        node = self.driver.node
+        leading = node.role is Role.LEADER
+        if not leading:
+            leader = node.leader_id
+            self.role_state.leader_hint = (f"the leader is {leader} (raft {format_address(self.group.peers[leader])})"
+                                           if leader else "no leader is known yet")  # fmt: skip
+        if self._taking_writes and not leading:
+            self._taking_writes = False
+            self.role_state.role = BrokerRole.SLAVE
+            self.store.discard_plans()
+            self.put_service.fail_ack_waits()
+            LOGGER.warning("no longer leading (term %d): writes refused, waiting puts failed", node.term)
+        elif leading and not self._taking_writes:
+            if self.store.dispatched_index < self.store.entries.committed_index:
+                self._dispatch_wakeup.set()
+                return
+            if not self.store.caught_up():
+                return
+            self.store.resume_queue_offsets()
+            rebuild_producer_table(self.store, self.producers, span_bytes=self.config.producer_table_rebuild_bytes)
+            self._taking_writes = True
+            self.role_state.role = BrokerRole.SYNC_MASTER
+            LOGGER.warning("leading term %d: taking writes from index %d", node.term, self.store.entries.last_index() + 1)
+
+    # -- status --------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        node = self.driver.node
+        raft = node.status(trio.current_time())
+        stats = self.store.statistics()
+        leader = raft.leader_id
+        status = {
+            "mode": "dledger", "group": self.group.group, "self_id": self.group.self_id,
+            "role": self.role_state.role.name, "raft_role": raft.role.value, "term": raft.term, "epoch": raft.term,
+            "leader_id": leader, "leader_address": format_address(self.group.peers[leader]) if leader else None,
+            "ledger_begin_index": self.store.entries.first_index(), "ledger_end_index": raft.ledger_end_index,
+            "committed_index": raft.committed_index, "flushed_index": raft.flushed_index,
+            "dispatched_index": self.store.dispatched_index, "pending_proposals": raft.pending_count,
+            "min_offset": stats.min_offset, "max_offset": stats.max_offset, "committed_offset": stats.committed_offset,
+            "dispatched_offset": stats.dispatched_offset, "flushed_offset": stats.flushed_offset,
+            "listen": format_address(self.listen_address), "raft_listen": format_address(self.raft_address),
+            "uptime_seconds": round(time.time() - self.started_at, 3),
+            "duplicate_sends": self.put_service.duplicate_sends,
+            "raft_messages_dropped": self.driver.dropped_messages,
+            "raft_connections_refused": self.driver.refused_connections,
+            "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
+                             "last_contact_seconds": None if p.last_contact_seconds == float("inf") else round(p.last_contact_seconds, 3),
+                             "connected": self.driver.connected.get(peer, False)}
+                      for peer, p in raft.peers.items()},
+        }  # fmt: skip
+        return status

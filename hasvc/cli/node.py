@@ -1,0 +1,113 @@
+"""``hasvc node``: run a DLedger member (imports trio and the broker only when one runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import click
+
+from commitlog.mapped_file import StoreError
+from hasvc.cli.broker import _build_config, _typed
+
+RAFT_PRESETS = ("dledger", "etcd")
+
+
+def _raft_config(settings: tuple[str, ...], flush: str | None, preferred_leader: str | None):
+    """Split ``--set`` into Raft settings (RaftConfig's names, or raft_preset=dledger|etcd) and the rest."""
+    from hasvc.state.raft.config import DLEDGER_DEFAULTS, ETCD_LIKE, RaftConfig
+
+    fields = {f.name: f for f in dataclasses.fields(RaftConfig)}
+    raft, rest = {}, []
+    preset = DLEDGER_DEFAULTS
+    for setting in settings:
+        name, _, raw = setting.partition("=")
+        if name == "raft_preset":
+            if raw not in RAFT_PRESETS:
+                raise click.BadParameter(f"raft_preset must be one of {', '.join(RAFT_PRESETS)}", param_hint="--set")
+            preset = ETCD_LIKE if raw == "etcd" else DLEDGER_DEFAULTS
+        elif name in fields:
+            raft[name] = _typed(raw, fields[name])
+        else:
+            rest.append(setting)
+    if flush is not None:
+        raft["flush_sync"] = flush == "sync"
+    if preferred_leader is not None:
+        raft["preferred_leader_id"] = preferred_leader
+    try:
+        return dataclasses.replace(preset, **raft).validate(), tuple(rest)
+    except (TypeError, ValueError) as error:
+        raise click.UsageError(str(error)) from None
+
+
+@click.command()
+@click.option("--store", "store_dir", type=click.Path(file_okay=False), help="Store directory.")
+@click.option("--listen", help="Client port, HOST:PORT (port 0: any free port).")
+@click.option("--group", required=True, help="The DLedger group's name (every member's must match).")
+@click.option("--peers", required=True, help='Every member\'s Raft address: "n0-HOST:PORT;n1-HOST:PORT;n2-HOST:PORT".')
+@click.option("--self", "self_id", required=True, help="This member's id among --peers (its Raft port is its address there).")
+@click.option("--preferred-leader", default=None, help="A member that takes leadership over when it has caught up.")
+@click.option("--flush", type=click.Choice(["sync", "async"]), default=None,
+              help="sync: an entry counts toward the quorum only once this member fsynced it (etcd's promise); "
+                   "async (DLedger's default): once it is in the member's log, flushed every 10 ms.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True),
+              help="TOML file with a [broker] table of options (command-line options win).")
+@click.option("--secret-file", type=click.Path(dir_okay=False, exists=True),
+              help="Cluster secret for HMAC authentication of every connection, Raft ones included (or HASVC_SECRET).")
+@click.option("--insecure", is_flag=True, default=None, help="Allow a non-loopback address without a secret.")
+@click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
+              help="Any broker option by its config name, a Raft setting (heartbeat_interval_seconds, "
+                   "election_timeout_min_seconds, election_timeout_max_seconds, quorum_ack_timeout_seconds, ...), "
+                   "or raft_preset=etcd (heartbeat 100 ms, election timeout 1-2 s) / dledger (the default: 2 s, 6.3-7 s).")
+def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, config_file, secret_file, insecure, settings) -> None:  # fmt: skip
+    """Run a DLedger member: the group elects its leader by Raft and keeps taking writes while a
+    majority of it runs; no promote. The leader plays SYNC_MASTER once caught up (a put is
+    PUT_OK once a quorum has its entry), the others SLAVE (committed reads; writes refused naming
+    the leader). Prints `READY {json}` on stdout when serving, exits cleanly on SIGTERM/SIGINT."""
+    from hasvc.broker.dledger import GroupConfig, parse_peers
+    from hasvc.config import is_loopback
+
+    raft, rest = _raft_config(settings, flush, preferred_leader)
+    config = _build_config("SYNC_MASTER", dict(store=store_dir, listen=listen, insecure=insecure), config_file, secret_file, rest)
+    try:
+        members = parse_peers(peers)
+        group_config = GroupConfig(group=group, self_id=self_id, peers=members, raft=raft).validate()
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+    exposed = [address for address in members.values() if not is_loopback(address[0])]
+    if exposed and config.secret is None and not config.insecure:
+        raise click.UsageError(f"refusing Raft traffic off loopback ({exposed[0][0]}) without a secret: give --secret-file "
+                               "or HASVC_SECRET, or --insecure")  # fmt: skip
+    _run_node(config, group_config)
+
+
+def _run_node(config, group_config) -> None:
+    import logging
+    import signal
+
+    import trio
+
+    from hasvc.broker.dledger import DLedgerBroker
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hasvc").info("effective configuration: %s; raft %s", json.dumps(config.describe()), group_config.raft)
+
+    async def serve() -> None:
+        broker = DLedgerBroker(config, group_config)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                addresses = await nursery.start(broker.run)
+                click.echo("READY " + json.dumps(addresses))
+                sys.stdout.flush()
+                async for signum in signals:
+                    logging.getLogger("hasvc").info("%s: shutting down", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(serve)
+    except StoreError as error:
+        raise click.ClickException(str(error)) from None
+    except OSError as error:
+        raise click.ClickException(f"cannot listen: {error}") from None

@@ -1,0 +1,161 @@
+"""DLedger mode with real ``hasvc node`` processes on loopback: elections with nobody promoting,
+SIGKILL of the leader and of a minority, partitions, bad input on the Raft port. Losses are
+checked from the stores on disk (the drill) or by reading every acknowledged offset back."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import trio
+
+from hasvc import client as hc
+from hasvc.protocol import raft as raft_wire
+from hasvc.protocol import wire
+from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
+from hasvc.tools.partition import LOOPBACK, free_port
+from tests.cluster import wait_until
+
+DRILL_TIMEOUT_SECONDS = 300  # a drill that hangs fails the test instead of the CI run
+
+
+def _start_group(tmp_path, size: int) -> dict[str, Node]:
+    members = [f"n{i}" for i in range(size)]
+    raft_ports = {member: free_port() for member in members}
+    peers = ";".join(f"{member}-{LOOPBACK}:{port}" for member, port in raft_ports.items())
+    nodes = {}
+    for member in members:
+        args = ["--store", str(tmp_path / member), "--listen", f"{LOOPBACK}:{free_port()}", "--group", "sys",
+                "--peers", peers, "--self", member, "--set", "commitlog_segment_size=1048576"]  # fmt: skip
+        for setting in ETCD_LIKE_SETTINGS:
+            args += ["--set", setting]
+        nodes[member] = Node(str(tmp_path), member, args)
+    for node in nodes.values():
+        node.start()  # READY comes once its ports listen, before any election
+    return nodes
+
+
+def _status(node: Node) -> dict:
+    with hc.BlockingClient(node.client_address) as client:
+        return client.status()
+
+
+def _leader(nodes: dict[str, Node]) -> str:
+    found = []
+
+    def one() -> bool:
+        found[:] = [m for m, n in nodes.items() if n.alive and _status(n)["role"] == "SYNC_MASTER"]
+        return len(found) == 1
+
+    wait_until(one, timeout=60, message="one member playing SYNC_MASTER")
+    return found[0]
+
+
+async def _send(addresses: list[str], count: int, tag: str) -> dict[int, int]:
+    """``count`` numbered messages through the failover client; number -> acknowledged offset."""
+    acked: dict[int, int] = {}
+    async with hc.connect_cluster(addresses, retry_sends=True) as client:
+        for number in range(count):
+            result = await client.send("DL", f"{tag}{number}".encode(), queue_id=number % 4)
+            assert result.status == "PUT_OK", result
+            acked[number] = result.offset
+    return acked
+
+
+def _read_back(node: Node, acked: dict[int, int], tag: str) -> None:
+    async def check() -> None:
+        async with hc.connect(node.client_address) as client:
+            for number, offset in acked.items():
+                record = await client.read_record(offset)
+                assert bytes(record.body) == f"{tag}{number}".encode(), (number, offset)
+
+    trio.run(check)
+
+
+def test_drill_kills_and_partitions_leaders_and_loses_nothing() -> None:
+    done = subprocess.run([sys.executable, "-m", "hasvc.cli", "drill", "--mode", "dledger", "--rounds", "3", "--producers", "4",
+                           "--fault", "mixed", "--seed", "7"], capture_output=True, text=True, timeout=DRILL_TIMEOUT_SECONDS)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "0 lost, 0 duplicated: OK" in done.stdout
+
+
+def test_a_five_member_group_survives_two_deaths_and_the_dead_rejoin(tmp_path) -> None:
+    nodes = _start_group(tmp_path, 5)
+    try:
+        addresses = [node.client_address for node in nodes.values()]
+        before = trio.run(_send, addresses, 50, "a")
+        leader = _leader(nodes)
+        follower = next(m for m in nodes if m != leader)
+        nodes[leader].kill()
+        nodes[follower].kill()
+        after = trio.run(_send, addresses, 50, "b")  # three of five: still a quorum, nobody promoted
+        survivor = next(m for m in nodes if nodes[m].alive)
+        wait_until(lambda: _status(nodes[survivor])["committed_index"] >= 100, message="the writes committed")
+        _read_back(nodes[survivor], before, "a")
+        _read_back(nodes[survivor], after, "b")
+        for member in (leader, follower):
+            nodes[member].start()  # same store, same ports
+        new_leader = _leader(nodes)
+        end = _status(nodes[new_leader])["ledger_end_index"]
+        wait_until(lambda: all(_status(n)["committed_index"] >= end for n in nodes.values()), message="everyone caught up")
+        _read_back(nodes[leader], before, "a")
+        _read_back(nodes[follower], after, "b")
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
+def test_the_raft_port_closes_bad_connections_only(tmp_path) -> None:
+    nodes = _start_group(tmp_path, 3)
+    try:
+        n0 = nodes["n0"]
+        raft_port = int(n0.ready["raft_listen"].rsplit(":", 1)[1])
+        with socket.create_connection((LOOPBACK, raft_port), timeout=10) as garbage:  # not even a preface
+            garbage.recv(wire.HELLO.size)
+            garbage.sendall(os.urandom(200))
+            assert _closed(garbage)
+        for hello in (raft_wire.Hello("other-group", "n1", "n0"), raft_wire.Hello("sys", "n9", "n0"),
+                      raft_wire.Hello("sys", "n1", "n2")):  # fmt: skip
+            with socket.create_connection((LOOPBACK, raft_port), timeout=10) as stranger:
+                _preface(stranger)
+                stranger.sendall(raft_wire.encode_hello(hello))
+                assert _closed(stranger), hello
+        status = _status(n0)
+        assert status["mode"] == "dledger" and status["raft_connections_refused"] >= 4
+        assert trio.run(_send, [node.client_address for node in nodes.values()], 20, "c")  # the group still works
+        leader = _leader(nodes)
+        shown = _status(nodes[leader])
+        assert shown["raft_role"] == "LEADER" and shown["leader_id"] == leader and set(shown["peers"]) == set(nodes) - {leader}
+        assert all(peer["match_index"] >= 0 for peer in shown["peers"].values())
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
+def _preface(sock: socket.socket) -> None:
+    """The connection preface of a port without a secret (docs/PROTOCOL.md §1)."""
+    version, kind, auth_required, nonce = wire.decode_hello(_receive(sock, wire.HELLO.size))
+    assert kind == wire.PORT_KIND_RAFT and not auth_required
+    sock.sendall(wire.encode_auth(secret=None, server_nonce=nonce, client_nonce=wire.new_nonce()))
+    status, _proof = wire.AUTH_OK.unpack(_receive(sock, wire.AUTH_OK.size))
+    assert status == wire.AUTH_STATUS_OK
+
+
+def _receive(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "closed during the preface"
+        data += chunk
+    return data
+
+
+def _closed(sock: socket.socket) -> bool:
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    return True

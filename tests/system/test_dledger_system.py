@@ -4,6 +4,7 @@ checked from the stores on disk (the drill) or by reading every acknowledged off
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -102,6 +103,41 @@ def test_a_five_member_group_survives_two_deaths_and_the_dead_rejoin(tmp_path) -
         wait_until(lambda: all(_status(n)["committed_index"] >= end for n in nodes.values()), message="everyone caught up")
         _read_back(nodes[leader], before, "a")
         _read_back(nodes[follower], after, "b")
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hasvc.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_transfer_leader_hands_leadership_to_the_member_named_and_writes_go_on(tmp_path) -> None:
+    nodes = _start_group(tmp_path, 3)
+    try:
+        addresses = [node.client_address for node in nodes.values()]
+        before = trio.run(_send, addresses, 20, "t")
+        leader = _leader(nodes)
+        target = next(m for m in nodes if m != leader)
+        done = _cli("transfer-leader", nodes[leader].client_address, "--to", target, "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        outcome = json.loads(done.stdout)
+        assert outcome["status"] == "OK" and outcome["leader_id"] == target, outcome
+        assert outcome["term"] > outcome["previous_term"] and outcome["elapsed_seconds"] < 10
+        assert _status(nodes[target])["raft_role"] == "LEADER"
+        assert _leader(nodes) == target  # and it plays SYNC_MASTER once caught up
+        after = trio.run(_send, addresses, 20, "u")  # the failover client finds the new leader
+        _read_back(nodes[target], before, "t")
+        end = _status(nodes[target])["committed_index"]
+        wait_until(lambda: _status(nodes[leader])["committed_index"] >= end, message="the old leader caught up")
+        _read_back(nodes[leader], after, "u")
+        unknown = _cli("transfer-leader", nodes[target].client_address, "--to", "n9")
+        assert unknown.returncode != 0, unknown.stdout
+        assert "UNKNOWN_MEMBER" in unknown.stderr and "'n9' is not a member" in unknown.stderr, unknown.stderr
+        stale = _cli("transfer-leader", nodes[leader].client_address, "--to", leader, "--json")
+        refused = json.loads(stale.stdout)
+        assert stale.returncode != 0 and refused["status"] == "NOT_LEADER" and refused["leader_id"] == target, refused
+        assert f"the leader is {target}" in refused["reason"]
     finally:
         for node in nodes.values():
             node.kill()

@@ -24,6 +24,15 @@ The driver carries each ``Ready`` out in the core's order: the hard state saved 
 log truncated and appended, then messages queued to the peers' senders (bounded: a message that
 does not fit is dropped, which Raft survives), then the commit index to the store and dispatch,
 role changes to the broker. Time is ``trio.current_time()`` only.
+
+Flushing never blocks the loop: the msync/fsync of the entry files runs in a worker thread
+(``DLedgerMmapFileStore.sync_files``) while the loop goes on appending, every 10 ms (DLedger's
+FlushDataService) or, with ``--flush sync``, as soon as entries were appended. It is a group
+commit: the index appended when a flush starts is what it marks flushed (``persisted``), and
+entries appended meanwhile wait for the next one; with ``--flush sync`` the core counts (leader)
+and acknowledges (follower) an entry only once it is marked flushed. A truncate (a TRUNCATE push
+from the leader) cuts and deletes files, so it never runs during a flush: both hold
+``_files_lock``.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.dedupe import ProducerTable
 from hasvc.state.raft.config import RaftConfig
+from hasvc.state.raft.messages import Push, PushType
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.ready import Proposed, Role
 from hasvc.state.raft.storage import Entry, HardState
@@ -210,6 +220,10 @@ class RaftDriver:
         self.refused_connections = 0
         self.connected: dict[str, bool] = {peer: False for peer in self._queues}
         self._transfer_wait: TransferWait | None = None
+        # Held by a flush for its worker thread's time and by a truncate (which cuts and deletes
+        # the files the thread syncs): never both at once.
+        self._files_lock = trio.Lock()
+        self._appended = trio.Event()  # entries appended since the flusher last looked
 
     # -- carrying a Ready out ------------------------------------------------------------
 
@@ -219,9 +233,11 @@ class RaftDriver:
         if ready.hard_state is not None:
             entries.save_hard_state(ready.hard_state)
         if ready.truncate_after is not None:
+            assert self._files_lock.statistics().owner is trio.lowlevel.current_task(), "truncate without _files_lock"
             entries.truncate(after_index=ready.truncate_after)
         if ready.entries:
             entries.append(ready.entries)
+            self._appended.set()
         for message in ready.messages:
             try:
                 self._queues[message.target][0].send_nowait(message)
@@ -316,13 +332,23 @@ class RaftDriver:
                 self.drain()
 
     async def _flusher(self) -> None:
+        """Flush the entries every FLUSH_INTERVAL_SECONDS or, with flush_sync, as soon as some
+        were appended (those appended during a flush go in the next); see the module."""
         entries = self.store.entries
         while True:
-            await trio.sleep(FLUSH_INTERVAL_SECONDS)
-            if entries.flushed_index() < entries.last_index():
-                flushed = entries.flush()
-                self.node.persisted(flushed, trio.current_time())
-                self.drain()
+            if self.group.raft.flush_sync:
+                await self._appended.wait()
+            else:
+                await trio.sleep(FLUSH_INTERVAL_SECONDS)
+            self._appended = trio.Event()
+            if entries.flushed_index() >= entries.last_index():
+                continue
+            async with self._files_lock:
+                target = entries.flush_target()
+                await trio.to_thread.run_sync(entries.sync_files)  # not abandoned on cancel: close waits for it
+                flushed = entries.flushed_to(target)
+            self.node.persisted(flushed, trio.current_time())
+            self.drain()
 
     async def _checkpointer(self) -> None:
         while True:
@@ -399,6 +425,11 @@ class RaftDriver:
                             if old is not None:
                                 old.cancel()  # a peer that reconnected: its old connection is dead
                             self._inbound[source] = scope
+                            continue
+                        if isinstance(event, Push) and event.type is PushType.TRUNCATE:
+                            async with self._files_lock:  # the truncate waits for a flush in flight
+                                self.node.step(event, trio.current_time())
+                                self.drain()
                             continue
                         self.node.step(event, trio.current_time())
                         self.drain()

@@ -51,6 +51,20 @@ class SendResult:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TransferResult:
+    """A TRANSFER_LEADER outcome: ``status`` OK or why not (docs/PROTOCOL.md §2), ``details`` the
+    response's JSON object (leader_id, term, target_lag_entries, ...)."""
+
+    status: str
+    reason: str
+    details: dict
+
+    @property
+    def ok(self) -> bool:
+        return self.status == cp.OK
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class PullResult:
     status: str
     records: list[rec.Record]
@@ -199,6 +213,17 @@ class Client:
         if status != cp.OK:
             raise ClientError(f"{status}: {reason}")
         return json.loads(data)
+
+    async def transfer_leader(self, target: str) -> TransferResult:
+        """Ask the DLedger member (the leader) to hand leadership to member ``target``; a refusal
+        is a result, not an error (the broker answers within about 10 s)."""
+        payload = await self._request(cp.TRANSFER_LEADER, cp.encode_transfer_leader(target))
+        status, reason, data = cp.decode_status_response(payload)
+        try:
+            details = json.loads(data) if data else {}
+        except ValueError:
+            raise ClientError(f"TRANSFER_LEADER response is not JSON: {bytes(data[:40])!r}") from None
+        return TransferResult(status, reason, details)
 
     async def status(self) -> dict:
         status, reason, data = cp.decode_status_response(await self._request(cp.STATUS, b""))
@@ -459,6 +484,9 @@ class BlockingClient:
 
     def demote(self, master_ha: str) -> dict:
         return self._call("demote", master_ha)
+
+    def transfer_leader(self, target: str) -> TransferResult:
+        return self._call("transfer_leader", target)
 
     def close(self) -> None:
         if self._done is not None and self._thread.is_alive():

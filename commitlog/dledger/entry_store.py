@@ -36,8 +36,9 @@ naming the file and offset and nothing changed: a cut that would delete more tha
 DLedger's "processOffset is too small" rule), and a cut below the checkpoint's ``flushedIndex``
 (entries known durable are gone) unless ``recovery_accept_lost_entries`` says to accept it.
 
-Not thread-safe: one caller at a time (a driver may run ``flush`` in a worker thread while it
-holds the store for that time).
+Not thread-safe: one caller at a time, with one exception: ``sync_files`` (the middle of
+``flush``: ``flush_target``, ``sync_files``, ``flushed_to``) may run in a worker thread while the
+owner appends, never while it truncates or closes.
 """
 
 from __future__ import annotations
@@ -492,10 +493,30 @@ class DLedgerMmapFileStore:
         queue.truncate_dirty_files(offset)
 
     def flush(self) -> int:
-        """Make every appended entry durable (data, then index); return ``flushed_index()``."""
-        target = self._last_index
+        """Make every appended entry durable (data, then index); return ``flushed_index()``.
+        The three steps a driver may split to run the middle one in a worker thread."""
+        target = self.flush_target()
+        self.sync_files()
+        return self.flushed_to(target)
+
+    def flush_target(self) -> int:
+        """The last index now: what a ``sync_files`` started after this call makes durable."""
+        return self._last_index
+
+    def sync_files(self) -> None:
+        """Sync the data files, then the index files, up to what each holds when it gets there
+        (at least every entry up to a ``flush_target`` read before). Safe in a worker thread
+        while the owner appends: it reads each file's write position once and changes only the
+        flushed positions and the files' ``flushed_where``; never while the owner truncates or
+        closes (the owner's lock). Runs no ``_check``: an append may be half done meanwhile."""
         self.data_file_list.flush()
         self.index_file_list.flush()
+
+    def flushed_to(self, target: int) -> int:
+        """Record entries up to ``target`` (a ``flush_target`` read before ``sync_files`` began)
+        as durable; return ``flushed_index()``. Group commit: entries appended during the sync
+        wait for the next one."""
+        assert target <= self._last_index, ("truncated during a flush", target, self._last_index)
         self._flushed_index = max(self._flushed_index, target)
         self._check()
         return self._flushed_index

@@ -13,8 +13,8 @@ must wait (its outbox is full: that task waits for room, takes the rest of its f
 rejoins the group), when it ends or when it breaks. TLS connections (whose bytes trio's stream
 must decrypt) read in their own task as before; their SENDs go to the append task, or are put
 at once when theirs is the only connection. Each connection's SENDs keep their order. PULL,
-READ and STATUS are answered from the store at once; PROMOTE and DEMOTE run in a task of their
-own (they wait for the store) and answer with the new status.
+READ and STATUS are answered from the store at once; PROMOTE, DEMOTE and TRANSFER_LEADER run in
+a task of their own (they wait for the store or the group) and answer when done.
 
 Errors end one connection: a bad preface, a malformed frame or a peer that goes away is logged
 once with the peer address and closes that connection alone.
@@ -88,7 +88,7 @@ class _Client:
         self.connection = connection
         self.decoder = decoder
         self.outbox = outbox
-        self.nursery = nursery  # PROMOTE and DEMOTE run here
+        self.nursery = nursery  # PROMOTE, DEMOTE and TRANSFER_LEADER run here
         self.fd = -1
         self.handed_back = trio.Event()
         self.ended = False
@@ -97,16 +97,20 @@ class _Client:
 
 class ClientPort:
     """The client connections of one broker. What it needs is passed in: the configuration, the
-    store (reads), the put path, and the broker's answers to STATUS, PROMOTE and DEMOTE."""
+    store (reads), the put path, and the broker's answers to STATUS, PROMOTE, DEMOTE and (a
+    DLedger member only) TRANSFER_LEADER: ``transfer_leader(target)`` returns the response's
+    status, reason and JSON object."""
 
     def __init__(self, *, config: BrokerConfig, store: MessageStore, puts: PutService, status: Callable[[], dict],
-                 promote: Callable[[BrokerRole], Awaitable[None]], demote: Callable[[Address], Awaitable[None]]) -> None:  # fmt: skip
+                 promote: Callable[[BrokerRole], Awaitable[None]], demote: Callable[[Address], Awaitable[None]],
+                 transfer_leader: Callable[[str], Awaitable[tuple[str, str, dict]]] | None = None) -> None:  # fmt: skip
         self.config = config
         self.store = store
         self.puts = puts
         self.status = status
         self.promote = promote
         self.demote = demote
+        self.transfer_leader = transfer_leader
         # SENDs read and not yet put, in the order read: (outbox, frame, request).
         self._sends: list[tuple[Outbox, cp.Frame, cp.SendRequest]] = []
         self._sends_ready = trio.Event()
@@ -201,7 +205,7 @@ class ClientPort:
             if frame is None:
                 return True
             outbox.take_place()
-            if frame.kind in (cp.PROMOTE, cp.DEMOTE):
+            if frame.kind in cp.ADMIN_KINDS:
                 client.nursery.start_soon(self._role_request, outbox, frame)
                 continue
             if frame.kind not in cp.SEND_KINDS:
@@ -275,6 +279,10 @@ class ClientPort:
         return True
 
     async def _role_request(self, outbox: Outbox, frame: cp.Frame) -> None:
+        if frame.kind == cp.TRANSFER_LEADER:
+            outbox.respond(frame, await self._transfer_leader(frame))
+            outbox.flush()
+            return
         try:
             if frame.kind == cp.PROMOTE:
                 if bytes(frame.payload) not in (b"\x00", b"\x01"):
@@ -287,6 +295,17 @@ class ClientPort:
         else:
             outbox.respond(frame, cp.encode_simple_response(cp.OK, "", json.dumps(self.status()).encode()))
         outbox.flush()
+
+    async def _transfer_leader(self, frame: cp.Frame) -> bytes:
+        try:
+            target = cp.decode_transfer_leader(frame.payload)
+        except wire.ProtocolError as error:
+            return cp.encode_simple_response(cp.ERROR, str(error), b"{}")
+        if self.transfer_leader is None:
+            return cp.encode_simple_response(cp.ERROR, "a classic broker has no Raft group to hand leadership in: "
+                                             "hasvc promote/demote move its master", b"{}")  # fmt: skip
+        status, reason, details = await self.transfer_leader(target)
+        return cp.encode_simple_response(status, reason, json.dumps(details).encode())
 
     def _answer(self, frame: cp.Frame) -> bytes:
         try:

@@ -24,6 +24,15 @@ The driver carries each ``Ready`` out in the core's order: the hard state saved 
 log truncated and appended, then messages queued to the peers' senders (bounded: a message that
 does not fit is dropped, which Raft survives), then the commit index to the store and dispatch,
 role changes to the broker. Time is ``trio.current_time()`` only.
+
+Flushing never blocks the loop: the msync/fsync of the entry files runs in a worker thread
+(``DLedgerMmapFileStore.sync_files``) while the loop goes on appending, every 10 ms (DLedger's
+FlushDataService) or, with ``--flush sync``, as soon as entries were appended. It is a group
+commit: the index appended when a flush starts is what it marks flushed (``persisted``), and
+entries appended meanwhile wait for the next one; with ``--flush sync`` the core counts (leader)
+and acknowledges (follower) an entry only once it is marked flushed. A truncate (a TRUNCATE push
+from the leader) cuts and deletes files, so it never runs during a flush: both hold
+``_files_lock``.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.dedupe import ProducerTable
 from hasvc.state.raft.config import RaftConfig
+from hasvc.state.raft.messages import Push, PushType
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.ready import Proposed, Role
 from hasvc.state.raft.storage import Entry, HardState
@@ -68,6 +78,11 @@ CHECKPOINT_INTERVAL_SECONDS = 3.0
 CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS = 1.0
 # Inbound Raft connections at once: two per peer is normal (a reconnect overlapping the old one).
 RAFT_CONNECTIONS_MAX = 64
+# TRANSFER_LEADER (``hasvc transfer-leader``) answers at the latest this long after it started:
+# the core aborts a transfer its target did not complete within election_timeout_min_seconds
+# (6.3 s by default, 1 s with etcd timing), so this is a backstop for a leader that steps down
+# and hears of no successor. The same order as the ~10 s a DLedger admin request waits.
+TRANSFER_LEADER_WAIT_SECONDS = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +190,17 @@ class RaftLog:
         return self._driver.propose(messages)
 
 
+@dataclasses.dataclass
+class TransferWait:
+    """A TRANSFER_LEADER request waiting for its outcome: set by ``RaftDriver.drain``."""
+
+    target: str
+    term: int  # the leader's term when the transfer started
+    done: trio.Event = dataclasses.field(default_factory=trio.Event)
+    status: str = ""
+    reason: str = ""
+
+
 class RaftDriver:
     """Drives one ``RaftNode`` over trio: see the module."""
 
@@ -193,6 +219,11 @@ class RaftDriver:
         self.dropped_messages = 0
         self.refused_connections = 0
         self.connected: dict[str, bool] = {peer: False for peer in self._queues}
+        self._transfer_wait: TransferWait | None = None
+        # Held by a flush for its worker thread's time and by a truncate (which cuts and deletes
+        # the files the thread syncs): never both at once.
+        self._files_lock = trio.Lock()
+        self._appended = trio.Event()  # entries appended since the flusher last looked
 
     # -- carrying a Ready out ------------------------------------------------------------
 
@@ -202,9 +233,11 @@ class RaftDriver:
         if ready.hard_state is not None:
             entries.save_hard_state(ready.hard_state)
         if ready.truncate_after is not None:
+            assert self._files_lock.statistics().owner is trio.lowlevel.current_task(), "truncate without _files_lock"
             entries.truncate(after_index=ready.truncate_after)
         if ready.entries:
             entries.append(ready.entries)
+            self._appended.set()
         for message in ready.messages:
             try:
                 self._queues[message.target][0].send_nowait(message)
@@ -217,7 +250,49 @@ class RaftDriver:
             LOGGER.info("raft: %s", change)
         if ready.role_changes or ready.committed_index is not None:
             self.on_role()
+        if self._transfer_wait is not None:
+            self._check_transfer(ready)
         self._wakeup.set()
+
+    def _check_transfer(self, ready) -> None:
+        """Finish the waiting transfer once the core aborted it or a leader of a later term is
+        known (a new leader steps this one down with its vote request, then names itself)."""
+        wait, node = self._transfer_wait, self.node
+        if any(aborted.target == wait.target for aborted in ready.transfers_aborted):
+            wait.status = "TRANSFER_ABORTED"
+            wait.reason = (f"{wait.target} did not take over within {self.group.raft.election_timeout_min_seconds} s "
+                           f"(election_timeout_min_seconds); {self.group.self_id} leads on in term {node.term}")  # fmt: skip
+        elif node.role is not Role.LEADER and node.leader_id is not None and node.term > wait.term:
+            if node.leader_id == wait.target:
+                wait.status, wait.reason = "OK", ""
+            else:
+                wait.status = "TRANSFER_FAILED"
+                wait.reason = f"{node.leader_id} took over in term {node.term}, not {wait.target}"
+        else:
+            return
+        self._transfer_wait = None
+        wait.done.set()
+
+    async def transfer_leadership(self, target: str, *, wait_seconds: float) -> tuple[str, str]:
+        """Hand leadership to ``target`` and wait for the outcome, at most ``wait_seconds``:
+        (status, reason), status OK once ``target`` leads a later term, else the core's refusal
+        (``RefusalStatus``), TRANSFER_ABORTED, TRANSFER_FAILED or TRANSFER_TIMEOUT."""
+        refused = self.node.transfer_leadership(target, trio.current_time())
+        if refused is not None:
+            self.drain()
+            return refused.status.value, refused.reason
+        assert self._transfer_wait is None, "the core refuses a second transfer while one runs"
+        wait = self._transfer_wait = TransferWait(target, self.node.term)
+        self.drain()  # TimeoutNow goes out now if the target has every entry
+        with trio.move_on_after(wait_seconds):
+            await wait.done.wait()
+        if not wait.done.is_set():
+            if self._transfer_wait is wait:
+                self._transfer_wait = None
+            node = self.node
+            return "TRANSFER_TIMEOUT", (f"no outcome within {wait_seconds} s: {self.group.self_id} is {node.role.value} "
+                                        f"in term {node.term}, leader {node.leader_id or 'unknown'}")  # fmt: skip
+        return wait.status, wait.reason
 
     def propose(self, messages: list[rec.Message]) -> AppendResult:
         try:
@@ -257,13 +332,23 @@ class RaftDriver:
                 self.drain()
 
     async def _flusher(self) -> None:
+        """Flush the entries every FLUSH_INTERVAL_SECONDS or, with flush_sync, as soon as some
+        were appended (those appended during a flush go in the next); see the module."""
         entries = self.store.entries
         while True:
-            await trio.sleep(FLUSH_INTERVAL_SECONDS)
-            if entries.flushed_index() < entries.last_index():
-                flushed = entries.flush()
-                self.node.persisted(flushed, trio.current_time())
-                self.drain()
+            if self.group.raft.flush_sync:
+                await self._appended.wait()
+            else:
+                await trio.sleep(FLUSH_INTERVAL_SECONDS)
+            self._appended = trio.Event()
+            if entries.flushed_index() >= entries.last_index():
+                continue
+            async with self._files_lock:
+                target = entries.flush_target()
+                await trio.to_thread.run_sync(entries.sync_files)  # not abandoned on cancel: close waits for it
+                flushed = entries.flushed_to(target)
+            self.node.persisted(flushed, trio.current_time())
+            self.drain()
 
     async def _checkpointer(self) -> None:
         while True:
@@ -341,6 +426,11 @@ class RaftDriver:
                                 old.cancel()  # a peer that reconnected: its old connection is dead
                             self._inbound[source] = scope
                             continue
+                        if isinstance(event, Push) and event.type is PushType.TRUNCATE:
+                            async with self._files_lock:  # the truncate waits for a flush in flight
+                                self.node.step(event, trio.current_time())
+                                self.drain()
+                            continue
                         self.node.step(event, trio.current_time())
                         self.drain()
             except wire.ProtocolError as error:
@@ -413,7 +503,8 @@ class DLedgerBroker:
         self.put_service = PutService(config=self.config, store=log, role=self.role_state, replicator=self.replicator,
                                       producers=self.producers, after_appends=lambda: None)  # fmt: skip
         self.client_port = ClientPort(config=self.config, store=log, puts=self.put_service, status=self.status,
-                                      promote=self._no_promote, demote=self._no_promote)  # fmt: skip
+                                      promote=self._no_promote, demote=self._no_promote,
+                                      transfer_leader=self.transfer_leader)  # fmt: skip
         raft_listener, raft_socket = await transport.open_listener(self.group.peers[self.group.self_id])
         self.raft_address = transport.listener_address(raft_socket)
         client_listener, client_socket = await transport.open_listener(self.config.listen)
@@ -430,6 +521,33 @@ class DLedgerBroker:
 
     async def _no_promote(self, *args, **kwargs) -> dict:
         raise ValueError("a DLedger member is never promoted or demoted by hand: the group elects its leader")
+
+    async def transfer_leader(self, target: str) -> tuple[str, str, dict]:
+        """TRANSFER_LEADER (DLedger LEADERSHIP_TRANSFER): refused naming the leader unless this
+        member leads, refused for an unknown member or one too far behind (its lag named), else
+        answered once ``target`` leads or the transfer failed, within TRANSFER_LEADER_WAIT_SECONDS."""
+        node = self.driver.node
+        started = trio.current_time()
+        lag = node.status(started).peers.get(target)
+        details = {"self_id": self.group.self_id, "target": target, "previous_term": node.term,
+                   "target_lag_entries": lag.lag_entries if lag is not None else None}  # fmt: skip
+        if target not in self.group.peers:
+            members = ", ".join(self.group.peers)
+            status, reason = "UNKNOWN_MEMBER", f"{target!r} is not a member of group {self.group.group} ({members})"
+        elif node.role is not Role.LEADER:
+            status, reason = "NOT_LEADER", f"{self.group.self_id} does not lead: {self.role_state.leader_hint}"
+        else:
+            LOGGER.warning("handing leadership of term %d to %s", node.term, target)
+            status, reason = await self.driver.transfer_leadership(target, wait_seconds=TRANSFER_LEADER_WAIT_SECONDS)
+            LOGGER.warning("leadership transfer to %s: %s %s", target, status, reason)
+        leader = node.leader_id
+        details.update(term=node.term, leader_id=leader, elapsed_seconds=round(trio.current_time() - started, 3),
+                       leader_raft_address=format_address(self.group.peers[leader]) if leader else None,
+                       leader_client_address=self.listen_address_text() if leader == self.group.self_id else None)  # fmt: skip
+        return status, reason, details
+
+    def listen_address_text(self) -> str | None:
+        return format_address(self.listen_address) if self.listen_address is not None else None
 
     def addresses(self) -> dict:
         return {"listen": format_address(self.listen_address), "raft_listen": format_address(self.raft_address),

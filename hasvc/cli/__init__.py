@@ -10,7 +10,7 @@ import click
 
 from hasvc.cli.bench import bench
 from hasvc.cli.broker import master, slave
-from hasvc.cli.client import demote, promote, read, send, status
+from hasvc.cli.client import demote, promote, read, send, status, transfer_leader
 from hasvc.cli.drill import demo, drill
 from hasvc.cli.node import node
 from hasvc.cli.proxy import register as register_proxy
@@ -31,4 +31,5 @@ def main() -> None:
 
 for command in (store, master, slave, node, send, read, promote, demote, status, demo, drill, bench, spark):
     main.add_command(command)
+main.add_command(transfer_leader)
 register_proxy(main, bench)  # hasvc proxy, hasvc bench proxy

@@ -1,4 +1,4 @@
-"""``hasvc send/read/promote/demote/status``: one client call against a running broker."""
+"""``hasvc send/read/promote/demote/transfer-leader/status``: one client call against a running broker."""
 
 from __future__ import annotations
 
@@ -157,3 +157,30 @@ def status(address, as_json, secret_file, tls_ca) -> None:
                    f"{item['lag_seconds']} s since {item['connected_since']}")  # fmt: skip
     if not data["slaves"] and data["role"] != "SLAVE":
         click.echo("slaves       none connected")
+
+
+@click.command("transfer-leader")
+@click.argument("address")
+@click.option("--to", "target", required=True, help="The member id (of --peers) that should lead, e.g. n1.")
+@click.option("--json", "as_json", is_flag=True, help="The outcome as one JSON object.")
+@secret_option
+@tls_option
+def transfer_leader(address, target, as_json, secret_file, tls_ca) -> None:
+    """Hand the leadership of a DLedger group to member --to (DLedger's LEADERSHIP_TRANSFER).
+
+    ADDRESS is the client port of the current leader. It answers once --to leads a new term, or
+    refuses naming why: it does not lead (naming the leader it knows), --to is not a member, --to
+    is too far behind (its lag named; at most leadership_transfer_wait_index_max entries), or --to
+    did not take over in time (within about 10 s). Exits 1 on refusal.
+    """
+    result = _client_call(address, secret_file, tls_ca, lambda client: client.transfer_leader(target))
+    details = result.details
+    if as_json:
+        click.echo(json.dumps({"status": result.status, "reason": result.reason, **details}))
+    elif result.ok:
+        click.echo(f"{details.get('leader_id')} leads term {details.get('term')} (was {details.get('self_id')} in term "
+                   f"{details.get('previous_term')}; {details.get('elapsed_seconds')} s)")  # fmt: skip
+    else:
+        click.echo(f"refused: {result.status}: {result.reason}", err=True)
+    if not result.ok:
+        sys.exit(1)

@@ -27,6 +27,9 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
     kind 7 SEND_IDEMPOTENT
                    request : string producer id | i64 first sequence | a SEND request payload
                    response: as SEND (a retry is answered with the original offsets; hasvc/dedupe.py)
+    kind 8 TRANSFER_LEADER
+                   request : string target member id (DLedger mode; 1..64 bytes)
+                   response: status | reason | blob-32 (a JSON object: the outcome, docs/PROTOCOL.md §2)
 
 ``properties blob-16`` is ``u16 length | name\\x01value\\x02...``. SEND statuses are RocketMQ's
 PutMessageStatus names; the others use OK, NOT_FOUND, OFFSET_ILLEGAL, SERVICE_NOT_AVAILABLE and
@@ -59,7 +62,10 @@ STATUS: Final = 4
 PROMOTE: Final = 5
 DEMOTE: Final = 6
 SEND_IDEMPOTENT: Final = 7
-REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE, DEMOTE, SEND_IDEMPOTENT})
+TRANSFER_LEADER: Final = 8
+REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE, DEMOTE, SEND_IDEMPOTENT, TRANSFER_LEADER})
+# Requests answered from a task of their own (they wait for the store or for the group).
+ADMIN_KINDS: Final = frozenset({PROMOTE, DEMOTE, TRANSFER_LEADER})
 SEND_KINDS: Final = frozenset({SEND, SEND_IDEMPOTENT})
 RESPONSE_BIT: Final = 0x80
 
@@ -329,6 +335,24 @@ def decode_demote(payload: bytes) -> str:
     address = reader.text()
     reader.done()
     return address
+
+
+# A DLedger member id (``--self``, the ids of ``--peers``): short names such as n0; the bound
+# keeps a decoder's work finite and matches the producer id's.
+MEMBER_ID_SIZE_MAX: Final = 64
+
+
+def encode_transfer_leader(target: str) -> bytes:
+    return Writer().text(target).bytes()
+
+
+def decode_transfer_leader(payload: bytes) -> str:
+    reader = Reader(payload)
+    target = reader.text()
+    reader.done()
+    if not target or len(target.encode()) > MEMBER_ID_SIZE_MAX:
+        raise ProtocolError(f"TRANSFER_LEADER target must be a member id of 1..{MEMBER_ID_SIZE_MAX} bytes")
+    return target
 
 
 def encode_read(offset: int, size_max: int) -> bytes:

@@ -4,14 +4,18 @@ checked from the stores on disk (the drill) or by reading every acknowledged off
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import socket
 import subprocess
 import sys
 
 import trio
+from click.testing import CliRunner
 
 from hasvc import client as hc
+from hasvc.cli import main as cli_main
 from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
@@ -92,7 +96,9 @@ def test_a_five_member_group_survives_two_deaths_and_the_dead_rejoin(tmp_path) -
         nodes[follower].kill()
         after = trio.run(_send, addresses, 50, "b")  # three of five: still a quorum, nobody promoted
         survivor = next(m for m in nodes if nodes[m].alive)
-        wait_until(lambda: _status(nodes[survivor])["committed_index"] >= 100, message="the writes committed")
+        # By offset, not index: no-op entries of new terms lie between the messages' entries.
+        last = max(after.values())
+        wait_until(lambda: _status(nodes[survivor])["committed_offset"] > last, message="the writes committed")
         _read_back(nodes[survivor], before, "a")
         _read_back(nodes[survivor], after, "b")
         for member in (leader, follower):
@@ -105,6 +111,78 @@ def test_a_five_member_group_survives_two_deaths_and_the_dead_rejoin(tmp_path) -
     finally:
         for node in nodes.values():
             node.kill()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hasvc.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_transfer_leader_hands_leadership_to_the_member_named_and_writes_go_on(tmp_path) -> None:
+    nodes = _start_group(tmp_path, 3)
+    try:
+        addresses = [node.client_address for node in nodes.values()]
+        before = trio.run(_send, addresses, 20, "t")
+        leader = _leader(nodes)
+        target = next(m for m in nodes if m != leader)
+        done = _cli("transfer-leader", nodes[leader].client_address, "--to", target, "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        outcome = json.loads(done.stdout)
+        assert outcome["status"] == "OK" and outcome["leader_id"] == target, outcome
+        assert outcome["term"] > outcome["previous_term"] and outcome["elapsed_seconds"] < 10
+        assert _status(nodes[target])["raft_role"] == "LEADER"
+        assert _leader(nodes) == target  # and it plays SYNC_MASTER once caught up
+        after = trio.run(_send, addresses, 20, "u")  # the failover client finds the new leader
+        _read_back(nodes[target], before, "t")
+        end = _status(nodes[target])["committed_index"]
+        wait_until(lambda: _status(nodes[leader])["committed_index"] >= end, message="the old leader caught up")
+        _read_back(nodes[leader], after, "u")
+        unknown = _cli("transfer-leader", nodes[target].client_address, "--to", "n9")
+        assert unknown.returncode != 0, unknown.stdout
+        assert "UNKNOWN_MEMBER" in unknown.stderr and "'n9' is not a member" in unknown.stderr, unknown.stderr
+        stale = _cli("transfer-leader", nodes[leader].client_address, "--to", leader, "--json")
+        refused = json.loads(stale.stdout)
+        assert stale.returncode != 0 and refused["status"] == "NOT_LEADER" and refused["leader_id"] == target, refused
+        assert f"the leader is {target}" in refused["reason"]
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
+def test_store_verify_and_dump_read_a_members_store_written_by_a_node(tmp_path) -> None:
+    nodes = _start_group(tmp_path, 1)
+    try:
+        acked = trio.run(_send, [nodes["n0"].client_address], 6, "m")
+    finally:
+        nodes["n0"].stop()  # SIGTERM: a clean close
+    store = str(tmp_path / "n0")
+    runner = CliRunner()
+    done = runner.invoke(cli_main, ["store", "verify", store, "--member", "n0", "--json"])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    assert report["ok"] and [part["part"] for part in report["parts"]] == ["dledger"]
+    assert report["parts"][0]["messages"] == 6 and report["parts"][0]["noops"] >= 1
+    done = runner.invoke(cli_main, ["store", "verify", store, "--member", "n0"])
+    assert done.exit_code == 0 and "6 messages" in done.output and "status       clean" in done.output, done.output
+    done = runner.invoke(cli_main, ["store", "dump", store, "--member", "n0", "--json"])
+    assert done.exit_code == 0, done.output
+    dumped = [json.loads(line) for line in done.output.splitlines()]
+    assert {(d["offset"], base64.b64decode(d["body_base64"]).decode()) for d in dumped} == {
+        (offset, f"m{number}") for number, offset in acked.items()
+    }
+    assert all(d["part"] == "dledger" and d["index"] >= 1 and d["crc_ok"] for d in dumped)
+    done = runner.invoke(cli_main, ["store", "dump", store, "--member", "n0", "--from", str(acked[4]), "--count", "1"])
+    assert done.exit_code == 0 and done.output.count("\n") == 1 and "dledger#" in done.output and "m4" in done.output
+    done = runner.invoke(cli_main, ["store", "verify", store])
+    assert done.exit_code != 0 and "give --member (n0)" in done.output, done.output
+    done = runner.invoke(cli_main, ["store", "dump", store, "--member", "n7"])
+    assert done.exit_code != 0 and "members here: n0" in done.output, done.output
+    data_file = next((tmp_path / "n0" / "dledger-n0" / "data").iterdir())
+    content = bytearray(data_file.read_bytes())
+    content[content.index(b"m3")] ^= 0xFF  # in a message body: the entry's body CRC no longer matches
+    data_file.write_bytes(bytes(content))
+    done = runner.invoke(cli_main, ["store", "verify", store, "--member", "n0"])
+    entry_pos = acked[3] - 48  # the entry header precedes the record
+    assert done.exit_code == 1 and f"CORRUPT at offset {entry_pos}: bodyCrc mismatch" in done.output, done.output
 
 
 def test_the_raft_port_closes_bad_connections_only(tmp_path) -> None:

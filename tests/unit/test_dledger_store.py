@@ -672,3 +672,51 @@ def test_an_empty_follower_can_start_where_the_leader_s_log_starts(tmp_path):
     store = open_store(tmp_path)
     assert (store.first_index(), store.last_index(), store.pos_at(2)) == (0, 2, 2 * 4096 + 2 * 148)
     store.close()
+
+
+def test_a_flush_marks_flushed_what_was_appended_when_it_began(tmp_path):
+    """Group commit: flush_target, then sync_files (a driver's worker thread) while appends go
+    on, then flushed_to(target): the entries appended during the sync wait for the next flush."""
+    store = open_store(tmp_path)
+    store.append(entries(0, 3, term=1))
+    target = store.flush_target()
+    store.append(entries(3, 40, term=1))  # rolls into the next data files meanwhile
+    store.sync_files()
+    assert store.flushed_to(target) == 2 and store.flushed_index() == 2
+    assert store.flush() == store.last_index() == 42
+    store.close()
+
+
+def test_sync_files_in_a_thread_while_the_owner_appends(tmp_path):
+    import threading
+
+    store = open_store(tmp_path)
+    done = threading.Event()
+    errors = []
+
+    def syncer():
+        try:
+            while not done.is_set():
+                target = store.flush_target()
+                store.sync_files()
+                assert store.data_file_list.flushed_where <= store.data_file_list.max_wrote_offset, target
+        except BaseException as error:  # reported to the test below
+            errors.append(error)
+
+    thread = threading.Thread(target=syncer)
+    thread.start()
+    try:
+        for start in range(0, 400, 4):
+            store.append(entries(start, 4, term=1, size=50))
+    finally:
+        done.set()
+        thread.join()
+    assert errors == []
+    target = store.flush_target()
+    store.sync_files()
+    assert store.flushed_to(target) == 399
+    store.close()
+    reopened = open_store(tmp_path)
+    assert reopened.last_index() == 399
+    assert reopened.read(399, 400, size_max=1 << 20) == entries(399, 1, term=1, size=50)
+    reopened.close()

@@ -222,7 +222,8 @@ def test_idempotent_sends_with_bad_producer_fields_are_refused(producer_id, firs
 
 @given(st.binary(max_size=200))
 def test_payload_decoders_on_garbage_raise_protocol_error_only(data):
-    for decode in (cp.decode_send, cp.decode_pull, cp.decode_read, cp.decode_demote):  # a broker's payloads are views
+    payloads = (cp.decode_send, cp.decode_pull, cp.decode_read, cp.decode_demote, cp.decode_transfer_leader)
+    for decode in payloads:  # a broker's payloads are views
         try:
             decode(memoryview(data))
         except wire.ProtocolError:
@@ -283,6 +284,24 @@ def test_a_bad_length_is_refused_at_its_fourth_byte_and_a_bad_kind_at_its_own(le
         assert (error, fed) == (f"unknown frame kind {kind}", 5)
     else:
         assert error is None
+
+
+@given(st.text(min_size=1, max_size=20))
+def test_transfer_leader_requests_round_trip(target):
+    payload = cp.encode_transfer_leader(target)
+    assert cp.decode_transfer_leader(memoryview(payload)) == target
+    with pytest.raises(wire.ProtocolError, match="unexpected bytes"):
+        cp.decode_transfer_leader(payload + b"x")
+
+
+def test_transfer_leader_targets_are_member_ids():
+    for target in ("", "n" * 65):
+        with pytest.raises(wire.ProtocolError, match="member id of 1..64 bytes"):
+            cp.decode_transfer_leader(cp.encode_transfer_leader(target))
+    frame = cp.encode_frame(cp.TRANSFER_LEADER, 7, cp.encode_transfer_leader("n1"))
+    decoder = cp.FrameDecoder(responses=False)
+    decoder.receive_data(frame)
+    assert decoder.next_frame() == (cp.TRANSFER_LEADER, 7, b"\x00\x02n1")
 
 
 def test_unknown_kinds_and_oversize_frames_are_refused():

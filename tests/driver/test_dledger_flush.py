@@ -1,0 +1,77 @@
+"""A DLedger member flushes its entries in a worker thread: a flush that hangs leaves the trio loop
+serving, and with flush_sync a put is answered only once the flush that covers its entry is done
+(a one-member group: its quorum is itself, so PUT_OK means "fsynced here")."""
+
+from __future__ import annotations
+
+import threading
+
+import trio
+
+from commitlog.dledger.entry_store import DLedgerMmapFileStore
+from hasvc import client as hc
+from hasvc.broker.dledger import DLedgerBroker, GroupConfig
+from hasvc.config import BrokerConfig, BrokerRole
+from hasvc.state.raft.config import RaftConfig
+
+FAST = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3,
+                  flush_sync=True)  # fmt: skip
+WAIT_SECONDS = 10.0  # anything that takes longer failed
+
+
+class FlushGate:
+    """``sync_files`` held in its worker thread until opened; counts the syncs that began."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.open = threading.Event()
+        self.started = 0
+        real = DLedgerMmapFileStore.sync_files
+
+        def gated(store: DLedgerMmapFileStore) -> None:
+            self.started += 1
+            assert self.open.wait(WAIT_SECONDS), "the test never opened the gate"
+            real(store)
+
+        monkeypatch.setattr(DLedgerMmapFileStore, "sync_files", gated)
+
+
+async def _wait_for(predicate, message: str) -> None:
+    with trio.fail_after(WAIT_SECONDS):
+        while not predicate():
+            await trio.sleep(0.01)
+    assert predicate(), message
+
+
+async def test_a_hung_flush_leaves_the_loop_serving_and_a_sync_put_waits_for_its_flush(tmp_path, monkeypatch) -> None:
+    gate = FlushGate(monkeypatch)
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
+                          commitlog_segment_size=1024 * 1024)  # fmt: skip
+    group = GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST)
+    broker = DLedgerBroker(config, group)
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(broker.run)
+        async with hc.connect(addresses["listen"]) as client:
+            # Elected, its no-op entry appended; the flush that would commit it hangs in its thread.
+            await _wait_for(lambda: gate.started == 1, "a flush began")
+            status = await client.status()  # answered: the loop is not blocked
+            assert status["raft_role"] == "LEADER" and status["role"] == "SLAVE", status
+            assert status["committed_index"] == -1 and status["flushed_index"] == -1, status
+            gate.open.set()
+            await _wait_for(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER, "the no-op committed")
+
+            gate.open.clear()
+            answers = []
+
+            async def put() -> None:
+                answers.append(await client.send("T", b"durable"))
+
+            nursery.start_soon(put)
+            await _wait_for(lambda: gate.started == 2, "the put's flush began")
+            await trio.sleep(0.1)
+            status = await client.status()
+            assert answers == [] and status["flushed_index"] < status["ledger_end_index"], (answers, status)
+            gate.open.set()
+            await _wait_for(lambda: answers, "the put answered")
+            assert answers[0].status == "PUT_OK", answers
+            assert broker.store.entries.flushed_index() == broker.store.entries.last_index()
+        nursery.cancel_scope.cancel()

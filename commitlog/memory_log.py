@@ -27,6 +27,9 @@ class MemoryLog:
         self._data = bytearray()
         self.flushed_offset = 0
         self.flush_count = 0
+        # Counts the mutations that remove bytes (truncate, a crash that loses some): between two
+        # equal values the log only grew, which lets a checker compare only what is new.
+        self.generation = 0
 
     def check_invariants(self) -> None:
         assert self.min_offset <= self.flushed_offset <= self.max_wrote_offset, (
@@ -63,6 +66,8 @@ class MemoryLog:
     def truncate(self, offset: int) -> None:
         if offset < self.min_offset or offset > self.max_wrote_offset:
             raise ReadError(f"cannot truncate at {offset}: log is [{self.min_offset}, {self.max_wrote_offset}]")
+        if offset < self.max_wrote_offset:
+            self.generation += 1
         del self._data[offset - self.min_offset :]
         self.flushed_offset = min(self.flushed_offset, offset)
         self.check_invariants()
@@ -77,6 +82,8 @@ class MemoryLog:
         if lose_unflushed:
             unflushed = self.max_wrote_offset - self.flushed_offset
             kept = rng.randrange(unflushed + 1) if rng is not None and unflushed else 0
+            if kept < unflushed:
+                self.generation += 1
             del self._data[self.flushed_offset + kept - self.min_offset :]
         self.check_invariants()
         return self.max_wrote_offset

@@ -36,6 +36,7 @@ from hasvc.broker.store_tasks import StoreTasks
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
 from hasvc.replicator import ClassicReplicator
 from hasvc.state import role as role_effects
+from hasvc.state import succession
 from hasvc.state.dedupe import ProducerTable
 from hasvc.state.replication import ReplicaSet
 from hasvc.state.role import RoleState
@@ -99,8 +100,7 @@ class Broker:
                 nursery.start_soon(self._serve_listener, client_listener, self.client_port.serve_client)
                 self._nursery = nursery
                 if not self.role_state.is_slave:
-                    if self.store.epochs.last is None:
-                        self.store.epochs.append(first_epoch(), self.store.commit_log.max_offset)
+                    self._open_start_epoch()
                     await self._start_ha_service(nursery, ssl_context)
                 else:
                     nursery.start_soon(self._run_ha_client)
@@ -119,6 +119,19 @@ class Broker:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self.store.close)
             LOGGER.info("store closed cleanly")
+
+    def _open_start_epoch(self) -> None:
+        """A master's epoch as it starts: a new store draws its first; after an abnormal exit a
+        new one opens at the recovered end, so that a slave holding bytes this log lost (past that
+        end, in the old epoch) cuts them on its next handshake (``succession.epoch_on_start``)."""
+        epochs, end = self.store.epochs, self.store.commit_log.max_offset
+        if epochs.last is None:
+            epochs.append(first_epoch(), end)
+            return
+        epoch = succession.epoch_on_start(epochs.last_epoch, clean_exit=self.store.last_exit_ok)
+        if epoch is not None:
+            self.store.open_epoch(epoch)
+            LOGGER.warning("the last run did not exit cleanly: epoch %d opened at offset %d", epoch, end)
 
     async def _serve_listener(self, listener, handler) -> None:
         await serve_listener(listener, handler, connections_max=self.config.connections_max)

@@ -14,14 +14,13 @@ from hasvc.testing.classic_cluster import ClassicCluster
 from hasvc.testing.classic_sim import run_seeds
 from hasvc.testing.network import NetworkConfig
 
-SEEDS = 30  # about 0.3-0.9 s of CPU per seed here (the checker compares whole logs each step)
+SEEDS = 2000  # about 40 ms of CPU per seed here (the checker compares only what changed)
 
 
 def first_seed() -> int:
-    """Seeds 0.. by default: every one of them passes, so this is a regression gate. Seed 93 still
-    fails (an open finding: a restarted old master stays behind as a slave and is later promoted
-    without an acknowledged put; simulator or cores, not yet diagnosed), which is why CI does not
-    start at a random seed yet; ``HASVC_CLASSIC_SIM_FIRST_SEED=random`` explores."""
+    """Seeds 0.. by default, so CI is a repeatable regression gate (seeds 22, 93 and 129 found
+    the two rules in ``hasvc.state.succession``); ``HASVC_CLASSIC_SIM_FIRST_SEED=random`` explores
+    from a random start."""
     pinned = os.environ.get("HASVC_CLASSIC_SIM_FIRST_SEED", "0")
     return random.SystemRandom().randrange(10**9) if pinned == "random" else int(pinned)
 
@@ -36,6 +35,7 @@ def test_seeded_fault_schedules_keep_classic_ha_safe():
     assert sum(r.promotions for r in reports) > count / 2
     assert sum(r.acked for r in reports) > 10 * count
     assert any(r.truncations for r in reports)
+    assert any(r.restart_epochs for r in reports)
 
 
 def _cluster(mutation: str = "") -> ClassicCluster:

@@ -18,7 +18,7 @@ def bodies_in_log(store: str, topic: str) -> list[bytes]:
     return [bytes(record.body) for _, record, _ in iter_records(store) if record.topic == topic]
 
 
-def test_a_retry_is_answered_with_the_original_offsets_and_stored_once(cluster):  # noqa: F811
+def test_a_retry_is_answered_with_the_original_offsets_and_stored_once(cluster):
     master = cluster.start_master(role="async")
     first = trio.run(send_as, master.address, "p1", 0, [b"a", b"b"])
     assert [r.status for r in first] == ["PUT_OK", "PUT_OK"]
@@ -40,7 +40,7 @@ def test_a_retry_is_answered_with_the_original_offsets_and_stored_once(cluster):
     assert record.properties["HASVC_PRODUCER_ID"] == "p1" and record.properties["HASVC_PRODUCER_SEQ"] == "0"
 
 
-def test_a_promoted_slave_recognises_a_retry_of_what_was_replicated_to_it(cluster):  # noqa: F811
+def test_a_promoted_slave_recognises_a_retry_of_what_was_replicated_to_it(cluster):
     master = cluster.start_master(role="sync")
     slave = cluster.start_slave(master.ha_address)
     wait_until(lambda: slave_acking(master), message="slave acking")
@@ -56,7 +56,7 @@ def test_a_promoted_slave_recognises_a_retry_of_what_was_replicated_to_it(cluste
     assert fresh[0].ok and fresh[0].offset > sent[-1].offset
 
 
-def test_producers_with_several_addresses_ride_through_a_sigkill_without_duplicates(cluster):  # noqa: F811
+def test_producers_with_several_addresses_ride_through_a_sigkill_without_duplicates(cluster):
     master = cluster.start_master(role="sync", slave_timeout_ms=1000)
     slave = cluster.start_slave(master.ha_address)
     wait_until(lambda: slave_acking(master), message="slave acking")

@@ -9,7 +9,7 @@ from hasvc import client as hc
 from tests.cluster import caught_up, log_digest, send_many, slave_acking, status, wait_until
 
 
-def test_promote_then_the_old_master_rejoins_and_its_unreplicated_tail_is_cut(cluster):  # noqa: F811
+def test_promote_then_the_old_master_rejoins_and_its_unreplicated_tail_is_cut(cluster):
     master = cluster.start_master(role="sync", slave_timeout_ms=500)
     slave = cluster.start_slave(master.ha_address)
     wait_until(lambda: slave_acking(master), message="slave acking")
@@ -45,7 +45,7 @@ def test_promote_then_the_old_master_rejoins_and_its_unreplicated_tail_is_cut(cl
             assert bytes(record.body).startswith(f"m{i}:".encode())
 
 
-def test_a_store_from_another_cluster_is_refused(cluster):  # noqa: F811
+def test_a_store_from_another_cluster_is_refused(cluster):
     first = cluster.start_master("first", role="async")
     trio.run(send_many, first.address, 20, 4)
     first_end = status(first)["max_offset"]
@@ -58,7 +58,7 @@ def test_a_store_from_another_cluster_is_refused(cluster):  # noqa: F811
     assert "replication refused" in stranger.log()
 
 
-def test_a_master_that_meets_a_newer_epoch_is_fenced(cluster):  # noqa: F811
+def test_a_master_that_meets_a_newer_epoch_is_fenced(cluster):
     master = cluster.start_master(role="async")
     slave = cluster.start_slave(master.ha_address)
     wait_until(lambda: status(master)["slaves"], message="slave connected")
@@ -82,7 +82,7 @@ def test_a_master_that_meets_a_newer_epoch_is_fenced(cluster):  # noqa: F811
     assert returning.alive()
 
 
-def test_a_live_master_demoted_after_a_promotion_cuts_its_divergent_tail(cluster):  # noqa: F811
+def test_a_live_master_demoted_after_a_promotion_cuts_its_divergent_tail(cluster):
     a = cluster.start_master("a", role="sync", slave_timeout_ms=500)
     b = cluster.start_slave(a.ha_address, name="b")
     wait_until(lambda: status(a)["slaves"] and status(a)["slaves"][0]["ack_offset"] >= 0, message="b acking")
@@ -124,7 +124,7 @@ async def produce_until_failure(address: str, acked: dict, *, concurrency: int =
         pass
 
 
-def test_sigkill_master_under_sync_load_then_promote_loses_no_acknowledged_write(cluster):  # noqa: F811
+def test_sigkill_master_under_sync_load_then_promote_loses_no_acknowledged_write(cluster):
     import threading
 
     from commitlog.inspect import iter_records

@@ -237,3 +237,48 @@ def _closed(sock: socket.socket) -> bool:
     except ConnectionResetError:
         pass
     return True
+
+
+def test_smooth_upgrade_a_classic_group_becomes_a_dledger_group_and_old_offsets_stay_readable(tmp_path) -> None:
+    """RocketMQ's upgrade: every broker of a classic group (a master and its slaves, one log)
+    restarts as a DLedger member on its own store; the old log is sealed (dividedCommitlogOffset),
+    old offsets are served from it, new entries start at the next segment boundary."""
+    from tests.cluster import Cluster, caught_up, send_many
+
+    classic = Cluster(tmp_path, segment_size=1048576)
+    try:
+        master = classic.start_master("n0", role="sync")
+        slaves = [classic.start_slave(master.ha_address, name) for name in ("n1", "n2")]
+        old = trio.run(send_many, master.address, 200, 8)
+        assert {r.status for r in old.values()} == {"PUT_OK"}
+        for slave in slaves:
+            wait_until(lambda slave=slave: caught_up(master, slave), message="slaves caught up")
+        classic_end = _status_at(master.address)["max_offset"]
+    finally:
+        classic.close()  # SIGTERM: clean exits
+    nodes = _start_group(tmp_path, 3)
+    try:
+        addresses = [node.client_address for node in nodes.values()]
+        new = trio.run(_send, addresses, 30, "new")
+        assert min(new.values()) >= 1048576 > classic_end, (min(new.values()), classic_end)  # after the divide
+        for member, node in nodes.items():
+            status = _status(node)
+            wait_until(lambda node=node: _status(node)["committed_offset"] > max(new.values()), message=f"{member} committed")
+
+            async def check(node=node) -> None:
+                async with hc.connect(node.client_address) as client:
+                    for i in (0, 99, 199):  # classic offsets, from the sealed log
+                        record = await client.read_record(old[i].offset)
+                        assert bytes(record.body).startswith(f"m{i}:".encode()), (i, old[i].offset)
+
+            trio.run(check)
+            _read_back(node, new, "new")
+            assert status["mode"] == "dledger"
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
+def _status_at(address: str) -> dict:
+    with hc.BlockingClient(address) as client:
+        return client.status()

@@ -10,12 +10,15 @@ import click
 @click.command()
 @click.option("--producers", type=int, default=16, show_default=True)
 @click.option("--keep/--no-keep", default=True, show_default=True, help="Keep the stores and logs afterwards.")
-def demo(producers, keep) -> None:
+@click.option("--dledger", is_flag=True, help="A DLedger group of 3 nodes instead: Raft elects, SIGKILL the leader, nobody promotes.")
+def demo(producers, keep, dledger) -> None:
     """The main job: a local master and slave with a generated secret, SYNC_MASTER writes with a
-    live progress line, their status, one failover round verified from disk, a summary."""
-    from hasvc.tools.demo import run_demo
+    live progress line, their status, one failover round verified from disk, a summary.
+    --dledger: the same with a Raft group of three nodes that elects its leader by itself."""
+    from hasvc.tools.demo import run_demo, run_dledger_demo
 
-    if not run_demo(producers=producers, keep=keep, echo=click.echo):
+    run = run_dledger_demo if dledger else run_demo
+    if not run(producers=producers, keep=keep, echo=click.echo):
         sys.exit(1)
 
 

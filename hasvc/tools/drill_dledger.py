@@ -40,6 +40,7 @@ import time
 import trio
 
 from commitlog import record as rec
+from commitlog.dledger.entry_codec import EntryFormatError
 from commitlog.dledger.inspect import iter_entries
 from hasvc import client as hc
 from hasvc.tools.drill import queue_file_digests
@@ -219,7 +220,9 @@ class DLedgerDrill:
             await trio.to_thread.run_sync(self.nodes[victim].kill)
         failover = await self.first_ok_after(moment)
         new_leader = await self.leader(excluding=victim if fault != "kill-follower" else None)
-        before = entry_terms(self.nodes[victim].store, victim)
+        # Reading stores takes a while: off the loop, which also relays every Raft connection
+        # (a blocked relay looked like a partition to the group and deposed its leader).
+        before = await trio.to_thread.run_sync(entry_terms, self.nodes[victim].store, victim)
         if fault == "partition-leader":
             self.relay.heal(victim)
         else:
@@ -228,7 +231,7 @@ class DLedgerDrill:
         self.paused = True
         try:
             await self.wait_caught_up()
-            return self.verify(number, fault, victim, failover, before, new_leader)
+            return await trio.to_thread.run_sync(self.verify, number, fault, victim, failover, before, new_leader)
         finally:
             self.paused = False
 
@@ -293,8 +296,16 @@ def committed_entries(store: str, member: str) -> list[tuple[int, int, int, byte
 
 
 def entry_terms(store: str, member: str) -> dict[int, int]:
-    """Index -> term of every entry a member has on disk (read before it rejoins)."""
-    return {header.index: header.term for header, _body in iter_entries(dledger_directory(store, member))}
+    """Index -> term of every entry a member has on disk (read before it rejoins). A member killed
+    while copying an entry into its mapping leaves that entry torn (its bodyCrc does not match):
+    reading stops there, as the member's recovery will cut it (not the group's truncation)."""
+    terms: dict[int, int] = {}
+    try:
+        for header, _body in iter_entries(dledger_directory(store, member)):
+            terms[header.index] = header.term
+    except EntryFormatError:
+        pass
+    return terms
 
 
 def message_number(body: bytes) -> int | None:

@@ -181,3 +181,15 @@ def test_the_readme_main_job_runs_end_to_end():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "summary: OK" in done.stdout and "0 lost, 0 duplicated" in done.stdout
     assert "SLAVE" in done.stdout and "logs byte-identical: True" in done.stdout
+
+
+def test_the_readme_main_job_in_dledger_mode_runs_end_to_end():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "hasvc.cli", "demo", "--dledger", "--no-keep"], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "summary: OK" in done.stdout and "0 lost, 0 duplicated" in done.stdout
+    assert "nobody promoted it" in done.stdout and "identical on every member: True" in done.stdout
+    assert "LEADER" in done.stdout and "FOLLOWER" in done.stdout

@@ -100,7 +100,7 @@ class Broker:
 class ClassicChecker:
     """Safety after every step.
 
-    * acknowledged, when it is: another broker holds the bytes (SYNC_MASTER's promise);
+    * acknowledged, when it is: ``in_sync_replicas`` other brokers hold the bytes (SYNC_MASTER's promise);
     * acknowledged, ever after: a put answered PUT_OK by a SYNC_MASTER after its slave ack is in the current
       (unfenced, running) master's log, same bytes at the same offset -- unless a crash destroyed
       every copy: right after each crash, puts that no log (running or not) holds any more are
@@ -125,6 +125,7 @@ class ClassicChecker:
         self.acked_to: dict[tuple[str, int], int] = {}
         self.highest_epoch = 0
         self.epoch_reuses = 0
+        self.in_sync_replicas = 1  # how many other brokers must hold an acknowledged put
         self.full_checks = 0  # how often the key changed and everything was compared again
         self._acked_key: tuple | None = None
         self._acked_order: list[int] = []
@@ -140,10 +141,10 @@ class ClassicChecker:
         """SYNC_MASTER's promise, checked as it is made: the bytes are on another broker. ``excused``:
         a slave acknowledged them from its page cache and has lost bytes since (a power loss; without
         flush before ack that is allowed, as in RocketMQ: the ack was already on its way)."""
-        others = [b for b in brokers if b is not broker]
-        if not excused and not any(_holds(b.log, offset, data) for b in others):
+        holders = sum(1 for b in brokers if b is not broker and _holds(b.log, offset, data))
+        if not excused and holders < self.in_sync_replicas:
             raise SafetyViolation(f"{broker.name} acknowledged put {put_id} at {offset} under SYNC_MASTER, "
-                                  "but no other broker holds it")  # fmt: skip
+                                  f"but {holders} other broker(s) hold it, in_sync_replicas is {self.in_sync_replicas}")  # fmt: skip
         self.acked[put_id] = (offset, data)
         self._acked_order.append(put_id)
         key = (broker.name, epoch)
@@ -220,19 +221,21 @@ class ClassicCluster:
     """``names[0]`` starts as master (epoch 1), the others as its slaves."""
 
     def __init__(self, rng: random.Random, names: list[str], *, role: BrokerRole, flush_before_ack: bool,
-                 network: NetworkConfig) -> None:  # fmt: skip
+                 network: NetworkConfig, in_sync_replicas: int = 1, min_in_sync_replicas: int = 0) -> None:  # fmt: skip
         self.rng = rng
         self.now = 0.0
         self.network = SimNetwork(rng, network)
         self.flush_before_ack = flush_before_ack
         self.master_role = role
-        self.tracker = PutTracker(sync_flush=flush_before_ack, in_sync_replicas=1, min_in_sync_replicas=0,
+        self.tracker = PutTracker(sync_flush=flush_before_ack, in_sync_replicas=in_sync_replicas,
+                                  min_in_sync_replicas=min_in_sync_replicas,
                                   flush_timeout_seconds=ACK_TIMEOUT_SECONDS, ack_timeout_seconds=ACK_TIMEOUT_SECONDS)  # fmt: skip
         self.brokers = {names[0]: Broker(names[0], role, None)}
         self.brokers[names[0]].epochs.append(EpochEntry(1, 0))
         for name in names[1:]:
             self.brokers[name] = Broker(name, BrokerRole.SLAVE, names[0])
         self.checker = ClassicChecker()
+        self.checker.in_sync_replicas = in_sync_replicas
         self.checker.highest_epoch = 1
         self.session_counter = 0
         self.put_counter = 0
@@ -308,7 +311,8 @@ class ClassicCluster:
         master = self.master()
         if master is None:
             return self._outcome("NO_MASTER")
-        refusal = self.tracker.refusal(master.role, lambda: 0)
+        refusal = self.tracker.refusal(master.role, lambda: master.replicas.in_sync_count(
+            master_max_offset=master.log.max_offset, max_gap=MAX_GAP))  # fmt: skip
         if refusal is not None:
             return self._outcome(refusal.status.value)
         self.checker.stored(master)
@@ -320,12 +324,12 @@ class ClassicCluster:
         if self.tracker.sync_flush:
             self._flush(master)
         end = offset + len(data)
-        watermark = master.replicas.ack_watermark(self.tracker.in_sync_replicas)
+        watermark = self._watermark(master)
         if self.mutation == "ack-before-report":
             watermark = end
         plan = self.tracker.plan(end, role=master.role, replicated_to=watermark,
                                  admit=lambda: master.replicas.admit(next_offset=end, master_max_offset=end,
-                                                                     max_gap=MAX_GAP, replicas=1),
+                                                                     max_gap=MAX_GAP, replicas=self.tracker.in_sync_replicas),
                                  shortfall=lambda: "no slave in sync")  # fmt: skip
         if plan.ack:
             master.pending.append(Pending(self.put_counter, offset, end, self.tracker.ack_deadline(self.now), master.last_epoch,
@@ -344,8 +348,12 @@ class ClassicCluster:
     def _generations(self) -> tuple[int, ...]:
         return tuple(b.log.generation for b in self.brokers.values())
 
+    def _watermark(self, master: Broker) -> int:
+        needed = 1 if self.mutation == "ack-one-of-two" else self.tracker.in_sync_replicas
+        return master.replicas.ack_watermark(needed)
+
     def _release(self, master: Broker) -> None:
-        watermark = master.replicas.ack_watermark(self.tracker.in_sync_replicas)
+        watermark = self._watermark(master)
         for wait in [w for w in master.pending if w.end <= watermark]:
             master.pending.remove(wait)
             status, _ = final_status(PutMessageStatus.PUT_OK, "", flushed=None, acked=True)

@@ -1,7 +1,8 @@
 """Deterministic simulation of classic master/slave HA: seeded faults against the real pure cores.
 
 Each seed builds a ``ClassicCluster`` (a master and one or two slaves; SYNC_MASTER in most seeds,
-ASYNC_MASTER in some; flush before ack on both ends in some) on a network with seeded delay, loss,
+ASYNC_MASTER in some; flush before ack on both ends in some; with two slaves, some seeds wait
+for both acks, ``in_sync_replicas`` 2, and some of those refuse writes below 2 in sync) on a network with seeded delay, loss,
 duplication, reordering and partitions, and runs clients and faults for ``CHAOS_SECONDS``:
 crashes (a process kill keeps the page cache; a power loss keeps only the flushed prefix plus a
 torn piece), restarts, promotion of the most advanced slave when the master is down, and the old
@@ -44,6 +45,7 @@ class SeedReport:
     seed: int
     role: str
     flush_before_ack: bool
+    in_sync_replicas: int
     events: int
     crashes: int
     promotions: int
@@ -69,6 +71,15 @@ def _settings(rng: random.Random) -> tuple[BrokerRole, bool, list[str], NetworkC
     # ends at the first gap; seed 93 spent 1.4 s so), which is what the operator's succession rule
     # must cope with; such seeds cost about 4x the CPU of a FIFO seed.
     return role, rng.random() < 0.3, names, network
+
+
+def _in_sync(rng: random.Random, names: list[str]) -> tuple[int, int]:
+    """(in_sync_replicas, min_in_sync_replicas): with two slaves, a third of the seeds wait for
+    both (and half of those refuse writes while fewer are in sync), as RocketMQ's
+    inSyncReplicas / minInSyncReplicas do."""
+    if len(names) < 3 or rng.random() < 2 / 3:
+        return 1, 0
+    return 2, rng.choice([0, 2])
 
 
 class Schedule:
@@ -128,7 +139,9 @@ def run_seed(seed: int, *, mutation: str = "") -> SeedReport:
     """One seed's schedule; raises SafetyViolation (or a core's AssertionError) on a bug."""
     rng = random.Random(f"classic-sim-{seed}")
     role, flush_before_ack, names, network = _settings(rng)
-    cluster = ClassicCluster(rng, names, role=role, flush_before_ack=flush_before_ack, network=network)
+    in_sync, min_in_sync = _in_sync(random.Random(f"classic-sim-isr-{seed}"), names)  # its own rng: older seeds replay as before
+    cluster = ClassicCluster(rng, names, role=role, flush_before_ack=flush_before_ack, network=network,
+                             in_sync_replicas=in_sync, min_in_sync_replicas=min_in_sync)  # fmt: skip
     cluster.mutation = mutation
     schedule = Schedule(cluster, rng)
     next_client = rng.expovariate(100)
@@ -148,7 +161,7 @@ def run_seed(seed: int, *, mutation: str = "") -> SeedReport:
     cluster.run_until(cluster.now + SETTLE_SECONDS)
     if flush_before_ack and cluster.checker.forgiven:
         raise SafetyViolation(f"flush before ack, yet acknowledged puts lost: {sorted(cluster.checker.forgiven)}")
-    return SeedReport(seed, role.value, flush_before_ack, cluster.events, cluster.crashes, cluster.promotions,
+    return SeedReport(seed, role.value, flush_before_ack, in_sync, cluster.events, cluster.crashes, cluster.promotions,
                       cluster.truncations, cluster.restart_epochs, len(cluster.checker.acked), len(cluster.checker.forgiven),
                       dict(cluster.outcomes))  # fmt: skip
 
@@ -173,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to run")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--seed", type=int, help="replay this one seed and print its report")
-    parser.add_argument("--mutation", default="", choices=("", "ack-before-report", "skip-truncate"),
+    parser.add_argument("--mutation", default="", choices=("", "ack-before-report", "ack-one-of-two", "skip-truncate"),
                         help="break one core rule on purpose (to see the checker catch it)")
     args = parser.parse_args(argv)
     if args.seed is not None:

@@ -36,6 +36,7 @@ def test_seeded_fault_schedules_keep_classic_ha_safe():
     assert sum(r.acked for r in reports) > 10 * count
     assert any(r.truncations for r in reports)
     assert any(r.restart_epochs for r in reports)
+    assert any(r.in_sync_replicas == 2 and r.acked for r in reports)  # seeds that wait for both slaves
 
 
 def _cluster(mutation: str = "") -> ClassicCluster:
@@ -75,7 +76,7 @@ def test_old_master_unreplicated_tail_is_cut_on_rejoin():
     assert bytes(old.read(0, old.max_offset)) == bytes(new.read(0, new.max_offset))
 
 
-@pytest.mark.parametrize("mutation", ["ack-before-report", "skip-truncate"])
+@pytest.mark.parametrize("mutation", ["ack-before-report", "ack-one-of-two", "skip-truncate"])
 def test_checker_catches_a_broken_core_rule(mutation):
     with pytest.raises(AssertionError, match="replay: python -m hasvc.testing.classic_sim --seed"):
         run_seeds(0, 200, mutation=mutation)

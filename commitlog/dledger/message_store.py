@@ -412,34 +412,39 @@ class DLedgerMessageStore:
         entries = self.entries
         count = 0
         while self.dispatched_index < entries.committed_index and budget > 0:
-            index = self.dispatched_index + 1
-            pos, size = entries.entry_span(index)
-            if size > BODY_OFFSET:
-                error = self._dispatch_entry(index, pos, size)
-                if error is not None:
-                    self.dispatch_error = error
-                    return count
+            first = self.dispatched_index + 1
+            last = min(entries.committed_index, first + DISPATCH_ENTRIES_MAX - 1)
+            runs = _Runs(self)
+            index = first - 1
+            try:
+                for index, (pos, size) in enumerate(entries.entry_spans(first, last), start=first):
+                    if size > BODY_OFFSET:
+                        error = self._dispatch_entry(index, pos, size, runs)
+                        if error is not None:
+                            self.dispatch_error = error
+                            self.dispatched_index = index - 1
+                            return count + index - first
+                    budget -= size
+                    if budget <= 0:
+                        break
+            finally:
+                runs.write()  # the units of every entry before a bad one too
+            count += index - first + 1
             self.dispatched_index = index
-            budget -= size
-            count += 1
         return count
 
-    def _dispatch_entry(self, index: int, pos: int, size: int) -> str | None:
+    def _dispatch_entry(self, index: int, pos: int, size: int, runs: _Runs) -> str | None:
         mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(pos)
         base = mapped_file.file_from_offset
         start, limit = pos + BODY_OFFSET - base, pos + size - base
         view = mapped_file.view()
-        position, stop, records, runs = dispatch_units(view, start, limit, base, 1)
+        position, stop, records, found = dispatch_units(view, start, limit, base, 1)
         if stop == _STOP_SLOW:
-            position, stop, records, runs = _dispatch_units_python(view, start, limit, base, records_max=1)
+            position, stop, records, found = _dispatch_units_python(view, start, limit, base, records_max=1)
         if stop in (_STOP_MALFORMED, _STOP_BLANK) or records != 1 or position != limit:
             return f"entry {index}: its body at offset {pos + BODY_OFFSET} is not one record (malformed)"
-        for topic, queue_id, first_queue_offset, count, units, _first, last_end, store_ts in runs:
-            name = _topic_name(topic)
-            if name is None:
-                self.dispatch_skipped += count
-                continue
-            self.consume_queues.find_or_create(name, queue_id).put_run(first_queue_offset, units, last_end, store_ts)
+        for run in found:
+            runs.add(*run)
         return None
 
     def caught_up(self) -> bool:
@@ -613,3 +618,42 @@ def _transactional(sysflag: int) -> bool:
         rec.SYSFLAG_TRANSACTION_PREPARED,
         rec.SYSFLAG_TRANSACTION_ROLLBACK,
     )
+
+
+DISPATCH_ENTRIES_MAX = 1024  # entries dispatched per pass of index reading (their units written together)
+
+
+class _Runs:
+    """Consume-queue units of consecutive entries, joined per queue while their queue offsets
+    follow each other, written with one ``put_run`` per queue and pass instead of one per entry."""
+
+    def __init__(self, store: DLedgerMessageStore) -> None:
+        self._store = store
+        self._open: dict[tuple[bytes, int], list] = {}  # (topic, queue) -> [first, units, next, last_end, ts]
+
+    def add(self, topic: bytes, queue_id: int, first_queue_offset: int, count: int, units: bytes, _first: int,
+            last_end: int, store_ts: int) -> None:  # fmt: skip
+        key = (topic, queue_id)
+        run = self._open.get(key)
+        if run is not None and run[2] == first_queue_offset:
+            run[1].append(units)
+            run[2] += count
+            run[3] = last_end
+            run[4] = max(run[4], store_ts)
+            return
+        if run is not None:
+            self._put(key, run)
+        self._open[key] = [first_queue_offset, [units], first_queue_offset + count, last_end, store_ts]
+
+    def write(self) -> None:
+        for key, run in self._open.items():
+            self._put(key, run)
+        self._open.clear()
+
+    def _put(self, key: tuple[bytes, int], run: list) -> None:
+        store = self._store
+        name = _topic_name(key[0])
+        if name is None:
+            store.dispatch_skipped += (run[2] - run[0])
+            return
+        store.consume_queues.find_or_create(name, key[1]).put_run(run[0], b"".join(run[1]), run[3], run[4])

@@ -380,6 +380,7 @@ def test_verify_and_iterate_a_member_store_with_both_parts(tmp_path):
         list(iter_messages(str(tmp_path), "n0"))
     store = open_store(tmp_path)  # the store's own dispatch refuses it too, and serves the rest
     assert "not one record" in store.dispatch_error and not store.caught_up()
+    assert store.dispatched_index == 1  # the entries before the bad one are dispatched, their units written
     with pytest.raises(ReadError, match="names offset"):
         store.get_record(new.offsets[1])
     assert pulled(store, 1) == [(q, message(i, 1, 700).body) for q, i in enumerate((1, 3, 5))]  # classic only

@@ -183,11 +183,7 @@ class RaftLog:
         return getattr(self._store, name)
 
     def append_batch(self, batch: rec.MessageBatch) -> AppendResult:
-        properties = batch.properties if isinstance(batch.properties, list) else [batch.properties] * len(batch.bodies)
-        messages = [rec.Message(batch.topic, body, queue_id=batch.queue_id, flag=batch.flag, born_timestamp=batch.born_timestamp,
-                                properties=rec.decode_properties(props) if isinstance(props, (bytes, bytearray)) else props)
-                    for body, props in zip(batch.bodies, properties)]  # fmt: skip
-        return self._driver.propose(messages)
+        return self._driver.propose_plan(lambda: self._store.plan_batch(batch))
 
 
 @dataclasses.dataclass
@@ -295,8 +291,12 @@ class RaftDriver:
         return wait.status, wait.reason
 
     def propose(self, messages: list[rec.Message]) -> AppendResult:
+        return self.propose_plan(lambda: self.store.plan_append(messages))
+
+    def propose_plan(self, make_plan) -> AppendResult:
+        """Propose the entries ``make_plan()`` plans (``store.plan_append`` or ``plan_batch``)."""
         try:
-            plan = self.store.plan_append(messages)
+            plan = make_plan()
         except rec.MessageRejected as error:
             return AppendResult(error.status, reason=error.reason)
         result = self.node.propose(plan.bodies, trio.current_time())

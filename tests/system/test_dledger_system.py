@@ -282,3 +282,33 @@ def test_smooth_upgrade_a_classic_group_becomes_a_dledger_group_and_old_offsets_
 def _status_at(address: str) -> dict:
     with hc.BlockingClient(address) as client:
         return client.status()
+
+
+def test_a_batch_keeps_its_tags_keys_properties_and_queue_on_every_member(tmp_path) -> None:
+    nodes = _start_group(tmp_path, 3)
+    try:
+        addresses = [node.client_address for node in nodes.values()]
+
+        async def send() -> list:
+            async with hc.connect_cluster(addresses, retry_sends=True) as client:
+                return await client.send_batch("Props", [b"one", b"two", b"three"], tags="tagA", keys="k1 k2",
+                                               properties={"color": "blue"}, queue_id=3)  # fmt: skip
+
+        results = trio.run(send)
+        assert [r.status for r in results] == ["PUT_OK"] * 3 and [r.queue_offset for r in results] == [0, 1, 2]
+        last = max(r.offset for r in results)
+        for member, node in nodes.items():
+            wait_until(lambda node=node: _status(node)["committed_offset"] > last, message=f"{member} committed")
+
+            async def check(node=node) -> None:
+                async with hc.connect(node.client_address) as client:
+                    for result, body in zip(results, (b"one", b"two", b"three")):
+                        record = await client.read_record(result.offset)
+                        assert (record.topic, record.queue_id, record.queue_offset) == ("Props", 3, result.queue_offset)
+                        assert bytes(record.body) == body and record.properties.get("TAGS") == "tagA"
+                        assert record.properties.get("KEYS") == "k1 k2" and record.properties.get("color") == "blue"
+
+            trio.run(check)
+    finally:
+        for node in nodes.values():
+            node.kill()

@@ -414,7 +414,7 @@ class RaftDriver:
                 while True:
                     data = await connection.receive_some()
                     if not data:
-                        return
+                        break
                     decoder.receive_data(data)
                     while (event := decoder.next_event()) is not None:
                         if isinstance(event, raft_wire.Hello):
@@ -437,12 +437,22 @@ class RaftDriver:
                 self.refused_connections += 1
                 LOGGER.warning("raft: %s (%s) sent a bad frame, connection closed: %s", connection.peer, source, error)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, EOFError):
-                pass
+                self._peer_gone(source, scope)
+            else:
+                self._peer_gone(source, scope)  # EOF
             finally:
                 if source is not None and self._inbound.get(source) is scope:
                     del self._inbound[source]
                 with trio.CancelScope(shield=True):
                     await connection.stream.aclose()
+
+    def _peer_gone(self, source: str | None, scope: trio.CancelScope) -> None:
+        """The connection from ``source`` ended by itself (not replaced by a newer one): tell the
+        core, which starts an election soon if that was its leader (``RaftNode.peer_unreachable``)."""
+        if source is not None and self._inbound.get(source) is scope:
+            LOGGER.info("raft: the connection from %s ended", source)
+            self.node.peer_unreachable(source, trio.current_time())
+            self.drain()
 
     def _check_hello(self, hello: raft_wire.Hello, peer: str) -> str | None:
         why = None

@@ -17,6 +17,8 @@ and calls ``run_until(t)`` in between.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import random
 from collections.abc import Sequence
@@ -30,6 +32,14 @@ from hasvc.testing.network import NetworkConfig, SimNetwork
 
 # A run_until() that handles more events than this without reaching its time is a livelock bug.
 EVENTS_PER_RUN_MAX = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConnectionEnded:
+    """Not a Raft message: the network's way of saying that ``peer``'s connection ended (EOF or a
+    reset), which the driver turns into ``RaftNode.peer_unreachable``."""
+
+    peer: str
 
 
 class SimCluster:
@@ -90,7 +100,12 @@ class SimCluster:
         self._drain(member)
 
     def crash(self, member: str) -> None:
+        """``member``'s process dies: unflushed entries may go (``lose_unflushed``); its kernel
+        closes its connections, so each peer that can hear it gets a ``ConnectionEnded``."""
         assert self.nodes[member] is not None, f"{member} is down"
+        for peer in self.members:
+            if peer != member:
+                self.network.send(member, peer, ConnectionEnded(member), self.now)
         self.nodes[member] = None
         self.crashes += 1
         self._flush_at[member] = math.inf
@@ -102,6 +117,11 @@ class SimCluster:
         log.crash(lose_unflushed=self.lose_unflushed)
         if log.last_index() < before:
             self.checker.after_crash(self.logs, log.last_index() + 1)
+
+    def reset_connection(self, source: str, target: str) -> None:
+        """The connection from ``source`` to ``target`` breaks while both run (a reset): ``target``
+        is told, as its driver would be; nothing else changes."""
+        self.network.send(source, target, ConnectionEnded(source), self.now)
 
     def most_unflushed(self) -> str | None:
         """The live member with the most entries a power loss would take (None: nobody has any)."""
@@ -191,7 +211,10 @@ class SimCluster:
         if self.network.next_delivery_at() <= now:
             delivery = self.network.pop_due(now)
             if delivery is not None and self.nodes[delivery.target] is not None:
-                self.node(delivery.target).step(delivery.message, now)
+                if isinstance(delivery.message, ConnectionEnded):
+                    self.node(delivery.target).peer_unreachable(delivery.message.peer, now)
+                else:
+                    self.node(delivery.target).step(delivery.message, now)
                 self._drain(delivery.target)
             return
         for member in self.members:

@@ -5,8 +5,8 @@
 
 A seed fixes everything: the settings (flush_sync or not, batch and in-flight limits, pre-vote and
 check-quorum sometimes off, network loss, duplication and reordering), the clients' proposals and
-the faults (crashes that lose unflushed entries, restarts, partitions that come and go, leadership
-transfers). A chaos phase of ``chaos_seconds`` is followed by a settle phase: the network heals,
+the faults (crashes that lose unflushed entries and end their connections, restarts, partitions
+that come and go, connections reset between running members, leadership transfers). A chaos phase of ``chaos_seconds`` is followed by a settle phase: the network heals,
 every member restarts, and within ``settle_seconds_max`` a leader must commit a final proposal and
 every member must hold the same committed log. The ``RaftChecker`` runs after every step. A
 failure prints the one command that replays it.
@@ -121,6 +121,9 @@ def _fault(cluster: SimCluster, rng: random.Random) -> None:
         cluster.network.partition([cluster.leader()])  # the leader alone on its side
     elif roll < 0.9:
         cluster.network.heal()
+    elif roll < 0.95 and len(alive) > 1:
+        source, target = rng.sample(alive, 2)  # a reset while both run (a leader's, often): no one may be deposed for it
+        cluster.reset_connection(source, target)
     elif cluster.leader() is not None:
         cluster.transfer_leadership(cluster.leader(), rng.choice(cluster.members))
 

@@ -200,3 +200,48 @@ def test_a_partitioned_leader_steps_down_and_rejoins_with_its_uncommitted_tail_c
     bodies = [e.body for e in cluster.logs[old].entries]
     assert b"stranded-1" not in bodies and b"after" in bodies
     assert cluster.logs[old].entries == cluster.logs[new].entries
+
+
+def test_followers_that_see_the_leaders_connection_end_elect_at_once():
+    """A killed leader's kernel closes its connections: its followers need not wait out an
+    election timeout (1-2 s here), only leader_lost_election_delay_max_seconds and two rounds."""
+    cluster = SimCluster(seed=11, config=ETCD_LIKE, network=QUIET)
+    old = cluster.run_until_leader(timeout=10)
+    cluster.run_until(cluster.now + 1.0)
+    cluster.crash(old)  # sends each follower a ConnectionEnded
+    started = cluster.now
+    new = cluster.run_until_leader(timeout=10, step=0.001)
+    assert new != old
+    assert cluster.now - started < ETCD_LIKE.leader_lost_election_delay_max_seconds + 0.05
+    assert cluster.now - started < ETCD_LIKE.election_timeout_min_seconds / 4
+
+
+def test_a_followers_broken_connection_alone_does_not_depose_a_healthy_leader():
+    cluster = SimCluster(seed=12, config=ETCD_LIKE, network=QUIET)
+    leader = cluster.run_until_leader(timeout=10)
+    term = cluster.node(leader).term
+    follower = next(m for m in MEMBERS if m != leader)
+    for _ in range(5):
+        cluster.reset_connection(leader, follower)  # it campaigns; the other follower's lease refuses it
+        cluster.run_until(cluster.now + 1.0)
+    assert cluster.leader() == leader and cluster.node(leader).term == term
+    assert cluster.node(follower).leader_id == leader
+
+
+def test_the_connection_of_a_non_leader_ending_changes_nothing():
+    node, log = make_node(config=ETCD_LIKE)
+    before = node.deadline()
+    node.peer_unreachable("n1", now=0.5)  # n1 is no leader of n0's
+    assert node.deadline() == before and not node.ready().messages
+
+
+def test_without_pre_vote_a_broken_connection_is_ignored():
+    config = RaftConfig(heartbeat_interval_seconds=0.1, election_timeout_min_seconds=1.0,
+                        election_timeout_max_seconds=2.0, pre_vote=False)  # fmt: skip
+    cluster = SimCluster(seed=13, config=config, network=QUIET)
+    leader = cluster.run_until_leader(timeout=10)
+    term = cluster.node(leader).term
+    follower = next(m for m in MEMBERS if m != leader)
+    cluster.reset_connection(leader, follower)  # without pre-vote a campaign would bump the term
+    cluster.run_until(cluster.now + 0.5)
+    assert cluster.leader() == leader and cluster.node(leader).term == term

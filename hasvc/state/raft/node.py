@@ -10,6 +10,8 @@ what it says:
     propose(bodies, now)          leader: append entries -> ``Proposed`` or ``Refused``
     persisted(flushed_index, now) the store made entries up to here durable
     transfer_leadership(to, now)  hand leadership to a caught-up follower -> ``Refused`` or None
+    peer_unreachable(peer, now)   the connection from ``peer`` ended (EOF/reset): if it is the
+                                  leader, stop waiting for its heartbeats
     ready()                       the work accumulated since the last call (a ``Ready``)
     deadline()                    when tick() must be called next (if nothing else happens first)
 
@@ -239,6 +241,23 @@ class RaftNode:
             self._transfer = Transfer(target, now + self.config.election_timeout_min_seconds)
         self._after_event(now)
         return refusal
+
+    def peer_unreachable(self, peer: str, now: float) -> None:
+        """The connection from ``peer`` ended: EOF or a reset, which a process's death or shutdown
+        gives its peers at once (a partition gives nothing: heartbeats time out as before). If
+        ``peer`` is this follower's leader, its lease ends now and the election starts after a
+        random part of ``leader_lost_election_delay_max_seconds``: every follower of a dead
+        leader sees this together, so the pre-vote finds a quorum without its leases. A follower
+        whose connection alone broke is refused by the others' leases; the leader stays."""
+        self._log.check_applied()
+        delay_max = self.config.leader_lost_election_delay_max_seconds
+        if (
+            delay_max > 0 and self.config.pre_vote and self.config.check_quorum
+            and self.role is Role.FOLLOWER and peer == self.leader_id
+        ):  # fmt: skip
+            self._leader_contact_at = -math.inf
+            self._election_deadline = min(self._election_deadline, now + self._rng.uniform(delay_max / 2, delay_max))
+        self._after_event(now)
 
     def ready(self) -> Ready:
         truncate_after, entries = self._log.drain()

@@ -38,6 +38,7 @@ from the leader) cuts and deletes files, so it never runs during a flush: both h
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import logging
@@ -515,7 +516,15 @@ class DLedgerBroker:
         self.client_port = ClientPort(config=self.config, store=log, puts=self.put_service, status=self.status,
                                       promote=self._no_promote, demote=self._no_promote,
                                       transfer_leader=self.transfer_leader)  # fmt: skip
-        raft_listener, raft_socket = await transport.open_listener(self.group.peers[self.group.self_id])
+        own = self.group.peers[self.group.self_id]
+        try:
+            raft_listener, raft_socket = await transport.open_listener(own)
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+            raise OSError(error.errno, f"the Raft address {format_address(own)} of member {self.group.self_id} (its "
+                                       f"entry in --peers) is in use: is a member with --self {self.group.self_id} "
+                                       "running already? Two cannot run in one group") from None  # fmt: skip
         self.raft_address = transport.listener_address(raft_socket)
         client_listener, client_socket = await transport.open_listener(self.config.listen)
         self.listen_address = transport.listener_address(client_socket)

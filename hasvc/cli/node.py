@@ -10,6 +10,7 @@ import click
 
 from commitlog.mapped_file import StoreError
 from hasvc.cli.broker import _build_config, _typed
+from hasvc.transport import first_leaf
 
 RAFT_PRESETS = ("dledger", "etcd")
 
@@ -107,7 +108,10 @@ def _run_node(config, group_config) -> None:
 
     try:
         trio.run(serve)
-    except StoreError as error:
-        raise click.ClickException(str(error)) from None
-    except OSError as error:
-        raise click.ClickException(f"cannot listen: {error}") from None
+    except (StoreError, OSError, BaseExceptionGroup) as error:
+        leaf = first_leaf(error)  # the nursery wraps what the node's start raised
+        if isinstance(leaf, StoreError):
+            raise click.ClickException(str(leaf)) from None
+        if isinstance(leaf, OSError):
+            raise click.ClickException(f"cannot listen: {leaf.strerror or leaf}") from None
+        raise

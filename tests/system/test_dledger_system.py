@@ -312,3 +312,18 @@ def test_a_batch_keeps_its_tags_keys_properties_and_queue_on_every_member(tmp_pa
     finally:
         for node in nodes.values():
             node.kill()
+
+
+def test_a_second_member_with_the_same_self_refuses_to_run(tmp_path) -> None:
+    nodes = _start_group(tmp_path, 3)
+    try:
+        peers = nodes["n0"].args[nodes["n0"].args.index("--peers") + 1]
+        second = subprocess.run([sys.executable, "-m", "hasvc.cli", "node", "--store", str(tmp_path / "again"), "--listen",
+                                 f"{LOOPBACK}:0", "--group", "sys", "--peers", peers, "--self", "n0"],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert second.returncode != 0 and "READY" not in second.stdout
+        assert "is a member with --self n0 running already?" in second.stderr, second.stderr[-2000:]
+        assert nodes["n0"].alive and _status(nodes["n0"])["self_id"] == "n0"  # the first goes on
+    finally:
+        for node in nodes.values():
+            node.kill()

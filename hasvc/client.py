@@ -329,9 +329,14 @@ class FailoverClient:
         """Ask every address for its status until ``failover.choose_master`` finds the master."""
         backoff = failover.Backoff(FAILOVER_BACKOFF_MIN_SECONDS, FAILOVER_BACKOFF_MAX_SECONDS)
         while True:
-            chosen = failover.choose_master([(address, await self._status_of(address)) for address in self.addresses])
+            statuses = [(address, await self._status_of(address)) for address in self.addresses]
+            chosen = failover.choose_master(statuses)
             if chosen is not None:
                 return chosen
+            named = failover.named_leaders(statuses, known=self.addresses)
+            if named:  # a DLedger member named a leader these addresses do not include: ask it too
+                self.addresses.extend(named)
+                continue
             pause = backoff.next_pause(now=trio.current_time(), deadline=deadline)
             if pause is None:
                 raise ClientError(f"no master among {', '.join(self.addresses)} within {self.failover_timeout:.0f} s")

@@ -220,6 +220,8 @@ class RaftDriver:
         # Held by a flush for its worker thread's time and by a truncate (which cuts and deletes
         # the files the thread syncs): never both at once.
         self._files_lock = trio.Lock()
+        self.client_address = ""  # this member's client port, sent in every HELLO (set before run)
+        self.peer_client_addresses: dict[str, str] = {}  # what each peer's HELLO said
         self._appended = trio.Event()  # entries appended since the flusher last looked
 
     # -- carrying a Ready out ------------------------------------------------------------
@@ -366,7 +368,8 @@ class RaftDriver:
             try:
                 connection = await transport.connect(address)
                 await transport.client_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
-                await connection.send_all(raft_wire.encode_hello(raft_wire.Hello(self.group.group, self.group.self_id, peer)))
+                hello = raft_wire.Hello(self.group.group, self.group.self_id, peer, client_address=self.client_address)
+                await connection.send_all(raft_wire.encode_hello(hello))
             except (OSError, trio.BrokenResourceError, trio.TooSlowError, transport.AuthenticationError, EOFError) as error:
                 LOGGER.debug("raft: cannot reach %s at %s: %s", peer, format_address(address), error)
                 await self._drop_queued(receive, pause)
@@ -467,7 +470,17 @@ class RaftDriver:
             self.refused_connections += 1
             LOGGER.warning("raft: %s refused: %s", peer, why)
             return None
+        if hello.client_address:
+            self.peer_client_addresses[hello.source] = hello.client_address
         return hello.source
+
+    def client_address_of(self, member: str | None) -> str | None:
+        """The client port ``member`` announced (this member's own too), None if unknown."""
+        if member is None:
+            return None
+        if member == self.group.self_id:
+            return self.client_address or None
+        return self.peer_client_addresses.get(member)
 
 
 class DLedgerBroker:
@@ -528,6 +541,7 @@ class DLedgerBroker:
         self.raft_address = transport.listener_address(raft_socket)
         client_listener, client_socket = await transport.open_listener(self.config.listen)
         self.listen_address = transport.listener_address(client_socket)
+        self.driver.client_address = self._announced_client_address()
         nursery.start_soon(functools.partial(serve_listener, client_listener, self.client_port.serve_client,
                                               connections_max=self.config.connections_max))
         nursery.start_soon(self.client_port.append_task)
@@ -562,8 +576,16 @@ class DLedgerBroker:
         leader = node.leader_id
         details.update(term=node.term, leader_id=leader, elapsed_seconds=round(trio.current_time() - started, 3),
                        leader_raft_address=format_address(self.group.peers[leader]) if leader else None,
-                       leader_client_address=self.listen_address_text() if leader == self.group.self_id else None)  # fmt: skip
+                       leader_client_address=self.driver.client_address_of(leader))  # fmt: skip
         return status, reason, details
+
+    def _announced_client_address(self) -> str:
+        """The client port as peers should tell clients: a wildcard host is replaced by the host
+        of this member's Raft address (the one the others reach it at)."""
+        host, port = self.listen_address
+        if host in ("0.0.0.0", "::", ""):
+            host = self.group.peers[self.group.self_id][0]
+        return format_address((host, port))
 
     def listen_address_text(self) -> str | None:
         return format_address(self.listen_address) if self.listen_address is not None else None
@@ -597,7 +619,9 @@ class DLedgerBroker:
         leading = node.role is Role.LEADER
         if not leading:
             leader = node.leader_id
-            self.role_state.leader_hint = (f"the leader is {leader} (raft {format_address(self.group.peers[leader])})"
+            client = self.driver.client_address_of(leader)
+            self.role_state.leader_hint = (f"the leader is {leader} (raft {format_address(self.group.peers[leader])}"
+                                           + (f", client {client}" if client else "") + ")"
                                            if leader else "no leader is known yet")  # fmt: skip
         if self._taking_writes and not leading:
             self._taking_writes = False
@@ -628,6 +652,7 @@ class DLedgerBroker:
             "mode": "dledger", "group": self.group.group, "self_id": self.group.self_id,
             "role": self.role_state.role.name, "raft_role": raft.role.value, "term": raft.term, "epoch": raft.term,
             "leader_id": leader, "leader_address": format_address(self.group.peers[leader]) if leader else None,
+            "leader_client_address": self.driver.client_address_of(leader),
             "ledger_begin_index": self.store.entries.first_index(), "ledger_end_index": raft.ledger_end_index,
             "committed_index": raft.committed_index, "flushed_index": raft.flushed_index,
             "dispatched_index": self.store.dispatched_index, "pending_proposals": raft.pending_count,

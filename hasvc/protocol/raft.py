@@ -9,6 +9,7 @@ message frames, whose source and target are those of the sender's HELLO. Every f
     u32 length (of what follows) | u8 kind | body
 
     kind 0 HELLO              u8 version | u8 g | group (g bytes UTF-8) | u8 s | source id | u8 t | target id
+                              [| u8 c | the sender's client address, HOST:PORT (c may be 0)]
     kind 1 VOTE_REQUEST       i64 term | i64 ledger end index | i64 ledger end term | u8 flags
                               (flags bit 0: pre-vote, bit 1: transfer)
     kind 2 VOTE_RESPONSE      i64 term | u8 result (VoteResult) | u8 flags (bit 0: pre-vote)
@@ -94,6 +95,7 @@ class Hello:
     source: str  # the connecting member
     target: str  # the member it meant to reach
     version: int = RAFT_PROTOCOL_VERSION
+    client_address: str = ""  # the sender's client port, HOST:PORT ("" unknown; absent before 2026-11-24)
 
 
 def _id(value: str) -> bytes:
@@ -108,7 +110,11 @@ def _frame(kind: int, body: bytes) -> bytes:
 
 
 def encode_hello(hello: Hello) -> bytes:
-    return _frame(HELLO, HELLO_HEAD.pack(hello.version) + _id(hello.group) + _id(hello.source) + _id(hello.target))
+    address = hello.client_address.encode()
+    if len(address) > ID_SIZE_MAX:
+        raise ValueError(f"client address {hello.client_address!r} is longer than {ID_SIZE_MAX} bytes")
+    return _frame(HELLO, HELLO_HEAD.pack(hello.version) + _id(hello.group) + _id(hello.source) + _id(hello.target)
+                  + bytes([len(address)]) + address)  # fmt: skip
 
 
 def encode(message: Message) -> bytes:
@@ -160,6 +166,14 @@ class _Body:
         piece = self.data[self.position : self.position + size]
         self.position += size
         return piece
+
+    def text(self) -> str:
+        """A ``u8``-length-prefixed UTF-8 string, possibly empty."""
+        (size,) = self.unpack(HELLO_HEAD)
+        try:
+            return self.raw(size).decode()
+        except UnicodeDecodeError:
+            raise ProtocolError("a text field is not UTF-8") from None
 
     def identifier(self) -> str:
         (size,) = self.unpack(HELLO_HEAD)
@@ -280,5 +294,7 @@ class RaftDecoder:
         (version,) = body.unpack(HELLO_HEAD)
         if version != RAFT_PROTOCOL_VERSION:
             raise ProtocolError(f"Raft protocol version {version}, this member speaks {RAFT_PROTOCOL_VERSION}")
-        self.hello = Hello(body.identifier(), body.identifier(), body.identifier(), version)
+        group, source, target = body.identifier(), body.identifier(), body.identifier()
+        address = body.text() if body.position < len(body.data) else ""  # optional: older members omit it
+        self.hello = Hello(group, source, target, version, address)
         return self.hello

@@ -39,6 +39,19 @@ def choose_master(statuses: Iterable[tuple[str, Mapping | None]]) -> tuple[str, 
     return address, status
 
 
+def named_leaders(statuses: Iterable[tuple[str, Mapping | None]], *, known: Iterable[str]) -> list[str]:
+    """Client addresses of leaders that DLedger members named (STATUS ``leader_client_address``)
+    and that are not among ``known``: a client given one member's address finds the leader so."""
+    seen = set(known)
+    named = []
+    for _address, status in statuses:
+        leader = status.get("leader_client_address") if status is not None else None
+        if leader and leader not in seen:
+            seen.add(leader)
+            named.append(leader)
+    return named
+
+
 @dataclasses.dataclass(slots=True)
 class Backoff:
     """The pauses between rounds of asking for the master: ``min_seconds``, doubling, at most

@@ -327,3 +327,27 @@ def test_a_second_member_with_the_same_self_refuses_to_run(tmp_path) -> None:
     finally:
         for node in nodes.values():
             node.kill()
+
+
+def test_a_follower_names_the_leaders_client_address_and_a_client_given_only_it_finds_the_leader(tmp_path) -> None:
+    nodes = _start_group(tmp_path, 3)
+    try:
+        leader = _leader(nodes)
+        follower = next(m for m in nodes if m != leader)
+        leader_address = nodes[leader].client_address
+        wait_until(lambda: _status(nodes[follower])["leader_client_address"] == leader_address,
+                   message="the follower knows the leader's client port")  # fmt: skip
+
+        async def refused() -> str:
+            async with hc.connect(nodes[follower].client_address) as client:
+                result = await client.send("DL", b"to a follower")
+                assert result.status == "SERVICE_NOT_AVAILABLE", result
+                return result.reason
+
+        assert f"client {leader_address}" in trio.run(refused)
+        acked = trio.run(_send, [nodes[follower].client_address], 10, "only")  # one follower's address, no more
+        _read_back(nodes[leader], acked, "only")
+        assert _status(nodes[leader])["leader_client_address"] == leader_address
+    finally:
+        for node in nodes.values():
+            node.kill()

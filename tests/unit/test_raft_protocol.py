@@ -144,3 +144,21 @@ def test_bad_frames_are_named(data, message):
 def test_ids_must_fit_one_length_byte():
     with pytest.raises(ValueError, match="1..255 bytes"):
         rp.encode_hello(rp.Hello("g" * 256, "n0", "n1"))
+
+
+@given(st.text(min_size=1, max_size=20).filter(lambda t: len(t.encode()) <= 64),
+       st.text(max_size=30).filter(lambda t: len(t.encode()) <= 255))  # fmt: skip
+def test_hello_carries_the_senders_client_address(group, address):
+    hello = rp.Hello(group, "n0", "n1", client_address=address)
+    data = rp.encode_hello(hello)
+    assert decode_all(data) == [hello] and decode_all(data, piece=3) == [hello]
+
+
+def test_a_hello_without_the_client_address_field_is_read_as_an_older_members():
+    old = b"\x01" + bytes([7]) + b"group-a" + b"\x02n0" + b"\x02n1"  # version, group, source, target: nothing else
+    frame = len(old + b"x").to_bytes(4, "big") + b"\x00" + old
+    assert decode_all(frame) == [rp.Hello("group-a", "n0", "n1", client_address="")]
+    truncated = rp.encode_hello(rp.Hello("g", "n0", "n1", client_address="127.0.0.1:1"))
+    broken = (len(truncated) - 4 - 3).to_bytes(4, "big") + truncated[4:-3]  # the address cut short
+    with pytest.raises(ProtocolError, match="runs past the frame"):
+        decode_all(broken)

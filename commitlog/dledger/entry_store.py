@@ -406,6 +406,11 @@ class DLedgerMmapFileStore:
             assert mapped_file is not None and mapped_file.wrote_position == 0
         return mapped_file.offset_of(mapped_file.wrote_position)
 
+    @property
+    def data_start_offset(self) -> int:
+        """Where the log's first entry lies or will lie (0, or a smooth upgrade's divide)."""
+        return self.data_file_list.min_offset if self.data_file_list.mapped_files else self._data_start_offset
+
     def start_at(self, offset: int) -> None:
         """Make an empty log's first entry land at data offset ``offset`` (a data-file boundary):
         a follower joining a group whose log starts at a smooth upgrade's divide learns it from

@@ -368,7 +368,8 @@ class RaftDriver:
             try:
                 connection = await transport.connect(address)
                 await transport.client_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
-                hello = raft_wire.Hello(self.group.group, self.group.self_id, peer, client_address=self.client_address)
+                hello = raft_wire.Hello(self.group.group, self.group.self_id, peer, client_address=self.client_address,
+                                        data_start_offset=self.store.entries.data_start_offset)  # fmt: skip
                 await connection.send_all(raft_wire.encode_hello(hello))
             except (OSError, trio.BrokenResourceError, trio.TooSlowError, transport.AuthenticationError, EOFError) as error:
                 LOGGER.debug("raft: cannot reach %s at %s: %s", peer, format_address(address), error)
@@ -472,7 +473,25 @@ class RaftDriver:
             return None
         if hello.client_address:
             self.peer_client_addresses[hello.source] = hello.client_address
+        if hello.data_start_offset:
+            self._adopt_data_start(hello.source, hello.data_start_offset)
         return hello.source
+
+    def _adopt_data_start(self, peer: str, offset: int) -> None:
+        """A group upgraded from a classic log starts its entries at the divide; a member that
+        joins it with an empty store (no classic part) must place its entries at the same offsets,
+        or the records' offsets would not be where they lie. It learns the divide from the first
+        HELLO that names one (before any push or vote can reach it on that connection)."""
+        entries = self.store.entries
+        if entries.data_start_offset == offset:
+            return
+        if entries.last_index() >= 0 or self.store.divided_offset >= 0:
+            LOGGER.error("raft: %s's log starts at offset %d, this member's at %d: it cannot follow that log "
+                         "(every member must come from the same classic log, or start empty)",
+                         peer, offset, entries.data_start_offset)  # fmt: skip
+            return
+        LOGGER.warning("raft: this empty log starts at offset %d, where %s's does (a smoothly upgraded group)", offset, peer)
+        entries.start_at(offset)
 
     def client_address_of(self, member: str | None) -> str | None:
         """The client port ``member`` announced (this member's own too), None if unknown."""

@@ -9,7 +9,8 @@ message frames, whose source and target are those of the sender's HELLO. Every f
     u32 length (of what follows) | u8 kind | body
 
     kind 0 HELLO              u8 version | u8 g | group (g bytes UTF-8) | u8 s | source id | u8 t | target id
-                              [| u8 c | the sender's client address, HOST:PORT (c may be 0)]
+                              [| u8 c | the sender's client address, HOST:PORT (c may be 0)
+                               [| i64 data start offset]]
     kind 1 VOTE_REQUEST       i64 term | i64 ledger end index | i64 ledger end term | u8 flags
                               (flags bit 0: pre-vote, bit 1: transfer)
     kind 2 VOTE_RESPONSE      i64 term | u8 result (VoteResult) | u8 flags (bit 0: pre-vote)
@@ -73,6 +74,7 @@ PUSH_RESPONSE = struct.Struct(">qBBqqqqq")  # term, type, result, request/ack/be
 assert PUSH_RESPONSE.size == 50
 TIMEOUT_NOW = struct.Struct(">q")  # term
 assert TIMEOUT_NOW.size == 8
+DATA_START = struct.Struct(">q")  # HELLO's optional last field
 HELLO_HEAD = struct.Struct(">B")  # version (then three u8-length-prefixed ids)
 assert HELLO_HEAD.size == 1
 
@@ -96,6 +98,7 @@ class Hello:
     target: str  # the member it meant to reach
     version: int = RAFT_PROTOCOL_VERSION
     client_address: str = ""  # the sender's client port, HOST:PORT ("" unknown; absent before 2026-11-24)
+    data_start_offset: int = 0  # where the sender's log starts: 0, or a smooth upgrade's divide
 
 
 def _id(value: str) -> bytes:
@@ -114,7 +117,7 @@ def encode_hello(hello: Hello) -> bytes:
     if len(address) > ID_SIZE_MAX:
         raise ValueError(f"client address {hello.client_address!r} is longer than {ID_SIZE_MAX} bytes")
     return _frame(HELLO, HELLO_HEAD.pack(hello.version) + _id(hello.group) + _id(hello.source) + _id(hello.target)
-                  + bytes([len(address)]) + address)  # fmt: skip
+                  + bytes([len(address)]) + address + DATA_START.pack(hello.data_start_offset))  # fmt: skip
 
 
 def encode(message: Message) -> bytes:
@@ -296,5 +299,8 @@ class RaftDecoder:
             raise ProtocolError(f"Raft protocol version {version}, this member speaks {RAFT_PROTOCOL_VERSION}")
         group, source, target = body.identifier(), body.identifier(), body.identifier()
         address = body.text() if body.position < len(body.data) else ""  # optional: older members omit it
-        self.hello = Hello(group, source, target, version, address)
+        (start,) = body.unpack(DATA_START) if body.position < len(body.data) else (0,)
+        if start < 0:
+            raise ProtocolError(f"negative data start offset {start}")
+        self.hello = Hello(group, source, target, version, address, start)
         return self.hello

@@ -279,6 +279,41 @@ def test_smooth_upgrade_a_classic_group_becomes_a_dledger_group_and_old_offsets_
             node.kill()
 
 
+def test_an_empty_member_joins_an_upgraded_group_at_its_divide(tmp_path) -> None:
+    """n0 and n1 come from a classic master and slave, n2 starts empty: it learns the divide from
+    their HELLO and places its entries at the same offsets, so every new offset reads the same
+    on all three; the old offsets are read from n0 and n1 (n2 has no classic log)."""
+    from tests.cluster import Cluster, caught_up, send_many
+
+    classic = Cluster(tmp_path, segment_size=1048576)
+    try:
+        master = classic.start_master("n0", role="sync")
+        slave = classic.start_slave(master.ha_address, "n1")
+        old = trio.run(send_many, master.address, 50, 8)
+        wait_until(lambda: caught_up(master, slave), message="the slave caught up")
+    finally:
+        classic.close()
+    nodes = _start_group(tmp_path, 3)
+    try:
+        addresses = [node.client_address for node in nodes.values()]
+        new = trio.run(_send, addresses, 30, "new")
+        assert min(new.values()) >= 1048576
+        last = max(new.values())
+        for member, node in nodes.items():
+            wait_until(lambda node=node: _status(node)["committed_offset"] > last, message=f"{member} committed")
+            _read_back(node, new, "new")
+        assert "where n" in (tmp_path / "n2.log").read_text()  # it adopted the divide from a peer's HELLO
+
+        async def old_on(node) -> bytes:
+            async with hc.connect(node.client_address) as client:
+                return bytes((await client.read_record(old[0].offset)).body)
+
+        assert trio.run(old_on, nodes["n0"]).startswith(b"m0:")
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
 def _status_at(address: str) -> dict:
     with hc.BlockingClient(address) as client:
         return client.status()

@@ -148,8 +148,8 @@ def test_ids_must_fit_one_length_byte():
 
 @given(st.text(min_size=1, max_size=20).filter(lambda t: len(t.encode()) <= 64),
        st.text(max_size=30).filter(lambda t: len(t.encode()) <= 255))  # fmt: skip
-def test_hello_carries_the_senders_client_address(group, address):
-    hello = rp.Hello(group, "n0", "n1", client_address=address)
+def test_hello_carries_the_senders_client_address_and_data_start(group, address):
+    hello = rp.Hello(group, "n0", "n1", client_address=address, data_start_offset=len(address) << 20)
     data = rp.encode_hello(hello)
     assert decode_all(data) == [hello] and decode_all(data, piece=3) == [hello]
 
@@ -159,6 +159,13 @@ def test_a_hello_without_the_client_address_field_is_read_as_an_older_members():
     frame = len(old + b"x").to_bytes(4, "big") + b"\x00" + old
     assert decode_all(frame) == [rp.Hello("group-a", "n0", "n1", client_address="")]
     truncated = rp.encode_hello(rp.Hello("g", "n0", "n1", client_address="127.0.0.1:1"))
-    broken = (len(truncated) - 4 - 3).to_bytes(4, "big") + truncated[4:-3]  # the address cut short
+    broken = (len(truncated) - 4 - 11).to_bytes(4, "big") + truncated[4:-11]  # the address cut short
     with pytest.raises(ProtocolError, match="runs past the frame"):
         decode_all(broken)
+
+
+def test_a_hello_with_a_negative_data_start_is_refused():
+    data = rp.encode_hello(rp.Hello("g", "n0", "n1", client_address="a:1", data_start_offset=1))
+    data = data[:-8] + (-4).to_bytes(8, "big", signed=True)
+    with pytest.raises(ProtocolError, match="negative data start"):
+        decode_all(data)

@@ -510,10 +510,14 @@ class DLedgerMmapFileStore:
 
     def deletable_head_files(self, *, keep_from_index: int, count_max: int) -> list[tuple[MappedFile, int]]:
         """The oldest data files (at most ``count_max``) whose every entry is below
-        ``keep_from_index``, the committed index + 1 and the flushed index + 1, each with the index
-        of the first entry after it. A file qualifies only when the next file's first entry is
-        whole at its start (so neither the file being written nor a warmed empty file goes)."""
-        limit = min(keep_from_index, self._committed_index + 1, self._flushed_index + 1)
+        ``keep_from_index``, the committed index and the flushed index, each with the index of
+        the first entry after it. The committed entry itself stays (a leader's COMPARE walks down
+        to a follower's committed index at the lowest, which must still be there to compare), and
+        so does the flushed one (a power loss must leave the log an entry to start from: the
+        first entry of the first file kept is durable). A file qualifies only when the next
+        file's first entry is whole at its start (so neither the file being written nor a warmed
+        empty file goes)."""
+        limit = min(keep_from_index, self._committed_index, self._flushed_index)
         files = self.data_file_list.mapped_files
         found: list[tuple[MappedFile, int]] = []
         for number in range(min(count_max, len(files) - 1)):

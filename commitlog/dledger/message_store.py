@@ -497,8 +497,8 @@ class DLedgerMessageStore:
         entry is older than ``file_reserved_time_hours`` (the file's mtime) or, while the disk is
         above ``disk_clean_ratio`` (``over_ratio``; measured when None), regardless of age; at most
         ``delete_segments_per_pass_max`` a pass. Never an entry at or above ``keep_from_index``
-        (the driver's replication floor: what some member may still need), the committed index + 1,
-        the flushed index + 1 or the dispatched index + 1; never the file being written. Sealed
+        (the driver's replication floor: what some member may still need), the committed index,
+        the flushed index or the dispatched index + 1; never the file being written. Sealed
         classic segments (a smooth upgrade's part below ``divided_offset``) go first, all but the
         newest. Consume-queue files pointing only below the new minimum offset follow."""
         now = now_ms() if now_ms_value is None else now_ms_value

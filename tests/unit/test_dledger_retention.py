@@ -66,7 +66,7 @@ def test_nothing_at_or_above_the_committed_flushed_or_given_index_is_deleted(tmp
     if limit == "committed":
         store.append(entries(PER_FILE * 4, 2))
         store.flush()
-        store._committed_index = 2 * PER_FILE - 1  # the whole of file 1 committed, nothing of file 2
+        store._committed_index = 2 * PER_FILE  # file 1 committed and the first entry of file 2 (which stays)
     elif limit == "flushed":
         store._flushed_index = 2 * PER_FILE - 2  # the last entry of file 1 not yet durable
     else:

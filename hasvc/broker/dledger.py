@@ -523,6 +523,7 @@ class DLedgerBroker:
         self.started_at = time.time()
         self._dispatch_wakeup = trio.Event()
         self._taking_writes = False
+        self.retention_passes = 0  # retention passes done (status: lets a test wait for one)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
@@ -650,6 +651,7 @@ class DLedgerBroker:
             keep_from = RETAIN_NOTHING_INDEX if over_ratio else self.driver.node.retention_floor()
             async with self.driver._files_lock:
                 deleted = store.clean_expired(keep_from_index=keep_from, over_ratio=over_ratio)
+            self.retention_passes += 1
             if deleted:
                 LOGGER.warning("retention deleted %d file(s)%s; the log starts at entry %d (offset %d)", len(deleted),
                                " (disk above disk_clean_ratio: regardless of the members' needs)" if over_ratio else "",
@@ -705,7 +707,7 @@ class DLedgerBroker:
             "duplicate_sends": self.put_service.duplicate_sends,
             "raft_messages_dropped": self.driver.dropped_messages,
             "raft_connections_refused": self.driver.refused_connections,
-            "retention_floor_index": node.retention_floor(),
+            "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
                              "behind_log_start": p.behind_log_start,
                              "last_contact_seconds": None if p.last_contact_seconds == float("inf") else round(p.last_contact_seconds, 3),

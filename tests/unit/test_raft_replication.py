@@ -342,4 +342,23 @@ def test_a_follower_needing_a_deleted_entry_is_marked_and_not_pushed_to():
     node.tick(10.5)
     ready = carry_out(node, log)
     assert not [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"]  # no IndexError either
+    assert node.deadline() > 10.5  # and no tick asked for at once, over and over (a busy loop)
     assert node.retention_floor() == -1  # n2's match index is unknown: a floor-driven pass deletes nothing more
+
+
+def test_a_re_push_after_a_timeout_below_the_first_index_marks_the_follower_instead_of_failing():
+    node, log = make_node([1] * 20, term=1)
+    log.save_hard_state(HardState(1, None, 19))  # all committed: retention may delete up to 19
+    node = RaftNode(self_id="n0", members=MEMBERS, log=log, config=DLEDGER_DEFAULTS, rng=random.Random(7), now=0.0)
+    elect(node, log, now=10.0)
+    # n2 matches up to 3: the leader pushes from 4 and waits for an acknowledgement
+    node.step(PushResponse("n2", "n0", node.term, PushType.COMPARE, PushResult.MISMATCH, 19, -1, 0, 3, -1), 10.1)
+    node.step(PushResponse("n2", "n0", node.term, PushType.COMPARE, PushResult.SUCCESS, 3, 3, 0, 3), 10.1)
+    ready = carry_out(node, log)
+    append = [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"][-1]
+    assert (append.type, append.index) == (PushType.APPEND, 4)
+    assert log.compact(keep_from_index=15, committed_index=19) == 15  # a forced clean meanwhile
+    node.tick(12.0)  # past push_timeout_seconds: the re-push would start at 4, which is gone
+    ready = carry_out(node, log)
+    assert not [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"]
+    assert node.status(12.0).peers["n2"].behind_log_start and node.deadline() > 12.0

@@ -746,8 +746,7 @@ class RaftNode:
 
     def _push(self, peer: str, progress: Progress, now: float) -> None:
         timeout = self.config.push_timeout_seconds
-        if progress.behind_log_start or self._needs_deleted_entry(progress):
-            progress.behind_log_start = True  # COMPARE/TRUNCATE/APPEND cannot reach it any more
+        if self._behind_log_start(progress):
             return
         if progress.state is not PushType.APPEND:
             if progress.sent_at is None or now >= progress.sent_at + timeout:
@@ -767,6 +766,8 @@ class RaftNode:
         ):
             progress.index = progress.match_index + 1  # DLedger: re-push what waited past maxPushTimeOutMs
             progress.sent_at = None
+            if self._behind_log_start(progress):
+                return
         last = self._log.last_index()
         while progress.index <= last and progress.index - progress.match_index - 1 < self.config.push_in_flight_max:
             # Whole batches (a window that opens by one entry must not make one-entry pushes):
@@ -783,6 +784,14 @@ class RaftNode:
             # Unacknowledged entries the follower may hold already (COMPARE found them; with
             # flush_sync their acknowledgement waits for its flush, and may be lost): time them.
             progress.sent_at = now
+
+    def _behind_log_start(self, progress: Progress) -> bool:
+        """Whether this follower needs an entry below our first index (marking it if so): then
+        COMPARE/TRUNCATE/APPEND cannot reach it any more and nothing is pushed to it."""
+        if progress.behind_log_start or self._needs_deleted_entry(progress):
+            progress.behind_log_start = True
+            progress.sent_at = None  # nothing in flight to time out: deadline() must not ask for a tick now
+        return progress.behind_log_start
 
     def _needs_deleted_entry(self, progress: Progress) -> bool:
         """Whether the next push to this follower would name an entry below our first index."""

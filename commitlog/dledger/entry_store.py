@@ -36,6 +36,12 @@ naming the file and offset and nothing changed: a cut that would delete more tha
 DLedger's "processOffset is too small" rule), and a cut below the checkpoint's ``flushedIndex``
 (entries known durable are gone) unless ``recovery_accept_lost_entries`` says to accept it.
 
+Retention (``deletable_head_files``, ``delete_head_files``; DLedger's ``deleteExpiredFiles``)
+deletes whole data files from the head: never one holding the committed or flushed entry or any
+after them, nor the file being written; the index files wholly below the new first entry follow.
+The first index is always the first data file's first entry, so a crash part way through a
+deletion recovers to a log starting at a later data-file boundary.
+
 Not thread-safe: one caller at a time, with one exception: ``sync_files`` (the middle of
 ``flush``: ``flush_target``, ``sync_files``, ``flushed_to``) may run in a worker thread while the
 owner appends, never while it truncates or closes.

@@ -45,6 +45,13 @@ TRUNCATE (the follower drops its divergent tail) -> APPEND (batched pushes, at m
 ``push_in_flight_max`` unacknowledged entries, re-pushed after ``push_timeout_seconds``). Every
 append is guarded by the term of the entry before it, so logs that share an (index, term) share
 the whole prefix.
+
+Retention (``retention_floor``): a member's driver deletes only entries below the floor, which a
+leader computes from its committed index and every peer's match index and announces in its
+heartbeats. Those entries are committed and on every member, so a follower takes an entry below
+its own first index as equal to the leader's. A follower that needs an entry below the leader's
+first index (possible only after a clean forced by a full disk) is marked ``behind_log_start`` and
+no longer pushed to: catching it up (a message to restart its log at an index) is not built.
 """
 
 from __future__ import annotations

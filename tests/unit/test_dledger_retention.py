@@ -10,7 +10,7 @@ import pytest
 from commitlog.dledger import DLedgerMmapFileStore, DLedgerStoreConfig, Entry
 from commitlog.dledger.message_inspect import verify_member
 from commitlog.dledger.upgrade import dledger_directory
-from tests.unit.test_dledger_message_store import CONFIG, lead, message, noop, open_store
+from tests.unit.test_dledger_message_store import CONFIG, classic_store_with, lead, message, noop, open_store
 
 SMALL = DLedgerStoreConfig(data_file_size=4096, index_file_size=32 * 16)
 PER_FILE = 27  # entries of 100-byte bodies (148 bytes) a 4096-byte data file holds, 8 bytes kept for a blank
@@ -56,7 +56,7 @@ def test_head_files_below_the_committed_index_go_and_first_index_moves_up(tmp_pa
     store.close()
 
 
-@pytest.mark.parametrize("limit", ["committed", "flushed", "keep_from"])
+@pytest.mark.parametrize("limit", ["committed", "committed_entry_stays", "flushed", "keep_from"])
 def test_nothing_at_or_above_the_committed_flushed_or_given_index_is_deleted(tmp_path, limit):
     store = DLedgerMmapFileStore.open(str(tmp_path), SMALL)
     store.append(entries(0, PER_FILE * 4))
@@ -67,12 +67,14 @@ def test_nothing_at_or_above_the_committed_flushed_or_given_index_is_deleted(tmp
         store.append(entries(PER_FILE * 4, 2))
         store.flush()
         store._committed_index = 2 * PER_FILE  # file 1 committed and the first entry of file 2 (which stays)
+    elif limit == "committed_entry_stays":
+        store._committed_index = 2 * PER_FILE - 1  # the last entry of file 1: file 1 stays with it
     elif limit == "flushed":
         store._flushed_index = 2 * PER_FILE - 2  # the last entry of file 1 not yet durable
     else:
         keep_from = PER_FILE + 3  # a member still needs entry 30 (in file 1)
     chosen = store.deletable_head_files(keep_from_index=keep_from, count_max=10)
-    expected = {"committed": 2, "flushed": 1, "keep_from": 1}[limit]
+    expected = {"committed": 2, "committed_entry_stays": 1, "flushed": 1, "keep_from": 1}[limit]
     assert len(chosen) == expected
     with pytest.raises(ValueError):
         store.delete_head_files(count=expected + 1, keep_from_index=keep_from)
@@ -173,4 +175,26 @@ def test_a_young_file_goes_only_above_the_disk_ratio_and_never_past_the_keep_ind
     deleted = store.clean_expired(keep_from_index=1 << 60, over_ratio=True)
     assert deleted and store.entries.first_index() > 0
     assert os.path.isdir(dledger_directory(str(tmp_path), "n0"))
+    store.close()
+
+
+def test_a_smoothly_upgraded_store_deletes_its_sealed_classic_segments_first(tmp_path):
+    old = classic_store_with(tmp_path, 30)  # 700-byte messages: several 4 KiB classic segments
+    store = open_store(tmp_path)
+    classic_files = store.classic.mapped_file_queue.mapped_files
+    assert len(classic_files) >= 3
+    noop(store, 1)
+    for i in range(60):
+        lead(store, [message(i, queue_id=0, size=300)])
+    store.entries.flush()
+    now = int(os.path.getmtime(store.entries.data_file_list.mapped_files[-1].path) * 1000) + 73 * HOUR_MS
+    deleted = store.clean_expired(keep_from_index=1 << 60, now_ms_value=now)
+    names = [os.path.relpath(p, tmp_path).split(os.sep)[0] for p in deleted]
+    assert names[: len(classic_files) - 1] == ["commitlog"] * (len(classic_files) - 1)  # all but the newest, first
+    assert len(store.classic.mapped_file_queue.mapped_files) == 1
+    assert store.entries.first_index() > 0 and store.min_offset == store.entries.data_file_list.min_offset
+    assert store.min_offset > old[-1]
+    store.close()
+    store = open_store(tmp_path)
+    assert store.min_offset == store.entries.data_file_list.min_offset and store.entries.first_index() > 0
     store.close()

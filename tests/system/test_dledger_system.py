@@ -446,6 +446,10 @@ def test_retention_deletes_head_files_but_waits_for_a_member_that_is_down(tmp_pa
             minimum = status["min_offset"]
             _read_back(node, {n: o for n, o in second.items() if o >= minimum}, "b")
             assert any(o < minimum for o in second.values())  # the head is gone here too
+        shown = _cli("status", nodes[leader].client_address)
+        assert shown.returncode == 0 and "log          entries [" in shown.stdout, shown.stdout + shown.stderr
+        begin = int(shown.stdout.split("log          entries [")[1].split(",")[0])
+        assert begin > down_end and "retention keeps from" in shown.stdout, shown.stdout
         nodes[leader].kill()  # a SIGKILL, and the store reopens with its head deleted
         nodes[leader].start()
         _leader(nodes)

@@ -407,6 +407,11 @@ def _start_retention_group(tmp_path) -> dict[str, Node]:
     return nodes
 
 
+async def _pull_from_zero(node: Node):
+    async with hc.connect(node.client_address) as client:
+        return await client.pull("DL", 0, 0, count_max=1000)
+
+
 def _passes_after(node: Node, count: int) -> None:
     start = _status(node)["retention_passes"]
     wait_until(lambda: _status(node)["retention_passes"] >= start + count, message=f"{count} retention passes")
@@ -446,6 +451,10 @@ def test_retention_deletes_head_files_but_waits_for_a_member_that_is_down(tmp_pa
             minimum = status["min_offset"]
             _read_back(node, {n: o for n, o in second.items() if o >= minimum}, "b")
             assert any(o < minimum for o in second.values())  # the head is gone here too
+            pulled = trio.run(_pull_from_zero, node)  # a consumer from queue offset 0 skips what retention removed
+            assert pulled.status == "OK" and pulled.records, pulled
+            assert all(r.physical_offset >= minimum for r in pulled.records)
+            assert pulled.next_queue_offset - len(pulled.records) > 0  # the start moved past the removed ones
         shown = _cli("status", nodes[leader].client_address)
         assert shown.returncode == 0 and "log          entries [" in shown.stdout, shown.stdout + shown.stderr
         begin = int(shown.stdout.split("log          entries [")[1].split(",")[0])

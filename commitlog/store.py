@@ -407,6 +407,11 @@ class MessageStore:
 
     # -- reading --------------------------------------------------------------------------
 
+    @property
+    def min_offset(self) -> int:
+        """The oldest offset still in the log (retention moves it up)."""
+        return self.commit_log.min_offset
+
     def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
         return self.commit_log.get_record(offset, crc_function=self.crc_function if check_crc else None)
 

@@ -66,6 +66,9 @@ class BrokerConfig:
     disk_max_used_space_ratio: float = 0.85
     disk_clean_ratio: float = 0.75
     file_reserved_time_hours: float = 72.0
+    # RocketMQ's CleanCommitLogService runs every 10 s; DLedger mode's retention pass does too
+    # (the classic broker's period is StoreTasks' CLEAN_INTERVAL_SECONDS).
+    dledger_clean_interval_seconds: float = 10.0
     page_cache_keep_size: int = 0  # StoreConfig.page_cache_keep_size: 0 keeps the page cache whole
     # Replication (MessageStoreConfig): haSendHeartbeatInterval, haHousekeepingInterval,
     # haMaxGapNotInSync, slaveTimeout, inSyncReplicas, syncFromLastFile.
@@ -156,6 +159,8 @@ class BrokerConfig:
         )
 
     def validate(self) -> BrokerConfig:
+        if not self.dledger_clean_interval_seconds > 0:
+            raise ValueError(f"dledger_clean_interval_seconds must be positive, got {self.dledger_clean_interval_seconds}")
         if self.role is BrokerRole.SLAVE and self.master_ha is None:
             raise ValueError("a slave needs --master-ha HOST:PORT")
         if self.ha_transfer_batch_size > self.ha_frame_size_max:

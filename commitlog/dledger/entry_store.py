@@ -36,6 +36,12 @@ naming the file and offset and nothing changed: a cut that would delete more tha
 DLedger's "processOffset is too small" rule), and a cut below the checkpoint's ``flushedIndex``
 (entries known durable are gone) unless ``recovery_accept_lost_entries`` says to accept it.
 
+Retention (``deletable_head_files``, ``delete_head_files``; DLedger's ``deleteExpiredFiles``)
+deletes whole data files from the head: never one holding the committed or flushed entry or any
+after them, nor the file being written; the index files wholly below the new first entry follow.
+The first index is always the first data file's first entry, so a crash part way through a
+deletion recovers to a log starting at a later data-file boundary.
+
 Not thread-safe: one caller at a time, with one exception: ``sync_files`` (the middle of
 ``flush``: ``flush_target``, ``sync_files``, ``flushed_to``) may run in a worker thread while the
 owner appends, never while it truncates or closes.
@@ -505,6 +511,63 @@ class DLedgerMmapFileStore:
         self._last_term = term
         self._flushed_index = min(self._flushed_index, after_index)
         self._check()
+
+    # -- retention (DLedgerMmapFileStore.CleanSpaceService / deleteExpiredFiles) ----------
+
+    def deletable_head_files(self, *, keep_from_index: int, count_max: int) -> list[tuple[MappedFile, int]]:
+        """The oldest data files (at most ``count_max``) whose every entry is below
+        ``keep_from_index``, the committed index and the flushed index, each with the index of
+        the first entry after it. The committed entry itself stays (a leader's COMPARE walks down
+        to a follower's committed index at the lowest, which must still be there to compare), and
+        so does the flushed one (a power loss must leave the log an entry to start from: the
+        first entry of the first file kept is durable). A file qualifies only when the next
+        file's first entry is whole at its start (so neither the file being written nor a warmed
+        empty file goes)."""
+        limit = min(keep_from_index, self._committed_index, self._flushed_index)
+        files = self.data_file_list.mapped_files
+        found: list[tuple[MappedFile, int]] = []
+        for number in range(min(count_max, len(files) - 1)):
+            following = files[number + 1]
+            if following.wrote_position < codec.BODY_OFFSET:
+                break
+            try:
+                next_first = codec.decode_entry_header(following.view(), 0).index
+            except codec.EntryFormatError:
+                break
+            if next_first > limit or next_first > self._last_index:
+                break
+            found.append((files[number], next_first))
+        return found
+
+    def delete_head_files(self, *, count: int, keep_from_index: int) -> list[str]:
+        """Delete the ``count`` oldest data files (``deletable_head_files`` with the same
+        ``keep_from_index`` chose them; ValueError, nothing deleted, when it would not) and the
+        index files whose every unit is below the new first entry; ``first_index()`` moves up.
+        Durable when it returns: data files go oldest first, their directory synced, then index
+        files. A crash part way leaves a log that starts later (recovery reads the first entry of
+        the first data file; index files below it are left over and go on the next pass)."""
+        chosen = self.deletable_head_files(keep_from_index=keep_from_index, count_max=count)
+        if len(chosen) < count:
+            raise ValueError(f"only {len(chosen)} of {count} head data files lie below entry {keep_from_index} "
+                             f"and the committed and flushed index")  # fmt: skip
+        if not chosen:
+            return []
+        new_first = chosen[-1][1]
+        deleted = self.data_file_list.delete_first_files(count)
+        fsync_directory(self.data_file_list.directory)
+        self._first_index = new_first
+        index_files = self.index_file_list.mapped_files
+        unit_end = new_first * codec.INDEX_UNIT_SIZE
+        below = sum(1 for f in index_files[:-1] if f.file_from_offset + f.file_size <= unit_end)
+        deleted += self.index_file_list.delete_first_files(below)
+        if below:
+            fsync_directory(self.index_file_list.directory)
+        self._check()
+        return deleted
+
+    def data_file_modified_ms(self, mapped_file: MappedFile) -> float:
+        """When ``mapped_file`` was last written (its mtime, as DLedger's isTimeUp), in ms."""
+        return os.path.getmtime(mapped_file.path) * 1000
 
     @staticmethod
     def _cut(queue: MappedFileQueue, offset: int) -> None:

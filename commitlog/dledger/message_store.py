@@ -38,7 +38,7 @@ unchanged: ``config``, ``path``, ``checkpoint``, ``consume_queues``, ``reput_fro
 it), ``sync_flush`` (False: durability is the quorum's), ``commit_log`` (only
 ``commit_log.mapped_file_queue``, the DLedger data files, for StoreTasks' warm-up test),
 ``warm_commitlog``, ``flush_commitlog``, ``flush_consume_queues``, ``write_checkpoint``,
-``dispatch``, ``clean_expired`` (no retention in DLedger mode yet: deletes nothing), ``read``,
+``dispatch``, ``clean_expired`` (with the driver's ``keep_from_index``), ``read``,
 ``get_record``, ``pull``, ``statistics``, ``find_at_record_ends`` (DLedger part only),
 ``resume_queue_offsets``, ``disk_full``, ``close``.
 Deliberately lacking: ``append``/``append_batch``/``append_prepared`` (writes go through Raft:
@@ -222,6 +222,8 @@ class DLedgerMessageStore:
         for (topic, queue_id), queue in self.consume_queues.queues.items():
             while (unit := queue.last_unit()) is not None:
                 offset, size, _ = unit
+                if offset < self.min_offset:
+                    break  # its entry was deleted by retention: expired, not torn
                 try:
                     record = self._record_at(offset, committed_only=False)
                     if record.size == size and record.topic == topic and record.queue_id == queue_id:
@@ -489,9 +491,46 @@ class DLedgerMessageStore:
         """Only ``mapped_file_queue`` (the DLedger data files), what StoreTasks looks at."""
         return _LogFiles(self.entries.data_file_list)
 
-    def clean_expired(self, *, now_ms_value: int | None = None) -> list[str]:
-        """Retention is not implemented in DLedger mode yet: nothing is deleted."""
-        return []
+    def clean_expired(self, *, keep_from_index: int, now_ms_value: int | None = None,
+                      over_ratio: bool | None = None) -> list[str]:  # fmt: skip
+        """Retention (DLedger's CleanSpaceService): delete the oldest whole data files whose every
+        entry is older than ``file_reserved_time_hours`` (the file's mtime) or, while the disk is
+        above ``disk_clean_ratio`` (``over_ratio``; measured when None), regardless of age; at most
+        ``delete_segments_per_pass_max`` a pass. Never an entry at or above ``keep_from_index``
+        (the driver's replication floor: what some member may still need), the committed index,
+        the flushed index or the dispatched index + 1; never the file being written. Sealed
+        classic segments (a smooth upgrade's part below ``divided_offset``) go first, all but the
+        newest. Consume-queue files pointing only below the new minimum offset follow."""
+        now = now_ms() if now_ms_value is None else now_ms_value
+        reserved_ms = self.config.file_reserved_time_hours * 3600 * 1000
+        if over_ratio is None:
+            over_ratio = disk_used_ratio(self.path) > self.config.disk_clean_ratio
+        budget = self.config.delete_segments_per_pass_max
+        deleted = self._clean_classic(now, reserved_ms, over_ratio, budget)
+        entries = self.entries
+        keep = min(keep_from_index, self.dispatched_index + 1)
+        count = 0
+        for mapped_file, _next_first in entries.deletable_head_files(keep_from_index=keep,
+                                                                     count_max=budget - len(deleted)):  # fmt: skip
+            if now - entries.data_file_modified_ms(mapped_file) < reserved_ms and not over_ratio:
+                break
+            count += 1
+        deleted += entries.delete_head_files(count=count, keep_from_index=keep)
+        if deleted:
+            self.consume_queues.delete_expired(self.min_offset)
+        return deleted
+
+    def _clean_classic(self, now: int, reserved_ms: float, over_ratio: bool, budget: int) -> list[str]:
+        """The sealed classic segments older than the reserved time (all but the newest)."""
+        if self.classic is None:
+            return []
+        queue = self.classic.mapped_file_queue
+        count = 0
+        for mapped_file in queue.mapped_files[:-1][:budget]:
+            if now - os.path.getmtime(mapped_file.path) * 1000 < reserved_ms and not over_ratio:
+                break
+            count += 1
+        return queue.delete_first_files(count)
 
     # MessageStore's disk check (every disk_check_interval_ms), on the same attributes.
     disk_full = MessageStore.disk_full
@@ -532,7 +571,11 @@ class DLedgerMessageStore:
 
     @property
     def min_offset(self) -> int:
-        return self.classic.min_offset if self.classic is not None else self._dledger_start()
+        """The oldest readable offset: the classic part's, until retention deletes the DLedger
+        part's head (the newest sealed classic segment stays on disk, no longer reachable)."""
+        if self.classic is not None and self.entries.first_index() == 0:
+            return self.classic.min_offset
+        return self._dledger_start()
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -327,7 +327,12 @@ class ClientPort:
         records = []
         next_offset = max(request.queue_offset, queue.min_offset_in_queue)
         total = 0
-        for offset, size, _tags in queue.read(next_offset, min(request.count_max, PULL_COUNT_MAX)):
+        units = queue.read(next_offset, min(request.count_max, PULL_COUNT_MAX))
+        # Retention deletes consume-queue files whole: the oldest one left may still list units of
+        # messages below the log's minimum offset. They count as removed (RocketMQ's correctMinOffset).
+        expired = sum(1 for offset, _size, _tags in units if offset < self.store.min_offset)
+        next_offset += expired
+        for offset, size, _tags in units[expired:]:
             total += size
             if records and total > PULL_BYTES_MAX:
                 break

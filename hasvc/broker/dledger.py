@@ -49,7 +49,7 @@ import trio
 
 from commitlog import record as rec
 from commitlog.dledger.message_store import DLedgerMessageStore
-from commitlog.store import AppendResult
+from commitlog.store import AppendResult, disk_used_ratio
 from hasvc import transport
 from hasvc.broker.client_port import ClientPort, serve_listener
 from hasvc.broker.put_service import PutService, rebuild_producer_table
@@ -84,6 +84,9 @@ RAFT_CONNECTIONS_MAX = 64
 # (6.3 s by default, 1 s with etcd timing), so this is a backstop for a leader that steps down
 # and hears of no successor. The same order as the ~10 s a DLedger admin request waits.
 TRANSFER_LEADER_WAIT_SECONDS = 10.0
+# keep_from_index of a forced clean (disk above disk_clean_ratio): no member's need holds it back;
+# the store's own limits (committed, flushed, dispatched, the file being written) still do.
+RETAIN_NOTHING_INDEX = 1 << 62
 
 
 @dataclasses.dataclass(frozen=True)
@@ -520,6 +523,7 @@ class DLedgerBroker:
         self.started_at = time.time()
         self._dispatch_wakeup = trio.Event()
         self._taking_writes = False
+        self.retention_passes = 0  # retention passes done (status: lets a test wait for one)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
@@ -567,6 +571,7 @@ class DLedgerBroker:
         nursery.start_soon(self.put_service.waiter_timer_task)
         nursery.start_soon(self._dispatcher)
         nursery.start_soon(self._consume_queue_flusher)
+        nursery.start_soon(self._retention)
         await self.driver.run(nursery, raft_listener)
         task_status.started(self.addresses())
         LOGGER.info("ready: %s", json.dumps(self.addresses()))
@@ -632,6 +637,26 @@ class DLedgerBroker:
             await trio.sleep(CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS)
             self.store.flush_consume_queues()
 
+    async def _retention(self) -> None:
+        """DLedger's CleanSpaceService, every ``dledger_clean_interval_seconds``: delete expired
+        head files, never an entry the core's ``retention_floor`` keeps (what some member may
+        still need) unless the disk is above ``disk_clean_ratio`` (then a member left behind is
+        stranded: ``behind_log_start``). Runs on the trio thread, not a worker: appends, the
+        dispatcher and the deletion share the file lists (a pass unlinks at most
+        ``delete_segments_per_pass_max`` files); and under the flusher's lock."""
+        store = self.store
+        while True:
+            await trio.sleep(self.config.dledger_clean_interval_seconds)
+            over_ratio = disk_used_ratio(store.path) > store.config.disk_clean_ratio
+            keep_from = RETAIN_NOTHING_INDEX if over_ratio else self.driver.node.retention_floor()
+            async with self.driver._files_lock:
+                deleted = store.clean_expired(keep_from_index=keep_from, over_ratio=over_ratio)
+            self.retention_passes += 1
+            if deleted:
+                LOGGER.warning("retention deleted %d file(s)%s; the log starts at entry %d (offset %d)", len(deleted),
+                               " (disk above disk_clean_ratio: regardless of the members' needs)" if over_ratio else "",
+                               store.entries.first_index(), store.min_offset)  # fmt: skip
+
     def _on_role(self) -> None:
         """Play SYNC_MASTER while leading with every entry committed and dispatched, else SLAVE."""
         node = self.driver.node
@@ -682,7 +707,9 @@ class DLedgerBroker:
             "duplicate_sends": self.put_service.duplicate_sends,
             "raft_messages_dropped": self.driver.dropped_messages,
             "raft_connections_refused": self.driver.refused_connections,
+            "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
+                             "behind_log_start": p.behind_log_start,
                              "last_contact_seconds": None if p.last_contact_seconds == float("inf") else round(p.last_contact_seconds, 3),
                              "connected": self.driver.connected.get(peer, False)}
                       for peer, p in raft.peers.items()},

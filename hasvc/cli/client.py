@@ -146,6 +146,9 @@ def status(address, as_json, secret_file, tls_ca) -> None:
     if as_json:
         click.echo(json.dumps(data))
         return
+    if data.get("mode") == "dledger":
+        _echo_dledger_status(data)
+        return
     click.echo(f"role         {data['role']} (epoch {data['epoch']})")
     click.echo(f"listen       {data['listen']}   ha {data['ha_listen']}")
     click.echo(f"offsets      min {data['min_offset']}  max {data['max_offset']}  flushed {data['flushed_offset']}")
@@ -157,6 +160,21 @@ def status(address, as_json, secret_file, tls_ca) -> None:
                    f"{item['lag_seconds']} s since {item['connected_since']}")  # fmt: skip
     if not data["slaves"] and data["role"] != "SLAVE":
         click.echo("slaves       none connected")
+
+
+def _echo_dledger_status(data: dict) -> None:
+    """A DLedger member's STATUS: role and term, its log's indexes (the first moves up with
+    retention), offsets, and on a leader each peer's progress."""
+    click.echo(f"role         {data['role']} ({data['raft_role']}, term {data['term']}, leader {data['leader_id']})")
+    click.echo(f"listen       {data['listen']}   raft {data['raft_listen']}")
+    click.echo(f"log          entries [{data['ledger_begin_index']}, {data['ledger_end_index']}]  committed "
+               f"{data['committed_index']}  flushed {data['flushed_index']}  retention keeps from "
+               f"{data['retention_floor_index']}")  # fmt: skip
+    click.echo(f"offsets      min {data['min_offset']}  max {data['max_offset']}  flushed {data['flushed_offset']}")
+    for peer, item in sorted(data["peers"].items()):
+        behind = "  BEHIND THE LOG START (retention deleted what it needs)" if item.get("behind_log_start") else ""
+        click.echo(f"peer         {peer} match {item['match_index']} lag {item['lag_entries']} entries, last contact "
+                   f"{item['last_contact_seconds']} s{behind}")  # fmt: skip
 
 
 @click.command("transfer-leader")

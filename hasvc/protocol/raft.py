@@ -14,7 +14,7 @@ message frames, whose source and target are those of the sender's HELLO. Every f
     kind 1 VOTE_REQUEST       i64 term | i64 ledger end index | i64 ledger end term | u8 flags
                               (flags bit 0: pre-vote, bit 1: transfer)
     kind 2 VOTE_RESPONSE      i64 term | u8 result (VoteResult) | u8 flags (bit 0: pre-vote)
-    kind 3 HEARTBEAT          i64 term | i64 commit index
+    kind 3 HEARTBEAT          i64 term | i64 commit index [| i64 retain-from index (when >= 0)]
     kind 4 HEARTBEAT_RESPONSE i64 term | u8 result (HeartbeatResult)
     kind 5 PUSH               i64 term | u8 type (PushType) | i64 index | i64 previous term
                               | i64 commit index | u32 n | n x (i64 index | i64 term | u32 size | body)
@@ -64,6 +64,8 @@ VOTE_RESPONSE = struct.Struct(">qBB")  # term, result, flags
 assert VOTE_RESPONSE.size == 10
 HEARTBEAT = struct.Struct(">qq")  # term, commit index
 assert HEARTBEAT.size == 16
+RETAIN_FROM = struct.Struct(">q")  # HEARTBEAT's optional last field: the leader's retention floor
+assert RETAIN_FROM.size == 8
 HEARTBEAT_RESPONSE = struct.Struct(">qB")  # term, result
 assert HEARTBEAT_RESPONSE.size == 9
 PUSH = struct.Struct(">qBqqqI")  # term, type, index, previous term, commit index, entry count
@@ -141,7 +143,10 @@ def encode(message: Message) -> bytes:
         flags = FLAG_PRE_VOTE if message.pre_vote else 0
         return _frame(VOTE_RESPONSE_KIND, VOTE_RESPONSE.pack(message.term, message.result, flags))
     if isinstance(message, Heartbeat):
-        return _frame(HEARTBEAT_KIND, HEARTBEAT.pack(message.term, message.commit_index))
+        body = HEARTBEAT.pack(message.term, message.commit_index)
+        if message.retain_from_index >= 0:
+            body += RETAIN_FROM.pack(message.retain_from_index)
+        return _frame(HEARTBEAT_KIND, body)
     if isinstance(message, HeartbeatResponse):
         return _frame(HEARTBEAT_RESPONSE_KIND, HEARTBEAT_RESPONSE.pack(message.term, message.result))
     if isinstance(message, TimeoutNow):
@@ -249,7 +254,12 @@ def _decode_message(kind: int, body: _Body, source: str, target: str) -> Message
         return VoteResponse(source, target, _check_term(term), _enum(VoteResult, result), bool(flags & FLAG_PRE_VOTE))
     if kind == HEARTBEAT_KIND:
         term, commit = body.unpack(HEARTBEAT)
-        return Heartbeat(source, target, _check_term(term), _check_index(commit, "commit index"))
+        retain_from = -1
+        if body.position < len(body.data):  # optional: present only when the leader names one
+            (retain_from,) = body.unpack(RETAIN_FROM)
+            if retain_from < 0:
+                raise ProtocolError(f"retain-from index {retain_from} is negative")
+        return Heartbeat(source, target, _check_term(term), _check_index(commit, "commit index"), retain_from)
     if kind == HEARTBEAT_RESPONSE_KIND:
         term, result = body.unpack(HEARTBEAT_RESPONSE)
         return HeartbeatResponse(source, target, _check_term(term), _enum(HeartbeatResult, result))

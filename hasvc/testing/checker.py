@@ -92,15 +92,26 @@ class RaftChecker:
     def on_truncate(self, node: str, log: SimLog, after_index: int) -> None:
         _require(after_index >= self._node_committed.get(node, -1),
                  f"{node} truncates after {after_index} below its commit {self._node_committed.get(node)}")  # fmt: skip
-        for index in range(after_index + 1, min(log.last_index(), len(self.committed) - 1) + 1):
+        for index in range(max(after_index + 1, log.first_index()), min(log.last_index(), len(self.committed) - 1) + 1):
             _require(log.term_at(index) != self.committed[index].term,
                      f"{node} truncates committed entry {self.committed[index]}")  # fmt: skip
+
+    def on_compact(self, node: str, log: SimLog, first_index: int, logs: Mapping[str, SimLog]) -> None:
+        """Retention moved ``node``'s first index to ``first_index``: every entry it deleted was
+        committed and is held (or was deleted too) by every member, so no member needs it again."""
+        _require(first_index <= len(self.committed), f"{node} deletes entries up to {first_index - 1}, "
+                                                     f"the cluster committed only {len(self.committed) - 1}")  # fmt: skip
+        for member, other in logs.items():
+            index = first_index - 1
+            if index >= other.first_index():
+                _require(index <= other.last_index() and other.entry_at(index) == self.committed[index],
+                         f"{node} deletes up to {index}, which {member} does not hold")  # fmt: skip
 
     def on_start(self, node: str, log: SimLog, committed_index: int) -> None:
         """A member (re)started believing entries up to `committed_index` are committed."""
         _require(committed_index < len(self.committed) or committed_index == -1,
                  f"{node} restarts with commit {committed_index} beyond the cluster's {len(self.committed) - 1}")  # fmt: skip
-        for index in range(committed_index + 1):
+        for index in range(log.first_index(), committed_index + 1):  # below first_index: deleted by retention
             _require(
                 log.entry_at(index) == self.committed[index], f"{node} restarted with a changed committed entry {index}"
             )
@@ -110,6 +121,9 @@ class RaftChecker:
         before = self._node_committed.get(node, -1)
         _require(committed_index >= before, f"{node} commit went back from {before} to {committed_index}")
         for index in range(before + 1, committed_index + 1):
+            if index < log.first_index():
+                _require(index < len(self.committed), f"{node} deleted entry {index} before the cluster committed it")
+                continue  # deleted by retention: gone, not changed
             entry = log.entry_at(index)
             if index < len(self.committed):
                 _require(
@@ -136,7 +150,9 @@ class RaftChecker:
         """Every committed entry at or above `lost_from` is still in a quorum of logs."""
         for index in range(max(lost_from, 0), len(self.committed)):
             entry = self.committed[index]
-            holders = sum(1 for log in logs.values() if index <= log.last_index() and log.entry_at(index) == entry)
+            # An entry retention deleted counts as held: every member had it (``on_compact``).
+            holders = sum(1 for log in logs.values()
+                          if index < log.first_index() or (index <= log.last_index() and log.entry_at(index) == entry))  # fmt: skip
             _require(holders >= self.quorum, f"committed {entry} survives on {holders} logs, quorum is {self.quorum}")
 
     def final(self) -> None:

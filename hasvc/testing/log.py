@@ -15,35 +15,35 @@ from hasvc.state.raft.storage import Entry, HardState
 
 class SimLog:
     def __init__(self) -> None:
-        self.entries: list[Entry] = []
+        self.entries: list[Entry] = []  # entries[i] is entry first_index() + i
+        self._first = 0  # retention (``compact``) moves it up
         self._flushed_index = -1
         self._hard_state = HardState(0, None, -1)
         self.flush_count = 0
 
     def first_index(self) -> int:
-        return 0
+        return self._first
 
     def last_index(self) -> int:
-        return len(self.entries) - 1
+        return self._first + len(self.entries) - 1
 
     def last_term(self) -> int:
         return self.entries[-1].term if self.entries else -1
 
     def term_at(self, index: int) -> int:
-        if not 0 <= index < len(self.entries):
-            raise IndexError(f"index {index} outside [0, {len(self.entries) - 1}]")
-        return self.entries[index].term
+        return self.entry_at(index).term
 
     def entry_at(self, index: int) -> Entry:
-        if not 0 <= index < len(self.entries):
-            raise IndexError(f"index {index} outside [0, {len(self.entries) - 1}]")
-        return self.entries[index]
+        if not self._first <= index <= self.last_index():
+            raise IndexError(f"index {index} outside [{self._first}, {self.last_index()}]")
+        return self.entries[index - self._first]
 
     def read(self, lo: int, hi: int, *, size_max: int) -> list[Entry]:
-        assert lo >= 0, lo
+        if lo < self._first:
+            raise IndexError(f"index {lo} below the first index {self._first}")
         out: list[Entry] = []
         size = 0
-        for entry in self.entries[lo : min(hi, len(self.entries))]:
+        for entry in self.entries[lo - self._first : max(0, min(hi, self.last_index() + 1) - self._first)]:
             if out and size + len(entry.body) > size_max:
                 break
             out.append(entry)
@@ -53,7 +53,7 @@ class SimLog:
     def append(self, entries: Sequence[Entry]) -> None:
         previous = self.entries[-1] if self.entries else None
         for entry in entries:
-            expected = 0 if previous is None else previous.index + 1
+            expected = self._first if previous is None else previous.index + 1
             if entry.index != expected:
                 raise ValueError(f"append of index {entry.index}, expected {expected}")
             if previous is not None and entry.term < previous.term:
@@ -62,12 +62,25 @@ class SimLog:
         self.entries.extend(entries)
 
     def truncate(self, *, after_index: int) -> None:
-        del self.entries[after_index + 1 :]
+        if after_index < self._first - 1:
+            raise ValueError(f"cannot truncate after {after_index}: the log starts at {self._first}")
+        del self.entries[after_index + 1 - self._first :]
         self._flushed_index = min(self._flushed_index, after_index)
+
+    def compact(self, *, keep_from_index: int, committed_index: int) -> int:
+        """Retention, as DLedgerMmapFileStore's: drop entries below ``keep_from_index``, the
+        committed index and the flushed index (both kept themselves: a power loss must leave
+        the log an entry to start from); returns the first index now. Survives a crash (a
+        deletion is durable)."""
+        limit = min(keep_from_index, committed_index, self._flushed_index)
+        if limit > self._first:
+            del self.entries[: limit - self._first]
+            self._first = limit
+        return self._first
 
     def flush(self) -> int:
         self.flush_count += 1
-        self._flushed_index = len(self.entries) - 1
+        self._flushed_index = self.last_index()
         return self._flushed_index
 
     def flushed_index(self) -> int:
@@ -83,6 +96,6 @@ class SimLog:
         """Lose what a crash loses; returns how many entries were lost."""
         if not lose_unflushed:
             return 0
-        lost = len(self.entries) - 1 - self._flushed_index
-        del self.entries[self._flushed_index + 1 :]
+        lost = self.last_index() - self._flushed_index
+        del self.entries[self._flushed_index + 1 - self._first :]
         return lost

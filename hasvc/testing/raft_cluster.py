@@ -118,6 +118,16 @@ class SimCluster:
         if log.last_index() < before:
             self.checker.after_crash(self.logs, log.last_index() + 1)
 
+    def compact(self, member: str) -> int:
+        """Retention on ``member``: drop the entries below its core's ``retention_floor`` (as the
+        driver's retention pass does); returns the log's first index now."""
+        node, log = self.node(member), self.logs[member]
+        before = log.first_index()
+        first = log.compact(keep_from_index=node.retention_floor(), committed_index=node.committed_index)
+        if first > before:
+            self.checker.on_compact(member, log, first, self.logs)
+        return first
+
     def reset_connection(self, source: str, target: str) -> None:
         """The connection from ``source`` to ``target`` breaks while both run (a reset): ``target``
         is told, as its driver would be; nothing else changes."""

@@ -6,7 +6,8 @@
 A seed fixes everything: the settings (flush_sync or not, batch and in-flight limits, pre-vote and
 check-quorum sometimes off, network loss, duplication and reordering), the clients' proposals and
 the faults (crashes that lose unflushed entries and end their connections, restarts, partitions
-that come and go, connections reset between running members, leadership transfers). A chaos phase of ``chaos_seconds`` is followed by a settle phase: the network heals,
+that come and go, connections reset between running members, leadership transfers) and retention
+(a member drops the entries below its core's ``retention_floor``). A chaos phase of ``chaos_seconds`` is followed by a settle phase: the network heals,
 every member restarts, and within ``settle_seconds_max`` a leader must commit a final proposal and
 every member must hold the same committed log. The ``RaftChecker`` runs after every step. A
 failure prints the one command that replays it.
@@ -30,6 +31,7 @@ from hasvc.testing.raft_cluster import SimCluster
 CHAOS_SECONDS = 2.0
 SETTLE_SECONDS_MAX = 20.0
 PROGRESS_EVERY = 1000  # seeds between progress lines on stderr
+COMPACT_PROBABILITY = 0.5  # a fault event also runs retention on a live member this often
 
 
 class LivenessFailure(AssertionError):
@@ -100,6 +102,8 @@ def _client(cluster: SimCluster, rng: random.Random, counter: list[int]) -> None
 
 def _fault(cluster: SimCluster, rng: random.Random) -> None:
     alive, down = cluster.alive(), [m for m in cluster.members if cluster.nodes[m] is None]
+    if alive and rng.random() < COMPACT_PROBABILITY:
+        cluster.compact(rng.choice(alive))  # retention, beside whatever fault comes
     roll = rng.random()
     if roll < 0.25 and len(alive) > 1:
         leader, unflushed = cluster.leader(), cluster.most_unflushed()
@@ -148,7 +152,8 @@ def _settle(cluster: SimCluster) -> None:
         index = probe[1]
         nodes = [cluster.node(m) for m in cluster.members]
         if all(n.committed_index >= index for n in nodes):
-            logs = [cluster.logs[m].entries[: index + 1] for m in cluster.members]
+            start = max(cluster.logs[m].first_index() for m in cluster.members)  # below it: deleted by retention
+            logs = [[cluster.logs[m].entry_at(i) for i in range(start, index + 1)] for m in cluster.members]
             if all(log == logs[0] for log in logs):
                 return
     raise LivenessFailure(f"no agreement {SETTLE_SECONDS_MAX} s after healing: "

@@ -386,3 +386,93 @@ def test_a_follower_names_the_leaders_client_address_and_a_client_given_only_it_
     finally:
         for node in nodes.values():
             node.kill()
+
+
+RETENTION_SETTINGS = ("commitlog_segment_size=16384", "file_reserved_time_hours=0.0001",  # 0.36 s
+                      "dledger_clean_interval_seconds=0.3")  # fmt: skip
+
+
+def _start_retention_group(tmp_path) -> dict[str, Node]:
+    members = ["n0", "n1", "n2"]
+    raft_ports = {member: free_port() for member in members}
+    peers = ";".join(f"{member}-{LOOPBACK}:{port}" for member, port in raft_ports.items())
+    nodes = {}
+    for member in members:
+        args = ["--store", str(tmp_path / member), "--listen", f"{LOOPBACK}:{free_port()}", "--group", "sys",
+                "--peers", peers, "--self", member]  # fmt: skip
+        for setting in (*ETCD_LIKE_SETTINGS, *RETENTION_SETTINGS):
+            args += ["--set", setting]
+        nodes[member] = Node(str(tmp_path), member, args)
+        nodes[member].start()
+    return nodes
+
+
+async def _pull_from_zero(node: Node):
+    async with hc.connect(node.client_address) as client:
+        return await client.pull("DL", 0, 0, count_max=1000)
+
+
+def _passes_after(node: Node, count: int) -> None:
+    start = _status(node)["retention_passes"]
+    wait_until(lambda: _status(node)["retention_passes"] >= start + count, message=f"{count} retention passes")
+
+
+def test_retention_deletes_head_files_but_waits_for_a_member_that_is_down(tmp_path) -> None:
+    nodes = _start_retention_group(tmp_path)
+    try:
+        addresses = [node.client_address for node in nodes.values()]
+        first = trio.run(_send, addresses, 400, "a")  # about 100 entries a 16 KiB data file
+        leader = _leader(nodes)
+        end = _status(nodes[leader])["ledger_end_index"]
+        wait_until(lambda: all(_status(n)["ledger_begin_index"] > 0 for n in nodes.values()),
+                   message="every member deleted its head files")  # fmt: skip
+        for node in nodes.values():
+            status = _status(node)
+            assert status["min_offset"] > min(first.values()) and status["retention_floor_index"] <= end + 1
+        down = next(m for m in nodes if m != leader)
+        down_end = _status(nodes[down])["ledger_end_index"]
+        nodes[down].kill()
+        second = trio.run(_send, addresses, 400, "b")
+        for member in nodes:
+            if member != down:
+                _passes_after(nodes[member], 3)
+                status = _status(nodes[member])
+                # what the member that is down still needs stays, on every member
+                assert status["ledger_begin_index"] <= down_end, (member, status, down_end)
+        nodes[down].start()  # same store: it is caught up from where it stopped
+        leader = _leader(nodes)
+        end = _status(nodes[leader])["ledger_end_index"]
+        wait_until(lambda: all(_status(n)["committed_index"] >= end for n in nodes.values()), message="caught up")
+        wait_until(lambda: all(_status(n)["ledger_begin_index"] > down_end for n in nodes.values()),
+                   message="retention goes on once the member is back")  # fmt: skip
+        for node in nodes.values():
+            status = _status(node)
+            assert not any(peer["behind_log_start"] for peer in status["peers"].values()), status
+            minimum = status["min_offset"]
+            _read_back(node, {n: o for n, o in second.items() if o >= minimum}, "b")
+            assert any(o < minimum for o in second.values())  # the head is gone here too
+            pulled = trio.run(_pull_from_zero, node)  # a consumer from queue offset 0 skips what retention removed
+            assert pulled.status == "OK" and pulled.records, pulled
+            assert all(r.physical_offset >= minimum for r in pulled.records)
+            assert pulled.next_queue_offset - len(pulled.records) > 0  # the start moved past the removed ones
+        shown = _cli("status", nodes[leader].client_address)
+        assert shown.returncode == 0 and "log          entries [" in shown.stdout, shown.stdout + shown.stderr
+        begin = int(shown.stdout.split("log          entries [")[1].split(",")[0])
+        assert begin > down_end and "retention keeps from" in shown.stdout, shown.stdout
+        nodes[leader].kill()  # a SIGKILL, and the store reopens with its head deleted
+        nodes[leader].start()
+        _leader(nodes)
+        wait_until(lambda: _status(nodes[leader])["committed_index"] >= end, message="the old leader recovered")
+        minimum = _status(nodes[leader])["min_offset"]
+        _read_back(nodes[leader], {n: o for n, o in second.items() if o >= minimum}, "b")
+    finally:
+        for node in nodes.values():
+            node.kill()
+    runner = CliRunner()
+    for member in nodes:
+        done = runner.invoke(cli_main, ["store", "verify", str(tmp_path / member), "--member", member, "--json"])
+        assert done.exit_code == 0 and json.loads(done.output)["ok"], done.output
+        done = runner.invoke(cli_main, ["store", "dump", str(tmp_path / member), "--member", member, "--json"])
+        assert done.exit_code == 0, done.output
+        dumped = {base64.b64decode(json.loads(line)["body_base64"]).decode() for line in done.output.splitlines()}
+        assert "b399" in dumped and "a0" not in dumped

@@ -29,7 +29,7 @@ entries = st.lists(st.builds(Entry, st.integers(0, 2**62), terms, st.binary(max_
 messages = st.one_of(
     st.builds(VoteRequest, st.just("n0"), st.just("n1"), terms, indexes, indexes, st.booleans(), st.booleans()),
     st.builds(VoteResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(VoteResult), st.booleans()),
-    st.builds(Heartbeat, st.just("n0"), st.just("n1"), terms, indexes),
+    st.builds(Heartbeat, st.just("n0"), st.just("n1"), terms, indexes, indexes),
     st.builds(HeartbeatResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(HeartbeatResult)),
     st.builds(Push, st.just("n0"), st.just("n1"), terms, st.sampled_from(PushType), indexes, indexes, indexes, entries),
     st.builds(
@@ -51,6 +51,7 @@ SAMPLES = [
     VoteRequest("n0", "n1", 3, 10, 2, pre_vote=True),
     VoteResponse("n0", "n1", 3, VoteResult.REJECT_LEADER_LEASE),
     Heartbeat("n0", "n1", 3, 9),
+    Heartbeat("n0", "n1", 3, 9, 7),
     HeartbeatResponse("n0", "n1", 3, HeartbeatResult.EXPIRED_TERM),
     Push("n0", "n1", 3, PushType.APPEND, 7, 2, 6, (Entry(7, 3, b"abc"), Entry(8, 3, b""))),
     PushResponse("n0", "n1", 3, PushType.COMPARE, PushResult.MISMATCH, 7, -1, 0, 9, 2),
@@ -80,6 +81,18 @@ def test_each_message_whole_byte_by_byte_and_followed_by_another(message):
 def test_header_sizes():
     assert rp.encode(TimeoutNow("n0", "n1", 5)) == b"\x00\x00\x00\x09\x07" + (5).to_bytes(8, "big")
     assert len(rp.encode(Heartbeat("n0", "n1", 1, 1))) == 5 + 16
+    assert len(rp.encode(Heartbeat("n0", "n1", 1, 1, 0))) == 5 + 16 + 8  # the optional retain-from index
+
+
+def test_a_heartbeat_retain_from_index_is_optional_and_never_negative():
+    plain = rp.encode(Heartbeat("n0", "n1", 1, 1))
+    assert rp.encode(Heartbeat("n0", "n1", 1, 1, 5)) == plain[:3] + b"\x19" + plain[4:] + (5).to_bytes(8, "big")
+    negative = plain[:3] + b"\x19" + plain[4:] + (-2).to_bytes(8, "big", signed=True)
+    decoder = rp.RaftDecoder()
+    decoder.receive_data(rp.encode_hello(rp.Hello("g", "n0", "n1")) + negative)
+    decoder.next_event()
+    with pytest.raises(ProtocolError, match="retain-from index -2 is negative"):
+        decoder.next_event()
 
 
 @given(st.lists(messages, max_size=5), st.integers(1, 50))

@@ -297,3 +297,68 @@ def test_entries_a_follower_holds_but_has_not_acknowledged_are_pushed_again_afte
     node.tick(10.1 + config.push_timeout_seconds)
     (push,) = [m for m in carry_out(node, log).messages if isinstance(m, Push) and m.target == "n1"]
     assert (push.type, push.index) == (PushType.APPEND, 0)
+
+
+# -- retention: the floor and a follower behind the leader's first index ---------------------
+
+
+def test_the_retention_floor_is_every_members_match_index_and_followers_learn_it():
+    cluster = SimCluster(seed="retention-floor", config=ETCD_LIKE, network=QUIET)
+    leader = cluster.run_until_leader(timeout=5.0)
+    for i in range(5):
+        assert cluster.propose_and_wait(leader, [b"a%d" % i], timeout=2.0) is ProposalStatus.SUCCESS
+    cluster.run_until(cluster.now + 0.5)  # heartbeats carry the floor
+    node = cluster.node(leader)
+    assert node.retention_floor() == node.committed_index == 5
+    followers = [m for m in MEMBERS if m != leader]
+    assert all(cluster.node(m).retention_floor() == 5 for m in followers)
+    down = followers[0]
+    cluster.crash(down)  # a member that is down holds retention back at what it had
+    for i in range(5):
+        assert cluster.propose_and_wait(leader, [b"b%d" % i], timeout=2.0) is ProposalStatus.SUCCESS
+    cluster.run_until(cluster.now + 0.5)
+    assert node.committed_index == 10 and node.retention_floor() == 5
+    assert cluster.compact(leader) == 5 and cluster.compact(followers[1]) == 5
+    cluster.start(down)  # it rejoins and is caught up from entry 6 on
+    cluster.run_until(cluster.now + 1.0)
+    assert cluster.logs[down].last_index() == node.last_index
+    assert node.retention_floor() == 10 and cluster.compact(leader) == 10
+
+
+def test_a_follower_needing_a_deleted_entry_is_marked_and_not_pushed_to():
+    node, log = make_node([1] * 20, term=1)
+    log.save_hard_state(HardState(1, None, 19))
+    node = RaftNode(self_id="n0", members=MEMBERS, log=log, config=DLEDGER_DEFAULTS, rng=random.Random(7), now=0.0)
+    assert log.compact(keep_from_index=15, committed_index=19) == 15  # a forced clean: n2 was not asked
+    ready = elect(node, log, now=10.0)
+    compare = next(m for m in ready.messages if isinstance(m, Push) and m.target == "n2")
+    assert (compare.type, compare.index) == (PushType.COMPARE, 19)
+    # n2's log ends at 3: the leader would have to compare at 3, which it no longer holds
+    node.step(PushResponse("n2", "n0", node.term, PushType.COMPARE, PushResult.MISMATCH, 19, -1, 0, 3, -1), 10.1)
+    ready = carry_out(node, log)
+    assert not [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"]
+    assert node.status(10.1).peers["n2"].behind_log_start
+    assert not node.status(10.1).peers["n1"].behind_log_start
+    node.tick(10.5)
+    ready = carry_out(node, log)
+    assert not [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"]  # no IndexError either
+    assert node.deadline() > 10.5  # and no tick asked for at once, over and over (a busy loop)
+    assert node.retention_floor() == -1  # n2's match index is unknown: a floor-driven pass deletes nothing more
+
+
+def test_a_re_push_after_a_timeout_below_the_first_index_marks_the_follower_instead_of_failing():
+    node, log = make_node([1] * 20, term=1)
+    log.save_hard_state(HardState(1, None, 19))  # all committed: retention may delete up to 19
+    node = RaftNode(self_id="n0", members=MEMBERS, log=log, config=DLEDGER_DEFAULTS, rng=random.Random(7), now=0.0)
+    elect(node, log, now=10.0)
+    # n2 matches up to 3: the leader pushes from 4 and waits for an acknowledgement
+    node.step(PushResponse("n2", "n0", node.term, PushType.COMPARE, PushResult.MISMATCH, 19, -1, 0, 3, -1), 10.1)
+    node.step(PushResponse("n2", "n0", node.term, PushType.COMPARE, PushResult.SUCCESS, 3, 3, 0, 3), 10.1)
+    ready = carry_out(node, log)
+    append = [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"][-1]
+    assert (append.type, append.index) == (PushType.APPEND, 4)
+    assert log.compact(keep_from_index=15, committed_index=19) == 15  # a forced clean meanwhile
+    node.tick(12.0)  # past push_timeout_seconds: the re-push would start at 4, which is gone
+    ready = carry_out(node, log)
+    assert not [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"]
+    assert node.status(12.0).peers["n2"].behind_log_start and node.deadline() > 12.0

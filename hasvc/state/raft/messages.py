@@ -77,6 +77,9 @@ class Heartbeat:
     target: str
     term: int
     commit_index: int  # the leader's, capped at what this follower acknowledged in this term
+    # The leader's retention floor: every member holds every entry from here down to its own
+    # first index, and none will need one below it again; -1: not said (older leaders).
+    retain_from_index: int = -1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -45,6 +45,13 @@ TRUNCATE (the follower drops its divergent tail) -> APPEND (batched pushes, at m
 ``push_in_flight_max`` unacknowledged entries, re-pushed after ``push_timeout_seconds``). Every
 append is guarded by the term of the entry before it, so logs that share an (index, term) share
 the whole prefix.
+
+Retention (``retention_floor``): a member's driver deletes only entries below the floor, which a
+leader computes from its committed index and every peer's match index and announces in its
+heartbeats. Those entries are committed and on every member, so a follower takes an entry below
+its own first index as equal to the leader's. A follower that needs an entry below the leader's
+first index (possible only after a clean forced by a full disk) is marked ``behind_log_start`` and
+no longer pushed to: catching it up (a message to restart its log at an index) is not built.
 """
 
 from __future__ import annotations
@@ -111,6 +118,9 @@ class Progress:
     follower_end: int = -1  # the follower's last index, as last reported
     compare_floor: int = -1
     compare_mismatch_from: float = math.inf
+    # It needs an entry below the leader's first index (retention deleted it, forced above the
+    # disk ratio): nothing more is pushed to it in this term; see ``retention_floor``.
+    behind_log_start: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -165,6 +175,7 @@ class RaftNode:
         self._matched_index = -1  # follower: every entry up to here equals the current leader's
         self._acked_index = -1  # follower: the highest ack_index sent to the current leader
         self._gap_reported_end = -2  # follower: OUT_OF_ORDER answered once per end index (no storms)
+        self._retain_from_index = -1  # follower: the highest retention floor a leader announced
         self._leader_contact_at = -math.inf
         self._election_deadline = now + self._election_timeout()
         self._heartbeat_at = math.inf
@@ -307,11 +318,25 @@ class RaftNode:
     def status(self, now: float) -> RaftStatus:
         last = self._log.last_index()
         peers = {
-            peer: PeerStatus(p.match_index, last - p.match_index, now - p.last_contact_at)
+            peer: PeerStatus(p.match_index, last - p.match_index, now - p.last_contact_at, p.behind_log_start)
             for peer, p in self._progress.items()
         }
         return RaftStatus(self.self_id, self.role, self.term, self.leader_id, last, self.committed_index,
                           self.flushed_index, self._pending_count, peers)  # fmt: skip
+
+    def retention_floor(self) -> int:
+        """The lowest index some member may still need from this member's log: retention keeps
+        every entry at or above it (-1: keep everything). A leader's is its committed index and
+        every peer's match index, whatever their last contact: a member that is down holds
+        retention back until it returns (a forced clean above the disk ratio does not wait; a
+        member it strands is marked ``behind_log_start``). Entries below it are committed and
+        held by every member, which never truncates at or below its committed index, so no
+        member needs them again. A follower keeps from the highest floor a leader announced
+        (heartbeats), at most its own committed index: it may lead later, and then must still
+        hold what its followers need."""
+        if self.role is Role.LEADER:
+            return min([self.committed_index, *(p.match_index for p in self._progress.values())])
+        return min(self._retain_from_index, self.committed_index)
 
     def match_index(self, peer: str) -> int:
         """Leader: the last index `peer` acknowledged (-1 when unknown)."""
@@ -424,7 +449,7 @@ class RaftNode:
                 # Capped at what the follower acknowledged in this term: it may commit that much
                 # even when it restarted and no longer knows where its log matches ours (etcd does so).
                 commit = min(self.committed_index, progress.match_index)
-                self._messages.append(Heartbeat(self.self_id, peer, self.term, commit))
+                self._messages.append(Heartbeat(self.self_id, peer, self.term, commit, self.retention_floor()))
             if self._lost_quorum(now):
                 self._become_follower(self.term, None, now)
                 return
@@ -531,6 +556,7 @@ class RaftNode:
             # The leader vouches that our entries up to m.commit_index equal its own.
             self._matched_index = max(self._matched_index, min(m.commit_index, self._log.last_index()))
             self._follow_commit(m.commit_index)
+            self._retain_from_index = max(self._retain_from_index, m.retain_from_index)
         self._messages.append(HeartbeatResponse(self.self_id, m.source, self.term, result))
 
     def _follow_commit(self, leader_commit: int) -> None:
@@ -574,7 +600,15 @@ class RaftNode:
             return True
         if not entries or entries[0].index != index:
             raise ValueError(f"push names index {index} but carries {entries[:1]}")
-        return self._log.term_or_missing(index) == entries[0].term
+        return self._same_as_ours(index, entries[0].term)
+
+    def _same_as_ours(self, index: int, term: int) -> bool:
+        """Whether the leader's entry (index, term) equals ours. Below our first index, retention
+        deleted it: it was committed (retention keeps the committed entry) and a leader holds
+        every committed entry, so it does."""
+        if 0 <= index < self._log.first_index():
+            return True
+        return self._log.term_or_missing(index) == term
 
     def _on_compare(self, m: Push) -> None:
         if self._matches(m.index, m.entries):
@@ -592,7 +626,7 @@ class RaftNode:
         if len(ours) + len(theirs_next) != len(m.entries):
             raise ValueError(f"TRUNCATE at {m.index} carries {m.entries}")
         if not self._matches(m.index, tuple(ours)) or (
-            theirs_next and self._log.term_or_missing(m.index + 1) == theirs_next[0].term
+            theirs_next and self._same_as_ours(m.index + 1, theirs_next[0].term)
         ):
             self._send_push_response(m.source, m.type, PushResult.INCONSISTENT_STATE, m.index)
             return
@@ -612,9 +646,9 @@ class RaftNode:
                 self._gap_reported_end = last
                 self._send_push_response(m.source, m.type, PushResult.OUT_OF_ORDER, m.index)
             return
-        consistent = self._log.term_or_missing(m.index - 1) == m.prev_term
+        consistent = self._same_as_ours(m.index - 1, m.prev_term)
         overlap = [e for e in m.entries if e.index <= last]
-        if not consistent or any(self._log.term_at(e.index) != e.term for e in overlap):
+        if not consistent or any(not self._same_as_ours(e.index, e.term) for e in overlap):
             self._send_push_response(m.source, m.type, PushResult.INCONSISTENT_STATE, m.index)
             return
         new = list(m.entries[len(overlap) :])
@@ -719,6 +753,8 @@ class RaftNode:
 
     def _push(self, peer: str, progress: Progress, now: float) -> None:
         timeout = self.config.push_timeout_seconds
+        if self._behind_log_start(progress):
+            return
         if progress.state is not PushType.APPEND:
             if progress.sent_at is None or now >= progress.sent_at + timeout:
                 index = progress.index
@@ -737,6 +773,8 @@ class RaftNode:
         ):
             progress.index = progress.match_index + 1  # DLedger: re-push what waited past maxPushTimeOutMs
             progress.sent_at = None
+            if self._behind_log_start(progress):
+                return
         last = self._log.last_index()
         while progress.index <= last and progress.index - progress.match_index - 1 < self.config.push_in_flight_max:
             # Whole batches (a window that opens by one entry must not make one-entry pushes):
@@ -753,6 +791,22 @@ class RaftNode:
             # Unacknowledged entries the follower may hold already (COMPARE found them; with
             # flush_sync their acknowledgement waits for its flush, and may be lost): time them.
             progress.sent_at = now
+
+    def _behind_log_start(self, progress: Progress) -> bool:
+        """Whether this follower needs an entry below our first index (marking it if so): then
+        COMPARE/TRUNCATE/APPEND cannot reach it any more and nothing is pushed to it."""
+        if progress.behind_log_start or self._needs_deleted_entry(progress):
+            progress.behind_log_start = True
+            progress.sent_at = None  # nothing in flight to time out: deadline() must not ask for a tick now
+        return progress.behind_log_start
+
+    def _needs_deleted_entry(self, progress: Progress) -> bool:
+        """Whether the next push to this follower would name an entry below our first index."""
+        first = self._log.first_index()
+        if progress.state is PushType.APPEND:
+            return progress.index < first
+        wanted = (progress.index,) if progress.state is PushType.COMPARE else (progress.index, progress.index + 1)
+        return any(0 <= i < first and i <= self._log.last_index() for i in wanted)
 
     def _maybe_commit(self) -> None:
         own = self.flushed_index if self.config.flush_sync else self._log.last_index()

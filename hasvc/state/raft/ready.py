@@ -112,6 +112,7 @@ class PeerStatus:
     match_index: int
     lag_entries: int  # the leader's last index minus match_index
     last_contact_seconds: float  # since its last response in this term (inf: none yet)
+    behind_log_start: bool = False  # it needs entries retention deleted: no longer replicated
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

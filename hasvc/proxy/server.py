@@ -55,18 +55,44 @@ SHUTDOWN_GRACE_SECONDS = 1.0
 
 
 class TrioBridge:
-    """Run trio coroutines from asyncio handlers (the trio loop runs in its own thread)."""
+    """Run trio coroutines from asyncio handlers (the trio loop runs in its own thread).
+
+    Both hops are batched: calls made while an earlier hand-over is still queued ride on it (one
+    ``TrioToken.run_sync_soon`` starts them all), and results ready while an earlier batch of
+    results is still queued ride on that (one ``loop.call_soon_threadsafe`` settles them all).
+    Each hand-over writes a wake-up byte and costs the receiving loop a pass, so with many calls in
+    flight the hops no longer cost one wake-up each way per call.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery):
         self._loop, self._token, self._nursery = loop, token, nursery
+        self._lock = threading.Lock()  # guards the two queues below (each is filled by one thread, drained by the other)
+        self._to_start: list = []  # trio tasks to start, handed over by one run_sync_soon
+        self._to_settle: list = []  # (future, ok, value) to settle, handed over by one call_soon_threadsafe
+
+    def _start_all(self) -> None:  # in the trio thread
+        with self._lock:
+            batch, self._to_start = self._to_start, []
+        for task in batch:
+            self._nursery.start_soon(task)
+
+    def _settle_all(self) -> None:  # in the asyncio thread
+        with self._lock:
+            batch, self._to_settle = self._to_settle, []
+        for future, ok, value in batch:
+            if not future.done():
+                (future.set_result if ok else future.set_exception)(value)
+
+    def _settle(self, future: asyncio.Future, ok: bool, value) -> None:  # in the trio thread
+        with self._lock:
+            first = not self._to_settle
+            self._to_settle.append((future, ok, value))
+        if first:
+            self._loop.call_soon_threadsafe(self._settle_all)
 
     async def call(self, function, *args):
         future = self._loop.create_future()
         state = {"scope": None, "cancelled": False}
-
-        def settle(ok: bool, value) -> None:
-            if not future.done():
-                (future.set_result if ok else future.set_exception)(value)
 
         async def task() -> None:
             with trio.CancelScope() as scope:
@@ -76,21 +102,27 @@ class TrioBridge:
                 try:
                     result = await function(*args)
                 except Exception as error:  # handed to the handler, which answers INTERNAL_SERVER_ERROR
-                    self._loop.call_soon_threadsafe(settle, False, error)
+                    self._settle(future, False, error)
                     return
-                self._loop.call_soon_threadsafe(settle, True, result)
+                self._settle(future, True, result)
             if scope.cancelled_caught:
-                self._loop.call_soon_threadsafe(settle, False, asyncio.CancelledError())
+                self._settle(future, False, asyncio.CancelledError())
 
         def cancel() -> None:
             state["cancelled"] = True
             if state["scope"] is not None:
                 state["scope"].cancel()
 
-        try:
-            self._token.run_sync_soon(lambda: self._nursery.start_soon(task))
-        except trio.RunFinishedError:
-            raise RuntimeError("the gateway is shutting down") from None
+        with self._lock:
+            first = not self._to_start
+            self._to_start.append(task)
+        if first:
+            try:
+                self._token.run_sync_soon(self._start_all)
+            except trio.RunFinishedError:
+                with self._lock:
+                    self._to_start.clear()
+                raise RuntimeError("the gateway is shutting down") from None
         try:
             return await future
         except asyncio.CancelledError:
@@ -235,7 +267,8 @@ class Servicer(service_grpc.MessagingServiceServicer):
             message.topic.name = gateway.wrap_topic(message.topic)
             outcomes.append(self.bridge.call(self.gate.send, client_id, message))
         try:
-            results = await asyncio.gather(*outcomes)
+            # one message (what the clients send): awaited directly, without gather's task
+            results = [await outcomes[0]] if len(outcomes) == 1 else await asyncio.gather(*outcomes)
         except RuntimeError as error:
             return service.SendMessageResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(error)))
         entries = [service.SendResultEntry(status=status(r.code, r.message), message_id=r.message_id,

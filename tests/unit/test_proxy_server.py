@@ -75,3 +75,66 @@ def test_garbage_progress_records_never_stop_a_replay(data):
     gate._replay_record(record(data))
     for progress in gate.table.queues.values():
         progress.check()
+
+
+def test_the_bridge_hands_every_result_to_its_own_caller_and_cancels_abandoned_calls():
+    """Many calls in flight share hand-overs between the threads (batched both ways): each caller
+    still gets its own result or error, and a caller that gives up cancels its trio task."""
+    import asyncio
+    import threading
+
+    import trio
+
+    box, ready, finished = {}, threading.Event(), []
+
+    async def trio_main(loop):
+        async with trio.open_nursery() as nursery:
+            box["bridge"] = server.TrioBridge(loop, trio.lowlevel.current_trio_token(), nursery)
+            box["stop"] = trio.Event()
+            ready.set()
+            await box["stop"].wait()
+            nursery.cancel_scope.cancel()
+
+    async def echo(value):
+        for _ in range(value % 3):
+            await trio.lowlevel.checkpoint()
+        if value % 7 == 0:
+            raise ValueError(value)
+        return value * 2
+
+    async def forever(tag):
+        try:
+            await trio.sleep_forever()
+        finally:
+            finished.append(tag)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        thread = threading.Thread(target=trio.run, args=(trio_main, loop))
+        thread.start()
+        await loop.run_in_executor(None, ready.wait)
+        bridge = box["bridge"]
+        try:
+            async def outcome(i):
+                try:
+                    return "returned", await bridge.call(echo, i)
+                except ValueError as error:
+                    return "raised", error.args
+
+            results = await asyncio.gather(*(outcome(i) for i in range(300)))
+            assert results == [("raised", (i,)) if i % 7 == 0 else ("returned", i * 2) for i in range(300)]
+            waiting = [asyncio.ensure_future(bridge.call(forever, tag)) for tag in range(20)]
+            await asyncio.sleep(0)
+            for task in waiting:
+                task.cancel()
+            assert all(r is not None for r in await asyncio.gather(*waiting, return_exceptions=True))
+            for _ in range(3000):  # every abandoned trio task is cancelled (waits up to ~30 s, then fails)
+                if len(finished) == 20:
+                    break
+                await asyncio.sleep(0.01)
+            assert sorted(finished) == list(range(20))
+        finally:
+            box["bridge"]._token.run_sync_soon(box["stop"].set)
+            await loop.run_in_executor(None, thread.join)
+
+    asyncio.run(main())

@@ -4,7 +4,8 @@ Run as ``python -m hasvc.tools.bench.proxy_client ENDPOINT MODE SENDERS SECONDS 
 child process whose HOME is a temporary directory (the client writes logs under ~/logs). MODE
 ``produce``: SENDERS threads each ``send`` BODY of SIZE bytes for SECONDS; ``consume``: one
 SimpleConsumer receives (32 at a time) and acks each batch from 16 threads until SECONDS pass or a receive comes back empty
-after something was consumed. Prints one JSON line: count, seconds, rate, errors.
+after something was consumed (the rate is taken up to the last acknowledged batch: the final, empty
+receive long-polls for nothing). Prints one JSON line: count, seconds, rate, errors.
 """
 
 from __future__ import annotations
@@ -62,19 +63,20 @@ def consume(endpoint: str, seconds: float, topic: str, group: str) -> dict:
         except Exception:  # counted, as above
             return False
 
-    started = time.monotonic()
+    started = last = time.monotonic()
     # the client's ack_async returns no future in 5.1.2, so a batch is acknowledged from threads
     with concurrent.futures.ThreadPoolExecutor(ACK_THREADS) as pool:
         while time.monotonic() - started < seconds:
             messages = consumer.receive(32, 30)
             if not messages and count:
-                break
+                break  # drained: this last receive long-polled for nothing and is not counted
             for ok in pool.map(ack, messages):
                 count += ok
                 errors += not ok
-    elapsed = time.monotonic() - started
+            last = time.monotonic()
+    elapsed = last - started
     consumer.shutdown()
-    return {"count": count, "seconds": elapsed, "rate": count / elapsed, "errors": errors}
+    return {"count": count, "seconds": elapsed, "rate": count / elapsed if elapsed > 0 else 0.0, "errors": errors}
 
 
 def main() -> None:

@@ -166,9 +166,9 @@ async def test_outbox_flush_leaves_what_the_socket_refused_to_the_writer_task_in
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(outbox.run)
-            await trio.to_thread.run_sync(drain)
-            while outbox.in_flight:
-                await trio.sleep(0.01)
+            await trio.to_thread.run_sync(drain)  # all received: the writer task's last send is done
+            await trio.testing.wait_all_tasks_blocked()  # and it is back waiting for work
+            assert outbox.in_flight == 0
             nursery.cancel_scope.cancel()
         assert bytes(received) == expected
         assert 0 < len(connection.task_sent) < len(expected)  # the task sent the rest

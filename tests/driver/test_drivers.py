@@ -8,7 +8,7 @@ import trio.testing
 from commitlog import native
 from commitlog.store import MessageStore
 from hasvc import transport
-from hasvc.broker import Broker
+from hasvc.broker import Broker, store_tasks
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
@@ -188,9 +188,11 @@ async def test_the_warm_up_waits_for_a_truncation_but_not_for_a_flush(tmp_path):
             async with broker.store_tasks.warming:  # as a truncation holds it (with maintenance)
                 broker.put_service.append(send_request(b"x" * 100))
                 broker.after_appends(push=False)
-                await trio.sleep(0.2)
+                # Quiet for 5x its WARM_INTERVAL_SECONDS pause: the warm-up is parked at the lock.
+                await trio.testing.wait_all_tasks_blocked(cushion=5 * store_tasks.WARM_INTERVAL_SECONDS)
+                assert broker.store_tasks.warming.statistics().tasks_waiting == 1
                 assert queue.last.populated_position == 0
-            with trio.fail_after(10):
+            with trio.fail_after(10):  # polled: the warming runs in a worker thread, out of trio's sight
                 while queue.last.populated_position < SEGMENT:
                     await trio.sleep(0.01)
         nursery.cancel_scope.cancel()

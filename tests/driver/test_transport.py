@@ -307,7 +307,7 @@ async def test_receive_into_fills_the_view_from_pieces_that_arrive_over_time():
 
             async def trickle():
                 await sender.send_all(payload[:100])
-                await trio.sleep(0.05)  # the receiver finds the socket empty and waits
+                await trio.testing.wait_all_tasks_blocked()  # the receiver found the socket empty and waits
                 for start in range(100, SIZE, 1 << 20):
                     await sender.send_all(payload[start : start + (1 << 20)])
 
@@ -351,17 +351,17 @@ async def test_receive_from_the_descriptor_keeps_trio_stream_semantics():
         async with trio.open_nursery() as nursery:
 
             async def later():
-                await trio.sleep(0.05)  # the receiver finds nothing and waits
+                await trio.testing.wait_all_tasks_blocked()  # the receiver found nothing and waits
                 await sender.send_all(b"late")
 
             nursery.start_soon(later)
             assert await receiver.receive_some() == b"late"
         await sender.send_all(b"ready")
-        await trio.sleep(0.05)
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)  # the bytes are there before the receive
         with trio.testing.assert_checkpoints():
             assert await receiver.receive_some() == b"ready"
         await sender.send_all(b"x")
-        await trio.sleep(0.05)
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)
         with trio.CancelScope() as scope:
             scope.cancel()
             await receiver.receive_some()
@@ -381,7 +381,7 @@ async def test_receive_from_a_reset_connection_is_a_broken_resource():
     raw = sender.stream.socket
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
     await sender.aclose()
-    await trio.sleep(0.05)
+    await trio.lowlevel.wait_readable(receiver.raw_fileno)  # the reset has arrived
     try:
         with pytest.raises(trio.BrokenResourceError, match="receive from server"):
             await receiver.receive_some()

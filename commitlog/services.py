@@ -196,7 +196,7 @@ class StoreServices:
             self.store.write_checkpoint()
             if now - last_clean >= CLEAN_INTERVAL_SECONDS:
                 last_clean = now
-                self.store.clean_expired()
+                self.store.clean_expired(now_ms_value=time.time_ns() // 1_000_000)
 
 
 def _with_status(result: AppendResult, status: rec.PutMessageStatus) -> AppendResult:

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
-from commitlog.commit_log import AppendResult, CommitLog, ReadError, RecoveryReport, now_ms
+from commitlog.commit_log import AppendResult, CommitLog, ReadError, RecoveryReport
 from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
 from commitlog.epoch import EpochFile, truncate_suffix_by_offset
@@ -283,7 +283,13 @@ class MessageStore:
         self.commit_log.append_replicated(offset, data)
 
     def disk_full(self) -> bool:
-        now = time.monotonic()
+        """``disk_full_at`` now: the append path's one clock read (an argument per append would
+        cost every caller a clock read of its own)."""
+        return MessageStore.disk_full_at(self, time.monotonic())  # by name: DLedgerMessageStore borrows disk_full
+
+    def disk_full_at(self, now: float) -> bool:
+        """Whether the disk is above ``disk_max_used_space_ratio``, measured at most once per
+        ``disk_check_interval_seconds`` of ``now`` (monotonic seconds) and cached between."""
         if now - self._disk_checked_at >= self._disk_check_interval_seconds:
             self._disk_checked_at = now
             self._disk_used_ratio = disk_used_ratio(self.path)
@@ -384,11 +390,13 @@ class MessageStore:
     def write_checkpoint(self) -> None:
         self.checkpoint.flush()
 
-    def clean_expired(self, *, now_ms_value: int | None = None) -> list[str]:
-        """Retention: delete the oldest segments older than ``file_reserved_time_hours`` or, while
-        the disk is above ``disk_clean_ratio``, regardless of age. Never the newest segment, nor
-        one not yet dispatched. Consume queue files pointing only below the new minimum follow."""
-        now = now_ms() if now_ms_value is None else now_ms_value
+    def clean_expired(self, *, now_ms_value: int) -> list[str]:
+        """Retention: delete the oldest segments older than ``file_reserved_time_hours`` at
+        ``now_ms_value`` (wall-clock ms, as the files' mtimes; the driver reads the clock) or,
+        while the disk is above ``disk_clean_ratio``, regardless of age. Never the newest
+        segment, nor one not yet dispatched. Consume queue files pointing only below the new
+        minimum follow."""
+        now = now_ms_value
         reserved_ms = self.config.file_reserved_time_hours * 3600 * 1000
         files = self.commit_log.mapped_file_queue.mapped_files[:-1]
         over_ratio = disk_used_ratio(self.path) > self.config.disk_clean_ratio

@@ -209,7 +209,7 @@ class ClientPort:
                 client.nursery.start_soon(self._role_request, outbox, frame)
                 continue
             if frame.kind not in cp.SEND_KINDS:
-                outbox.respond(frame, self._answer(frame))
+                outbox.respond(frame, self.answer(frame))
                 continue
             try:
                 request = cp.decode_send(frame.payload, idempotent=frame.kind == cp.SEND_IDEMPOTENT)
@@ -307,7 +307,9 @@ class ClientPort:
         status, reason, details = await self.transfer_leader(target)
         return cp.encode_simple_response(status, reason, json.dumps(details).encode())
 
-    def _answer(self, frame: cp.Frame) -> bytes:
+    def answer(self, frame: cp.Frame) -> bytes:
+        """The response to a PULL, READ or STATUS frame (they need no wait): an error response
+        for that request alone when it is malformed or the store cannot read what it names."""
         try:
             if frame.kind == cp.PULL:
                 return self._pull(cp.decode_pull(frame.payload))

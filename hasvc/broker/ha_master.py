@@ -69,7 +69,8 @@ class HAService:
         self.role = role
         self.on_ack = on_ack
         self._ids = 0
-        self._writers: set[_Writer] = set()
+        self._writers: set[SlaveWriter] = set()
+        self._writers_changed: trio.Event | None = None  # made by wait_for_writers, set by attach_writer
 
     async def handle(self, stream) -> None:
         connection = transport.Connection(stream, transport.peer_name(stream))
@@ -175,9 +176,9 @@ class HAService:
         LOGGER.info("transferring to slave %s from offset %d (it asked for %d)", progress.slave_id, offset, progress.request_offset)
         cursor = TransferCursor(offset, now=trio.current_time(), batch_size=config.ha_transfer_batch_size,
                                 segment_size=commit_log.segment_size, heartbeat_seconds=config.ha_send_heartbeat_interval_seconds)  # fmt: skip
-        writer = _Writer(connection, cursor)
+        writer = SlaveWriter(connection, cursor)
         segment = _OpenSegment(config.ha_transfer_readahead_size)
-        self._writers.add(writer)
+        self.attach_writer(writer)
         try:
             while True:  # busy (pushes stay out) everywhere but in the wait for new appends
                 if writer.remainder:  # the rest of a frame a push began
@@ -206,7 +207,27 @@ class HAService:
             self._writers.discard(writer)
             segment.close()
 
-    async def _send_frame(self, writer: _Writer, segment: _OpenSegment, frame: Send) -> None:
+    def attach_writer(self, writer: SlaveWriter) -> None:
+        """A slave connection's sending side joins those ``push`` serves (its writer task's
+        first step; detached when the task ends)."""
+        self._writers.add(writer)
+        if self._writers_changed is not None:
+            self._writers_changed.set()
+            self._writers_changed = None
+
+    @property
+    def writer_count(self) -> int:
+        """Slave connections past the handshake, transferring."""
+        return len(self._writers)
+
+    async def wait_for_writers(self, count: int = 1) -> None:
+        """Until at least ``count`` slave connections are transferring."""
+        while len(self._writers) < count:
+            if self._writers_changed is None:
+                self._writers_changed = trio.Event()
+            await self._writers_changed.wait()
+
+    async def _send_frame(self, writer: SlaveWriter, segment: _OpenSegment, frame: Send) -> None:
         """One frame: by ``sendfile`` from the segment file on plain TCP (read from the disk first,
         in a worker thread, when the page cache does not hold it), from the mapping under TLS."""
         store, connection = self.store, writer.connection
@@ -265,7 +286,7 @@ class HAService:
                 writer.wakeup.set()
 
 
-class _Writer:
+class SlaveWriter:
     """One slave connection's sending side, shared by its writer task and ``push``: the cursor
     (where the next frame starts, when the last was sent), whether the task is in a send (a push
     then stays out: frames must not interleave), and the unsent end of a frame a push began."""

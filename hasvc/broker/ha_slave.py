@@ -62,7 +62,7 @@ class HAClient:
         self.truncation_locks = truncation_locks
         self.after_appends = after_appends
         self._last_state = None
-        self._reports = Reports(flush_before_ack=config.flush_before_ack)  # one per session
+        self.reports = Reports(flush_before_ack=config.flush_before_ack)  # one per session
         self._flush_wakeup = trio.Event()
 
     def _state(self, state: str, detail: str = "") -> None:
@@ -107,10 +107,10 @@ class HAClient:
                                      f"ours ends at {store.commit_log.max_offset}; frames of {SPLICE_FRAME_MIN} bytes or more "
                                      f"{'by splice' if splice else 'by pwrite (no splice here)'}")  # fmt: skip
             role.set_master_connected(True)
-            self._reports = Reports(flush_before_ack=config.flush_before_ack)
+            self.reports = Reports(flush_before_ack=config.flush_before_ack)
             if config.flush_before_ack:  # what we have is flushed before we first report it
-                self._reports.flushed_to(await trio.to_thread.run_sync(store.flush_commitlog, 0))
-            await self._report(connection)
+                self.reports.flushed_to(await trio.to_thread.run_sync(store.flush_commitlog, 0))
+            await self.send_report(connection)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeat, connection)
                 if config.flush_before_ack:
@@ -158,17 +158,17 @@ class HAClient:
             buffer.feed(await connection.receive_exactly(size))
         return ha.decode_master_hello(ha.take_handshake_frame(buffer))
 
-    async def _report(self, connection) -> None:
+    async def send_report(self, connection) -> None:
         """Report what we may acknowledge: the end of the log, or with ``flush_before_ack`` the
         end of what is flushed (a heartbeat between a frame and its flush must not ack it)."""
-        offset = self._reports.report(log_end=self.store.commit_log.max_offset)
+        offset = self.reports.report(log_end=self.store.commit_log.max_offset)
         await connection.send_small(ha.REPORT.pack(offset))
 
     async def _heartbeat(self, connection) -> None:
         interval = self.config.ha_send_heartbeat_interval_seconds
         while True:
             await trio.sleep(interval)
-            await self._report(connection)
+            await self.send_report(connection)
         raise AssertionError("unreachable")
 
     async def _flush_and_report(self, connection) -> None:
@@ -180,8 +180,8 @@ class HAClient:
         while True:
             await self._flush_wakeup.wait()
             self._flush_wakeup = trio.Event()
-            self._reports.flushed_to(await trio.to_thread.run_sync(store.flush_commitlog, 0))
-            await self._report(connection)
+            self.reports.flushed_to(await trio.to_thread.run_sync(store.flush_commitlog, 0))
+            await self.send_report(connection)
         raise AssertionError("unreachable")
 
     async def _receive_frames(self, connection, watchdog: transport.Watchdog, pipe: transport.SplicePipe | None) -> None:
@@ -228,6 +228,6 @@ class HAClient:
             if config.flush_before_ack:
                 self._flush_wakeup.set()
             else:
-                await self._report(connection)  # first: the master waits for it
+                await self.send_report(connection)  # first: the master waits for it
             self.after_appends()
         raise AssertionError("unreachable")

@@ -39,6 +39,11 @@ class Outbox:
     def full(self) -> bool:
         return self.in_flight >= self.in_flight_max
 
+    @property
+    def writer_woken(self) -> bool:
+        """Whether the writer task has been asked to send what ``flush`` left."""
+        return self._wakeup.is_set()
+
     async def reserve(self) -> None:
         # No checkpoint while there is room: a yield per frame let the rest of the read's frames
         # wait behind every other task and cost a scheduler pass per message.

@@ -166,6 +166,36 @@ class _StoredAnswer:
             outbox.flush()
 
 
+class WaiterTimer:
+    """When the waiter timer task next looks at the deadlines by itself (``next_look``), and
+    the wake-up that makes it look sooner: ``due`` wakes it only for a deadline before its next
+    look (waking it on every put cost a scheduler pass per put)."""
+
+    __slots__ = ("next_look", "_wakeup")
+
+    def __init__(self) -> None:
+        self.next_look = math.inf  # asleep at no deadline yet: any waiter wakes it
+        self._wakeup = trio.Event()
+
+    @property
+    def wake_pending(self) -> bool:
+        """Whether it has been told to look before ``next_look``."""
+        return self._wakeup.is_set()
+
+    def due(self, deadline: float) -> None:
+        """A waiter was registered with ``deadline``."""
+        if deadline < self.next_look:
+            self._wakeup.set()
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Until ``deadline`` or an earlier ``due``."""
+        self.next_look = deadline
+        with trio.move_on_at(deadline):
+            await self._wakeup.wait()
+        self.next_look = math.inf  # awake: whatever is registered now is seen by the caller's pass
+        self._wakeup = trio.Event()
+
+
 class PutService:
     """Drives the put path of one broker (see the module): what it needs is passed in, the store
     (open), the role (who may write), the replicator (how far records are replicated), the
@@ -189,8 +219,7 @@ class PutService:
         self._flush_waiters: OffsetWaiters[_Wait] = OffsetWaiters(waiters_max=store_config.group_commit_waiters_max)
         self._ack_waiters: OffsetWaiters[_Wait] = OffsetWaiters(waiters_max=store_config.group_commit_waiters_max)
         self._flush_requested = trio.Event()
-        self._timer_wakeup = trio.Event()
-        self._timer_at = math.inf  # when the waiter timer task next wakes by itself
+        self.timer = WaiterTimer()  # when waiter_timer_task next expires waits
         self.metrics = None
         self.duplicate_sends = 0  # SEND_IDEMPOTENT retries answered from the producer table
         replicator.subscribe(self._release_acked)
@@ -347,10 +376,10 @@ class PutService:
         now = trio.current_time()
         flush_wait = ack_wait = None
         if plan.flush:
-            flush_wait = self._wait_for(self._flush_waiters, next_offset, self.tracker.flush_deadline(now), callback)
+            flush_wait = self.add_flush_wait(next_offset, self.tracker.flush_deadline(now), callback)
             self._flush_requested.set()
         if plan.ack:
-            ack_wait = self._wait_for(self._ack_waiters, next_offset, self.tracker.ack_deadline(now), callback)
+            ack_wait = self.add_ack_wait(next_offset, self.tracker.ack_deadline(now), callback)
         if plan.status is rec.PutMessageStatus.PUT_OK:
             return appended.status, appended.reason, flush_wait, ack_wait
         return plan.status, plan.reason, flush_wait, ack_wait
@@ -377,9 +406,16 @@ class PutService:
             wait.done = True  # ok stays False: reported as a timeout
             wait.event.set()
             return wait
-        if deadline < self._timer_at:  # due before the timer next looks by itself: wake it
-            self._timer_wakeup.set()
+        self.timer.due(deadline)
         return wait
+
+    def add_flush_wait(self, offset: int, deadline: float, callback=None) -> _Wait:
+        """A wait until the log is flushed to ``offset``, failed at ``deadline`` (trio time)."""
+        return self._wait_for(self._flush_waiters, offset, deadline, callback)
+
+    def add_ack_wait(self, offset: int, deadline: float, callback=None) -> _Wait:
+        """A wait until the slaves have ``offset``, failed at ``deadline`` (trio time)."""
+        return self._wait_for(self._ack_waiters, offset, deadline, callback)
 
     def _release_acked(self, replicated_offset: int) -> None:
         """The replicated offset may have moved: release the SYNC_MASTER puts it covers."""
@@ -415,11 +451,7 @@ class PutService:
         """Expire flush and ack waiters at their deadlines."""
         while True:
             deadlines = [d for d in (self._flush_waiters.next_deadline(), self._ack_waiters.next_deadline()) if d is not None]
-            self._timer_at = min([trio.current_time() + WAITER_TIMER_MAX_SECONDS, *deadlines])
-            with trio.move_on_at(self._timer_at):
-                await self._timer_wakeup.wait()
-            self._timer_at = math.inf  # awake: whatever is registered now is seen below or next pass
-            self._timer_wakeup = trio.Event()
+            await self.timer.sleep_until(min([trio.current_time() + WAITER_TIMER_MAX_SECONDS, *deadlines]))
             now = trio.current_time()
             for wait in self._flush_waiters.expire(now) + self._ack_waiters.expire(now):
                 wait.finish(False)

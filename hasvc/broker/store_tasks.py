@@ -20,8 +20,10 @@ runs beside flushes but never beside a truncation (which holds both).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import time
 from typing import Protocol
 
 import trio
@@ -151,7 +153,8 @@ class StoreTasks:
             if trio.current_time() >= clean_at:
                 clean_at = trio.current_time() + CLEAN_INTERVAL_SECONDS
                 async with self.maintenance:
-                    deleted = await trio.to_thread.run_sync(self.store.clean_expired)
+                    clean = functools.partial(self.store.clean_expired, now_ms_value=time.time_ns() // 1_000_000)  # mtimes are wall-clock
+                    deleted = await trio.to_thread.run_sync(clean)
                 if deleted:
                     LOGGER.info("retention deleted %d segment(s): %s", len(deleted), ", ".join(os.path.basename(p) for p in deleted))
         raise AssertionError("unreachable")

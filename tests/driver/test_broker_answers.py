@@ -18,13 +18,13 @@ def test_a_pull_whose_record_cannot_be_read_is_answered_error(tmp_path, monkeypa
         while broker.store.dispatch():
             pass
         pull = cp.Frame(cp.PULL, 1, cp.encode_pull(cp.PullRequest("T", 0, 0, 10)))
-        assert len(cp.decode_pull_response(broker.client_port._answer(pull)).records) == 2
+        assert len(cp.decode_pull_response(broker.client_port.answer(pull)).records) == 2
 
         def gone(offset, size):
             raise ReadError(f"offset {offset} outside the log [4096, 4096)")
 
         monkeypatch.setattr(broker.store, "read", gone)
-        reader = cp.Reader(broker.client_port._answer(pull))
+        reader = cp.Reader(broker.client_port.answer(pull))
         assert (reader.text(), reader.text()) == ("ERROR", "read failed: offset 0 outside the log [4096, 4096)")
         reader.done()
     finally:

@@ -134,7 +134,7 @@ async def test_outbox_flush_sends_at_once_and_frees_the_places():
         assert outbox.full
         outbox.flush()  # no writer task running: the caller sent them
         assert not outbox.full and outbox.in_flight == 0
-        assert not outbox._wakeup.is_set()  # all sent: the writer task is not woken for nothing
+        assert not outbox.writer_woken  # all sent: the writer task is not woken for nothing
         assert right.recv(100) == _frame(cp.SEND, 1, b"a") + _frame(cp.SEND, 2, b"b")
         outbox.flush()  # nothing queued: nothing sent
         assert connection.task_sent == b""
@@ -166,9 +166,9 @@ async def test_outbox_flush_leaves_what_the_socket_refused_to_the_writer_task_in
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(outbox.run)
-            await trio.to_thread.run_sync(drain)
-            while outbox.in_flight:
-                await trio.sleep(0.01)
+            await trio.to_thread.run_sync(drain)  # all received: the writer task's last send is done
+            await trio.testing.wait_all_tasks_blocked()  # and it is back waiting for work
+            assert outbox.in_flight == 0
             nursery.cancel_scope.cancel()
         assert bytes(received) == expected
         assert 0 < len(connection.task_sent) < len(expected)  # the task sent the rest
@@ -230,11 +230,11 @@ async def test_a_flushing_slave_reports_only_what_it_has_flushed():
                         truncation_locks=(), after_appends=lambda: None)  # fmt: skip
 
     client = client_of(True)
-    client._reports.flushed_to(3000)
+    client.reports.flushed_to(3000)
     sent = _Sent()
-    await client._report(sent)
+    await client.send_report(sent)
     assert ha.REPORT.unpack(sent.data) == (3000,)
     plain = client_of(False)
     sent = _Sent()
-    await plain._report(sent)
+    await plain.send_report(sent)
     assert ha.REPORT.unpack(sent.data) == (5000,)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import trio
+import trio.testing
 
 from commitlog.dledger.entry_store import DLedgerMmapFileStore
 from hasvc import client as hc
@@ -20,22 +21,37 @@ WAIT_SECONDS = 10.0  # anything that takes longer failed
 
 
 class FlushGate:
-    """``sync_files`` held in its worker thread until opened; counts the syncs that began."""
+    """``sync_files`` held in its worker thread until opened; counts the syncs that began and
+    tells the trio loop of each (``wait_started``: an event, not a poll)."""
 
     def __init__(self, monkeypatch) -> None:
         self.open = threading.Event()
         self.started = 0
+        self._began = trio.Event()
+        token = trio.lowlevel.current_trio_token()
         real = DLedgerMmapFileStore.sync_files
 
         def gated(store: DLedgerMmapFileStore) -> None:
             self.started += 1
+            token.run_sync_soon(self._one_began)  # from any thread, the loop's own included
             assert self.open.wait(WAIT_SECONDS), "the test never opened the gate"
             real(store)
 
         monkeypatch.setattr(DLedgerMmapFileStore, "sync_files", gated)
 
+    def _one_began(self) -> None:
+        self._began.set()
+        self._began = trio.Event()
+
+    async def wait_started(self, count: int) -> None:
+        with trio.fail_after(WAIT_SECONDS):
+            while self.started < count:
+                await self._began.wait()
+
 
 async def _wait_for(predicate, message: str) -> None:
+    """Polled with a deadline: what it waits for follows a flush in a worker thread and the
+    DLedger driver exposes no event for it."""
     with trio.fail_after(WAIT_SECONDS):
         while not predicate():
             await trio.sleep(0.01)
@@ -52,7 +68,8 @@ async def test_a_hung_flush_leaves_the_loop_serving_and_a_sync_put_waits_for_its
         addresses = await nursery.start(broker.run)
         async with hc.connect(addresses["listen"]) as client:
             # Elected, its no-op entry appended; the flush that would commit it hangs in its thread.
-            await _wait_for(lambda: gate.started == 1, "a flush began")
+            await gate.wait_started(1)
+            assert gate.started == 1
             status = await client.status()  # answered: the loop is not blocked
             assert status["raft_role"] == "LEADER" and status["role"] == "SLAVE", status
             assert status["committed_index"] == -1 and status["flushed_index"] == -1, status
@@ -61,17 +78,21 @@ async def test_a_hung_flush_leaves_the_loop_serving_and_a_sync_put_waits_for_its
 
             gate.open.clear()
             answers = []
+            answered = trio.Event()
 
             async def put() -> None:
                 answers.append(await client.send("T", b"durable"))
+                answered.set()
 
             nursery.start_soon(put)
-            await _wait_for(lambda: gate.started == 2, "the put's flush began")
-            await trio.sleep(0.1)
+            await gate.wait_started(2)
+            assert gate.started == 2
+            await trio.testing.wait_all_tasks_blocked()  # all that can happen without the flush has
             status = await client.status()
             assert answers == [] and status["flushed_index"] < status["ledger_end_index"], (answers, status)
             gate.open.set()
-            await _wait_for(lambda: answers, "the put answered")
+            with trio.fail_after(WAIT_SECONDS):
+                await answered.wait()
             assert answers[0].status == "PUT_OK", answers
             assert broker.store.entries.flushed_index() == broker.store.entries.last_index()
         nursery.cancel_scope.cancel()

@@ -8,7 +8,7 @@ import trio.testing
 from commitlog import native
 from commitlog.store import MessageStore
 from hasvc import transport
-from hasvc.broker import Broker
+from hasvc.broker import Broker, store_tasks
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
@@ -103,17 +103,18 @@ async def test_a_waiter_due_before_the_timers_next_look_wakes_it_and_only_such_a
     """Real clock: a deadline before the timer task's own next look must wake it, or it is only
     noticed then; a later one must not (that wake-up was a scheduler pass per put)."""
     broker = broker_for(tmp_path)
-    assert not broker.put_service._timer_wakeup.is_set()
-    broker.put_service._wait_for(broker.put_service._ack_waiters, 100, trio.current_time() + 3.0)
-    assert broker.put_service._timer_wakeup.is_set()  # the timer is not sleeping yet: it is told
+    puts = broker.put_service
+    assert not puts.timer.wake_pending
+    puts.add_ack_wait(100, trio.current_time() + 3.0)
+    assert puts.timer.wake_pending  # the timer is not sleeping yet: it is told
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(broker.put_service.waiter_timer_task)
+        nursery.start_soon(puts.waiter_timer_task)
         await trio.testing.wait_all_tasks_blocked()
-        assert not broker.put_service._timer_wakeup.is_set() and broker.put_service._timer_at <= trio.current_time() + 0.1
-        broker.put_service._wait_for(broker.put_service._ack_waiters, 200, trio.current_time() + 3.0)  # due long after the timer's next look
-        assert not broker.put_service._timer_wakeup.is_set()
-        broker.put_service._wait_for(broker.put_service._ack_waiters, 300, trio.current_time() + 0.001)  # due before it
-        assert broker.put_service._timer_wakeup.is_set()
+        assert not puts.timer.wake_pending and puts.timer.next_look <= trio.current_time() + 0.1
+        puts.add_ack_wait(200, trio.current_time() + 3.0)  # due long after the timer's next look
+        assert not puts.timer.wake_pending
+        puts.add_ack_wait(300, trio.current_time() + 0.001)  # due before it
+        assert puts.timer.wake_pending
         nursery.cancel_scope.cancel()
     broker.store.close()
 
@@ -187,9 +188,11 @@ async def test_the_warm_up_waits_for_a_truncation_but_not_for_a_flush(tmp_path):
             async with broker.store_tasks.warming:  # as a truncation holds it (with maintenance)
                 broker.put_service.append(send_request(b"x" * 100))
                 broker.after_appends(push=False)
-                await trio.sleep(0.2)
+                # Quiet for 5x its WARM_INTERVAL_SECONDS pause: the warm-up is parked at the lock.
+                await trio.testing.wait_all_tasks_blocked(cushion=5 * store_tasks.WARM_INTERVAL_SECONDS)
+                assert broker.store_tasks.warming.statistics().tasks_waiting == 1
                 assert queue.last.populated_position == 0
-            with trio.fail_after(10):
+            with trio.fail_after(10):  # polled: the warming runs in a worker thread, out of trio's sight
                 while queue.last.populated_position < SEGMENT:
                     await trio.sleep(0.01)
         nursery.cancel_scope.cancel()

@@ -17,7 +17,7 @@ from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.broker import Broker
 from hasvc.config import BrokerConfig, BrokerRole
-from hasvc.broker.ha_master import _OpenSegment, _Writer
+from hasvc.broker.ha_master import _OpenSegment, SlaveWriter
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
 from hasvc.state.transfer import TransferCursor
@@ -49,8 +49,8 @@ def _master_with_a_slave_writer(tmp_path, **settings):
     connection = transport.Connection(trio.SocketStream(trio.socket.from_stdlib_socket(left)), "slave")
     cursor = TransferCursor(0, now=trio.current_time(), batch_size=config.ha_transfer_batch_size,
                             segment_size=config.commitlog_segment_size, heartbeat_seconds=config.ha_send_heartbeat_interval_seconds)  # fmt: skip
-    writer = _Writer(connection, cursor)
-    service._writers.add(writer)
+    writer = SlaveWriter(connection, cursor)
+    service.attach_writer(writer)
     return broker, service, writer, connection, right
 
 
@@ -228,8 +228,7 @@ async def test_frames_pushed_from_the_put_path_and_sent_by_the_writer_task_never
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, service.handle, listener)
             slave = await empty_slave(port)
-            while not service._writers:
-                await trio.sleep(0.01)
+            await service.wait_for_writers(1)  # an event, set when its writer task starts
             for round_ in range(40):  # bursts bigger than the socket buffers, pushed from here
                 for _ in range(50):
                     broker.put_service.append(cp.SendRequest("T", 0, [bytes([round_]) * 3000], [b""], 0, 0))
@@ -308,7 +307,7 @@ async def test_receive_into_fills_the_view_from_pieces_that_arrive_over_time():
 
             async def trickle():
                 await sender.send_all(payload[:100])
-                await trio.sleep(0.05)  # the receiver finds the socket empty and waits
+                await trio.testing.wait_all_tasks_blocked()  # the receiver found the socket empty and waits
                 for start in range(100, SIZE, 1 << 20):
                     await sender.send_all(payload[start : start + (1 << 20)])
 
@@ -352,17 +351,17 @@ async def test_receive_from_the_descriptor_keeps_trio_stream_semantics():
         async with trio.open_nursery() as nursery:
 
             async def later():
-                await trio.sleep(0.05)  # the receiver finds nothing and waits
+                await trio.testing.wait_all_tasks_blocked()  # the receiver found nothing and waits
                 await sender.send_all(b"late")
 
             nursery.start_soon(later)
             assert await receiver.receive_some() == b"late"
         await sender.send_all(b"ready")
-        await trio.sleep(0.05)
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)  # the bytes are there before the receive
         with trio.testing.assert_checkpoints():
             assert await receiver.receive_some() == b"ready"
         await sender.send_all(b"x")
-        await trio.sleep(0.05)
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)
         with trio.CancelScope() as scope:
             scope.cancel()
             await receiver.receive_some()
@@ -382,7 +381,7 @@ async def test_receive_from_a_reset_connection_is_a_broken_resource():
     raw = sender.stream.socket
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
     await sender.aclose()
-    await trio.sleep(0.05)
+    await trio.lowlevel.wait_readable(receiver.raw_fileno)  # the reset has arrived
     try:
         with pytest.raises(trio.BrokenResourceError, match="receive from server"):
             await receiver.receive_some()

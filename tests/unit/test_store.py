@@ -195,9 +195,11 @@ def test_retention_deletes_old_segments_and_their_queue_files(tmp_path):
         fill(store, 600, queues=1)
         store.dispatch()
         old = [f.path for f in store.commit_log.mapped_file_queue.mapped_files[:2]]
+        now_ms = int(os.path.getmtime(store.commit_log.mapped_file_queue.mapped_files[2].path) * 1000)
         for path in old:
-            os.utime(path, (0, 0))
-        assert store.clean_expired() == old
+            os.utime(path, (0, now_ms / 1000 - 3600 - 1))  # just past the hour kept
+        assert store.clean_expired(now_ms_value=now_ms - 2000) == []  # 3599 s old: kept
+        assert store.clean_expired(now_ms_value=now_ms) == old
         assert store.commit_log.min_offset == 2 * SEGMENT_SIZE
         queue = store.consume_queues.find("T", 0)
         assert queue.min_offset_in_queue > 0
@@ -214,10 +216,10 @@ def test_a_disk_above_the_clean_ratio_deletes_old_segments_regardless_of_age(tmp
         fill(store, 600, queues=1)
         store.dispatch()
         files = [f.path for f in store.commit_log.mapped_file_queue.mapped_files]
-        assert store.clean_expired() == []  # young segments, disk below the ratio
+        assert store.clean_expired(now_ms_value=int(os.path.getmtime(files[-1]) * 1000)) == []  # young segments, disk below the ratio
     with MessageStore.open(str(tmp_path), dataclasses.replace(config, disk_clean_ratio=1e-9)) as store:
         store.dispatch()
-        assert store.clean_expired() == files[:-1]  # all but the newest, however young
+        assert store.clean_expired(now_ms_value=int(os.path.getmtime(files[-1]) * 1000)) == files[:-1]  # all but the newest, however young
         assert store.commit_log.min_offset == files_offset(files[-1])
         assert store.pull("T", 0, 599, 1)[0].queue_offset == 599
 
@@ -366,3 +368,24 @@ def test_a_new_epoch_cuts_adopted_entries_past_the_log_end(tmp_path, small_confi
         assert store.epochs.entries == [EpochEntry(1, 0), EpochEntry(2, end), EpochEntry(4, end)]
     with MessageStore.open(str(tmp_path), small_config) as store:
         assert store.epochs.entries == [EpochEntry(1, 0), EpochEntry(2, end), EpochEntry(4, end)]
+
+
+def test_the_disk_is_measured_at_most_once_per_check_interval_of_the_time_given(tmp_path, monkeypatch):
+    """disk_full_at takes the time: the usage measured at t is trusted until t + interval."""
+    measured = []
+    usage = {"ratio": 0.10}
+
+    def fake_ratio(path):
+        measured.append(path)
+        return usage["ratio"]
+
+    monkeypatch.setattr("commitlog.store.disk_used_ratio", fake_ratio)
+    config = StoreConfig(commitlog_segment_size=SEGMENT_SIZE, disk_check_interval_ms=1000, disk_max_used_space_ratio=0.75)
+    with MessageStore.open(str(tmp_path), config) as store:
+        assert store.disk_full_at(100.0) is False and len(measured) == 1
+        usage["ratio"] = 0.90
+        assert store.disk_full_at(100.999) is False and len(measured) == 1  # within the interval: the cached figure
+        assert store.disk_full_at(101.0) is True and len(measured) == 2  # due: measured again
+        usage["ratio"] = 0.10
+        assert store.disk_full_at(101.5) is True and len(measured) == 2
+        assert store.disk_full_at(102.0) is False and len(measured) == 3

@@ -1,0 +1,209 @@
+"""One connection to one broker: ``connect`` and the ``Client`` it yields.
+
+One connection carries many requests at once: each has a request id and its response may come in
+any order, so a single connection can carry a whole benchmark's load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import trio
+
+from commitlog import record as rec
+from hasvc import transport
+from hasvc.client.results import ClientError, PullResult, SendResult, TransferResult, message_properties
+from hasvc.config import parse_address
+from hasvc.protocol import client as cp
+from hasvc.protocol import wire
+
+REQUEST_TIMEOUT_SECONDS = 30.0  # above the broker's 5 s flush and 3 s slave timeouts
+
+
+class Client:
+    def __init__(self, connection: transport.Connection, *, frame_size_max: int = cp.FRAME_SIZE_MAX_DEFAULT):
+        self._connection = connection
+        self._ids = itertools.count(1)
+        self._pending: dict[int, list] = {}  # request id -> [event, frame]
+        self._decoder = cp.FrameDecoder(frame_size_max=frame_size_max, responses=True)
+        self._error: BaseException | None = None
+        # Requests made while the writer is busy or not yet scheduled leave in one send: tasks
+        # woken together (say, by one read of responses) share a syscall and reach the broker in
+        # one read, which appends them as one batch and waits once for the slave.
+        self._outgoing: list[bytes] = []
+        self._send_wakeup = trio.Event()
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                await self._send_wakeup.wait()
+                self._send_wakeup = trio.Event()
+                frames, self._outgoing = self._outgoing, []
+                await self._connection.send_all(b"".join(frames))
+            raise AssertionError("unreachable")
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self._fail(error)
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        for slot in self._pending.values():
+            slot[0].set()
+        self._pending.clear()
+
+    async def _receive_loop(self) -> None:
+        try:
+            while True:
+                data = await self._connection.receive_some()
+                if not data:
+                    raise EOFError("broker closed the connection")
+                self._decoder.receive_data(data)
+                while (frame := self._decoder.next_frame()) is not None:
+                    slot = self._pending.pop(frame.request_id, None)
+                    if slot is not None:
+                        slot[1] = frame
+                        slot[0].set()
+            raise AssertionError("unreachable")
+        except (EOFError, OSError, wire.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self._fail(error)
+        finally:
+            self._fail(EOFError("client closed"))
+
+    async def _request(self, kind: int, payload: bytes) -> bytes:
+        if self._error is not None:
+            raise ClientError(f"connection failed: {self._error}")
+        request_id = next(self._ids) & 0xFFFFFFFF
+        slot = [trio.Event(), None]
+        self._pending[request_id] = slot
+        self._outgoing.append(cp.encode_frame(kind, request_id, payload))
+        self._send_wakeup.set()
+        with trio.move_on_after(REQUEST_TIMEOUT_SECONDS) as timeout:
+            await slot[0].wait()
+        if timeout.cancelled_caught:
+            self._pending.pop(request_id, None)
+            raise ClientError(f"no response within {REQUEST_TIMEOUT_SECONDS:.0f} s")
+        if slot[1] is None:
+            raise ClientError(f"connection failed: {transport.describe(self._error)}")
+        return slot[1].payload
+
+    async def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: str | None = None,
+                   properties: Mapping[str, str] | None = None, queue_id: int = 0) -> SendResult:  # fmt: skip
+        results = await self.send_batch(topic, [body], tags=tags, keys=keys, properties=properties, queue_id=queue_id)
+        return results[0]
+
+    @property
+    def broken(self) -> bool:
+        """The connection has failed; every further request fails at once."""
+        return self._error is not None
+
+    async def send_batch(self, topic: str, bodies: Sequence[bytes], *, tags: str | None = None, keys: str | None = None,
+                         properties: Mapping[str, str] | None = None, queue_id: int = 0,
+                         producer_id: str = "", first_sequence: int = -1) -> list[SendResult]:  # fmt: skip
+        """Send messages sharing topic, queue and properties in one request; one result each.
+        With ``producer_id``, message i carries sequence ``first_sequence + i`` and the broker
+        answers a repeat of the same sequences with the original offsets (hasvc/state/dedupe.py)."""
+        encoded = message_properties(tags, keys, properties)
+        request = cp.SendRequest(topic, queue_id, list(bodies), [encoded] * len(bodies), 0, _now_ms(), producer_id, first_sequence)
+        kind = cp.SEND_IDEMPOTENT if producer_id else cp.SEND
+        response = cp.decode_send_response(await self._request(kind, cp.encode_send(request)))
+        if not response.offsets:
+            # nothing stored: the response's queue id is -1 (docs/PROTOCOL.md, SEND response)
+            return [SendResult(response.status, -1, response.queue_id, -1, response.reason) for _ in bodies]
+        return [
+            SendResult(response.status, offset, response.queue_id, queue_offset, response.reason)
+            for offset, queue_offset in zip(response.offsets, response.queue_offsets, strict=True)
+        ]
+
+    async def pull(self, topic: str, queue_id: int, queue_offset: int, *, count_max: int = 32) -> PullResult:
+        payload = await self._request(cp.PULL, cp.encode_pull(cp.PullRequest(topic, queue_id, queue_offset, count_max)))
+        response = cp.decode_pull_response(payload)
+        if response.status not in (cp.OK, cp.NOT_FOUND, cp.OFFSET_ILLEGAL):
+            raise ClientError(f"{response.status}: {response.reason}")
+        records = [rec.decode_record(data, crc_function=None) for data in response.records]
+        return PullResult(response.status, records, response.next_queue_offset, response.max_queue_offset)
+
+    async def read(self, offset: int, *, size_max: int = 1024 * 1024) -> bytes:
+        """Raw log bytes from ``offset`` (up to the end of its segment or ``size_max``)."""
+        status, reason, _, data = cp.decode_read_response(await self._request(cp.READ, cp.encode_read(offset, size_max)))
+        if status != cp.OK:
+            raise ClientError(f"{status}: {reason}")
+        return data
+
+    async def read_record(self, offset: int) -> rec.Record:
+        data = await self.read(offset, size_max=rec.BODY_SIZE_MAX_DEFAULT + 65536)
+        try:
+            record = rec.decode_record(data, crc_function=None)
+        except rec.RecordError as error:
+            raise ClientError(f"no record at offset {offset}: {error.reason}") from None
+        if record.physical_offset != offset:
+            raise ClientError(f"offset {offset} is not a record boundary")
+        return record
+
+    async def promote(self, *, sync: bool = True) -> dict:
+        """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after."""
+        status, reason, data = cp.decode_status_response(await self._request(cp.PROMOTE, b"\x01" if sync else b"\x00"))
+        if status != cp.OK:
+            raise ClientError(f"{status}: {reason}")
+        return json.loads(data)
+
+    async def demote(self, master_ha: str) -> dict:
+        """Make a master the slave of the master whose HA address is ``master_ha``."""
+        status, reason, data = cp.decode_status_response(await self._request(cp.DEMOTE, cp.encode_demote(master_ha)))
+        if status != cp.OK:
+            raise ClientError(f"{status}: {reason}")
+        return json.loads(data)
+
+    async def transfer_leader(self, target: str) -> TransferResult:
+        """Ask the DLedger member (the leader) to hand leadership to member ``target``; a refusal
+        is a result, not an error (the broker answers within about 10 s)."""
+        payload = await self._request(cp.TRANSFER_LEADER, cp.encode_transfer_leader(target))
+        status, reason, data = cp.decode_status_response(payload)
+        try:
+            details = json.loads(data) if data else {}
+        except ValueError:
+            raise ClientError(f"TRANSFER_LEADER response is not JSON: {bytes(data[:40])!r}") from None
+        return TransferResult(status, reason, details)
+
+    async def status(self) -> dict:
+        status, reason, data = cp.decode_status_response(await self._request(cp.STATUS, b""))
+        if status != cp.OK:
+            raise ClientError(f"{status}: {reason}")
+        return json.loads(data)
+
+
+def _now_ms() -> int:
+    import time
+
+    return time.time_ns() // 1_000_000
+
+
+@contextlib.asynccontextmanager
+async def connect(address: str, secret: bytes | str | None = None, *, tls_ca: str | None = None) -> AsyncIterator[Client]:
+    """Connect, run the preface, and yield a Client; closes the connection on exit."""
+    if isinstance(secret, str):
+        secret = secret.encode()
+    ssl_context = transport.client_ssl_context(ca=tls_ca) if tls_ca else None
+    try:
+        connection = await transport.connect(parse_address(address), ssl_context=ssl_context)
+    except OSError as error:
+        raise ClientError(f"cannot connect to {address}: {error.strerror or error}") from None
+    try:
+        try:
+            await transport.client_preface(connection, port_kind=wire.PORT_KIND_CLIENT, secret=secret)
+        except (transport.AuthenticationError, wire.ProtocolError, EOFError, trio.TooSlowError) as error:
+            raise ClientError(f"{address}: {error}") from None
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            raise ClientError(f"{address}: connection failed during the preface: {transport.describe(error)}") from None
+        client = Client(connection)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client._receive_loop)
+            nursery.start_soon(client._send_loop)
+            try:
+                yield client
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        await connection.aclose()

@@ -142,6 +142,7 @@ class DLedgerDrill:
         self.ok_times: list[tuple[float, float]] = []  # (send started, answered) of every PUT_OK
         self.lost: set[int] = set()
         self.paused = False  # producers hold off while a round's checks run (logs must stand still)
+        self.sends_in_flight = 0  # sends started before a pause may still commit: the checks wait for them
 
     def node_args(self, member: str) -> list[str]:
         args = ["--store", os.path.join(self.root, member), "--listen", f"{LOOPBACK}:{self.client_ports[member]}", "--group", GROUP,
@@ -192,10 +193,13 @@ class DLedgerDrill:
             number = self.next_number
             self.next_number += 1
             started = time.monotonic()
+            self.sends_in_flight += 1
             try:
                 result = await client.send(DRILL_TOPIC, f"m{number}:".encode() + b"d" * 200, queue_id=number % 4)
             except hc.ClientError:
                 continue  # not acknowledged: the failover client found no leader in time
+            finally:
+                self.sends_in_flight -= 1
             if result.status == "PUT_OK":
                 self.acked[number] = result.offset
                 self.ok_times.append((started, time.monotonic()))
@@ -230,10 +234,23 @@ class DLedgerDrill:
         await trio.sleep(SETTLE_SECONDS)  # writes go on while the member rejoins
         self.paused = True
         try:
+            await self.wait_sends_finished()
             await self.wait_caught_up()
             return await trio.to_thread.run_sync(self.verify, number, fault, victim, failover, before, new_leader)
         finally:
             self.paused = False
+
+    async def wait_sends_finished(self) -> None:
+        """No send is in flight: one started before the pause (a failover client's retry, on a
+        loaded machine seconds later) could otherwise commit while the stores are being read, and
+        the members read first and last would differ by it."""
+        deadline = trio.current_time() + CATCH_UP_TIMEOUT_SECONDS
+        while self.sends_in_flight:
+            if trio.current_time() > deadline:
+                raise RuntimeError(
+                    f"{self.sends_in_flight} sends still in flight {CATCH_UP_TIMEOUT_SECONDS:.0f} s after the pause"
+                )
+            await trio.sleep(0.01)
 
     async def wait_caught_up(self) -> None:
         """Every member has the same ledger end, all committed and dispatched."""

@@ -289,6 +289,8 @@ class DLedgerDrill:
         digests = {member: entries_digest(log) for member, log in logs.items()}
         queues = {member: queue_file_digests(self.nodes[member].store) for member in self.members}
         identical = len(set(digests.values())) == 1 and all(q == queues[new_leader] for q in queues.values())
+        if not identical:
+            self.echo(f"round {number}: members differ: {describe_differences(logs, queues, new_leader)}")
         after = {index: term for index, term, _offset, _body in logs[victim]}
         truncated = sum(1 for index, term in before.items() if after.get(index) != term)
         return RoundReport(
@@ -332,6 +334,25 @@ def message_number(body: bytes) -> int | None:
     if record.topic != DRILL_TOPIC:
         return None
     return int(bytes(record.body).split(b":", 1)[0][1:])
+
+
+def describe_differences(logs: dict[str, list], queues: dict[str, dict], reference: str) -> str:
+    """Where each member's entries and consume queue files first differ from ``reference``'s."""
+    parts = []
+    for member, log in logs.items():
+        if member == reference:
+            continue
+        ends = f"{len(log)} entries vs {len(logs[reference])}"
+        first = next((i for i, (a, b) in enumerate(zip(log, logs[reference])) if a != b), None)
+        if first is not None:
+            parts.append(f"{member} entry #{first} (index {log[first][0]}) differs; {ends}")
+        elif len(log) != len(logs[reference]):
+            parts.append(f"{member}: {ends}")
+        files = sorted(name for name in queues[member].keys() | queues[reference].keys()
+                       if queues[member].get(name) != queues[reference].get(name))  # fmt: skip
+        if files:
+            parts.append(f"{member} consume queue files {', '.join(files[:5])}")
+    return "; ".join(parts) or "nothing found on a second look"
 
 
 def entries_digest(entries: list[tuple[int, int, int, bytes]]) -> str:

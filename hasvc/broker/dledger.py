@@ -25,8 +25,9 @@ log truncated and appended, then messages queued to the peers' senders (bounded:
 does not fit is dropped, which Raft survives), then the commit index to the store and dispatch,
 role changes to the broker. Time is ``trio.current_time()`` only.
 
-Flushing never blocks the loop: the msync/fsync of the entry files runs in a worker thread
-(``DLedgerMmapFileStore.sync_files``) while the loop goes on appending, every 10 ms (DLedger's
+Flushing never blocks the loop: the msync/fsync of the entry files runs in worker threads
+(``DLedgerMmapFileStore.sync_data_files`` and ``sync_index_files`` at once: one after the other
+cost about two fsyncs, at once about one) while the loop goes on appending, every 10 ms (DLedger's
 FlushDataService) or, with ``--flush sync``, as soon as entries were appended. It is a group
 commit: the index appended when a flush starts is what it marks flushed (``persisted``), and
 entries appended meanwhile wait for the next one; with ``--flush sync`` the core counts (leader)
@@ -348,10 +349,19 @@ class RaftDriver:
                 continue
             async with self._files_lock:
                 target = entries.flush_target()
-                await trio.to_thread.run_sync(entries.sync_files)  # not abandoned on cancel: close waits for it
+                await self._sync_files_concurrently()
                 flushed = entries.flushed_to(target)
             self.node.persisted(flushed, trio.current_time())
             self.drain()
+
+    async def _sync_files_concurrently(self) -> None:
+        """``entries.sync_files`` with its two halves in two worker threads at once: two
+        fdatasyncs one after the other cost about twice one, at once about one (one journal
+        commit serves both). Not abandoned on cancel: close waits for both."""
+        entries = self.store.entries
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(trio.to_thread.run_sync, entries.sync_index_files))
+            await trio.to_thread.run_sync(entries.sync_data_files)
 
     async def _checkpointer(self) -> None:
         while True:

@@ -20,19 +20,20 @@ WAIT_SECONDS = 10.0  # anything that takes longer failed
 
 
 class FlushGate:
-    """``sync_files`` held in its worker thread until opened; counts the syncs that began."""
+    """``sync_data_files`` (the driver syncs the data and index halves at once, each in a worker
+    thread) held in its thread until opened; counts the syncs that began."""
 
     def __init__(self, monkeypatch) -> None:
         self.open = threading.Event()
         self.started = 0
-        real = DLedgerMmapFileStore.sync_files
+        real = DLedgerMmapFileStore.sync_data_files
 
         def gated(store: DLedgerMmapFileStore) -> None:
             self.started += 1
             assert self.open.wait(WAIT_SECONDS), "the test never opened the gate"
             real(store)
 
-        monkeypatch.setattr(DLedgerMmapFileStore, "sync_files", gated)
+        monkeypatch.setattr(DLedgerMmapFileStore, "sync_data_files", gated)
 
 
 async def _wait_for(predicate, message: str) -> None:

@@ -530,6 +530,8 @@ class DLedgerBroker:
         self.started_at = time.time()
         self._dispatch_wakeup = trio.Event()
         self._taking_writes = False
+        # Held while a worker thread flushes the consume queues (StoreTasks.maintenance's role).
+        self.maintenance = trio.Lock()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
@@ -638,9 +640,15 @@ class DLedgerBroker:
             self._on_role()
 
     async def _consume_queue_flusher(self) -> None:
+        """Flush the consume queues in a worker thread, as the classic broker's housekeeping
+        does: an msync in the loop stalled every put for its duration once a second (p99).
+        Safe beside the dispatcher's appends (``ConsumeQueueStore.flush`` copies the queue list;
+        a file's flush reads its write position once); anything that deletes consume queue
+        files must hold ``maintenance`` too."""
         while True:
             await trio.sleep(CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS)
-            self.store.flush_consume_queues()
+            async with self.maintenance:
+                await trio.to_thread.run_sync(self.store.flush_consume_queues)
 
     def _on_role(self) -> None:
         """Play SYNC_MASTER while leading with every entry committed and dispatched, else SLAVE."""

@@ -76,3 +76,33 @@ async def test_a_hung_flush_leaves_the_loop_serving_and_a_sync_put_waits_for_its
             assert answers[0].status == "PUT_OK", answers
             assert broker.store.entries.flushed_index() == broker.store.entries.last_index()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_hung_consume_queue_flush_leaves_the_loop_serving_puts(tmp_path, monkeypatch) -> None:
+    """The consume queues are flushed in a worker thread (once a second): while one such flush
+    hangs, puts are still stored, committed and answered. (It ran in the event loop before,
+    and held every put for its msync.)"""
+    from commitlog.dledger.message_store import DLedgerMessageStore
+
+    opened, started = threading.Event(), []
+    real = DLedgerMessageStore.flush_consume_queues
+
+    def gated(store, *args) -> None:
+        started.append(1)
+        assert opened.wait(WAIT_SECONDS), "the test never opened the gate"
+        real(store, *args)
+
+    monkeypatch.setattr(DLedgerMessageStore, "flush_consume_queues", gated)
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
+                          commitlog_segment_size=1024 * 1024)  # fmt: skip
+    fast = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
+    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=fast))
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(broker.run)
+        async with hc.connect(addresses["listen"]) as client:
+            await _wait_for(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER, "leading")
+            await _wait_for(lambda: started, "a consume queue flush began")
+            answer = await client.send("T", b"while the consume queues flush")
+            assert answer.status == "PUT_OK", answer
+            opened.set()
+        nursery.cancel_scope.cancel()

@@ -599,7 +599,17 @@ class DLedgerMmapFileStore:
         while the owner appends: it reads each file's write position once and changes only the
         flushed positions and the files' ``flushed_where``; never while the owner truncates or
         closes (the owner's lock). Runs no ``_check``: an append may be half done meanwhile."""
+        self.sync_data_files()
+        self.sync_index_files()
+
+    def sync_data_files(self) -> None:
+        """The data half of ``sync_files`` (same rules)."""
         self.data_file_list.flush()
+
+    def sync_index_files(self) -> None:
+        """The index half of ``sync_files`` (same rules). The two halves may run at once, in two
+        threads (they touch different files): recovery trusts only the data files and rebuilds
+        or cuts index units that do not match them, so neither half needs the other first."""
         self.index_file_list.flush()
 
     def flushed_to(self, target: int) -> int:

@@ -25,8 +25,9 @@ log truncated and appended, then messages queued to the peers' senders (bounded:
 does not fit is dropped, which Raft survives), then the commit index to the store and dispatch,
 role changes to the broker. Time is ``trio.current_time()`` only.
 
-Flushing never blocks the loop: the msync/fsync of the entry files runs in a worker thread
-(``DLedgerMmapFileStore.sync_files``) while the loop goes on appending, every 10 ms (DLedger's
+Flushing never blocks the loop: the msync/fsync of the entry files runs in worker threads
+(``DLedgerMmapFileStore.sync_data_files`` and ``sync_index_files`` at once: one after the other
+cost about two fsyncs, at once about one) while the loop goes on appending, every 10 ms (DLedger's
 FlushDataService) or, with ``--flush sync``, as soon as entries were appended. It is a group
 commit: the index appended when a flush starts is what it marks flushed (``persisted``), and
 entries appended meanwhile wait for the next one; with ``--flush sync`` the core counts (leader)
@@ -351,10 +352,19 @@ class RaftDriver:
                 continue
             async with self._files_lock:
                 target = entries.flush_target()
-                await trio.to_thread.run_sync(entries.sync_files)  # not abandoned on cancel: close waits for it
+                await self._sync_files_concurrently()
                 flushed = entries.flushed_to(target)
             self.node.persisted(flushed, trio.current_time())
             self.drain()
+
+    async def _sync_files_concurrently(self) -> None:
+        """``entries.sync_files`` with its two halves in two worker threads at once: two
+        fdatasyncs one after the other cost about twice one, at once about one (one journal
+        commit serves both). Not abandoned on cancel: close waits for both."""
+        entries = self.store.entries
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(trio.to_thread.run_sync, entries.sync_index_files))
+            await trio.to_thread.run_sync(entries.sync_data_files)
 
     async def _checkpointer(self) -> None:
         while True:
@@ -524,6 +534,9 @@ class DLedgerBroker:
         self._dispatch_wakeup = trio.Event()
         self._taking_writes = False
         self.retention_passes = 0  # retention passes done (status: lets a test wait for one)
+        # Held while a worker thread flushes the consume queues (StoreTasks.maintenance's role)
+        # and while retention deletes files (consume queue files among them).
+        self.maintenance = trio.Lock()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
@@ -633,9 +646,15 @@ class DLedgerBroker:
             self._on_role()
 
     async def _consume_queue_flusher(self) -> None:
+        """Flush the consume queues in a worker thread, as the classic broker's housekeeping
+        does: an msync in the loop stalled every put for its duration once a second (p99).
+        Safe beside the dispatcher's appends (``ConsumeQueueStore.flush`` copies the queue list;
+        a file's flush reads its write position once); anything that deletes consume queue
+        files must hold ``maintenance`` too."""
         while True:
             await trio.sleep(CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS)
-            self.store.flush_consume_queues()
+            async with self.maintenance:
+                await trio.to_thread.run_sync(self.store.flush_consume_queues)
 
     async def _retention(self) -> None:
         """DLedger's CleanSpaceService, every ``dledger_clean_interval_seconds``: delete expired
@@ -643,13 +662,14 @@ class DLedgerBroker:
         still need) unless the disk is above ``disk_clean_ratio`` (then a member left behind is
         stranded: ``behind_log_start``). Runs on the trio thread, not a worker: appends, the
         dispatcher and the deletion share the file lists (a pass unlinks at most
-        ``delete_segments_per_pass_max`` files); and under the flusher's lock."""
+        ``delete_segments_per_pass_max`` files); under the entry files' lock (no flush of a file
+        being deleted) and ``maintenance`` (no consume queue flush meanwhile)."""
         store = self.store
         while True:
             await trio.sleep(self.config.dledger_clean_interval_seconds)
             over_ratio = disk_used_ratio(store.path) > store.config.disk_clean_ratio
             keep_from = RETAIN_NOTHING_INDEX if over_ratio else self.driver.node.retention_floor()
-            async with self.driver._files_lock:
+            async with self.maintenance, self.driver._files_lock:
                 deleted = store.clean_expired(keep_from_index=keep_from, over_ratio=over_ratio)
             self.retention_passes += 1
             if deleted:

@@ -21,15 +21,16 @@ WAIT_SECONDS = 10.0  # anything that takes longer failed
 
 
 class FlushGate:
-    """``sync_files`` held in its worker thread until opened; counts the syncs that began and
-    tells the trio loop of each (``wait_started``: an event, not a poll)."""
+    """``sync_data_files`` (the driver syncs the data and index halves at once, each in a worker
+    thread) held in its thread until opened; counts the syncs that began and tells the trio loop
+    of each (``wait_started``: an event, not a poll)."""
 
     def __init__(self, monkeypatch) -> None:
         self.open = threading.Event()
         self.started = 0
         self._began = trio.Event()
         token = trio.lowlevel.current_trio_token()
-        real = DLedgerMmapFileStore.sync_files
+        real = DLedgerMmapFileStore.sync_data_files
 
         def gated(store: DLedgerMmapFileStore) -> None:
             self.started += 1
@@ -37,7 +38,7 @@ class FlushGate:
             assert self.open.wait(WAIT_SECONDS), "the test never opened the gate"
             real(store)
 
-        monkeypatch.setattr(DLedgerMmapFileStore, "sync_files", gated)
+        monkeypatch.setattr(DLedgerMmapFileStore, "sync_data_files", gated)
 
     def _one_began(self) -> None:
         self._began.set()
@@ -95,4 +96,34 @@ async def test_a_hung_flush_leaves_the_loop_serving_and_a_sync_put_waits_for_its
                 await answered.wait()
             assert answers[0].status == "PUT_OK", answers
             assert broker.store.entries.flushed_index() == broker.store.entries.last_index()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_hung_consume_queue_flush_leaves_the_loop_serving_puts(tmp_path, monkeypatch) -> None:
+    """The consume queues are flushed in a worker thread (once a second): while one such flush
+    hangs, puts are still stored, committed and answered. (It ran in the event loop before,
+    and held every put for its msync.)"""
+    from commitlog.dledger.message_store import DLedgerMessageStore
+
+    opened, started = threading.Event(), []
+    real = DLedgerMessageStore.flush_consume_queues
+
+    def gated(store, *args) -> None:
+        started.append(1)
+        assert opened.wait(WAIT_SECONDS), "the test never opened the gate"
+        real(store, *args)
+
+    monkeypatch.setattr(DLedgerMessageStore, "flush_consume_queues", gated)
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
+                          commitlog_segment_size=1024 * 1024)  # fmt: skip
+    fast = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
+    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=fast))
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(broker.run)
+        async with hc.connect(addresses["listen"]) as client:
+            await _wait_for(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER, "leading")
+            await _wait_for(lambda: started, "a consume queue flush began")
+            answer = await client.send("T", b"while the consume queues flush")
+            assert answer.status == "PUT_OK", answer
+            opened.set()
         nursery.cancel_scope.cancel()

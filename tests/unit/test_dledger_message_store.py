@@ -159,6 +159,39 @@ def test_physical_offset_is_pos_plus_48_for_every_record_across_data_files(tmp_p
     store.close()
 
 
+@pytest.mark.parametrize("shared_properties", [True, False])
+def test_a_batch_is_planned_as_the_same_records_as_its_messages_one_by_one(tmp_path, shared_properties):
+    """plan_batch (one entry per message, one reused single-message batch) writes, message for
+    message, the record plan_append writes: body, properties, queue offset, physical offset."""
+    bodies = [bytes([i]) * size for i, size in enumerate((10, 700, 1, 333))]
+    properties = {"KEYS": "shared"} if shared_properties else [{"KEYS": f"k{i}"} for i in range(len(bodies))]
+    batch_store, one_store = open_store(tmp_path / "batch"), open_store(tmp_path / "one")
+    lead(one_store, [message(99)])  # both logs start with one message, so offsets are not all 0
+    lead(batch_store, [message(99)])
+    plan = batch_store.plan_batch(rec.MessageBatch("T", bodies, queue_id=0, properties=properties,
+                                                   born_timestamp=5))  # fmt: skip
+    batch_store.accept_plan(plan)
+    append_plan(batch_store, plan)
+    batch_store.set_committed(batch_store.entries.last_index())
+    while batch_store.dispatch():
+        pass
+    singles = [rec.Message("T", body, queue_id=0, born_timestamp=5,
+                           properties=properties if shared_properties else properties[i])
+               for i, body in enumerate(bodies)]  # fmt: skip
+    lead(one_store, singles)
+
+    def records(store):
+        return [(r.queue_offset, r.physical_offset, bytes(r.body), dict(r.properties))
+                for r in store.pull("T", 0, 0, 1000)]  # fmt: skip
+
+    got = records(batch_store)
+    assert got == records(one_store)
+    assert [body for _, _, body, _ in got[1:]] == bodies
+    assert [props["KEYS"] for _, _, _, props in got[1:]] == (["shared"] * 4 if shared_properties else ["k0", "k1", "k2", "k3"])
+    batch_store.close()
+    one_store.close()
+
+
 def test_bad_and_oversize_messages_are_refused_and_plan_nothing(tmp_path):
     store = open_store(tmp_path)
     with pytest.raises(rec.MessageRejected, match="does not fit a DLedger data file"):

@@ -687,19 +687,32 @@ def test_a_flush_marks_flushed_what_was_appended_when_it_began(tmp_path):
     store.close()
 
 
-def test_sync_files_in_a_thread_while_the_owner_appends(tmp_path):
+@pytest.mark.parametrize("halves_at_once", [False, True], ids=["sync_files", "data_and_index_halves_at_once"])
+def test_sync_files_in_a_thread_while_the_owner_appends(tmp_path, halves_at_once):
+    """A worker thread syncs while the owner appends; or (the driver's way) the data and the index
+    halves in two threads at once. Either way the flushed entries survive a reopen."""
     import threading
 
     store = open_store(tmp_path)
     done = threading.Event()
     errors = []
 
+    def sync_now():
+        if not halves_at_once:
+            store.sync_files()
+            return
+        index_half = threading.Thread(target=store.sync_index_files)
+        index_half.start()
+        store.sync_data_files()
+        index_half.join()
+
     def syncer():
         try:
             while not done.is_set():
                 target = store.flush_target()
-                store.sync_files()
+                sync_now()
                 assert store.data_file_list.flushed_where <= store.data_file_list.max_wrote_offset, target
+                assert store.index_file_list.flushed_where <= store.index_file_list.max_wrote_offset, target
         except BaseException as error:  # reported to the test below
             errors.append(error)
 
@@ -713,7 +726,7 @@ def test_sync_files_in_a_thread_while_the_owner_appends(tmp_path):
         thread.join()
     assert errors == []
     target = store.flush_target()
-    store.sync_files()
+    sync_now()
     assert store.flushed_to(target) == 399
     store.close()
     reopened = open_store(tmp_path)

@@ -134,6 +134,7 @@ def iter_entries(directory: str, *, from_pos: int | None = None) -> Iterator[tup
     """(header, body) of every entry in data-file order from ``from_pos`` (an entry's pos; default
     the first); stops at the end of the data, raises EntryFormatError at an invalid entry."""
     data = _ReadOnlyFiles(os.path.join(directory, DATA_DIRECTORY))
+    views: dict[int, memoryview] = {}  # one view a file: slicing the mmap itself would copy the whole file per entry
     try:
         if not data.files:
             return
@@ -145,10 +146,15 @@ def iter_entries(directory: str, *, from_pos: int | None = None) -> Iterator[tup
                 continue
             if data.file_size - position < codec.MIN_BLANK_SIZE or not any(found.view[position : position + 8]):
                 return
-            header, body = codec.decode_entry(found.view[: data.file_size], position)
+            view = views.get(found.file_from_offset)
+            if view is None:
+                view = views[found.file_from_offset] = memoryview(found.view)[: data.file_size]
+            header, body = codec.decode_entry(view, position)  # the body is a copy: no view escapes
             if header.pos != offset:
                 raise codec.EntryFormatError(f"entry {header.index} says pos {header.pos}, lies at {offset}")
             yield header, body
             offset += header.size
     finally:
+        for view in views.values():
+            view.release()
         data.close()

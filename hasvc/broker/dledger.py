@@ -73,6 +73,8 @@ RAFT_SEND_QUEUE_MAX = 4096
 # Reconnecting to a peer: first pause, doubling up to the max (a peer that restarts is back soon).
 RAFT_RECONNECT_MIN_SECONDS = 0.05
 RAFT_RECONNECT_MAX_SECONDS = 1.0
+# A sender's read of its own connection, which only watches for the peer's EOF (nothing is sent back).
+RAFT_WATCH_READ_SIZE = 4096
 # DLedger flushStoreIntervalMs (10 ms) and checkPointInterval (3 s); consume queues every 1 s
 # (RocketMQ flushIntervalConsumeQueue).
 FLUSH_INTERVAL_SECONDS = 0.010
@@ -392,7 +394,8 @@ class RaftDriver:
             pause = RAFT_RECONNECT_MIN_SECONDS
             self.connected[peer] = True
             try:
-                async with connection.stream:
+                async with connection.stream, trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_closed, connection, peer, nursery.cancel_scope)
                     while True:
                         message = await receive.receive()
                         frames = [raft_wire.encode(message)]
@@ -406,6 +409,21 @@ class RaftDriver:
                 LOGGER.info("raft: connection to %s lost: %s", peer, error)
             finally:
                 self.connected[peer] = False
+
+    @staticmethod
+    async def _watch_closed(connection, peer: str, scope: trio.CancelScope) -> None:
+        """End the connection to ``peer`` as soon as the peer closes it. The peer never sends on
+        it after the preface, so a read returns only at EOF or a reset: a member that died (and
+        restarted) is noticed at once and reconnected to, instead of on the next write, which
+        is lost -- typically a vote request in the election after a leader's death, splitting the
+        vote and costing an election timeout (drill: 1.4-1.8 s failovers, 2 rounds in 50)."""
+        try:
+            while await connection.stream.receive_some(RAFT_WATCH_READ_SIZE):
+                pass  # nothing is expected after the preface: ignored
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        LOGGER.info("raft: connection to %s closed by the peer", peer)
+        scope.cancel()
 
     async def _drop_queued(self, receive, pause: float) -> None:
         with trio.move_on_after(pause):

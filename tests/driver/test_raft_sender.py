@@ -1,0 +1,53 @@
+"""A Raft sender notices that its peer closed the connection without writing anything to it.
+
+Connections between members carry messages one way, so a follower's connection to another
+follower is idle between elections. A peer that died and came back used to be noticed only when
+the next message -- the vote request of the election after a leader's death -- was written into
+the dead connection and lost, splitting the vote (drill: failovers of 1.4-1.8 s instead of ~0.35 s).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import trio
+
+from hasvc import transport
+from hasvc.broker.dledger import GroupConfig, RaftDriver
+from hasvc.protocol import wire
+from hasvc.state.raft.config import RaftConfig
+from hasvc.testing.log import SimLog
+
+WAIT_SECONDS = 10.0
+
+
+async def test_a_sender_reconnects_when_its_idle_peer_closes_the_connection():
+    hellos: list[int] = []
+    second = trio.Event()
+
+    async def fake_peer(stream: trio.SocketStream) -> None:
+        connection = transport.Connection(stream, transport.peer_name(stream))
+        await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=None)
+        await stream.receive_some(4096)  # the HELLO
+        hellos.append(1)
+        if len(hellos) == 1:
+            await stream.aclose()  # the peer "dies": the sender has nothing to write
+        else:
+            second.set()
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, fake_peer, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        log = SimLog()
+        log.data_start_offset = 0
+        group = GroupConfig("g", "n0", {"n0": ("127.0.0.1", 1), "n1": ("127.0.0.1", port), "n2": ("127.0.0.1", 1)},
+                            RaftConfig())  # fmt: skip
+        driver = RaftDriver(group=group, store=types.SimpleNamespace(entries=log), secret=None,
+                            on_commit=lambda *_: None, on_role=lambda *_: None)  # fmt: skip
+        nursery.start_soon(driver._sender, "n1")
+        with trio.fail_after(WAIT_SECONDS):
+            await second.wait()  # reconnected with nothing queued for n1
+        assert len(hellos) == 2
+        nursery.cancel_scope.cancel()

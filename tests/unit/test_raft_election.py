@@ -216,6 +216,24 @@ def test_followers_that_see_the_leaders_connection_end_elect_at_once():
     assert cluster.now - started < ETCD_LIKE.election_timeout_min_seconds / 4
 
 
+@pytest.mark.parametrize("members", [3, 5])
+def test_followers_of_a_dead_leader_do_not_split_the_vote(members):
+    """Every seed: a killed leader's successor is elected within the leader-lost delay and two
+    round trips, never after an election timeout. With a random moment each, two followers that
+    drew moments a few milliseconds apart both passed the pre-vote and split the vote."""
+    slow = []
+    for seed in range(200):
+        cluster = SimCluster(seed=seed, config=ETCD_LIKE, network=QUIET, members=tuple(f"n{i}" for i in range(members)))
+        old = cluster.run_until_leader(timeout=10)
+        cluster.run_until(cluster.now + 0.5)
+        cluster.crash(old)
+        started = cluster.now
+        cluster.run_until_leader(timeout=10, step=0.001, among=[m for m in cluster.members if m != old])
+        if cluster.now - started > ETCD_LIKE.leader_lost_election_delay_max_seconds + 0.05:
+            slow.append((seed, round(cluster.now - started, 3)))
+    assert not slow, f"elections after a leader's death that waited out a timeout (seed, seconds): {slow}"
+
+
 def test_a_followers_broken_connection_alone_does_not_depose_a_healthy_leader():
     cluster = SimCluster(seed=12, config=ETCD_LIKE, network=QUIET)
     leader = cluster.run_until_leader(timeout=10)

@@ -391,7 +391,7 @@ class RaftDriver:
                 await self._drop_queued(receive, pause)
                 pause = min(pause * 2, RAFT_RECONNECT_MAX_SECONDS)
                 continue
-            pause = RAFT_RECONNECT_MIN_SECONDS
+            connected_at = trio.current_time()
             self.connected[peer] = True
             try:
                 async with connection.stream, trio.open_nursery() as nursery:
@@ -409,6 +409,13 @@ class RaftDriver:
                 LOGGER.info("raft: connection to %s lost: %s", peer, error)
             finally:
                 self.connected[peer] = False
+            if trio.current_time() - connected_at < RAFT_RECONNECT_MAX_SECONDS:
+                # It did not last (a peer that refuses this member's HELLO closes at once): back off
+                # as for a failed connect, or the sender would reconnect in a tight loop.
+                await self._drop_queued(receive, pause)
+                pause = min(pause * 2, RAFT_RECONNECT_MAX_SECONDS)
+            else:
+                pause = RAFT_RECONNECT_MIN_SECONDS
 
     @staticmethod
     async def _watch_closed(connection, peer: str, scope: trio.CancelScope) -> None:

@@ -51,3 +51,32 @@ async def test_a_sender_reconnects_when_its_idle_peer_closes_the_connection():
             await second.wait()  # reconnected with nothing queued for n1
         assert len(hellos) == 2
         nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_closes_at_once_is_not_reconnected_to_in_a_tight_loop():
+    """A peer that refuses this member's HELLO closes the connection at once: the sender backs off
+    as for a failed connect (RAFT_RECONNECT_MIN_SECONDS doubling), it does not spin. The bound is
+    an upper one: a slower machine only makes fewer connections."""
+    connections = 0
+
+    async def refusing_peer(stream: trio.SocketStream) -> None:
+        nonlocal connections
+        connection = transport.Connection(stream, transport.peer_name(stream))
+        await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=None)
+        await stream.receive_some(4096)  # the HELLO, refused
+        connections += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, refusing_peer, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        log = SimLog()
+        log.data_start_offset = 0
+        group = GroupConfig("g", "n0", {"n0": ("127.0.0.1", 1), "n1": ("127.0.0.1", port), "n2": ("127.0.0.1", 1)},
+                            RaftConfig())  # fmt: skip
+        driver = RaftDriver(group=group, store=types.SimpleNamespace(entries=log), secret=None,
+                            on_commit=lambda *_: None, on_role=lambda *_: None)  # fmt: skip
+        nursery.start_soon(driver._sender, "n1")
+        await trio.sleep(0.5)  # pauses 0.05 + 0.1 + 0.2 (+ 0.4): at most 4 or 5 connections
+        assert 1 <= connections <= 6, connections
+        nursery.cancel_scope.cancel()

@@ -22,6 +22,16 @@ from hasvc.testing.log import SimLog
 WAIT_SECONDS = 10.0
 
 
+def _driver_of_n0(n1_port: int) -> RaftDriver:
+    """Member n0's driver, its peer n1 at ``n1_port`` (n2 unreachable), over an in-memory log."""
+    log = SimLog()
+    log.data_start_offset = 0
+    group = GroupConfig("g", "n0", {"n0": ("127.0.0.1", 1), "n1": ("127.0.0.1", n1_port), "n2": ("127.0.0.1", 1)},
+                        RaftConfig())  # fmt: skip
+    return RaftDriver(group=group, store=types.SimpleNamespace(entries=log), secret=None,
+                      on_commit=lambda *_: None, on_role=lambda *_: None)  # fmt: skip
+
+
 async def test_a_sender_reconnects_when_its_idle_peer_closes_the_connection():
     hellos: list[int] = []
     second = trio.Event()
@@ -39,14 +49,7 @@ async def test_a_sender_reconnects_when_its_idle_peer_closes_the_connection():
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(functools.partial(trio.serve_tcp, fake_peer, 0, host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
-        log = SimLog()
-        log.data_start_offset = 0
-        group = GroupConfig("g", "n0", {"n0": ("127.0.0.1", 1), "n1": ("127.0.0.1", port), "n2": ("127.0.0.1", 1)},
-                            RaftConfig())  # fmt: skip
-        driver = RaftDriver(group=group, store=types.SimpleNamespace(entries=log), secret=None,
-                            on_commit=lambda *_: None, on_role=lambda *_: None)  # fmt: skip
-        nursery.start_soon(driver._sender, "n1")
+        nursery.start_soon(_driver_of_n0(listeners[0].socket.getsockname()[1])._sender, "n1")
         with trio.fail_after(WAIT_SECONDS):
             await second.wait()  # reconnected with nothing queued for n1
         assert len(hellos) == 2
@@ -69,14 +72,7 @@ async def test_a_peer_that_closes_at_once_is_not_reconnected_to_in_a_tight_loop(
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(functools.partial(trio.serve_tcp, refusing_peer, 0, host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
-        log = SimLog()
-        log.data_start_offset = 0
-        group = GroupConfig("g", "n0", {"n0": ("127.0.0.1", 1), "n1": ("127.0.0.1", port), "n2": ("127.0.0.1", 1)},
-                            RaftConfig())  # fmt: skip
-        driver = RaftDriver(group=group, store=types.SimpleNamespace(entries=log), secret=None,
-                            on_commit=lambda *_: None, on_role=lambda *_: None)  # fmt: skip
-        nursery.start_soon(driver._sender, "n1")
+        nursery.start_soon(_driver_of_n0(listeners[0].socket.getsockname()[1])._sender, "n1")
         await trio.sleep(0.5)  # pauses 0.05 + 0.1 + 0.2 (+ 0.4): at most 4 or 5 connections
         assert 1 <= connections <= 6, connections
         nursery.cancel_scope.cancel()

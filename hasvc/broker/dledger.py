@@ -243,6 +243,12 @@ class RaftDriver:
         if ready.entries:
             entries.append(ready.entries)
             self._appended.set()
+        if ready.runs:
+            for run in ready.runs:  # a leader's stored bytes, checked by the core's step (check_run)
+                entries.append_run(run)
+            self._appended.set()
+        for reason in ready.refused_runs:
+            LOGGER.warning("raft: refused an APPEND (answered INCONSISTENT_STATE, the leader compares again): %s", reason)
         for message in ready.messages:
             try:
                 self._queues[message.target][0].send_nowait(message)
@@ -397,14 +403,16 @@ class RaftDriver:
                 async with connection.stream, trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_closed, connection, peer, nursery.cancel_scope)
                     while True:
-                        message = await receive.receive()
-                        frames = [raft_wire.encode(message)]
+                        parts = self._frame_parts(await receive.receive())
                         while True:  # what else is queued goes in the same write
                             try:
-                                frames.append(raft_wire.encode(receive.receive_nowait()))
+                                parts += self._frame_parts(receive.receive_nowait())
                             except trio.WouldBlock:
                                 break
-                        await connection.send_all(b"".join(frames))
+                        try:
+                            await connection.send_parts(parts)
+                        finally:
+                            parts.clear()  # views of the data files: never held while the log may change
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
                 LOGGER.info("raft: connection to %s lost: %s", peer, error)
             finally:
@@ -416,6 +424,28 @@ class RaftDriver:
                 pause = min(pause * 2, RAFT_RECONNECT_MAX_SECONDS)
             else:
                 pause = RAFT_RECONNECT_MIN_SECONDS
+
+    def _frame_parts(self, message) -> list:
+        """The frames for ``message`` as parts for one writev: an APPEND's reference run read from
+        the store as stored bytes -- a frame header and a view of the data file per run (a run
+        stops at a file's end) -- or nothing when the log no longer holds those entries (a
+        truncate or retention since the core queued it: dropped, as a lost message); any other
+        message encoded."""
+        if not isinstance(message, Push) or message.type is not PushType.APPEND or message.entries.data is not None:
+            return [raft_wire.encode(message)]
+        reference = message.entries
+        runs = self.store.entries.read_runs(reference.first_index, reference.count, reference.last_term)
+        if runs is None:
+            self.dropped_messages += 1
+            return []
+        parts, prev_term = [], message.prev_term
+        for run in runs:
+            parts.append(raft_wire.append_header(term=message.term, index=run.first_index, prev_term=prev_term,
+                                                 commit_index=message.commit_index, count=run.count,
+                                                 last_term=run.last_term, size=len(run.data)))  # fmt: skip
+            parts.append(run.data)
+            prev_term = run.last_term
+        return parts
 
     @staticmethod
     async def _watch_closed(connection, peer: str, scope: trio.CancelScope) -> None:

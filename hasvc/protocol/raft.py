@@ -141,8 +141,15 @@ def encode_append_header(push: Push) -> bytes:
     follow as they are (the sender writes both with one writev, the bytes from the mapping)."""
     run = push.entries
     assert push.type is PushType.APPEND and isinstance(run, EntryRun) and run.data is not None, push
-    return FRAME_HEADER.pack(1 + APPEND.size + len(run.data), APPEND_KIND) + APPEND.pack(
-        push.term, push.index, push.prev_term, push.commit_index, run.count, run.last_term)
+    return append_header(term=push.term, index=push.index, prev_term=push.prev_term, commit_index=push.commit_index,
+                         count=run.count, last_term=run.last_term, size=len(run.data))  # fmt: skip
+
+
+def append_header(*, term: int, index: int, prev_term: int, commit_index: int, count: int, last_term: int,
+                  size: int) -> bytes:  # fmt: skip
+    """What precedes ``size`` bytes of ``count`` stored entries in an APPEND frame."""
+    return FRAME_HEADER.pack(1 + APPEND.size + size, APPEND_KIND) + APPEND.pack(
+        term, index, prev_term, commit_index, count, last_term)
 
 
 def encode(message: Message) -> bytes:

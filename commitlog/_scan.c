@@ -661,7 +661,7 @@ static PyObject *py_crc32(PyObject *self, PyObject *args) {
  * one walk over a run of DLedger entries as stored (commitlog/dledger/entry_run.py: the checks, in
  * the order and with the codes of check_run_python, its twin), with the GIL released. */
 enum { RUN_OK = 0, RUN_TRUNCATED = 1, RUN_BAD_MAGIC = 2, RUN_BAD_SIZE = 3, RUN_BAD_INDEX = 4, RUN_BAD_TERM = 5,
-       RUN_BAD_POS = 6, RUN_PAST_LIMIT = 7, RUN_BAD_CRC = 8, RUN_TRAILING = 9 };
+       RUN_BAD_POS = 6, RUN_PAST_LIMIT = 7, RUN_BAD_CRC = 8, RUN_TRAILING = 9, RUN_BAD_RESERVED = 10 };
 #define DLEDGER_BODY_OFFSET 48
 #define DLEDGER_ENTRY_SIZE_MAX (48 + 4 * 1024 * 1024 + 64 * 1024)
 
@@ -691,6 +691,7 @@ static PyObject *check_entries(PyObject *self, PyObject *args) {
         if (term < floor || (k == count - 1 && term != last_term)) { code = RUN_BAD_TERM; break; }
         if ((uint64_t)pos != (uint64_t)first_pos + (uint64_t)position) { code = RUN_BAD_POS; break; }
         if (pos + size > pos_limit) { code = RUN_PAST_LIMIT; break; }
+        if (be32(p + 32) != 0 || be32(p + 36) != 0) { code = RUN_BAD_RESERVED; break; }
         if (crc != 0 && (int32_t)crc32_ieee(p + DLEDGER_BODY_OFFSET, (size_t)body_size) != crc) { code = RUN_BAD_CRC; break; }
         floor = term;
         position += size;

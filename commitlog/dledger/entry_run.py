@@ -13,8 +13,9 @@ built, else its pure-Python twin ``check_run_python``; the tests compare the two
     index = first_index + k; term >= 0, >= the previous entry's (the first's: >= prev_term),
     the last one's = last_term; pos = first_pos + its offset in the run and the entry's end
     <= pos_limit (a run never passes a data file's end: the follower's blank record goes
-    where the leader's went); bodyCrc = CRC32 of the body when it is not 0 (0: not computed,
-    DLedger's own files); exactly ``count`` entries filling the bytes.
+    where the leader's went); channel and chainCrc 0 (reserved: every writer leaves them 0);
+    bodyCrc = CRC32 of the body when it is not 0 (0: not computed, DLedger's own files); exactly
+    ``count`` entries filling the bytes.
 
 ``index_units`` builds the 32-byte index units of a checked run (one native call or its twin).
 A run never spans two data files: a leader reading entries across a file's end sends one run
@@ -44,6 +45,7 @@ RUN_BAD_POS: Final = 6  # not where the entry will be written
 RUN_PAST_LIMIT: Final = 7  # the entry ends past pos_limit (a data file's end, less a blank record)
 RUN_BAD_CRC: Final = 8  # bodyCrc does not match the body
 RUN_TRAILING: Final = 9  # bytes after `count` entries
+RUN_BAD_RESERVED: Final = 10  # channel or chainCrc not 0 (every writer, DLedger too, leaves them 0)
 RUN_REASONS: Final = {
     RUN_TRUNCATED: "the bytes end inside an entry or hold too few entries",
     RUN_BAD_MAGIC: "unknown magic",
@@ -54,9 +56,10 @@ RUN_REASONS: Final = {
     RUN_PAST_LIMIT: "entry passes the end of its data file",
     RUN_BAD_CRC: "bodyCrc mismatch",
     RUN_TRAILING: "bytes after the last entry",
+    RUN_BAD_RESERVED: "channel or chainCrc is not 0",
 }
 _HEAD = struct.Struct(">iiqqq")  # magic, size, index, term, pos: the first 32 bytes of an entry header
-_CRC_AND_BODY_SIZE = struct.Struct(">ii")  # bodyCrc, bodySize at offset 40
+_TAIL = struct.Struct(">iiii")  # channel, chainCrc, bodyCrc, bodySize at offset 32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -134,7 +137,7 @@ def check_run_python(data, count: int, first_index: int, prev_term: int, last_te
         if size_total - position < codec.ENTRY_HEADER.size:
             return RUN_TRUNCATED, k
         magic, size, index, term, pos = _HEAD.unpack_from(data, position)
-        crc, body_size = _CRC_AND_BODY_SIZE.unpack_from(data, position + 40)
+        channel, chain_crc, crc, body_size = _TAIL.unpack_from(data, position + 32)
         if magic != codec.MAGIC_1:
             return RUN_BAD_MAGIC, k
         if not codec.BODY_OFFSET <= size <= codec.ENTRY_SIZE_MAX or body_size + codec.BODY_OFFSET != size:
@@ -149,6 +152,8 @@ def check_run_python(data, count: int, first_index: int, prev_term: int, last_te
             return RUN_BAD_POS, k
         if pos + size > pos_limit:
             return RUN_PAST_LIMIT, k
+        if channel != 0 or chain_crc != 0:
+            return RUN_BAD_RESERVED, k
         if crc != 0 and codec.body_crc(data[position + codec.BODY_OFFSET : position + size]) != crc:
             return RUN_BAD_CRC, k
         term_floor = term

@@ -62,6 +62,15 @@ def with_stored_runs(message: Message, log) -> list[Message]:
     return pushes
 
 
+def _corrupted(message: Message, rng: random.Random) -> Message:
+    """``message`` with one byte of its run flipped (an APPEND; any other message as it is)."""
+    if not isinstance(message, Push) or message.type is not PushType.APPEND:
+        return message
+    data = bytearray(message.entries.data)
+    data[rng.randrange(len(data))] ^= rng.randrange(1, 256)
+    return dataclasses.replace(message, entries=dataclasses.replace(message.entries, data=bytes(data)))
+
+
 class SimCluster:
     def __init__(
         self,
@@ -72,6 +81,7 @@ class SimCluster:
         network: NetworkConfig | None = None,
         lose_unflushed: bool | None = None,
         flush_delay_seconds: tuple[float, float] = (0.002, 0.010),
+        corrupt_run_probability: float = 0.0,
     ) -> None:
         self.seed = seed
         self.members = tuple(members)
@@ -82,6 +92,11 @@ class SimCluster:
         # flush_sync, a process kill (page cache kept) without.
         self.lose_unflushed = self.config.flush_sync if lose_unflushed is None else lose_unflushed
         self.flush_delay_seconds = flush_delay_seconds
+        # A pushed run's bytes get one byte flipped on the way this often (a follower's check_run
+        # must refuse it; the leader compares again): its own generator, so that the other draws
+        # of a seed stay what they were without it.
+        self.corrupt_run_probability = corrupt_run_probability
+        self._corrupt_rng = random.Random(f"corrupt-{seed}")
         self.logs = {member: SimLog() for member in self.members}
         self.nodes: dict[str, RaftNode | None] = {member: None for member in self.members}
         self.checker = RaftChecker(self.members)
@@ -282,6 +297,8 @@ class SimCluster:
             self._flush_at[member] = self.now + self.rng.uniform(*self.flush_delay_seconds)
         for message in ready.messages:
             for wire_message in with_stored_runs(message, log):  # the sender's read of its log
+                if self.corrupt_run_probability and self._corrupt_rng.random() < self.corrupt_run_probability:
+                    wire_message = _corrupted(wire_message, self._corrupt_rng)
                 self.checker.on_send(member, wire_message)
                 self.network.send(member, wire_message.target, wire_message, self.now)
         for change in ready.role_changes:

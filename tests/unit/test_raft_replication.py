@@ -370,3 +370,33 @@ def test_a_re_push_after_a_timeout_below_the_first_index_marks_the_follower_inst
     ready = carry_out(node, log)
     assert not [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"]
     assert node.status(12.0).peers["n2"].behind_log_start and node.deadline() > 12.0
+
+
+def test_a_run_whose_bytes_fail_the_check_is_refused_whole_and_named():
+    node, log = make_node([1, 1], term=1, self_id="n1")
+    good = append(log, 1, 2, 1, -1, (Entry(2, 1, b"x"), Entry(3, 1, b"yy")))
+    data = bytearray(good.entries.data)
+    data[-1] ^= 0x20  # the second entry's body: its bodyCrc no longer matches
+    bad = dataclasses.replace(good, entries=dataclasses.replace(good.entries, data=bytes(data)))
+    node.step(bad, 0.0)
+    ready = carry_out(node, log)
+    (answer,) = ready.messages
+    assert answer.result is PushResult.INCONSISTENT_STATE and log.last_index() == 1  # nothing of it appended
+    assert ready.refused_runs == ("from n0: entries 2..3: entry 3 (number 1 of 2): bodyCrc mismatch",)
+    node.step(good, 0.1)  # the leader's next push, sent again after its COMPARE
+    ready = carry_out(node, log)
+    assert ready.messages[0].result is PushResult.SUCCESS and [e.body for e in log.entries[2:]] == [b"x", b"yy"]
+    assert not ready.refused_runs
+
+
+def test_a_leader_answered_inconsistent_state_compares_again():
+    node, log = make_node([1], term=1)
+    elect(node, log, now=10.0)
+    node.step(PushResponse("n1", "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), 10.1)
+    ready = carry_out(node, log)
+    (append_push,) = [m for m in ready.messages if isinstance(m, Push) and m.target == "n1"]
+    assert append_push.type is PushType.APPEND and append_push.entries.data is None  # a reference: the driver reads it
+    node.step(PushResponse("n1", "n0", 2, PushType.APPEND, PushResult.INCONSISTENT_STATE, 1, -1, 0, 0), 10.2)
+    ready = carry_out(node, log)
+    (compare,) = [m for m in ready.messages if isinstance(m, Push) and m.target == "n1"]
+    assert compare.type is PushType.COMPARE and compare.index == 0

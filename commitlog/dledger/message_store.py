@@ -345,17 +345,18 @@ class DLedgerMessageStore:
 
     def _pending_sizes(self) -> list[int]:
         """Sizes of accepted plans' entries not appended yet. Appended ones are dropped here, after
-        checking that what lies at their index is where and as large as planned; StoreError when
-        not (an accepted plan was not appended as planned)."""
+        checking that the newest of them lies where and is as large as planned (an entry's pos is
+        the sum of all sizes before it, so one misplaced or mis-sized entry moves every later
+        one); StoreError when not (an accepted plan was not appended as planned)."""
         entries = self.entries
         last = entries.last_index()
-        for index, pos, size in self._pending:
-            if index > last:
-                break
+        appended = bisect.bisect_right(self._pending, last, key=lambda item: item[0])
+        if appended:  # the newest appended one: positions are cumulative, so it lies as planned only if all do
+            index, pos, size = self._pending[appended - 1]
             if index >= entries.first_index() and entries.entry_span(index) != (pos, size):
                 raise StoreError(f"entry {index} lies at {entries.entry_span(index)}, planned at {(pos, size)}: "
                                  "an accepted plan was not appended as planned (call discard_plans)")  # fmt: skip
-        self._pending = [item for item in self._pending if item[0] > last]
+            del self._pending[:appended]
         if self._pending and self._pending[0][0] != last + 1:
             raise StoreError(f"accepted entries from {self._pending[0][0]} but the log ends at {last}: "
                              "an accepted plan was not appended (call discard_plans)")  # fmt: skip

@@ -21,9 +21,13 @@ commits the earlier terms' tail), after continuing each queue from its consume q
 member plays SLAVE, serving committed reads, and refuses writes naming the leader it knows.
 
 The driver carries each ``Ready`` out in the core's order: the hard state saved (fsynced), the
-log truncated and appended, then messages queued to the peers' senders (bounded: a message that
-does not fit is dropped, which Raft survives), then the commit index to the store and dispatch,
-role changes to the broker. Time is ``trio.current_time()`` only.
+log truncated and appended (a follower's runs with ``append_run``), then messages queued to the
+peers' senders (bounded: a message that does not fit is dropped, which Raft survives), then the
+commit index to the store and dispatch, role changes to the broker. Time is
+``trio.current_time()`` only. A sender reads an APPEND's entries from the data files when it
+sends it (the stored bytes, a view of the mapping per data file, written with the frame headers
+in one ``writev``; what the socket does not take is copied before any wait, so no view of a
+mapping is held while a truncate or retention may change it).
 
 Flushing never blocks the loop: the msync/fsync of the entry files runs in worker threads
 (``DLedgerMmapFileStore.sync_data_files`` and ``sync_index_files`` at once: one after the other

@@ -44,7 +44,11 @@ where the follower's entry equals the leader's, skipping a whole older term per 
 TRUNCATE (the follower drops its divergent tail) -> APPEND (batched pushes, at most
 ``push_in_flight_max`` unacknowledged entries, re-pushed after ``push_timeout_seconds``). Every
 append is guarded by the term of the entry before it, so logs that share an (index, term) share
-the whole prefix.
+the whole prefix. An APPEND carries an ``EntryRun``: the leader's core names the entries (first
+index, count, last term) and its driver sends them as its store holds them, read at send time
+(``EntryLog.read_runs``; by log matching, the same last term means the same entries); a
+follower's core has the store check the run's bytes (``EntryLog.check_run``) before it appends
+it (``Ready.runs``), so no entry is decoded into an ``Entry`` on either side.
 
 Retention (``retention_floor``): a member's driver deletes only entries below the floor, which a
 leader computes from its committed index and every peer's match index and announces in its

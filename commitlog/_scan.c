@@ -452,29 +452,44 @@ typedef struct {
  *                                   max_store_ts), ...])
  * Parses the fields a consume queue needs and groups them into runs per queue with consecutive queue
  * offsets, each with its 20-byte units packed. Transaction prepare/rollback records are passed
- * over. stop: 0 limit/records_max or an incomplete record at position (a slave's log may end in the
+ * over. entry_header (optional, 0): 48 walks DLedger entries instead (commitlog/dledger/entry_codec.py):
+ * each a header of that size, whose size field bounds the one record after it (an entry of just a
+ * header, a no-op, has none); records then counts entries, a blank (magic -1) stops with 1, and an
+ * entry not whole or whose body is not exactly one record stops with 2 at the entry. stop: 0 limit/records_max or an incomplete record at position (a slave's log may end in the
  * middle of a record between two frames), 1 blank, 2 malformed at position, 3 a TAGS value that is not
  * valid UTF-8 at position (the caller handles that record in Python and calls again after it). */
 static PyObject *dispatch_units(PyObject *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t start, limit, records_max;
+    Py_ssize_t start, limit, records_max, entry_header = 0;
     long long base;
-    if (!PyArg_ParseTuple(args, "y*nnLn", &view, &start, &limit, &base, &records_max)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*nnLn|n", &view, &start, &limit, &base, &records_max, &entry_header)) return NULL;
     if (limit > view.len) limit = view.len;
     const uint8_t *buf = (const uint8_t *)view.buf;
     Run *runs = NULL;
     Py_ssize_t run_count = 0, run_capacity = 0, records = 0;
-    Py_ssize_t pos = start;
+    Py_ssize_t walk = start, pos = start; /* walk: the record (entry) being read */
     int stop = 0;
     PyObject *result = NULL;
-    while (pos < limit && records < records_max) {
-        Py_ssize_t left = limit - pos;
-        if (left < 8) break; /* the rest of this record has not arrived (a slave between frames) */
-        if (be32(buf + pos + 4) == BLANK_MAGIC) { stop = 1; break; }
+    while (walk < limit && records < records_max) {
+        Py_ssize_t record_limit = limit, next = -1;
+        pos = walk;
+        if (entry_header) { /* DLedger entries: [magic 1][size] ... header, then one record (or none: a no-op) */
+            if (limit - walk < 8) { stop = 2; break; }
+            int32_t entry_magic = (int32_t)be32(buf + walk), entry_size = (int32_t)be32(buf + walk + 4);
+            if (entry_magic == -1) { stop = 1; break; }
+            if (entry_magic != 1 || entry_size < entry_header || entry_size > limit - walk) { stop = 2; break; }
+            if (entry_size == entry_header) { walk += entry_size; records++; continue; }
+            pos = walk + entry_header;
+            record_limit = next = walk + entry_size;
+        }
+        Py_ssize_t left = record_limit - pos;
+        if (left < 8) { if (entry_header) stop = 2; break; } /* the rest of this record has not arrived (a slave between frames) */
+        if (be32(buf + pos + 4) == BLANK_MAGIC) { stop = entry_header ? 2 : 1; break; }
         int32_t size = (int32_t)be32(buf + pos);
         uint32_t magic = be32(buf + pos + 4);
         if ((magic != MAGIC_V1 && magic != MAGIC_V2) || size < 91) { stop = 2; break; }
-        if (size > left) break; /* incomplete: wait for more bytes, as ReputMessageService does */
+        if (size > left) { if (entry_header) stop = 2; break; } /* incomplete: wait for more bytes, as ReputMessageService does */
+        if (entry_header && size != left) { stop = 2; break; } /* an entry's body is one record */
         int32_t queue_id = (int32_t)be32(buf + pos + 12);
         int64_t queue_offset = be64(buf + pos + 20);
         int64_t physical = be64(buf + pos + 28);
@@ -497,7 +512,7 @@ static PyObject *dispatch_units(PyObject *self, PyObject *args) {
         cursor += 2;
         if (properties_size < 0 || cursor + properties_size != end) { stop = 2; break; }
         int transaction = sysflag & 0xC;
-        if (transaction == 0x4 || transaction == 0xC) { pos = end; records++; continue; }
+        if (transaction == 0x4 || transaction == 0xC) { walk = entry_header ? next : end; records++; continue; }
         const uint8_t *props = buf + cursor;
         Py_ssize_t found = -1;
         for (Py_ssize_t i = 0; i + 5 <= properties_size; i++)
@@ -550,8 +565,9 @@ static PyObject *dispatch_units(PyObject *self, PyObject *args) {
         run->last_end = base + end;
         if (store_ts > run->max_store_ts) run->max_store_ts = store_ts;
         records++;
-        pos = end;
+        walk = entry_header ? next : end;
     }
+    /* walk: after the last record (entry) read, or at the one a stop names */
     {
         PyObject *list = PyList_New(run_count);
         if (!list) goto fail;
@@ -564,7 +580,7 @@ static PyObject *dispatch_units(PyObject *self, PyObject *args) {
             if (!item) { Py_DECREF(list); goto fail; }
             PyList_SET_ITEM(list, r, item);
         }
-        result = Py_BuildValue("ninN", pos, stop, records, list);
+        result = Py_BuildValue("ninN", walk, stop, records, list);
     }
 fail:
     for (Py_ssize_t r = 0; r < run_count; r++) PyMem_Free(runs[r].units);

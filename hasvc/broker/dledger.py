@@ -25,14 +25,16 @@ log truncated and appended, then messages queued to the peers' senders (bounded:
 does not fit is dropped, which Raft survives), then the commit index to the store and dispatch,
 role changes to the broker. Time is ``trio.current_time()`` only.
 
-Flushing never blocks the loop: the msync/fsync of the entry files runs in worker threads
-(``DLedgerMmapFileStore.sync_data_files`` and ``sync_index_files`` at once: one after the other
-cost about two fsyncs, at once about one) while the loop goes on appending, every 10 ms (DLedger's
-FlushDataService) or, with ``--flush sync``, as soon as entries were appended. It is a group
-commit: the index appended when a flush starts is what it marks flushed (``persisted``), and
-entries appended meanwhile wait for the next one; with ``--flush sync`` the core counts (leader)
-and acknowledges (follower) an entry only once it is marked flushed. A truncate (a TRUNCATE push
-from the leader) cuts and deletes files, so it never runs during a flush: both hold
+Flushing never blocks the loop: the msync of the entry files runs in a worker thread while the
+loop goes on appending, every 10 ms (DLedger's FlushDataService) or, with ``--flush sync``, as soon
+as entries were appended. It is a group commit: the index appended when a flush starts is what it
+marks flushed (``persisted``), and entries appended meanwhile wait for the next one; with
+``--flush sync`` the core counts (leader) and acknowledges (follower) an entry only once it is
+marked flushed. Only the data files decide what is flushed: recovery trusts them alone and
+rebuilds the index units that do not match them, so the index files are synced after the
+``persisted`` step, off the acknowledgement's path, at most every FLUSH_INTERVAL_SECONDS (an index
+unit not yet synced costs a longer recovery scan after a crash, never an entry). A truncate (a
+TRUNCATE push from the leader) cuts and deletes files, so it never runs during a flush: both hold
 ``_files_lock``.
 """
 
@@ -43,6 +45,7 @@ import errno
 import functools
 import json
 import logging
+import math
 import random
 import time
 
@@ -218,6 +221,7 @@ class RaftDriver:
                              rng=random.Random(), now=trio.current_time())  # fmt: skip
         self._queues = {peer: trio.open_memory_channel(RAFT_SEND_QUEUE_MAX) for peer in group.peers if peer != group.self_id}
         self._wakeup = trio.Event()
+        self._timer_deadline = -math.inf  # what the timer task sleeps to (-inf: not asleep yet)
         self._inbound: dict[str, trio.CancelScope] = {}
         self.dropped_messages = 0
         self.refused_connections = 0
@@ -257,7 +261,8 @@ class RaftDriver:
             self.on_role()
         if self._transfer_wait is not None:
             self._check_transfer(ready)
-        self._wakeup.set()
+        if self.node.deadline() < self._timer_deadline:
+            self._wakeup.set()
 
     def _check_transfer(self, ready) -> None:
         """Finish the waiting transfer once the core aborted it or a leader of a later term is
@@ -331,42 +336,48 @@ class RaftDriver:
         nursery.start_soon(functools.partial(serve_listener, listener, self._serve_peer, connections_max=RAFT_CONNECTIONS_MAX))
 
     async def _timer(self) -> None:
+        """Tick the core at its deadline. ``drain`` wakes this task only when the core's
+        deadline moved before the one it sleeps to (most Readies move it later or leave it: a
+        wake-up per Ready was a task step per message); a deadline that moved later makes it
+        wake early, find nothing due and sleep again."""
         while True:
-            delay = self.node.deadline() - trio.current_time()
-            with trio.move_on_after(max(0.0, delay)):
+            self._timer_deadline = self.node.deadline()
+            with trio.move_on_at(self._timer_deadline):
                 await self._wakeup.wait()
             self._wakeup = trio.Event()
-            if trio.current_time() >= self.node.deadline():
-                self.node.tick(trio.current_time())
+            now = trio.current_time()
+            if now >= self.node.deadline():
+                self.node.tick(now)
                 self.drain()
 
     async def _flusher(self) -> None:
         """Flush the entries every FLUSH_INTERVAL_SECONDS or, with flush_sync, as soon as some
-        were appended (those appended during a flush go in the next); see the module."""
+        were appended (those appended during a flush go in the next); then the index files, if
+        their last sync is FLUSH_INTERVAL_SECONDS old (see the module)."""
         entries = self.store.entries
+        index_synced_at = -math.inf
         while True:
-            if self.group.raft.flush_sync:
-                await self._appended.wait()
-            else:
+            index_due_in = index_synced_at + FLUSH_INTERVAL_SECONDS - trio.current_time()
+            if not self.group.raft.flush_sync:
                 await trio.sleep(FLUSH_INTERVAL_SECONDS)
+            elif entries.index_unsynced():
+                with trio.move_on_after(max(0.0, index_due_in)):
+                    await self._appended.wait()
+            else:
+                await self._appended.wait()
             self._appended = trio.Event()
-            if entries.flushed_index() >= entries.last_index():
-                continue
-            async with self._files_lock:
-                target = entries.flush_target()
-                await self._sync_files_concurrently()
-                flushed = entries.flushed_to(target)
-            self.node.persisted(flushed, trio.current_time())
-            self.drain()
-
-    async def _sync_files_concurrently(self) -> None:
-        """``entries.sync_files`` with its two halves in two worker threads at once: two
-        fdatasyncs one after the other cost about twice one, at once about one (one journal
-        commit serves both). Not abandoned on cancel: close waits for both."""
-        entries = self.store.entries
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(trio.to_thread.run_sync, entries.sync_index_files))
-            await trio.to_thread.run_sync(entries.sync_data_files)
+            if entries.flushed_index() < entries.last_index():
+                async with self._files_lock:
+                    target = entries.flush_target()
+                    await trio.to_thread.run_sync(entries.sync_data_files)
+                    flushed = entries.flushed_to(target)
+                self.node.persisted(flushed, trio.current_time())
+                self.drain()
+            now = trio.current_time()
+            if now >= index_synced_at + FLUSH_INTERVAL_SECONDS and entries.index_unsynced():
+                async with self._files_lock:
+                    await trio.to_thread.run_sync(entries.sync_index_files)
+                index_synced_at = now
 
     async def _checkpointer(self) -> None:
         while True:

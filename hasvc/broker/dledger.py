@@ -33,19 +33,24 @@ marks flushed (``persisted``), and entries appended meanwhile wait for the next 
 marked flushed. Only the data files decide what is flushed: recovery trusts them alone and
 rebuilds the index units that do not match them, so the index files are synced after the
 ``persisted`` step, off the acknowledgement's path, at most every FLUSH_INTERVAL_SECONDS (an index
-unit not yet synced costs a longer recovery scan after a crash, never an entry). A truncate (a
-TRUNCATE push from the leader) cuts and deletes files, so it never runs during a flush: both hold
-``_files_lock``.
+unit not yet synced costs a longer recovery scan after a crash, never an entry). One sync runs at
+a time, in a worker thread started from the loop (``_start_sync``: by an append with
+``--flush sync``, by the end of the previous sync, and every FLUSH_INTERVAL_SECONDS), its end
+handled by a callback. A truncate (a TRUNCATE push from the leader) and retention cut and delete
+files, so they hold the files quiet (``files_quiet``): they wait for the sync in flight, and none
+starts until they are done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
 import json
 import logging
 import math
+import os
 import random
 import time
 
@@ -83,6 +88,7 @@ RAFT_WATCH_READ_SIZE = 4096
 FLUSH_INTERVAL_SECONDS = 0.010
 CHECKPOINT_INTERVAL_SECONDS = 3.0
 CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS = 1.0
+DISPATCH_INLINE_BYTES_MAX = 256 * 1024  # entries a commit dispatches inline; beyond, the dispatcher task
 # Inbound Raft connections at once: two per peer is normal (a reconnect overlapping the old one).
 RAFT_CONNECTIONS_MAX = 64
 # TRANSFER_LEADER (``hasvc transfer-leader``) answers at the latest this long after it started:
@@ -196,6 +202,24 @@ class RaftLog:
         return self._driver.propose_plan(lambda: self._store.plan_batch(batch))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Rest:
+    """The part of a frame that ``RaftDriver._send_now`` wrote in part and the kernel did not
+    take, queued for the sender task to send first on that same connection."""
+
+    connection: transport.Connection
+    data: bytes
+
+
+def _frame_for(item, connection: transport.Connection) -> bytes:
+    """The bytes the sender writes for a queued item: a message encoded, the rest of a frame
+    started on this connection, nothing for the rest of one started on an earlier connection
+    (that frame is lost with it, as queued messages are; Raft re-sends what matters)."""
+    if isinstance(item, _Rest):
+        return item.data if item.connection is connection else b""
+    return raft_wire.encode(item)
+
+
 @dataclasses.dataclass
 class TransferWait:
     """A TRANSFER_LEADER request waiting for its outcome: set by ``RaftDriver.drain``."""
@@ -226,13 +250,21 @@ class RaftDriver:
         self.dropped_messages = 0
         self.refused_connections = 0
         self.connected: dict[str, bool] = {peer: False for peer in self._queues}
+        self._links: dict[str, transport.Connection] = {}  # the senders' live connections (``_send_now``)
         self._transfer_wait: TransferWait | None = None
-        # Held by a flush for its worker thread's time and by a truncate (which cuts and deletes
-        # the files the thread syncs): never both at once.
-        self._files_lock = trio.Lock()
+        # The entry files' syncs (see the module): at most one worker thread at a time, none
+        # while a task holds the files quiet (``files_quiet``: a truncate, retention) or closes.
+        self._token = trio.lowlevel.current_trio_token()
+        self._syncing = False  # a sync of the entry files runs in a worker thread
+        self._sync_idle = trio.Event()  # set whenever no sync runs
+        self._sync_idle.set()
+        self._quiet_holds = 0  # tasks in ``files_quiet``: no sync starts meanwhile
+        self._closing = False
+        self._index_synced_at = -math.inf
+        self._sync_failed = trio.Event()
+        self._sync_failure: BaseException | None = None
         self.client_address = ""  # this member's client port, sent in every HELLO (set before run)
         self.peer_client_addresses: dict[str, str] = {}  # what each peer's HELLO said
-        self._appended = trio.Event()  # entries appended since the flusher last looked
 
     # -- carrying a Ready out ------------------------------------------------------------
 
@@ -242,16 +274,18 @@ class RaftDriver:
         if ready.hard_state is not None:
             entries.save_hard_state(ready.hard_state)
         if ready.truncate_after is not None:
-            assert self._files_lock.statistics().owner is trio.lowlevel.current_task(), "truncate without _files_lock"
+            assert self._quiet_holds and not self._syncing, "truncate outside files_quiet"
             entries.truncate(after_index=ready.truncate_after)
         if ready.entries:
             entries.append(ready.entries)
-            self._appended.set()
+            if self.group.raft.flush_sync:
+                self._start_sync()
         for message in ready.messages:
-            try:
-                self._queues[message.target][0].send_nowait(message)
-            except trio.WouldBlock:
-                self.dropped_messages += 1
+            if not self._send_now(message):
+                try:
+                    self._queues[message.target][0].send_nowait(message)
+                except trio.WouldBlock:
+                    self.dropped_messages += 1
         if ready.committed_index is not None:
             self.store.set_committed(ready.committed_index)
             self.on_commit()
@@ -263,6 +297,32 @@ class RaftDriver:
             self._check_transfer(ready)
         if self.node.deadline() < self._timer_deadline:
             self._wakeup.set()
+
+    def _send_now(self, message) -> bool:
+        """Write ``message`` to its peer's connection from here, when its sender task is idle
+        (waiting for its queue, nothing queued, not sending) on plain TCP: a message through the
+        sender task cost that task's step and a scheduler pass per message, on every hop of a put
+        (push, acknowledgement, flushed acknowledgement). What the kernel does not take is
+        queued, as bytes, for the sender to finish before anything else. False: queue it."""
+        connection = self._links.get(message.target)
+        if connection is None:
+            return False
+        statistics = self._queues[message.target][1].statistics()
+        if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.sending:
+            return False
+        fd = connection.raw_fileno
+        if fd < 0:
+            return False
+        frame = raft_wire.encode(message)
+        try:
+            sent = os.write(fd, frame)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            return False  # the sender's own write will meet the error and reconnect
+        if sent < len(frame):
+            self._queues[message.target][0].send_nowait(_Rest(connection, frame[sent:]))  # the buffer is empty: it fits
+        return True
 
     def _check_transfer(self, ready) -> None:
         """Finish the waiting transfer once the core aborted it or a leader of a later term is
@@ -329,7 +389,7 @@ class RaftDriver:
     async def run(self, nursery: trio.Nursery, listener) -> None:
         self.drain()
         nursery.start_soon(self._timer)
-        nursery.start_soon(self._flusher)
+        nursery.start_soon(self._flush_ticker)
         nursery.start_soon(self._checkpointer)
         for peer in self._queues:
             nursery.start_soon(self._sender, peer)
@@ -350,34 +410,82 @@ class RaftDriver:
                 self.node.tick(now)
                 self.drain()
 
-    async def _flusher(self) -> None:
-        """Flush the entries every FLUSH_INTERVAL_SECONDS or, with flush_sync, as soon as some
-        were appended (those appended during a flush go in the next); then the index files, if
-        their last sync is FLUSH_INTERVAL_SECONDS old (see the module)."""
+    # -- flushing the entry files ---------------------------------------------------------
+
+    def _start_sync(self) -> None:
+        """Start a sync of the entry files in a worker thread unless one runs, a task holds the
+        files quiet or the driver closes: the data files when entries wait to be flushed, else
+        the index files once FLUSH_INTERVAL_SECONDS after their last sync. The thread's end is
+        handled in the loop by ``_synced`` (through the run_sync_soon task, with no task of its
+        own: a flusher task cost three or four task steps a flush), which starts the next."""
+        if self._syncing or self._quiet_holds or self._closing:
+            return
         entries = self.store.entries
-        index_synced_at = -math.inf
+        if entries.flushed_index() < entries.last_index():
+            job, done = entries.sync_data_files, functools.partial(self._data_synced, entries.flush_target())
+        elif entries.index_unsynced() and trio.current_time() >= self._index_synced_at + FLUSH_INTERVAL_SECONDS:
+            job, done = entries.sync_index_files, self._index_synced
+        else:
+            return
+        self._syncing = True
+        self._sync_idle = trio.Event()
+        token = self._token
+        trio.lowlevel.start_thread_soon(job, lambda result: token.run_sync_soon(self._synced, done, result),
+                                        name=f"hasvc {self.group.self_id} {job.__name__}")  # fmt: skip
+
+    def _synced(self, done, result) -> None:
+        self._syncing = False
+        self._sync_idle.set()
+        try:
+            result.unwrap()
+            done()
+        except BaseException as error:  # noqa: BLE001 -- a run_sync_soon callback must not raise:
+            self._sync_failure = error  # the _flush_ticker task raises it
+            self._sync_failed.set()
+            return
+        self._start_sync()
+
+    def _data_synced(self, target: int) -> None:
+        """Group commit: entries up to ``target`` (the last index when the sync began) are
+        flushed; those appended meanwhile wait for the next sync."""
+        flushed = self.store.entries.flushed_to(target)
+        self.node.persisted(flushed, trio.current_time())
+        self.drain()
+
+    def _index_synced(self) -> None:
+        self._index_synced_at = trio.current_time()
+
+    async def _flush_ticker(self) -> None:
+        """Every FLUSH_INTERVAL_SECONDS start a sync if one is due (DLedger's FlushDataService;
+        with flush_sync, appends start theirs at once and this catches up the index files);
+        raise what a sync raised."""
         while True:
-            index_due_in = index_synced_at + FLUSH_INTERVAL_SECONDS - trio.current_time()
-            if not self.group.raft.flush_sync:
-                await trio.sleep(FLUSH_INTERVAL_SECONDS)
-            elif entries.index_unsynced():
-                with trio.move_on_after(max(0.0, index_due_in)):
-                    await self._appended.wait()
-            else:
-                await self._appended.wait()
-            self._appended = trio.Event()
-            if entries.flushed_index() < entries.last_index():
-                async with self._files_lock:
-                    target = entries.flush_target()
-                    await trio.to_thread.run_sync(entries.sync_data_files)
-                    flushed = entries.flushed_to(target)
-                self.node.persisted(flushed, trio.current_time())
-                self.drain()
-            now = trio.current_time()
-            if now >= index_synced_at + FLUSH_INTERVAL_SECONDS and entries.index_unsynced():
-                async with self._files_lock:
-                    await trio.to_thread.run_sync(entries.sync_index_files)
-                index_synced_at = now
+            with trio.move_on_after(FLUSH_INTERVAL_SECONDS):
+                await self._sync_failed.wait()
+            if self._sync_failure is not None:
+                raise self._sync_failure
+            self._start_sync()
+
+    @contextlib.asynccontextmanager
+    async def files_quiet(self):
+        """Hold off the entry files' syncs (waiting for one that runs): for what cuts or deletes
+        the files a sync's thread reads (a truncate, retention). Synchronous code inside only."""
+        self._quiet_holds += 1
+        try:
+            while self._syncing:
+                await self._sync_idle.wait()
+            yield
+        finally:
+            self._quiet_holds -= 1
+            if not self._quiet_holds:
+                self._start_sync()
+
+    async def close(self) -> None:
+        """Start no more syncs and wait for the one that runs (its thread reads the mappings
+        that closing the store unmaps)."""
+        self._closing = True
+        while self._syncing:
+            await self._sync_idle.wait()
 
     async def _checkpointer(self) -> None:
         while True:
@@ -404,15 +512,15 @@ class RaftDriver:
                 continue
             connected_at = trio.current_time()
             self.connected[peer] = True
+            self._links[peer] = connection
             try:
                 async with connection.stream, trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_closed, connection, peer, nursery.cancel_scope)
                     while True:
-                        message = await receive.receive()
-                        frames = [raft_wire.encode(message)]
+                        frames = [_frame_for(await receive.receive(), connection)]
                         while True:  # what else is queued goes in the same write
                             try:
-                                frames.append(raft_wire.encode(receive.receive_nowait()))
+                                frames.append(_frame_for(receive.receive_nowait(), connection))
                             except trio.WouldBlock:
                                 break
                         await connection.send_all(b"".join(frames))
@@ -420,6 +528,7 @@ class RaftDriver:
                 LOGGER.info("raft: connection to %s lost: %s", peer, error)
             finally:
                 self.connected[peer] = False
+                del self._links[peer]
             if trio.current_time() - connected_at < RAFT_RECONNECT_MAX_SECONDS:
                 # It did not last (a peer that refuses this member's HELLO closes at once): back off
                 # as for a failed connect, or the sender would reconnect in a tight loop.
@@ -481,7 +590,7 @@ class RaftDriver:
                             self._inbound[source] = scope
                             continue
                         if isinstance(event, Push) and event.type is PushType.TRUNCATE:
-                            async with self._files_lock:  # the truncate waits for a flush in flight
+                            async with self.files_quiet():  # the truncate waits for a sync in flight
                                 self.node.step(event, trio.current_time())
                                 self.drain()
                             continue
@@ -588,6 +697,8 @@ class DLedgerBroker:
             if self.put_service is not None:
                 self.put_service.fail_all_waits()
             with trio.CancelScope(shield=True):
+                if self.driver is not None:
+                    await self.driver.close()
                 await trio.to_thread.run_sync(self.store.close)
             LOGGER.info("store closed cleanly")
 
@@ -670,8 +781,16 @@ class DLedgerBroker:
     # -- commit, dispatch, role ----------------------------------------------------------
 
     def _on_commit(self) -> None:
-        self._dispatch_wakeup.set()
+        """Answer the puts the commit covers, then dispatch what it committed to the consume
+        queues inline, up to DISPATCH_INLINE_BYTES_MAX (a commit usually covers a few entries:
+        the dispatcher task cost two task steps per commit); the dispatcher does the rest, in
+        batches with a checkpoint between them."""
         self.replicator.committed()
+        store = self.store
+        if store.dispatched_index < store.entries.committed_index:
+            store.dispatch(DISPATCH_INLINE_BYTES_MAX)
+            if store.dispatched_index < store.entries.committed_index and store.dispatch_error is None:
+                self._dispatch_wakeup.set()
 
     async def _dispatcher(self) -> None:
         while True:
@@ -705,7 +824,7 @@ class DLedgerBroker:
             await trio.sleep(self.config.dledger_clean_interval_seconds)
             over_ratio = disk_used_ratio(store.path) > store.config.disk_clean_ratio
             keep_from = RETAIN_NOTHING_INDEX if over_ratio else self.driver.node.retention_floor()
-            async with self.maintenance, self.driver._files_lock:
+            async with self.maintenance, self.driver.files_quiet():
                 deleted = store.clean_expired(keep_from_index=keep_from, over_ratio=over_ratio)
             self.retention_passes += 1
             if deleted:

@@ -412,16 +412,19 @@ class RaftDriver:
 
     # -- flushing the entry files ---------------------------------------------------------
 
-    def _start_sync(self) -> None:
+    def _start_sync(self, *, data: bool = True) -> None:
         """Start a sync of the entry files in a worker thread unless one runs, a task holds the
-        files quiet or the driver closes: the data files when entries wait to be flushed, else
-        the index files once FLUSH_INTERVAL_SECONDS after their last sync. The thread's end is
-        handled in the loop by ``_synced`` (through the run_sync_soon task, with no task of its
-        own: a flusher task cost three or four task steps a flush), which starts the next."""
+        files quiet or the driver closes: the data files when entries wait to be flushed (and
+        ``data``), else the index files once FLUSH_INTERVAL_SECONDS after their last sync. The
+        thread's end is handled in the loop by ``_synced`` (through the run_sync_soon task, with
+        no task of its own: a flusher task cost three or four task steps a flush), which starts
+        the next: with flush_sync the data files' at once (group commit), else only the index
+        files' (the data files wait for the next tick: syncing back to back would cost a thread
+        hand-off and an msync per few entries at high rates)."""
         if self._syncing or self._quiet_holds or self._closing:
             return
         entries = self.store.entries
-        if entries.flushed_index() < entries.last_index():
+        if data and entries.flushed_index() < entries.last_index():
             job, done = entries.sync_data_files, functools.partial(self._data_synced, entries.flush_target())
         elif entries.index_unsynced() and trio.current_time() >= self._index_synced_at + FLUSH_INTERVAL_SECONDS:
             job, done = entries.sync_index_files, self._index_synced
@@ -443,7 +446,7 @@ class RaftDriver:
             self._sync_failure = error  # the _flush_ticker task raises it
             self._sync_failed.set()
             return
-        self._start_sync()
+        self._start_sync(data=self.group.raft.flush_sync)
 
     def _data_synced(self, target: int) -> None:
         """Group commit: entries up to ``target`` (the last index when the sync began) are

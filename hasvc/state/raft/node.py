@@ -694,6 +694,11 @@ class RaftNode:
         if new is not None:
             self._log.append_run(new)
         self._matched_index = max(self._matched_index, run.last_index)
+        if new is not None and self.config.flush_sync and self._ack_index() <= self._acked_index:
+            # Nothing to acknowledge before these entries are flushed, and persisted() sends
+            # that acknowledgement: a response now would tell the leader nothing (its window
+            # counts acknowledged entries, not responses), at a message per push each way.
+            return
         self._send_push_response(m.source, m.type, PushResult.SUCCESS, m.index)
 
     # ------------------------------------------------------------------ leader side of replication

@@ -452,29 +452,44 @@ typedef struct {
  *                                   max_store_ts), ...])
  * Parses the fields a consume queue needs and groups them into runs per queue with consecutive queue
  * offsets, each with its 20-byte units packed. Transaction prepare/rollback records are passed
- * over. stop: 0 limit/records_max or an incomplete record at position (a slave's log may end in the
+ * over. entry_header (optional, 0): 48 walks DLedger entries instead (commitlog/dledger/entry_codec.py):
+ * each a header of that size, whose size field bounds the one record after it (an entry of just a
+ * header, a no-op, has none); records then counts entries, a blank (magic -1) stops with 1, and an
+ * entry not whole or whose body is not exactly one record stops with 2 at the entry. stop: 0 limit/records_max or an incomplete record at position (a slave's log may end in the
  * middle of a record between two frames), 1 blank, 2 malformed at position, 3 a TAGS value that is not
  * valid UTF-8 at position (the caller handles that record in Python and calls again after it). */
 static PyObject *dispatch_units(PyObject *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t start, limit, records_max;
+    Py_ssize_t start, limit, records_max, entry_header = 0;
     long long base;
-    if (!PyArg_ParseTuple(args, "y*nnLn", &view, &start, &limit, &base, &records_max)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*nnLn|n", &view, &start, &limit, &base, &records_max, &entry_header)) return NULL;
     if (limit > view.len) limit = view.len;
     const uint8_t *buf = (const uint8_t *)view.buf;
     Run *runs = NULL;
     Py_ssize_t run_count = 0, run_capacity = 0, records = 0;
-    Py_ssize_t pos = start;
+    Py_ssize_t walk = start, pos = start; /* walk: the record (entry) being read */
     int stop = 0;
     PyObject *result = NULL;
-    while (pos < limit && records < records_max) {
-        Py_ssize_t left = limit - pos;
-        if (left < 8) break; /* the rest of this record has not arrived (a slave between frames) */
-        if (be32(buf + pos + 4) == BLANK_MAGIC) { stop = 1; break; }
+    while (walk < limit && records < records_max) {
+        Py_ssize_t record_limit = limit, next = -1;
+        pos = walk;
+        if (entry_header) { /* DLedger entries: [magic 1][size] ... header, then one record (or none: a no-op) */
+            if (limit - walk < 8) { stop = 2; break; }
+            int32_t entry_magic = (int32_t)be32(buf + walk), entry_size = (int32_t)be32(buf + walk + 4);
+            if (entry_magic == -1) { stop = 1; break; }
+            if (entry_magic != 1 || entry_size < entry_header || entry_size > limit - walk) { stop = 2; break; }
+            if (entry_size == entry_header) { walk += entry_size; records++; continue; }
+            pos = walk + entry_header;
+            record_limit = next = walk + entry_size;
+        }
+        Py_ssize_t left = record_limit - pos;
+        if (left < 8) { if (entry_header) stop = 2; break; } /* the rest of this record has not arrived (a slave between frames) */
+        if (be32(buf + pos + 4) == BLANK_MAGIC) { stop = entry_header ? 2 : 1; break; }
         int32_t size = (int32_t)be32(buf + pos);
         uint32_t magic = be32(buf + pos + 4);
         if ((magic != MAGIC_V1 && magic != MAGIC_V2) || size < 91) { stop = 2; break; }
-        if (size > left) break; /* incomplete: wait for more bytes, as ReputMessageService does */
+        if (size > left) { if (entry_header) stop = 2; break; } /* incomplete: wait for more bytes, as ReputMessageService does */
+        if (entry_header && size != left) { stop = 2; break; } /* an entry's body is one record */
         int32_t queue_id = (int32_t)be32(buf + pos + 12);
         int64_t queue_offset = be64(buf + pos + 20);
         int64_t physical = be64(buf + pos + 28);
@@ -497,7 +512,7 @@ static PyObject *dispatch_units(PyObject *self, PyObject *args) {
         cursor += 2;
         if (properties_size < 0 || cursor + properties_size != end) { stop = 2; break; }
         int transaction = sysflag & 0xC;
-        if (transaction == 0x4 || transaction == 0xC) { pos = end; records++; continue; }
+        if (transaction == 0x4 || transaction == 0xC) { walk = entry_header ? next : end; records++; continue; }
         const uint8_t *props = buf + cursor;
         Py_ssize_t found = -1;
         for (Py_ssize_t i = 0; i + 5 <= properties_size; i++)
@@ -550,8 +565,9 @@ static PyObject *dispatch_units(PyObject *self, PyObject *args) {
         run->last_end = base + end;
         if (store_ts > run->max_store_ts) run->max_store_ts = store_ts;
         records++;
-        pos = end;
+        walk = entry_header ? next : end;
     }
+    /* walk: after the last record (entry) read, or at the one a stop names */
     {
         PyObject *list = PyList_New(run_count);
         if (!list) goto fail;
@@ -564,7 +580,7 @@ static PyObject *dispatch_units(PyObject *self, PyObject *args) {
             if (!item) { Py_DECREF(list); goto fail; }
             PyList_SET_ITEM(list, r, item);
         }
-        result = Py_BuildValue("ninN", pos, stop, records, list);
+        result = Py_BuildValue("ninN", walk, stop, records, list);
     }
 fail:
     for (Py_ssize_t r = 0; r < run_count; r++) PyMem_Free(runs[r].units);
@@ -616,6 +632,128 @@ done:
     return result;
 }
 
+/* CRC32 (zlib's, java.util.zip.CRC32: reflected 0xEDB88320), slicing by 8: a DLedger entry's bodyCrc. */
+static uint32_t crc32_tables[8][256];
+
+static void crc32_tables_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+        crc32_tables[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc32_tables[t][i] = (crc32_tables[t - 1][i] >> 8) ^ crc32_tables[0][crc32_tables[t - 1][i] & 0xFF];
+}
+
+static uint32_t crc32_ieee(const uint8_t *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n && ((uintptr_t)p & 7)) { c = crc32_tables[0][(c ^ *p++) & 0xFF] ^ (c >> 8); n--; }
+    while (n >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4); memcpy(&hi, p + 4, 4);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        lo = __builtin_bswap32(lo); hi = __builtin_bswap32(hi);
+#endif
+        lo ^= c;
+        c = crc32_tables[7][lo & 0xFF] ^ crc32_tables[6][(lo >> 8) & 0xFF] ^ crc32_tables[5][(lo >> 16) & 0xFF] ^
+            crc32_tables[4][lo >> 24] ^ crc32_tables[3][hi & 0xFF] ^ crc32_tables[2][(hi >> 8) & 0xFF] ^
+            crc32_tables[1][(hi >> 16) & 0xFF] ^ crc32_tables[0][hi >> 24];
+        p += 8; n -= 8;
+    }
+    while (n--) c = crc32_tables[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+static PyObject *py_crc32(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
+    uint32_t c = crc32_ieee((const uint8_t *)view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* check_entries(run, count, first_index, prev_term, last_term, first_pos, pos_limit) -> (code, number):
+ * one walk over a run of DLedger entries as stored (commitlog/dledger/entry_run.py: the checks, in
+ * the order and with the codes of check_run_python, its twin), with the GIL released. */
+enum { RUN_OK = 0, RUN_TRUNCATED = 1, RUN_BAD_MAGIC = 2, RUN_BAD_SIZE = 3, RUN_BAD_INDEX = 4, RUN_BAD_TERM = 5,
+       RUN_BAD_POS = 6, RUN_PAST_LIMIT = 7, RUN_BAD_CRC = 8, RUN_TRAILING = 9, RUN_BAD_RESERVED = 10 };
+#define DLEDGER_BODY_OFFSET 48
+#define DLEDGER_ENTRY_SIZE_MAX (48 + 4 * 1024 * 1024 + 64 * 1024)
+
+static PyObject *check_entries(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t count;
+    long long first_index, prev_term, last_term, first_pos, pos_limit;
+    if (!PyArg_ParseTuple(args, "y*nLLLLL", &view, &count, &first_index, &prev_term, &last_term, &first_pos,
+                          &pos_limit)) return NULL;
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    Py_ssize_t total = view.len, position = 0, k = 0;
+    int code = RUN_OK;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t floor = prev_term > 0 ? prev_term : 0;
+    for (k = 0; k < count; k++) {
+        if (total - position < DLEDGER_BODY_OFFSET) { code = RUN_TRUNCATED; break; }
+        const uint8_t *p = buf + position;
+        int32_t magic = (int32_t)be32(p), size = (int32_t)be32(p + 4);
+        int64_t index = be64(p + 8), term = be64(p + 16), pos = be64(p + 24);
+        int32_t crc = (int32_t)be32(p + 40), body_size = (int32_t)be32(p + 44);
+        if (magic != 1) { code = RUN_BAD_MAGIC; break; }
+        if (size < DLEDGER_BODY_OFFSET || size > DLEDGER_ENTRY_SIZE_MAX || (int64_t)body_size + DLEDGER_BODY_OFFSET != size) {
+            code = RUN_BAD_SIZE; break;
+        }
+        if (size > total - position) { code = RUN_TRUNCATED; break; }
+        if ((uint64_t)index != (uint64_t)first_index + (uint64_t)k) { code = RUN_BAD_INDEX; break; }
+        if (term < floor || (k == count - 1 && term != last_term)) { code = RUN_BAD_TERM; break; }
+        if ((uint64_t)pos != (uint64_t)first_pos + (uint64_t)position) { code = RUN_BAD_POS; break; }
+        if (pos + size > pos_limit) { code = RUN_PAST_LIMIT; break; }
+        if (be32(p + 32) != 0 || be32(p + 36) != 0) { code = RUN_BAD_RESERVED; break; }
+        if (crc != 0 && (int32_t)crc32_ieee(p + DLEDGER_BODY_OFFSET, (size_t)body_size) != crc) { code = RUN_BAD_CRC; break; }
+        floor = term;
+        position += size;
+    }
+    if (code == RUN_OK && position != total) code = RUN_TRAILING;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return Py_BuildValue("in", code, k);
+}
+
+/* index_units(run, count) -> bytes: the 32-byte index unit (magic, pos, size, index, term) of each of
+ * the count entries of a run check_entries accepted (twin: entry_run.index_units_python). */
+static PyObject *index_units(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &count)) return NULL;
+    if (count < 0) { PyBuffer_Release(&view); PyErr_SetString(PyExc_ValueError, "negative count"); return NULL; }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count * 32);
+    if (out == NULL) { PyBuffer_Release(&view); return NULL; }
+    uint8_t *units = (uint8_t *)PyBytes_AS_STRING(out);
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    Py_ssize_t position = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (view.len - position < DLEDGER_BODY_OFFSET) {
+            Py_DECREF(out); PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "run shorter than its count (not checked?)");
+            return NULL;
+        }
+        const uint8_t *p = buf + position;
+        uint8_t *u = units + k * 32;
+        memcpy(u, p, 4);           /* magic */
+        memcpy(u + 4, p + 24, 8);  /* pos */
+        memcpy(u + 12, p + 4, 4);  /* size */
+        memcpy(u + 16, p + 8, 16); /* index, term */
+        int32_t size = (int32_t)be32(p + 4);
+        if (size < DLEDGER_BODY_OFFSET) {
+            Py_DECREF(out); PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "entry size below 48 (not checked?)");
+            return NULL;
+        }
+        position += size;
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buffer, start, end, file_from_offset, check_crc) -> (position, count, code, last_record_position)"},
@@ -626,6 +764,10 @@ static PyMethodDef methods[] = {
     {"walk_starts", walk_starts, METH_VARARGS, "walk_starts(buffer, start, stop, segment_end, out) -> (count, position, code)"},
     {"crc_ranges", crc_ranges, METH_VARARGS, "crc_ranges(buffer, starts, lengths, out): masked crc32c per range"},
     {"split_messages", split_messages, METH_VARARGS, "split_messages(payload, position, count) -> (properties, bodies, end)"},
+    {"check_entries", check_entries, METH_VARARGS,
+     "check_entries(run, count, first_index, prev_term, last_term, first_pos, pos_limit) -> (code, number)"},
+    {"index_units", index_units, METH_VARARGS, "index_units(run, count) -> bytes: 32-byte DLedger index units"},
+    {"crc32", py_crc32, METH_VARARGS, "crc32(buffer) -> int (zlib's CRC32, for testing)"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer) -> int (for testing the native CRC)"},
     {NULL, NULL, 0, NULL}};
 
@@ -633,6 +775,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native reco
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();
+    crc32_tables_init();
 #ifdef HAVE_X86
     __builtin_cpu_init();
     have_sse42 = __builtin_cpu_supports("sse4.2");

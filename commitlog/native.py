@@ -26,3 +26,6 @@ dispatch_units = module.dispatch_units if module else None
 crc_ranges = module.crc_ranges if module else None
 walk_starts = module.walk_starts if module else None
 split_messages = module.split_messages if module else None
+check_entries = module.check_entries if module else None
+index_units = module.index_units if module else None
+crc32 = module.crc32 if module else None

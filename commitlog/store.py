@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import os
 import re
+import struct
 import time
 from collections.abc import Iterator, Sequence
 
@@ -618,6 +619,57 @@ def _dispatch_units_python(view: memoryview, start: int, limit: int, base: int, 
 
 
 dispatch_units = _native.dispatch_units or _dispatch_units_python
+
+
+def _dispatch_entries_python(view: memoryview, start: int, limit: int, base: int, records_max: int,
+                             entry_header: int) -> tuple[int, int, int, list[tuple]]:  # fmt: skip
+    """Python twin of the native ``dispatch_units(..., entry_header)``: walk DLedger entries from
+    ``start`` (each ``[magic 1][size]...``, a header of ``entry_header`` bytes and one record or,
+    a no-op, none) and group their records' units into runs as ``dispatch_units`` does. Returns
+    ``(position, stop kind, entries read, runs)``; a stop names the entry it stopped at: 1 a blank
+    (magic -1), 2 an entry not whole or whose body is not exactly one record."""
+    runs: list[list] = []
+    newest: dict[tuple[bytes, int], list] = {}
+    position, entries, stop = start, 0, _STOP_LIMIT
+    while position < limit and entries < records_max:
+        if limit - position < 8:
+            stop = _STOP_MALFORMED
+            break
+        magic, size = _ENTRY_MAGIC_SIZE.unpack_from(view, position)
+        if magic == -1:
+            stop = _STOP_BLANK
+            break
+        if magic != 1 or not entry_header <= size <= limit - position:
+            stop = _STOP_MALFORMED
+            break
+        if size > entry_header:
+            end, kind, records, found = _dispatch_units_python(view, position + entry_header, position + size, base, 1)
+            if kind != _STOP_LIMIT or records != 1 or end != position + size:
+                stop = _STOP_MALFORMED
+                break
+            for topic, queue_id, first, count, units, first_offset, last_end, store_ts in found:
+                run = newest.get((topic, queue_id))
+                if run is None or run[2] + run[3] != first:
+                    run = newest[(topic, queue_id)] = [topic, queue_id, first, 0, bytearray(), first_offset, 0, store_ts]
+                    runs.append(run)
+                run[3] += count
+                run[4] += units
+                run[6] = last_end
+                run[7] = max(run[7], store_ts)
+        position += size
+        entries += 1
+    return position, stop, entries, [(t, q, f, c, bytes(u), o, e, s) for t, q, f, c, u, o, e, s in runs]
+
+
+_ENTRY_MAGIC_SIZE = struct.Struct(">ii")  # a DLedger entry header's first two fields (commitlog.dledger.entry_codec)
+
+
+def dispatch_entries(view, start: int, limit: int, base: int, records_max: int, entry_header: int):
+    """``dispatch_units`` over DLedger entries: one native walk (``_STOP_SLOW`` at an entry whose
+    TAGS are not UTF-8: the caller takes that one through the twin), else the twin."""
+    if _native.dispatch_units is not None:
+        return _native.dispatch_units(view, start, limit, base, records_max, entry_header)
+    return _dispatch_entries_python(view, start, limit, base, records_max, entry_header)
 
 
 @functools.lru_cache(maxsize=4096)

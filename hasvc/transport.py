@@ -22,6 +22,8 @@ from hasvc.protocol import wire
 
 LOGGER = logging.getLogger(__name__)
 RECEIVE_SIZE = 256 * 1024  # bytes asked of the kernel per receive
+# Parts per writev: Linux's IOV_MAX (1024); send_parts copies what lies beyond into one buffer.
+WRITEV_PARTS_MAX = 1024
 PREFACE_TIMEOUT_SECONDS = 10.0  # a peer that does not finish the preface in time is dropped
 # os.splice (Linux): a slave moves frames from its socket to its log through a pipe. The socket
 # end must not block (trio's sockets do not); SPLICE_F_MOVE is a hint the kernel may ignore.
@@ -72,6 +74,31 @@ class Connection:
             for part in parts:
                 if len(part):
                     await self.stream.send_all(part)
+
+    async def send_parts(self, parts: list) -> None:
+        """Send ``parts`` (bytes or views) back to back, and empty the list: as much as the
+        socket takes now with one ``writev`` (plain TCP, nothing else sending), the rest copied
+        and sent as ``send_all`` does. No part is held across a wait: a part may be a view of a
+        data file's mapping, which a truncate may cut (or retention unmap) meanwhile."""
+        fd = self.raw_fileno
+        sent = 0
+        if fd >= 0 and not self._send_lock.locked():
+            try:
+                sent = os.writev(fd, parts[:WRITEV_PARTS_MAX])
+            except BlockingIOError:
+                sent = 0
+        remainder = []
+        for part in parts:
+            if sent >= len(part):
+                sent -= len(part)
+                continue
+            remainder.append(part[sent:] if sent else part)
+            sent = 0
+        data = b"".join(remainder)  # a copy of what is left (bytes(...) of each view)
+        remainder.clear()
+        parts.clear()
+        if data:
+            await self.send_all(data)
 
     async def send_small(self, data: bytes) -> None:
         """Send a small frame (a slave's report) with one non-blocking write when nothing else

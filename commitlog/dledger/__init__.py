@@ -4,6 +4,8 @@
 ``entry_store``  ``DLedgerMmapFileStore``: data and index files over ``MappedFileQueue``, preAppend
                  blanks, truncate, flush, checkpoint and currterm, recovery. It satisfies the
                  EntryLog contract (ENTRYLOG.md, ``hasvc.state.raft.storage``) structurally.
+``entry_run``    ``EntryRun``: entries as stored, what a leader pushes; the one-walk check of a pushed run
+                 (native ``check_entries`` and its Python twin) and its index units.
 ``scan``         the recovery scan of data files, pure (shared by recovery and ``inspect``).
 ``inspect``      read-only ``verify`` and ``iter_entries`` of a store directory.
 ``upgrade``      smooth upgrade: a classic commit log continued by DLedger (dividedCommitlogOffset).

@@ -57,6 +57,7 @@ from typing import Any, NoReturn
 
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger import state_files
+from commitlog.dledger.entry_run import EntryRun, check_run, index_units
 from commitlog.dledger.scan import DataFile, DataScan, scan_data_files, unit_matches
 from commitlog.mapped_file import OS_PAGE_SIZE, MappedFile, StoreError, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
@@ -208,7 +209,7 @@ class DLedgerMmapFileStore:
         return self._flushed_index
 
     def term_at(self, index: int) -> int:
-        return self._index_unit(index).term
+        return self._unit(index)[4]
 
     def read(self, lo: int, hi: int, *, size_max: int) -> list[Any]:
         """Entries ``lo <= index < hi``, stopping before the bodies' total would pass ``size_max``
@@ -289,12 +290,28 @@ class DLedgerMmapFileStore:
 
     def pos_at(self, index: int) -> int:
         """Data-file offset of entry ``index`` (DLedgerEntry.pos)."""
-        return self._index_unit(index).pos
+        return self._unit(index)[1]
 
     def entry_span(self, index: int) -> tuple[int, int]:
         """``(pos, size)`` of entry ``index``: its bytes are ``[pos, pos + size)`` of the data files."""
-        unit = self._index_unit(index)
-        return unit.pos, unit.size
+        unit = self._unit(index)
+        return unit[1], unit[2]
+
+    def _unit(self, index: int) -> tuple[int, int, int, int, int]:
+        """``_index_unit``'s fields (magic, pos, size, index, term) without building an
+        ``IndexUnit``: the same checks, the reason from ``_index_unit`` when one fails (the
+        leader reads units per push and per proposal: the dataclass cost ~3 % of its loop)."""
+        if not self._first_index <= index <= self._last_index:
+            raise IndexError(f"index {index} outside the log [{self._first_index}, {self._last_index}]")
+        offset = index * codec.INDEX_UNIT_SIZE
+        mapped_file = self.index_file_list.find_mapped_file_by_offset(offset)
+        if mapped_file is not None:
+            unit = codec.INDEX_UNIT.unpack_from(mapped_file.view(), offset - mapped_file.file_from_offset)
+            if (unit[0] == codec.MAGIC_1 and unit[3] == index and codec.BODY_OFFSET <= unit[2] <= codec.ENTRY_SIZE_MAX
+                    and unit[1] >= 0 and unit[4] >= 0):  # fmt: skip
+                return unit
+        found = self._index_unit(index)  # raises, naming what is wrong
+        raise AssertionError(f"index unit {found} failed a check that _index_unit passes")
 
     def entry_spans(self, first: int, last: int) -> list[tuple[int, int]]:
         """``entry_span`` of every entry in ``[first, last]``, read from the index files a run of
@@ -382,6 +399,113 @@ class DLedgerMmapFileStore:
         assert end > start, (pos, sizes[start])  # pre_append made room for the first
         mapped_file.advance(position - first_position)
         return end
+
+    # -- runs of stored entries (a push as the leader's bytes: entry_run.py) ---------------
+
+    def run_length(self, lo: int, hi: int, *, size_max: int) -> tuple[int, int]:
+        """(count, body bytes) of the entries from ``lo`` (below ``hi``) whose bodies fit in
+        ``size_max`` (at least one entry when ``lo <= last_index()``): what one push carries. A
+        binary search over the index units (the bytes between two entries' positions, less a
+        header per entry; a blank record at a file's end counts as body), no entry read."""
+        hi = min(hi, self._last_index + 1)
+        if lo >= hi:
+            return 0, 0
+        start = self.pos_at(lo)
+        low, high = lo, hi - 1  # the answer's last entry lies in [low, high]
+        while low < high:
+            middle = (low + high + 1) // 2
+            pos, size = self.entry_span(middle)
+            if pos + size - start - (middle - lo + 1) * codec.BODY_OFFSET <= size_max:
+                low = middle
+            else:
+                high = middle - 1
+        pos, size = self.entry_span(low)
+        return low - lo + 1, pos + size - start - (low - lo + 1) * codec.BODY_OFFSET
+
+    def read_runs(self, first: int, count: int, last_term: int) -> list[EntryRun] | None:
+        """Entries ``first .. first + count - 1`` as stored, one ``EntryRun`` per data file they
+        lie in, each a read-only view of the mapping (release it before the log changes: a
+        truncate zeroes it, retention unmaps it); None unless the log holds them all and the
+        last has ``last_term`` (then, by log matching, they are the entries that were meant)."""
+        last = first + count - 1
+        if count < 1 or first < self._first_index or last > self._last_index or self.term_at(last) != last_term:
+            return None
+        runs: list[EntryRun] = []
+        while first <= last:
+            pos = self.pos_at(first)
+            mapped_file = self.data_file_list.find_mapped_file_by_offset(pos)
+            file_end = mapped_file.file_from_offset + mapped_file.file_size
+            end_pos, end_size = self.entry_span(last)
+            if end_pos < file_end:
+                stop = last
+            else:  # the last entry starting in this file: binary search (the run stops at the file's end)
+                low, high = first, last
+                while low < high:
+                    middle = (low + high + 1) // 2
+                    if self.pos_at(middle) < file_end:
+                        low = middle
+                    else:
+                        high = middle - 1
+                stop = low
+                end_pos, end_size = self.entry_span(stop)
+            position = pos - mapped_file.file_from_offset
+            view = mapped_file.view()[position : position + end_pos + end_size - pos].toreadonly()
+            runs.append(EntryRun(first, stop - first + 1, self.term_at(stop), view))
+            first = stop + 1
+        return runs
+
+    def check_run(self, run: EntryRun, *, prev_term: int) -> str | None:
+        """Why ``run`` cannot follow this log's last entry (of ``prev_term``), None when it can:
+        ``entry_run.check_run`` with the first entry's ``pos`` where ``append_run`` would write it
+        and the end of that data file (less a blank record) as the limit. Reads only."""
+        if run.first_index != self._last_index + 1:
+            return f"run starts at entry {run.first_index}, the log ends at {self._last_index}"
+        data = run.data
+        first_size = int.from_bytes(data[4:8], "big", signed=True) if data is not None and len(data) >= 8 else 0
+        first_size = max(codec.BODY_OFFSET, min(first_size, self.config.data_file_size))
+        first_pos = self.next_pos(first_size)
+        file_size = self.config.data_file_size
+        pos_limit = first_pos - first_pos % file_size + file_size - codec.MIN_BLANK_SIZE
+        return check_run(run, prev_term=prev_term, first_pos=first_pos, pos_limit=pos_limit)
+
+    def append_run(self, run: EntryRun) -> None:
+        """Append a run that ``check_run`` accepted: one copy into the data file's mapping (after
+        the blank record ``pre_append`` writes when it starts the next file) and its index units
+        built in one call. Not durable until ``flush``. ValueError, nothing written, when it does
+        not start at the next index and the next ``pos`` (a run not checked against this log)."""
+        data = run.data
+        if run.first_index != self._last_index + 1 or data is None or len(data) < codec.BODY_OFFSET:
+            raise ValueError(f"run of entries {run.first_index}..{run.last_index} does not follow {self._last_index}")
+        _magic, first_size, _index, _term, first_pos, *_ = codec.ENTRY_HEADER.unpack_from(data, 0)
+        expected = self.next_pos(max(first_size, codec.BODY_OFFSET))
+        file_size = self.config.data_file_size
+        if first_pos != expected or expected % file_size + len(data) > file_size - codec.MIN_BLANK_SIZE:
+            raise ValueError(f"run of {len(data)} bytes at pos {first_pos}: the next entry goes at {expected} "
+                             f"in data files of {file_size} bytes")  # fmt: skip
+        assert self.pre_append(first_size) == first_pos
+        mapped_file = self.data_file_list.last
+        position = mapped_file.wrote_position
+        mapped_file.writable_view()[position : position + len(data)] = data
+        mapped_file.advance(len(data))
+        self._append_index_bytes(run.first_index, index_units(data, run.count))
+        self._last_index, self._last_term = run.last_index, run.last_term
+        self._check()
+
+    def _append_index_bytes(self, first_index: int, units: bytes) -> None:
+        """Write packed index units of consecutive entries from ``first_index``, an index file at a time."""
+        offset, done = first_index * codec.INDEX_UNIT_SIZE, 0
+        while done < len(units):
+            mapped_file = self.index_file_list.get_last_mapped_file(offset)
+            assert mapped_file is not None
+            if mapped_file.wrote_position == 0 and mapped_file.offset_of(0) < offset:
+                mapped_file.set_positions(offset - mapped_file.file_from_offset)  # see _append_index_units
+            assert mapped_file.offset_of(mapped_file.wrote_position) == offset, (mapped_file, offset)
+            size = min(len(units) - done, mapped_file.remaining)
+            position = mapped_file.wrote_position
+            mapped_file.writable_view()[position : position + size] = units[done : done + size]
+            mapped_file.advance(size)
+            done += size
+            offset += size
 
     def _check_appendable(self, entries: Sequence[Entry]) -> None:
         index, term = self._last_index, self._last_term

@@ -68,6 +68,7 @@ from commitlog.mapped_file import StoreError
 from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog.store import (
     _STOP_BLANK,
+    _STOP_LIMIT,
     _STOP_MALFORMED,
     _STOP_SLOW,
     MessageStore,
@@ -76,6 +77,7 @@ from commitlog.store import (
     _dispatch_units_python,
     _topic_name,
     disk_used_ratio,
+    dispatch_entries,
     dispatch_units,
 )
 
@@ -345,17 +347,18 @@ class DLedgerMessageStore:
 
     def _pending_sizes(self) -> list[int]:
         """Sizes of accepted plans' entries not appended yet. Appended ones are dropped here, after
-        checking that what lies at their index is where and as large as planned; StoreError when
-        not (an accepted plan was not appended as planned)."""
+        checking that the newest of them lies where and is as large as planned (an entry's pos is
+        the sum of all sizes before it, so one misplaced or mis-sized entry moves every later
+        one); StoreError when not (an accepted plan was not appended as planned)."""
         entries = self.entries
         last = entries.last_index()
-        for index, pos, size in self._pending:
-            if index > last:
-                break
+        appended = bisect.bisect_right(self._pending, last, key=lambda item: item[0])
+        if appended:  # the newest appended one: positions are cumulative, so it lies as planned only if all do
+            index, pos, size = self._pending[appended - 1]
             if index >= entries.first_index() and entries.entry_span(index) != (pos, size):
                 raise StoreError(f"entry {index} lies at {entries.entry_span(index)}, planned at {(pos, size)}: "
                                  "an accepted plan was not appended as planned (call discard_plans)")  # fmt: skip
-        self._pending = [item for item in self._pending if item[0] > last]
+            del self._pending[:appended]
         if self._pending and self._pending[0][0] != last + 1:
             raise StoreError(f"accepted entries from {self._pending[0][0]} but the log ends at {last}: "
                              "an accepted plan was not appended (call discard_plans)")  # fmt: skip
@@ -422,25 +425,45 @@ class DLedgerMessageStore:
         count = 0
         while self.dispatched_index < entries.committed_index and budget > 0:
             first = self.dispatched_index + 1
-            last = min(entries.committed_index, first + DISPATCH_ENTRIES_MAX - 1)
-            runs = _Runs(self)
-            index = first - 1
-            try:
-                for index, (pos, size) in enumerate(entries.entry_spans(first, last), start=first):
-                    if size > BODY_OFFSET:
-                        error = self._dispatch_entry(index, pos, size, runs)
-                        if error is not None:
-                            self.dispatch_error = error
-                            self.dispatched_index = index - 1
-                            return count + index - first
-                    budget -= size
-                    if budget <= 0:
-                        break
-            finally:
-                runs.write()  # the units of every entry before a bad one too
-            count += index - first + 1
-            self.dispatched_index = index
+            walked, size = self._dispatch_run(first, min(entries.committed_index, first + DISPATCH_ENTRIES_MAX - 1))
+            count += walked
+            budget -= size
+            if self.dispatch_error is not None:
+                break
         return count
+
+    def _dispatch_run(self, first: int, last: int) -> tuple[int, int]:
+        """Dispatch entries ``first..last`` (committed) that lie in ``first``'s data file with one
+        walk (``dispatch_entries``: headers skipped, one record per entry, no-ops passed over);
+        return (entries dispatched, their bytes). An entry the native walk leaves to Python
+        (TAGS not UTF-8) goes through ``_dispatch_entry``; a malformed one sets ``dispatch_error``."""
+        entries = self.entries
+        pos = entries.pos_at(first)
+        end_pos, end_size = entries.entry_span(last)
+        mapped_file = entries.data_file_list.find_mapped_file_by_offset(pos)
+        base = mapped_file.file_from_offset
+        start, limit = pos - base, min(end_pos + end_size - base, mapped_file.wrote_position)
+        runs = _Runs(self)
+        try:
+            position, stop, walked, found = dispatch_entries(mapped_file.view(), start, limit, base, last - first + 1,
+                                                             BODY_OFFSET)  # fmt: skip
+            for run in found:
+                runs.add(*run)
+            if stop == _STOP_SLOW:  # this one entry through the twin
+                index = first + walked
+                _, size = entries.entry_span(index)
+                error = self._dispatch_entry(index, base + position, size, runs)
+                if error is None:
+                    walked, position = walked + 1, position + size
+                else:
+                    self.dispatch_error = error
+            elif stop == _STOP_MALFORMED or (stop == _STOP_LIMIT and walked == 0):
+                index = first + walked
+                self.dispatch_error = f"entry {index}: its body at offset {base + position + BODY_OFFSET} is not one record (malformed)"
+        finally:
+            runs.write()  # the units of every entry before a bad one too
+        self.dispatched_index = first + walked - 1
+        return walked, position - start
 
     def _dispatch_entry(self, index: int, pos: int, size: int, runs: _Runs) -> str | None:
         mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(pos)

@@ -21,9 +21,13 @@ commits the earlier terms' tail), after continuing each queue from its consume q
 member plays SLAVE, serving committed reads, and refuses writes naming the leader it knows.
 
 The driver carries each ``Ready`` out in the core's order: the hard state saved (fsynced), the
-log truncated and appended, then messages queued to the peers' senders (bounded: a message that
-does not fit is dropped, which Raft survives), then the commit index to the store and dispatch,
-role changes to the broker. Time is ``trio.current_time()`` only.
+log truncated and appended (a follower's runs with ``append_run``), then messages queued to the
+peers' senders (bounded: a message that does not fit is dropped, which Raft survives), then the
+commit index to the store and dispatch, role changes to the broker. Time is
+``trio.current_time()`` only. A sender reads an APPEND's entries from the data files when it
+sends it (the stored bytes, a view of the mapping per data file, written with the frame headers
+in one ``writev``; what the socket does not take is copied before any wait, so no view of a
+mapping is held while a truncate or retention may change it).
 
 Flushing never blocks the loop: the msync of the entry files runs in a worker thread while the
 loop goes on appending, every 10 ms (DLedger's FlushDataService) or, with ``--flush sync``, as soon
@@ -211,15 +215,6 @@ class _Rest:
     data: bytes
 
 
-def _frame_for(item, connection: transport.Connection) -> bytes:
-    """The bytes the sender writes for a queued item: a message encoded, the rest of a frame
-    started on this connection, nothing for the rest of one started on an earlier connection
-    (that frame is lost with it, as queued messages are; Raft re-sends what matters)."""
-    if isinstance(item, _Rest):
-        return item.data if item.connection is connection else b""
-    return raft_wire.encode(item)
-
-
 @dataclasses.dataclass
 class TransferWait:
     """A TRANSFER_LEADER request waiting for its outcome: set by ``RaftDriver.drain``."""
@@ -278,8 +273,13 @@ class RaftDriver:
             entries.truncate(after_index=ready.truncate_after)
         if ready.entries:
             entries.append(ready.entries)
-            if self.group.raft.flush_sync:
-                self._start_sync()
+        if ready.runs:
+            for run in ready.runs:  # a leader's stored bytes, checked by the core's step (check_run)
+                entries.append_run(run)
+        if (ready.entries or ready.runs) and self.group.raft.flush_sync:
+            self._start_sync()
+        for reason in ready.refused_runs:
+            LOGGER.warning("raft: refused an APPEND (answered INCONSISTENT_STATE, the leader compares again): %s", reason)
         for message in ready.messages:
             if not self._send_now(message):
                 try:
@@ -313,15 +313,20 @@ class RaftDriver:
         fd = connection.raw_fileno
         if fd < 0:
             return False
-        frame = raft_wire.encode(message)
+        parts = self._frame_parts(message, connection)
         try:
-            sent = os.write(fd, frame)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            return False  # the sender's own write will meet the error and reconnect
-        if sent < len(frame):
-            self._queues[message.target][0].send_nowait(_Rest(connection, frame[sent:]))  # the buffer is empty: it fits
+            try:
+                sent = os.writev(fd, parts) if parts else 0
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return False  # the sender's own write will meet the error and reconnect
+            size = sum(map(len, parts))
+            if sent < size:  # copied now: no view of a data file outlives this call
+                rest = b"".join(bytes(part) for part in parts)[sent:]
+                self._queues[message.target][0].send_nowait(_Rest(connection, rest))  # the buffer is empty: it fits
+        finally:
+            parts.clear()
         return True
 
     def _check_transfer(self, ready) -> None:
@@ -520,15 +525,22 @@ class RaftDriver:
                 async with connection.stream, trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_closed, connection, peer, nursery.cancel_scope)
                     while True:
-                        frames = [_frame_for(await receive.receive(), connection)]
+                        parts = self._frame_parts(await receive.receive(), connection)
                         while True:  # what else is queued goes in the same write
                             try:
-                                frames.append(_frame_for(receive.receive_nowait(), connection))
+                                parts += self._frame_parts(receive.receive_nowait(), connection)
                             except trio.WouldBlock:
                                 break
-                        await connection.send_all(b"".join(frames))
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                LOGGER.info("raft: connection to %s lost: %s", peer, error)
+                        try:
+                            await connection.send_parts(parts)
+                        finally:
+                            parts.clear()  # views of the data files: never held while the log may change
+            except BaseException as error:
+                # The nursery wraps what the loop raised in an exception group: a broken
+                # connection is expected, anything else (Cancelled among them) goes on up.
+                if not transport.is_expected(error, (OSError, trio.BrokenResourceError, trio.ClosedResourceError)):
+                    raise
+                LOGGER.info("raft: connection to %s lost: %s", peer, transport.describe(error))
             finally:
                 self.connected[peer] = False
                 del self._links[peer]
@@ -539,6 +551,32 @@ class RaftDriver:
                 pause = min(pause * 2, RAFT_RECONNECT_MAX_SECONDS)
             else:
                 pause = RAFT_RECONNECT_MIN_SECONDS
+
+    def _frame_parts(self, message, connection: transport.Connection) -> list:
+        """The frames for ``message`` as parts for one writev: an APPEND's reference run read from
+        the store as stored bytes -- a frame header and a view of the data file per run (a run
+        stops at a file's end) -- or nothing when the log no longer holds those entries (a
+        truncate or retention since the core queued it: dropped, as a lost message); any other
+        message encoded. A ``_Rest`` (the end of a frame ``_send_now`` wrote in part): its bytes
+        on the connection it began on, nothing on a later one (that frame is lost with its
+        connection, as queued messages are; Raft re-sends what matters)."""
+        if isinstance(message, _Rest):
+            return [message.data] if message.connection is connection else []
+        if not isinstance(message, Push) or message.type is not PushType.APPEND or message.entries.data is not None:
+            return [raft_wire.encode(message)]
+        reference = message.entries
+        runs = self.store.entries.read_runs(reference.first_index, reference.count, reference.last_term)
+        if runs is None:
+            self.dropped_messages += 1
+            return []
+        parts, prev_term = [], message.prev_term
+        for run in runs:
+            parts.append(raft_wire.append_header(term=message.term, index=run.first_index, prev_term=prev_term,
+                                                 commit_index=message.commit_index, count=run.count,
+                                                 last_term=run.last_term, size=len(run.data)))  # fmt: skip
+            parts.append(run.data)
+            prev_term = run.last_term
+        return parts
 
     @staticmethod
     async def _watch_closed(connection, peer: str, scope: trio.CancelScope) -> None:

@@ -16,11 +16,19 @@ message frames, whose source and target are those of the sender's HELLO. Every f
     kind 2 VOTE_RESPONSE      i64 term | u8 result (VoteResult) | u8 flags (bit 0: pre-vote)
     kind 3 HEARTBEAT          i64 term | i64 commit index [| i64 retain-from index (when >= 0)]
     kind 4 HEARTBEAT_RESPONSE i64 term | u8 result (HeartbeatResult)
-    kind 5 PUSH               i64 term | u8 type (PushType) | i64 index | i64 previous term
+    kind 5 PUSH               COMPARE/TRUNCATE: i64 term | u8 type (PushType) | i64 index | i64 previous term
                               | i64 commit index | u32 n | n x (i64 index | i64 term | u32 size | body)
+    kind 8 APPEND             i64 term | i64 index | i64 previous term | i64 commit index | u32 n
+                              | i64 last term | the n entries as stored (48-byte DLedger header + body
+                              each, docs/FORMAT.md), filling the rest of the frame
     kind 6 PUSH_RESPONSE      i64 term | u8 type | u8 result (PushResult) | i64 request index
                               | i64 ack index | i64 begin index | i64 end index | i64 term at index
     kind 7 TIMEOUT_NOW        i64 term
+
+APPEND (protocol version 2) carries the leader's stored bytes, which the follower's store checks
+entry by entry before it copies them (``commitlog.dledger.entry_run``); this decoder checks the
+frame: n >= 1, n headers' worth of bytes at least, the terms and indexes in range. A PUSH of
+type APPEND (version 1's form) is a protocol error.
 
 A frame over ``frame_size_max``, an unknown kind or enum value, a negative term, an index below
 -1, a body whose fields do not fill its length exactly, or a message before HELLO raises
@@ -49,9 +57,11 @@ from hasvc.state.raft.messages import (
     VoteResponse,
     VoteResult,
 )
-from hasvc.state.raft.storage import Entry
+from hasvc.state.raft.storage import Entry, EntryRun
 
-RAFT_PROTOCOL_VERSION: Final = 1
+# 2: APPEND as stored bytes (kind 8); version 1 members sent APPEND in PUSH frames. A HELLO of
+# another version is refused: upgrade every member of a group together.
+RAFT_PROTOCOL_VERSION: Final = 2
 # RocketMQ remoting's frameMaxLength (16 MiB): room for a 4 MiB message (maxMessageSize) in a push.
 FRAME_SIZE_MAX_DEFAULT: Final = 16 * 1024 * 1024
 ID_SIZE_MAX: Final = 255  # group and member ids: one length byte
@@ -76,10 +86,13 @@ PUSH_RESPONSE = struct.Struct(">qBBqqqqq")  # term, type, result, request/ack/be
 assert PUSH_RESPONSE.size == 50
 TIMEOUT_NOW = struct.Struct(">q")  # term
 assert TIMEOUT_NOW.size == 8
+APPEND = struct.Struct(">qqqqIq")  # term, first index, previous term, commit index, entry count, last term
+assert APPEND.size == 44
 DATA_START = struct.Struct(">q")  # HELLO's optional last field
 HELLO_HEAD = struct.Struct(">B")  # version (then three u8-length-prefixed ids)
 assert HELLO_HEAD.size == 1
 
+ENTRY_RUN_HEADER_SIZE: Final = 48  # a stored entry's header (commitlog.dledger.entry_codec.ENTRY_HEADER)
 HELLO: Final = 0
 VOTE_REQUEST_KIND: Final = 1
 VOTE_RESPONSE_KIND: Final = 2
@@ -88,6 +101,7 @@ HEARTBEAT_RESPONSE_KIND: Final = 4
 PUSH_KIND: Final = 5
 PUSH_RESPONSE_KIND: Final = 6
 TIMEOUT_NOW_KIND: Final = 7
+APPEND_KIND: Final = 8
 
 FLAG_PRE_VOTE: Final = 0x1
 FLAG_TRANSFER: Final = 0x2
@@ -122,8 +136,26 @@ def encode_hello(hello: Hello) -> bytes:
                   + bytes([len(address)]) + address + DATA_START.pack(hello.data_start_offset))  # fmt: skip
 
 
+def encode_append_header(push: Push) -> bytes:
+    """The frame header and fixed fields of an APPEND whose run holds its bytes; the run's bytes
+    follow as they are (the sender writes both with one writev, the bytes from the mapping)."""
+    run = push.entries
+    assert push.type is PushType.APPEND and isinstance(run, EntryRun) and run.data is not None, push
+    return append_header(term=push.term, index=push.index, prev_term=push.prev_term, commit_index=push.commit_index,
+                         count=run.count, last_term=run.last_term, size=len(run.data))  # fmt: skip
+
+
+def append_header(*, term: int, index: int, prev_term: int, commit_index: int, count: int, last_term: int,
+                  size: int) -> bytes:  # fmt: skip
+    """What precedes ``size`` bytes of ``count`` stored entries in an APPEND frame."""
+    return FRAME_HEADER.pack(1 + APPEND.size + size, APPEND_KIND) + APPEND.pack(
+        term, index, prev_term, commit_index, count, last_term)
+
+
 def encode(message: Message) -> bytes:
     """One frame for `message` (its source and target are the connection's)."""
+    if isinstance(message, Push) and message.type is PushType.APPEND:
+        return encode_append_header(message) + bytes(message.entries.data)
     if isinstance(message, Push):
         parts = [PUSH.pack(message.term, message.type, message.index, message.prev_term, message.commit_index,
                            len(message.entries))]  # fmt: skip
@@ -217,8 +249,24 @@ def _check_index(index: int, name: str) -> int:
     return index
 
 
+def _decode_append(body: _Body, source: str, target: str) -> Push:
+    """An APPEND: the run's bytes are a view of the frame (checked by the follower's store)."""
+    term, index, prev_term, commit, count, last_term = body.unpack(APPEND)
+    size = len(body.data) - body.position
+    if count < 1 or size < count * ENTRY_RUN_HEADER_SIZE:
+        raise ProtocolError(f"APPEND of {count} entries in {size} bytes (at least 1 entry of at least 48 bytes each)")
+    if index < 0 or last_term < max(prev_term, 0):
+        raise ProtocolError(f"APPEND from index {index} with last term {last_term} after previous term {prev_term}")
+    run = EntryRun(index, count, _check_term(last_term), memoryview(body.data)[body.position :])
+    body.position = len(body.data)
+    return Push(source, target, _check_term(term), PushType.APPEND, index, _check_index(prev_term, "previous term"),
+                _check_index(commit, "commit index"), run)  # fmt: skip
+
+
 def _decode_push(body: _Body, source: str, target: str) -> Push:
     term, kind, index, prev_term, commit, count = body.unpack(PUSH)
+    if kind == PushType.APPEND:
+        raise ProtocolError("an APPEND in a PUSH frame (protocol version 1): APPEND is frame kind 8")
     if count * ENTRY_HEADER.size > len(body.data) - body.position:
         raise ProtocolError(f"push of {count} entries in a {len(body.data)}-byte frame")
     entries = []
@@ -242,6 +290,8 @@ def _decode_push_response(body: _Body, source: str, target: str) -> PushResponse
 def _decode_message(kind: int, body: _Body, source: str, target: str) -> Message:
     if kind == PUSH_KIND:
         return _decode_push(body, source, target)
+    if kind == APPEND_KIND:
+        return _decode_append(body, source, target)
     if kind == PUSH_RESPONSE_KIND:
         return _decode_push_response(body, source, target)
     if kind == VOTE_REQUEST_KIND:

@@ -10,12 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hasvc.state.raft.storage import Entry, HardState
+from commitlog.dledger.entry_codec import BODY_OFFSET
+from commitlog.dledger.entry_run import check_run, encode_run
+from hasvc.state.raft.storage import Entry, EntryRun, HardState
+
+# SimLog lays its entries out as one endless data file from offset 0 (positions as a store's
+# would be but for blank records): a run's pos fields are checked against them.
+_POS_LIMIT = 1 << 62
 
 
 class SimLog:
     def __init__(self) -> None:
         self.entries: list[Entry] = []  # entries[i] is entry first_index() + i
+        self._positions: list[int] = []  # the pos of entries[i]
+        self._end_pos = 0  # where the next entry goes
         self._first = 0  # retention (``compact``) moves it up
         self._flushed_index = -1
         self._hard_state = HardState(0, None, -1)
@@ -59,13 +67,58 @@ class SimLog:
             if previous is not None and entry.term < previous.term:
                 raise ValueError(f"append of term {entry.term} after term {previous.term}")
             previous = entry
+        for entry in entries:
+            self._positions.append(self._end_pos)
+            self._end_pos += BODY_OFFSET + len(entry.body)
         self.entries.extend(entries)
+
+    def run_length(self, lo: int, hi: int, *, size_max: int) -> tuple[int, int]:
+        count = size = 0
+        for entry in self.entries[lo - self._first : max(0, min(hi, self.last_index() + 1) - self._first)]:
+            if count and size + len(entry.body) > size_max:
+                break
+            count += 1
+            size += len(entry.body)
+        return count, size
+
+    def read_runs(self, first: int, count: int, last_term: int) -> list[EntryRun] | None:
+        last = first + count - 1
+        if count < 1 or first < self._first or last > self.last_index() or self.term_at(last) != last_term:
+            return None
+        entries = self.entries[first - self._first : last + 1 - self._first]
+        return [EntryRun(first, count, last_term, encode_run(entries, first_pos=self._positions[first - self._first]))]
+
+    def pos_of(self, index: int) -> int:
+        """Where entry ``index`` lies, or (the next index) will lie."""
+        if index == self.last_index() + 1:
+            return self._end_pos
+        return self._positions[index - self._first] if self._first <= index <= self.last_index() else -1
+
+    def run_of(self, entries: Sequence[Entry]) -> EntryRun:
+        """``entries`` as a leader whose log agrees with this one up to them would push them (tests)."""
+        first_pos = max(self.pos_of(entries[0].index), self._end_pos if entries[0].index > self.last_index() else 0)
+        return EntryRun(entries[0].index, len(entries), entries[-1].term, encode_run(entries, first_pos=first_pos))
+
+    def check_run(self, run: EntryRun, *, prev_term: int) -> str | None:
+        if run.first_index != self.last_index() + 1:
+            return f"run starts at entry {run.first_index}, the log ends at {self.last_index()}"
+        return check_run(run, prev_term=prev_term, first_pos=self._end_pos, pos_limit=_POS_LIMIT)
+
+    def append_run(self, run: EntryRun) -> None:
+        self.append(run.entries(Entry))
 
     def truncate(self, *, after_index: int) -> None:
         if after_index < self._first - 1:
             raise ValueError(f"cannot truncate after {after_index}: the log starts at {self._first}")
-        del self.entries[after_index + 1 - self._first :]
+        self._cut(after_index)
         self._flushed_index = min(self._flushed_index, after_index)
+
+    def _cut(self, after_index: int) -> None:
+        keep = after_index + 1 - self._first
+        if keep < len(self.entries):
+            self._end_pos = self._positions[keep]
+        del self.entries[keep:]
+        del self._positions[keep:]
 
     def compact(self, *, keep_from_index: int, committed_index: int) -> int:
         """Retention, as DLedgerMmapFileStore's: drop entries below ``keep_from_index``, the
@@ -75,6 +128,7 @@ class SimLog:
         limit = min(keep_from_index, committed_index, self._flushed_index)
         if limit > self._first:
             del self.entries[: limit - self._first]
+            del self._positions[: limit - self._first]
             self._first = limit
         return self._first
 
@@ -97,5 +151,5 @@ class SimLog:
         if not lose_unflushed:
             return 0
         lost = self.last_index() - self._flushed_index
-        del self.entries[self._flushed_index + 1 - self._first :]
+        self._cut(self._flushed_index)
         return lost

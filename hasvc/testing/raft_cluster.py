@@ -24,7 +24,9 @@ import random
 from collections.abc import Sequence
 
 from hasvc.state.raft.config import RaftConfig
+from hasvc.state.raft.messages import Message, Push, PushType
 from hasvc.state.raft.node import RaftNode
+from hasvc.state.raft.storage import Entry, EntryRun
 from hasvc.state.raft.ready import BecameLeader, ProposalStatus, Proposed, Refused, Role
 from hasvc.testing.checker import RaftChecker
 from hasvc.testing.log import SimLog
@@ -42,6 +44,33 @@ class ConnectionEnded:
     peer: str
 
 
+def with_stored_runs(message: Message, log) -> list[Message]:
+    """What a driver sends for ``message``: an APPEND's reference run read from ``log`` as stored
+    bytes, one push per run (a store's runs stop at data-file ends), nothing when the log no longer
+    holds those entries; any other message as it is. The bytes are copied out of the log."""
+    if not isinstance(message, Push) or message.type is not PushType.APPEND or message.entries.data is not None:
+        return [message]
+    reference = message.entries
+    runs = log.read_runs(reference.first_index, reference.count, reference.last_term)
+    if runs is None:
+        return []
+    pushes, prev_term = [], message.prev_term
+    for run in runs:
+        stored = EntryRun(run.first_index, run.count, run.last_term, bytes(run.data))
+        pushes.append(dataclasses.replace(message, index=run.first_index, prev_term=prev_term, entries=stored))
+        prev_term = run.last_term
+    return pushes
+
+
+def _corrupted(message: Message, rng: random.Random) -> Message:
+    """``message`` with one byte of its run flipped (an APPEND; any other message as it is)."""
+    if not isinstance(message, Push) or message.type is not PushType.APPEND:
+        return message
+    data = bytearray(message.entries.data)
+    data[rng.randrange(len(data))] ^= rng.randrange(1, 256)
+    return dataclasses.replace(message, entries=dataclasses.replace(message.entries, data=bytes(data)))
+
+
 class SimCluster:
     def __init__(
         self,
@@ -52,6 +81,7 @@ class SimCluster:
         network: NetworkConfig | None = None,
         lose_unflushed: bool | None = None,
         flush_delay_seconds: tuple[float, float] = (0.002, 0.010),
+        corrupt_run_probability: float = 0.0,
     ) -> None:
         self.seed = seed
         self.members = tuple(members)
@@ -62,6 +92,11 @@ class SimCluster:
         # flush_sync, a process kill (page cache kept) without.
         self.lose_unflushed = self.config.flush_sync if lose_unflushed is None else lose_unflushed
         self.flush_delay_seconds = flush_delay_seconds
+        # A pushed run's bytes get one byte flipped on the way this often (a follower's check_run
+        # must refuse it; the leader compares again): its own generator, so that the other draws
+        # of a seed stay what they were without it.
+        self.corrupt_run_probability = corrupt_run_probability
+        self._corrupt_rng = random.Random(f"corrupt-{seed}")
         self.logs = {member: SimLog() for member in self.members}
         self.nodes: dict[str, RaftNode | None] = {member: None for member in self.members}
         self.checker = RaftChecker(self.members)
@@ -69,6 +104,7 @@ class SimCluster:
         self.events = 0
         self.crashes = 0
         self.acked_count = 0
+        self.refused_runs = 0  # APPEND runs a follower's check refused (corrupted on the way)
         self.outcomes: dict[ProposalStatus, int] = {status: 0 for status in ProposalStatus}
         self._incarnation = {member: 0 for member in self.members}
         self._flush_at = {member: math.inf for member in self.members}
@@ -253,11 +289,18 @@ class SimCluster:
         if ready.entries:
             self.checker.on_append(member, log, ready.entries)
             log.append(ready.entries)
+        for run in ready.runs:
+            self.checker.on_append(member, log, run.entries(Entry))
+            log.append_run(run)
+        self.refused_runs += len(ready.refused_runs)
         if log.flushed_index() < log.last_index() and self._flush_at[member] == math.inf:
             self._flush_at[member] = self.now + self.rng.uniform(*self.flush_delay_seconds)
         for message in ready.messages:
-            self.checker.on_send(member, message)
-            self.network.send(member, message.target, message, self.now)
+            for wire_message in with_stored_runs(message, log):  # the sender's read of its log
+                if self.corrupt_run_probability and self._corrupt_rng.random() < self.corrupt_run_probability:
+                    wire_message = _corrupted(wire_message, self._corrupt_rng)
+                self.checker.on_send(member, wire_message)
+                self.network.send(member, wire_message.target, wire_message, self.now)
         for change in ready.role_changes:
             if isinstance(change, BecameLeader):
                 self.checker.on_leader(member, change.term)

@@ -57,6 +57,7 @@ class SeedReport:
     committed: int
     leaders: int  # terms that had a leader
     outcomes: dict[str, int]
+    refused_runs: int = 0  # APPEND runs corrupted on the way and refused by a follower's check
 
 
 def settings_for(rng: random.Random) -> SeedSettings:
@@ -167,8 +168,10 @@ def run_seed(seed: int, nodes: int = 3) -> SeedReport:
     rng = random.Random(f"raft-sim-{nodes}-{seed}")
     settings = settings_for(rng)
     members = [f"n{i}" for i in range(nodes)]
+    # Runs corrupted on the way in a third of the seeds, drawn apart from `rng` (its draws unchanged).
+    corrupt = random.Random(f"raft-sim-corrupt-{nodes}-{seed}").choice([0.0, 0.0, 0.02])
     cluster = SimCluster(seed=f"{nodes}-{seed}", members=members, config=settings.config, network=settings.network,
-                         flush_delay_seconds=settings.flush_delay_seconds)  # fmt: skip
+                         flush_delay_seconds=settings.flush_delay_seconds, corrupt_run_probability=corrupt)  # fmt: skip
     counter = [0]
     next_client = rng.expovariate(1 / settings.client_interval_seconds)
     next_fault = rng.expovariate(1 / settings.fault_interval_seconds)
@@ -187,7 +190,8 @@ def run_seed(seed: int, nodes: int = 3) -> SeedReport:
     _settle(cluster)
     cluster.checker.final()
     return SeedReport(seed, nodes, cluster.events, cluster.crashes, cluster.acked_count, len(cluster.checker.committed),
-                      len(cluster.checker.leaders), {s.value: n for s, n in cluster.outcomes.items()})  # fmt: skip
+                      len(cluster.checker.leaders), {s.value: n for s, n in cluster.outcomes.items()},
+                      cluster.refused_runs)  # fmt: skip
 
 
 def replay_command(seed: int, nodes: int) -> str:
@@ -218,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         print(run_seed(args.seed, args.nodes))
         return 0
     started = time.monotonic()
-    events = acked = 0
+    events = acked = refused = 0
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         try:
             report = run_seed(seed, args.nodes)
@@ -228,12 +232,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         events += report.events
         acked += report.acked
+        refused += report.refused_runs
         done = seed - args.first_seed + 1
         if done % PROGRESS_EVERY == 0:
             print(f"... {done} seeds, {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     elapsed = time.monotonic() - started
     print(f"OK {args.seeds} seeds ({args.first_seed}..{args.first_seed + args.seeds - 1}), {args.nodes} nodes, "
-          f"{events} events, {acked} acknowledged entries, {elapsed:.1f} s")  # fmt: skip
+          f"{events} events, {acked} acknowledged entries, {refused} corrupted runs refused, {elapsed:.1f} s")  # fmt: skip
     return 0
 
 

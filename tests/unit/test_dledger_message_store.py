@@ -442,3 +442,60 @@ def test_every_planned_offset_is_where_the_entry_lands_plus_48(batches):
         assert all(store.get_record(offset, check_crc=True).physical_offset == offset for offset in offsets)
         assert sum(len(pulled(store, q)) for q in range(3)) == len(offsets) and store.caught_up()
         store.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 300), st.sampled_from(["T", "U"]),
+                          st.sampled_from([None, "new", "caf\u00e9"]), st.booleans()), min_size=1, max_size=30),
+       st.integers(0, 2**32))  # fmt: skip
+def test_dispatch_walks_entries_natively_as_its_twin_does(tmp_path_factory, items, seed):
+    """Dispatch of committed entries is one native walk per data file (dispatch_units with an
+    entry header); the Python twin gives the same stops and units, and the consume queues hold
+    every message at its queue offset (no-ops, several queues and data-file ends between)."""
+    from commitlog import native
+    from commitlog.store import _dispatch_entries_python
+
+    rng = random.Random(seed)
+    store = open_store(tmp_path_factory.mktemp("walk"))
+    try:
+        expected = {}
+        for i, (queue_id, size, topic, tags, noop_before) in enumerate(items):
+            if noop_before:
+                noop(store, 1)
+            properties = {"KEYS": f"k{i}"} | ({"TAGS": tags} if tags else {})
+            lead(store, [rec.Message(topic, bytes([i % 256]) * size, queue_id=queue_id, properties=properties)],
+                 commit=rng.random() < 0.3)  # fmt: skip
+            expected.setdefault((topic, queue_id), []).append(bytes([i % 256]) * size)
+        store.set_committed(store.entries.last_index())
+        while store.dispatch():
+            pass
+        assert store.dispatch_error is None and store.dispatched_index == store.entries.last_index()
+        for (topic, queue_id), bodies in expected.items():
+            assert [body for _, body in pulled(store, queue_id, topic)] == bodies
+        if native.dispatch_units is not None:
+            for mapped_file in store.entries.data_file_list.mapped_files:
+                view, base = mapped_file.view(), mapped_file.file_from_offset
+                for start_entry in range(0, mapped_file.wrote_position, max(1, mapped_file.wrote_position // 3)):
+                    try:  # from an entry's start
+                        header = codec.decode_entry_header(view, start_entry)
+                    except codec.EntryFormatError:
+                        continue
+                    limit = mapped_file.wrote_position
+                    fast = native.dispatch_units(view, start_entry, limit, base, 1000, 48)
+                    slow = _dispatch_entries_python(view, start_entry, limit, base, 1000, 48)
+                    assert fast == slow, (header, fast[:3], slow[:3])
+    finally:
+        store.close()
+
+
+def test_a_malformed_entry_body_stops_dispatch_and_names_the_entry(tmp_path):
+    store = open_store(tmp_path)
+    lead(store, [message(1), message(2)], commit=False)
+    store.entries.append([Entry(2, 1, b"not a record at all")])
+    lead(store, [message(3)], commit=False)
+    store.set_committed(store.entries.last_index())
+    while store.dispatch():
+        pass
+    assert store.dispatched_index == 1 and store.dispatch_error.startswith("entry 2: its body at offset")
+    assert [q for q, _ in pulled(store)] == [0, 1]
+    store.close(clean=False)

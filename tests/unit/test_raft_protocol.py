@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from hasvc.protocol import raft as rp
 from hasvc.protocol.wire import ProtocolError
-from hasvc.state.raft import Entry
+from hasvc.state.raft import Entry, EntryRun
 from hasvc.state.raft.messages import (
     Heartbeat,
     HeartbeatResponse,
@@ -31,7 +31,14 @@ messages = st.one_of(
     st.builds(VoteResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(VoteResult), st.booleans()),
     st.builds(Heartbeat, st.just("n0"), st.just("n1"), terms, indexes, indexes),
     st.builds(HeartbeatResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(HeartbeatResult)),
-    st.builds(Push, st.just("n0"), st.just("n1"), terms, st.sampled_from(PushType), indexes, indexes, indexes, entries),
+    st.builds(Push, st.just("n0"), st.just("n1"), terms, st.sampled_from([PushType.COMPARE, PushType.TRUNCATE]),
+              indexes, indexes, indexes, entries),  # fmt: skip
+    st.integers(1, 3).flatmap(lambda count: st.builds(
+        lambda term, index, prev_term, commit, extra, data: Push(
+            "n0", "n1", term, PushType.APPEND, index, prev_term, commit,
+            EntryRun(index, count, max(prev_term, 0) + extra, data)),
+        terms, st.integers(0, 2**62), st.integers(-1, 2**61), indexes, st.integers(0, 2**61),
+        st.binary(min_size=48 * count, max_size=48 * count + 64))),  # fmt: skip
     st.builds(
         PushResponse,
         st.just("n0"),
@@ -53,7 +60,9 @@ SAMPLES = [
     Heartbeat("n0", "n1", 3, 9),
     Heartbeat("n0", "n1", 3, 9, 7),
     HeartbeatResponse("n0", "n1", 3, HeartbeatResult.EXPIRED_TERM),
-    Push("n0", "n1", 3, PushType.APPEND, 7, 2, 6, (Entry(7, 3, b"abc"), Entry(8, 3, b""))),
+    Push("n0", "n1", 3, PushType.COMPARE, 7, -1, 6, (Entry(7, 3, b"abc"),)),
+    Push("n0", "n1", 3, PushType.TRUNCATE, 7, -1, 6, (Entry(7, 3, b"abc"), Entry(8, 3, b""))),
+    Push("n0", "n1", 3, PushType.APPEND, 7, 2, 6, EntryRun(7, 2, 3, bytes(range(48)) + b"abc" + bytes(48))),
     PushResponse("n0", "n1", 3, PushType.COMPARE, PushResult.MISMATCH, 7, -1, 0, 9, 2),
     TimeoutNow("n0", "n1", 3),
 ]
@@ -128,12 +137,37 @@ def test_a_flipped_byte_raises_protocol_error_or_decodes(message, position, valu
         pass
 
 
+def append_frame(*, term=1, index=0, prev_term=-1, commit=-1, count=1, last_term=1, size=48) -> bytes:
+    """An APPEND frame with these header fields, whatever they claim, and ``size`` bytes of run."""
+    body = rp.APPEND.pack(term, index, prev_term, commit, count, last_term) + bytes(size)
+    return rp.FRAME_HEADER.pack(1 + len(body), rp.APPEND_KIND) + body
+
+
+def test_an_append_frame_is_its_header_then_the_stored_bytes_as_they_are():
+    run = EntryRun(7, 2, 3, bytes(range(100)))
+    push = Push("n0", "n1", 4, PushType.APPEND, 7, 2, 6, run)
+    data = rp.encode(push)
+    assert data[:5] == (1 + 44 + 100).to_bytes(4, "big") + b"\x08" and data[-100:] == run.data
+    assert data[5:49] == b"".join(v.to_bytes(8, "big") for v in (4, 7, 2, 6))[:32] + (2).to_bytes(4, "big") + (3).to_bytes(8, "big")
+    (hello, decoded) = decode_all(rp.encode_hello(HELLO) + data)
+    assert decoded == push and isinstance(decoded.entries.data, memoryview)  # a view of the frame: no copy
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         (rp.encode(TimeoutNow("n0", "n1", 1)), "before HELLO"),
         (rp.encode_hello(HELLO) * 2, "a second HELLO"),
         (rp.encode_hello(rp.Hello("g", "a", "b", version=9)), "version 9"),
+        (rp.encode_hello(rp.Hello("g", "a", "b", version=1)), "version 1, this member speaks 2"),
+        (rp.encode_hello(HELLO) + rp.encode(Push("n0", "n1", 1, PushType.COMPARE, 0, -1, -1, ())).replace(
+            b"\x01" + (0).to_bytes(8, "big"), b"\x03" + (0).to_bytes(8, "big"), 1), "APPEND is frame kind 8"),
+        (rp.encode_hello(HELLO) + append_frame(count=0), "APPEND of 0 entries"),
+        (rp.encode_hello(HELLO) + append_frame(count=3, size=2 * 48 + 40), "APPEND of 3 entries in 136 bytes"),
+        (rp.encode_hello(HELLO) + append_frame(prev_term=5, last_term=4), "last term 4 after previous term 5"),
+        (rp.encode_hello(HELLO) + append_frame(index=-1), "from index -1"),
+        (rp.encode_hello(HELLO) + append_frame(term=-1), "negative term"),
+        (rp.encode_hello(HELLO) + append_frame(commit=-2), "commit index -2 is below -1"),
         (rp.encode_hello(HELLO) + b"\x00\x00\x00\x01\x63", "unknown Raft frame kind 99"),
         (rp.encode_hello(HELLO) + b"\xff\xff\xff\xff\x01", "frame of 4294967295 bytes"),
         (
@@ -168,7 +202,7 @@ def test_hello_carries_the_senders_client_address_and_data_start(group, address)
 
 
 def test_a_hello_without_the_client_address_field_is_read_as_an_older_members():
-    old = b"\x01" + bytes([7]) + b"group-a" + b"\x02n0" + b"\x02n1"  # version, group, source, target: nothing else
+    old = bytes([rp.RAFT_PROTOCOL_VERSION, 7]) + b"group-a" + b"\x02n0" + b"\x02n1"  # version, group, source, target: nothing else
     frame = len(old + b"x").to_bytes(4, "big") + b"\x00" + old
     assert decode_all(frame) == [rp.Hello("group-a", "n0", "n1", client_address="")]
     truncated = rp.encode_hello(rp.Hello("g", "n0", "n1", client_address="127.0.0.1:1"))
@@ -182,3 +216,14 @@ def test_a_hello_with_a_negative_data_start_is_refused():
     data = data[:-8] + (-4).to_bytes(8, "big", signed=True)
     with pytest.raises(ProtocolError, match="negative data start"):
         decode_all(data)
+
+
+def test_the_append_example_of_protocol_md():
+    from commitlog.dledger.entry_codec import encode_entry
+
+    entry = encode_entry(index=7, term=3, pos=4096, body=b"abc")
+    data = rp.encode(Push("n0", "n1", 4, PushType.APPEND, 7, 2, 6, EntryRun(7, 1, 3, entry)))
+    q = lambda value: value.to_bytes(8, "big")  # noqa: E731
+    assert data == (b"\x00\x00\x00\x60\x08" + q(4) + q(7) + q(2) + q(6) + b"\x00\x00\x00\x01" + q(3)
+                    + b"\x00\x00\x00\x01\x00\x00\x00\x33" + q(7) + q(3) + q(4096) + bytes(8)
+                    + bytes.fromhex("352441c2") + b"\x00\x00\x00\x03abc")  # fmt: skip

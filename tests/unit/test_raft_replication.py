@@ -34,7 +34,14 @@ def carry_out(node: RaftNode, log: SimLog) -> Ready:
     if ready.truncate_after is not None:
         log.truncate(after_index=ready.truncate_after)
     log.append(ready.entries)
+    for run in ready.runs:
+        log.append_run(run)
     return ready
+
+
+def append(log: SimLog, term: int, index: int, prev_term: int, commit: int, entries) -> Push:
+    """An APPEND from n0 to n1 carrying ``entries`` as stored bytes (positions as in ``log``)."""
+    return Push("n0", "n1", term, PushType.APPEND, index, prev_term, commit, log.run_of(entries))
 
 
 def make_node(terms, *, term, config=DLEDGER_DEFAULTS, self_id="n0"):
@@ -78,7 +85,7 @@ def test_only_entries_of_the_current_term_commit_by_counting():
 def test_a_flush_sync_follower_acknowledges_only_what_it_flushed():
     config = RaftConfig(flush_sync=True)
     node, log = make_node([], term=1, config=config, self_id="n1")
-    node.step(Push("n0", "n1", 1, PushType.APPEND, 0, -1, -1, (Entry(0, 1, b"a"), Entry(1, 1, b"b"))), 0.0)
+    node.step(append(log, 1, 0, -1, -1, (Entry(0, 1, b"a"), Entry(1, 1, b"b"))), 0.0)
     # Appended, nothing flushed: no response yet (it would acknowledge nothing new).
     assert not carry_out(node, log).messages
     node.persisted(log.flush(), 0.01)
@@ -92,7 +99,7 @@ def test_a_flush_sync_follower_answers_a_push_of_entries_it_has_at_once():
     waiting for it after a timeout), acknowledging what is flushed."""
     config = RaftConfig(flush_sync=True)
     node, log = make_node([], term=1, config=config, self_id="n1")
-    push = Push("n0", "n1", 1, PushType.APPEND, 0, -1, -1, (Entry(0, 1, b"a"),))
+    push = append(log, 1, 0, -1, -1, (Entry(0, 1, b"a"),))
     node.step(push, 0.0)
     carry_out(node, log)
     node.persisted(log.flush(), 0.01)
@@ -119,7 +126,7 @@ def test_a_push_beyond_the_end_is_answered_out_of_order_once():
     node, log = make_node([1], term=1, self_id="n1")
     answers = []
     for index in (3, 4, 5):
-        node.step(Push("n0", "n1", 1, PushType.APPEND, index, 1, -1, (Entry(index, 1, b"x"),)), 0.0)
+        node.step(append(log, 1, index, 1, -1, (Entry(index, 1, b"x"),)), 0.0)
         answers.extend(carry_out(node, log).messages)
     assert [(a.result, a.end_index) for a in answers] == [(PushResult.OUT_OF_ORDER, 0)]
     assert log.last_index() == 0
@@ -231,7 +238,7 @@ def test_a_vote_request_for_a_candidate_with_an_older_log_does_not_change_the_le
 
 def test_an_append_whose_previous_entry_differs_is_refused_not_applied():
     node, log = make_node([1, 1], term=2, self_id="n1")
-    node.step(Push("n0", "n1", 2, PushType.APPEND, 2, 2, -1, (Entry(2, 2, b"x"),)), 0.0)  # we have term 1 at 1
+    node.step(append(log, 2, 2, 2, -1, (Entry(2, 2, b"x"),)), 0.0)  # we have term 1 at 1
     (answer,) = carry_out(node, log).messages
     assert answer.result is PushResult.INCONSISTENT_STATE and log.last_index() == 1
 
@@ -239,7 +246,7 @@ def test_an_append_whose_previous_entry_differs_is_refused_not_applied():
 def test_an_append_that_overlaps_differently_is_refused_not_applied():
     node, log = make_node([1, 1, 1], term=2, self_id="n1")
     node.step(
-        Push("n0", "n1", 2, PushType.APPEND, 1, 1, -1, (Entry(1, 1, b"e1"), Entry(2, 2, b"y"), Entry(3, 2, b"z"))), 0.0
+        append(log, 2, 1, 1, -1, (Entry(1, 1, b"e1"), Entry(2, 2, b"y"), Entry(3, 2, b"z"))), 0.0
     )
     (answer,) = carry_out(node, log).messages
     assert answer.result is PushResult.INCONSISTENT_STATE and [e.term for e in log.entries] == [1, 1, 1]
@@ -247,7 +254,7 @@ def test_an_append_that_overlaps_differently_is_refused_not_applied():
 
 def test_an_overlapping_append_of_equal_entries_appends_only_the_new_ones():
     node, log = make_node([1, 1], term=1, self_id="n1")
-    node.step(Push("n0", "n1", 1, PushType.APPEND, 1, 1, 1, (Entry(1, 1, b"e1"), Entry(2, 1, b"new"))), 0.0)
+    node.step(append(log, 1, 1, 1, 1, (Entry(1, 1, b"e1"), Entry(2, 1, b"new"))), 0.0)
     (answer,) = carry_out(node, log).messages
     assert answer.result is PushResult.SUCCESS and answer.ack_index == 2
     assert [e.body for e in log.entries] == [b"e0", b"e1", b"new"] and node.committed_index == 1
@@ -282,7 +289,8 @@ def test_raft_figure_8_an_old_entry_on_a_majority_is_not_committed_and_may_be_ov
     cluster.network.partition([x])
     y, z = [m for m in members if m not in (p, q, x)]
     # p or q leads term 3 and pushes "bb" everywhere, but its own no-op never leaves it.
-    cluster.network.drop_if = lambda source, target, m: isinstance(m, Push) and any(e.index > b for e in m.entries)
+    cluster.network.drop_if = lambda source, target, m: isinstance(m, Push) and (
+        m.entries.last_index > b if m.type is PushType.APPEND else any(e.index > b for e in m.entries))
     cluster.start(p)
     cluster.start(q)
     run_until(lambda: cluster.leader() in (p, q))
@@ -377,3 +385,33 @@ def test_a_re_push_after_a_timeout_below_the_first_index_marks_the_follower_inst
     ready = carry_out(node, log)
     assert not [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"]
     assert node.status(12.0).peers["n2"].behind_log_start and node.deadline() > 12.0
+
+
+def test_a_run_whose_bytes_fail_the_check_is_refused_whole_and_named():
+    node, log = make_node([1, 1], term=1, self_id="n1")
+    good = append(log, 1, 2, 1, -1, (Entry(2, 1, b"x"), Entry(3, 1, b"yy")))
+    data = bytearray(good.entries.data)
+    data[-1] ^= 0x20  # the second entry's body: its bodyCrc no longer matches
+    bad = dataclasses.replace(good, entries=dataclasses.replace(good.entries, data=bytes(data)))
+    node.step(bad, 0.0)
+    ready = carry_out(node, log)
+    (answer,) = ready.messages
+    assert answer.result is PushResult.INCONSISTENT_STATE and log.last_index() == 1  # nothing of it appended
+    assert ready.refused_runs == ("from n0: entries 2..3: entry 3 (number 1 of 2): bodyCrc mismatch",)
+    node.step(good, 0.1)  # the leader's next push, sent again after its COMPARE
+    ready = carry_out(node, log)
+    assert ready.messages[0].result is PushResult.SUCCESS and [e.body for e in log.entries[2:]] == [b"x", b"yy"]
+    assert not ready.refused_runs
+
+
+def test_a_leader_answered_inconsistent_state_compares_again():
+    node, log = make_node([1], term=1)
+    elect(node, log, now=10.0)
+    node.step(PushResponse("n1", "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), 10.1)
+    ready = carry_out(node, log)
+    (append_push,) = [m for m in ready.messages if isinstance(m, Push) and m.target == "n1"]
+    assert append_push.type is PushType.APPEND and append_push.entries.data is None  # a reference: the driver reads it
+    node.step(PushResponse("n1", "n0", 2, PushType.APPEND, PushResult.INCONSISTENT_STATE, 1, -1, 0, 0), 10.2)
+    ready = carry_out(node, log)
+    (compare,) = [m for m in ready.messages if isinstance(m, Push) and m.target == "n1"]
+    assert compare.type is PushType.COMPARE and compare.index == 0

@@ -17,10 +17,10 @@ from hasvc.state.raft.ready import (
     Role,
     TransferAborted,
 )
-from hasvc.state.raft.storage import Entry, EntryLog, HardState
+from hasvc.state.raft.storage import Entry, EntryLog, EntryRun, HardState
 
 __all__ = [
     "DLEDGER_DEFAULTS", "ETCD_LIKE", "NO_OP", "BecameCandidate", "BecameFollower", "BecameLeader", "Entry",
-    "EntryLog", "HardState", "PeerStatus", "ProposalDone", "ProposalStatus", "Proposed", "RaftConfig",
+    "EntryLog", "EntryRun", "HardState", "PeerStatus", "ProposalDone", "ProposalStatus", "Proposed", "RaftConfig",
     "RaftNode", "RaftStatus", "Ready", "RefusalStatus", "Refused", "Role", "TransferAborted",
 ]  # fmt: skip

@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-The core never writes to the store. Appends and truncations go into ``unstable`` (entries) and
-``truncate_after`` (a cut of the stored part) and leave through ``drain()`` in the next ``Ready``;
+The core never writes to the store. Appends and truncations go into ``unstable`` (a leader's
+proposed entries), ``runs`` (a follower's runs of stored bytes from its leader, checked by the
+store) and ``truncate_after`` (a cut of the stored part) and leave through ``drain()`` in the next ``Ready``;
 the driver applies them (truncate, then append) before it calls into the core again, and
 ``check_applied()`` asserts it did (pair assertion on last index and term). Reads see the stored
 part below the cut, then the unstable entries.
@@ -11,13 +12,18 @@ part below the cut, then the unstable entries.
 
 from __future__ import annotations
 
-from hasvc.state.raft.storage import Entry, EntryLog
+import bisect
+import itertools
+
+from hasvc.state.raft.storage import Entry, EntryLog, EntryRun
 
 
 class LogView:
     def __init__(self, log: EntryLog) -> None:
         self.log = log
         self._unstable: list[Entry] = []
+        self._unstable_ends: list[int] = []  # body sizes of _unstable[:i + 1], summed
+        self._runs: list[EntryRun] = []  # a follower's appended runs (never beside _unstable)
         self._truncate_after: int | None = None
         self._expected_end: tuple[int, int] = (log.last_index(), log.last_term())
 
@@ -33,9 +39,13 @@ class LogView:
         return self._stored_last()
 
     def last_index(self) -> int:
+        if self._runs:
+            return self._runs[-1].last_index
         return self._unstable[-1].index if self._unstable else self._stored_last()
 
     def last_term(self) -> int:
+        if self._runs:
+            return self._runs[-1].last_term
         if self._unstable:
             return self._unstable[-1].term
         last = self._stored_last()
@@ -43,6 +53,13 @@ class LogView:
 
     def term_at(self, index: int) -> int:
         """The term at `index`; IndexError outside [first_index(), last_index()]."""
+        if self._runs and index >= self._runs[0].first_index:
+            for run in self._runs:
+                if index == run.last_index:
+                    return run.last_term
+                if run.first_index <= index < run.last_index:
+                    return run.split_after(index)[0]  # a walk of its headers (rare: runs are drained at once)
+            raise IndexError(index)
         if self._unstable and index >= self._unstable[0].index:
             if index > self._unstable[-1].index:
                 raise IndexError(index)
@@ -59,6 +76,7 @@ class LogView:
 
     def read(self, lo: int, hi: int, *, size_max: int) -> list[Entry]:
         """Entries lo <= index < hi (at least one when lo <= last_index()), bodies up to size_max bytes."""
+        self._runs_to_entries()
         hi = min(hi, self.last_index() + 1)
         if lo >= hi:
             return []
@@ -78,8 +96,29 @@ class LogView:
             size += len(entry.body)
         return out
 
+    def count_within(self, lo: int, hi: int, *, size_max: int) -> int:
+        """How many entries from lo (below hi) one APPEND push carries: their bodies fit in size_max
+        (at least one when lo <= last_index()), as ``read`` counts. The stored part is the
+        store's ``run_length``; the unstable part a bisection of its running sizes."""
+        assert not self._runs, "a leader pushes; runs are a follower's"
+        hi = min(hi, self.last_index() + 1)
+        if lo >= hi:
+            return 0
+        stored_hi = min(hi, self._stored_last() + 1)
+        count = size = 0
+        if lo < stored_hi:
+            count, size = self.log.run_length(lo, stored_hi, size_max=size_max)
+            if lo + count < stored_hi or stored_hi == hi:
+                return count
+        first_unstable = self._unstable[0].index
+        start = lo + count - first_unstable  # position in _unstable of the next entry to count
+        base = self._unstable_ends[start - 1] if start else 0
+        end = bisect.bisect_right(self._unstable_ends, base + size_max - size, start, hi - first_unstable)
+        return max(count + end - start, 1)
+
     def append(self, entries: list[Entry]) -> None:
         assert entries, "append of nothing"
+        self._runs_to_entries()
         assert entries[0].index == self.last_index() + 1, (entries[0].index, self.last_index())
         previous_term = self.last_term()
         for entry in entries:
@@ -87,26 +126,56 @@ class LogView:
             previous_term = entry.term
         assert all(b.index == a.index + 1 for a, b in zip(entries, entries[1:])), "entries not consecutive"
         self._unstable.extend(entries)
+        total = self._unstable_ends[-1] if self._unstable_ends else 0
+        sizes = itertools.accumulate((len(e.body) for e in entries), initial=total)
+        self._unstable_ends.extend(itertools.islice(sizes, 1, None))
+
+    def append_run(self, run: EntryRun) -> None:
+        """A follower's run of stored entries, checked by ``check_run`` (the next index on)."""
+        assert run.count >= 1 and run.data is not None, run
+        assert run.first_index == self.last_index() + 1, (run.first_index, self.last_index())
+        assert run.last_term >= self.last_term(), ("log terms must not decrease", run.last_term, self.last_term())
+        assert not self._unstable, "runs and proposed entries in one Ready"
+        self._runs.append(run)
+
+    def check_run(self, run: EntryRun, *, prev_term: int) -> str | None:
+        """The store's verdict on a run that would follow the last entry (None: it may be appended)."""
+        assert not self._unstable and not self._runs and self._truncate_after is None, "check_run with changes pending"
+        return self.log.check_run(run, prev_term=prev_term)
+
+    def _runs_to_entries(self) -> None:
+        """Turn pending runs into entries (a walk of their bytes): for the rare mix with reads,
+        truncations or proposals in one event."""
+        if self._runs:
+            runs, self._runs = self._runs, []
+            for run in runs:
+                self.append(run.entries(Entry))
 
     def truncate(self, *, after_index: int) -> None:
         """Drop every entry above after_index."""
+        self._runs_to_entries()
         if self._unstable and after_index >= self._unstable[0].index - 1:
             del self._unstable[after_index + 1 - self._unstable[0].index :]
+            del self._unstable_ends[len(self._unstable) :]
             return
         self._unstable.clear()
+        self._unstable_ends.clear()
         if after_index < self._stored_last():
             self._truncate_after = after_index
 
-    def drain(self) -> tuple[int | None, tuple[Entry, ...]]:
-        """The truncation and entries the driver must apply now; afterwards the store is the view."""
-        truncate_after, entries = self._truncate_after, tuple(self._unstable)
+    def drain(self) -> tuple[int | None, tuple[Entry, ...], tuple[EntryRun, ...]]:
+        """The truncation, entries and runs the driver must apply now (in that order); afterwards
+        the store is the view."""
+        truncate_after, entries, runs = self._truncate_after, tuple(self._unstable), tuple(self._runs)
         self._expected_end = (self.last_index(), self.last_term())
         self._truncate_after = None
         self._unstable = []
-        return truncate_after, entries
+        self._unstable_ends = []
+        self._runs = []
+        return truncate_after, entries, runs
 
     def check_applied(self) -> None:
         """Pair assertion: the driver applied the last drained changes before calling in again."""
-        if not self._unstable and self._truncate_after is None:
+        if not self._unstable and not self._runs and self._truncate_after is None:
             stored = (self.log.last_index(), self.log.last_term())
             assert stored == self._expected_end, ("the driver did not apply the last Ready", stored, self._expected_end)

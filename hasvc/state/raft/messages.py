@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from hasvc.state.raft.storage import Entry
+from hasvc.state.raft.storage import Entry, EntryRun
 
 
 class VoteResult(enum.IntEnum):
@@ -39,7 +39,7 @@ class HeartbeatResult(enum.IntEnum):
 class PushType(enum.IntEnum):
     COMPARE = 1  # does your entry at `index` equal mine? (`entries` holds mine, empty for index -1)
     TRUNCATE = 2  # drop everything after `index` (whose entry, mine, is in `entries`)
-    APPEND = 3  # append `entries` (consecutive from `index`; `prev_term` is the term at index - 1)
+    APPEND = 3  # append the run `entries` (an EntryRun from `index`; `prev_term` is the term at index - 1)
 
 
 class PushResult(enum.IntEnum):
@@ -99,7 +99,9 @@ class Push:
     index: int  # COMPARE/TRUNCATE: the index compared or kept (-1: the empty prefix); APPEND: entries[0].index
     prev_term: int  # APPEND: term of the entry at index - 1 (-1 when index is 0); else -1
     commit_index: int
-    entries: tuple[Entry, ...] = ()
+    # COMPARE/TRUNCATE: the leader's entries named above. APPEND: an ``EntryRun`` from ``index``: the
+    # stored bytes, or (a leader's, before its driver sends it) a reference to its own log's entries.
+    entries: tuple[Entry, ...] | EntryRun = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -44,7 +44,11 @@ where the follower's entry equals the leader's, skipping a whole older term per 
 TRUNCATE (the follower drops its divergent tail) -> APPEND (batched pushes, at most
 ``push_in_flight_max`` unacknowledged entries, re-pushed after ``push_timeout_seconds``). Every
 append is guarded by the term of the entry before it, so logs that share an (index, term) share
-the whole prefix.
+the whole prefix. An APPEND carries an ``EntryRun``: the leader's core names the entries (first
+index, count, last term) and its driver sends them as its store holds them, read at send time
+(``EntryLog.read_runs``; by log matching, the same last term means the same entries); a
+follower's core has the store check the run's bytes (``EntryLog.check_run``) before it appends
+it (``Ready.runs``), so no entry is decoded into an ``Entry`` on either side.
 
 Retention (``retention_floor``): a member's driver deletes only entries below the floor, which a
 leader computes from its committed index and every peer's match index and announces in its
@@ -94,7 +98,7 @@ from hasvc.state.raft.ready import (
     RoleChange,
     TransferAborted,
 )
-from hasvc.state.raft.storage import Entry, EntryLog, HardState
+from hasvc.state.raft.storage import Entry, EntryLog, EntryRun, HardState
 
 NO_OP = b""  # the body of the entry a new leader appends in its term
 
@@ -185,6 +189,7 @@ class RaftNode:
         self._role_changes: list[RoleChange] = []
         self._proposals_done: list[ProposalDone] = []
         self._transfers_aborted: list[TransferAborted] = []
+        self._refused_runs: list[str] = []
         self._hard_state_changed = False
         self._committed_reported = self.committed_index
         # Invariant floors.
@@ -282,7 +287,7 @@ class RaftNode:
         self._after_event(now)
 
     def ready(self) -> Ready:
-        truncate_after, entries = self._log.drain()
+        truncate_after, entries, runs = self._log.drain()
         committed = None
         if self.committed_index != self._committed_reported:
             committed = self._committed_reported = self.committed_index
@@ -290,8 +295,11 @@ class RaftNode:
         if self._hard_state_changed:
             hard_state = HardState(self.term, self.voted_for, self.committed_index)
             self._hard_state_changed = False
-        ready = Ready(hard_state, truncate_after, entries, tuple(self._messages), committed,
-                      tuple(self._role_changes), tuple(self._proposals_done), tuple(self._transfers_aborted))  # fmt: skip
+        ready = Ready(hard_state=hard_state, truncate_after=truncate_after, entries=entries, runs=runs,
+                      messages=tuple(self._messages), committed_index=committed,
+                      role_changes=tuple(self._role_changes), proposals=tuple(self._proposals_done),
+                      transfers_aborted=tuple(self._transfers_aborted), refused_runs=tuple(self._refused_runs))  # fmt: skip
+        self._refused_runs.clear()
         self._messages.clear()
         self._role_changes.clear()
         self._proposals_done.clear()
@@ -649,24 +657,44 @@ class RaftNode:
         self._send_push_response(m.source, m.type, PushResult.SUCCESS, m.index)
 
     def _on_append(self, m: Push) -> None:
-        if not m.entries or m.entries[0].index != m.index:
-            raise ValueError(f"APPEND at {m.index} carries {m.entries[:1]}")
+        """Append the leader's run after checking it against our log: the entry before it (its
+        previous term), where it overlaps ours the last overlapping entry (by log matching, equal
+        there means equal before), and the new part's bytes by the store (``check_run``: one native
+        walk -- indexes, terms, positions, CRCs). A run the store refuses is answered
+        INCONSISTENT_STATE (the leader compares again) and named in ``Ready.refused_runs``."""
+        run = m.entries
+        if not isinstance(run, EntryRun) or run.data is None or run.first_index != m.index or run.count < 1:
+            raise ValueError(f"APPEND at {m.index} carries {run!r:.80}")
         last = self._log.last_index()
         if m.index > last + 1:  # an earlier push was lost: say where we are, once per end index
             if self._gap_reported_end != last:
                 self._gap_reported_end = last
                 self._send_push_response(m.source, m.type, PushResult.OUT_OF_ORDER, m.index)
             return
+        new: EntryRun | None = run
+        prev_term = m.prev_term
         consistent = self._same_as_ours(m.index - 1, m.prev_term)
-        overlap = [e for e in m.entries if e.index <= last]
-        if not consistent or any(not self._same_as_ours(e.index, e.term) for e in overlap):
+        if consistent and run.first_index <= last:  # overlap (a push sent again): skip what we hold
+            overlap_end = min(last, run.last_index)
+            try:
+                prev_term, new = run.split_after(overlap_end)
+            except ValueError as error:  # bytes a walk cannot follow
+                self._refused_runs.append(f"from {m.source}: entries {run.first_index}..{run.last_index}: {error}")
+                consistent = False
+            else:
+                consistent = self._same_as_ours(overlap_end, prev_term)
+        if consistent and new is not None:
+            reason = self._log.check_run(new, prev_term=prev_term)
+            if reason is not None:
+                self._refused_runs.append(f"from {m.source}: entries {new.first_index}..{new.last_index}: {reason}")
+                consistent = False
+        if not consistent:
             self._send_push_response(m.source, m.type, PushResult.INCONSISTENT_STATE, m.index)
             return
-        new = list(m.entries[len(overlap) :])
-        if new:
-            self._log.append(new)
-        self._matched_index = max(self._matched_index, m.entries[-1].index)
-        if new and self.config.flush_sync and self._ack_index() <= self._acked_index:
+        if new is not None:
+            self._log.append_run(new)
+        self._matched_index = max(self._matched_index, run.last_index)
+        if new is not None and self.config.flush_sync and self._ack_index() <= self._acked_index:
             # Nothing to acknowledge before these entries are flushed, and persisted() sends
             # that acknowledgement: a response now would tell the leader nothing (its window
             # counts acknowledged entries, not responses), at a message per push each way.
@@ -794,12 +822,14 @@ class RaftNode:
         last = self._log.last_index()
         while progress.index <= last and progress.index - progress.match_index - 1 < self.config.push_in_flight_max:
             # Whole batches (a window that opens by one entry must not make one-entry pushes):
-            # in flight may pass push_in_flight_max by less than a batch.
-            entries = self._log.read(progress.index, last + 1, size_max=self.config.push_batch_size_max)
+            # in flight may pass push_in_flight_max by less than a batch. The push names the
+            # entries (a reference run): the driver sends them as its store holds them.
+            count = self._log.count_within(progress.index, last + 1, size_max=self.config.push_batch_size_max)
+            run = EntryRun(progress.index, count, self._log.term_at(progress.index + count - 1))
             prev_term = self._log.term_or_missing(progress.index - 1)
             self._messages.append(Push(self.self_id, peer, self.term, PushType.APPEND, progress.index, prev_term,
-                                       self.committed_index, tuple(entries)))  # fmt: skip
-            progress.index += len(entries)
+                                       self.committed_index, run))  # fmt: skip
+            progress.index += count
             progress.sent_at = now if progress.sent_at is None else progress.sent_at
         if progress.index <= progress.match_index + 1:
             progress.sent_at = None

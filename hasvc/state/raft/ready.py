@@ -9,7 +9,7 @@ import dataclasses
 import enum
 
 from hasvc.state.raft.messages import Message
-from hasvc.state.raft.storage import Entry, HardState
+from hasvc.state.raft.storage import Entry, EntryRun, HardState
 
 
 class Role(enum.Enum):
@@ -92,11 +92,13 @@ class Ready:
     hard_state: HardState | None = None  # save (fsync) before anything else; None: unchanged
     truncate_after: int | None = None  # then log.truncate(after_index=...)
     entries: tuple[Entry, ...] = ()  # then log.append(entries)
+    runs: tuple[EntryRun, ...] = ()  # then log.append_run(run) for each (a follower's, checked)
     messages: tuple[Message, ...] = ()  # then send
     committed_index: int | None = None  # new commit index; None: unchanged
     role_changes: tuple[RoleChange, ...] = ()
     proposals: tuple[ProposalDone, ...] = ()
     transfers_aborted: tuple[TransferAborted, ...] = ()
+    refused_runs: tuple[str, ...] = ()  # APPEND runs refused by log.check_run, why (for the driver's log)
 
     def is_empty(self) -> bool:
         return self == EMPTY_READY

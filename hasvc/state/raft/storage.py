@@ -15,6 +15,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
+from commitlog.dledger.entry_run import EntryRun
+
+__all__ = ["Entry", "EntryLog", "EntryRun", "HardState"]
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Entry:
@@ -49,6 +53,20 @@ class EntryLog(Protocol):
 
     def append(self, entries: Sequence[Entry]) -> None:
         """entries[0].index == last_index() + 1, consecutive, terms non-decreasing; not yet durable."""
+
+    def run_length(self, lo: int, hi: int, *, size_max: int) -> tuple[int, int]:
+        """(count, body bytes) of the entries from lo (below hi) whose bodies fit in size_max (at
+        least one when lo <= last_index()): one APPEND push."""
+
+    def read_runs(self, first: int, count: int, last_term: int) -> list[EntryRun] | None:
+        """Entries first..first + count - 1 as stored (``EntryRun``s with bytes, one per data file),
+        or None unless the log holds them and the last has last_term. The driver's, at send time."""
+
+    def check_run(self, run: EntryRun, *, prev_term: int) -> str | None:
+        """Why ``run`` (bytes from a leader) cannot follow the last entry, of prev_term; None if it can."""
+
+    def append_run(self, run: EntryRun) -> None:
+        """Append a run check_run accepted (run.first_index == last_index() + 1); not yet durable."""
 
     def truncate(self, *, after_index: int) -> None:
         """Drop every entry with index > after_index (never below committed: the caller asserts)."""

@@ -77,23 +77,9 @@ class Connection:
 
     async def send_parts(self, parts: list) -> None:
         """Send ``parts`` (bytes or views) back to back, and empty the list: as much as the
-        socket takes now with one ``writev`` (``write_parts_now``), the rest copied and sent as
-        ``send_all`` does. No part is held across a wait: a part may be a view of a data file's
-        mapping, which a truncate may cut (or retention unmap) meanwhile. A checkpoint first, as
-        trio's sends are: a cancelled sender writes nothing."""
-        try:
-            await trio.lowlevel.checkpoint_if_cancelled()
-        except BaseException:
-            parts.clear()
-            raise
-        data = self.write_parts_now(parts)
-        if data:
-            await self.send_all(data)
-
-    def write_parts_now(self, parts: list) -> bytes:
-        """Write ``parts`` with one non-blocking ``writev`` (plain TCP, nothing else sending) and
-        empty the list; return a copy of what the socket did not take (all of it under TLS or
-        while a ``send_all`` runs), for the caller to send next. OSError: the connection broke."""
+        socket takes now with one ``writev`` (plain TCP, nothing else sending), the rest copied
+        and sent as ``send_all`` does. No part is held across a wait: a part may be a view of a
+        data file's mapping, which a truncate may cut (or retention unmap) meanwhile."""
         fd = self.raw_fileno
         sent = 0
         if fd >= 0 and not self._send_lock.locked():
@@ -111,7 +97,8 @@ class Connection:
         data = b"".join(remainder)  # a copy of what is left (bytes(...) of each view)
         remainder.clear()
         parts.clear()
-        return data
+        if data:
+            await self.send_all(data)
 
     async def send_small(self, data: bytes) -> None:
         """Send a small frame (a slave's report) with one non-blocking write when nothing else

@@ -54,6 +54,7 @@ import functools
 import json
 import logging
 import math
+import os
 import random
 import time
 
@@ -272,13 +273,11 @@ class RaftDriver:
             entries.truncate(after_index=ready.truncate_after)
         if ready.entries:
             entries.append(ready.entries)
-            if self.group.raft.flush_sync:
-                self._start_sync()
         if ready.runs:
             for run in ready.runs:  # a leader's stored bytes, checked by the core's step (check_run)
                 entries.append_run(run)
-            if self.group.raft.flush_sync:
-                self._start_sync()
+        if (ready.entries or ready.runs) and self.group.raft.flush_sync:
+            self._start_sync()
         for reason in ready.refused_runs:
             LOGGER.warning("raft: refused an APPEND (answered INCONSISTENT_STATE, the leader compares again): %s", reason)
         for message in ready.messages:
@@ -311,19 +310,23 @@ class RaftDriver:
         statistics = self._queues[message.target][1].statistics()
         if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.sending:
             return False
-        if connection.raw_fileno < 0:
+        fd = connection.raw_fileno
+        if fd < 0:
             return False
-        parts = self._frame_parts(message, connection)  # an APPEND read from the data files now
-        if not parts:
-            return True  # its entries are gone from the log: dropped (counted), as a lost message
+        parts = self._frame_parts(message, connection)
         try:
-            rest = connection.write_parts_now(parts)
-        except OSError:
-            return False  # the sender's own write will meet the error and reconnect
+            try:
+                sent = os.writev(fd, parts) if parts else 0
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return False  # the sender's own write will meet the error and reconnect
+            size = sum(map(len, parts))
+            if sent < size:  # copied now: no view of a data file outlives this call
+                rest = b"".join(bytes(part) for part in parts)[sent:]
+                self._queues[message.target][0].send_nowait(_Rest(connection, rest))  # the buffer is empty: it fits
         finally:
-            parts.clear()  # views of the data files: never kept
-        if rest:
-            self._queues[message.target][0].send_nowait(_Rest(connection, rest))  # the buffer is empty: it fits
+            parts.clear()
         return True
 
     def _check_transfer(self, ready) -> None:
@@ -530,16 +533,14 @@ class RaftDriver:
                                 break
                         try:
                             await connection.send_parts(parts)
-                        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                            # Here, not around the nursery: an error in its body leaves it wrapped
-                            # in an exception group (trio's strict groups), which no except matches.
-                            LOGGER.info("raft: connection to %s lost: %s", peer, error)
-                            nursery.cancel_scope.cancel()
-                            break
                         finally:
                             parts.clear()  # views of the data files: never held while the log may change
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                LOGGER.info("raft: connection to %s lost: %s", peer, error)
+            except BaseException as error:
+                # The nursery wraps what the loop raised in an exception group: a broken
+                # connection is expected, anything else (Cancelled among them) goes on up.
+                if not transport.is_expected(error, (OSError, trio.BrokenResourceError, trio.ClosedResourceError)):
+                    raise
+                LOGGER.info("raft: connection to %s lost: %s", peer, transport.describe(error))
             finally:
                 self.connected[peer] = False
                 del self._links[peer]
@@ -552,13 +553,13 @@ class RaftDriver:
                 pause = RAFT_RECONNECT_MIN_SECONDS
 
     def _frame_parts(self, message, connection: transport.Connection) -> list:
-        """What the sender writes for a queued item, as parts for one writev: an APPEND's
-        reference run read from the store as stored bytes -- a frame header and a view of the
-        data file per run (a run stops at a file's end) -- or nothing when the log no longer
-        holds those entries (a truncate or retention since the core queued it: dropped, as a lost
-        message); the rest of a frame ``_send_now`` started on this connection, nothing for the
-        rest of one started on an earlier connection (lost with it, as queued messages are; Raft
-        re-sends what matters); any other message encoded."""
+        """The frames for ``message`` as parts for one writev: an APPEND's reference run read from
+        the store as stored bytes -- a frame header and a view of the data file per run (a run
+        stops at a file's end) -- or nothing when the log no longer holds those entries (a
+        truncate or retention since the core queued it: dropped, as a lost message); any other
+        message encoded. A ``_Rest`` (the end of a frame ``_send_now`` wrote in part): its bytes
+        on the connection it began on, nothing on a later one (that frame is lost with its
+        connection, as queued messages are; Raft re-sends what matters)."""
         if isinstance(message, _Rest):
             return [message.data] if message.connection is connection else []
         if not isinstance(message, Push) or message.type is not PushType.APPEND or message.entries.data is not None:

@@ -82,11 +82,15 @@ def _run_broker(config) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hasvc").info("effective configuration: %s", json.dumps(config.describe()))
 
+    ready = False
+
     async def serve() -> None:
+        nonlocal ready
         broker = Broker(config)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 addresses = await nursery.start(broker.run)
+                ready = True
                 click.echo("READY " + json.dumps(addresses))
                 sys.stdout.flush()
                 async for signum in signals:
@@ -96,9 +100,12 @@ def _run_broker(config) -> None:
 
     try:
         trio.run(serve)
-    except StoreError as error:
-        raise click.ClickException(str(error)) from None
-    except OSError as error:
+    except (StoreError, OSError) as error:
+        if ready:  # not a start-up failure: the log gets the whole story
+            logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
+            raise click.ClickException(f"stopped: {type(error).__name__}: {error}") from None
+        if isinstance(error, StoreError):
+            raise click.ClickException(str(error)) from None
         raise click.ClickException(f"cannot listen: {error}") from None
 
 

@@ -94,11 +94,15 @@ def _run_node(config, group_config) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hasvc").info("effective configuration: %s; raft %s", json.dumps(config.describe()), group_config.raft)
 
+    ready = False
+
     async def serve() -> None:
+        nonlocal ready
         broker = DLedgerBroker(config, group_config)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 addresses = await nursery.start(broker.run)
+                ready = True
                 click.echo("READY " + json.dumps(addresses))
                 sys.stdout.flush()
                 async for signum in signals:
@@ -110,6 +114,9 @@ def _run_node(config, group_config) -> None:
         trio.run(serve)
     except (StoreError, OSError, BaseExceptionGroup) as error:
         leaf = first_leaf(error)  # the nursery wraps what the node's start raised
+        if ready:  # not a start-up failure: the log gets the whole story
+            logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
+            raise click.ClickException(f"stopped: {type(leaf).__name__}: {leaf}") from None
         if isinstance(leaf, StoreError):
             raise click.ClickException(str(leaf)) from None
         if isinstance(leaf, OSError):

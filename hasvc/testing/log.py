@@ -1,5 +1,8 @@
 """SimLog: the ``EntryLog`` protocol in memory, with crash semantics.
 
+An entry's offset (``first_offset``, what a RESET carries) is its index here: a reset must be
+handed the leader's, and ``reset`` checks it was.
+
 ``crash()`` keeps what a power loss keeps: entries up to ``flushed_index()`` and the saved hard
 state. ``crash(lose_unflushed=False)`` is a process kill, which keeps the page cache (everything
 appended) -- DLedger's default durability (acknowledged in memory, flushed every 10 ms) survives
@@ -10,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hasvc.state.raft.storage import Entry, HardState
+from hasvc.state.raft.storage import Entry, HardState, LogReset
 
 
 class SimLog:
     def __init__(self) -> None:
         self.entries: list[Entry] = []  # entries[i] is entry first_index() + i
-        self._first = 0  # retention (``compact``) moves it up
+        self._first = 0  # retention (``compact``) and ``reset`` move it up
+        self._term_before_first = -1  # the term of entry _first - 1 (-1: _first is 0)
         self._flushed_index = -1
         self._hard_state = HardState(0, None, -1)
         self.flush_count = 0
@@ -28,7 +32,13 @@ class SimLog:
         return self._first + len(self.entries) - 1
 
     def last_term(self) -> int:
-        return self.entries[-1].term if self.entries else -1
+        return self.entries[-1].term if self.entries else self._term_before_first
+
+    def term_before_first(self) -> int:
+        return self._term_before_first
+
+    def first_offset(self) -> int:
+        return self._first
 
     def term_at(self, index: int) -> int:
         return self.entry_at(index).term
@@ -74,9 +84,21 @@ class SimLog:
         deletion is durable)."""
         limit = min(keep_from_index, committed_index, self._flushed_index)
         if limit > self._first:
+            self._term_before_first = self.entries[limit - 1 - self._first].term
             del self.entries[: limit - self._first]
             self._first = limit
         return self._first
+
+    def reset(self, reset: LogReset) -> None:
+        """Drop every entry, start empty at ``reset.first_index``; durable at once."""
+        if reset.first_offset != reset.first_index:
+            raise ValueError(f"reset to index {reset.first_index} at offset {reset.first_offset}: not the leader's")
+        self.entries = []
+        self._first = reset.first_index
+        self._term_before_first = reset.term_before_first
+        self._flushed_index = reset.first_index - 1
+        self._hard_state = HardState(self._hard_state.term, self._hard_state.voted_for,
+                                     max(self._hard_state.committed_index, reset.first_index - 1))  # fmt: skip
 
     def flush(self) -> int:
         self.flush_count += 1

@@ -21,6 +21,8 @@ message frames, whose source and target are those of the sender's HELLO. Every f
     kind 6 PUSH_RESPONSE      i64 term | u8 type | u8 result (PushResult) | i64 request index
                               | i64 ack index | i64 begin index | i64 end index | i64 term at index
     kind 7 TIMEOUT_NOW        i64 term
+    kind 8 RESET              i64 term | i64 index | i64 previous term | i64 first term | i64 pos
+                              | i64 commit index   (answered by a PUSH_RESPONSE of type RESET, 4)
 
 A frame over ``frame_size_max``, an unknown kind or enum value, a negative term, an index below
 -1, a body whose fields do not fill its length exactly, or a message before HELLO raises
@@ -44,6 +46,7 @@ from hasvc.state.raft.messages import (
     PushResponse,
     PushResult,
     PushType,
+    ResetPush,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
@@ -76,6 +79,8 @@ PUSH_RESPONSE = struct.Struct(">qBBqqqqq")  # term, type, result, request/ack/be
 assert PUSH_RESPONSE.size == 50
 TIMEOUT_NOW = struct.Struct(">q")  # term
 assert TIMEOUT_NOW.size == 8
+RESET = struct.Struct(">qqqqqq")  # term, index, previous term, first term, pos, commit index
+assert RESET.size == 48
 DATA_START = struct.Struct(">q")  # HELLO's optional last field
 HELLO_HEAD = struct.Struct(">B")  # version (then three u8-length-prefixed ids)
 assert HELLO_HEAD.size == 1
@@ -88,6 +93,7 @@ HEARTBEAT_RESPONSE_KIND: Final = 4
 PUSH_KIND: Final = 5
 PUSH_RESPONSE_KIND: Final = 6
 TIMEOUT_NOW_KIND: Final = 7
+RESET_KIND: Final = 8
 
 FLAG_PRE_VOTE: Final = 0x1
 FLAG_TRANSFER: Final = 0x2
@@ -151,6 +157,9 @@ def encode(message: Message) -> bytes:
         return _frame(HEARTBEAT_RESPONSE_KIND, HEARTBEAT_RESPONSE.pack(message.term, message.result))
     if isinstance(message, TimeoutNow):
         return _frame(TIMEOUT_NOW_KIND, TIMEOUT_NOW.pack(message.term))
+    if isinstance(message, ResetPush):
+        return _frame(RESET_KIND, RESET.pack(message.term, message.index, message.prev_term, message.first_term,
+                                             message.pos, message.commit_index))  # fmt: skip
     raise TypeError(f"not a Raft message: {message!r}")
 
 
@@ -239,6 +248,17 @@ def _decode_push_response(body: _Body, source: str, target: str) -> PushResponse
                         _check_index(term_at, "term at index"))  # fmt: skip
 
 
+def _decode_reset(body: _Body, source: str, target: str) -> ResetPush:
+    term, index, prev_term, first_term, pos, commit = body.unpack(RESET)
+    if index < 1:
+        raise ProtocolError(f"reset index {index} (a log restarts at 1 or later)")
+    if not 0 <= prev_term <= first_term <= term:
+        raise ProtocolError(f"reset terms: previous {prev_term}, first {first_term}, current {term} (need 0 <= p <= f <= t)")
+    if pos < 0:
+        raise ProtocolError(f"negative reset pos {pos}")
+    return ResetPush(source, target, term, index, prev_term, first_term, pos, _check_index(commit, "commit index"))
+
+
 def _decode_message(kind: int, body: _Body, source: str, target: str) -> Message:
     if kind == PUSH_KIND:
         return _decode_push(body, source, target)
@@ -266,6 +286,8 @@ def _decode_message(kind: int, body: _Body, source: str, target: str) -> Message
     if kind == TIMEOUT_NOW_KIND:
         (term,) = body.unpack(TIMEOUT_NOW)
         return TimeoutNow(source, target, _check_term(term))
+    if kind == RESET_KIND:
+        return _decode_reset(body, source, target)
     raise ProtocolError(f"unknown Raft frame kind {kind}")
 
 

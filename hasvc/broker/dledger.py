@@ -33,7 +33,10 @@ commit: the index appended when a flush starts is what it marks flushed (``persi
 entries appended meanwhile wait for the next one; with ``--flush sync`` the core counts (leader)
 and acknowledges (follower) an entry only once it is marked flushed. A truncate (a TRUNCATE push
 from the leader) cuts and deletes files, so it never runs during a flush: both hold
-``_files_lock``.
+``_files_lock``. A reset (a RESET from the leader: this member needs entries the group deleted)
+deletes every entry and consume-queue file (``DLedgerMessageStore.reset_log``) before its answer
+is sent, under ``_files_lock`` and the broker's ``maintenance`` lock (no consume-queue flush in a
+worker thread meanwhile).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.dedupe import ProducerTable
 from hasvc.state.raft.config import RaftConfig
-from hasvc.state.raft.messages import Push, PushType
+from hasvc.state.raft.messages import Push, PushType, ResetPush
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.ready import Proposed, Role
 from hasvc.state.raft.storage import Entry, HardState
@@ -208,7 +211,7 @@ class RaftDriver:
     """Drives one ``RaftNode`` over trio: see the module."""
 
     def __init__(self, *, group: GroupConfig, store: DLedgerMessageStore, secret: bytes | None,
-                 on_commit, on_role) -> None:  # fmt: skip
+                 on_commit, on_role, maintenance: trio.Lock | None = None) -> None:  # fmt: skip
         self.group = group
         self.store = store
         self.secret = secret
@@ -226,6 +229,8 @@ class RaftDriver:
         # Held by a flush for its worker thread's time and by a truncate (which cuts and deletes
         # the files the thread syncs): never both at once.
         self._files_lock = trio.Lock()
+        # Held by whoever deletes or flushes consume-queue files (the broker's), and by a reset.
+        self._maintenance = maintenance if maintenance is not None else trio.Lock()
         self.client_address = ""  # this member's client port, sent in every HELLO (set before run)
         self.peer_client_addresses: dict[str, str] = {}  # what each peer's HELLO said
         self._appended = trio.Event()  # entries appended since the flusher last looked
@@ -237,6 +242,14 @@ class RaftDriver:
         entries = self.store.entries
         if ready.hard_state is not None:
             entries.save_hard_state(ready.hard_state)
+        if ready.reset is not None:
+            task = trio.lowlevel.current_task()
+            assert self._files_lock.statistics().owner is task, "reset without _files_lock"
+            assert self._maintenance.statistics().owner is task, "reset without the maintenance lock"
+            LOGGER.warning("raft: reset by the leader: entries %d..%d and the consume queues dropped; the log starts "
+                           "empty at entry %d (offset %d), the leader's first", entries.first_index(),
+                           entries.last_index(), ready.reset.first_index, ready.reset.first_offset)  # fmt: skip
+            self.store.reset_log(ready.reset)
         if ready.truncate_after is not None:
             assert self._files_lock.statistics().owner is trio.lowlevel.current_task(), "truncate without _files_lock"
             entries.truncate(after_index=ready.truncate_after)
@@ -474,6 +487,11 @@ class RaftDriver:
                                 self.node.step(event, trio.current_time())
                                 self.drain()
                             continue
+                        if isinstance(event, ResetPush):  # deletes entry and consume-queue files
+                            async with self._maintenance, self._files_lock:
+                                self.node.step(event, trio.current_time())
+                                self.drain()
+                            continue
                         self.node.step(event, trio.current_time())
                         self.drain()
             except wire.ProtocolError as error:
@@ -582,7 +600,8 @@ class DLedgerBroker:
 
     async def _serve(self, nursery: trio.Nursery, task_status) -> None:
         self.driver = RaftDriver(group=self.group, store=self.store, secret=self.config.secret,
-                                 on_commit=self._on_commit, on_role=self._on_role)  # fmt: skip
+                                 on_commit=self._on_commit, on_role=self._on_role,
+                                 maintenance=self.maintenance)  # fmt: skip
         self.replicator = RaftReplicator(self.store)
         log = RaftLog(self.store, self.driver)
         self.put_service = PutService(config=self.config, store=log, role=self.role_state, replicator=self.replicator,
@@ -685,7 +704,7 @@ class DLedgerBroker:
         """DLedger's CleanSpaceService, every ``dledger_clean_interval_seconds``: delete expired
         head files, never an entry the core's ``retention_floor`` keeps (what some member may
         still need) unless the disk is above ``disk_clean_ratio`` (then a member left behind is
-        stranded: ``behind_log_start``). Runs on the trio thread, not a worker: appends, the
+        RESET by the leader to its first index: ``behind_log_start`` until it answered). Runs on the trio thread, not a worker: appends, the
         dispatcher and the deletion share the file lists (a pass unlinks at most
         ``delete_segments_per_pass_max`` files); under the entry files' lock (no flush of a file
         being deleted) and ``maintenance`` (no consume queue flush meanwhile)."""

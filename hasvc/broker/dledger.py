@@ -397,7 +397,7 @@ class RaftDriver:
                 connection = await transport.connect(address)
                 await transport.client_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
                 hello = raft_wire.Hello(self.group.group, self.group.self_id, peer, client_address=self.client_address,
-                                        data_start_offset=self.store.entries.data_start_offset)  # fmt: skip
+                                        data_start_offset=self._announced_data_start())  # fmt: skip
                 await connection.send_all(raft_wire.encode_hello(hello))
             except (OSError, trio.BrokenResourceError, trio.TooSlowError, transport.AuthenticationError, EOFError) as error:
                 LOGGER.debug("raft: cannot reach %s at %s: %s", peer, format_address(address), error)
@@ -533,14 +533,21 @@ class RaftDriver:
             self._adopt_data_start(hello.source, hello.data_start_offset)
         return hello.source
 
+    def _announced_data_start(self) -> int:
+        """What HELLO says of where this log starts: its first data file's offset while its first
+        index is 0 (0, or a smooth upgrade's divide); 0, "not said", once retention or a reset
+        moved its start (a member that needs entries from before it is RESET, not told)."""
+        entries = self.store.entries
+        return entries.data_start_offset if entries.first_index() == 0 else 0
+
     def _adopt_data_start(self, peer: str, offset: int) -> None:
         """A group upgraded from a classic log starts its entries at the divide; a member that
         joins it with an empty store (no classic part) must place its entries at the same offsets,
         or the records' offsets would not be where they lie. It learns the divide from the first
         HELLO that names one (before any push or vote can reach it on that connection)."""
         entries = self.store.entries
-        if entries.data_start_offset == offset:
-            return
+        if entries.data_start_offset == offset or entries.first_index() > 0:
+            return  # (a start moved by retention or a reset: the leader's RESET and COMPARE decide)
         if entries.last_index() >= 0 or self.store.divided_offset >= 0:
             LOGGER.error("raft: %s's log starts at offset %d, this member's at %d: it cannot follow that log "
                          "(every member must come from the same classic log, or start empty)",

@@ -19,8 +19,10 @@ The order contract (the driver's side, asserted where the core can see it):
 
 1. ``ready.hard_state``, when set, is saved *and fsynced* first: a vote or a new term is never
    announced before it would survive a crash (at most one vote per term, terms never go back).
-2. Then ``log.truncate(after_index=ready.truncate_after)`` and ``log.append(ready.entries)``, before
-   the driver calls into the core again (the core reads the store; ``LogView.check_applied``).
+2. Then ``log.reset(ready.reset)`` (durable when it returns: a RESET's answer says the log is
+   empty at its index), ``log.truncate(after_index=ready.truncate_after)`` and
+   ``log.append(ready.entries)``, before the driver calls into the core again (the core reads the
+   store; ``LogView.check_applied``).
 3. Then ``ready.messages`` are sent. A follower acknowledges an index only once it is in its log
    (step 2 precedes step 3), and with ``flush_sync`` only once it is flushed: its acknowledgements
    carry ``min(matched, flushed)`` and ``persisted()`` sends the ones a flush released. A leader

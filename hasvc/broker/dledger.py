@@ -484,16 +484,13 @@ class RaftDriver:
                             continue
                         if isinstance(event, Push) and event.type is PushType.TRUNCATE:
                             async with self._files_lock:  # the truncate waits for a flush in flight
-                                self.node.step(event, trio.current_time())
-                                self.drain()
+                                self._step(event)
                             continue
                         if isinstance(event, ResetPush):  # deletes entry and consume-queue files
                             async with self._maintenance, self._files_lock:
-                                self.node.step(event, trio.current_time())
-                                self.drain()
+                                self._step(event)
                             continue
-                        self.node.step(event, trio.current_time())
-                        self.drain()
+                        self._step(event)
             except wire.ProtocolError as error:
                 self.refused_connections += 1
                 LOGGER.warning("raft: %s (%s) sent a bad frame, connection closed: %s", connection.peer, source, error)
@@ -506,6 +503,17 @@ class RaftDriver:
                     del self._inbound[source]
                 with trio.CancelScope(shield=True):
                     await connection.stream.aclose()
+
+    def _step(self, message) -> None:
+        """Hand a peer's message to the core and carry its Ready out. A message no member could
+        send (the core's ValueError: an APPEND whose entries do not start at its index, a RESET
+        in a PUSH frame, ...) is a protocol error: that connection is closed, the member goes on."""
+        try:
+            self.node.step(message, trio.current_time())
+        except ValueError as error:
+            self.drain()  # whatever the core did before it refused (it refuses before touching the log)
+            raise wire.ProtocolError(f"{type(message).__name__} refused: {error}") from None
+        self.drain()
 
     def _peer_gone(self, source: str | None, scope: trio.CancelScope) -> None:
         """The connection from ``source`` ended by itself (not replaced by a newer one): tell the

@@ -16,7 +16,7 @@ message frames, whose source and target are those of the sender's HELLO. Every f
     kind 2 VOTE_RESPONSE      i64 term | u8 result (VoteResult) | u8 flags (bit 0: pre-vote)
     kind 3 HEARTBEAT          i64 term | i64 commit index [| i64 retain-from index (when >= 0)]
     kind 4 HEARTBEAT_RESPONSE i64 term | u8 result (HeartbeatResult)
-    kind 5 PUSH               i64 term | u8 type (PushType) | i64 index | i64 previous term
+    kind 5 PUSH               i64 term | u8 type (PushType, not 4 RESET) | i64 index | i64 previous term
                               | i64 commit index | u32 n | n x (i64 index | i64 term | u32 size | body)
     kind 6 PUSH_RESPONSE      i64 term | u8 type | u8 result (PushResult) | i64 request index
                               | i64 ack index | i64 begin index | i64 end index | i64 term at index
@@ -228,6 +228,8 @@ def _check_index(index: int, name: str) -> int:
 
 def _decode_push(body: _Body, source: str, target: str) -> Push:
     term, kind, index, prev_term, commit, count = body.unpack(PUSH)
+    if kind == PushType.RESET:
+        raise ProtocolError("a PUSH of type RESET (4): a RESET has its own frame, kind 8")
     if count * ENTRY_HEADER.size > len(body.data) - body.position:
         raise ProtocolError(f"push of {count} entries in a {len(body.data)}-byte frame")
     entries = []

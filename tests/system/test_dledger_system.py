@@ -18,6 +18,7 @@ from hasvc import client as hc
 from hasvc.cli import main as cli_main
 from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
+from hasvc.state.raft.messages import PushResponse, PushResult, PushType
 from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
 from hasvc.tools.partition import LOOPBACK, free_port
 from tests.cluster import wait_until
@@ -210,6 +211,18 @@ def test_the_raft_port_closes_bad_connections_only(tmp_path) -> None:
         # be reached by the leader's reconnect (its back-off doubles up to 1 s): wait for it.
         wait_until(lambda: all(peer["match_index"] >= 0 for peer in _status(nodes[leader])["peers"].values()),
                    timeout=30, message="every follower matched the leader")  # fmt: skip
+        # A well-formed frame no member could send (an acknowledgement past the leader's log, in
+        # its term): that connection is closed, the leader goes on leading (it used to exit).
+        impostor = next(m for m in nodes if m != leader)
+        leader_port = int(nodes[leader].ready["raft_listen"].rsplit(":", 1)[1])
+        refused_before = _status(nodes[leader])["raft_connections_refused"]
+        with socket.create_connection((LOOPBACK, leader_port), timeout=10) as rogue:
+            _preface(rogue)
+            rogue.sendall(raft_wire.encode_hello(raft_wire.Hello("sys", impostor, leader)) + raft_wire.encode(
+                PushResponse(impostor, leader, shown["term"], PushType.APPEND, PushResult.SUCCESS, -1, 1 << 40, 0, 1 << 40)))
+            assert _closed(rogue)
+        assert nodes[leader].alive and _status(nodes[leader])["raft_connections_refused"] > refused_before
+        assert trio.run(_send, [node.client_address for node in nodes.values()], 5, "d")  # still works
     finally:
         for node in nodes.values():
             node.kill()

@@ -32,7 +32,8 @@ messages = st.one_of(
     st.builds(VoteResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(VoteResult), st.booleans()),
     st.builds(Heartbeat, st.just("n0"), st.just("n1"), terms, indexes, indexes),
     st.builds(HeartbeatResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(HeartbeatResult)),
-    st.builds(Push, st.just("n0"), st.just("n1"), terms, st.sampled_from(PushType), indexes, indexes, indexes, entries),
+    st.builds(Push, st.just("n0"), st.just("n1"), terms, st.sampled_from([t for t in PushType if t is not PushType.RESET]),
+              indexes, indexes, indexes, entries),  # fmt: skip
     st.builds(
         PushResponse,
         st.just("n0"),
@@ -115,6 +116,13 @@ def _reset_frame(term, index, prev_term, first_term, pos, commit) -> bytes:
 def test_a_reset_with_impossible_fields_is_refused(fields, message):
     with pytest.raises(ProtocolError, match=message):
         decode_all(_reset_frame(*fields))
+
+
+def test_a_push_of_type_reset_is_refused():
+    frame = bytearray(rp.encode(Push("n0", "n1", 3, PushType.COMPARE, 7, -1, 6)))
+    frame[5 + 8] = PushType.RESET
+    with pytest.raises(ProtocolError, match="its own frame, kind 8"):
+        decode_all(rp.encode_hello(HELLO) + bytes(frame))
 
 
 def test_a_heartbeat_retain_from_index_is_optional_and_never_negative():

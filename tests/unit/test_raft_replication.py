@@ -505,3 +505,14 @@ def test_a_stranded_member_is_reset_and_converges_in_a_cluster():
     assert [cluster.logs[down].entry_at(i) for i in range(first, node.last_index + 1)] == [
         cluster.logs[leader].entry_at(i) for i in range(first, node.last_index + 1)
     ]
+
+
+def test_a_reset_inside_a_push_frame_is_refused_as_a_bad_message():
+    node, log = _follower([1, 1, 1, 1], committed=2)
+    try:
+        node.step(Push("n0", "n2", 2, PushType.RESET, 15, -1, 19), 1.0)
+    except ValueError as error:
+        assert "ResetPush" in str(error)
+    else:
+        raise AssertionError("a PUSH of type RESET was taken")
+    assert (log.first_index(), log.last_index()) == (0, 3)

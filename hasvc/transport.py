@@ -89,6 +89,12 @@ class Connection:
         await self.send_all(data)
 
     @property
+    def sending(self) -> bool:
+        """Whether a ``send_all`` (or ``send_file``) is in progress: a write from elsewhere now
+        would land in the middle of its bytes."""
+        return self._send_lock.locked()
+
+    @property
     def raw_fileno(self) -> int:
         """The socket's descriptor on plain TCP (bytes written to it go out as they are), -1
         under TLS or once the connection is closed. Look it up at each use: a closed socket's

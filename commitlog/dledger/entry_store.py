@@ -666,10 +666,16 @@ class DLedgerMmapFileStore:
         self.data_file_list.flush()
 
     def sync_index_files(self) -> None:
-        """The index half of ``sync_files`` (same rules). The two halves may run at once, in two
-        threads (they touch different files): recovery trusts only the data files and rebuilds
-        or cuts index units that do not match them, so neither half needs the other first."""
+        """The index half of ``sync_files`` (same rules). The two halves may run in any order or
+        at once, in two threads (they touch different files): recovery trusts only the data
+        files and rebuilds or cuts index units that do not match them, so neither half needs
+        the other first, and what is flushed (``flushed_to``) is decided by the data half alone."""
         self.index_file_list.flush()
+
+    def index_unsynced(self) -> bool:
+        """Whether index units were written since the index files' last sync."""
+        queue = self.index_file_list
+        return queue.flushed_where < queue.max_offset
 
     def flushed_to(self, target: int) -> int:
         """Record entries up to ``target`` (a ``flush_target`` read before ``sync_files`` began)

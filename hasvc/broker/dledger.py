@@ -25,27 +25,35 @@ log truncated and appended, then messages queued to the peers' senders (bounded:
 does not fit is dropped, which Raft survives), then the commit index to the store and dispatch,
 role changes to the broker. Time is ``trio.current_time()`` only.
 
-Flushing never blocks the loop: the msync/fsync of the entry files runs in worker threads
-(``DLedgerMmapFileStore.sync_data_files`` and ``sync_index_files`` at once: one after the other
-cost about two fsyncs, at once about one) while the loop goes on appending, every 10 ms (DLedger's
-FlushDataService) or, with ``--flush sync``, as soon as entries were appended. It is a group
-commit: the index appended when a flush starts is what it marks flushed (``persisted``), and
-entries appended meanwhile wait for the next one; with ``--flush sync`` the core counts (leader)
-and acknowledges (follower) an entry only once it is marked flushed. A truncate (a TRUNCATE push
-from the leader) cuts and deletes files, so it never runs during a flush: both hold
-``_files_lock``. A reset (a RESET from the leader: this member needs entries the group deleted)
-deletes every entry and consume-queue file (``DLedgerMessageStore.reset_log``) before its answer
-is sent, under ``_files_lock`` and the broker's ``maintenance`` lock (no consume-queue flush in a
-worker thread meanwhile).
+Flushing never blocks the loop: the msync of the entry files runs in a worker thread while the
+loop goes on appending, every 10 ms (DLedger's FlushDataService) or, with ``--flush sync``, as soon
+as entries were appended. It is a group commit: the index appended when a flush starts is what it
+marks flushed (``persisted``), and entries appended meanwhile wait for the next one; with
+``--flush sync`` the core counts (leader) and acknowledges (follower) an entry only once it is
+marked flushed. Only the data files decide what is flushed: recovery trusts them alone and
+rebuilds the index units that do not match them, so the index files are synced after the
+``persisted`` step, off the acknowledgement's path, at most every FLUSH_INTERVAL_SECONDS (an index
+unit not yet synced costs a longer recovery scan after a crash, never an entry). One sync runs at
+a time, in a worker thread started from the loop (``_start_sync``: by an append with
+``--flush sync``, by the end of the previous sync, and every FLUSH_INTERVAL_SECONDS), its end
+handled by a callback. A truncate (a TRUNCATE push from the leader) and retention cut and delete
+files, so they hold the files quiet (``files_quiet``): they wait for the sync in flight, and none
+starts until they are done. A reset (a RESET from the leader: this member needs entries the group
+deleted) deletes every entry and consume-queue file (``DLedgerMessageStore.reset_log``) before its
+answer is sent, holding the files quiet and the broker's ``maintenance`` lock (no consume-queue
+flush in a worker thread meanwhile).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
 import json
 import logging
+import math
+import os
 import random
 import time
 
@@ -83,6 +91,7 @@ RAFT_WATCH_READ_SIZE = 4096
 FLUSH_INTERVAL_SECONDS = 0.010
 CHECKPOINT_INTERVAL_SECONDS = 3.0
 CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS = 1.0
+DISPATCH_INLINE_BYTES_MAX = 256 * 1024  # entries a commit dispatches inline; beyond, the dispatcher task
 # Inbound Raft connections at once: two per peer is normal (a reconnect overlapping the old one).
 RAFT_CONNECTIONS_MAX = 64
 # TRANSFER_LEADER (``hasvc transfer-leader``) answers at the latest this long after it started:
@@ -196,6 +205,24 @@ class RaftLog:
         return self._driver.propose_plan(lambda: self._store.plan_batch(batch))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Rest:
+    """The part of a frame that ``RaftDriver._send_now`` wrote in part and the kernel did not
+    take, queued for the sender task to send first on that same connection."""
+
+    connection: transport.Connection
+    data: bytes
+
+
+def _frame_for(item, connection: transport.Connection) -> bytes:
+    """The bytes the sender writes for a queued item: a message encoded, the rest of a frame
+    started on this connection, nothing for the rest of one started on an earlier connection
+    (that frame is lost with it, as queued messages are; Raft re-sends what matters)."""
+    if isinstance(item, _Rest):
+        return item.data if item.connection is connection else b""
+    return raft_wire.encode(item)
+
+
 @dataclasses.dataclass
 class TransferWait:
     """A TRANSFER_LEADER request waiting for its outcome: set by ``RaftDriver.drain``."""
@@ -221,19 +248,28 @@ class RaftDriver:
                              rng=random.Random(), now=trio.current_time())  # fmt: skip
         self._queues = {peer: trio.open_memory_channel(RAFT_SEND_QUEUE_MAX) for peer in group.peers if peer != group.self_id}
         self._wakeup = trio.Event()
+        self._timer_deadline = -math.inf  # what the timer task sleeps to (-inf: not asleep yet)
         self._inbound: dict[str, trio.CancelScope] = {}
         self.dropped_messages = 0
         self.refused_connections = 0
         self.connected: dict[str, bool] = {peer: False for peer in self._queues}
+        self._links: dict[str, transport.Connection] = {}  # the senders' live connections (``_send_now``)
         self._transfer_wait: TransferWait | None = None
-        # Held by a flush for its worker thread's time and by a truncate (which cuts and deletes
-        # the files the thread syncs): never both at once.
-        self._files_lock = trio.Lock()
         # Held by whoever deletes or flushes consume-queue files (the broker's), and by a reset.
         self._maintenance = maintenance if maintenance is not None else trio.Lock()
+        # The entry files' syncs (see the module): at most one worker thread at a time, none
+        # while a task holds the files quiet (``files_quiet``: a truncate, retention) or closes.
+        self._token = trio.lowlevel.current_trio_token()
+        self._syncing = False  # a sync of the entry files runs in a worker thread
+        self._sync_idle = trio.Event()  # set whenever no sync runs
+        self._sync_idle.set()
+        self._quiet_holds = 0  # tasks in ``files_quiet``: no sync starts meanwhile
+        self._closing = False
+        self._index_synced_at = -math.inf
+        self._sync_failed = trio.Event()
+        self._sync_failure: BaseException | None = None
         self.client_address = ""  # this member's client port, sent in every HELLO (set before run)
         self.peer_client_addresses: dict[str, str] = {}  # what each peer's HELLO said
-        self._appended = trio.Event()  # entries appended since the flusher last looked
 
     # -- carrying a Ready out ------------------------------------------------------------
 
@@ -243,24 +279,25 @@ class RaftDriver:
         if ready.hard_state is not None:
             entries.save_hard_state(ready.hard_state)
         if ready.reset is not None:
-            task = trio.lowlevel.current_task()
-            assert self._files_lock.statistics().owner is task, "reset without _files_lock"
-            assert self._maintenance.statistics().owner is task, "reset without the maintenance lock"
+            assert self._quiet_holds and not self._syncing, "reset outside files_quiet"
+            assert self._maintenance.statistics().owner is trio.lowlevel.current_task(), "reset without maintenance"
             LOGGER.warning("raft: reset by the leader: entries %d..%d and the consume queues dropped; the log starts "
                            "empty at entry %d (offset %d), the leader's first", entries.first_index(),
                            entries.last_index(), ready.reset.first_index, ready.reset.first_offset)  # fmt: skip
             self.store.reset_log(ready.reset)
         if ready.truncate_after is not None:
-            assert self._files_lock.statistics().owner is trio.lowlevel.current_task(), "truncate without _files_lock"
+            assert self._quiet_holds and not self._syncing, "truncate outside files_quiet"
             entries.truncate(after_index=ready.truncate_after)
         if ready.entries:
             entries.append(ready.entries)
-            self._appended.set()
+            if self.group.raft.flush_sync:
+                self._start_sync()
         for message in ready.messages:
-            try:
-                self._queues[message.target][0].send_nowait(message)
-            except trio.WouldBlock:
-                self.dropped_messages += 1
+            if not self._send_now(message):
+                try:
+                    self._queues[message.target][0].send_nowait(message)
+                except trio.WouldBlock:
+                    self.dropped_messages += 1
         if ready.committed_index is not None:
             self.store.set_committed(ready.committed_index)
             self.on_commit()
@@ -270,7 +307,34 @@ class RaftDriver:
             self.on_role()
         if self._transfer_wait is not None:
             self._check_transfer(ready)
-        self._wakeup.set()
+        if self.node.deadline() < self._timer_deadline:
+            self._wakeup.set()
+
+    def _send_now(self, message) -> bool:
+        """Write ``message`` to its peer's connection from here, when its sender task is idle
+        (waiting for its queue, nothing queued, not sending) on plain TCP: a message through the
+        sender task cost that task's step and a scheduler pass per message, on every hop of a put
+        (push, acknowledgement, flushed acknowledgement). What the kernel does not take is
+        queued, as bytes, for the sender to finish before anything else. False: queue it."""
+        connection = self._links.get(message.target)
+        if connection is None:
+            return False
+        statistics = self._queues[message.target][1].statistics()
+        if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.sending:
+            return False
+        fd = connection.raw_fileno
+        if fd < 0:
+            return False
+        frame = raft_wire.encode(message)
+        try:
+            sent = os.write(fd, frame)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            return False  # the sender's own write will meet the error and reconnect
+        if sent < len(frame):
+            self._queues[message.target][0].send_nowait(_Rest(connection, frame[sent:]))  # the buffer is empty: it fits
+        return True
 
     def _check_transfer(self, ready) -> None:
         """Finish the waiting transfer once the core aborted it or a leader of a later term is
@@ -337,49 +401,106 @@ class RaftDriver:
     async def run(self, nursery: trio.Nursery, listener) -> None:
         self.drain()
         nursery.start_soon(self._timer)
-        nursery.start_soon(self._flusher)
+        nursery.start_soon(self._flush_ticker)
         nursery.start_soon(self._checkpointer)
         for peer in self._queues:
             nursery.start_soon(self._sender, peer)
         nursery.start_soon(functools.partial(serve_listener, listener, self._serve_peer, connections_max=RAFT_CONNECTIONS_MAX))
 
     async def _timer(self) -> None:
+        """Tick the core at its deadline. ``drain`` wakes this task only when the core's
+        deadline moved before the one it sleeps to (most Readies move it later or leave it: a
+        wake-up per Ready was a task step per message); a deadline that moved later makes it
+        wake early, find nothing due and sleep again."""
         while True:
-            delay = self.node.deadline() - trio.current_time()
-            with trio.move_on_after(max(0.0, delay)):
+            self._timer_deadline = self.node.deadline()
+            with trio.move_on_at(self._timer_deadline):
                 await self._wakeup.wait()
             self._wakeup = trio.Event()
-            if trio.current_time() >= self.node.deadline():
-                self.node.tick(trio.current_time())
+            now = trio.current_time()
+            if now >= self.node.deadline():
+                self.node.tick(now)
                 self.drain()
 
-    async def _flusher(self) -> None:
-        """Flush the entries every FLUSH_INTERVAL_SECONDS or, with flush_sync, as soon as some
-        were appended (those appended during a flush go in the next); see the module."""
-        entries = self.store.entries
-        while True:
-            if self.group.raft.flush_sync:
-                await self._appended.wait()
-            else:
-                await trio.sleep(FLUSH_INTERVAL_SECONDS)
-            self._appended = trio.Event()
-            if entries.flushed_index() >= entries.last_index():
-                continue
-            async with self._files_lock:
-                target = entries.flush_target()
-                await self._sync_files_concurrently()
-                flushed = entries.flushed_to(target)
-            self.node.persisted(flushed, trio.current_time())
-            self.drain()
+    # -- flushing the entry files ---------------------------------------------------------
 
-    async def _sync_files_concurrently(self) -> None:
-        """``entries.sync_files`` with its two halves in two worker threads at once: two
-        fdatasyncs one after the other cost about twice one, at once about one (one journal
-        commit serves both). Not abandoned on cancel: close waits for both."""
+    def _start_sync(self, *, data: bool = True) -> None:
+        """Start a sync of the entry files in a worker thread unless one runs, a task holds the
+        files quiet or the driver closes: the data files when entries wait to be flushed (and
+        ``data``), else the index files once FLUSH_INTERVAL_SECONDS after their last sync. The
+        thread's end is handled in the loop by ``_synced`` (through the run_sync_soon task, with
+        no task of its own: a flusher task cost three or four task steps a flush), which starts
+        the next: with flush_sync the data files' at once (group commit), else only the index
+        files' (the data files wait for the next tick: syncing back to back would cost a thread
+        hand-off and an msync per few entries at high rates)."""
+        if self._syncing or self._quiet_holds or self._closing:
+            return
         entries = self.store.entries
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(trio.to_thread.run_sync, entries.sync_index_files))
-            await trio.to_thread.run_sync(entries.sync_data_files)
+        if data and entries.flushed_index() < entries.last_index():
+            job, done = entries.sync_data_files, functools.partial(self._data_synced, entries.flush_target())
+        elif entries.index_unsynced() and trio.current_time() >= self._index_synced_at + FLUSH_INTERVAL_SECONDS:
+            job, done = entries.sync_index_files, self._index_synced
+        else:
+            return
+        self._syncing = True
+        self._sync_idle = trio.Event()
+        token = self._token
+        trio.lowlevel.start_thread_soon(job, lambda result: token.run_sync_soon(self._synced, done, result),
+                                        name=f"hasvc {self.group.self_id} {job.__name__}")  # fmt: skip
+
+    def _synced(self, done, result) -> None:
+        self._syncing = False
+        self._sync_idle.set()
+        try:
+            result.unwrap()
+            done()
+        except BaseException as error:  # noqa: BLE001 -- a run_sync_soon callback must not raise:
+            self._sync_failure = error  # the _flush_ticker task raises it
+            self._sync_failed.set()
+            return
+        self._start_sync(data=self.group.raft.flush_sync)
+
+    def _data_synced(self, target: int) -> None:
+        """Group commit: entries up to ``target`` (the last index when the sync began) are
+        flushed; those appended meanwhile wait for the next sync."""
+        flushed = self.store.entries.flushed_to(target)
+        self.node.persisted(flushed, trio.current_time())
+        self.drain()
+
+    def _index_synced(self) -> None:
+        self._index_synced_at = trio.current_time()
+
+    async def _flush_ticker(self) -> None:
+        """Every FLUSH_INTERVAL_SECONDS start a sync if one is due (DLedger's FlushDataService;
+        with flush_sync, appends start theirs at once and this catches up the index files);
+        raise what a sync raised."""
+        while True:
+            with trio.move_on_after(FLUSH_INTERVAL_SECONDS):
+                await self._sync_failed.wait()
+            if self._sync_failure is not None:
+                raise self._sync_failure
+            self._start_sync()
+
+    @contextlib.asynccontextmanager
+    async def files_quiet(self):
+        """Hold off the entry files' syncs (waiting for one that runs): for what cuts or deletes
+        the files a sync's thread reads (a truncate, retention). Synchronous code inside only."""
+        self._quiet_holds += 1
+        try:
+            while self._syncing:
+                await self._sync_idle.wait()
+            yield
+        finally:
+            self._quiet_holds -= 1
+            if not self._quiet_holds:
+                self._start_sync()
+
+    async def close(self) -> None:
+        """Start no more syncs and wait for the one that runs (its thread reads the mappings
+        that closing the store unmaps)."""
+        self._closing = True
+        while self._syncing:
+            await self._sync_idle.wait()
 
     async def _checkpointer(self) -> None:
         while True:
@@ -406,15 +527,15 @@ class RaftDriver:
                 continue
             connected_at = trio.current_time()
             self.connected[peer] = True
+            self._links[peer] = connection
             try:
                 async with connection.stream, trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_closed, connection, peer, nursery.cancel_scope)
                     while True:
-                        message = await receive.receive()
-                        frames = [raft_wire.encode(message)]
+                        frames = [_frame_for(await receive.receive(), connection)]
                         while True:  # what else is queued goes in the same write
                             try:
-                                frames.append(raft_wire.encode(receive.receive_nowait()))
+                                frames.append(_frame_for(receive.receive_nowait(), connection))
                             except trio.WouldBlock:
                                 break
                         await connection.send_all(b"".join(frames))
@@ -422,6 +543,7 @@ class RaftDriver:
                 LOGGER.info("raft: connection to %s lost: %s", peer, error)
             finally:
                 self.connected[peer] = False
+                del self._links[peer]
             if trio.current_time() - connected_at < RAFT_RECONNECT_MAX_SECONDS:
                 # It did not last (a peer that refuses this member's HELLO closes at once): back off
                 # as for a failed connect, or the sender would reconnect in a tight loop.
@@ -483,11 +605,11 @@ class RaftDriver:
                             self._inbound[source] = scope
                             continue
                         if isinstance(event, Push) and event.type is PushType.TRUNCATE:
-                            async with self._files_lock:  # the truncate waits for a flush in flight
+                            async with self.files_quiet():  # the truncate waits for a sync in flight
                                 self._step(event)
                             continue
                         if isinstance(event, ResetPush):  # deletes entry and consume-queue files
-                            async with self._maintenance, self._files_lock:
+                            async with self._maintenance, self.files_quiet():
                                 self._step(event)
                             continue
                         self._step(event)
@@ -610,6 +732,8 @@ class DLedgerBroker:
             if self.put_service is not None:
                 self.put_service.fail_all_waits()
             with trio.CancelScope(shield=True):
+                if self.driver is not None:
+                    await self.driver.close()
                 await trio.to_thread.run_sync(self.store.close)
             LOGGER.info("store closed cleanly")
 
@@ -693,8 +817,16 @@ class DLedgerBroker:
     # -- commit, dispatch, role ----------------------------------------------------------
 
     def _on_commit(self) -> None:
-        self._dispatch_wakeup.set()
+        """Answer the puts the commit covers, then dispatch what it committed to the consume
+        queues inline, up to DISPATCH_INLINE_BYTES_MAX (a commit usually covers a few entries:
+        the dispatcher task cost two task steps per commit); the dispatcher does the rest, in
+        batches with a checkpoint between them."""
         self.replicator.committed()
+        store = self.store
+        if store.dispatched_index < store.entries.committed_index:
+            store.dispatch(DISPATCH_INLINE_BYTES_MAX)
+            if store.dispatched_index < store.entries.committed_index and store.dispatch_error is None:
+                self._dispatch_wakeup.set()
 
     async def _dispatcher(self) -> None:
         while True:
@@ -728,7 +860,7 @@ class DLedgerBroker:
             await trio.sleep(self.config.dledger_clean_interval_seconds)
             over_ratio = disk_used_ratio(store.path) > store.config.disk_clean_ratio
             keep_from = RETAIN_NOTHING_INDEX if over_ratio else self.driver.node.retention_floor()
-            async with self.maintenance, self.driver._files_lock:
+            async with self.maintenance, self.driver.files_quiet():
                 deleted = store.clean_expired(keep_from_index=keep_from, over_ratio=over_ratio)
             self.retention_passes += 1
             if deleted:

@@ -21,8 +21,8 @@ WAIT_SECONDS = 10.0  # anything that takes longer failed
 
 
 class FlushGate:
-    """``sync_data_files`` (the driver syncs the data and index halves at once, each in a worker
-    thread) held in its thread until opened; counts the syncs that began and tells the trio loop
+    """``sync_data_files`` (the driver syncs the data files in a worker thread, then the index
+    files) held in its thread until opened; counts the syncs that began and tells the trio loop
     of each (``wait_started``: an event, not a poll)."""
 
     def __init__(self, monkeypatch) -> None:

@@ -92,12 +92,27 @@ def test_a_flush_sync_follower_acknowledges_only_what_it_flushed():
     config = RaftConfig(flush_sync=True)
     node, log = make_node([], term=1, config=config, self_id="n1")
     node.step(Push("n0", "n1", 1, PushType.APPEND, 0, -1, -1, (Entry(0, 1, b"a"), Entry(1, 1, b"b"))), 0.0)
-    ready = carry_out(node, log)
-    (response,) = ready.messages
-    assert response.result is PushResult.SUCCESS and response.ack_index == -1 and response.end_index == 1
+    # Appended, nothing flushed: no response yet (it would acknowledge nothing new).
+    assert not carry_out(node, log).messages
     node.persisted(log.flush(), 0.01)
     (ack,) = carry_out(node, log).messages
-    assert isinstance(ack, PushResponse) and ack.ack_index == 1
+    assert isinstance(ack, PushResponse) and ack.result is PushResult.SUCCESS and ack.ack_index == 1
+    assert ack.end_index == 1
+
+
+def test_a_flush_sync_follower_answers_a_push_of_entries_it_has_at_once():
+    """A re-push of entries it holds appends nothing: answered at once (the leader may be
+    waiting for it after a timeout), acknowledging what is flushed."""
+    config = RaftConfig(flush_sync=True)
+    node, log = make_node([], term=1, config=config, self_id="n1")
+    push = Push("n0", "n1", 1, PushType.APPEND, 0, -1, -1, (Entry(0, 1, b"a"),))
+    node.step(push, 0.0)
+    carry_out(node, log)
+    node.persisted(log.flush(), 0.01)
+    carry_out(node, log)
+    node.step(push, 0.02)
+    (again,) = carry_out(node, log).messages
+    assert again.result is PushResult.SUCCESS and again.ack_index == 0
 
 
 def test_a_flush_sync_leader_counts_itself_only_after_its_flush():

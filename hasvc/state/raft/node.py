@@ -725,6 +725,11 @@ class RaftNode:
         if new:
             self._log.append(new)
         self._matched_index = max(self._matched_index, m.entries[-1].index)
+        if new and self.config.flush_sync and self._ack_index() <= self._acked_index:
+            # Nothing to acknowledge before these entries are flushed, and persisted() sends
+            # that acknowledgement: a response now would tell the leader nothing (its window
+            # counts acknowledged entries, not responses), at a message per push each way.
+            return
         self._send_push_response(m.source, m.type, PushResult.SUCCESS, m.index)
 
     # ------------------------------------------------------------------ leader side of replication

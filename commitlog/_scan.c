@@ -754,6 +754,65 @@ static PyObject *index_units(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* write_entries(mapping, position, limit, file_from, entries, start) -> (end, position, units): write
+ * entries[start:end] (objects with index, term and body) into mapping from position as DLedger entries,
+ * each while it ends at or below limit: the 48-byte header (magic 1, size, index, term, pos = file_from +
+ * its position, channel 0, chainCrc 0, bodyCrc = CRC32 of the body, bodySize) and the body, and their
+ * 32-byte index units. The caller checked the entries (indexes, terms, sizes: _check_appendable) and
+ * made room for the first (pre_append); the Python twin is DLedgerMmapFileStore._append_run. */
+static PyObject *str_index, *str_term, *str_body;
+
+static PyObject *write_entries(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t position, limit, start;
+    long long file_from;
+    PyObject *entries;
+    if (!PyArg_ParseTuple(args, "w*nnLOn", &view, &position, &limit, &file_from, &entries, &start)) return NULL;
+    if (limit > view.len) limit = view.len;
+    PyObject *seq = PySequence_Fast(entries, "entries must be a sequence");
+    if (seq == NULL) { PyBuffer_Release(&view); return NULL; }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), k = start;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *units = PyBytes_FromStringAndSize(NULL, (n > start ? n - start : 0) * 32);
+    if (units == NULL) goto fail;
+    uint8_t *out = (uint8_t *)view.buf, *unit = (uint8_t *)PyBytes_AS_STRING(units);
+    for (; k < n; k++) {
+        PyObject *index_object = PyObject_GetAttr(items[k], str_index);
+        PyObject *term_object = index_object ? PyObject_GetAttr(items[k], str_term) : NULL;
+        PyObject *body_object = term_object ? PyObject_GetAttr(items[k], str_body) : NULL;
+        long long index = index_object ? PyLong_AsLongLong(index_object) : -1;
+        long long term = term_object ? PyLong_AsLongLong(term_object) : -1;
+        Py_XDECREF(index_object);
+        Py_XDECREF(term_object);
+        if (body_object == NULL || PyErr_Occurred()) { Py_XDECREF(body_object); goto fail; }
+        Py_buffer body;
+        if (PyObject_GetBuffer(body_object, &body, PyBUF_SIMPLE) < 0) { Py_DECREF(body_object); goto fail; }
+        Py_ssize_t size = DLEDGER_BODY_OFFSET + body.len;
+        if (size > limit - position) { PyBuffer_Release(&body); Py_DECREF(body_object); break; }
+        uint8_t *p = out + position;
+        int64_t pos = file_from + position;
+        put32(p, 1); put32(p + 4, (uint32_t)size); put64(p + 8, (uint64_t)index); put64(p + 16, (uint64_t)term);
+        put64(p + 24, (uint64_t)pos); put32(p + 32, 0); put32(p + 36, 0);
+        put32(p + 40, crc32_ieee((const uint8_t *)body.buf, (size_t)body.len)); put32(p + 44, (uint32_t)body.len);
+        memcpy(p + DLEDGER_BODY_OFFSET, body.buf, (size_t)body.len);
+        put32(unit, 1); put64(unit + 4, (uint64_t)pos); put32(unit + 12, (uint32_t)size);
+        put64(unit + 16, (uint64_t)index); put64(unit + 24, (uint64_t)term);
+        unit += 32;
+        position += size;
+        PyBuffer_Release(&body);
+        Py_DECREF(body_object);
+    }
+    if (_PyBytes_Resize(&units, (k - start) * 32) < 0) goto fail;
+    Py_DECREF(seq);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("nnN", k, position, units);
+fail:
+    Py_XDECREF(units);
+    Py_DECREF(seq);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buffer, start, end, file_from_offset, check_crc) -> (position, count, code, last_record_position)"},
@@ -766,6 +825,8 @@ static PyMethodDef methods[] = {
     {"split_messages", split_messages, METH_VARARGS, "split_messages(payload, position, count) -> (properties, bodies, end)"},
     {"check_entries", check_entries, METH_VARARGS,
      "check_entries(run, count, first_index, prev_term, last_term, first_pos, pos_limit) -> (code, number)"},
+    {"write_entries", write_entries, METH_VARARGS,
+     "write_entries(mapping, position, limit, file_from, entries, start) -> (end, position, units)"},
     {"index_units", index_units, METH_VARARGS, "index_units(run, count) -> bytes: 32-byte DLedger index units"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(buffer) -> int (zlib's CRC32, for testing)"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer) -> int (for testing the native CRC)"},
@@ -776,6 +837,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native reco
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();
     crc32_tables_init();
+    str_index = PyUnicode_InternFromString("index");
+    str_term = PyUnicode_InternFromString("term");
+    str_body = PyUnicode_InternFromString("body");
+    if (!str_index || !str_term || !str_body) return NULL;
 #ifdef HAVE_X86
     __builtin_cpu_init();
     have_sse42 = __builtin_cpu_supports("sse4.2");

@@ -29,3 +29,4 @@ split_messages = module.split_messages if module else None
 check_entries = module.check_entries if module else None
 index_units = module.index_units if module else None
 crc32 = module.crc32 if module else None
+write_entries = module.write_entries if module else None

@@ -67,6 +67,7 @@ from typing import Any, NoReturn
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger import state_files
 from commitlog.dledger.entry_run import EntryRun, check_run, index_units
+from commitlog.native import write_entries as _native_write_entries
 from commitlog.dledger.scan import DataFile, DataScan, scan_data_files, unit_matches
 from commitlog.mapped_file import OS_PAGE_SIZE, MappedFile, StoreError, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
@@ -389,12 +390,19 @@ class DLedgerMmapFileStore:
         decreasing); not durable until ``flush``. Bad input: ValueError, nothing written.
         Entries are written a data file at a time, straight into the mapping."""
         self._check_appendable(entries)
-        sizes = [codec.entry_size(len(entry.body)) for entry in entries]
-        units: list[tuple[int, int, int, int]] = []  # (index, pos, size, term)
-        start = 0
-        while start < len(entries):
-            start = self._append_run(entries, sizes, start, units)
-        self._append_index_units(units)
+        if _native_write_entries is not None and entries:
+            chunks: list[bytes] = []  # packed index units
+            start = 0
+            while start < len(entries):
+                start = self._append_run_native(entries, start, chunks)
+            self._append_index_bytes(entries[0].index, b"".join(chunks))
+        else:
+            sizes = [codec.entry_size(len(entry.body)) for entry in entries]
+            units: list[tuple[int, int, int, int]] = []  # (index, pos, size, term)
+            start = 0
+            while start < len(entries):
+                start = self._append_run(entries, sizes, start, units)
+            self._append_index_units(units)
         if entries:
             self._last_index, self._last_term = entries[-1].index, entries[-1].term
         self._check()
@@ -527,6 +535,22 @@ class DLedgerMmapFileStore:
             mapped_file.advance(size)
             done += size
             offset += size
+
+    def _append_run_native(self, entries: Sequence[Entry], start: int, chunks: list[bytes]) -> int:
+        """``_append_run`` in one native call (``write_entries``: header, CRC32, body and index unit
+        per entry, from ``start`` while they fit the data file ``pre_append`` picks); the packed
+        index units go to ``chunks``. Returns the index (in ``entries``) of the first one left."""
+        pos = self.pre_append(codec.entry_size(len(entries[start].body)))
+        mapped_file = self.data_file_list.last
+        assert mapped_file is not None and mapped_file.offset_of(mapped_file.wrote_position) == pos, pos
+        first_position = mapped_file.wrote_position
+        limit = mapped_file.file_size - codec.MIN_BLANK_SIZE  # an entry leaves room for a blank record
+        end, position, units = _native_write_entries(mapped_file.writable_view(), first_position, limit,
+                                                     mapped_file.file_from_offset, entries, start)  # fmt: skip
+        assert end > start, (pos, start)  # pre_append made room for the first
+        mapped_file.advance(position - first_position)
+        chunks.append(units)
+        return end
 
     def _check_appendable(self, entries: Sequence[Entry]) -> None:
         index, term = self._last_index, self._last_term

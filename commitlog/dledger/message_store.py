@@ -460,7 +460,9 @@ class DLedgerMessageStore:
         count = 0
         while self.dispatched_index < entries.committed_index and budget > 0:
             first = self.dispatched_index + 1
-            walked, size = self._dispatch_run(first, min(entries.committed_index, first + DISPATCH_ENTRIES_MAX - 1))
+            last = min(entries.committed_index, first + DISPATCH_ENTRIES_MAX - 1)
+            fitting, _ = entries.run_length(first, last + 1, size_max=budget)  # the walk keeps to the budget
+            walked, size = self._dispatch_run(first, first + fitting - 1)
             count += walked
             budget -= size
             if self.dispatch_error is not None:

@@ -175,3 +175,37 @@ def test_a_refused_run_writes_nothing_and_says_why(tmp_path):
     assert leader.read_runs(0, 3, 2) is None and leader.read_runs(10, 5, 1) is None  # another term; past the end
     leader.close()
     follower.close()
+
+
+@pytest.mark.skipif(native.write_entries is None, reason="the C module is not built")
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32))
+def test_the_native_append_writes_what_the_python_loop_writes(tmp_path_factory, monkeypatch, seed):
+    """A leader's ``append`` goes through ``write_entries`` (header, CRC32, body, index unit per
+    entry in one call a data file); with it turned off the Python loop must write the same bytes."""
+    from commitlog.dledger import entry_store
+
+    directory = tmp_path_factory.mktemp("append")
+    rng = random.Random(seed)
+    batches, index, term = [], 0, 1
+    for _ in range(rng.randint(1, 25)):
+        term += rng.random() < 0.1
+        batches.append([Entry(index + i, term, os.urandom(rng.randint(0, 300))) for i in range(rng.randint(1, 8))])
+        index += len(batches[-1])
+    stores = []
+    for name, writer in (("native", native.write_entries), ("python", None)):
+        monkeypatch.setattr(entry_store, "_native_write_entries", writer)
+        store = DLedgerMmapFileStore.open(str(directory / name), CONFIG)
+        for batch in batches:
+            store.append(batch)
+        stores.append(store)
+    try:
+        for queue in ("data_file_list", "index_file_list"):
+            ours, theirs = (getattr(store, queue).mapped_files for store in stores)
+            assert [f.file_from_offset for f in ours] == [f.file_from_offset for f in theirs]
+            for a, b in zip(ours, theirs):
+                assert bytes(a.view()[: a.wrote_position]) == bytes(b.view()[: b.wrote_position])
+        assert stores[0].read(0, index, size_max=1 << 30) == [e for batch in batches for e in batch]
+    finally:
+        for store in stores:
+            store.close()

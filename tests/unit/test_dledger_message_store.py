@@ -499,3 +499,19 @@ def test_a_malformed_entry_body_stops_dispatch_and_names_the_entry(tmp_path):
     assert store.dispatched_index == 1 and store.dispatch_error.startswith("entry 2: its body at offset")
     assert [q for q, _ in pulled(store)] == [0, 1]
     store.close(clean=False)
+
+
+def test_dispatch_keeps_to_its_byte_budget(tmp_path):
+    """A commit dispatches inline up to a byte budget (the driver's DISPATCH_INLINE_BYTES_MAX):
+    the native walk stops at the entry that reaches it, and the next call goes on from there."""
+    store = open_store(tmp_path)
+    for i in range(20):
+        lead(store, [message(i, size=100)], commit=False)
+    store.set_committed(store.entries.last_index())
+    record_size = store.entries.entry_span(0)[1] - codec.BODY_OFFSET
+    assert store.dispatch(max_bytes=3 * record_size) == 3 and store.dispatched_index == 2
+    assert store.dispatch(max_bytes=1) == 1  # at least one entry
+    while store.dispatch():
+        pass
+    assert store.dispatched_index == 19 and [q for q, _ in pulled(store)] == list(range(20))
+    store.close()

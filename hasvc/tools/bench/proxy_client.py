@@ -26,8 +26,8 @@ import time
 
 # Each consumer's best settings on the 2-core VM (docs/PROXY.md "Speed"): the client acknowledges
 # one message per gRPC call, so what bounds a consumer is how many acknowledgements it keeps in flight.
-SIMPLE_RECEIVERS = 2  # SimpleConsumer receives in flight at once (one thread each)
-SIMPLE_ACK_THREADS = 32  # acknowledgements of received batches in flight at once, shared by the receivers
+SIMPLE_RECEIVERS = 4  # SimpleConsumer receives in flight at once (one thread each)
+SIMPLE_ACK_THREADS = 64  # acknowledgements of received batches in flight at once, shared by the receivers
 PUSH_CONSUMPTION_THREADS = 64  # PushConsumer(consumption_thread_count=...), the client's default is 20
 PUSH_CACHE_MESSAGES = 1024  # PushConsumer(max_cache_message_count=...), the client's default
 

@@ -149,6 +149,8 @@ def push(endpoint: str, seconds: float, topic: str, group: str, want: int) -> di
     consumer = Counting(ClientConfiguration(endpoint, Credentials()), group, Listener(), {topic: FilterExpression()},
                         max_cache_message_count=PUSH_CACHE_MESSAGES, consumption_thread_count=PUSH_CONSUMPTION_THREADS)  # fmt: skip
     consumer.startup()
+    if want <= 0:
+        drained.set()  # nothing was produced: nothing to wait for
     drained.wait(seconds)
     consumer.shutdown()
     return _consumed(totals, totals["first_receive"] or time.monotonic())

@@ -623,15 +623,20 @@ class RaftNode:
         self._messages.append(PushResponse(self.self_id, leader, self.term, kind, result, request_index, ack,
                                            self._log.first_index(), self._log.last_index(), term_at_index))  # fmt: skip
 
+    def _accepts_push_from(self, source: str, term: int, now: float, kind: PushType, index: int) -> bool:
+        """Whether ``source`` leads ``term`` as far as we know (adopting it); if not, the push
+        (of ``kind`` at ``index``) is answered EXPIRED_TERM or INCONSISTENT_LEADER here."""
+        leadership = self._accept_leader(source, term, now)
+        if leadership is HeartbeatResult.SUCCESS:
+            return True
+        result = (
+            PushResult.EXPIRED_TERM if leadership is HeartbeatResult.EXPIRED_TERM else PushResult.INCONSISTENT_LEADER
+        )
+        self._send_push_response(source, kind, result, index)
+        return False
+
     def _on_push(self, m: Push, now: float) -> None:
-        leadership = self._accept_leader(m.source, m.term, now)
-        if leadership is not HeartbeatResult.SUCCESS:
-            result = (
-                PushResult.EXPIRED_TERM
-                if leadership is HeartbeatResult.EXPIRED_TERM
-                else PushResult.INCONSISTENT_LEADER
-            )
-            self._send_push_response(m.source, m.type, result, m.index)
+        if not self._accepts_push_from(m.source, m.term, now, m.type, m.index):
             return
         if m.type is PushType.RESET:
             raise ValueError("a RESET comes as a ResetPush, not in a PUSH frame")
@@ -644,14 +649,7 @@ class RaftNode:
         self._follow_commit(m.commit_index)
 
     def _on_reset_push(self, m: ResetPush, now: float) -> None:
-        leadership = self._accept_leader(m.source, m.term, now)
-        if leadership is not HeartbeatResult.SUCCESS:
-            result = (
-                PushResult.EXPIRED_TERM
-                if leadership is HeartbeatResult.EXPIRED_TERM
-                else PushResult.INCONSISTENT_LEADER
-            )
-            self._send_push_response(m.source, PushType.RESET, result, m.index)
+        if not self._accepts_push_from(m.source, m.term, now, PushType.RESET, m.index):
             return
         self._on_reset(m)
         self._follow_commit(m.commit_index)

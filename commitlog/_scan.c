@@ -834,6 +834,9 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
+/* Bumped whenever a function is added or its arguments or results change. */
+#define NATIVE_VERSION 2
+
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();
     crc32_tables_init();
@@ -845,5 +848,11 @@ PyMODINIT_FUNC PyInit__scan(void) {
     __builtin_cpu_init();
     have_sse42 = __builtin_cpu_supports("sse4.2");
 #endif
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* commitlog/native.py refuses a build whose VERSION is not its own (a stale build in place). */
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", NATIVE_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

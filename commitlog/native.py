@@ -8,6 +8,11 @@ environment turns the native paths off.
 from __future__ import annotations
 
 import os
+import warnings
+
+# The VERSION of _scan.c this code calls (its functions and their arguments): a build left in
+# place by an older checkout is not used (and a warning says to rebuild), never called wrongly.
+NATIVE_VERSION = 2
 
 if os.environ.get("HASVC_NO_NATIVE") == "1":
     module = None
@@ -15,6 +20,10 @@ else:
     try:  # pragma: no cover - depends on the build
         from commitlog import _scan as module
     except ImportError:  # pragma: no cover
+        module = None
+    if module is not None and getattr(module, "VERSION", None) != NATIVE_VERSION:  # pragma: no cover
+        warnings.warn(f"commitlog/_scan is version {getattr(module, 'VERSION', 1)}, this code needs "
+                      f"{NATIVE_VERSION}: the pure-Python paths are used; rebuild it (pip install -e .)", stacklevel=1)  # fmt: skip
         module = None
 
 AVAILABLE = module is not None

@@ -6,7 +6,7 @@ A store directory (DLedger's ``dledger-<selfId>``) holds::
 
     data/<20-digit offset>    entries laid end to end, ``data_file_size`` each (1 GiB)
     index/<20-digit offset>   one 32-byte unit per entry, entry i at offset i * 32 (160 MiB files)
-    checkpoint                endIndex, committedIndex (+ hasvc's flushedIndex)
+    checkpoint                endIndex, committedIndex (+ hasvc's flushedIndex, beginIndex/Term/Pos)
     currterm                  currTerm, voteLeader (+ hasvc's committedIndex)
 
 Both file lists are ``MappedFileQueue``s of ``MappedFile``s, as the commit log's. Appending an
@@ -39,8 +39,17 @@ DLedger's "processOffset is too small" rule), and a cut below the checkpoint's `
 Retention (``deletable_head_files``, ``delete_head_files``; DLedger's ``deleteExpiredFiles``)
 deletes whole data files from the head: never one holding the committed or flushed entry or any
 after them, nor the file being written; the index files wholly below the new first entry follow.
-The first index is always the first data file's first entry, so a crash part way through a
-deletion recovers to a log starting at a later data-file boundary.
+Before it deletes, it records the new first entry in the checkpoint (``beginIndex``, its ``pos``,
+and ``beginTerm``, the term of the entry before it: a leader needs it to RESET a follower); a
+crash part way through a deletion is finished by recovery (data files below ``beginPos`` go).
+
+Reset (``reset``, a RESET from the Raft leader): every data and index file goes and the log
+restarts empty at an index, its next entry at a given data offset (a data-file boundary: the
+leader's first entry's pos, so the files end up byte-identical from there). Durable and atomic
+for recovery: the checkpoint first records the new begin with ``resetting=1`` (fsynced, renamed),
+then the files are deleted, then the flag is cleared; a crash after the first step is finished by
+recovery (the files go), one before it leaves the old log. An empty log at index X reopens empty
+at X (from the checkpoint's begin), with last term ``beginTerm``.
 
 Not thread-safe: one caller at a time, with one exception: ``sync_files`` (the middle of
 ``flush``: ``flush_target``, ``sync_files``, ``flushed_to``) may run in a worker thread while the
@@ -173,6 +182,8 @@ class DLedgerMmapFileStore:
         self._flushed_index = -1
         self._committed_index = -1
         self._checkpoint_flushed_index = -1  # the flushedIndex the checkpoint file holds
+        self._term_before_first = -1  # the term of entry first_index - 1 (-1: first is 0, or not known)
+        self._begin: tuple[int, int, int] | None = None  # (beginIndex, beginTerm, beginPos) on record
         self._hard_state = HardState(0, None, -1)
         self.recovery: RecoveryReport | None = None
 
@@ -208,6 +219,16 @@ class DLedgerMmapFileStore:
 
     def flushed_index(self) -> int:
         return self._flushed_index
+
+    def term_before_first(self) -> int:
+        """The term of entry ``first_index() - 1`` (deleted by retention or a reset), the empty
+        log's last term; -1 when the first index is 0 or the store does not know it (its head
+        was deleted by a version that did not record it)."""
+        return self._term_before_first
+
+    def first_offset(self) -> int:
+        """Where entry ``first_index()`` lies (or will lie): the data offset a RESET hands on."""
+        return self.data_start_offset
 
     def term_at(self, index: int) -> int:
         return self._unit(index)[4]
@@ -649,7 +670,7 @@ class DLedgerMmapFileStore:
             cut = pos + size
             term = self.term_at(after_index)
         else:
-            cut, term = self.pos_at(self._first_index), -1
+            cut, term = self.pos_at(self._first_index), self._term_before_first
         if self._checkpoint_flushed_index > after_index:
             self._flushed_index = min(self._flushed_index, after_index)
             self.persist_checkpoint()  # before the cut: the checkpoint never names entries that are gone
@@ -659,6 +680,40 @@ class DLedgerMmapFileStore:
         self._last_term = term
         self._flushed_index = min(self._flushed_index, after_index)
         self._check()
+
+    # -- reset (a RESET from the leader) ------------------------------------------------------
+
+    def reset(self, reset: Any) -> None:
+        """Drop every entry and start the log empty at ``reset.first_index``, its next entry at
+        data offset ``reset.first_offset`` (a data-file boundary), the empty log's last term
+        ``reset.term_before_first``; committed and flushed index ``first_index - 1``. Durable when
+        it returns, and atomic for recovery (see the module). ValueError, nothing changed, for an
+        index below 1, a negative term, an offset off a file boundary, or committed entries at or
+        above the index (they are never dropped)."""
+        first, term, offset = reset.first_index, reset.term_before_first, reset.first_offset
+        if first < 1 or term < 0:
+            raise ValueError(f"reset to index {first} after term {term}: need index >= 1 and term >= 0")
+        if offset < 0 or offset % self.config.data_file_size:
+            raise ValueError(f"reset offset {offset} is not a multiple of the data file size {self.config.data_file_size}")
+        if self._committed_index >= first:
+            raise ValueError(f"a reset to {first} would drop committed entries (committed {self._committed_index})")
+        self._begin = (first, term, offset)
+        self._write_checkpoint(end=first - 1, committed=first - 1, flushed=first - 1, resetting=True)
+        self._drop_all_files(first, offset)
+        self._first_index, self._last_index, self._last_term = first, first - 1, term
+        self._term_before_first = term
+        self._flushed_index = self._committed_index = first - 1
+        self._data_start_offset = offset
+        self.persist_checkpoint()  # the reset is done: resetting goes
+        self._check()
+
+    def _drop_all_files(self, first: int, offset: int) -> None:
+        """Delete every data and index file (names synced); the next entry lands at ``offset``."""
+        for queue, start in ((self.data_file_list, offset), (self.index_file_list, first * codec.INDEX_UNIT_SIZE)):
+            had_files = bool(queue.mapped_files)
+            queue.reset_to(start)
+            if had_files:
+                fsync_directory(queue.directory)
 
     # -- retention (DLedgerMmapFileStore.CleanSpaceService / deleteExpiredFiles) ----------
 
@@ -701,9 +756,13 @@ class DLedgerMmapFileStore:
         if not chosen:
             return []
         new_first = chosen[-1][1]
+        # Recorded first (durably): the term of the entry before the new first one is gone after.
+        self._begin = (new_first, self.term_at(new_first - 1), self.pos_at(new_first))
+        self.persist_checkpoint()
         deleted = self.data_file_list.delete_first_files(count)
         fsync_directory(self.data_file_list.directory)
         self._first_index = new_first
+        self._term_before_first = self._begin[1]
         index_files = self.index_file_list.mapped_files
         unit_end = new_first * codec.INDEX_UNIT_SIZE
         below = sum(1 for f in index_files[:-1] if f.file_from_offset + f.file_size <= unit_end)
@@ -798,13 +857,23 @@ class DLedgerMmapFileStore:
         return self._committed_index
 
     def persist_checkpoint(self) -> None:
-        """Replace ``checkpoint`` durably: endIndex, committedIndex (DLedger's) and flushedIndex."""
-        state_files.write_properties(self._checkpoint_path, {
-            state_files.END_INDEX_KEY: self._last_index,
-            state_files.COMMITTED_INDEX_KEY: self._committed_index,
-            state_files.FLUSHED_INDEX_KEY: self._flushed_index,
-        })  # fmt: skip
-        self._checkpoint_flushed_index = self._flushed_index
+        """Replace ``checkpoint`` durably: endIndex, committedIndex (DLedger's), flushedIndex and,
+        once retention or a reset moved the log's start, beginIndex, beginTerm and beginPos."""
+        self._write_checkpoint(end=self._last_index, committed=self._committed_index, flushed=self._flushed_index)
+
+    def _write_checkpoint(self, *, end: int, committed: int, flushed: int, resetting: bool = False) -> None:
+        values: dict[str, object] = {
+            state_files.END_INDEX_KEY: end,
+            state_files.COMMITTED_INDEX_KEY: committed,
+            state_files.FLUSHED_INDEX_KEY: flushed,
+        }
+        if self._begin is not None:
+            values.update({state_files.BEGIN_INDEX_KEY: self._begin[0], state_files.BEGIN_TERM_KEY: self._begin[1],
+                           state_files.BEGIN_POS_KEY: self._begin[2]})  # fmt: skip
+        if resetting:
+            values[state_files.RESETTING_KEY] = 1
+        state_files.write_properties(self._checkpoint_path, values)
+        self._checkpoint_flushed_index = flushed
 
     def load_hard_state(self) -> Any:
         """The saved term and vote; the committed index known now (HardState(0, None, -1) fresh)."""
@@ -827,8 +896,9 @@ class DLedgerMmapFileStore:
         self._hard_state = state
         self.update_committed_index(state.committed_index)
 
-    def _load_state_files(self) -> tuple[int, int]:
-        """Read currterm and checkpoint; return (committed index hint, checkpoint flushedIndex)."""
+    def _load_state_files(self) -> tuple[int, int, bool]:
+        """Read currterm and checkpoint; return (committed index hint, checkpoint flushedIndex,
+        whether a reset was under way); the recorded begin goes to ``_begin``."""
         hint = -1
         values = state_files.read_properties(self._term_path)
         if values is not None:
@@ -843,14 +913,31 @@ class DLedgerMmapFileStore:
             committed = state_files.int_property(values, state_files.COMMITTED_INDEX_KEY, path=path, default=-1)
             hint = max(hint, committed)
             flushed = state_files.int_property(values, state_files.FLUSHED_INDEX_KEY, path=path, default=-1)
-        return hint, flushed
+            begin = [state_files.int_property(values, key, path=path, default=-1) for key in
+                     (state_files.BEGIN_INDEX_KEY, state_files.BEGIN_TERM_KEY, state_files.BEGIN_POS_KEY)]  # fmt: skip
+            if begin[0] >= 1:
+                if begin[1] < 0 or begin[2] < 0 or begin[2] % self.config.data_file_size:
+                    raise StoreError(f"{path}: begin index {begin[0]}, term {begin[1]}, pos {begin[2]}: "
+                                     "not a term and a data-file boundary")  # fmt: skip
+                self._begin = (begin[0], begin[1], begin[2])
+            resetting = state_files.int_property(values, state_files.RESETTING_KEY, path=path, default=0) == 1
+            if resetting and self._begin is None:
+                raise StoreError(f"{path}: resetting without a begin index")
+            return hint, flushed, resetting
+        return hint, flushed, False
 
     # -- recovery -------------------------------------------------------------------------
 
     def _recover(self) -> None:
         """Scan (reading only), refuse or accept the end found, then cut there and rebuild the
         index units that did not match."""
-        committed_hint, checkpoint_flushed = self._load_state_files()
+        committed_hint, checkpoint_flushed, resetting = self._load_state_files()
+        if self._begin is not None:
+            self._data_start_offset = self._begin[2]
+            if resetting:  # a reset was begun: finish it (the checkpoint says so durably)
+                self._drop_all_files(self._begin[0], self._begin[2])
+            else:  # a retention pass that crashed part way: the files below the begin go
+                self._delete_data_files_below(self._begin[2])
         files = self.data_file_list.mapped_files
         start_number = 0
         if not files:
@@ -860,6 +947,8 @@ class DLedgerMmapFileStore:
             start_number = self._recovery_start(files)
             start_offset = files[start_number].file_from_offset
             scan = self._scan(files, start_number)
+        if scan.last_index < 0 and self._begin is not None:  # empty at the recorded begin (a reset)
+            scan.last_index, scan.last_term = self._begin[0] - 1, self._begin[1]
         lost = max(0, checkpoint_flushed - scan.last_index)
         if lost and not self.config.recovery_accept_lost_entries:
             raise StoreError(self._refusal(scan, f"the checkpoint says entries up to {checkpoint_flushed} were "
@@ -872,10 +961,14 @@ class DLedgerMmapFileStore:
             _sync_file(mapped_file.path)
         self._last_index, self._last_term = scan.last_index, scan.last_term
         self._first_index = self._read_first_index(scan)
+        begin = self._begin
+        self._term_before_first = begin[1] if begin is not None and begin[0] == self._first_index else -1
         self._flushed_index = scan.last_index
         self._checkpoint_flushed_index = checkpoint_flushed
         self.update_committed_index(committed_hint)
-        if lost:
+        # Entries below the first were deleted by retention or a reset, which take committed ones only.
+        self._committed_index = max(self._committed_index, self._first_index - 1)
+        if lost or resetting:
             self.persist_checkpoint()  # the loss was accepted once; the next open must not refuse again
         self.recovery = RecoveryReport(start_offset, scan.end_offset, self._first_index, scan.last_index,
                                        scan.count, scan.reason, None if scan.clean else scan.end_offset,
@@ -975,8 +1068,17 @@ class DLedgerMmapFileStore:
             self._append_index_units([(header.index, header.pos, header.size, header.term)])
             offset += header.size
 
+    def _delete_data_files_below(self, offset: int) -> None:
+        below = sum(1 for f in self.data_file_list.mapped_files if f.file_from_offset < offset)
+        if below:
+            self.data_file_list.delete_first_files(below)
+            fsync_directory(self.data_file_list.directory)
+
     def _read_first_index(self, scan: DataScan) -> int:
-        """The index of the first entry kept (DLedger's reviseLedgerBeginIndex); 0 when empty."""
+        """The index of the first entry kept (DLedger's reviseLedgerBeginIndex); when empty, the
+        recorded begin (a reset), else 0."""
+        if scan.count == 0 and self._begin is not None:
+            return self._begin[0]
         if scan.last_index < 0:
             return 0
         first = self.data_file_list.first
@@ -993,7 +1095,10 @@ class DLedgerMmapFileStore:
         assert self._committed_index <= self._last_index, (self._committed_index, self._last_index)
         assert 0 <= self._first_index <= self._last_index + 1, (self._first_index, self._last_index)
         empty = self._last_index < self._first_index
-        assert empty == (self._last_term < 0), (self._first_index, self._last_index, self._last_term)
+        if empty:
+            assert self._last_term == self._term_before_first, (self._first_index, self._last_term, self._term_before_first)
+        else:
+            assert self._last_term >= 0, (self._first_index, self._last_index, self._last_term)
         if not empty:
             end = (self._last_index + 1) * codec.INDEX_UNIT_SIZE
             assert self.index_file_list.max_wrote_offset == end, (self.index_file_list.max_wrote_offset, end)

@@ -23,6 +23,13 @@ may have several proposals in flight; the core must append each accepted plan's 
 ``plan.first_index`` and nothing else in between (its term-start no-op is appended before the
 leader plans: ``caught_up``). A member that stops leading calls ``discard_plans``.
 
+A RESET from the leader (``reset_log``: this member needs entries retention deleted everywhere)
+drops the consume queues (renamed away atomically, then deleted) and then every entry file
+(``DLedgerMmapFileStore.reset``, atomic for recovery); the log restarts empty at the leader's first
+index and offset, and the queues restart with the first message dispatched after it, at its
+queue offset (as the leader's queues start at its minimum offset after retention). A crash
+between the two steps leaves the old log without queues: recovery dispatches them again.
+
 Recovery (``open``): the classic part, when DLedger has no data yet, is recovered and dispatched by
 opening it as a classic ``MessageStore`` once (then sealed by ``open_after_classic``). The DLedger
 store recovers itself (the committed index is its checkpoint's hint). Consume-queue units pointing
@@ -53,6 +60,7 @@ import bisect
 import dataclasses
 import os
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -64,7 +72,7 @@ from commitlog.consume_queue import ConsumeQueueStore
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig
 from commitlog.dledger.upgrade import DividedLog, LogPart, dledger_directory, open_after_classic
-from commitlog.mapped_file import StoreError
+from commitlog.mapped_file import StoreError, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog.store import (
     _STOP_BLANK,
@@ -82,6 +90,7 @@ from commitlog.store import (
 )
 
 BODY_OFFSET = codec.BODY_OFFSET  # PHYSICALOFFSET = entry pos + 48 (DLedgerCommitLog's BODY_OFFSET)
+DISCARDED_SUFFIX = ".discarded"  # consume queues a reset renamed away, deleted after (and at the next open)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +175,7 @@ class DLedgerMessageStore:
             MessageStore.open(self.path, self.config).close()  # recover and dispatch the classic part once
         self._lock = StoreLock(os.path.join(self.path, "lock"))
         try:
+            shutil.rmtree(self.consume_queues.root + DISCARDED_SUFFIX, ignore_errors=True)  # a reset's leftover
             abort_path = os.path.join(self.path, "abort")
             self.last_exit_ok = not os.path.exists(abort_path)
             self.checkpoint = StoreCheckpoint.open(os.path.join(self.path, "checkpoint"))
@@ -392,6 +402,31 @@ class DLedgerMessageStore:
         self._pending.clear()
         self._queue_table = self.consume_queues.queue_offset_table()
 
+    def reset_log(self, reset: Any) -> None:
+        """A RESET (``reset.first_index``, ``term_before_first``, ``first_offset``): drop the
+        consume queues and every entry; the log restarts empty at ``first_index``, dispatched and
+        committed up to ``first_index - 1``. Durable when it returns; see the module for a crash
+        between the steps. ValueError (nothing changed) as ``DLedgerMmapFileStore.reset``."""
+        entries = self.entries
+        if entries.committed_index >= reset.first_index:
+            raise ValueError(f"a reset to {reset.first_index} would drop committed entries "
+                             f"(committed {entries.committed_index})")  # fmt: skip
+        self._pending.clear()
+        entries.persist_checkpoint()  # the committed index: a crash before the entries' reset redispatches it all
+        self.consume_queues.close()
+        root = self.consume_queues.root
+        if os.path.isdir(root):
+            discarded = root + DISCARDED_SUFFIX
+            shutil.rmtree(discarded, ignore_errors=True)
+            os.replace(root, discarded)  # atomic: the queues are there whole or gone
+            fsync_directory(os.path.dirname(root))
+            shutil.rmtree(discarded, ignore_errors=True)
+        self.consume_queues = ConsumeQueueStore(root, units_per_file=self.config.consume_queue_units_per_file)
+        entries.reset(reset)
+        self.dispatched_index = reset.first_index - 1
+        self.dispatch_error = None
+        self._queue_table = {}
+
     def set_committed(self, index: int) -> None:
         """The core's committed index (never goes back; capped at the log's end by the entries)."""
         self.entries.update_committed_index(index)
@@ -576,6 +611,8 @@ class DLedgerMessageStore:
             return entries.pos_at(entries.first_index())
         if entries.data_file_list.mapped_files:
             return entries.data_file_list.min_offset
+        if entries.first_index() > 0:  # empty after a reset: where its next entry will lie
+            return entries.data_start_offset
         return max(self.divided_offset, 0)
 
     def _end_offset_of(self, index: int) -> int:

@@ -10,6 +10,11 @@ the order of the lines):
                  committedIndex=<int64>    (COMMITTED_INDEX_KEY)
                  flushedIndex=<int64>      (hasvc only: every entry up to it was fsynced before this file
                                             was written; DLedger ignores it)
+                 beginIndex=<int64>        (hasvc only, with the next two: the log starts at this index;
+                 beginTerm=<int64>          the term of entry beginIndex - 1; where entry beginIndex
+                 beginPos=<int64>           lies. Written before retention deletes head files and by a
+                                            reset; absent: the log starts at its first data file's entry)
+                 resetting=1               (hasvc only: a reset to beginIndex was begun: recovery finishes it)
     currterm     currTerm=<int64>          (MemberState.TERM_PERSIST_KEY_TERM)
                  voteLeader=<member id>    (TERM_PERSIST_KEY_VOTE_FOR; empty = voted for nobody)
                  committedIndex=<int64>    (hasvc only: the hard state's commit hint; DLedger ignores it)
@@ -32,6 +37,10 @@ CHECKPOINT_FILE = "checkpoint"  # DLedgerMmapFileStore.CHECK_POINT_FILE
 END_INDEX_KEY = "endIndex"
 COMMITTED_INDEX_KEY = "committedIndex"
 FLUSHED_INDEX_KEY = "flushedIndex"  # hasvc only: entries <= it were flushed before the checkpoint was written
+BEGIN_INDEX_KEY = "beginIndex"  # hasvc only: the log's first index (retention, reset)
+BEGIN_TERM_KEY = "beginTerm"  # hasvc only: the term of entry beginIndex - 1
+BEGIN_POS_KEY = "beginPos"  # hasvc only: the data offset of entry beginIndex
+RESETTING_KEY = "resetting"  # hasvc only: 1 while a reset is under way
 TERM_FILE = "currterm"  # MemberState.TERM_PERSIST_FILE
 TERM_KEY = "currTerm"
 VOTE_FOR_KEY = "voteLeader"

@@ -42,7 +42,10 @@ a time, in a worker thread started from the loop (``_start_sync``: by an append 
 ``--flush sync``, by the end of the previous sync, and every FLUSH_INTERVAL_SECONDS), its end
 handled by a callback. A truncate (a TRUNCATE push from the leader) and retention cut and delete
 files, so they hold the files quiet (``files_quiet``): they wait for the sync in flight, and none
-starts until they are done.
+starts until they are done. A reset (a RESET from the leader: this member needs entries the group
+deleted) deletes every entry and consume-queue file (``DLedgerMessageStore.reset_log``) before its
+answer is sent, holding the files quiet and the broker's ``maintenance`` lock (no consume-queue
+flush in a worker thread meanwhile).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.dedupe import ProducerTable
 from hasvc.state.raft.config import RaftConfig
-from hasvc.state.raft.messages import Push, PushType
+from hasvc.state.raft.messages import Push, PushType, ResetPush
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.ready import Proposed, Role
 from hasvc.state.raft.storage import Entry, HardState
@@ -230,7 +233,7 @@ class RaftDriver:
     """Drives one ``RaftNode`` over trio: see the module."""
 
     def __init__(self, *, group: GroupConfig, store: DLedgerMessageStore, secret: bytes | None,
-                 on_commit, on_role) -> None:  # fmt: skip
+                 on_commit, on_role, maintenance: trio.Lock | None = None) -> None:  # fmt: skip
         self.group = group
         self.store = store
         self.secret = secret
@@ -247,6 +250,8 @@ class RaftDriver:
         self.connected: dict[str, bool] = {peer: False for peer in self._queues}
         self._links: dict[str, transport.Connection] = {}  # the senders' live connections (``_send_now``)
         self._transfer_wait: TransferWait | None = None
+        # Held by whoever deletes or flushes consume-queue files (the broker's), and by a reset.
+        self._maintenance = maintenance if maintenance is not None else trio.Lock()
         # The entry files' syncs (see the module): at most one worker thread at a time, none
         # while a task holds the files quiet (``files_quiet``: a truncate, retention) or closes.
         self._token = trio.lowlevel.current_trio_token()
@@ -268,6 +273,13 @@ class RaftDriver:
         entries = self.store.entries
         if ready.hard_state is not None:
             entries.save_hard_state(ready.hard_state)
+        if ready.reset is not None:
+            assert self._quiet_holds and not self._syncing, "reset outside files_quiet"
+            assert self._maintenance.statistics().owner is trio.lowlevel.current_task(), "reset without maintenance"
+            LOGGER.warning("raft: reset by the leader: entries %d..%d and the consume queues dropped; the log starts "
+                           "empty at entry %d (offset %d), the leader's first", entries.first_index(),
+                           entries.last_index(), ready.reset.first_index, ready.reset.first_offset)  # fmt: skip
+            self.store.reset_log(ready.reset)
         if ready.truncate_after is not None:
             assert self._quiet_holds and not self._syncing, "truncate outside files_quiet"
             entries.truncate(after_index=ready.truncate_after)
@@ -511,7 +523,7 @@ class RaftDriver:
                 connection = await transport.connect(address)
                 await transport.client_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
                 hello = raft_wire.Hello(self.group.group, self.group.self_id, peer, client_address=self.client_address,
-                                        data_start_offset=self.store.entries.data_start_offset)  # fmt: skip
+                                        data_start_offset=self._announced_data_start())  # fmt: skip
                 await connection.send_all(raft_wire.encode_hello(hello))
             except (OSError, trio.BrokenResourceError, trio.TooSlowError, transport.AuthenticationError, EOFError) as error:
                 LOGGER.debug("raft: cannot reach %s at %s: %s", peer, format_address(address), error)
@@ -632,11 +644,13 @@ class RaftDriver:
                             continue
                         if isinstance(event, Push) and event.type is PushType.TRUNCATE:
                             async with self.files_quiet():  # the truncate waits for a sync in flight
-                                self.node.step(event, trio.current_time())
-                                self.drain()
+                                self._step(event)
                             continue
-                        self.node.step(event, trio.current_time())
-                        self.drain()
+                        if isinstance(event, ResetPush):  # deletes entry and consume-queue files
+                            async with self._maintenance, self.files_quiet():
+                                self._step(event)
+                            continue
+                        self._step(event)
             except wire.ProtocolError as error:
                 self.refused_connections += 1
                 LOGGER.warning("raft: %s (%s) sent a bad frame, connection closed: %s", connection.peer, source, error)
@@ -649,6 +663,17 @@ class RaftDriver:
                     del self._inbound[source]
                 with trio.CancelScope(shield=True):
                     await connection.stream.aclose()
+
+    def _step(self, message) -> None:
+        """Hand a peer's message to the core and carry its Ready out. A message no member could
+        send (the core's ValueError: an APPEND whose entries do not start at its index, a RESET
+        in a PUSH frame, ...) is a protocol error: that connection is closed, the member goes on."""
+        try:
+            self.node.step(message, trio.current_time())
+        except ValueError as error:
+            self.drain()  # whatever the core did before it refused (it refuses before touching the log)
+            raise wire.ProtocolError(f"{type(message).__name__} refused: {error}") from None
+        self.drain()
 
     def _peer_gone(self, source: str | None, scope: trio.CancelScope) -> None:
         """The connection from ``source`` ended by itself (not replaced by a newer one): tell the
@@ -676,14 +701,21 @@ class RaftDriver:
             self._adopt_data_start(hello.source, hello.data_start_offset)
         return hello.source
 
+    def _announced_data_start(self) -> int:
+        """What HELLO says of where this log starts: its first data file's offset while its first
+        index is 0 (0, or a smooth upgrade's divide); 0, "not said", once retention or a reset
+        moved its start (a member that needs entries from before it is RESET, not told)."""
+        entries = self.store.entries
+        return entries.data_start_offset if entries.first_index() == 0 else 0
+
     def _adopt_data_start(self, peer: str, offset: int) -> None:
         """A group upgraded from a classic log starts its entries at the divide; a member that
         joins it with an empty store (no classic part) must place its entries at the same offsets,
         or the records' offsets would not be where they lie. It learns the divide from the first
         HELLO that names one (before any push or vote can reach it on that connection)."""
         entries = self.store.entries
-        if entries.data_start_offset == offset:
-            return
+        if entries.data_start_offset == offset or entries.first_index() > 0:
+            return  # (a start moved by retention or a reset: the leader's RESET and COMPARE decide)
         if entries.last_index() >= 0 or self.store.divided_offset >= 0:
             LOGGER.error("raft: %s's log starts at offset %d, this member's at %d: it cannot follow that log "
                          "(every member must come from the same classic log, or start empty)",
@@ -745,7 +777,8 @@ class DLedgerBroker:
 
     async def _serve(self, nursery: trio.Nursery, task_status) -> None:
         self.driver = RaftDriver(group=self.group, store=self.store, secret=self.config.secret,
-                                 on_commit=self._on_commit, on_role=self._on_role)  # fmt: skip
+                                 on_commit=self._on_commit, on_role=self._on_role,
+                                 maintenance=self.maintenance)  # fmt: skip
         self.replicator = RaftReplicator(self.store)
         log = RaftLog(self.store, self.driver)
         self.put_service = PutService(config=self.config, store=log, role=self.role_state, replicator=self.replicator,
@@ -856,7 +889,7 @@ class DLedgerBroker:
         """DLedger's CleanSpaceService, every ``dledger_clean_interval_seconds``: delete expired
         head files, never an entry the core's ``retention_floor`` keeps (what some member may
         still need) unless the disk is above ``disk_clean_ratio`` (then a member left behind is
-        stranded: ``behind_log_start``). Runs on the trio thread, not a worker: appends, the
+        RESET by the leader to its first index: ``behind_log_start`` until it answered). Runs on the trio thread, not a worker: appends, the
         dispatcher and the deletion share the file lists (a pass unlinks at most
         ``delete_segments_per_pass_max`` files); under the entry files' lock (no flush of a file
         being deleted) and ``maintenance`` (no consume queue flush meanwhile)."""

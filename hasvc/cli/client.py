@@ -172,7 +172,8 @@ def _echo_dledger_status(data: dict) -> None:
                f"{data['retention_floor_index']}")  # fmt: skip
     click.echo(f"offsets      min {data['min_offset']}  max {data['max_offset']}  flushed {data['flushed_offset']}")
     for peer, item in sorted(data["peers"].items()):
-        behind = "  BEHIND THE LOG START (retention deleted what it needs)" if item.get("behind_log_start") else ""
+        behind = ("  BEHIND THE LOG START: being reset to this leader's first entry (retention deleted what it needs)"
+                  if item.get("behind_log_start") else "")  # fmt: skip
         click.echo(f"peer         {peer} match {item['match_index']} lag {item['lag_entries']} entries, last contact "
                    f"{item['last_contact_seconds']} s{behind}")  # fmt: skip
 

@@ -93,6 +93,10 @@ class FailoverClient:
     async def _current(self, failed_generation: int | None = None, deadline: float | None = None) -> tuple[Client, int]:
         """The master's client; after a failure on ``failed_generation``, a new one (found once,
         however many tasks saw the failure)."""
+        # the usual case without the lock: taking it is a checkpoint, a trip through trio's
+        # scheduler for every request (nothing awaits between this check and the return)
+        if self._client is not None and not self._client.broken and self.generation not in (failed_generation, self._unusable):
+            return self._client, self.generation
         async with self._lock:
             stale = self.generation in (failed_generation, self._unusable)
             if self._client is not None and not self._client.broken and not stale:

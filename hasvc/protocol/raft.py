@@ -16,7 +16,8 @@ message frames, whose source and target are those of the sender's HELLO. Every f
     kind 2 VOTE_RESPONSE      i64 term | u8 result (VoteResult) | u8 flags (bit 0: pre-vote)
     kind 3 HEARTBEAT          i64 term | i64 commit index [| i64 retain-from index (when >= 0)]
     kind 4 HEARTBEAT_RESPONSE i64 term | u8 result (HeartbeatResult)
-    kind 5 PUSH               COMPARE/TRUNCATE: i64 term | u8 type (PushType) | i64 index | i64 previous term
+    kind 5 PUSH               COMPARE/TRUNCATE (not 3 APPEND, 4 RESET): i64 term | u8 type (PushType)
+                              | i64 index | i64 previous term
                               | i64 commit index | u32 n | n x (i64 index | i64 term | u32 size | body)
     kind 8 APPEND             i64 term | i64 index | i64 previous term | i64 commit index | u32 n
                               | i64 last term | the n entries as stored (48-byte DLedger header + body
@@ -24,6 +25,8 @@ message frames, whose source and target are those of the sender's HELLO. Every f
     kind 6 PUSH_RESPONSE      i64 term | u8 type | u8 result (PushResult) | i64 request index
                               | i64 ack index | i64 begin index | i64 end index | i64 term at index
     kind 7 TIMEOUT_NOW        i64 term
+    kind 9 RESET              i64 term | i64 index | i64 previous term | i64 first term | i64 pos
+                              | i64 commit index   (answered by a PUSH_RESPONSE of type RESET, 4)
 
 APPEND (protocol version 2) carries the leader's stored bytes, which the follower's store checks
 entry by entry before it copies them (``commitlog.dledger.entry_run``); this decoder checks the
@@ -52,6 +55,7 @@ from hasvc.state.raft.messages import (
     PushResponse,
     PushResult,
     PushType,
+    ResetPush,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
@@ -88,6 +92,8 @@ TIMEOUT_NOW = struct.Struct(">q")  # term
 assert TIMEOUT_NOW.size == 8
 APPEND = struct.Struct(">qqqqIq")  # term, first index, previous term, commit index, entry count, last term
 assert APPEND.size == 44
+RESET = struct.Struct(">qqqqqq")  # term, index, previous term, first term, pos, commit index
+assert RESET.size == 48
 DATA_START = struct.Struct(">q")  # HELLO's optional last field
 HELLO_HEAD = struct.Struct(">B")  # version (then three u8-length-prefixed ids)
 assert HELLO_HEAD.size == 1
@@ -102,6 +108,7 @@ PUSH_KIND: Final = 5
 PUSH_RESPONSE_KIND: Final = 6
 TIMEOUT_NOW_KIND: Final = 7
 APPEND_KIND: Final = 8
+RESET_KIND: Final = 9
 
 FLAG_PRE_VOTE: Final = 0x1
 FLAG_TRANSFER: Final = 0x2
@@ -183,6 +190,9 @@ def encode(message: Message) -> bytes:
         return _frame(HEARTBEAT_RESPONSE_KIND, HEARTBEAT_RESPONSE.pack(message.term, message.result))
     if isinstance(message, TimeoutNow):
         return _frame(TIMEOUT_NOW_KIND, TIMEOUT_NOW.pack(message.term))
+    if isinstance(message, ResetPush):
+        return _frame(RESET_KIND, RESET.pack(message.term, message.index, message.prev_term, message.first_term,
+                                             message.pos, message.commit_index))  # fmt: skip
     raise TypeError(f"not a Raft message: {message!r}")
 
 
@@ -267,6 +277,8 @@ def _decode_push(body: _Body, source: str, target: str) -> Push:
     term, kind, index, prev_term, commit, count = body.unpack(PUSH)
     if kind == PushType.APPEND:
         raise ProtocolError("an APPEND in a PUSH frame (protocol version 1): APPEND is frame kind 8")
+    if kind == PushType.RESET:
+        raise ProtocolError("a PUSH of type RESET (4): a RESET has its own frame, kind 9")
     if count * ENTRY_HEADER.size > len(body.data) - body.position:
         raise ProtocolError(f"push of {count} entries in a {len(body.data)}-byte frame")
     entries = []
@@ -285,6 +297,17 @@ def _decode_push_response(body: _Body, source: str, target: str) -> PushResponse
                         _check_index(request, "request index"), _check_index(ack, "ack index"),
                         _check_index(begin, "begin index"), _check_index(end, "end index"),
                         _check_index(term_at, "term at index"))  # fmt: skip
+
+
+def _decode_reset(body: _Body, source: str, target: str) -> ResetPush:
+    term, index, prev_term, first_term, pos, commit = body.unpack(RESET)
+    if index < 1:
+        raise ProtocolError(f"reset index {index} (a log restarts at 1 or later)")
+    if not 0 <= prev_term <= first_term <= term:
+        raise ProtocolError(f"reset terms: previous {prev_term}, first {first_term}, current {term} (need 0 <= p <= f <= t)")
+    if pos < 0:
+        raise ProtocolError(f"negative reset pos {pos}")
+    return ResetPush(source, target, term, index, prev_term, first_term, pos, _check_index(commit, "commit index"))
 
 
 def _decode_message(kind: int, body: _Body, source: str, target: str) -> Message:
@@ -316,6 +339,8 @@ def _decode_message(kind: int, body: _Body, source: str, target: str) -> Message
     if kind == TIMEOUT_NOW_KIND:
         (term,) = body.unpack(TIMEOUT_NOW)
         return TimeoutNow(source, target, _check_term(term))
+    if kind == RESET_KIND:
+        return _decode_reset(body, source, target)
     raise ProtocolError(f"unknown Raft frame kind {kind}")
 
 

@@ -17,6 +17,7 @@ RocketMQ's proxy (``SendMessageActivity``, ``ReceiptHandle``) where hasvc has th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 import zlib
@@ -67,6 +68,11 @@ class Outgoing:
     message_id: str
 
 
+# Producer ids of this many recent client ids are remembered (a hash per send otherwise).
+PRODUCER_IDS_CACHED_MAX = 4096
+
+
+@functools.lru_cache(maxsize=PRODUCER_IDS_CACHED_MAX)
 def producer_id_for(client_id: str) -> str:
     """The idempotent-send producer id of a client (at most 64 bytes, no 0x01/0x02)."""
     return "rmq-" + hashlib.blake2b(client_id.encode(), digest_size=12).hexdigest()

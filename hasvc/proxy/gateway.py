@@ -30,9 +30,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import random
 import secrets
 import time
 import zlib
+import collections
 from collections import OrderedDict
 
 import trio
@@ -110,6 +112,33 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# Delivery nonces only need to differ between deliveries of one offset (also across restarts, so
+# a handle from before a restart is stale after it): 63 bits from a generator seeded from the OS at
+# start, not a system call per delivery (``secrets`` made one getrandom() per message).
+_NONCES = random.Random()
+
+
+def new_nonce() -> int:
+    return _NONCES.getrandbits(63)
+
+
+@dataclasses.dataclass(slots=True)
+class _Write:
+    """Events waiting for the progress writer, and who waits for their put status: tasks on
+    ``done``, or callbacks (acks answered without a task of their own, see ``Gateway.ack_soon``)."""
+
+    events: list
+    done: trio.Event = dataclasses.field(default_factory=trio.Event)
+    status: str = ""
+    callbacks: list = dataclasses.field(default_factory=list)
+
+    def finish(self, status: str) -> None:
+        self.status = status
+        self.done.set()
+        for callback in self.callbacks:
+            callback(status)
+
+
 class Gateway:
     def __init__(self, cluster: hc.FailoverClient, config: GatewayConfig):
         self.cluster = cluster
@@ -121,7 +150,7 @@ class Gateway:
         self._foreign_ids: OrderedDict[str, int] = OrderedDict()
         self._foreign_producer = "rmq-proxy-" + secrets.token_hex(8)
         self._foreign_next = 0
-        self._writes: list[tuple[list, dict]] = []
+        self._writes: collections.deque[_Write] = collections.deque()
         self._write_wakeup = trio.Event()
         self._events_since_snapshot = 0
         self._last_snapshot = trio.current_time() if trio.lowlevel.in_trio_run() else 0.0
@@ -276,7 +305,7 @@ class Gateway:
             return None
         previous = self.table.get(key).inflight.get(offset)
         attempt = previous.attempt + 1 if previous else 1
-        nonce = secrets.randbits(63)
+        nonce = new_nonce()
         self._event(events, ["d", group, topic, queue_id, offset, nonce, now + invisible_ms, attempt])
         return Delivery(record, convert.encode_receipt_handle(queue_id, offset, nonce), attempt, invisible_ms)
 
@@ -302,21 +331,53 @@ class Gateway:
                                                         "or its invisible duration changed since")  # fmt: skip
         return "current", queue_id, offset
 
-    async def ack(self, group: str, topic: str, handle: str) -> tuple[int, str]:
+    def ack_soon(self, group: str, topic: str, handles: list[str], answer) -> None:
+        """Acknowledge ``handles`` (the entries of one AckMessage); ``answer`` gets one (code, text)
+        per handle, at once when none needs storing, else when the one record holding them all is
+        stored. Synchronous (no task per ack): called in the trio thread by the bridge."""
         refused = self.check_topic(topic, group)
         if refused is not None:
-            return refused.code, refused.message
-        found = self._current_delivery(group, topic, handle)
-        if isinstance(found, Refused):
-            return found.code, found.message
-        state, queue_id, offset = found
-        if state == "done":
-            return Code.OK, "OK (already acknowledged)"
+            answer([(refused.code, refused.message)] * len(handles))
+            return
+        answers: list = []
         events: list[list] = []
-        self._event(events, ["a", group, topic, queue_id, offset])
-        status = await self._persist(events)
-        self.stats["acked"] += 1
-        return self._persist_code(status)
+        waiting: list[int] = []
+        for handle in handles:
+            found = self._current_delivery(group, topic, handle)
+            if isinstance(found, Refused):
+                answers.append((found.code, found.message))
+                continue
+            state, queue_id, offset = found
+            if state == "done":
+                answers.append((Code.OK, "OK (already acknowledged)"))
+                continue
+            self._event(events, ["a", group, topic, queue_id, offset])
+            self.stats["acked"] += 1
+            waiting.append(len(answers))
+            answers.append(None)
+        if not events:
+            answer(answers)
+            return
+
+        def stored(status: str) -> None:
+            code = self._persist_code(status)
+            for index in waiting:
+                answers[index] = code
+            answer(answers)
+
+        self._enqueue(events).callbacks.append(stored)
+
+    async def ack(self, group: str, topic: str, handle: str) -> tuple[int, str]:
+        answered = trio.Event()
+        box: list = []
+
+        def answer(answers: list) -> None:
+            box.extend(answers)
+            answered.set()
+
+        self.ack_soon(group, topic, [handle], answer)
+        await answered.wait()
+        return box[0]
 
     async def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> tuple[int, str, str]:
         refused = self.check_topic(topic, group)
@@ -330,7 +391,7 @@ class Gateway:
         state, queue_id, offset = found
         if state == "done":
             return Code.INVALID_RECEIPT_HANDLE, "the message is already acknowledged", ""
-        nonce = secrets.randbits(63)
+        nonce = new_nonce()
         events: list[list] = []
         self._event(events, ["c", group, topic, queue_id, offset, nonce, now_ms() + invisible_ms])
         code, message = self._persist_code(await self._persist(events))
@@ -370,17 +431,17 @@ class Gateway:
 
     # --- the progress topic ---
 
-    def _enqueue(self, events: list[list]) -> dict:
-        slot = {"done": trio.Event(), "status": ""}
-        self._writes.append((events, slot))
+    def _enqueue(self, events: list[list]) -> _Write:
+        write = _Write(events)
+        self._writes.append(write)
         self._write_wakeup.set()
-        return slot
+        return write
 
     async def _persist(self, events: list[list]) -> str:
         """Queue ``events`` for the writer and wait until they are stored; the put status."""
-        slot = self._enqueue(events)
-        await slot["done"].wait()
-        return slot["status"]
+        write = self._enqueue(events)
+        await write.done.wait()
+        return write.status
 
     async def writer(self) -> None:
         """The one task that appends events, in the order they were applied."""
@@ -390,12 +451,11 @@ class Gateway:
             while self._writes:
                 batch, count = [], 0
                 while self._writes and count < EVENTS_PER_RECORD_MAX:
-                    batch.append(self._writes.pop(0))
-                    count += len(batch[-1][0])
-                status, queue_offset = await self._append([e for events, _ in batch for e in events], EVENTS_QUEUE)
-                for _, slot in batch:
-                    slot["status"] = status
-                    slot["done"].set()
+                    batch.append(self._writes.popleft())
+                    count += len(batch[-1].events)
+                status, queue_offset = await self._append([e for write in batch for e in write.events], EVENTS_QUEUE)
+                for write in batch:
+                    write.finish(status)
                 self.stats["events"] += count
                 self._events_since_snapshot += count
                 due = (self._events_since_snapshot >= self.config.snapshot_every_events

@@ -14,17 +14,31 @@ progress survives a restart of the proxy and a failover of the brokers. Events s
 (the attempt number, the deadline, the nonce), and applying one that is already reflected changes
 nothing, so replaying from a snapshot older than some of the events it reflects is safe.
 
+Cost: applying an event is O(1) (plus O(log n) for a deadline) and checks the invariants it can
+break in O(1) (the count of offsets between committed and next_new); ``check_all`` walks a whole
+queue and runs when a snapshot is loaded and in the tests. "Is anything expired?", asked by every
+receive of every queue, is answered from a heap of deadlines (stale entries dropped lazily, the
+heap rebuilt when it grows past ``DEADLINES_SLACK`` times what is in flight), so a queue with
+thousands in flight costs no more per event or per receive than an empty one.
+
 Pure: time (ms since the epoch, since deadlines must survive a restart) and nonces are arguments.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Iterator
 
 # RocketMQ's pop has no per-queue cap; this one bounds the gateway's memory and snapshot size
 # (a consumer that never acks stops getting new messages from a queue with this many in flight).
 INFLIGHT_PER_QUEUE_MAX = 4096
+
+# The deadline heap is rebuilt from the in-flight table once it holds this many times as many
+# entries (plus DEADLINES_SLACK_MIN): stale entries (acknowledged, delivered again, changed) whose
+# deadline lies behind a live one cannot be dropped from the top; rebuilding is O(n), amortised O(1).
+DEADLINES_SLACK = 2
+DEADLINES_SLACK_MIN = 64
 
 Key = tuple[str, str, int]  # group, topic, queue id
 
@@ -46,24 +60,50 @@ class QueueProgress:
     next_new: int = 0
     inflight: dict[int, InFlight] = dataclasses.field(default_factory=dict)
     acked: set[int] = dataclasses.field(default_factory=set)
+    # (deadline_ms, offset) of deliveries and changes, lowest first; an entry whose offset is no
+    # longer in flight with that deadline is stale (see ``expired``)
+    deadlines: list[tuple[int, int]] = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     def check(self) -> None:
+        """The invariants in O(1): after every event."""
         assert 0 <= self.committed <= self.next_new, (self.committed, self.next_new)
+        # every offset below next_new not yet committed is either in flight or acknowledged
+        assert len(self.inflight) + len(self.acked) == self.next_new - self.committed, (self.committed, self.next_new)
+
+    def check_all(self) -> None:
+        """Every invariant, walking the queue: on load and in tests."""
+        self.check()
         assert self.committed not in self.acked
         for offset in self.inflight:
             assert self.committed <= offset < self.next_new and offset not in self.acked, offset
         for offset in self.acked:
             assert self.committed < offset < self.next_new, offset
-        # every offset below next_new not yet committed is either in flight or acknowledged:
-        # nothing handed out is forgotten
-        assert len(self.inflight) + len(self.acked) == self.next_new - self.committed
+        assert len(self.deadlines) <= DEADLINES_SLACK * len(self.inflight) + DEADLINES_SLACK_MIN
+        tracked = set(self.deadlines)
+        for offset, each in self.inflight.items():
+            assert (each.deadline_ms, offset) in tracked, offset
 
     def done(self, offset: int) -> bool:
         return offset < self.committed or offset in self.acked
 
     def expired(self, now_ms: int) -> list[int]:
-        """In-flight offsets whose visibility deadline has passed, lowest first."""
-        return sorted(offset for offset, each in self.inflight.items() if each.deadline_ms <= now_ms)
+        """In-flight offsets whose visibility deadline has passed, lowest first (O(1) when none)."""
+        deadlines, inflight = self.deadlines, self.inflight
+        while deadlines:
+            deadline_ms, offset = deadlines[0]
+            current = inflight.get(offset)
+            if current is not None and current.deadline_ms == deadline_ms:
+                break
+            heapq.heappop(deadlines)  # stale: acknowledged, delivered again or changed since
+        if not deadlines or deadlines[0][0] > now_ms:
+            return []
+        return sorted(offset for offset, each in inflight.items() if each.deadline_ms <= now_ms)
+
+    def _track(self, offset: int, deadline_ms: int) -> None:
+        heapq.heappush(self.deadlines, (deadline_ms, offset))
+        if len(self.deadlines) > DEADLINES_SLACK * len(self.inflight) + DEADLINES_SLACK_MIN:
+            self.deadlines = [(each.deadline_ms, o) for o, each in self.inflight.items()]
+            heapq.heapify(self.deadlines)
 
     def next_deadline(self) -> int | None:
         return min((each.deadline_ms for each in self.inflight.values()), default=None)
@@ -81,7 +121,9 @@ class QueueProgress:
         if self.done(offset):
             return
         self._contiguous(offset)
+        assert offset >= self.committed, (offset, self.committed)
         self.inflight[offset] = InFlight(nonce, deadline_ms, attempt)
+        self._track(offset, deadline_ms)
         self.next_new = max(self.next_new, offset + 1)
 
     def ack(self, offset: int) -> None:
@@ -100,6 +142,7 @@ class QueueProgress:
         current = self.inflight.get(offset)
         if current is not None:
             self.inflight[offset] = InFlight(nonce, deadline_ms, current.attempt)
+            self._track(offset, deadline_ms)
 
     def skip_to(self, offset: int) -> None:
         """Nothing below ``offset`` is left to deliver (retention removed it, or a group that
@@ -109,6 +152,8 @@ class QueueProgress:
         self.committed = offset
         self.next_new = max(self.next_new, offset)
         self.inflight = {o: each for o, each in self.inflight.items() if o >= offset}
+        self.deadlines = [(each.deadline_ms, o) for o, each in self.inflight.items()]
+        heapq.heapify(self.deadlines)
         self.acked = {o for o in self.acked if o >= offset}
         while self.committed in self.acked:
             self.acked.remove(self.committed)
@@ -167,8 +212,9 @@ class ProgressTable:
                 progress = self.get((str(group), str(topic), int(queue_id)))
                 progress.committed, progress.next_new = int(committed), int(next_new)
                 progress.inflight = {int(o): InFlight(int(n), int(d), int(a)) for o, n, d, a in inflight}
+                progress.deadlines = sorted((each.deadline_ms, o) for o, each in progress.inflight.items())  # a heap
                 progress.acked = {int(o) for o in acked}
-                progress.check()
+                progress.check_all()
         except (TypeError, ValueError, AssertionError) as error:
             raise ProgressError(f"malformed progress snapshot: {error}") from None
 

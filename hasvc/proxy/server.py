@@ -67,14 +67,29 @@ class TrioBridge:
     def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery):
         self._loop, self._token, self._nursery = loop, token, nursery
         self._lock = threading.Lock()  # guards the two queues below (each is filled by one thread, drained by the other)
-        self._to_start: list = []  # trio tasks to start, handed over by one run_sync_soon
+        self._to_start: list = []  # (is a task, work) to start or run, handed over by one run_sync_soon
         self._to_settle: list = []  # (future, ok, value) to settle, handed over by one call_soon_threadsafe
 
     def _start_all(self) -> None:  # in the trio thread
         with self._lock:
             batch, self._to_start = self._to_start, []
-        for task in batch:
-            self._nursery.start_soon(task)
+        for is_task, work in batch:
+            if is_task:
+                self._nursery.start_soon(work)
+            else:
+                work()
+
+    def _hand_over(self, is_task: bool, work) -> None:  # in the asyncio thread
+        with self._lock:
+            first = not self._to_start
+            self._to_start.append((is_task, work))
+        if first:
+            try:
+                self._token.run_sync_soon(self._start_all)
+            except trio.RunFinishedError:
+                with self._lock:
+                    self._to_start.clear()
+                raise RuntimeError("the gateway is shutting down") from None
 
     def _settle_all(self) -> None:  # in the asyncio thread
         with self._lock:
@@ -113,22 +128,32 @@ class TrioBridge:
             if state["scope"] is not None:
                 state["scope"].cancel()
 
-        with self._lock:
-            first = not self._to_start
-            self._to_start.append(task)
-        if first:
-            try:
-                self._token.run_sync_soon(self._start_all)
-            except trio.RunFinishedError:
-                with self._lock:
-                    self._to_start.clear()
-                raise RuntimeError("the gateway is shutting down") from None
+        self._hand_over(True, task)
         try:
             return await future
         except asyncio.CancelledError:
             with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(cancel)
             raise
+
+    async def call_soon(self, function, *args):
+        """``function(*args, answer)`` runs synchronously in the trio thread, with no task of its
+        own, and calls ``answer(result)`` once, then or later (from the trio thread); its result
+        is returned. For calls whose only wait is for something another task finishes (an ack
+        waits for the progress writer). Abandoning the call does not undo what it started."""
+        future = self._loop.create_future()
+
+        def answer(value) -> None:
+            self._settle(future, True, value)
+
+        def work() -> None:
+            try:
+                function(*args, answer)
+            except Exception as error:  # handed to the handler, as in call()
+                self._settle(future, False, error)
+
+        self._hand_over(False, work)
+        return await future
 
 
 def status(code: int, message: str = ""):
@@ -327,9 +352,12 @@ class Servicer(service_grpc.MessagingServiceServicer):
 
     async def AckMessage(self, request, context):
         topic = gateway.wrap_topic(request.topic)
-        # all entries at once: the progress writer stores the acks that wait together as one record
-        answers = await asyncio.gather(*(self.bridge.call(self.gate.ack, request.group.name, topic, entry.receipt_handle)
-                                         for entry in request.entries))  # fmt: skip
+        # all entries in one hop and one progress record, answered when it is stored; no task per ack
+        handles = [entry.receipt_handle for entry in request.entries]
+        try:
+            answers = await self.bridge.call_soon(self.gate.ack_soon, request.group.name, topic, handles)
+        except RuntimeError as error:
+            return service.AckMessageResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(error)))
         entries = [service.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
                                                  status=status(code, text))
                    for entry, (code, text) in zip(request.entries, answers, strict=True)]  # fmt: skip

@@ -14,7 +14,8 @@ applies it to the node's ``SimLog``; the checker keeps just enough history to ch
   same previous term, which by induction makes the whole prefixes equal (``on_append``).
 * **Committed entries never change or disappear**: the cluster's committed log grows only; each
   member's newly committed entries must equal it (``on_commit``, ``on_start``); no truncation
-  removes an entry of it (``on_truncate``); and after a crash every committed entry is still in
+  removes an entry of it (``on_truncate``); a reset drops only entries below the cluster's committed
+  end (gone, not changed) and none of it at or above its index (``on_reset``); and after a crash every committed entry is still in
   the logs of a quorum of members (``after_crash``).
 * **Acknowledged means committed, exactly once**: a proposal reported SUCCESS is in the committed
   log at the indexes its leader gave it; no body is committed twice (``on_acked``, ``final``).
@@ -27,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from hasvc.state.raft.messages import VoteRequest, VoteResponse, VoteResult
-from hasvc.state.raft.storage import Entry, HardState
+from hasvc.state.raft.storage import Entry, HardState, LogReset
 from hasvc.testing.log import SimLog
 
 
@@ -96,16 +97,36 @@ class RaftChecker:
             _require(log.term_at(index) != self.committed[index].term,
                      f"{node} truncates committed entry {self.committed[index]}")  # fmt: skip
 
-    def on_compact(self, node: str, log: SimLog, first_index: int, logs: Mapping[str, SimLog]) -> None:
+    def on_compact(self, node: str, log: SimLog, first_index: int, logs: Mapping[str, SimLog], *,
+                   forced: bool = False) -> None:  # fmt: skip
         """Retention moved ``node``'s first index to ``first_index``: every entry it deleted was
-        committed and is held (or was deleted too) by every member, so no member needs it again."""
+        committed and (unless ``forced``: a full disk) is held or was deleted too by every member,
+        so no member needs it again. A forced clean may strand a member: it is RESET."""
         _require(first_index <= len(self.committed), f"{node} deletes entries up to {first_index - 1}, "
                                                      f"the cluster committed only {len(self.committed) - 1}")  # fmt: skip
+        if forced:
+            return
         for member, other in logs.items():
             index = first_index - 1
             if index >= other.first_index():
                 _require(index <= other.last_index() and other.entry_at(index) == self.committed[index],
                          f"{node} deletes up to {index}, which {member} does not hold")  # fmt: skip
+
+    def on_reset(self, node: str, log: SimLog, reset: LogReset) -> None:
+        """``node`` drops its log and starts it empty at ``reset.first_index``: every index below
+        is committed cluster-wide (an entry below first_index is simply gone, not changed), its
+        term_before_first is the committed entry's, and no committed entry at or above the index
+        is among those dropped. Its committed index moves to first_index - 1."""
+        index = reset.first_index - 1
+        _require(index < len(self.committed), f"{node} resets to {reset.first_index}, the cluster committed only "
+                                              f"{len(self.committed) - 1}")  # fmt: skip
+        _require(self.committed[index].term == reset.term_before_first,
+                 f"{node} resets to {reset.first_index} after term {reset.term_before_first}, "
+                 f"committed there: {self.committed[index]}")  # fmt: skip
+        for held in range(max(reset.first_index, log.first_index()), min(log.last_index(), len(self.committed) - 1) + 1):
+            _require(log.entry_at(held) != self.committed[held], f"{node} drops committed entry {self.committed[held]} "
+                                                                 f"in a reset to {reset.first_index}")  # fmt: skip
+        self._node_committed[node] = max(self._node_committed.get(node, -1), index)
 
     def on_start(self, node: str, log: SimLog, committed_index: int) -> None:
         """A member (re)started believing entries up to `committed_index` are committed."""

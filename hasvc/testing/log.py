@@ -1,5 +1,9 @@
 """SimLog: the ``EntryLog`` protocol in memory, with crash semantics.
 
+Entries lie one after the other from offset 0 (``pos``, as in a store but for blank records); a
+RESET carries the leader's offset of its first entry (``first_offset``), where the follower's log
+then restarts, so that the leader's runs find their ``pos`` fields where they will be written.
+
 ``crash()`` keeps what a power loss keeps: entries up to ``flushed_index()`` and the saved hard
 state. ``crash(lose_unflushed=False)`` is a process kill, which keeps the page cache (everything
 appended) -- DLedger's default durability (acknowledged in memory, flushed every 10 ms) survives
@@ -12,7 +16,7 @@ from collections.abc import Sequence
 
 from commitlog.dledger.entry_codec import BODY_OFFSET
 from commitlog.dledger.entry_run import check_run, encode_run
-from hasvc.state.raft.storage import Entry, EntryRun, HardState
+from hasvc.state.raft.storage import Entry, EntryRun, HardState, LogReset
 
 # SimLog lays its entries out as one endless data file from offset 0 (positions as a store's
 # would be but for blank records): a run's pos fields are checked against them.
@@ -24,7 +28,8 @@ class SimLog:
         self.entries: list[Entry] = []  # entries[i] is entry first_index() + i
         self._positions: list[int] = []  # the pos of entries[i]
         self._end_pos = 0  # where the next entry goes
-        self._first = 0  # retention (``compact``) moves it up
+        self._first = 0  # retention (``compact``) and ``reset`` move it up
+        self._term_before_first = -1  # the term of entry _first - 1 (-1: _first is 0)
         self._flushed_index = -1
         self._hard_state = HardState(0, None, -1)
         self.flush_count = 0
@@ -36,7 +41,13 @@ class SimLog:
         return self._first + len(self.entries) - 1
 
     def last_term(self) -> int:
-        return self.entries[-1].term if self.entries else -1
+        return self.entries[-1].term if self.entries else self._term_before_first
+
+    def term_before_first(self) -> int:
+        return self._term_before_first
+
+    def first_offset(self) -> int:
+        return self._positions[0] if self.entries else self._end_pos
 
     def term_at(self, index: int) -> int:
         return self.entry_at(index).term
@@ -127,10 +138,24 @@ class SimLog:
         deletion is durable)."""
         limit = min(keep_from_index, committed_index, self._flushed_index)
         if limit > self._first:
+            self._term_before_first = self.entries[limit - 1 - self._first].term
             del self.entries[: limit - self._first]
             del self._positions[: limit - self._first]
             self._first = limit
         return self._first
+
+    def reset(self, reset: LogReset) -> None:
+        """Drop every entry, start empty at ``reset.first_index``; durable at once."""
+        if reset.first_offset < 0:
+            raise ValueError(f"reset to index {reset.first_index} at offset {reset.first_offset}")
+        self.entries = []
+        self._positions = []
+        self._end_pos = reset.first_offset
+        self._first = reset.first_index
+        self._term_before_first = reset.term_before_first
+        self._flushed_index = reset.first_index - 1
+        self._hard_state = HardState(self._hard_state.term, self._hard_state.voted_for,
+                                     max(self._hard_state.committed_index, reset.first_index - 1))  # fmt: skip
 
     def flush(self) -> int:
         self.flush_count += 1

@@ -34,6 +34,8 @@ from hasvc.testing.network import NetworkConfig, SimNetwork
 
 # A run_until() that handles more events than this without reaching its time is a livelock bug.
 EVENTS_PER_RUN_MAX = 1_000_000
+# keep_from_index of a forced clean: no member's need holds it back (the broker's RETAIN_NOTHING_INDEX).
+FORCED_KEEP_FROM_INDEX = 1 << 62
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,6 +107,7 @@ class SimCluster:
         self.crashes = 0
         self.acked_count = 0
         self.refused_runs = 0  # APPEND runs a follower's check refused (corrupted on the way)
+        self.resets = 0
         self.outcomes: dict[ProposalStatus, int] = {status: 0 for status in ProposalStatus}
         self._incarnation = {member: 0 for member in self.members}
         self._flush_at = {member: math.inf for member in self.members}
@@ -154,14 +157,16 @@ class SimCluster:
         if log.last_index() < before:
             self.checker.after_crash(self.logs, log.last_index() + 1)
 
-    def compact(self, member: str) -> int:
+    def compact(self, member: str, *, forced: bool = False) -> int:
         """Retention on ``member``: drop the entries below its core's ``retention_floor`` (as the
-        driver's retention pass does); returns the log's first index now."""
+        driver's retention pass does) or, ``forced`` (a disk above its ratio), every committed and
+        flushed one regardless of what the others need; returns the log's first index now."""
         node, log = self.node(member), self.logs[member]
         before = log.first_index()
-        first = log.compact(keep_from_index=node.retention_floor(), committed_index=node.committed_index)
+        keep_from = FORCED_KEEP_FROM_INDEX if forced else node.retention_floor()
+        first = log.compact(keep_from_index=keep_from, committed_index=node.committed_index)
         if first > before:
-            self.checker.on_compact(member, log, first, self.logs)
+            self.checker.on_compact(member, log, first, self.logs, forced=forced)
         return first
 
     def reset_connection(self, source: str, target: str) -> None:
@@ -283,6 +288,10 @@ class SimCluster:
         if ready.hard_state is not None:
             self.checker.on_hard_state(member, ready.hard_state)
             log.save_hard_state(ready.hard_state)
+        if ready.reset is not None:
+            self.checker.on_reset(member, log, ready.reset)
+            log.reset(ready.reset)
+            self.resets += 1
         if ready.truncate_after is not None:
             self.checker.on_truncate(member, log, ready.truncate_after)
             log.truncate(after_index=ready.truncate_after)

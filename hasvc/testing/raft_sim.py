@@ -7,7 +7,9 @@ A seed fixes everything: the settings (flush_sync or not, batch and in-flight li
 check-quorum sometimes off, network loss, duplication and reordering), the clients' proposals and
 the faults (crashes that lose unflushed entries and end their connections, restarts, partitions
 that come and go, connections reset between running members, leadership transfers) and retention
-(a member drops the entries below its core's ``retention_floor``). A chaos phase of ``chaos_seconds`` is followed by a settle phase: the network heals,
+(a member drops the entries below its core's ``retention_floor``, or -- a clean forced by a full
+disk -- every committed and flushed entry whatever the others need, which strands members that
+the leader then RESETs to its first index). A chaos phase of ``chaos_seconds`` is followed by a settle phase: the network heals,
 every member restarts, and within ``settle_seconds_max`` a leader must commit a final proposal and
 every member must hold the same committed log. The ``RaftChecker`` runs after every step. A
 failure prints the one command that replays it.
@@ -32,6 +34,7 @@ CHAOS_SECONDS = 2.0
 SETTLE_SECONDS_MAX = 20.0
 PROGRESS_EVERY = 1000  # seeds between progress lines on stderr
 COMPACT_PROBABILITY = 0.5  # a fault event also runs retention on a live member this often
+FORCED_COMPACT_PROBABILITY = 0.3  # ... and that retention is a forced clean (disk full) this often
 
 
 class LivenessFailure(AssertionError):
@@ -56,6 +59,7 @@ class SeedReport:
     acked: int
     committed: int
     leaders: int  # terms that had a leader
+    resets: int  # logs reset to a leader's first index (members stranded by a forced clean)
     outcomes: dict[str, int]
     refused_runs: int = 0  # APPEND runs corrupted on the way and refused by a follower's check
 
@@ -104,7 +108,8 @@ def _client(cluster: SimCluster, rng: random.Random, counter: list[int]) -> None
 def _fault(cluster: SimCluster, rng: random.Random) -> None:
     alive, down = cluster.alive(), [m for m in cluster.members if cluster.nodes[m] is None]
     if alive and rng.random() < COMPACT_PROBABILITY:
-        cluster.compact(rng.choice(alive))  # retention, beside whatever fault comes
+        member, forced = rng.choice(alive), rng.random() < FORCED_COMPACT_PROBABILITY
+        cluster.compact(member, forced=forced)  # retention, beside whatever fault comes
     roll = rng.random()
     if roll < 0.25 and len(alive) > 1:
         leader, unflushed = cluster.leader(), cluster.most_unflushed()
@@ -190,7 +195,7 @@ def run_seed(seed: int, nodes: int = 3) -> SeedReport:
     _settle(cluster)
     cluster.checker.final()
     return SeedReport(seed, nodes, cluster.events, cluster.crashes, cluster.acked_count, len(cluster.checker.committed),
-                      len(cluster.checker.leaders), {s.value: n for s, n in cluster.outcomes.items()},
+                      len(cluster.checker.leaders), cluster.resets, {s.value: n for s, n in cluster.outcomes.items()},
                       cluster.refused_runs)  # fmt: skip
 
 
@@ -222,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         print(run_seed(args.seed, args.nodes))
         return 0
     started = time.monotonic()
-    events = acked = refused = 0
+    events = acked = refused = resets = 0
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         try:
             report = run_seed(seed, args.nodes)
@@ -233,12 +238,14 @@ def main(argv: list[str] | None = None) -> int:
         events += report.events
         acked += report.acked
         refused += report.refused_runs
+        resets += report.resets
         done = seed - args.first_seed + 1
         if done % PROGRESS_EVERY == 0:
             print(f"... {done} seeds, {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     elapsed = time.monotonic() - started
     print(f"OK {args.seeds} seeds ({args.first_seed}..{args.first_seed + args.seeds - 1}), {args.nodes} nodes, "
-          f"{events} events, {acked} acknowledged entries, {refused} corrupted runs refused, {elapsed:.1f} s")  # fmt: skip
+          f"{events} events, {acked} acknowledged entries, {resets} resets, {refused} corrupted runs refused, "
+          f"{elapsed:.1f} s")  # fmt: skip
     return 0
 
 

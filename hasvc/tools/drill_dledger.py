@@ -45,6 +45,7 @@ from commitlog.dledger.inspect import iter_entries
 from hasvc import client as hc
 from hasvc.tools.drill import queue_file_digests
 from hasvc.tools.partition import LOOPBACK, PartitionRelay, free_port
+from hasvc.transport import is_expected
 
 READY_TIMEOUT_SECONDS = 30.0  # a node that prints nothing for this long did not start
 ELECTION_WAIT_SECONDS = 60.0  # no leader (or no PUT_OK) this long after a fault: the round fails
@@ -166,7 +167,12 @@ class DLedgerDrill:
             try:
                 async with hc.connect(node.client_address) as client:
                     return await client.status()
-            except hc.ClientError:
+            except BaseException as error:
+                # The connection's nursery wraps what ends it in an exception group: a member
+                # that closes or is killed mid-request is "no status", anything else goes up.
+                if not is_expected(error, (hc.ClientError, OSError, EOFError, trio.BrokenResourceError,
+                                           trio.ClosedResourceError)):  # fmt: skip
+                    raise
                 return None
         return None
 

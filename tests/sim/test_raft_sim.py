@@ -38,3 +38,4 @@ def test_seeded_fault_schedules_keep_raft_safe_and_live(nodes):
     assert sum(r.crashes for r in reports) > count
     assert sum(r.leaders for r in reports) > 2 * count
     assert sum(r.acked for r in reports) > 10 * count
+    assert sum(r.resets for r in reports) > 0  # forced cleans stranded members, who were RESET

@@ -1,5 +1,6 @@
-"""``hasvc bench proxy`` end to end, as short as it goes: every run produces, and the consumers drain
-exactly what the official client produced through the proxy."""
+"""``hasvc bench proxy`` end to end, as short as it goes: every run produces, and the consumers (the
+official SimpleConsumer and PushConsumer, hasvc's client) drain exactly what the official client
+produced through the proxy, each message once."""
 
 import pytest
 
@@ -14,6 +15,8 @@ def test_bench_proxy_runs_and_consumers_drain_what_was_produced(tmp_path):
     (row,) = result["runs"]
     for name in ("official_null", "official_proxy", "hasvc"):
         assert row[name]["count"] > 0 and row[name]["errors"] == 0, (name, row[name])
-    assert row["official_consume"]["count"] == row["official_proxy"]["count"]
+    for name in ("official_consume", "official_push"):  # each group gets every message once
+        assert row[name]["count"] == row["official_proxy"]["count"], (name, row[name])
+        assert row[name]["errors"] == 0 and row[name]["duplicates"] == 0, (name, row[name])
     assert row["hasvc_consume"]["count"] == row["official_proxy"]["count"]
     assert (tmp_path / "bench.json").exists() and "gateway cost" in lines[0]

@@ -2,7 +2,8 @@
 DLedgerMmapFileStore as every member's log: real files, crashes that lose any unflushed 4 KiB
 page. The simulator's checker (one leader a term, log matching, committed entries never change or
 vanish, acknowledged proposals committed once) must hold as it does over its in-memory SimLog,
-with retention deleting head data files below the cores' retention floors.
+with retention deleting head data files below the cores' retention floors (or, forced, regardless
+of them: a stranded member's store is then RESET to the leader's first index and offset).
 Skipped until the simulator is in the tree."""
 
 import os
@@ -81,9 +82,11 @@ def test_the_raft_simulator_stays_safe_and_live_on_the_dledger_store(tmp_path, m
         return created[-1]
 
     monkeypatch.setattr(raft_cluster, "SimLog", store_log)
+    resets = 0
     for seed in seeds:
         print(f"replay: seed {seed}, {nodes} nodes")
-        raft_sim.run_seed(seed, nodes)
+        resets += raft_sim.run_seed(seed, nodes).resets
     assert len(created) == nodes * len(seeds)
     if nodes == 3:  # (the three 5-member seeds fill too few files: a member down holds the floor back)
         assert any(log.store.first_index() > 0 for log in created)  # retention did delete head files
+        assert resets > 0  # and a forced clean stranded a member, whose store was reset (seeds 5 and 6)

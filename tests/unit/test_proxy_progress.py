@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hasvc.proxy.progress import INFLIGHT_PER_QUEUE_MAX, ProgressError, ProgressTable
+from hasvc.proxy.progress import DEADLINES_SLACK, DEADLINES_SLACK_MIN, INFLIGHT_PER_QUEUE_MAX, ProgressError, ProgressTable
 
 KEY = ("G", "T", 0)
 
@@ -121,3 +121,37 @@ def test_replaying_from_an_older_snapshot_gives_the_same_state(events, cut):
     for event in events[base:]:
         restored.apply(event)
     assert restored.snapshot() == whole.snapshot()
+
+
+@given(events_strategy, st.lists(st.integers(0, 10**6), min_size=1, max_size=8))
+def test_every_invariant_holds_after_each_event_and_expired_matches_a_full_scan(events, nows):
+    """The O(1) checks after each event and the deadline heap against the slow truth: a walk of
+    the whole queue (check_all) and a scan of every in-flight deadline."""
+    table = ProgressTable()
+    for index, event in enumerate(events):
+        try:
+            table.apply(event)
+        except ProgressError:
+            continue
+        progress = table.queues.get(KEY)
+        if progress is None:
+            continue
+        progress.check_all()
+        now = nows[index % len(nows)]
+        assert progress.expired(now) == sorted(o for o, each in progress.inflight.items() if each.deadline_ms <= now)
+        progress.check_all()
+
+
+def test_the_deadline_heap_stays_bounded_while_a_long_delivery_holds_its_top():
+    """One delivery with the earliest deadline is never acknowledged while thousands of later ones
+    are: the heap is rebuilt instead of growing with every stale entry behind it."""
+    table = ProgressTable()
+    table.apply(ev("d", 0, 1, 10, 1))  # held, deadline 10: the top of the heap
+    for offset in range(1, 5000):
+        table.apply(ev("d", offset, offset, 1000 + offset, 1))
+        table.apply(ev("a", offset))
+        assert table.queues[KEY].expired(5) == []
+    progress = table.queues[KEY]
+    progress.check_all()
+    assert len(progress.deadlines) <= DEADLINES_SLACK * len(progress.inflight) + DEADLINES_SLACK_MIN
+    assert progress.expired(10) == [0]

@@ -74,12 +74,13 @@ def test_garbage_progress_records_never_stop_a_replay(data):
     gate = gateway.Gateway(None, gateway.GatewayConfig())
     gate._replay_record(record(data))
     for progress in gate.table.queues.values():
-        progress.check()
+        progress.check_all()
 
 
 def test_the_bridge_hands_every_result_to_its_own_caller_and_cancels_abandoned_calls():
     """Many calls in flight share hand-overs between the threads (batched both ways): each caller
-    still gets its own result or error, and a caller that gives up cancels its trio task."""
+    still gets its own result or error (calls run as tasks, and call_soon's synchronous ones
+    answered at once or later), and a caller that gives up cancels its trio task."""
     import asyncio
     import threading
 
@@ -108,6 +109,17 @@ def test_the_bridge_hands_every_result_to_its_own_caller_and_cancels_abandoned_c
         finally:
             finished.append(tag)
 
+    later: list = []
+
+    def soon(value, answer):  # a call_soon function: answers now, later (from another callback), or raises
+        if value % 5 == 0:
+            raise ValueError(value)
+        if value % 2:
+            answer(value * 3)
+        else:
+            later.append((answer, value * 3))
+            trio.lowlevel.current_trio_token().run_sync_soon(lambda: [a(v) for a, v in [later.pop()]])
+
     async def main():
         loop = asyncio.get_running_loop()
         thread = threading.Thread(target=trio.run, args=(trio_main, loop))
@@ -123,6 +135,15 @@ def test_the_bridge_hands_every_result_to_its_own_caller_and_cancels_abandoned_c
 
             results = await asyncio.gather(*(outcome(i) for i in range(300)))
             assert results == [("raised", (i,)) if i % 7 == 0 else ("returned", i * 2) for i in range(300)]
+
+            async def soon_outcome(i):
+                try:
+                    return "returned", await bridge.call_soon(soon, i)
+                except ValueError as error:
+                    return "raised", error.args
+
+            results = await asyncio.gather(*(soon_outcome(i) for i in range(300)))
+            assert results == [("raised", (i,)) if i % 5 == 0 else ("returned", i * 3) for i in range(300)]
             waiting = [asyncio.ensure_future(bridge.call(forever, tag)) for tag in range(20)]
             await asyncio.sleep(0)
             for task in waiting:

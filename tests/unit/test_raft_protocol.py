@@ -16,6 +16,7 @@ from hasvc.state.raft.messages import (
     PushResponse,
     PushResult,
     PushType,
+    ResetPush,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
@@ -53,6 +54,9 @@ messages = st.one_of(
         indexes,
     ),  # fmt: skip
     st.builds(TimeoutNow, st.just("n0"), st.just("n1"), terms),
+    st.tuples(terms, terms, terms).map(sorted).flatmap(
+        lambda t: st.builds(ResetPush, st.just("n0"), st.just("n1"), st.just(t[2]), st.integers(1, 2**63 - 1),
+                            st.just(t[0]), st.just(t[1]), st.integers(0, 2**63 - 1), indexes)),  # fmt: skip
 )
 SAMPLES = [
     VoteRequest("n0", "n1", 3, 10, 2, pre_vote=True),
@@ -65,6 +69,8 @@ SAMPLES = [
     Push("n0", "n1", 3, PushType.APPEND, 7, 2, 6, EntryRun(7, 2, 3, bytes(range(48)) + b"abc" + bytes(48))),
     PushResponse("n0", "n1", 3, PushType.COMPARE, PushResult.MISMATCH, 7, -1, 0, 9, 2),
     TimeoutNow("n0", "n1", 3),
+    ResetPush("n0", "n1", 3, 15, 1, 2, 1 << 30, 19),
+    PushResponse("n0", "n1", 3, PushType.RESET, PushResult.SUCCESS, 15, 14, 15, 14),
 ]
 
 
@@ -91,6 +97,40 @@ def test_header_sizes():
     assert rp.encode(TimeoutNow("n0", "n1", 5)) == b"\x00\x00\x00\x09\x07" + (5).to_bytes(8, "big")
     assert len(rp.encode(Heartbeat("n0", "n1", 1, 1))) == 5 + 16
     assert len(rp.encode(Heartbeat("n0", "n1", 1, 1, 0))) == 5 + 16 + 8  # the optional retain-from index
+
+
+def test_reset_bytes():
+    # kind 9: term, index, previous term, first term, pos, commit index: six big-endian i64
+    data = rp.encode(ResetPush("n0", "n1", 3, 15, 1, 2, 4096, 19))
+    assert data == b"\x00\x00\x00\x31\x09" + b"".join(v.to_bytes(8, "big") for v in (3, 15, 1, 2, 4096, 19))
+
+
+def _reset_frame(term, index, prev_term, first_term, pos, commit) -> bytes:
+    body = b"".join(v.to_bytes(8, "big", signed=True) for v in (term, index, prev_term, first_term, pos, commit))
+    return rp.encode_hello(HELLO) + b"\x00\x00\x00\x31\x09" + body
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ((3, 0, 0, 0, 0, 1), "reset index 0"),
+        ((3, 5, -1, 2, 0, 1), "reset terms"),
+        ((3, 5, 2, 1, 0, 1), "reset terms"),
+        ((3, 5, 1, 4, 0, 1), "reset terms"),
+        ((3, 5, 1, 2, -1, 1), "negative reset pos"),
+        ((3, 5, 1, 2, 0, -2), "commit index -2"),
+    ],
+)
+def test_a_reset_with_impossible_fields_is_refused(fields, message):
+    with pytest.raises(ProtocolError, match=message):
+        decode_all(_reset_frame(*fields))
+
+
+def test_a_push_of_type_reset_is_refused():
+    frame = bytearray(rp.encode(Push("n0", "n1", 3, PushType.COMPARE, 7, -1, 6)))
+    frame[5 + 8] = PushType.RESET
+    with pytest.raises(ProtocolError, match="its own frame, kind 9"):
+        decode_all(rp.encode_hello(HELLO) + bytes(frame))
 
 
 def test_a_heartbeat_retain_from_index_is_optional_and_never_negative():

@@ -18,7 +18,18 @@ from hasvc.state.raft import (
     Refused,
     Role,
 )
-from hasvc.state.raft.messages import Push, PushResponse, PushResult, PushType, VoteRequest, VoteResponse, VoteResult
+from hasvc.state.raft.messages import (
+    Heartbeat,
+    Push,
+    PushResponse,
+    PushResult,
+    PushType,
+    ResetPush,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
+from hasvc.state.raft.storage import LogReset
 from hasvc.testing.log import SimLog
 from hasvc.testing.network import NetworkConfig
 from hasvc.testing.raft_cluster import SimCluster
@@ -31,6 +42,8 @@ def carry_out(node: RaftNode, log: SimLog) -> Ready:
     ready = node.ready()
     if ready.hard_state is not None:
         log.save_hard_state(ready.hard_state)
+    if ready.reset is not None:
+        log.reset(ready.reset)
     if ready.truncate_after is not None:
         log.truncate(after_index=ready.truncate_after)
     log.append(ready.entries)
@@ -348,28 +361,48 @@ def test_the_retention_floor_is_every_members_match_index_and_followers_learn_it
     assert node.retention_floor() == 10 and cluster.compact(leader) == 10
 
 
-def test_a_follower_needing_a_deleted_entry_is_marked_and_not_pushed_to():
+def _stranded_leader():
+    """n0 leads term 2 over entries 0..19 of term 1 (all committed) and a forced clean deleted
+    0..14; n2's log ends at 3: COMPARE walks to 3, which the leader no longer holds."""
     node, log = make_node([1] * 20, term=1)
     log.save_hard_state(HardState(1, None, 19))
     node = RaftNode(self_id="n0", members=MEMBERS, log=log, config=DLEDGER_DEFAULTS, rng=random.Random(7), now=0.0)
-    assert log.compact(keep_from_index=15, committed_index=19) == 15  # a forced clean: n2 was not asked
+    assert log.compact(keep_from_index=15, committed_index=19) == 15  # forced: n2 was not asked
     ready = elect(node, log, now=10.0)
     compare = next(m for m in ready.messages if isinstance(m, Push) and m.target == "n2")
     assert (compare.type, compare.index) == (PushType.COMPARE, 19)
-    # n2's log ends at 3: the leader would have to compare at 3, which it no longer holds
-    node.step(PushResponse("n2", "n0", node.term, PushType.COMPARE, PushResult.MISMATCH, 19, -1, 0, 3, -1), 10.1)
+    return node, log
+
+
+def _pushes_to(ready: Ready, member: str) -> list:
+    return [m for m in ready.messages if isinstance(m, Push | ResetPush) and m.target == member]
+
+
+def test_a_stranded_follower_gets_a_reset_to_the_leaders_first_index_then_appends():
+    node, log = _stranded_leader()
+    node.step(PushResponse("n2", "n0", 2, PushType.COMPARE, PushResult.MISMATCH, 19, -1, 0, 3, -1), 10.1)
     ready = carry_out(node, log)
-    assert not [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"]
-    assert node.status(10.1).peers["n2"].behind_log_start
+    assert log.first_offset() == 10 * (48 + 2) + 5 * (48 + 3)  # entries e0..e14 laid out from offset 0
+    assert _pushes_to(ready, "n2") == [ResetPush("n0", "n2", 2, 15, 1, 1, log.first_offset(), node.committed_index)]
+    assert node.status(10.1).peers["n2"].behind_log_start  # until it answers
     assert not node.status(10.1).peers["n1"].behind_log_start
-    node.tick(10.5)
+    node.tick(10.5)  # within push_timeout_seconds: not sent again
+    assert not _pushes_to(carry_out(node, log), "n2")
+    node.tick(12.0)  # past it: sent again (a lost RESET is retried as a lost COMPARE is)
+    assert [type(m) for m in _pushes_to(carry_out(node, log), "n2")] == [ResetPush]
+    # n2 reset: its log is empty at 15, it acknowledges 14
+    node.step(PushResponse("n2", "n0", 2, PushType.RESET, PushResult.SUCCESS, 15, 14, 15, 14), 12.1)
     ready = carry_out(node, log)
-    assert not [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"]  # no IndexError either
-    assert node.deadline() > 10.5  # and no tick asked for at once, over and over (a busy loop)
-    assert node.retention_floor() == -1  # n2's match index is unknown: a floor-driven pass deletes nothing more
+    appends = _pushes_to(ready, "n2")
+    assert [(m.type, m.index, m.prev_term) for m in appends] == [(PushType.APPEND, 15, -1)]
+    assert (appends[0].entries.first_index, appends[0].entries.last_index) == (15, 20)  # a reference run
+    assert not node.status(12.1).peers["n2"].behind_log_start and node.match_index("n2") == 14
+    node.step(PushResponse("n2", "n0", 2, PushType.APPEND, PushResult.SUCCESS, 15, 20, 15, 20), 12.2)
+    carry_out(node, log)
+    assert node.match_index("n2") == 20
 
 
-def test_a_re_push_after_a_timeout_below_the_first_index_marks_the_follower_instead_of_failing():
+def test_a_re_push_after_a_timeout_below_the_first_index_becomes_a_reset():
     node, log = make_node([1] * 20, term=1)
     log.save_hard_state(HardState(1, None, 19))  # all committed: retention may delete up to 19
     node = RaftNode(self_id="n0", members=MEMBERS, log=log, config=DLEDGER_DEFAULTS, rng=random.Random(7), now=0.0)
@@ -383,7 +416,7 @@ def test_a_re_push_after_a_timeout_below_the_first_index_marks_the_follower_inst
     assert log.compact(keep_from_index=15, committed_index=19) == 15  # a forced clean meanwhile
     node.tick(12.0)  # past push_timeout_seconds: the re-push would start at 4, which is gone
     ready = carry_out(node, log)
-    assert not [m for m in ready.messages if isinstance(m, Push) and m.target == "n2"]
+    assert [(type(m), m.index) for m in _pushes_to(ready, "n2")] == [(ResetPush, 15)]
     assert node.status(12.0).peers["n2"].behind_log_start and node.deadline() > 12.0
 
 
@@ -415,3 +448,123 @@ def test_a_leader_answered_inconsistent_state_compares_again():
     ready = carry_out(node, log)
     (compare,) = [m for m in ready.messages if isinstance(m, Push) and m.target == "n1"]
     assert compare.type is PushType.COMPARE and compare.index == 0
+def test_a_leader_that_does_not_know_the_term_before_its_first_entry_sends_nothing():
+    node, log = _stranded_leader()
+    log._term_before_first = -1  # a store from before the term was recorded
+    node.step(PushResponse("n2", "n0", 2, PushType.COMPARE, PushResult.MISMATCH, 19, -1, 0, 3, -1), 10.1)
+    assert not _pushes_to(carry_out(node, log), "n2")
+    assert node.status(10.1).peers["n2"].behind_log_start and node.deadline() > 10.1  # no busy loop
+
+
+def _follower(terms, *, committed, term=2):
+    log = SimLog()
+    log.append([Entry(i, t, b"e%d" % i) for i, t in enumerate(terms)])
+    log.flush()
+    log.save_hard_state(HardState(term, None, committed))
+    node = RaftNode(self_id="n2", members=MEMBERS, log=log, config=DLEDGER_DEFAULTS, rng=random.Random(7), now=0.0)
+    return node, log
+
+
+def _answer(ready: Ready) -> PushResponse:
+    (response,) = [m for m in ready.messages if isinstance(m, PushResponse)]
+    return response
+
+
+def test_a_follower_resets_discarding_its_log_and_then_takes_the_append():
+    node, log = _follower([1, 1, 1, 1], committed=2)
+    node.step(ResetPush("n0", "n2", 2, 15, 1, 2, 15, 19), 1.0)
+    ready = carry_out(node, log)
+    assert ready.reset == LogReset(15, 1, 15)
+    response = _answer(ready)
+    assert (response.type, response.result, response.request_index) == (PushType.RESET, PushResult.SUCCESS, 15)
+    assert (response.ack_index, response.begin_index, response.end_index) == (14, 15, 14)
+    assert (log.first_index(), log.last_index(), log.last_term(), log.flushed_index()) == (15, 14, 1, 14)
+    assert node.committed_index == 14 and ready.committed_index == 14
+    node.step(Push("n0", "n2", 2, PushType.APPEND, 15, -1, 19, log.run_of([Entry(i, 2, b"x") for i in range(15, 20)])), 1.1)
+    ready = carry_out(node, log)
+    assert _answer(ready).result is PushResult.SUCCESS and log.last_index() == 19
+    assert node.committed_index == 19
+    # A delayed copy of the RESET now finds the leader's entry 15 here: refused, nothing dropped
+    node.step(ResetPush("n0", "n2", 2, 15, 1, 2, 15, 19), 1.2)
+    ready = carry_out(node, log)
+    assert ready.reset is None and _answer(ready).result is PushResult.INCONSISTENT_STATE
+    assert (log.first_index(), log.last_index()) == (15, 19)
+    # A restart keeps it: the log starts at 15, entries below count as committed
+    restarted = RaftNode(self_id="n2", members=MEMBERS, log=log, config=DLEDGER_DEFAULTS, rng=random.Random(8), now=2.0)
+    assert restarted.committed_index >= 14 and restarted.last_term == 2
+
+
+def test_a_reset_from_a_stale_term_or_from_a_member_that_does_not_lead_is_refused():
+    node, log = _follower([1, 1, 1, 1], committed=2, term=3)
+    node.step(ResetPush("n0", "n2", 2, 15, 1, 2, 15, 19), 1.0)  # term 2 < 3
+    ready = carry_out(node, log)
+    assert ready.reset is None and _answer(ready).result is PushResult.EXPIRED_TERM
+    node.step(Heartbeat("n1", "n2", 3, 2), 1.1)  # n1 leads term 3
+    carry_out(node, log)
+    node.step(ResetPush("n0", "n2", 3, 15, 1, 2, 15, 19), 1.2)  # n0 claims term 3 too
+    ready = carry_out(node, log)
+    assert ready.reset is None and _answer(ready).result is PushResult.INCONSISTENT_LEADER
+    assert (log.first_index(), log.last_index()) == (0, 3)
+
+
+def test_a_follower_whose_log_passes_the_reset_index_keeps_what_it_must():
+    # It holds the leader's entry 15 (term 2): its log up to 15 is the leader's; refused, kept.
+    node, log = _follower([1] * 15 + [2] * 6, committed=5)
+    node.step(ResetPush("n0", "n2", 2, 15, 1, 2, 15, 19), 1.0)
+    ready = carry_out(node, log)
+    assert ready.reset is None and _answer(ready).result is PushResult.INCONSISTENT_STATE
+    assert (log.first_index(), log.last_index()) == (0, 20)
+    # It committed 16 (so 15 is committed here): refused even though its entry 15 differs.
+    node, log = _follower([1] * 21, committed=16)
+    node.step(ResetPush("n0", "n2", 2, 15, 1, 2, 15, 19), 1.0)
+    ready = carry_out(node, log)
+    assert ready.reset is None and _answer(ready).result is PushResult.INCONSISTENT_STATE
+    assert (log.first_index(), log.last_index()) == (0, 20)
+    # Its entries from 15 on are of term 1, the leader's of term 2: none is committed; all go.
+    node, log = _follower([1] * 21, committed=5)
+    node.step(ResetPush("n0", "n2", 2, 15, 1, 2, 15, 19), 1.0)
+    ready = carry_out(node, log)
+    assert ready.reset == LogReset(15, 1, 15) and _answer(ready).result is PushResult.SUCCESS
+    assert (log.first_index(), log.last_index(), log.last_term()) == (15, 14, 1)
+
+
+def test_a_leader_refused_a_reset_goes_back_to_compare():
+    node, log = _stranded_leader()
+    node.step(PushResponse("n2", "n0", 2, PushType.COMPARE, PushResult.MISMATCH, 19, -1, 0, 3, -1), 10.1)
+    carry_out(node, log)
+    node.step(PushResponse("n2", "n0", 2, PushType.RESET, PushResult.INCONSISTENT_STATE, 15, -1, 0, 20), 10.2)
+    ready = carry_out(node, log)
+    assert [(m.type, m.index) for m in _pushes_to(ready, "n2")] == [(PushType.COMPARE, 20)]
+
+
+def test_a_stranded_member_is_reset_and_converges_in_a_cluster():
+    cluster = SimCluster(seed="strand", config=ETCD_LIKE, network=QUIET)
+    leader = cluster.run_until_leader(timeout=5.0)
+    down = next(m for m in MEMBERS if m != leader)
+    cluster.crash(down)
+    for i in range(10):
+        assert cluster.propose_and_wait(leader, [b"s%d" % i], timeout=2.0) is ProposalStatus.SUCCESS
+    cluster.run_until(cluster.now + 0.5)
+    other = next(m for m in MEMBERS if m not in (leader, down))
+    first = cluster.compact(leader, forced=True)
+    assert first > cluster.logs[down].last_index() + 1  # down needs entries the leader deleted
+    cluster.compact(other, forced=True)
+    cluster.start(down)
+    cluster.run_until(cluster.now + 1.0)
+    assert cluster.resets == 1 and cluster.logs[down].first_index() == first
+    node = cluster.node(leader)
+    assert cluster.logs[down].last_index() == node.last_index and cluster.node(down).committed_index == node.committed_index
+    assert [cluster.logs[down].entry_at(i) for i in range(first, node.last_index + 1)] == [
+        cluster.logs[leader].entry_at(i) for i in range(first, node.last_index + 1)
+    ]
+
+
+def test_a_reset_inside_a_push_frame_is_refused_as_a_bad_message():
+    node, log = _follower([1, 1, 1, 1], committed=2)
+    try:
+        node.step(Push("n0", "n2", 2, PushType.RESET, 15, -1, 19), 1.0)
+    except ValueError as error:
+        assert "ResetPush" in str(error)
+    else:
+        raise AssertionError("a PUSH of type RESET was taken")
+    assert (log.first_index(), log.last_index()) == (0, 3)

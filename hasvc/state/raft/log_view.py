@@ -2,12 +2,13 @@
 
 Theory of operation
 -------------------
-The core never writes to the store. Appends and truncations go into ``unstable`` (a leader's
-proposed entries), ``runs`` (a follower's runs of stored bytes from its leader, checked by the
-store) and ``truncate_after`` (a cut of the stored part) and leave through ``drain()`` in the next ``Ready``;
-the driver applies them (truncate, then append) before it calls into the core again, and
-``check_applied()`` asserts it did (pair assertion on last index and term). Reads see the stored
-part below the cut, then the unstable entries.
+The core never writes to the store. Resets, appends and truncations go into ``reset`` (the whole
+stored part dropped, the log restarting empty at an index), ``unstable`` (a leader's proposed
+entries), ``runs`` (a follower's runs of stored bytes from its leader, checked by the store) and
+``truncate_after`` (a cut of the stored part) and leave through ``drain()`` in the next ``Ready``;
+the driver applies them (reset, truncate, then append) before it calls into the core again, and
+``check_applied()`` asserts it did (pair assertion on first and last index and last term). Reads
+see the stored part below the cut (none after a reset), then the unstable entries.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import bisect
 import itertools
 
-from hasvc.state.raft.storage import Entry, EntryLog, EntryRun
+from hasvc.state.raft.storage import Entry, EntryLog, EntryRun, LogReset
 
 
 class LogView:
@@ -25,14 +26,23 @@ class LogView:
         self._unstable_ends: list[int] = []  # body sizes of _unstable[:i + 1], summed
         self._runs: list[EntryRun] = []  # a follower's appended runs (never beside _unstable)
         self._truncate_after: int | None = None
-        self._expected_end: tuple[int, int] = (log.last_index(), log.last_term())
+        self._reset: LogReset | None = None
+        self._expected_end: tuple[int, int, int] = (log.first_index(), log.last_index(), log.last_term())
 
     def _stored_last(self) -> int:
+        if self._reset is not None:
+            return self._reset.first_index - 1
         last = self.log.last_index()
         return last if self._truncate_after is None else min(last, self._truncate_after)
 
     def first_index(self) -> int:
-        return self.log.first_index()
+        return self.log.first_index() if self._reset is None else self._reset.first_index
+
+    def term_before_first(self) -> int:
+        return self.log.term_before_first() if self._reset is None else self._reset.term_before_first
+
+    def first_offset(self) -> int:
+        return self.log.first_offset() if self._reset is None else self._reset.first_offset
 
     def stored_last_index(self) -> int:
         """The last index of the part the store holds already (what a flush report can cover)."""
@@ -49,7 +59,7 @@ class LogView:
         if self._unstable:
             return self._unstable[-1].term
         last = self._stored_last()
-        return -1 if last < self.log.first_index() else self.log.term_at(last)
+        return self.term_before_first() if last < self.first_index() else self.log.term_at(last)
 
     def term_at(self, index: int) -> int:
         """The term at `index`; IndexError outside [first_index(), last_index()]."""
@@ -64,7 +74,7 @@ class LogView:
             if index > self._unstable[-1].index:
                 raise IndexError(index)
             return self._unstable[index - self._unstable[0].index].term
-        if index > self._stored_last():
+        if index > self._stored_last() or index < self.first_index():
             raise IndexError(index)
         return self.log.term_at(index)
 
@@ -151,6 +161,15 @@ class LogView:
             for run in runs:
                 self.append(run.entries(Entry))
 
+    def reset(self, reset: LogReset) -> None:
+        """Drop every entry; the log restarts empty at reset.first_index (no earlier cut or append
+        of this batch matters any more)."""
+        self._unstable.clear()
+        self._unstable_ends.clear()
+        self._runs.clear()
+        self._truncate_after = None
+        self._reset = reset
+
     def truncate(self, *, after_index: int) -> None:
         """Drop every entry above after_index."""
         self._runs_to_entries()
@@ -163,19 +182,23 @@ class LogView:
         if after_index < self._stored_last():
             self._truncate_after = after_index
 
-    def drain(self) -> tuple[int | None, tuple[Entry, ...], tuple[EntryRun, ...]]:
-        """The truncation, entries and runs the driver must apply now (in that order); afterwards
-        the store is the view."""
-        truncate_after, entries, runs = self._truncate_after, tuple(self._unstable), tuple(self._runs)
-        self._expected_end = (self.last_index(), self.last_term())
+    def drain(self) -> tuple[LogReset | None, int | None, tuple[Entry, ...], tuple[EntryRun, ...]]:
+        """The reset, truncation, entries and runs the driver must apply now (in that order);
+        afterwards the store is the view."""
+        reset, truncate_after = self._reset, self._truncate_after
+        entries, runs = tuple(self._unstable), tuple(self._runs)
+        self._expected_end = (self.first_index(), self.last_index(), self.last_term())
+        self._reset = None
         self._truncate_after = None
         self._unstable = []
         self._unstable_ends = []
         self._runs = []
-        return truncate_after, entries, runs
+        return reset, truncate_after, entries, runs
 
     def check_applied(self) -> None:
         """Pair assertion: the driver applied the last drained changes before calling in again."""
-        if not self._unstable and not self._runs and self._truncate_after is None:
-            stored = (self.log.last_index(), self.log.last_term())
-            assert stored == self._expected_end, ("the driver did not apply the last Ready", stored, self._expected_end)
+        if not self._unstable and not self._runs and self._truncate_after is None and self._reset is None:
+            stored = (self.log.first_index(), self.log.last_index(), self.log.last_term())
+            # Retention may move the stored first index up between two calls (never below it).
+            assert stored[1:] == self._expected_end[1:] and stored[0] >= self._expected_end[0], (
+                "the driver did not apply the last Ready", stored, self._expected_end)

@@ -6,6 +6,9 @@ Result codes keep DLedger's names (``DLedgerResponseCode``) where DLedger has th
     VoteRequest / VoteResponse   election (and pre-vote: ``pre_vote=True``, nothing is recorded)
     Heartbeat / HeartbeatResponse  the leader's liveness and commit index (DLedger HEART_BEAT)
     Push / PushResponse          DLedger's EntryPusher: COMPARE, TRUNCATE, APPEND (PUSH)
+    ResetPush                    ours: "start your log empty at my first index" (answered by a
+                                 PushResponse of type RESET); a follower needing an entry that
+                                 retention deleted everywhere is caught up this way
     TimeoutNow                   leadership transfer: "campaign now" (DLedger LEADERSHIP_TRANSFER)
 """
 
@@ -40,6 +43,7 @@ class PushType(enum.IntEnum):
     COMPARE = 1  # does your entry at `index` equal mine? (`entries` holds mine, empty for index -1)
     TRUNCATE = 2  # drop everything after `index` (whose entry, mine, is in `entries`)
     APPEND = 3  # append the run `entries` (an EntryRun from `index`; `prev_term` is the term at index - 1)
+    RESET = 4  # ours: a ResetPush (its own message and frame): start the log empty at `index`
 
 
 class PushResult(enum.IntEnum):
@@ -105,6 +109,23 @@ class Push:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ResetPush:
+    """Leader -> a follower that needs an entry below the leader's first index: "discard your log
+    and start it empty at ``index``; the term of entry ``index - 1`` is ``prev_term``; your next
+    entry lies at ``pos``". ``first_term`` is the term of the leader's entry ``index``: a follower
+    whose entry there has that term holds the leader's log up to it and refuses (see ``node``)."""
+
+    source: str
+    target: str
+    term: int
+    index: int  # the leader's first index (>= 1): the follower's log restarts here
+    prev_term: int  # term of entry index - 1 (>= 0: the leader knows it)
+    first_term: int  # term of the leader's entry `index`
+    pos: int  # where entry `index` lies in the leader's data files (the store's offset; opaque to the core)
+    commit_index: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class PushResponse:
     source: str
     target: str
@@ -125,4 +146,5 @@ class TimeoutNow:
     term: int
 
 
-Message = VoteRequest | VoteResponse | Heartbeat | HeartbeatResponse | Push | PushResponse | TimeoutNow
+Message = (VoteRequest | VoteResponse | Heartbeat | HeartbeatResponse | Push | ResetPush | PushResponse
+           | TimeoutNow)

@@ -19,8 +19,10 @@ The order contract (the driver's side, asserted where the core can see it):
 
 1. ``ready.hard_state``, when set, is saved *and fsynced* first: a vote or a new term is never
    announced before it would survive a crash (at most one vote per term, terms never go back).
-2. Then ``log.truncate(after_index=ready.truncate_after)`` and ``log.append(ready.entries)``, before
-   the driver calls into the core again (the core reads the store; ``LogView.check_applied``).
+2. Then ``log.reset(ready.reset)`` (durable when it returns: a RESET's answer says the log is
+   empty at its index), ``log.truncate(after_index=ready.truncate_after)`` and
+   ``log.append(ready.entries)``, before the driver calls into the core again (the core reads the
+   store; ``LogView.check_applied``).
 3. Then ``ready.messages`` are sent. A follower acknowledges an index only once it is in its log
    (step 2 precedes step 3), and with ``flush_sync`` only once it is flushed: its acknowledgements
    carry ``min(matched, flushed)`` and ``persisted()`` sends the ones a flush released. A leader
@@ -53,9 +55,35 @@ it (``Ready.runs``), so no entry is decoded into an ``Entry`` on either side.
 Retention (``retention_floor``): a member's driver deletes only entries below the floor, which a
 leader computes from its committed index and every peer's match index and announces in its
 heartbeats. Those entries are committed and on every member, so a follower takes an entry below
-its own first index as equal to the leader's. A follower that needs an entry below the leader's
-first index (possible only after a clean forced by a full disk) is marked ``behind_log_start`` and
-no longer pushed to: catching it up (a message to restart its log at an index) is not built.
+its own first index as equal to the leader's.
+
+RESET (Kafka's out-of-range follower, etcd's snapshot -- here the log is the state, so the
+"snapshot" is empty). A clean forced by a full disk ignores the floor, so a follower may need an
+entry below the leader's first index X: the next COMPARE, TRUNCATE or APPEND would name one. The
+leader then sends ``ResetPush(index=X, prev_term=T, first_term, pos)``: "discard your log and
+start it empty at X; the term of X - 1 is T; entry X lies at pos". The follower accepts only
+
+* from the leader of its current term (``_accept_leader``, as every push: a stale term or another
+  member is refused with EXPIRED_TERM / INCONSISTENT_LEADER), and
+* only if its log does not hold the leader's entry X (``first_term`` differs or it has no entry
+  there) and X is above its committed index; else it answers INCONSISTENT_STATE and the leader
+  goes back to COMPARE (the follower holds the leader's log up to X: nothing below X is needed).
+
+Why it is safe. Every entry below X was deleted by the leader's retention, which deletes only
+committed entries, and every leader holds every committed entry: so indexes below X are committed
+and gone group-wide ("gone, not changed"), and dropping the follower's copies of them loses no
+data a member needs. Entries at or above X: the follower holds none equal to the leader's (its
+entry X differs or is missing, and by log matching an equal entry above X would make X equal
+too), so none of them is committed (the leader would hold it): dropping them is what TRUNCATE
+would do. A delayed duplicate RESET after the follower has appended the leader's entry X is
+refused by the same check. After a reset the follower's log is empty at X with last term T (so
+its vote compares (X - 1, T), never more than it knew), its committed and flushed index are
+X - 1 (the store makes the reset durable before the answer goes out: ``Ready.reset`` comes
+before the messages), and it answers SUCCESS acknowledging X - 1; the leader goes on with APPEND
+from X (the follower takes X - 1 as matching, being below its first index). The leader knows T
+because its store records the term of the entry before its first when retention deletes (a store
+that does not know it, ``term_before_first() == -1``, cannot reset: the follower stays
+``behind_log_start`` and is not pushed to).
 """
 
 from __future__ import annotations
@@ -77,6 +105,7 @@ from hasvc.state.raft.messages import (
     PushResponse,
     PushResult,
     PushType,
+    ResetPush,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
@@ -98,7 +127,7 @@ from hasvc.state.raft.ready import (
     RoleChange,
     TransferAborted,
 )
-from hasvc.state.raft.storage import Entry, EntryLog, EntryRun, HardState
+from hasvc.state.raft.storage import Entry, EntryLog, EntryRun, HardState, LogReset
 
 NO_OP = b""  # the body of the entry a new leader appends in its term
 
@@ -114,17 +143,14 @@ class Progress:
     the follower re-checks before it truncates, so staleness costs a round trip, never an entry.
     """
 
-    state: PushType  # COMPARE, TRUNCATE or APPEND
-    index: int  # COMPARE/TRUNCATE: the index compared or kept; APPEND: the next index to push
+    state: PushType  # COMPARE, TRUNCATE, APPEND or RESET
+    index: int  # COMPARE/TRUNCATE: the index compared or kept; APPEND: the next index to push; RESET: ours first
     match_index: int = -1  # acknowledged: matches the leader's log (flushed there with flush_sync)
     sent_at: float | None = None  # COMPARE/TRUNCATE sent, or oldest unacknowledged APPEND (None: none)
     last_contact_at: float = -math.inf  # last response of any kind in this term
     follower_end: int = -1  # the follower's last index, as last reported
     compare_floor: int = -1
     compare_mismatch_from: float = math.inf
-    # It needs an entry below the leader's first index (retention deleted it, forced above the
-    # disk ratio): nothing more is pushed to it in this term; see ``retention_floor``.
-    behind_log_start: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -167,7 +193,9 @@ class RaftNode:
         state = log.load_hard_state()
         self.term = state.term
         self.voted_for = state.voted_for
-        self.committed_index = max(-1, min(state.committed_index, self._log.last_index()))
+        # Entries below the first index were deleted by retention or a reset, both of which take
+        # committed entries only: they are committed, whatever the (stale) saved hint says.
+        self.committed_index = max(-1, min(state.committed_index, self._log.last_index()), self._log.first_index() - 1)
         self.flushed_index = min(log.flushed_index(), self._log.last_index())
         self.role = Role.FOLLOWER
         self.leader_id: str | None = None
@@ -287,7 +315,7 @@ class RaftNode:
         self._after_event(now)
 
     def ready(self) -> Ready:
-        truncate_after, entries, runs = self._log.drain()
+        reset, truncate_after, entries, runs = self._log.drain()
         committed = None
         if self.committed_index != self._committed_reported:
             committed = self._committed_reported = self.committed_index
@@ -295,7 +323,7 @@ class RaftNode:
         if self._hard_state_changed:
             hard_state = HardState(self.term, self.voted_for, self.committed_index)
             self._hard_state_changed = False
-        ready = Ready(hard_state=hard_state, truncate_after=truncate_after, entries=entries, runs=runs,
+        ready = Ready(hard_state=hard_state, reset=reset, truncate_after=truncate_after, entries=entries, runs=runs,
                       messages=tuple(self._messages), committed_index=committed,
                       role_changes=tuple(self._role_changes), proposals=tuple(self._proposals_done),
                       transfers_aborted=tuple(self._transfers_aborted), refused_runs=tuple(self._refused_runs))  # fmt: skip
@@ -337,7 +365,7 @@ class RaftNode:
     def status(self, now: float) -> RaftStatus:
         last = self._log.last_index()
         peers = {
-            peer: PeerStatus(p.match_index, last - p.match_index, now - p.last_contact_at, p.behind_log_start)
+            peer: PeerStatus(p.match_index, last - p.match_index, now - p.last_contact_at, p.state is PushType.RESET)
             for peer, p in self._progress.items()
         }
         return RaftStatus(self.self_id, self.role, self.term, self.leader_id, last, self.committed_index,
@@ -348,7 +376,7 @@ class RaftNode:
         every entry at or above it (-1: keep everything). A leader's is its committed index and
         every peer's match index, whatever their last contact: a member that is down holds
         retention back until it returns (a forced clean above the disk ratio does not wait; a
-        member it strands is marked ``behind_log_start``). Entries below it are committed and
+        member it strands is RESET to the leader's first index). Entries below it are committed and
         held by every member, which never truncates at or below its committed index, so no
         member needs them again. A follower keeps from the highest floor a leader announced
         (heartbeats), at most its own committed index: it may lead later, and then must still
@@ -595,16 +623,23 @@ class RaftNode:
         self._messages.append(PushResponse(self.self_id, leader, self.term, kind, result, request_index, ack,
                                            self._log.first_index(), self._log.last_index(), term_at_index))  # fmt: skip
 
+    def _accepts_push_from(self, source: str, term: int, now: float, kind: PushType, index: int) -> bool:
+        """Whether ``source`` leads ``term`` as far as we know (adopting it); if not, the push
+        (of ``kind`` at ``index``) is answered EXPIRED_TERM or INCONSISTENT_LEADER here."""
+        leadership = self._accept_leader(source, term, now)
+        if leadership is HeartbeatResult.SUCCESS:
+            return True
+        result = (
+            PushResult.EXPIRED_TERM if leadership is HeartbeatResult.EXPIRED_TERM else PushResult.INCONSISTENT_LEADER
+        )
+        self._send_push_response(source, kind, result, index)
+        return False
+
     def _on_push(self, m: Push, now: float) -> None:
-        leadership = self._accept_leader(m.source, m.term, now)
-        if leadership is not HeartbeatResult.SUCCESS:
-            result = (
-                PushResult.EXPIRED_TERM
-                if leadership is HeartbeatResult.EXPIRED_TERM
-                else PushResult.INCONSISTENT_LEADER
-            )
-            self._send_push_response(m.source, m.type, result, m.index)
+        if not self._accepts_push_from(m.source, m.term, now, m.type, m.index):
             return
+        if m.type is PushType.RESET:
+            raise ValueError("a RESET comes as a ResetPush, not in a PUSH frame")
         if m.type is PushType.COMPARE:
             self._on_compare(m)
         elif m.type is PushType.TRUNCATE:
@@ -612,6 +647,28 @@ class RaftNode:
         else:
             self._on_append(m)
         self._follow_commit(m.commit_index)
+
+    def _on_reset_push(self, m: ResetPush, now: float) -> None:
+        if not self._accepts_push_from(m.source, m.term, now, PushType.RESET, m.index):
+            return
+        self._on_reset(m)
+        self._follow_commit(m.commit_index)
+
+    def _on_reset(self, m: ResetPush) -> None:
+        """Start the log empty at ``m.index`` -- unless we hold the leader's entry there or
+        committed it (see the module: what may be dropped and why)."""
+        if m.index < 1 or not 0 <= m.prev_term <= m.first_term <= m.term or m.pos < 0:
+            raise ValueError(f"RESET to index {m.index}, terms {m.prev_term}/{m.first_term} in term {m.term}, "
+                             f"pos {m.pos}")  # fmt: skip
+        if m.index <= self.committed_index or self._same_as_ours(m.index, m.first_term):
+            self._send_push_response(m.source, PushType.RESET, PushResult.INCONSISTENT_STATE, m.index)
+            return
+        self._log.reset(LogReset(m.index, m.prev_term, m.pos))
+        self.flushed_index = m.index - 1  # the driver makes the reset durable before it sends
+        self._matched_index = m.index - 1
+        self.committed_index = max(self.committed_index, m.index - 1)
+        self._gap_reported_end = -2
+        self._send_push_response(m.source, PushType.RESET, PushResult.SUCCESS, m.index)
 
     def _matches(self, index: int, entries: tuple[Entry, ...]) -> bool:
         """Whether our entry at `index` equals the leader's (index -1: the empty prefix always does)."""
@@ -730,6 +787,8 @@ class RaftNode:
         elif m.type is progress.state and m.request_index == progress.index:
             if m.type is PushType.COMPARE:
                 self._on_compare_response(progress, m)
+            elif m.type is PushType.RESET:
+                self._on_reset_response(progress, m)
             else:
                 self._on_truncate_response(progress, m)
 
@@ -766,6 +825,12 @@ class RaftNode:
         else:
             self._start_compare(progress, m.end_index)
 
+    def _on_reset_response(self, progress: Progress, m: PushResponse) -> None:
+        if m.result is PushResult.SUCCESS:  # its log is empty at our first index: push from there
+            self._start_append(progress, progress.index)
+        else:  # it holds our entry there after all (a stale view): find where we agree
+            self._start_compare(progress, m.end_index)
+
     def _on_append_response(self, progress: Progress, m: PushResponse) -> None:
         if m.result is PushResult.OUT_OF_ORDER:
             progress.index = max(progress.match_index + 1, min(progress.index, m.end_index + 1))
@@ -797,28 +862,23 @@ class RaftNode:
 
     def _push(self, peer: str, progress: Progress, now: float) -> None:
         timeout = self.config.push_timeout_seconds
-        if self._behind_log_start(progress):
-            return
-        if progress.state is not PushType.APPEND:
-            if progress.sent_at is None or now >= progress.sent_at + timeout:
-                index = progress.index
-                # COMPARE carries our entry at index; TRUNCATE ours at index and index + 1 (where we have them)
-                wanted = (index,) if progress.state is PushType.COMPARE else (index, index + 1)
-                last = self._log.last_index()
-                entries = tuple(self._log.read(i, i + 1, size_max=0)[0] for i in wanted if 0 <= i <= last)
-                self._messages.append(Push(self.self_id, peer, self.term, progress.state, index, -1,
-                                           self.committed_index, entries))  # fmt: skip
-                progress.sent_at = now
-            return
         if (
-            progress.sent_at is not None
+            progress.state is PushType.APPEND
+            and progress.sent_at is not None
             and progress.index > progress.match_index + 1
             and now >= progress.sent_at + timeout
         ):
             progress.index = progress.match_index + 1  # DLedger: re-push what waited past maxPushTimeOutMs
             progress.sent_at = None
-            if self._behind_log_start(progress):
-                return
+        if progress.state is not PushType.RESET and self._needs_deleted_entry(progress):
+            progress.state, progress.index, progress.sent_at = PushType.RESET, self._log.first_index(), None
+        if progress.state is not PushType.APPEND:
+            if progress.sent_at is None or now >= progress.sent_at + timeout:
+                message = self._control_push(peer, progress)
+                if message is not None:
+                    self._messages.append(message)
+                progress.sent_at = None if message is None else now  # None: nothing in flight to time
+            return
         last = self._log.last_index()
         while progress.index <= last and progress.index - progress.match_index - 1 < self.config.push_in_flight_max:
             # Whole batches (a window that opens by one entry must not make one-entry pushes):
@@ -838,16 +898,25 @@ class RaftNode:
             # flush_sync their acknowledgement waits for its flush, and may be lost): time them.
             progress.sent_at = now
 
-    def _behind_log_start(self, progress: Progress) -> bool:
-        """Whether this follower needs an entry below our first index (marking it if so): then
-        COMPARE/TRUNCATE/APPEND cannot reach it any more and nothing is pushed to it."""
-        if progress.behind_log_start or self._needs_deleted_entry(progress):
-            progress.behind_log_start = True
-            progress.sent_at = None  # nothing in flight to time out: deadline() must not ask for a tick now
-        return progress.behind_log_start
+    def _control_push(self, peer: str, progress: Progress) -> Push | ResetPush | None:
+        """The COMPARE, TRUNCATE or RESET for ``progress`` (None: a RESET we cannot send)."""
+        index = progress.index
+        if progress.state is PushType.RESET:
+            first = progress.index = self._log.first_index()  # retention may have moved it since
+            prev_term = self._log.term_before_first()
+            if prev_term < 0:  # our store does not know the term before its first entry
+                return None
+            return ResetPush(self.self_id, peer, self.term, first, prev_term, self._log.term_at(first),
+                             self._log.first_offset(), self.committed_index)  # fmt: skip
+        # COMPARE carries our entry at index; TRUNCATE ours at index and index + 1 (where we have them)
+        wanted = (index,) if progress.state is PushType.COMPARE else (index, index + 1)
+        last = self._log.last_index()
+        entries = tuple(self._log.read(i, i + 1, size_max=0)[0] for i in wanted if 0 <= i <= last)
+        return Push(self.self_id, peer, self.term, progress.state, index, -1, self.committed_index, entries)
 
     def _needs_deleted_entry(self, progress: Progress) -> bool:
-        """Whether the next push to this follower would name an entry below our first index."""
+        """Whether the next push to this follower would name an entry below our first index:
+        then COMPARE/TRUNCATE/APPEND cannot reach it any more, and a RESET must."""
         first = self._log.first_index()
         if progress.state is PushType.APPEND:
             return progress.index < first
@@ -946,6 +1015,7 @@ class RaftNode:
         Heartbeat: _on_heartbeat,
         HeartbeatResponse: _on_heartbeat_response,
         Push: _on_push,
+        ResetPush: _on_reset_push,
         PushResponse: _on_push_response,
         TimeoutNow: _on_timeout_now,
     }

@@ -9,7 +9,7 @@ import dataclasses
 import enum
 
 from hasvc.state.raft.messages import Message
-from hasvc.state.raft.storage import Entry, EntryRun, HardState
+from hasvc.state.raft.storage import Entry, EntryRun, HardState, LogReset
 
 
 class Role(enum.Enum):
@@ -90,6 +90,7 @@ class Ready:
     """One batch of work, to be done in field order (see ``hasvc.state.raft.node``)."""
 
     hard_state: HardState | None = None  # save (fsync) before anything else; None: unchanged
+    reset: LogReset | None = None  # then log.reset(...): durable before anything is sent
     truncate_after: int | None = None  # then log.truncate(after_index=...)
     entries: tuple[Entry, ...] = ()  # then log.append(entries)
     runs: tuple[EntryRun, ...] = ()  # then log.append_run(run) for each (a follower's, checked)
@@ -114,7 +115,8 @@ class PeerStatus:
     match_index: int
     lag_entries: int  # the leader's last index minus match_index
     last_contact_seconds: float  # since its last response in this term (inf: none yet)
-    behind_log_start: bool = False  # it needs entries retention deleted: no longer replicated
+    # It needs an entry retention deleted here: being reset to this leader's first index (RESET).
+    behind_log_start: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -34,15 +34,32 @@ class HardState:
     committed_index: int  # -1 when nothing committed (a hint; the core re-derives it)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LogReset:
+    """Discard every entry; the log restarts empty at ``first_index`` (a RESET from the leader)."""
+
+    first_index: int  # >= 1: the leader's first index
+    term_before_first: int  # term of entry first_index - 1 (the empty log's last term)
+    first_offset: int  # where entry first_index will lie in the store (the leader's; opaque to the core)
+
+
 class EntryLog(Protocol):
     def first_index(self) -> int:
         """ledgerBeginIndex: 0 unless a prefix was deleted."""
 
     def last_index(self) -> int:
-        """ledgerEndIndex, -1 when empty."""
+        """ledgerEndIndex, first_index() - 1 when empty."""
 
     def last_term(self) -> int:
-        """Term of last_index(), -1 when empty."""
+        """Term of last_index(); when empty, term_before_first()."""
+
+    def term_before_first(self) -> int:
+        """Term of entry first_index() - 1, which retention or a reset deleted: -1 when
+        first_index() is 0 or the store does not know it (then the member cannot RESET others)."""
+
+    def first_offset(self) -> int:
+        """Where entry first_index() lies (or will lie) in the store: opaque to the core, which
+        only hands it to a follower it resets (DLedger: the entry's pos in the data files)."""
 
     def term_at(self, index: int) -> int:
         """Raises IndexError outside [first_index(), last_index()]."""
@@ -70,6 +87,10 @@ class EntryLog(Protocol):
 
     def truncate(self, *, after_index: int) -> None:
         """Drop every entry with index > after_index (never below committed: the caller asserts)."""
+
+    def reset(self, reset: LogReset) -> None:
+        """Drop every entry and start empty at reset.first_index (durable when it returns);
+        committed and flushed index become first_index - 1."""
 
     def flush(self) -> int:
         """Make all appended entries durable; returns flushed_index()."""

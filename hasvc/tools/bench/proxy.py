@@ -4,8 +4,9 @@ One run on loopback: a SYNC_MASTER master and a slave, the proxy in front of the
 proxy whose sends store nothing (``--null-sends``: the official client's own ceiling through the
 same gRPC layers). For each number of senders: the official Python client producing 1 KiB
 messages through the null proxy and through the real one, and hasvc's own client (trio tasks on
-one connection) against the same master; then consumers: a SimpleConsumer draining what the
-official client produced, beside hasvc's client pulling it. The gateway's cost is the real
+one connection) against the same master; then consumers, each in its own group: the official
+SimpleConsumer and PushConsumer each draining what the official client produced through the proxy,
+beside hasvc's client pulling it. The gateway's cost is the real
 proxy's rate against the null one's (the issue's target: at most 30 % below).
 """
 
@@ -27,8 +28,10 @@ from hasvc.tools.drill import Process
 CLIENT_TIMEOUT_MARGIN_SECONDS = 60.0
 
 
-def _official(endpoint: str, home: str, mode: str, senders: int, seconds: float, size: int, topic: str, group: str = "") -> dict:
-    command = [sys.executable, "-m", "hasvc.tools.bench.proxy_client", endpoint, mode, str(senders), str(seconds), str(size), topic, group]
+def _official(endpoint: str, home: str, mode: str, senders: int, seconds: float, size: int, topic: str, group: str = "",
+              want: int = 0) -> dict:  # fmt: skip
+    command = [sys.executable, "-m", "hasvc.tools.bench.proxy_client", endpoint, mode, str(senders), str(seconds), str(size), topic,
+               group, str(want)]  # fmt: skip
     done = subprocess.run(command, env={**os.environ, "HOME": home}, capture_output=True, text=True,
                           timeout=seconds + CLIENT_TIMEOUT_MARGIN_SECONDS)  # fmt: skip
     if done.returncode != 0:
@@ -97,14 +100,16 @@ def run_bench(*, senders: list[int], seconds: float, size: int, json_path: str |
                        "official_null": _official(null.ready["listen"], root, "produce", count, seconds, size, f"{topic}Null"),
                        "official_proxy": _official(proxy.ready["listen"], root, "produce", count, seconds, size, topic),
                        "hasvc": trio.run(_own_produce, master.ready["listen"], count, seconds, size, f"{topic}Own")}  # fmt: skip
+                produced = row["official_proxy"]["count"]
                 row["official_consume"] = _official(proxy.ready["listen"], root, "consume", 1, seconds * 4, size, topic, f"G{count}")
+                row["official_push"] = _official(proxy.ready["listen"], root, "push", 1, seconds * 4, size, topic, f"P{count}", produced)
                 row["hasvc_consume"] = trio.run(_own_consume, master.ready["listen"], topic)
                 row["gateway_cost"] = 1 - row["official_proxy"]["rate"] / row["official_null"]["rate"]
                 runs.append(row)
                 echo(f"{count:3d} senders  official via proxy {row['official_proxy']['rate']:8.0f} msgs/s   "
                      f"via null proxy {row['official_null']['rate']:8.0f}   gateway cost {row['gateway_cost']:6.1%}   "
-                     f"hasvc client {row['hasvc']['rate']:8.0f}   consume: official {row['official_consume']['rate']:7.0f} "
-                     f"hasvc {row['hasvc_consume']['rate']:8.0f} msgs/s")  # fmt: skip
+                     f"hasvc client {row['hasvc']['rate']:8.0f}   consume: simple {row['official_consume']['rate']:7.0f} "
+                     f"push {row['official_push']['rate']:7.0f} hasvc {row['hasvc_consume']['rate']:8.0f} msgs/s")  # fmt: skip
         finally:
             for process in processes:
                 process.stop()

@@ -1,11 +1,19 @@
 """The official RocketMQ Python client as a load generator for ``hasvc bench proxy``.
 
-Run as ``python -m hasvc.tools.bench.proxy_client ENDPOINT MODE SENDERS SECONDS SIZE TOPIC [GROUP]`` in a
-child process whose HOME is a temporary directory (the client writes logs under ~/logs). MODE
-``produce``: SENDERS threads each ``send`` BODY of SIZE bytes for SECONDS; ``consume``: one
-SimpleConsumer receives (32 at a time) and acks each batch from 16 threads until SECONDS pass or a receive comes back empty
-after something was consumed (the rate is taken up to the last acknowledged batch: the final, empty
-receive long-polls for nothing). Prints one JSON line: count, seconds, rate, errors.
+Run as ``python -m hasvc.tools.bench.proxy_client ENDPOINT MODE SENDERS SECONDS SIZE TOPIC [GROUP [WANT]]``
+in a child process whose HOME is a temporary directory (the client writes logs under ~/logs).
+Prints one JSON line: count, seconds, rate, errors (and, for consumers, duplicates).
+
+* ``produce``: SENDERS threads each ``send`` a body of SIZE bytes for SECONDS.
+* ``consume``: one SimpleConsumer; ``SIMPLE_RECEIVERS`` threads each receive (32 at a time, the
+  proxy's batch maximum) and acknowledge the batch from ``SIMPLE_ACK_THREADS`` shared threads, until
+  SECONDS pass or a receive comes back empty after something was consumed. The rate is taken up to
+  the last acknowledged batch (the final, empty receive long-polls for nothing).
+* ``push``: one PushConsumer (the client's own receive loop per queue, 32 a receive; its listener
+  runs on ``PUSH_CONSUMPTION_THREADS`` threads and each message is acknowledged by the thread that
+  consumed it) until WANT messages are acknowledged or SECONDS pass. The clock starts at its first
+  ReceiveMessage (a PushConsumer looks for its queues a second after it starts: that pause is the
+  client's, not the proxy's) and stops at its last acknowledgement.
 """
 
 from __future__ import annotations
@@ -16,7 +24,12 @@ import sys
 import threading
 import time
 
-ACK_THREADS = 16  # acknowledgements of one received batch in flight at once
+# Each consumer's best settings on the 2-core VM (docs/PROXY.md "Speed"): the client acknowledges
+# one message per gRPC call, so what bounds a consumer is how many acknowledgements it keeps in flight.
+SIMPLE_RECEIVERS = 4  # SimpleConsumer receives in flight at once (one thread each)
+SIMPLE_ACK_THREADS = 64  # acknowledgements of received batches in flight at once, shared by the receivers
+PUSH_CONSUMPTION_THREADS = 64  # PushConsumer(consumption_thread_count=...), the client's default is 20
+PUSH_CACHE_MESSAGES = 1024  # PushConsumer(max_cache_message_count=...), the client's default
 
 
 def produce(endpoint: str, senders: int, seconds: float, size: int, topic: str) -> dict:
@@ -54,37 +67,112 @@ def consume(endpoint: str, seconds: float, topic: str, group: str) -> dict:
 
     consumer = SimpleConsumer(ClientConfiguration(endpoint, Credentials()), group, {topic: FilterExpression()}, await_duration=2)
     consumer.startup()
-    count = errors = 0
+    lock = threading.Lock()
+    seen: set[str] = set()
+    totals = {"count": 0, "errors": 0, "duplicates": 0, "last": 0.0}
+    drained = threading.Event()
 
     def ack(message) -> bool:
         try:
             consumer.ack(message)
             return True
-        except Exception:  # counted, as above
+        except Exception:  # counted: a benchmark reports failures, it does not stop on them
             return False
 
-    started = last = time.monotonic()
-    # the client's ack_async returns no future in 5.1.2, so a batch is acknowledged from threads
-    with concurrent.futures.ThreadPoolExecutor(ACK_THREADS) as pool:
-        while time.monotonic() - started < seconds:
-            messages = consumer.receive(32, 30)
-            if not messages and count:
-                break  # drained: this last receive long-polled for nothing and is not counted
-            for ok in pool.map(ack, messages):
-                count += ok
-                errors += not ok
-            last = time.monotonic()
-    elapsed = last - started
+    started = time.monotonic()
+    totals["last"] = started
+
+    # the client's ack_async returns no future in 5.1.2, so batches are acknowledged from threads
+    with concurrent.futures.ThreadPoolExecutor(SIMPLE_ACK_THREADS) as pool:
+
+        def receiver() -> None:
+            while not drained.is_set() and time.monotonic() - started < seconds:
+                messages = consumer.receive(32, 30)
+                if not messages and totals["count"]:
+                    drained.set()  # this last receive long-polled for nothing and is not counted
+                    return
+                oks = list(pool.map(ack, messages))
+                with lock:
+                    for message, ok in zip(messages, oks, strict=True):
+                        totals["duplicates"] += message.message_id in seen
+                        seen.add(message.message_id)
+                        totals["count"] += ok
+                        totals["errors"] += not ok
+                    totals["last"] = time.monotonic()
+
+        threads = [threading.Thread(target=receiver) for _ in range(SIMPLE_RECEIVERS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     consumer.shutdown()
-    return {"count": count, "seconds": elapsed, "rate": count / elapsed if elapsed > 0 else 0.0, "errors": errors}
+    return _consumed(totals, started)
+
+
+def push(endpoint: str, seconds: float, topic: str, group: str, want: int) -> dict:
+    from rocketmq import ClientConfiguration, ConsumeResult, Credentials, FilterExpression, MessageListener, PushConsumer
+
+    lock = threading.Lock()
+    seen: set[str] = set()
+    totals = {"count": 0, "errors": 0, "duplicates": 0, "last": 0.0, "first_receive": 0.0}
+    drained = threading.Event()
+
+    class Listener(MessageListener):
+        def consume(self, message):
+            with lock:
+                totals["duplicates"] += message.message_id in seen
+                seen.add(message.message_id)
+            return ConsumeResult.SUCCESS
+
+    class Counting(PushConsumer):
+        """Counts acknowledgements (the client calls ``_ack`` from the consuming thread after the
+        listener said SUCCESS) and notes its first receive."""
+
+        async def _receive_coroutine(self, queue, req, timeout):
+            with lock:
+                totals["first_receive"] = totals["first_receive"] or time.monotonic()
+            return await super()._receive_coroutine(queue, req, timeout)
+
+        def _ack(self, message):
+            try:
+                super()._ack(message)
+            except Exception:
+                with lock:
+                    totals["errors"] += 1  # the client retries it a second later
+                raise
+            with lock:
+                totals["count"] += 1
+                totals["last"] = time.monotonic()
+                if totals["count"] >= want:
+                    drained.set()
+
+    consumer = Counting(ClientConfiguration(endpoint, Credentials()), group, Listener(), {topic: FilterExpression()},
+                        max_cache_message_count=PUSH_CACHE_MESSAGES, consumption_thread_count=PUSH_CONSUMPTION_THREADS)  # fmt: skip
+    consumer.startup()
+    if want <= 0:
+        drained.set()  # nothing was produced: nothing to wait for
+    drained.wait(seconds)
+    consumer.shutdown()
+    return _consumed(totals, totals["first_receive"] or time.monotonic())
+
+
+def _consumed(totals: dict, started: float) -> dict:
+    elapsed = totals["last"] - started
+    count = totals["count"]
+    return {"count": count, "seconds": elapsed, "rate": count / elapsed if elapsed > 0 else 0.0, "errors": totals["errors"],
+            "duplicates": totals["duplicates"]}  # fmt: skip
 
 
 def main() -> None:
     endpoint, mode, senders, seconds, size, topic = sys.argv[1:7]
     if mode == "produce":
         result = produce(endpoint, int(senders), float(seconds), int(size), topic)
-    else:
+    elif mode == "consume":
         result = consume(endpoint, float(seconds), topic, sys.argv[7])
+    elif mode == "push":
+        result = push(endpoint, float(seconds), topic, sys.argv[7], int(sys.argv[8]))
+    else:
+        raise SystemExit(f"unknown mode {mode!r}: produce, consume or push")
     sys.stdout.write(json.dumps(result) + "\n")
 
 

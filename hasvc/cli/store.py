@@ -110,7 +110,7 @@ def _verify_member(directory: str, member: str, crc: str, as_json: bool) -> None
                        f"{classic.max_offset}), {classic.records} records"
                        + (f", CORRUPT at {classic.corrupt_offset}: {classic.reason}" if classic.corrupt_offset is not None else ""))  # fmt: skip
         if dledger is None:
-            click.echo("dledger      no data files")
+            click.echo("dledger      no data files" + _empty_log_start(directory, member))
         else:
             committed = (dledger.checkpoint or {}).get("committedIndex", "-")
             click.echo(f"dledger      {dledger.data_files} data files x {dledger.data_file_size} bytes, offsets "
@@ -125,6 +125,23 @@ def _verify_member(directory: str, member: str, crc: str, as_json: bool) -> None
         click.echo(f"status       {'clean' if report.ok else 'CORRUPT'}")
     if not report.ok:
         sys.exit(1)
+
+
+def _empty_log_start(store_root: str, member: str) -> str:
+    """For a member with no data files: where its checkpoint says the empty log starts (a RESET,
+    or a deletion, records it), or nothing."""
+    import os
+
+    from commitlog.dledger import state_files
+    from commitlog.dledger.upgrade import dledger_directory
+
+    path = os.path.join(dledger_directory(store_root, member), state_files.CHECKPOINT_FILE)
+    checkpoint = state_files.read_properties(path) if os.path.exists(path) else None
+    if not checkpoint or "beginIndex" not in checkpoint:
+        return ""
+    return (f": the log is empty and starts at entry {checkpoint['beginIndex']} (offset {checkpoint.get('beginPos', '?')}, "
+            f"the term before it {checkpoint.get('beginTerm', '?')}) by its checkpoint; "
+            f"committedIndex {checkpoint.get('committedIndex', '-')}")  # fmt: skip
 
 
 @store.command("dump")

@@ -218,3 +218,18 @@ def test_a_crash_between_dropping_the_queues_and_the_entries_rebuilds_the_old_qu
     store = open_store(tmp_path)
     assert readable(store) == before and store.entries.first_index() == 0
     store.close()
+
+
+def test_store_verify_of_a_member_left_empty_by_a_reset_says_where_its_log_starts(tmp_path):
+    from click.testing import CliRunner
+
+    from commitlog.dledger.upgrade import dledger_directory
+    from hasvc.cli import main as cli_main
+
+    directory = dledger_directory(str(tmp_path), "n0")
+    os.makedirs(directory)
+    store = stranded_store(directory)
+    store.reset(Reset(100, 3, 8 * 4096))
+    store.close()
+    done = CliRunner().invoke(cli_main, ["store", "verify", str(tmp_path), "--member", "n0"])
+    assert "the log is empty and starts at entry 100 (offset 32768, the term before it 3)" in done.output, done.output

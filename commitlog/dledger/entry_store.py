@@ -527,7 +527,9 @@ class DLedgerMmapFileStore:
             mapped_file = self.index_file_list.get_last_mapped_file(offset)
             assert mapped_file is not None
             if mapped_file.wrote_position == 0 and mapped_file.offset_of(0) < offset:
-                mapped_file.set_positions(offset - mapped_file.file_from_offset)  # see _append_index_units
+                # The first unit of a rebuilt or reset index need not start its file (entries
+                # before the first kept entry have no units).
+                mapped_file.set_positions(offset - mapped_file.file_from_offset)
             assert mapped_file.offset_of(mapped_file.wrote_position) == offset, (mapped_file, offset)
             size = min(len(units) - done, mapped_file.remaining)
             position = mapped_file.wrote_position
@@ -635,26 +637,12 @@ class DLedgerMmapFileStore:
         self.index_file_list.warm_ahead(max(OS_PAGE_SIZE, size // codec.BODY_OFFSET * codec.INDEX_UNIT_SIZE))
 
     def _append_index_units(self, units: list[tuple[int, int, int, int]]) -> None:
-        """Write the index units ``(index, pos, size, term)`` of consecutive entries at ``index * 32``,
-        an index file at a time."""
-        done = 0
-        while done < len(units):
-            offset = units[done][0] * codec.INDEX_UNIT_SIZE
-            mapped_file = self.index_file_list.get_last_mapped_file(offset)
-            assert mapped_file is not None
-            if mapped_file.wrote_position == 0 and mapped_file.offset_of(0) < offset:
-                # The first unit of a rebuilt index need not start its file (entries before the
-                # first kept entry have no units).
-                mapped_file.set_positions(offset - mapped_file.file_from_offset)
-            assert mapped_file.offset_of(mapped_file.wrote_position) == offset, (mapped_file, offset)
-            view = mapped_file.writable_view()
-            first_position = position = mapped_file.wrote_position
-            run = units[done : done + mapped_file.remaining // codec.INDEX_UNIT_SIZE]
-            for index, pos, size, term in run:
-                codec.INDEX_UNIT.pack_into(view, position, codec.MAGIC_1, pos, size, index, term)
-                position += codec.INDEX_UNIT_SIZE
-            mapped_file.advance(position - first_position)
-            done += len(run)
+        """Write the index units ``(index, pos, size, term)`` of consecutive entries at ``index * 32``
+        (packed, then ``_append_index_bytes``: an index file at a time)."""
+        if units:
+            packed = b"".join(codec.INDEX_UNIT.pack(codec.MAGIC_1, pos, size, index, term)
+                              for index, pos, size, term in units)  # fmt: skip
+            self._append_index_bytes(units[0][0], packed)
 
     def truncate(self, *, after_index: int) -> None:
         """Drop every entry with index > ``after_index``; durable when it returns. Refuses

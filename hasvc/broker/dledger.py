@@ -335,7 +335,7 @@ class RaftDriver:
                 return False  # the sender's own write will meet the error and reconnect
             size = sum(map(len, parts))
             if sent < size:  # copied now: no view of a data file outlives this call
-                rest = b"".join(bytes(part) for part in parts)[sent:]
+                rest = b"".join(parts)[sent:]
                 self._queues[message.target][0].send_nowait(_Rest(connection, rest))  # the buffer is empty: it fits
         finally:
             parts.clear()
@@ -889,10 +889,11 @@ class DLedgerBroker:
         """DLedger's CleanSpaceService, every ``dledger_clean_interval_seconds``: delete expired
         head files, never an entry the core's ``retention_floor`` keeps (what some member may
         still need) unless the disk is above ``disk_clean_ratio`` (then a member left behind is
-        RESET by the leader to its first index: ``behind_log_start`` until it answered). Runs on the trio thread, not a worker: appends, the
-        dispatcher and the deletion share the file lists (a pass unlinks at most
-        ``delete_segments_per_pass_max`` files); under the entry files' lock (no flush of a file
-        being deleted) and ``maintenance`` (no consume queue flush meanwhile)."""
+        RESET by the leader to its first index: ``behind_log_start`` until it answered). Runs on
+        the trio thread, not a worker: appends, the dispatcher and the deletion share the file
+        lists (a pass unlinks at most ``delete_segments_per_pass_max`` files); with the entry
+        files quiet (``files_quiet``: no sync of a file being deleted) and ``maintenance`` held
+        (no consume queue flush meanwhile)."""
         store = self.store
         while True:
             await trio.sleep(self.config.dledger_clean_interval_seconds)

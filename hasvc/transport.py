@@ -77,28 +77,15 @@ class Connection:
 
     async def send_parts(self, parts: list) -> None:
         """Send ``parts`` (bytes or views) back to back, and empty the list: as much as the
-        socket takes now with one ``writev`` (plain TCP, nothing else sending), the rest copied
-        and sent as ``send_all`` does. No part is held across a wait: a part may be a view of a
-        data file's mapping, which a truncate may cut (or retention unmap) meanwhile."""
-        fd = self.raw_fileno
-        sent = 0
-        if fd >= 0 and not self._send_lock.locked():
-            try:
-                sent = os.writev(fd, parts[:WRITEV_PARTS_MAX])
-            except BlockingIOError:
-                sent = 0
-        remainder = []
-        for part in parts:
-            if sent >= len(part):
-                sent -= len(part)
-                continue
-            remainder.append(part[sent:] if sent else part)
-            sent = 0
-        data = b"".join(remainder)  # a copy of what is left (bytes(...) of each view)
-        remainder.clear()
-        parts.clear()
-        if data:
-            await self.send_all(data)
+        socket takes now with one ``writev`` (``write_now``), the rest copied and sent as
+        ``send_all`` does. No part is held across a wait: a part may be a view of a data file's
+        mapping, which a truncate may cut (or retention unmap) meanwhile."""
+        rest = self.write_now(parts)
+        if rest is None:
+            rest = b"".join(parts)  # a copy (bytes of each view)
+            parts.clear()
+        if rest:
+            await self.send_all(rest)
 
     async def send_small(self, data: bytes) -> None:
         """Send a small frame (a slave's report) with one non-blocking write when nothing else
@@ -114,6 +101,32 @@ class Connection:
                 return
             data = data[sent:]
         await self.send_all(data)
+
+    def write_now(self, parts: list) -> bytes | None:
+        """One non-blocking ``writev`` of ``parts`` (at most WRITEV_PARTS_MAX of them) on plain TCP
+        while nothing else is sending; returns a copy of what the socket did not take (b"" when
+        it took everything) and empties ``parts``. None, ``parts`` untouched: it cannot write now
+        (TLS, closed, or a send in progress). OSError (a broken connection) goes to the caller."""
+        fd = self.raw_fileno
+        if fd < 0 or self._send_lock.locked():
+            return None
+        if not parts:
+            return b""
+        try:
+            try:
+                sent = os.writev(fd, parts[:WRITEV_PARTS_MAX])
+            except BlockingIOError:
+                sent = 0
+            remainder = []
+            for part in parts:
+                if sent >= len(part):
+                    sent -= len(part)
+                    continue
+                remainder.append(part[sent:] if sent else part)
+                sent = 0
+            return b"".join(remainder)
+        finally:
+            parts.clear()
 
     @property
     def sending(self) -> bool:

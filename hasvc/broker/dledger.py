@@ -57,7 +57,6 @@ import functools
 import json
 import logging
 import math
-import os
 import random
 import time
 
@@ -322,23 +321,16 @@ class RaftDriver:
         statistics = self._queues[message.target][1].statistics()
         if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.sending:
             return False
-        fd = connection.raw_fileno
-        if fd < 0:
+        if connection.raw_fileno < 0:
             return False
-        parts = self._frame_parts(message, connection)
         try:
-            try:
-                sent = os.writev(fd, parts) if parts else 0
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                return False  # the sender's own write will meet the error and reconnect
-            size = sum(map(len, parts))
-            if sent < size:  # copied now: no view of a data file outlives this call
-                rest = b"".join(parts)[sent:]
-                self._queues[message.target][0].send_nowait(_Rest(connection, rest))  # the buffer is empty: it fits
-        finally:
-            parts.clear()
+            rest = connection.write_now(self._frame_parts(message, connection))
+        except OSError:
+            return False  # the sender's own write will meet the error and reconnect
+        if rest is None:
+            return False
+        if rest:  # a copy: no view of a data file outlives the call
+            self._queues[message.target][0].send_nowait(_Rest(connection, rest))  # the buffer is empty: it fits
         return True
 
     def _check_transfer(self, ready) -> None:

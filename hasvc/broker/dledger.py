@@ -29,9 +29,11 @@ sends it (the stored bytes, a view of the mapping per data file, written with th
 in one ``writev``; what the socket does not take is copied before any wait, so no view of a
 mapping is held while a truncate or retention may change it).
 
-Flushing never blocks the loop: the msync of the entry files runs in a worker thread while the
+Flushing does not block the loop: the msync of the entry files runs in a worker thread while the
 loop goes on appending, every 10 ms (DLedger's FlushDataService) or, with ``--flush sync``, as soon
-as entries were appended. It is a group commit: the index appended when a flush starts is what it
+as entries were appended. The one exception is a small flush with ``--flush sync`` (at most
+SYNC_INLINE_ENTRIES_MAX entries waiting, as with one writer): it runs in the loop at the end of the
+drain that appended them, after that drain's messages left (``_sync_after_append``). It is a group commit: the index appended when a flush starts is what it
 marks flushed (``persisted``), and entries appended meanwhile wait for the next one; with
 ``--flush sync`` the core counts (leader) and acknowledges (follower) an entry only once it is
 marked flushed. Only the data files decide what is flushed: recovery trusts them alone and
@@ -95,6 +97,11 @@ FLUSH_INTERVAL_SECONDS = 0.010
 CHECKPOINT_INTERVAL_SECONDS = 3.0
 CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS = 1.0
 DISPATCH_INLINE_BYTES_MAX = 256 * 1024  # entries a commit dispatches inline; beyond, the dispatcher task
+# With --flush sync, a flush of at most this many unflushed entries runs in the loop rather than in
+# the worker thread: the thread's hand-off (start, wake-up byte, a loop pass) cost more than the
+# msync (~130 us here) and sat on the path of every put at one writer; more entries than this mean
+# puts keep arriving, and the thread lets the loop take them during the msync (group commit).
+SYNC_INLINE_ENTRIES_MAX = 2
 # Inbound Raft connections at once: two per peer is normal (a reconnect overlapping the old one).
 RAFT_CONNECTIONS_MAX = 64
 # TRANSFER_LEADER (``hasvc transfer-leader``) answers at the latest this long after it started:
@@ -287,8 +294,7 @@ class RaftDriver:
         if ready.runs:
             for run in ready.runs:  # a leader's stored bytes, checked by the core's step (check_run)
                 entries.append_run(run)
-        if (ready.entries or ready.runs) and self.group.raft.flush_sync:
-            self._start_sync()
+        appended = bool(ready.entries or ready.runs)
         for reason in ready.refused_runs:
             LOGGER.warning("raft: refused an APPEND (answered INCONSISTENT_STATE, the leader compares again): %s", reason)
         for message in ready.messages:
@@ -308,6 +314,28 @@ class RaftDriver:
             self._check_transfer(ready)
         if self.node.deadline() < self._timer_deadline:
             self._wakeup.set()
+        if appended and self.group.raft.flush_sync:
+            self._sync_after_append()
+
+    def _sync_after_append(self) -> None:
+        """With flush_sync, after a drain appended entries and sent its messages (the pushes
+        leave before this member's own msync, so the followers' flushes overlap it): flush at
+        once, in the loop when at most SYNC_INLINE_ENTRIES_MAX entries wait (then ``persisted``
+        and another drain carry the acknowledgement out), else in the worker thread."""
+        if self._syncing or self._quiet_holds or self._closing:
+            return
+        entries = self.store.entries
+        target = entries.flush_target()
+        if target - entries.flushed_index() > SYNC_INLINE_ENTRIES_MAX:
+            self._start_sync()
+            return
+        try:
+            entries.sync_data_files()
+        except Exception as error:  # noqa: BLE001 -- as a worker thread's failure: the _flush_ticker task raises it
+            self._sync_failure = error
+            self._sync_failed.set()
+            return
+        self._data_synced(target)
 
     def _send_now(self, message) -> bool:
         """Write ``message`` to its peer's connection from here, when its sender task is idle

@@ -1,6 +1,7 @@
 """A DLedger member flushes its entries in a worker thread: a flush that hangs leaves the trio loop
 serving, and with flush_sync a put is answered only once the flush that covers its entry is done
-(a one-member group: its quorum is itself, so PUT_OK means "fsynced here")."""
+(a one-member group: its quorum is itself, so PUT_OK means "fsynced here"). With flush_sync, a
+small flush (at most SYNC_INLINE_ENTRIES_MAX entries waiting) runs in the loop instead."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import trio.testing
 
 from commitlog.dledger.entry_store import DLedgerMmapFileStore
 from hasvc import client as hc
+from hasvc.broker import dledger
 from hasvc.broker.dledger import DLedgerBroker, GroupConfig
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.state.raft.config import RaftConfig
@@ -60,6 +62,7 @@ async def _wait_for(predicate, message: str) -> None:
 
 
 async def test_a_hung_flush_leaves_the_loop_serving_and_a_sync_put_waits_for_its_flush(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(dledger, "SYNC_INLINE_ENTRIES_MAX", -1)  # every flush in the worker thread
     gate = FlushGate(monkeypatch)
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
                           commitlog_segment_size=1024 * 1024)  # fmt: skip
@@ -126,4 +129,40 @@ async def test_a_hung_consume_queue_flush_leaves_the_loop_serving_puts(tmp_path,
             answer = await client.send("T", b"while the consume queues flush")
             assert answer.status == "PUT_OK", answer
             opened.set()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_small_sync_flush_runs_in_the_loop_and_a_bigger_one_in_the_thread(tmp_path, monkeypatch) -> None:
+    """With flush_sync and one put at a time, each flush covers one entry and runs in the event
+    loop's own thread (no hand-off); the put is answered after it. A flush of more than
+    SYNC_INLINE_ENTRIES_MAX entries (here: 0, so any) goes to the worker thread."""
+    threads: list[str] = []
+    real = DLedgerMmapFileStore.sync_data_files
+
+    def recorded(store: DLedgerMmapFileStore) -> None:
+        threads.append(threading.current_thread().name)
+        real(store)
+
+    monkeypatch.setattr(DLedgerMmapFileStore, "sync_data_files", recorded)
+    loop_thread = threading.current_thread().name
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
+                          commitlog_segment_size=1024 * 1024)  # fmt: skip
+    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST))
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(broker.run)
+        async with hc.connect(addresses["listen"]) as client:
+            await _wait_for(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER, "leading")
+            assert (await client.send("T", b"first")).status == "PUT_OK"  # after the no-op's syncs
+            for round_ in range(2):
+                del threads[:]
+                for n in range(5):
+                    answer = await client.send("T", b"one at a time %d" % n)
+                    assert answer.status == "PUT_OK", answer
+                    entries = broker.store.entries
+                    assert entries.flushed_index() == entries.last_index(), (entries.flushed_index(), entries.last_index())
+                if round_ == 0:  # a put that meets the index files' sync (every 10 ms, in the thread) waits for it
+                    assert threads.count(loop_thread) >= 3, threads  # and its flush follows it there
+                    monkeypatch.setattr(dledger, "SYNC_INLINE_ENTRIES_MAX", 0)
+                else:
+                    assert threads and loop_thread not in threads, threads
         nursery.cancel_scope.cancel()

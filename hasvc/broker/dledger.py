@@ -38,8 +38,8 @@ marks flushed (``persisted``), and entries appended meanwhile wait for the next 
 ``--flush sync`` the core counts (leader) and acknowledges (follower) an entry only once it is
 marked flushed. Only the data files decide what is flushed: recovery trusts them alone and
 rebuilds the index units that do not match them, so the index files are synced after the
-``persisted`` step, off the acknowledgement's path, at most every FLUSH_INTERVAL_SECONDS (an index
-unit not yet synced costs a longer recovery scan after a crash, never an entry). One sync runs at
+``persisted`` step, off the acknowledgement's path, at most every INDEX_FLUSH_INTERVAL_SECONDS (an
+index unit not yet synced costs a longer recovery scan after a crash, never an entry). One sync runs at
 a time, in a worker thread started from the loop (``_start_sync``: by an append with
 ``--flush sync``, by the end of the previous sync, and every FLUSH_INTERVAL_SECONDS), its end
 handled by a callback. A truncate (a TRUNCATE push from the leader) and retention cut and delete
@@ -94,6 +94,12 @@ RAFT_WATCH_READ_SIZE = 4096
 # DLedger flushStoreIntervalMs (10 ms) and checkPointInterval (3 s); consume queues every 1 s
 # (RocketMQ flushIntervalConsumeQueue).
 FLUSH_INTERVAL_SECONDS = 0.010
+# The index files are synced at most this often (DLedger syncs them with the data files every
+# 10 ms). Recovery trusts only the data files and rebuilds the index units that do not match them,
+# so an index unit not yet synced costs a longer recovery scan after a power loss (at most this
+# long's writes), never an entry; at 10 ms the index sync's worker thread started behind one put in
+# ten at one writer and the loop then waited on the GIL for the thread (``strace``: ~0.3 ms).
+INDEX_FLUSH_INTERVAL_SECONDS = 1.0
 CHECKPOINT_INTERVAL_SECONDS = 3.0
 CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS = 1.0
 DISPATCH_INLINE_BYTES_MAX = 256 * 1024  # entries a commit dispatches inline; beyond, the dispatcher task
@@ -452,7 +458,7 @@ class RaftDriver:
     def _start_sync(self, *, data: bool = True) -> None:
         """Start a sync of the entry files in a worker thread unless one runs, a task holds the
         files quiet or the driver closes: the data files when entries wait to be flushed (and
-        ``data``), else the index files once FLUSH_INTERVAL_SECONDS after their last sync. The
+        ``data``), else the index files once INDEX_FLUSH_INTERVAL_SECONDS after their last sync. The
         thread's end is handled in the loop by ``_synced`` (through the run_sync_soon task, with
         no task of its own: a flusher task cost three or four task steps a flush), which starts
         the next: with flush_sync the data files' at once (group commit), else only the index
@@ -463,7 +469,7 @@ class RaftDriver:
         entries = self.store.entries
         if data and entries.flushed_index() < entries.last_index():
             job, done = entries.sync_data_files, functools.partial(self._data_synced, entries.flush_target())
-        elif entries.index_unsynced() and trio.current_time() >= self._index_synced_at + FLUSH_INTERVAL_SECONDS:
+        elif entries.index_unsynced() and trio.current_time() >= self._index_synced_at + INDEX_FLUSH_INTERVAL_SECONDS:
             job, done = entries.sync_index_files, self._index_synced
         else:
             return

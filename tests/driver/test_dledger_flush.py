@@ -160,7 +160,7 @@ async def test_a_small_sync_flush_runs_in_the_loop_and_a_bigger_one_in_the_threa
                     assert answer.status == "PUT_OK", answer
                     entries = broker.store.entries
                     assert entries.flushed_index() == entries.last_index(), (entries.flushed_index(), entries.last_index())
-                if round_ == 0:  # a put that meets the index files' sync (every 10 ms, in the thread) waits for it
+                if round_ == 0:  # a put that meets the index files' sync (INDEX_FLUSH_INTERVAL_SECONDS, in the thread) waits for it
                     assert threads.count(loop_thread) >= 3, threads  # and its flush follows it there
                     monkeypatch.setattr(dledger, "SYNC_INLINE_ENTRIES_MAX", 0)
                 else:

@@ -6,6 +6,7 @@ small flush (at most SYNC_INLINE_ENTRIES_MAX entries waiting) runs in the loop i
 from __future__ import annotations
 
 import threading
+import time
 
 import trio
 import trio.testing
@@ -166,3 +167,35 @@ async def test_a_small_sync_flush_runs_in_the_loop_and_a_bigger_one_in_the_threa
                 else:
                     assert threads and loop_thread not in threads, threads
         nursery.cancel_scope.cancel()
+
+
+async def test_the_index_files_are_synced_at_most_once_an_interval(tmp_path, monkeypatch) -> None:
+    """Recovery rebuilds index units from the data files, so the index files are synced off the
+    acknowledgement's path and at most every INDEX_FLUSH_INTERVAL_SECONDS (DLedger: every 10 ms,
+    which put a worker thread's hand-off behind one put in ten at one writer). Here the interval
+    is 0.1 s and puts go on for five of them: the index files are synced, never twice within one."""
+    interval = 0.1
+    monkeypatch.setattr(dledger, "INDEX_FLUSH_INTERVAL_SECONDS", interval)
+    started: list[float] = []
+    real = DLedgerMmapFileStore.sync_index_files
+
+    def recorded(store: DLedgerMmapFileStore) -> None:
+        started.append(time.perf_counter())  # trio's clock runs at the same rate
+        real(store)
+
+    monkeypatch.setattr(DLedgerMmapFileStore, "sync_index_files", recorded)
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
+                          commitlog_segment_size=1024 * 1024)  # fmt: skip
+    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST))
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(broker.run)
+        async with hc.connect(addresses["listen"]) as client:
+            await _wait_for(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER, "leading")
+            until = time.perf_counter() + 5 * interval
+            while time.perf_counter() < until:
+                assert (await client.send("T", b"x" * 100)).status == "PUT_OK"
+        nursery.cancel_scope.cancel()
+    periodic = [moment for moment in started if moment < until]  # closing the store syncs everything too
+    assert len(periodic) >= 2, started
+    gaps = [later - earlier for earlier, later in zip(periodic, periodic[1:])]
+    assert all(gap >= interval for gap in gaps), gaps

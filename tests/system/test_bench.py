@@ -1,10 +1,12 @@
 """The benchmarks run as a user runs them (small sizes; no assertion on speed)."""
 
+import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -89,3 +91,23 @@ def test_cold_catch_up_drops_the_log_from_the_page_cache(tmp_path):
     assert all(resident_pages(path))
     drop_from_page_cache([str(path)])
     assert not any(resident_pages(path))
+
+
+def test_calls_per_put_profiles_the_brokers_of_a_pair(tmp_path):
+    """scripts/calls_per_put.py: each broker process is profiled for the measured window only
+    and its calls are counted per request (the brokers' main threads run hasvc's put path)."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for scripts/hasvc_load.c")
+    report = tmp_path / "calls.json"
+    work_directories = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-calls-*")))
+    done = subprocess.run([sys.executable, "scripts/calls_per_put.py", "--seconds", "0.5", "--top", "40", "--json", str(report)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(report.read_text())
+    assert data["requests"] > 0 and data["messages"] == data["requests"], data
+    assert set(data["processes"]) == {"master", "slave"}, data["processes"].keys()
+    master = {row["function"] for row in data["processes"]["master"]["top"]}
+    assert any("hasvc/" in name or "commitlog/" in name for name in master), master
+    for process in data["processes"].values():
+        assert process["calls_per_request"] > 10, process
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-calls-*"))) == work_directories, "work directory left"

@@ -1,0 +1,173 @@
+"""Python function calls per put, by process, of a local SYNC_MASTER pair or DLedger group.
+
+    .venv/bin/python scripts/calls_per_put.py [--mode classic|dledger] [--nodes 3|5] [--flush async|sync]
+        [--producers 1] [--connections 1] [--batch 1] [--seconds 3] [--top 12] [--json FILE] [--keep DIR]
+
+Starts the brokers from this checkout (``hasvc master``/``slave``, or ``hasvc node`` x nodes with the
+benchmark's etcd-like timing), each under a ``cProfile`` that this script switches on for the
+measured window only (SIGUSR2 on, SIGUSR1 off and dump; hooked in by a ``sitecustomize`` in a
+temporary directory put first on the brokers' PYTHONPATH, so no hasvc code changes), drives
+them with the C load generator (scripts/hasvc_load.c) after one second of warm-up, and prints
+for each process the Python calls made by its main thread per request and per message, with the
+functions called most. Builtins (``len``, ``max``, a method of ``list``) are counted apart: a call
+of one costs tens of nanoseconds, a Python function's call some hundreds. ``--keep DIR`` leaves
+the profiles there (``PID.prof``, for ``python -m pstats``).
+
+Why: on this project's shared 2-core machines a rate or a CPU time swings 2-4x between two runs
+of the same build, but the number of Python calls a put costs does not. At one writer nothing is
+batched and the count repeats to the call; with many writers the per-message functions still
+do, and what varies is per pass (how many puts a read, a proposal or a push carries). Compare two
+builds by it (``PYTHONPATH`` stays as given: run the script from each tree). Wall time under the
+profiler means nothing; the profiled processes run ~2x slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+sys.path.insert(0, ROOT)
+
+from hasvc.tools.bench.sync_write import LocalGroup, LocalPair, build_c_load, run_once  # noqa: E402
+
+SITECUSTOMIZE = '''\
+import os
+if os.environ.get("HASVC_CALLS_PROFILE"):
+    import cProfile, signal
+    _profile = cProfile.Profile()
+
+    def _on(*_):
+        _profile.enable()
+
+    def _off(*_):
+        _profile.disable()
+        path = os.path.join(os.environ["HASVC_CALLS_PROFILE"], "%d.prof" % os.getpid())
+        _profile.dump_stats(path + ".part")
+        os.replace(path + ".part", path)
+
+    signal.signal(signal.SIGUSR2, _on)
+    signal.signal(signal.SIGUSR1, _off)
+'''
+DUMP_WAIT_SECONDS = 30.0  # a profiled broker writes its stats between two loop passes
+WARMUP_SECONDS = 1.0
+
+
+def function_name(key: tuple) -> str:
+    filename, line, name = key
+    if filename == "~":
+        return name  # a builtin: "<built-in method builtins.len>"
+    for prefix in (ROOT + os.sep, sys.prefix + os.sep):
+        if filename.startswith(prefix):
+            filename = filename[len(prefix):]
+    if "site-packages" + os.sep in filename:
+        filename = filename.split("site-packages" + os.sep, 1)[1]
+    return f"{filename}:{line}({name})"
+
+
+def summarize(path: str, requests: int, messages: int, top: int) -> dict:
+    import pstats
+
+    stats = pstats.Stats(path).stats  # {key: (primitive calls, calls, own time, cumulative, callers)}
+    python = {key: value for key, value in stats.items() if key[0] != "~"}
+    calls = sum(value[1] for value in python.values())
+    builtin_calls = sum(value[1] for key, value in stats.items() if key[0] == "~")
+    ranked = sorted(python.items(), key=lambda item: -item[1][1])[:top]
+    return {
+        "calls": calls,
+        "calls_per_request": calls / requests,
+        "calls_per_message": calls / messages,
+        "builtin_calls_per_request": builtin_calls / requests,
+        "top": [{"function": function_name(key), "per_request": value[1] / requests} for key, value in ranked],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("classic", "dledger"), default="classic")
+    parser.add_argument("--nodes", type=int, choices=(3, 5), default=3)
+    parser.add_argument("--flush", choices=("async", "sync"), default="async",
+                        help="classic: the master's flush; dledger: sync = a quorum fsyncs an entry before it counts")
+    parser.add_argument("--producers", type=int, default=1)
+    parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--keep", default=None, help="leave the profiles (PID.prof) in this directory")
+    args = parser.parse_args()
+
+    load = build_c_load()
+    if load is None:
+        print("a C compiler (cc) is needed to build scripts/hasvc_load.c", file=sys.stderr)
+        return 2
+    work = tempfile.mkdtemp(prefix="hasvc-calls-")
+    with open(os.path.join(work, "sitecustomize.py"), "w") as file:
+        file.write(SITECUSTOMIZE)
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "HASVC_CALLS_PROFILE")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [work, ROOT, saved["PYTHONPATH"]]))
+    os.environ["HASVC_CALLS_PROFILE"] = work
+    try:
+        if args.mode == "classic":
+            cluster = LocalPair(role="sync", flush=args.flush)
+            cluster.wait_connected()
+        else:
+            cluster = LocalGroup(nodes=args.nodes, flush=args.flush)
+    finally:  # only the brokers run profiled
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    try:
+        address, pids = cluster.master["listen"], cluster.pids
+        shape = dict(producers=args.producers, connections=args.connections, size=1024, batch=args.batch, load_binary=load)
+        run_once(address, pids, duration=WARMUP_SECONDS, **shape)
+        for pid in pids.values():
+            os.kill(pid, signal.SIGUSR2)
+        result = run_once(address, pids, duration=args.seconds, **shape)
+        for pid in pids.values():
+            os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + DUMP_WAIT_SECONDS
+        paths = {name: os.path.join(work, f"{pid}.prof") for name, pid in pids.items()}
+        while not all(os.path.exists(path) for path in paths.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no profile from {[name for name, path in paths.items() if not os.path.exists(path)]}")
+            time.sleep(0.05)
+        report = {
+            "settings": vars(args),
+            "requests": result.requests,
+            "messages": result.acked,
+            "processes": {name: summarize(path, result.requests, max(result.acked, 1), args.top) for name, path in paths.items()},
+        }
+    finally:
+        cluster.close()
+        if args.keep:
+            os.makedirs(args.keep, exist_ok=True)
+            for name in os.listdir(work):
+                if name.endswith(".prof"):
+                    os.replace(os.path.join(work, name), os.path.join(args.keep, name))
+        shutil.rmtree(work, ignore_errors=True)
+    if result.requests == 0 or result.acked < result.requests * args.batch:
+        print(f"warning: {result.requests} requests, {result.acked} messages acknowledged ({result.statuses})", file=sys.stderr)
+    print(f"{args.mode}, {args.producers} producer(s) over {args.connections} connection(s), batch {args.batch}, "
+          f"flush {args.flush}: {result.requests:,} requests, {result.acked:,} messages in {args.seconds:g} s under cProfile")
+    for name, process in report["processes"].items():
+        print(f"  {name:12s} {process['calls_per_request']:8.1f} Python calls a request, {process['calls_per_message']:7.1f} a message "
+              f"(and {process['builtin_calls_per_request']:.1f} calls of builtins a request)")
+        for row in process["top"]:
+            print(f"      {row['per_request']:7.2f}  {row['function']}")
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(report, file, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

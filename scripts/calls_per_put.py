@@ -9,7 +9,11 @@ measured window only (SIGUSR2 on, SIGUSR1 off and dump; hooked in by a ``sitecus
 temporary directory put first on the brokers' PYTHONPATH, so no hasvc code changes), drives
 them with the C load generator (scripts/hasvc_load.c) after one second of warm-up, and prints
 for each process the Python calls made by its main thread per request and per message, with the
-functions called most. Builtins (``len``, ``max``, a method of ``list``) are counted apart: a call
+functions called most. An idle window of the same length is profiled first and its calls (timers,
+heartbeats, flush tickers) are subtracted, function by function, so the figure does not depend on
+how many puts a second a busy machine let through -- mostly: the loaded window's own background
+differs (a flush ticker that finds work, timers that fire more often per put when puts are slow),
+so at one writer compare builds at similar rates; with many writers the per-put part dominates. Builtins (``len``, ``max``, a method of ``list``) are counted apart: a call
 of one costs tens of nanoseconds, a Python function's call some hundreds. ``--keep DIR`` leaves
 the profiles there (``PID.prof``, for ``python -m pstats``).
 
@@ -71,21 +75,47 @@ def function_name(key: tuple) -> str:
     return f"{filename}:{line}({name})"
 
 
-def summarize(path: str, requests: int, messages: int, top: int) -> dict:
+def call_counts(path: str) -> dict[tuple, int]:
     import pstats
 
-    stats = pstats.Stats(path).stats  # {key: (primitive calls, calls, own time, cumulative, callers)}
-    python = {key: value for key, value in stats.items() if key[0] != "~"}
-    calls = sum(value[1] for value in python.values())
-    builtin_calls = sum(value[1] for key, value in stats.items() if key[0] == "~")
-    ranked = sorted(python.items(), key=lambda item: -item[1][1])[:top]
+    return {key: value[1] for key, value in pstats.Stats(path).stats.items()}  # value[1]: calls
+
+
+def summarize(idle: dict[tuple, int], both: dict[tuple, int], requests: int, messages: int, top: int) -> dict:
+    """Calls of the loaded window: the second dump (idle and loaded windows) less the first."""
+    loaded = {key: count - idle.get(key, 0) for key, count in both.items()}
+    python = {key: count for key, count in loaded.items() if key[0] != "~"}
+    calls = sum(python.values())
+    builtin_calls = sum(count for key, count in loaded.items() if key[0] == "~")
+    idle_calls = sum(count for key, count in idle.items() if key[0] != "~")
+    ranked = sorted(python.items(), key=lambda item: -item[1])[:top]
     return {
         "calls": calls,
         "calls_per_request": calls / requests,
         "calls_per_message": calls / messages,
         "builtin_calls_per_request": builtin_calls / requests,
-        "top": [{"function": function_name(key), "per_request": value[1] / requests} for key, value in ranked],
+        "idle_calls": idle_calls,
+        "top": [{"function": function_name(key), "per_request": count / requests} for key, count in ranked],
     }
+
+
+def profile_window(pids: dict[str, int], paths: dict[str, str], window) -> dict:
+    """Profile every process while ``window()`` runs; each one's call counts since its profile
+    began (cProfile keeps counting across windows), and ``window()``'s result as "result"."""
+    for path in paths.values():
+        if os.path.exists(path):
+            os.remove(path)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGUSR2)
+    result = window()
+    for pid in pids.values():
+        os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + DUMP_WAIT_SECONDS
+    while not all(os.path.exists(path) for path in paths.values()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no profile from {[name for name, path in paths.items() if not os.path.exists(path)]}")
+        time.sleep(0.05)
+    return {**{name: call_counts(path) for name, path in paths.items()}, "result": result}
 
 
 def main() -> int:
@@ -129,22 +159,16 @@ def main() -> int:
         address, pids = cluster.master["listen"], cluster.pids
         shape = dict(producers=args.producers, connections=args.connections, size=1024, batch=args.batch, load_binary=load)
         run_once(address, pids, duration=WARMUP_SECONDS, **shape)
-        for pid in pids.values():
-            os.kill(pid, signal.SIGUSR2)
-        result = run_once(address, pids, duration=args.seconds, **shape)
-        for pid in pids.values():
-            os.kill(pid, signal.SIGUSR1)
-        deadline = time.monotonic() + DUMP_WAIT_SECONDS
         paths = {name: os.path.join(work, f"{pid}.prof") for name, pid in pids.items()}
-        while not all(os.path.exists(path) for path in paths.values()):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no profile from {[name for name, path in paths.items() if not os.path.exists(path)]}")
-            time.sleep(0.05)
+        idle = profile_window(pids, paths, lambda: time.sleep(args.seconds))  # timers, heartbeats
+        both = profile_window(pids, paths, lambda: run_once(address, pids, duration=args.seconds, **shape))
+        result = both.pop("result")
         report = {
             "settings": vars(args),
             "requests": result.requests,
             "messages": result.acked,
-            "processes": {name: summarize(path, result.requests, max(result.acked, 1), args.top) for name, path in paths.items()},
+            "processes": {name: summarize(idle[name], both[name], result.requests, max(result.acked, 1), args.top)
+                          for name in paths},  # fmt: skip
         }
     finally:
         cluster.close()

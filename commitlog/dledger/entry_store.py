@@ -231,11 +231,6 @@ class DLedgerMmapFileStore:
         return self.data_start_offset
 
     def term_at(self, index: int) -> int:
-        if index == self._last_index and index >= self._first_index:
-            # The core asks for the last entry's term several times a put (its log's last term,
-            # the commit rule, a push's last term): answered from memory, which ``_check``
-            # compares with the index unit after every change.
-            return self._last_term
         return self._unit(index)[4]
 
     def read(self, lo: int, hi: int, *, size_max: int) -> list[Any]:
@@ -1092,7 +1087,6 @@ class DLedgerMmapFileStore:
             assert self._last_term == self._term_before_first, (self._first_index, self._last_term, self._term_before_first)
         else:
             assert self._last_term >= 0, (self._first_index, self._last_index, self._last_term)
-            assert self._unit(self._last_index)[4] == self._last_term, ("last term", self._last_index, self._last_term)
         if not empty:
             end = (self._last_index + 1) * codec.INDEX_UNIT_SIZE
             assert self.index_file_list.max_wrote_offset == end, (self.index_file_list.max_wrote_offset, end)

@@ -11,6 +11,11 @@ In the same run, the machine's ceilings: one process sends to another over loopb
 1 MiB ``send`` calls from memory and as ``os.sendfile`` from the master's own segment files (hot
 in the page cache), the receiver doing ``recv_into`` a 1 MiB buffer and nothing else. Catch-up is
 reported as MB/s and as a fraction of the ``send`` ceiling (the issue's target: at least 50 %).
+
+Every measurement, ceilings and catch-up alike, starts with ``os.sync()``: the store built for the
+bench (and anything written before it) is otherwise still being written back while the first
+runs measure, and the into-files ceiling swung 1.9-4.0 GB/s within one run (stop 27), deciding
+the ratio by its draw.
 """
 
 from __future__ import annotations
@@ -207,17 +212,21 @@ def bench_catch_up(*, size_gib: float, runs: int, directory: str | None, keep: b
         )  # fmt: skip
         runs_data = []
         for run in range(runs):
+            os.sync()  # each measurement starts with no writeback of the one before under way
             send, send_cpu = loopback_ceiling(target)
             files_dir = os.path.join(directory, "ceiling")
             os.makedirs(files_dir, exist_ok=True)
+            os.sync()
             into_files, files_cpu = loopback_ceiling(target, files_dir=files_dir)
             os.rmdir(files_dir)
             # Last before the catch-up: its sendfile reads the whole log, so a warm catch-up
             # finds it cached (with the into-files ceiling between them, part of the log had
             # left the cache in some runs and the master read it from the disk).
+            os.sync()
             sendfile, sendfile_cpu = loopback_ceiling(target, files=segments)
             if cold:
                 drop_from_page_cache(segments)
+            os.sync()
             result = catch_up_once(directory, addresses, master.pid, target, run)
             result.update(send_ceiling_bytes_per_s=send, sendfile_ceiling_bytes_per_s=sendfile,
                           send_ceiling_receiver_cpu=send_cpu, sendfile_ceiling_receiver_cpu=sendfile_cpu,

@@ -404,10 +404,22 @@ def encode_send_response_rest(queue_id: int, offsets, queue_offsets) -> bytes:
         raise ValueError("offsets and queue offsets differ in length")
     if count == 1:
         return SEND_RESPONSE_ONE.pack(queue_id, 1, offsets[0], queue_offsets[0])
+    return SEND_RESPONSE_HEAD.pack(queue_id, count) + pack_offset_pairs(offsets, queue_offsets)
+
+
+def pack_offset_pairs_python(offsets, queue_offsets) -> bytes:
+    """The n (offset, queue offset) pairs of a SEND response, each ``>qq``. The native twin
+    (commitlog/_scan.c ``pack_offset_pairs``) writes them in one C loop (~120 ns a message here)."""
+    count = len(offsets)
+    if len(queue_offsets) != count:
+        raise ValueError("offsets and queue offsets differ in length")
     pairs = [0] * (2 * count)
     pairs[0::2] = offsets
     pairs[1::2] = queue_offsets
-    return SEND_RESPONSE_HEAD.pack(queue_id, count) + struct.pack(f">{2 * count}q", *pairs)
+    return struct.pack(f">{2 * count}q", *pairs)
+
+
+pack_offset_pairs = native.pack_offset_pairs or pack_offset_pairs_python
 
 
 def decode_send_response(payload: bytes) -> SendResponse:

@@ -342,3 +342,26 @@ def test_native_and_python_split_messages_agree_including_on_damage(messages, pr
     if messages:
         properties, bodies, end = cp._split_messages_native(payload, prefix, len(messages))
         assert properties == [p for p, _ in messages] and bodies == [b for _, b in messages] and end == prefix + len(body)
+
+
+@pytest.mark.skipif(native.pack_offset_pairs is None, reason="native module not built")
+@given(st.lists(st.tuples(st.integers(-(1 << 63), (1 << 63) - 1), st.integers(-(1 << 63), (1 << 63) - 1)), max_size=40),
+       st.integers(0, 2))  # fmt: skip
+def test_native_and_python_offset_pairs_agree_byte_for_byte(pairs, extra):
+    """The C packer of a SEND response's offset pairs and its Python twin: the same bytes, and the
+    same refusal when the two lists differ in length."""
+    offsets = tuple(offset for offset, _ in pairs)
+    queue_offsets = [queue_offset for _, queue_offset in pairs] + [0] * extra
+
+    def outcome(function):
+        try:
+            return function(offsets, queue_offsets)
+        except ValueError as error:
+            return str(error)
+
+    assert outcome(native.pack_offset_pairs) == outcome(cp.pack_offset_pairs_python)
+    if not extra:
+        response = cp.encode_send_response_fields("PUT_OK", "", 3, list(offsets), queue_offsets)
+        if len(pairs) != 1:
+            decoded = cp.decode_send_response(response) if len(pairs) <= cp.SEND_MESSAGES_MAX else None
+            assert decoded is None or (decoded.offsets, decoded.queue_offsets) == (list(offsets), queue_offsets)

@@ -245,6 +245,8 @@ class HAService:
             header, sent_to = connection.send_file_now(ha.encode_transfer_header(frame.offset, size), fd, position, size)
             if header or sent_to < position + size:  # the socket is full: the rest waits for room
                 await connection.send_file(header, fd, sent_to, position + size - sent_to)
+            elif not unflushed:  # a catch-up's frames: let the clients' tasks in between them
+                await trio.lowlevel.checkpoint()
         else:  # TLS: from the mapping, through the TLS layer
             data = store.read(frame.offset, size)
             try:

@@ -632,6 +632,108 @@ done:
     return result;
 }
 
+/* record_sizes(bodies, properties, fixed) -> (sizes, total, body_total, properties_size_max): a
+ * batch's record sizes (fixed + len(body) + len(properties), properties one bytes for all or one per
+ * body), their total, the bodies' total and the largest properties size, in one loop (commitlog/record.py
+ * ``record_sizes_python`` is its twin; three ``map`` loops over the batch cost ~100 ns a message). */
+static PyObject *record_sizes(PyObject *self, PyObject *args) {
+    PyObject *bodies, *properties, *body_seq = NULL, *prop_seq = NULL, *sizes = NULL, *result = NULL;
+    Py_ssize_t fixed;
+    if (!PyArg_ParseTuple(args, "OOn", &bodies, &properties, &fixed)) return NULL;
+    int shared = PyBytes_Check(properties);
+    body_seq = PySequence_Fast(bodies, "bodies must be a sequence");
+    if (!body_seq) goto done;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(body_seq), shared_size = 0, properties_max = 0, body_total = 0, total = 0;
+    if (shared) {
+        properties_max = shared_size = PyBytes_GET_SIZE(properties);
+    } else {
+        prop_seq = PySequence_Fast(properties, "properties must be bytes or a sequence");
+        if (!prop_seq) goto done;
+        if (PySequence_Fast_GET_SIZE(prop_seq) != count) { PyErr_SetString(PyExc_ValueError, "one properties entry per body"); goto done; }
+    }
+    sizes = PyList_New(count);
+    if (!sizes) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t body_size = PyObject_Length(PySequence_Fast_GET_ITEM(body_seq, i));
+        if (body_size < 0) goto done;
+        Py_ssize_t property_size = shared_size;
+        if (!shared) {
+            property_size = PyObject_Length(PySequence_Fast_GET_ITEM(prop_seq, i));
+            if (property_size < 0) goto done;
+            if (property_size > properties_max) properties_max = property_size;
+        }
+        body_total += body_size;
+        total += fixed + body_size + property_size;
+        PyObject *size = PyLong_FromSsize_t(fixed + body_size + property_size);
+        if (!size) goto done;
+        PyList_SET_ITEM(sizes, i, size);
+    }
+    result = Py_BuildValue("(Onnn)", sizes, total, body_total, properties_max);
+done:
+    Py_XDECREF(sizes);
+    Py_XDECREF(body_seq);
+    Py_XDECREF(prop_seq);
+    return result;
+}
+
+/* record_offsets(sizes, start) -> tuple: where each record of a batch starts, the first at
+ * ``start`` (``tuple(itertools.accumulate(sizes[:-1], initial=start))``, its twin in
+ * commitlog/commit_log.py, with no list between). */
+static PyObject *record_offsets(PyObject *self, PyObject *args) {
+    PyObject *sizes, *seq, *result = NULL;
+    long long start;
+    if (!PyArg_ParseTuple(args, "OL", &sizes, &start)) return NULL;
+    seq = PySequence_Fast(sizes, "sizes must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    result = PyTuple_New(count);
+    if (!result) goto done;
+    long long offset = start;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyLong_FromLongLong(offset);
+        if (!item) { Py_CLEAR(result); goto done; }
+        PyTuple_SET_ITEM(result, i, item);
+        long long size = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (size == -1 && PyErr_Occurred()) { Py_CLEAR(result); goto done; }
+        offset += size;
+    }
+done:
+    Py_DECREF(seq);
+    return result;
+}
+
+/* pack_offset_pairs(offsets, queue_offsets) -> bytes: the n (offset, queue offset) pairs of a SEND
+ * response, each as two big-endian int64 (hasvc/protocol/client.py ``pack_offset_pairs_python``,
+ * its twin: interleaving two lists and ``struct.pack`` of 2n arguments was ~120 ns a message). */
+static PyObject *pack_offset_pairs(PyObject *self, PyObject *args) {
+    PyObject *offsets, *queue_offsets, *first = NULL, *second = NULL, *result = NULL;
+    if (!PyArg_ParseTuple(args, "OO", &offsets, &queue_offsets)) return NULL;
+    first = PySequence_Fast(offsets, "offsets must be a sequence");
+    if (!first) goto done;
+    second = PySequence_Fast(queue_offsets, "queue offsets must be a sequence");
+    if (!second) goto done;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(first);
+    if (PySequence_Fast_GET_SIZE(second) != count) {
+        PyErr_SetString(PyExc_ValueError, "offsets and queue offsets differ in length");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, 16 * count);
+    if (!result) goto done;
+    uint8_t *p = (uint8_t *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long offset = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(first, i));
+        if (offset == -1 && PyErr_Occurred()) { Py_CLEAR(result); goto done; }
+        long long queue_offset = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(second, i));
+        if (queue_offset == -1 && PyErr_Occurred()) { Py_CLEAR(result); goto done; }
+        put64(p + 16 * i, (uint64_t)offset);
+        put64(p + 16 * i + 8, (uint64_t)queue_offset);
+    }
+done:
+    Py_XDECREF(first);
+    Py_XDECREF(second);
+    return result;
+}
+
 /* CRC32 (zlib's, java.util.zip.CRC32: reflected 0xEDB88320), slicing by 8: a DLedger entry's bodyCrc. */
 static uint32_t crc32_tables[8][256];
 
@@ -823,6 +925,9 @@ static PyMethodDef methods[] = {
     {"walk_starts", walk_starts, METH_VARARGS, "walk_starts(buffer, start, stop, segment_end, out) -> (count, position, code)"},
     {"crc_ranges", crc_ranges, METH_VARARGS, "crc_ranges(buffer, starts, lengths, out): masked crc32c per range"},
     {"split_messages", split_messages, METH_VARARGS, "split_messages(payload, position, count) -> (properties, bodies, end)"},
+    {"record_sizes", record_sizes, METH_VARARGS, "record_sizes(bodies, properties, fixed) -> (sizes, total, body_total, properties_size_max)"},
+    {"record_offsets", record_offsets, METH_VARARGS, "record_offsets(sizes, start) -> tuple of record starts"},
+    {"pack_offset_pairs", pack_offset_pairs, METH_VARARGS, "pack_offset_pairs(offsets, queue_offsets) -> bytes: >qq pairs"},
     {"check_entries", check_entries, METH_VARARGS,
      "check_entries(run, count, first_index, prev_term, last_term, first_pos, pos_limit) -> (code, number)"},
     {"write_entries", write_entries, METH_VARARGS,
@@ -835,7 +940,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 2
+#define NATIVE_VERSION 3
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from commitlog import native
 from commitlog import record as rec
 from commitlog.mapped_file import DiskFullError, MappedFile, StoreError, nonzero_extent
 from commitlog.mapped_file_queue import MappedFileQueue, WriteBufferSource
@@ -84,6 +85,15 @@ class RecoveryReport:
         if self.deleted_segments:
             text += f"; deleted segments {', '.join(os.path.basename(p) for p in self.deleted_segments)}"
         return text
+
+
+def record_offsets_python(sizes, start: int) -> tuple[int, ...]:
+    """Where each record of a batch of ``sizes`` starts, the first at ``start``. The native twin
+    (commitlog/_scan.c ``record_offsets``) builds the tuple with no list between."""
+    return tuple(itertools.accumulate(sizes[:-1], initial=start)) if sizes else ()
+
+
+record_offsets = native.record_offsets or record_offsets_python
 
 
 def _transactional(sysflag: int) -> bool:
@@ -171,7 +181,7 @@ class CommitLog:
         batch = prepared.batch
         assert bool(prepared.sysflag & rec.SYSFLAG_STOREHOST_V6) == self.store_v6
 
-        def write(buffer, position: int, base: int, store_timestamp: int) -> tuple[list[int], list[int]]:
+        def write(buffer, position: int, base: int, store_timestamp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
             first = self._next_queue_offset(batch.topic, batch.queue_id, prepared.sysflag, prepared.count)
             written = rec.write_batch(
                 buffer, position, prepared, queue_offset_first=first, physical_base=base,
@@ -179,9 +189,9 @@ class CommitLog:
                 crc_function=crc_function,
             )  # fmt: skip
             assert written == prepared.total, (written, prepared.total)
-            offsets = list(itertools.accumulate(prepared.sizes[:-1], initial=base + position))
+            offsets = record_offsets(prepared.sizes, base + position)
             transactional = _transactional(prepared.sysflag)
-            queue_offsets = [0] * prepared.count if transactional else list(range(first, first + prepared.count))
+            queue_offsets = (0,) * prepared.count if transactional else tuple(range(first, first + prepared.count))
             return offsets, queue_offsets
 
         return self._append_locked(prepared.total, write)
@@ -218,7 +228,7 @@ class CommitLog:
             wrote_offset=base + start,
             wrote_bytes=total,
             store_timestamp=store_timestamp,
-            offsets=tuple(offsets),
+            offsets=tuple(offsets),  # no copy when already a tuple
             queue_offsets=tuple(queue_offsets),
         )
 

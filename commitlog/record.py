@@ -440,32 +440,47 @@ def prepare_batch(batch: MessageBatch, *, body_size_max: int = BODY_SIZE_MAX_DEF
     if not batch.bodies:
         raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL, "empty batch")
     topic, born_ip, born_port, sysflag, v2 = _batch_shape(batch.topic, batch.queue_id, batch.born_host, batch.sysflag)
-    body_sizes = list(map(len, batch.bodies))  # per-message loops in C: batches are the hot path
-    body_total = sum(body_sizes)
+    if type(batch.properties) is bytes or isinstance(batch.properties, Mapping | bytes):
+        properties: bytes | list[bytes] = _encoded(batch.properties)
+    else:
+        if len(batch.properties) != len(batch.bodies):
+            _check_body_total(sum(map(len, batch.bodies)), body_size_max)  # reported first, as it always was
+            raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL, "one properties entry per body, or one for all")
+        properties = [_encoded(entry) for entry in batch.properties]
+    sysflag |= SYSFLAG_STOREHOST_V6 if store_v6 else 0
+    fixed = calc_record_size(body_size=0, topic_size=len(topic), properties_size=0, sysflag=sysflag, v2=v2)
+    # Per-message work in one C loop: batches are the hot path.
+    sizes, total, body_total, properties_size_max = record_sizes(batch.bodies, properties, fixed)
+    _check_body_total(body_total, body_size_max)
+    if properties_size_max > PROPERTIES_SIZE_MAX:
+        raise MessageRejected(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, f"properties over {PROPERTIES_SIZE_MAX} bytes")
+    return PreparedBatch(batch, topic, properties, sysflag, born_ip, born_port, sizes, total)
+
+
+def _check_body_total(body_total: int, body_size_max: int) -> None:
     if body_total > body_size_max:
         raise MessageRejected(
             PutMessageStatus.MESSAGE_ILLEGAL,
             f"batch bodies total {body_total} bytes, more than max_message_size {body_size_max}",
         )
-    if type(batch.properties) is bytes or isinstance(batch.properties, Mapping | bytes):
-        properties: bytes | list[bytes] = _encoded(batch.properties)
-        property_sizes = None  # one size for all
-        too_large = len(properties) > PROPERTIES_SIZE_MAX
-    else:
-        if len(batch.properties) != len(body_sizes):
-            raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL, "one properties entry per body, or one for all")
-        properties = [_encoded(entry) for entry in batch.properties]
-        property_sizes = list(map(len, properties))
-        too_large = max(property_sizes) > PROPERTIES_SIZE_MAX
-    if too_large:
-        raise MessageRejected(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, f"properties over {PROPERTIES_SIZE_MAX} bytes")
-    sysflag |= SYSFLAG_STOREHOST_V6 if store_v6 else 0
-    fixed = calc_record_size(body_size=0, topic_size=len(topic), properties_size=0, sysflag=sysflag, v2=v2)
-    if property_sizes is None:
+
+
+def record_sizes_python(bodies, properties: bytes | list[bytes], fixed: int) -> tuple[list[int], int, int, int]:
+    """(record sizes, their total, the bodies' total, the largest properties size) of a batch whose records
+    have ``fixed`` bytes besides body and properties; ``properties`` one bytes for all or one per
+    body. The native twin (commitlog/_scan.c ``record_sizes``) does the same in one C loop."""
+    body_sizes = list(map(len, bodies))
+    if type(properties) is bytes:
         sizes = list(map((fixed + len(properties)).__add__, body_sizes))
-    else:
-        sizes = list(map(operator.add, map(fixed.__add__, body_sizes), property_sizes))
-    return PreparedBatch(batch, topic, properties, sysflag, born_ip, born_port, sizes, sum(sizes))
+        return sizes, sum(sizes), sum(body_sizes), len(properties)
+    if len(properties) != len(body_sizes):
+        raise ValueError("one properties entry per body")
+    property_sizes = list(map(len, properties))
+    sizes = list(map(operator.add, map(fixed.__add__, body_sizes), property_sizes))
+    return sizes, sum(sizes), sum(body_sizes), max(property_sizes, default=0)
+
+
+record_sizes = _native.record_sizes or record_sizes_python
 
 
 def _encoded(properties: Mapping[str, str] | bytes) -> bytes:

@@ -146,6 +146,36 @@ class Connection:
         """Plain TCP: ``send_file`` can hand file bytes to the kernel (``os.sendfile``)."""
         return self._socket is not None
 
+    def send_file_now(self, header: bytes, fd: int, position: int, size: int) -> tuple[bytes, int]:
+        """``send_file`` as far as the socket takes it without waiting, while nothing else is
+        sending (plain TCP only): one ``write`` of ``header``, then ``os.sendfile`` until done or
+        the socket is full. Returns what is left to send with ``send_file``: the unsent end of the
+        header (b"" once it went whole) and the file position to go on from (``position + size``
+        when everything went). Nothing is sent, (header, position), while a send is in progress
+        or the connection is closed. OSError (a broken connection) goes to the caller. The
+        writer task's frames went through ``send_file``: its lock, trio's ``send_all`` for the
+        header and a checkpoint, ~2x the Python of the send itself a frame."""
+        sock = self._socket
+        if sock is None or self._send_lock.locked() or sock.fileno() < 0:
+            return header, position
+        out = sock.fileno()
+        try:
+            sent = os.write(out, header)
+        except BlockingIOError:
+            return header, position
+        if sent < len(header):
+            return header[sent:], position
+        end = position + size
+        while position < end:
+            try:
+                sent = os.sendfile(out, fd, position, end - position)
+            except BlockingIOError:
+                break
+            if sent == 0:
+                raise EOFError(f"sendfile to {self.peer}: the file ended at {position}, expected {end}")
+            position += sent
+        return b"", position
+
     async def send_file(self, header: bytes, fd: int, position: int, size: int) -> None:
         """Send ``header``, then ``size`` bytes of the file ``fd`` from ``position`` with
         ``os.sendfile``: the bytes go from the page cache to the socket without passing through
@@ -154,7 +184,8 @@ class Connection:
         assert sock is not None
         end = position + size
         async with self._send_lock:
-            await self.stream.send_all(header)
+            if header:
+                await self.stream.send_all(header)
             while position < end:
                 try:
                     sent = os.sendfile(sock.fileno(), fd, position, end - position)

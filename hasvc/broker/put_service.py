@@ -30,6 +30,7 @@ import math
 import re
 import time
 from collections.abc import Callable
+from itertools import chain
 
 import trio
 
@@ -309,9 +310,9 @@ class PutService:
         if len(requests) == 1:
             return [self.append(requests[0])]
         first = requests[0]
-        merged = cp.SendRequest(
-            first.topic, first.queue_id, [b for r in requests for b in r.bodies], [p for r in requests for p in r.properties],
-            first.flag, first.born_timestamp,
+        merged = cp.SendRequest(  # lists joined by C loops, not a Python step per message
+            first.topic, first.queue_id, list(chain.from_iterable([r.bodies for r in requests])),
+            list(chain.from_iterable([r.properties for r in requests])), first.flag, first.born_timestamp,
         )  # fmt: skip
         appended = self.append(merged)
         if appended.result is None:

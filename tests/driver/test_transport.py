@@ -82,6 +82,34 @@ async def test_send_file_sends_the_header_then_the_range_of_the_file(tmp_path):
     assert received == [b"H" * 12 + payload[1000:]]
 
 
+async def test_send_file_now_sends_what_the_socket_takes_and_send_file_finishes_the_frame(tmp_path):
+    """The writer task's non-blocking pass (header, then ``sendfile`` until the socket is full)
+    and the async ``send_file`` for the rest make one frame, byte for byte; nothing is written
+    while another send is in progress."""
+    payload = os.urandom(SIZE)  # more than the socket buffers: the pass stops part way
+    path = tmp_path / "segment"
+    path.write_bytes(payload)
+    sender, receiver = await _connected_pair()
+    received = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        async with sender._send_lock:  # a send in progress: nothing written, nothing taken
+            assert sender.send_file_now(b"H" * 12, fd, 1000, SIZE - 1000) == (b"H" * 12, 1000)
+        header, sent_to = sender.send_file_now(b"H" * 12, fd, 1000, SIZE - 1000)
+        assert header == b"" and 1000 < sent_to < SIZE
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_receive_all, receiver, 12 + SIZE - 1000, received)
+            await sender.send_file(header, fd, sent_to, SIZE - sent_to)
+        small_header, small_end = sender.send_file_now(b"h" * 12, fd, 0, 100)  # room now: all of it
+        assert (small_header, small_end) == (b"", 100)
+        assert await receiver.receive_exactly(112) == b"h" * 12 + payload[:100]
+    finally:
+        os.close(fd)
+        await sender.aclose()
+        await receiver.aclose()
+    assert received == [b"H" * 12 + payload[1000:]]
+
+
 async def test_send_file_past_the_end_of_the_file_is_an_error_not_a_short_frame(tmp_path):
     path = tmp_path / "segment"
     path.write_bytes(b"x" * 100)

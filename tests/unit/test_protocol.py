@@ -342,3 +342,73 @@ def test_native_and_python_split_messages_agree_including_on_damage(messages, pr
     if messages:
         properties, bodies, end = cp._split_messages_native(payload, prefix, len(messages))
         assert properties == [p for p, _ in messages] and bodies == [b for _, b in messages] and end == prefix + len(body)
+
+
+@pytest.mark.skipif(native.pack_offset_pairs is None, reason="native module not built")
+@given(st.lists(st.tuples(st.integers(-(1 << 63), (1 << 63) - 1), st.integers(-(1 << 63), (1 << 63) - 1)), max_size=40),
+       st.integers(0, 2))  # fmt: skip
+def test_native_and_python_offset_pairs_agree_byte_for_byte(pairs, extra):
+    """The C packer of a SEND response's offset pairs and its Python twin: the same bytes, and the
+    same refusal when the two lists differ in length."""
+    offsets = tuple(offset for offset, _ in pairs)
+    queue_offsets = [queue_offset for _, queue_offset in pairs] + [0] * extra
+
+    def outcome(function):
+        try:
+            return function(offsets, queue_offsets)
+        except ValueError as error:
+            return str(error)
+
+    assert outcome(native.pack_offset_pairs) == outcome(cp.pack_offset_pairs_python)
+    if not extra:
+        response = cp.encode_send_response_fields("PUT_OK", "", 3, list(offsets), queue_offsets)
+        if len(pairs) != 1:
+            decoded = cp.decode_send_response(response) if len(pairs) <= cp.SEND_MESSAGES_MAX else None
+            assert decoded is None or (decoded.offsets, decoded.queue_offsets) == (list(offsets), queue_offsets)
+
+
+def _decode_send_with_reader(payload, idempotent):
+    """decode_send as it read the topic and head before they were read in place (a Reader)."""
+    reader = cp.Reader(payload)
+    producer_id, first_sequence = "", -1
+    if idempotent:
+        producer_id = reader.text()
+        (first_sequence,) = reader.unpack(">q")
+        if not producer_id or len(producer_id.encode()) > cp.PRODUCER_ID_SIZE_MAX or "\x01" in producer_id or "\x02" in producer_id:
+            raise wire.ProtocolError(f"producer id must be 1..{cp.PRODUCER_ID_SIZE_MAX} bytes without \\x01 or \\x02")
+        if first_sequence < 0:
+            raise wire.ProtocolError(f"first sequence {first_sequence} is negative")
+    topic = reader.text()
+    queue_id, flag, born_timestamp, count = reader.unpack_struct(cp.SEND_HEAD)
+    if count == 0 or count > cp.SEND_MESSAGES_MAX:
+        raise wire.ProtocolError(f"SEND with {count} messages, outside 1..{cp.SEND_MESSAGES_MAX}")
+    properties, bodies, position = cp.split_messages(payload, reader.position, count)
+    if position != len(payload):
+        raise wire.ProtocolError(f"{len(payload) - position} unexpected bytes at the end of the payload")
+    return cp.SendRequest(topic, queue_id, bodies, properties, flag, born_timestamp, producer_id, first_sequence)
+
+
+def _decode_outcome(decode, payload, idempotent):
+    try:
+        return decode(payload, idempotent=idempotent)
+    except wire.ProtocolError as error:
+        return str(error)
+
+
+@given(
+    st.one_of(st.text(max_size=6), st.just("é" * 200)),
+    st.lists(st.tuples(st.binary(max_size=8), st.binary(max_size=20)), min_size=1, max_size=4),
+    st.integers(0, 40), st.binary(max_size=3), st.booleans(), st.sampled_from([bytes, memoryview]),
+    st.binary(min_size=2, max_size=2),
+)  # fmt: skip
+def test_decode_send_reads_topic_and_head_in_place_as_the_reader_did(topic, messages, cut, trailer, idempotent, kind, bad_topic):
+    """The in-place read of a SEND's topic and head (cached topic text) decodes what the Reader
+    decoded and refuses what it refused, with the same reason: whole, cut short, with trailing
+    bytes, a topic that is not UTF-8, a long topic past the cache's limit."""
+    request = cp.SendRequest(topic, 1, [b for _, b in messages], [p for p, _ in messages], 2, 3,
+                             "p" if idempotent else "", 4 if idempotent else -1)  # fmt: skip
+    payload = cp.encode_send(request)
+    broken = payload.replace(len(topic.encode()).to_bytes(2, "big") + topic.encode(), b"\x00\x02" + b"\xff" + bad_topic[:1], 1)
+    for data in (payload, payload[: max(0, len(payload) - cut)], payload + trailer, broken):
+        for flag in (idempotent, not idempotent):
+            assert _decode_outcome(cp.decode_send, kind(data), flag) == _decode_outcome(_decode_send_with_reader, kind(data), flag)

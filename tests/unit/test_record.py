@@ -269,3 +269,35 @@ def test_non_utf8_tags_are_dispatched_by_python(tmp_path, small_config):
         store.dispatch()
         units = store.consume_queues.find("T", 0).all_units()
     assert [u[2] for u in units] == [rec.java_string_hash("ok"), rec.java_string_hash("\ufffd"), rec.java_string_hash("é")]
+
+
+@pytest.mark.skipif(native.record_sizes is None, reason="native module not built")
+@given(
+    st.lists(st.binary(max_size=300), max_size=40),
+    st.one_of(st.binary(max_size=40), st.lists(st.binary(max_size=40), max_size=40)),
+    st.integers(0, 300),
+    st.sampled_from([list, tuple]),
+)  # fmt: skip
+def test_native_and_python_record_sizes_agree(bodies, properties, fixed, container):
+    """The C sizer ``prepare_batch`` uses and its Python twin: the same sizes, totals and largest
+    properties size, for one properties value for all and one per body, or the same refusal."""
+
+    def outcome(function):
+        try:
+            return function(container(bodies), properties, fixed)
+        except ValueError as error:
+            return str(error)
+
+    assert outcome(native.record_sizes) == outcome(rec.record_sizes_python)
+    if isinstance(properties, bytes) or len(properties) == len(bodies):
+        sizes, total, body_total, _ = native.record_sizes(bodies, properties, fixed)
+        assert total == sum(sizes) and body_total == sum(map(len, bodies))
+
+
+@pytest.mark.skipif(native.record_offsets is None, reason="native module not built")
+@given(st.lists(st.integers(0, 1 << 30), max_size=40), st.integers(0, 1 << 50))
+def test_native_and_python_record_offsets_agree(sizes, start):
+    from commitlog.commit_log import record_offsets_python
+
+    assert native.record_offsets(sizes, start) == record_offsets_python(sizes, start)
+    assert type(native.record_offsets(sizes, start)) is tuple

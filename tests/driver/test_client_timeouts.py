@@ -81,7 +81,8 @@ async def test_each_request_times_out_at_its_own_deadline(autojump_clock):
             for index in range(3):
                 requests.start_soon(request, index)
         assert {i: t - started for i, t in failed_at.items()} == pytest.approx(
-            {i: i * 7.0 + hconn.REQUEST_TIMEOUT_SECONDS for i in range(3)})
+            {i: i * 7.0 + hconn.REQUEST_TIMEOUT_SECONDS for i in range(3)}
+        )
         assert not client._pending and not client._deadlines
         nursery.cancel_scope.cancel()
 

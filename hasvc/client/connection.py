@@ -6,6 +6,7 @@ any order, so a single connection can carry a whole benchmark's load.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -21,6 +22,11 @@ from hasvc.protocol import client as cp
 from hasvc.protocol import wire
 
 REQUEST_TIMEOUT_SECONDS = 30.0  # above the broker's 5 s flush and 3 s slave timeouts
+# The deadlines of requests sent are kept in issue order and the answered ones dropped from the
+# front; past this many the queue is compacted (one request unanswered for 30 s in a fast stream
+# would otherwise keep every later deadline until it times out).
+DEADLINES_QUEUED_MAX = 65536
+_TIMED_OUT = object()  # a request's slot when its deadline passed before its response came
 
 
 class Client:
@@ -35,6 +41,9 @@ class Client:
         # one read, which appends them as one batch and waits once for the slave.
         self._outgoing: list[bytes] = []
         self._send_wakeup = trio.Event()
+        # (deadline, request id) in issue order: one timer task for all requests, not a cancel
+        # scope with a deadline each (~10-20 us of trio bookkeeping a request, docs/PROXY.md)
+        self._deadlines: collections.deque[tuple[float, int]] = collections.deque()
 
     async def _send_loop(self) -> None:
         try:
@@ -42,10 +51,40 @@ class Client:
                 await self._send_wakeup.wait()
                 self._send_wakeup = trio.Event()
                 frames, self._outgoing = self._outgoing, []
-                await self._connection.send_all(b"".join(frames))
+                # one writev straight to the descriptor on plain TCP (Connection.send_parts), not
+                # trio's socket layers (and no join of the frames)
+                await self._connection.send_parts(frames)
             raise AssertionError("unreachable")
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self._fail(error)
+
+    async def _timeout_loop(self) -> None:
+        """Answer every request whose deadline passed with ``_TIMED_OUT``. The timeout is one
+        constant, so deadlines come in issue order: the loop sleeps until the oldest pending one,
+        or, with none pending, for REQUEST_TIMEOUT_SECONDS (any request made meanwhile has a
+        later deadline than that wake-up, so no request needs to wake this task)."""
+        while True:
+            self._drop_answered()
+            if not self._deadlines:
+                await trio.sleep(REQUEST_TIMEOUT_SECONDS)
+                continue
+            deadline, request_id = self._deadlines[0]
+            if trio.current_time() < deadline:
+                await trio.sleep_until(deadline)
+                continue
+            self._deadlines.popleft()
+            slot = self._pending.pop(request_id, None)
+            if slot is not None:
+                slot[1] = _TIMED_OUT
+                slot[0].set()
+        raise AssertionError("unreachable")
+
+    def _drop_answered(self) -> None:
+        deadlines, pending = self._deadlines, self._pending
+        while deadlines and deadlines[0][1] not in pending:
+            deadlines.popleft()
+        if len(deadlines) > DEADLINES_QUEUED_MAX:
+            self._deadlines = collections.deque(item for item in deadlines if item[1] in pending)
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -78,12 +117,12 @@ class Client:
         request_id = next(self._ids) & 0xFFFFFFFF
         slot = [trio.Event(), None]
         self._pending[request_id] = slot
+        self._drop_answered()
+        self._deadlines.append((trio.current_time() + REQUEST_TIMEOUT_SECONDS, request_id))
         self._outgoing.append(cp.encode_frame(kind, request_id, payload))
         self._send_wakeup.set()
-        with trio.move_on_after(REQUEST_TIMEOUT_SECONDS) as timeout:
-            await slot[0].wait()
-        if timeout.cancelled_caught:
-            self._pending.pop(request_id, None)
+        await slot[0].wait()
+        if slot[1] is _TIMED_OUT:
             raise ClientError(f"no response within {REQUEST_TIMEOUT_SECONDS:.0f} s")
         if slot[1] is None:
             raise ClientError(f"connection failed: {transport.describe(self._error)}")
@@ -201,6 +240,7 @@ async def connect(address: str, secret: bytes | str | None = None, *, tls_ca: st
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client._receive_loop)
             nursery.start_soon(client._send_loop)
+            nursery.start_soon(client._timeout_loop)
             try:
                 yield client
             finally:

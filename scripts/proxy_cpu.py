@@ -1,0 +1,113 @@
+"""CPU per message of the proxy's send path, by process (docs/PROXY.md, branch ``pxs`` A/B).
+
+    PYTHONPATH=TREE python scripts/proxy_cpu.py producer SENDERS SECONDS [ROUNDS]
+    PYTHONPATH=TREE python scripts/proxy_cpu.py trio-send TASKS COUNT [ROUNDS]
+
+Both start ``hasvc bench proxy``'s cluster (a SYNC_MASTER master, its slave, the proxy and the
+null proxy, from the hasvc code on PYTHONPATH) in a temporary directory and print one JSON line
+per round. CPU is user + system time from /proc/PID/stat (every thread) divided by the messages
+sent; on a shared machine it moves much less than rates do, so it is the figure to compare two
+builds by (alternate them, a fresh cluster each).
+
+* ``producer``: the official Producer (``hasvc.tools.bench.proxy_client``, HOME a temporary
+  directory) with SENDERS threads for SECONDS through the null proxy, then through the proxy: the
+  rate and CPU a message of each proxy, the master, the slave and the client (getrusage of children).
+* ``trio-send``: the proxy's trio side alone, without gRPC: ``Gateway.send`` of COUNT messages with
+  v1 message ids (the official clients') from TASKS trio tasks of this process, through the
+  gateway's FailoverClient to the master; this process's CPU a send, the master's and the slave's.
+"""
+
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+
+import trio
+
+from hasvc import client as hc
+from hasvc.tools.bench import proxy as bench
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as file:
+        fields = file.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def per_message(before: dict, after: dict, count: int) -> dict:
+    return {name: round((after[name] - before[name]) / max(count, 1) * 1e6) for name in before}
+
+
+def produce(root: str, endpoint: str, senders: int, seconds: float, topic: str, pids: dict) -> dict:
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()} | {"client": children_cpu_seconds()}
+    result = bench._official(endpoint, root, "produce", senders, seconds, 1024, topic)
+    after = {name: cpu_seconds(pid) for name, pid in pids.items()} | {"client": children_cpu_seconds()}
+    return {"rate": round(result["rate"]), "count": result["count"], "errors": result["errors"],
+            "cpu_us": per_message(before, after, result["count"])}  # fmt: skip
+
+
+async def trio_send(master: str, tasks: int, count: int, pids: dict) -> dict:
+    from hasvc.proxy import gateway
+    from hasvc.proxy.pb import Code, definition
+
+    client_id = f"proxy-cpu-{os.getpid()}-{time.time_ns()}"  # a new producer id: sequences start at 0
+    messages = []
+    for sequence in range(count + 1):
+        message = definition.Message()
+        message.topic.name, message.body = "ProxyCpu", b"x" * 1024
+        message.system_properties.message_id = f"01AABBCCDDEEFF0001{int(time.time()):08X}{sequence:08X}"
+        message.system_properties.message_type = definition.NORMAL
+        messages.append(message)
+    async with hc.connect_cluster([master], retry_sends=True) as cluster:
+        gate = gateway.Gateway(cluster, gateway.GatewayConfig())
+        await gate.send(client_id, messages[0])  # connects
+        todo = iter(messages[1:])
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()} | {"trio_side": time.process_time()}
+        started = time.monotonic()
+
+        async def sender() -> None:
+            for message in todo:
+                outcome = await gate.send(client_id, message)
+                assert outcome.code == Code.OK, outcome
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(tasks):
+                nursery.start_soon(sender)
+        elapsed = time.monotonic() - started
+        after = {name: cpu_seconds(pid) for name, pid in pids.items()} | {"trio_side": time.process_time()}
+    return {"rate": round(count / elapsed), "count": count, "cpu_us": per_message(before, after, count)}
+
+
+def main() -> None:
+    mode, first, second = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    with tempfile.TemporaryDirectory(prefix="hasvc-proxy-cpu-") as root:
+        processes, master, proxy, null = bench._start(root)
+        slave = next(p for p in processes if p.name == "slave")
+        brokers = {"master": master.popen.pid, "slave": slave.popen.pid}
+        try:
+            for index in range(rounds):
+                if mode == "producer":
+                    row = {"senders": first,
+                           "null_proxy": produce(root, null.ready["listen"], first, second, f"CpuNull{index}", {"null_proxy": null.popen.pid}),
+                           "proxy": produce(root, proxy.ready["listen"], first, second, f"Cpu{index}", {"proxy": proxy.popen.pid, **brokers})}  # fmt: skip
+                    row["gateway_cost"] = round(1 - row["proxy"]["rate"] / row["null_proxy"]["rate"], 3)
+                elif mode == "trio-send":
+                    row = {"tasks": first, **trio.run(trio_send, master.ready["listen"], first, int(second), brokers)}
+                else:
+                    raise SystemExit(f"unknown mode {mode!r}: producer or trio-send")
+                print(json.dumps(row), flush=True)
+        finally:
+            for process in processes:
+                process.stop()
+
+
+if __name__ == "__main__":
+    main()

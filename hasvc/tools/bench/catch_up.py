@@ -12,10 +12,11 @@ In the same run, the machine's ceilings: one process sends to another over loopb
 in the page cache), the receiver doing ``recv_into`` a 1 MiB buffer and nothing else. Catch-up is
 reported as MB/s and as a fraction of the ``send`` ceiling (the issue's target: at least 50 %).
 
-Every measurement, ceilings and catch-up alike, starts with ``os.sync()``: the store built for the
-bench (and anything written before it) is otherwise still being written back while the first
-runs measure, and the into-files ceiling swung 1.9-4.0 GB/s within one run (stop 27), deciding
-the ratio by its draw.
+Every measurement, ceilings and catch-up alike, starts with ``os.sync()``, so that no writeback of
+what was written before (the store built for the bench first) runs beside it. That did not steady
+the ceilings: in run 24 (stop 28) every figure rose from run to run together -- send 2.4, 3.3,
+4.3 GB/s; into files 1.9, 3.7, 4.8; the catch-up 1.7, 1.9, 2.1 -- so the machine warms up over the
+runs, and the ratio of a run is that run's catch-up over that run's ceiling.
 """
 
 from __future__ import annotations

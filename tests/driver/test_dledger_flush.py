@@ -23,6 +23,13 @@ FAST = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=
 WAIT_SECONDS = 10.0  # anything that takes longer failed
 
 
+def _one_member(tmp_path, raft: RaftConfig = FAST) -> DLedgerBroker:
+    """A DLedger group of one member (its quorum is itself; 1 MiB segments), not started yet."""
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
+                          commitlog_segment_size=1024 * 1024)  # fmt: skip
+    return DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=raft))
+
+
 class FlushGate:
     """``sync_data_files`` (the driver syncs the data files in a worker thread, then the index
     files) held in its thread until opened; counts the syncs that began and tells the trio loop
@@ -65,10 +72,7 @@ async def _wait_for(predicate, message: str) -> None:
 async def test_a_hung_flush_leaves_the_loop_serving_and_a_sync_put_waits_for_its_flush(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(dledger, "SYNC_INLINE_ENTRIES_MAX", -1)  # every flush in the worker thread
     gate = FlushGate(monkeypatch)
-    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
-                          commitlog_segment_size=1024 * 1024)  # fmt: skip
-    group = GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST)
-    broker = DLedgerBroker(config, group)
+    broker = _one_member(tmp_path)
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(broker.run)
         async with hc.connect(addresses["listen"]) as client:
@@ -118,10 +122,8 @@ async def test_a_hung_consume_queue_flush_leaves_the_loop_serving_puts(tmp_path,
         real(store, *args)
 
     monkeypatch.setattr(DLedgerMessageStore, "flush_consume_queues", gated)
-    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
-                          commitlog_segment_size=1024 * 1024)  # fmt: skip
     fast = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
-    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=fast))
+    broker = _one_member(tmp_path, fast)
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(broker.run)
         async with hc.connect(addresses["listen"]) as client:
@@ -146,9 +148,7 @@ async def test_a_small_sync_flush_runs_in_the_loop_and_a_bigger_one_in_the_threa
 
     monkeypatch.setattr(DLedgerMmapFileStore, "sync_data_files", recorded)
     loop_thread = threading.current_thread().name
-    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
-                          commitlog_segment_size=1024 * 1024)  # fmt: skip
-    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST))
+    broker = _one_member(tmp_path)
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(broker.run)
         async with hc.connect(addresses["listen"]) as client:
@@ -184,9 +184,7 @@ async def test_the_index_files_are_synced_at_most_once_an_interval(tmp_path, mon
         real(store)
 
     monkeypatch.setattr(DLedgerMmapFileStore, "sync_index_files", recorded)
-    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
-                          commitlog_segment_size=1024 * 1024)  # fmt: skip
-    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST))
+    broker = _one_member(tmp_path)
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(broker.run)
         async with hc.connect(addresses["listen"]) as client:

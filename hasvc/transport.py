@@ -426,26 +426,47 @@ async def server_preface(connection: Connection, *, port_kind: int, secret: byte
         raise AuthenticationError(f"{connection.peer}: {wire.AUTH_STATUS_TEXT[status]}")
 
 
-async def client_preface(connection: Connection, *, port_kind: int, secret: bytes | None) -> None:
-    with trio.fail_after(PREFACE_TIMEOUT_SECONDS):
-        version, server_kind, auth_required, server_nonce = wire.decode_hello(await connection.receive_exactly(wire.HELLO.size))
+class ClientPreface:
+    """The client's side of the preface without I/O: ``reply(hello)`` checks the server's HELLO
+    and gives the AUTH to send; ``check(auth_ok)`` checks the answer. Both raise
+    AuthenticationError. ``client_preface`` drives it on a trio Connection; the proxy's send lane
+    on an asyncio transport."""
+
+    def __init__(self, *, peer: str, port_kind: int, secret: bytes | None):
+        self.peer, self.port_kind, self.secret = peer, port_kind, secret
+        self._client_nonce = self._server_nonce = b""
+        self._auth_required = False
+
+    def reply(self, hello: bytes) -> bytes:
+        version, server_kind, auth_required, server_nonce = wire.decode_hello(hello)
         if version != wire.PROTOCOL_VERSION:
-            raise AuthenticationError(f"{connection.peer} speaks protocol version {version}, we speak {wire.PROTOCOL_VERSION}")
-        if server_kind != port_kind:
-            raise AuthenticationError(f"{connection.peer}: {wire.AUTH_STATUS_TEXT[wire.AUTH_STATUS_WRONG_PORT]}")
-        if secret is not None and not auth_required:
+            raise AuthenticationError(f"{self.peer} speaks protocol version {version}, we speak {wire.PROTOCOL_VERSION}")
+        if server_kind != self.port_kind:
+            raise AuthenticationError(f"{self.peer}: {wire.AUTH_STATUS_TEXT[wire.AUTH_STATUS_WRONG_PORT]}")
+        if self.secret is not None and not auth_required:
             # A server without the secret cannot prove it is one of ours: whoever it is, a slave
             # must not take log bytes from it nor a client send to it (nothing is sent to it).
-            raise AuthenticationError(f"{connection.peer} requires no secret but we have one: refusing a server that cannot prove it knows the secret")
-        client_nonce = wire.new_nonce()
-        await connection.send_all(wire.encode_auth(secret=secret, server_nonce=server_nonce, client_nonce=client_nonce))
-        status, proof = wire.AUTH_OK.unpack(await connection.receive_exactly(wire.AUTH_OK.size))
-    if status != wire.AUTH_STATUS_OK:
-        raise AuthenticationError(f"{connection.peer} refused us: {wire.AUTH_STATUS_TEXT.get(status, status)}")
-    if secret is not None and proof != wire.server_proof(secret, client_nonce, server_nonce):
-        raise AuthenticationError(f"{connection.peer} did not prove it knows the secret")
-    if secret is None and auth_required:
-        raise AuthenticationError(f"{connection.peer} requires a secret")
+            raise AuthenticationError(f"{self.peer} requires no secret but we have one: refusing a server that cannot prove it knows the secret")
+        self._auth_required, self._server_nonce = auth_required, server_nonce
+        self._client_nonce = wire.new_nonce()
+        return wire.encode_auth(secret=self.secret, server_nonce=server_nonce, client_nonce=self._client_nonce)
+
+    def check(self, auth_ok: bytes) -> None:
+        status, proof = wire.AUTH_OK.unpack(auth_ok)
+        if status != wire.AUTH_STATUS_OK:
+            raise AuthenticationError(f"{self.peer} refused us: {wire.AUTH_STATUS_TEXT.get(status, status)}")
+        if self.secret is not None and proof != wire.server_proof(self.secret, self._client_nonce, self._server_nonce):
+            raise AuthenticationError(f"{self.peer} did not prove it knows the secret")
+        if self.secret is None and self._auth_required:
+            raise AuthenticationError(f"{self.peer} requires a secret")
+
+
+async def client_preface(connection: Connection, *, port_kind: int, secret: bytes | None) -> None:
+    preface = ClientPreface(peer=connection.peer, port_kind=port_kind, secret=secret)
+    with trio.fail_after(PREFACE_TIMEOUT_SECONDS):
+        await connection.send_all(preface.reply(await connection.receive_exactly(wire.HELLO.size)))
+        auth_ok = await connection.receive_exactly(wire.AUTH_OK.size)
+    preface.check(auth_ok)
 
 
 def server_ssl_context(*, cert: str, key: str) -> ssl.SSLContext:

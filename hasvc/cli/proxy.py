@@ -28,11 +28,14 @@ import click
               "proxy default) instead of at the oldest retained message.")
 @click.option("--snapshot-every-events", type=click.IntRange(1), default=10_000, show_default=True,
               help="Write the whole consumer progress after this many events (replay starts there).")
+@click.option("--send-lane/--no-send-lane", default=True, show_default=True,
+              help="Send from the gRPC loop on a connection of its own to the master (docs/PROXY.md); off: every send "
+              "crosses to the gateway's trio thread and its failover client (which the lane falls back to anyway).")
 @click.option("--null-sends", is_flag=True, hidden=True, help="Benchmark only: answer sends OK without storing them.")
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None, help="The brokers' cluster secret (or HASVC_SECRET).")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), default=None, help="CA to verify the brokers' TLS certificate.")
 def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advertise, queues, topics, invisible_min_seconds, start_at_end, snapshot_every_events,
-          null_sends, secret_file, tls_ca) -> None:
+          send_lane, null_sends, secret_file, tls_ca) -> None:
     """A RocketMQ 5 gRPC proxy (apache.rocketmq.v2.MessagingService) in front of hasvc brokers.
 
     The official RocketMQ 5 clients produce (normal messages) and consume (SimpleConsumer,
@@ -59,7 +62,8 @@ def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advert
         raise click.ClickException(str(error)) from None
     config = gateway.GatewayConfig(queues=queues, topics=frozenset(topics) if topics else None,
                                    invisible_min_seconds=invisible_min_seconds, start_at_end=start_at_end,
-                                   snapshot_every_events=snapshot_every_events, null_sends=null_sends)  # fmt: skip
+                                   snapshot_every_events=snapshot_every_events, null_sends=null_sends,
+                                   send_lane=send_lane)  # fmt: skip
     if null_sends:
         logging.getLogger("hasvc.proxy").warning("--null-sends: sends are answered OK and NOT STORED (benchmark ceiling)")
     try:

@@ -16,7 +16,7 @@ import trio
 
 from commitlog import record as rec
 from hasvc import transport
-from hasvc.client.results import ClientError, PullResult, SendResult, TransferResult, message_properties
+from hasvc.client.results import ClientError, PullResult, SendResult, TransferResult, message_properties, send_results
 from hasvc.config import parse_address
 from hasvc.protocol import client as cp
 from hasvc.protocol import wire
@@ -147,14 +147,7 @@ class Client:
         encoded = message_properties(tags, keys, properties)
         request = cp.SendRequest(topic, queue_id, list(bodies), [encoded] * len(bodies), 0, _now_ms(), producer_id, first_sequence)
         kind = cp.SEND_IDEMPOTENT if producer_id else cp.SEND
-        response = cp.decode_send_response(await self._request(kind, cp.encode_send(request)))
-        if not response.offsets:
-            # nothing stored: the response's queue id is -1 (docs/PROTOCOL.md, SEND response)
-            return [SendResult(response.status, -1, response.queue_id, -1, response.reason) for _ in bodies]
-        return [
-            SendResult(response.status, offset, response.queue_id, queue_offset, response.reason)
-            for offset, queue_offset in zip(response.offsets, response.queue_offsets, strict=True)
-        ]
+        return send_results(await self._request(kind, cp.encode_send(request)), len(bodies))
 
     async def pull(self, topic: str, queue_id: int, queue_offset: int, *, count_max: int = 32) -> PullResult:
         payload = await self._request(cp.PULL, cp.encode_pull(cp.PullRequest(topic, queue_id, queue_offset, count_max)))

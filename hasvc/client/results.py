@@ -26,6 +26,18 @@ class SendResult:
         return self.status == "PUT_OK"
 
 
+def send_results(payload: bytes, count: int) -> list[SendResult]:
+    """The results of a SEND or SEND_IDEMPOTENT of ``count`` messages from its response payload."""
+    response = cp.decode_send_response(payload)
+    if not response.offsets:
+        # nothing stored: the response's queue id is -1 (docs/PROTOCOL.md, SEND response)
+        return [SendResult(response.status, -1, response.queue_id, -1, response.reason) for _ in range(count)]
+    return [
+        SendResult(response.status, offset, response.queue_id, queue_offset, response.reason)
+        for offset, queue_offset in zip(response.offsets, response.queue_offsets, strict=True)
+    ]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TransferResult:
     """A TRANSFER_LEADER outcome: ``status`` OK or why not (docs/PROTOCOL.md §2), ``details`` the

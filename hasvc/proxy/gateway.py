@@ -41,6 +41,7 @@ import trio
 
 from commitlog import record as rec
 from hasvc import client as hc
+from hasvc.protocol import client as cp
 from hasvc.state.dedupe import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ
 from hasvc.proxy import convert
 from hasvc.proxy.convert import Refused
@@ -90,6 +91,7 @@ class GatewayConfig:
     receive_recheck_seconds: float = RECEIVE_RECHECK_SECONDS
     snapshot_every_events: int = SNAPSHOT_EVENTS_DEFAULT
     null_sends: bool = False  # benchmark only: answer checked sends OK without storing them
+    send_lane: bool = True  # sends straight from the gRPC loop (hasvc/proxy/lane.py); off: all through trio
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,6 +100,31 @@ class SendOutcome:
     message: str
     message_id: str = ""
     queue_offset: int = -1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreparedSend:
+    """A message checked for sending: where it goes and its idempotence key (producer id, sequence)."""
+
+    topic: str
+    checked: convert.Outgoing
+    key: tuple[str, int]
+    queue_id: int
+
+    def request(self) -> cp.SendRequest:
+        """The SEND_IDEMPOTENT request that stores it (``hasvc/protocol/client.py``)."""
+        checked = self.checked
+        encoded = hc.message_properties(checked.tags, checked.keys, checked.properties)
+        return cp.SendRequest(self.topic, self.queue_id, [checked.body], [encoded], 0, now_ms(), self.key[0], self.key[1])
+
+
+def send_outcome(message_id: str, result: hc.SendResult) -> SendOutcome:
+    """The gRPC answer to a stored (or refused) message: the broker's status mapped."""
+    code = convert.send_status_code(result.status)
+    if code == Code.OK:
+        return SendOutcome(code, "OK", message_id, result.queue_offset)
+    detail = f"send message failed, status {result.status}" + (f": {result.reason}" if result.reason else "")
+    return SendOutcome(code, detail, message_id, result.queue_offset)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -180,8 +207,10 @@ class Gateway:
                 self._foreign_ids.popitem(last=False)
         return self._foreign_producer, known
 
-    async def send(self, client_id: str, message) -> SendOutcome:
-        """Send one ``apache.rocketmq.v2.Message``; the outcome carries the gRPC code."""
+    def prepare_send(self, client_id: str, message) -> SendOutcome | PreparedSend:
+        """Check one ``apache.rocketmq.v2.Message`` for sending and key it for idempotence; a
+        refusal (or, with ``null_sends``, the answer) is a SendOutcome. No I/O and no trio: the
+        gRPC handlers call it in their own thread (one thread only: it keeps ``_foreign_ids``)."""
         topic = message.topic.name
         refused = self.check_topic(topic)
         checked = refused or convert.outgoing(message, body_size_max=self.config.body_size_max)
@@ -190,30 +219,48 @@ class Gateway:
         if self.config.null_sends:
             return SendOutcome(Code.OK, "OK (not stored: --null-sends)", checked.message_id, 0)
         key = self._idempotence_key(client_id, checked.message_id)
-        while (busy := self._sending.get(key)) is not None:
+        queue_id = zlib.crc32(checked.message_id.encode()) % self.config.queues
+        return PreparedSend(topic, checked, key, queue_id)
+
+    async def send(self, client_id: str, message) -> SendOutcome:
+        """Send one ``apache.rocketmq.v2.Message``; the outcome carries the gRPC code."""
+        prepared = self.prepare_send(client_id, message)
+        if isinstance(prepared, SendOutcome):
+            return prepared
+        while (busy := self._sending.get(prepared.key)) is not None:
             await busy.wait()  # an earlier attempt of this message is still out: ours is its retry
-        self._sending[key] = done = trio.Event()
+        self._sending[prepared.key] = done = trio.Event()
         try:
-            queue_id = zlib.crc32(checked.message_id.encode()) % self.config.queues
+            outcome = await self.send_prepared(prepared)
+        finally:
+            del self._sending[prepared.key]
+            done.set()
+        if outcome.code == Code.OK:
+            self.stats["sent"] += 1
+        return outcome
+
+    async def send_prepared(self, prepared: PreparedSend) -> SendOutcome:
+        """Store a prepared message through the failover client (retried on the new master after a
+        failover: the broker answers a repeat of the key with the first offsets). The caller keeps
+        two attempts of one key from overlapping."""
+        checked = prepared.checked
+        try:
             results = await self.cluster.send_idempotent(
-                topic, [checked.body], producer_id=key[0], first_sequence=key[1], retry=True, tags=checked.tags,
-                keys=checked.keys, properties=checked.properties, queue_id=queue_id)  # fmt: skip
+                prepared.topic, [checked.body], producer_id=prepared.key[0], first_sequence=prepared.key[1], retry=True,
+                tags=checked.tags, keys=checked.keys, properties=checked.properties, queue_id=prepared.queue_id)  # fmt: skip
         except hc.ClientError as error:
             return SendOutcome(Code.PROXY_TIMEOUT, f"hasvc did not answer: {error}", checked.message_id)
-        finally:
-            del self._sending[key]
-            done.set()
-        result = results[0]
-        if result.offset >= 0:
-            self._wake(topic)
-        code = convert.send_status_code(result.status)
-        if code == Code.OK:
-            self.stats["sent"] += 1
-            return SendOutcome(code, "OK", checked.message_id, result.queue_offset)
-        detail = f"send message failed, status {result.status}" + (f": {result.reason}" if result.reason else "")
-        return SendOutcome(code, detail, checked.message_id, result.queue_offset)
+        if results[0].offset >= 0:
+            self.wake(prepared.topic)
+        return send_outcome(checked.message_id, results[0])
 
-    def _wake(self, topic: str) -> None:
+    def waiting_topics(self):
+        """The topics a long-polling receive waits on (membership may be read from the gRPC
+        thread: a receive registers before it pulls, so a send stored before the check is either
+        seen by that pull or finds the registration)."""
+        return self._arrivals
+
+    def wake(self, topic: str) -> None:
         event = self._arrivals.pop(topic, None)
         if event is not None:
             event.set()

@@ -37,6 +37,7 @@ import trio
 from hasvc import client as hc
 from hasvc.proxy import convert, gateway
 from hasvc.proxy.convert import Refused
+from hasvc.proxy.lane import SendLane
 from hasvc.proxy.pb import Code, definition, service, service_grpc
 
 log = logging.getLogger("hasvc.proxy")
@@ -136,6 +137,11 @@ class TrioBridge:
                 self._token.run_sync_soon(cancel)
             raise
 
+    def run_soon(self, function, *args) -> None:
+        """Run ``function(*args)`` in the trio thread, soon; nothing waits for it."""
+        with contextlib.suppress(RuntimeError):  # shutting down: nobody is left to wake
+            self._hand_over(False, lambda: function(*args))
+
     async def call_soon(self, function, *args):
         """``function(*args, answer)`` runs synchronously in the trio thread, with no task of its
         own, and calls ``answer(result)`` once, then or later (from the trio thread); its result
@@ -187,6 +193,9 @@ class Servicer(service_grpc.MessagingServiceServicer):
         self.tls_listen: tuple[str, int] | None = None  # the TLS listener, when there is one
         self.metrics = None  # ProxyMetrics with --metrics-listen
         self.settings: dict[str, object] = {}  # client id -> its last Settings
+        self.lane: SendLane | None = None  # sends straight from this loop (hasvc/proxy/lane.py)
+        # idempotence key -> the attempt in flight: a retry of a message waits for the attempt before it
+        self._sending: dict[tuple[str, int], asyncio.Event] = {}
 
     # --- routes and client lifecycle ---
 
@@ -290,7 +299,7 @@ class Servicer(service_grpc.MessagingServiceServicer):
         outcomes = []
         for message in request.messages:
             message.topic.name = gateway.wrap_topic(message.topic)
-            outcomes.append(self.bridge.call(self.gate.send, client_id, message))
+            outcomes.append(self._send(client_id, message))
         try:
             # one message (what the clients send): awaited directly, without gather's task
             results = [await outcomes[0]] if len(outcomes) == 1 else await asyncio.gather(*outcomes)
@@ -304,6 +313,29 @@ class Servicer(service_grpc.MessagingServiceServicer):
         if self.metrics is not None:
             self.metrics.sent(overall.code, time.monotonic() - started)
         return service.SendMessageResponse(status=overall, entries=entries)
+
+    async def _send(self, client_id: str, message) -> gateway.SendOutcome:
+        prepared = self.gate.prepare_send(client_id, message)
+        if isinstance(prepared, gateway.SendOutcome):
+            return prepared
+        key = prepared.key
+        while (busy := self._sending.get(key)) is not None:
+            await busy.wait()  # an earlier attempt of this message is still out: ours is its retry
+        self._sending[key] = done = asyncio.Event()
+        try:
+            results = await self.lane.send(prepared.request()) if self.lane is not None else None
+            if results is None:  # no lane, or it could not tell: the failover client sends (and retries)
+                outcome = await self.bridge.call(self.gate.send_prepared, prepared)
+            else:
+                outcome = gateway.send_outcome(prepared.checked.message_id, results[0])
+                if results[0].offset >= 0 and prepared.topic in self.gate.waiting_topics():
+                    self.bridge.run_soon(self.gate.wake, prepared.topic)  # a long-polling receive waits for it
+        finally:
+            del self._sending[key]
+            done.set()
+        if outcome.code == Code.OK:
+            self.gate.stats["sent"] += 1
+        return outcome
 
     async def EndTransaction(self, request, context):
         return service.EndTransactionResponse(status=status(Code.UNSUPPORTED, "transactional messages are not supported by hasvc proxy"))
@@ -464,6 +496,8 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
     with trio_thread(brokers, secret, tls_ca, config, loop) as (bridge, gate):
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", config.body_size_max + 1024 * 1024)])
         servicer = Servicer(bridge, gate, listen, advertise)
+        if config.send_lane and not config.null_sends:
+            servicer.lane = SendLane(gate.cluster, secret=secret, tls_ca=tls_ca)
         service_grpc.add_MessagingServiceServicer_to_server(servicer, server)
         host = listen[0]
         bound = _bind(server, listen)
@@ -484,6 +518,8 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
         sys.stdout.write("READY " + json.dumps(ready) + "\n")
         sys.stdout.flush()
         await stop.wait()
-        log.info("stopping: %s", gate.summary())
+        log.info("stopping: %s%s", gate.summary(), f"; send lane {servicer.lane.stats}" if servicer.lane is not None else "")
         await server.stop(SHUTDOWN_GRACE_SECONDS)
+        if servicer.lane is not None:
+            servicer.lane.close()
     return 0

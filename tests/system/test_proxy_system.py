@@ -133,6 +133,25 @@ def test_official_producer_sends_and_hasvc_reads_back_byte_for_byte(pair, proxy,
             # the offset is the message's queue offset; the queue is the proxy's choice, not the
             # one the client's receipt names (as with RocketMQ's proxy: SendMessageRequest has none)
             assert record.queue_offset == by_id[message_id]["offset"]
+    assert "send lane connected to " + master.address in proxy.log()  # the sends went from the gRPC loop
+
+
+def test_without_the_send_lane_sends_cross_to_the_trio_side_and_a_retry_is_stored_once(pair, tmp_path):
+    cluster, master, slave = pair
+    process = start_proxy(cluster, master, slave, "proxy-no-lane", "--no-send-lane")
+    topic = unique("NoLane")
+    channel, messaging = stub(process)
+    messages = [normal_message(topic, body_of(topic, i)) for i in range(5)]
+    answers = [messaging.SendMessage(service.SendMessageRequest(messages=[m]), metadata=CLIENT) for m in messages]
+    again = messaging.SendMessage(service.SendMessageRequest(messages=[messages[0]]), metadata=CLIENT)
+    channel.close()
+    assert [a.status.code for a in answers + [again]] == [Code.OK] * 6
+    assert again.entries[0].offset == answers[0].entries[0].offset
+    with hc.BlockingClient(master.address) as client:
+        bodies = sorted(bytes(r.body) for q in range(4) for r in client.pull(topic, q, 0).records)
+    assert bodies == sorted(body_of(topic, i) for i in range(5))
+    assert process.stop() == 0
+    assert "send lane" not in process.log()
 
 
 def test_a_retried_send_is_stored_once(pair, proxy):

@@ -503,7 +503,8 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
         bound = _bind(server, listen)
         servicer.listen = (host, bound)
         ready = {"listen": f"{host}:{bound}", "access_point": "{}:{}".format(*servicer._access_point(definition.Endpoints())),
-                 "brokers": brokers, "queues": config.queues, "pid": os.getpid()}  # fmt: skip
+                 "brokers": brokers, "queues": config.queues, "pid": os.getpid(),
+                 "loop": type(loop).__module__.partition(".")[0], "send_lane": servicer.lane is not None}  # fmt: skip
         if tls_listen is not None:
             servicer.tls_listen = (tls_listen[0], _bind(server, tls_listen, tls_credentials(tls_cert, tls_key)))
             ready["tls_listen"] = "{}:{}".format(*servicer.tls_listen)

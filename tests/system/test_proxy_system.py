@@ -5,6 +5,7 @@ Raw gRPC calls (the generated stubs, in this process) cover what the official cl
 itself before it would send (FIFO messages, oversize bodies) and the exact codes of bad input.
 """
 
+import importlib.util
 import itertools
 import json
 import os
@@ -134,11 +135,14 @@ def test_official_producer_sends_and_hasvc_reads_back_byte_for_byte(pair, proxy,
             # one the client's receipt names (as with RocketMQ's proxy: SendMessageRequest has none)
             assert record.queue_offset == by_id[message_id]["offset"]
     assert "send lane connected to " + master.address in proxy.log()  # the sends went from the gRPC loop
+    assert proxy.ready["send_lane"] is True
+    assert proxy.ready["loop"] == ("uvloop" if importlib.util.find_spec("uvloop") else "asyncio")
 
 
-def test_without_the_send_lane_sends_cross_to_the_trio_side_and_a_retry_is_stored_once(pair, tmp_path):
+def test_without_the_send_lane_on_asyncios_loop_sends_cross_to_the_trio_side_and_a_retry_is_stored_once(pair, tmp_path):
     cluster, master, slave = pair
-    process = start_proxy(cluster, master, slave, "proxy-no-lane", "--no-send-lane")
+    process = start_proxy(cluster, master, slave, "proxy-no-lane", "--no-send-lane", "--loop", "asyncio")
+    assert process.ready["loop"] == "asyncio" and process.ready["send_lane"] is False
     topic = unique("NoLane")
     channel, messaging = stub(process)
     messages = [normal_message(topic, body_of(topic, i)) for i in range(5)]

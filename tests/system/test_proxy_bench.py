@@ -19,4 +19,5 @@ def test_bench_proxy_runs_and_consumers_drain_what_was_produced(tmp_path):
         assert row[name]["count"] == row["official_proxy"]["count"], (name, row[name])
         assert row[name]["errors"] == 0 and row[name]["duplicates"] == 0, (name, row[name])
     assert row["hasvc_consume"]["count"] == row["official_proxy"]["count"]
-    assert (tmp_path / "bench.json").exists() and "gateway cost" in lines[0]
+    assert (tmp_path / "bench.json").exists() and "gateway cost" in lines[1]
+    assert lines[0] == f"proxy on {result['gateway']['loop']}, send lane on" and result["gateway"]["send_lane"] is True

@@ -93,6 +93,8 @@ def run_bench(*, senders: list[int], seconds: float, size: int, json_path: str |
     runs = []
     with tempfile.TemporaryDirectory(prefix="hasvc-bench-proxy-") as root:
         processes, master, proxy, null = _start(root)
+        gateway = {"loop": proxy.ready.get("loop"), "send_lane": proxy.ready.get("send_lane")}
+        echo(f"proxy on {gateway['loop']}, send lane {'on' if gateway['send_lane'] else 'off'}")
         try:
             for count in senders:
                 topic = f"BenchProxy{count}"
@@ -113,6 +115,6 @@ def run_bench(*, senders: list[int], seconds: float, size: int, json_path: str |
         finally:
             for process in processes:
                 process.stop()
-    result = envelope("proxy", {"senders": senders, "seconds": seconds, "size": size}, runs=runs)
+    result = envelope("proxy", {"senders": senders, "seconds": seconds, "size": size}, runs=runs, gateway=gateway)
     write_json(json_path, result)
     return result

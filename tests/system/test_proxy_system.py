@@ -431,6 +431,41 @@ def test_tls_listener_beside_the_plaintext_one(pair, tmp_path):
     assert sorted(m["id"] for m in consumed) == sorted(s["id"] for s in sent)
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+def test_the_send_lane_reaches_brokers_behind_tls_and_a_secret(tmp_path):
+    key, cert, secret = str(tmp_path / "key.pem"), str(tmp_path / "cert.pem"), tmp_path / "secret"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    secret.write_text("proxy-lane-test-secret\n")
+    guarded = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", cert, "--secret-file", str(secret)]
+    cluster = Cluster(tmp_path, segment_size=4 * 1024 * 1024)
+    try:
+        base = ["--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0", *guarded]
+        master = BrokerProcess("m", [sys.executable, "-m", "hasvc.cli", "master", "--store", cluster.store("m"), "--role", "sync", *base],
+                               os.path.join(cluster.root, "m.log"))  # fmt: skip
+        cluster.brokers.append(master)
+        slave = BrokerProcess("s", [sys.executable, "-m", "hasvc.cli", "slave", "--store", cluster.store("s"),
+                                    "--master-ha", master.ha_address, *base], os.path.join(cluster.root, "s.log"))  # fmt: skip
+        cluster.brokers.append(slave)
+        process = start_proxy(cluster, master, slave, "proxy-guarded", "--tls-ca", cert, "--secret-file", str(secret))
+        topic = unique("Guarded")
+        channel, messaging = stub(process)
+        answers = [messaging.SendMessage(service.SendMessageRequest(messages=[normal_message(topic, b"m%d" % i)]), metadata=CLIENT)
+                   for i in range(20)]  # fmt: skip
+        channel.close()
+        assert [a.status.code for a in answers] == [Code.OK] * 20, [a.status.message for a in answers]
+        assert process.stop() == 0
+        log = process.log()
+        assert "send lane connected to " + master.address in log
+        lane_sent = int(log.rsplit("send lane {'sent': ", 1)[1].split(",", 1)[0])
+        assert lane_sent > 0  # the first sends went through trio while the lane connected; then the lane's
+        with hc.BlockingClient(slave.address, secret="proxy-lane-test-secret", tls_ca=cert) as client:
+            bodies = sorted(bytes(r.body) for q in range(4) for r in client.pull(topic, q, 0).records)
+        assert bodies == sorted(b"m%d" % i for i in range(20))
+    finally:
+        cluster.close()
+
+
 def test_a_message_given_up_on_goes_to_the_groups_dead_letter_topic(pair, proxy):
     topic, group = unique("Poison"), unique("DL")
     channel, messaging = stub(proxy)

@@ -124,10 +124,30 @@ class Cluster:
         """``env``: variables added to this process's environment (``HASVC_NO_SPLICE=1``...)."""
         return self._start("slave", name, ["--master-ha", master_ha], settings, env)
 
+    def start_guarded_pair(self, guard: list[str]) -> tuple[BrokerProcess, BrokerProcess]:
+        """A SYNC_MASTER and its slave with ``guard`` (TLS and secret options) on both; started
+        with the command line itself, since the settings form knows no such options."""
+        base = ["--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0", "--set", f"commitlog_segment_size={self.segment_size}", *guard]
+        master = BrokerProcess("m", [sys.executable, "-m", "hasvc.cli", "master", "--store", self.store("m"), "--role", "sync", *base],
+                               os.path.join(self.root, "m.log"))  # fmt: skip
+        self.brokers.append(master)
+        slave = BrokerProcess("s", [sys.executable, "-m", "hasvc.cli", "slave", "--store", self.store("s"),
+                                    "--master-ha", master.ha_address, *base], os.path.join(self.root, "s.log"))  # fmt: skip
+        self.brokers.append(slave)
+        return master, slave
+
     def close(self) -> None:
         for broker in self.brokers:
             if broker.alive():
                 broker.stop()
+
+
+def self_signed_certificate(directory) -> tuple[str, str]:
+    """(key, cert): a self-signed certificate for 127.0.0.1, made with the openssl command."""
+    key, cert = os.path.join(directory, "key.pem"), os.path.join(directory, "cert.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    return key, cert
 
 
 def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):

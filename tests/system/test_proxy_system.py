@@ -21,7 +21,7 @@ import pytest
 
 from commitlog.inspect import iter_records
 from hasvc import client as hc
-from tests.cluster import BrokerProcess, Cluster, wait_until
+from tests.cluster import BrokerProcess, Cluster, self_signed_certificate, wait_until
 
 pb = pytest.importorskip("hasvc.proxy.pb")
 Code = pb.Code
@@ -409,9 +409,7 @@ def test_no_send_acknowledged_to_the_official_client_is_lost_when_the_master_die
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
 def test_tls_listener_beside_the_plaintext_one(pair, tmp_path):
-    key, cert = str(tmp_path / "key.pem"), str(tmp_path / "cert.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    key, cert = self_signed_certificate(tmp_path)
     proxy_process = start_proxy(*pair, "proxy-tls", "--tls-listen", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", key)
     tls_address = proxy_process.ready["tls_listen"]
     with open(cert, "rb") as file:
@@ -433,20 +431,12 @@ def test_tls_listener_beside_the_plaintext_one(pair, tmp_path):
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
 def test_the_send_lane_reaches_brokers_behind_tls_and_a_secret(tmp_path):
-    key, cert, secret = str(tmp_path / "key.pem"), str(tmp_path / "cert.pem"), tmp_path / "secret"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    key, cert = self_signed_certificate(tmp_path)
+    secret = tmp_path / "secret"
     secret.write_text("proxy-lane-test-secret\n")
-    guarded = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", cert, "--secret-file", str(secret)]
     cluster = Cluster(tmp_path, segment_size=4 * 1024 * 1024)
     try:
-        base = ["--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0", *guarded]
-        master = BrokerProcess("m", [sys.executable, "-m", "hasvc.cli", "master", "--store", cluster.store("m"), "--role", "sync", *base],
-                               os.path.join(cluster.root, "m.log"))  # fmt: skip
-        cluster.brokers.append(master)
-        slave = BrokerProcess("s", [sys.executable, "-m", "hasvc.cli", "slave", "--store", cluster.store("s"),
-                                    "--master-ha", master.ha_address, *base], os.path.join(cluster.root, "s.log"))  # fmt: skip
-        cluster.brokers.append(slave)
+        master, slave = cluster.start_guarded_pair(["--tls-cert", cert, "--tls-key", key, "--tls-ca", cert, "--secret-file", str(secret)])
         process = start_proxy(cluster, master, slave, "proxy-guarded", "--tls-ca", cert, "--secret-file", str(secret))
         topic = unique("Guarded")
         channel, messaging = stub(process)

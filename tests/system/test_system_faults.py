@@ -1,11 +1,8 @@
 """System tests through a lossy TCP proxy, and over TLS."""
 
-import os
 import random
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -14,7 +11,7 @@ import trio
 
 from commitlog.inspect import verify
 from hasvc import client as hc
-from tests.cluster import SEGMENT, BrokerProcess, Cluster, caught_up, log_digest, send_many, status, wait_until
+from tests.cluster import SEGMENT, Cluster, caught_up, log_digest, self_signed_certificate, send_many, status, wait_until
 
 
 class LossyProxy:
@@ -118,19 +115,10 @@ def test_replication_through_a_lossy_proxy_converges_without_corruption(tmp_path
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
 def test_tls_on_both_ports(tmp_path):
-    key, cert = str(tmp_path / "key.pem"), str(tmp_path / "cert.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
-    tls = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", cert]
+    key, cert = self_signed_certificate(tmp_path)
     cluster = Cluster(tmp_path, segment_size=SEGMENT)
     try:
-        base = ["--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0", "--set", f"commitlog_segment_size={SEGMENT}", *tls]
-        master = BrokerProcess("m", [sys.executable, "-m", "hasvc.cli", "master", "--store", cluster.store("m"), "--role", "sync", *base],
-                               os.path.join(cluster.root, "m.log"))  # fmt: skip
-        cluster.brokers.append(master)
-        slave = BrokerProcess("s", [sys.executable, "-m", "hasvc.cli", "slave", "--store", cluster.store("s"),
-                                    "--master-ha", master.ha_address, *base], os.path.join(cluster.root, "s.log"))  # fmt: skip
-        cluster.brokers.append(slave)
+        master, slave = cluster.start_guarded_pair(["--tls-cert", cert, "--tls-key", key, "--tls-ca", cert])
 
         def acked_by_slave():
             with hc.BlockingClient(master.address, tls_ca=cert) as client:

@@ -14,7 +14,7 @@ handler's future from ``data_received``.
 It only ever sends where the failover client already is: it connects to ``cluster.address`` for
 ``cluster.generation`` (the trio side's master; reading two attributes across threads is safe
 under the GIL, and a stale read only costs a refused attempt). Whenever it cannot tell the
-outcome — not connected yet, the connection failed or timed out, or the broker answered
+outcome — not connected yet, the connection failed or timed out, a response it cannot decode, or the broker answered
 SERVICE_NOT_AVAILABLE (no longer the master) — ``send`` returns None and the caller sends the same
 key through the failover client, which finds the master and retries; the broker answers a repeat
 of a key with the first attempt's offsets (``hasvc/state/dedupe.py``), so a message the lane
@@ -138,7 +138,12 @@ class SendLane:
         if payload is None:  # the connection failed or timed out: the outcome is unknown
             self.stats["fallbacks"] += 1
             return None
-        results = send_results(payload, len(request.bodies))
+        try:
+            results = send_results(payload, len(request.bodies))
+        except wire.ProtocolError as error:  # a frame whose payload is not a SEND response: a broken peer
+            self._break(protocol, f"bad SEND response from the master: {error}")
+            self.stats["fallbacks"] += 1
+            return None
         if failover.outcome_of(results[0].status) is not failover.SendOutcome.STORED:
             self.stats["fallbacks"] += 1
             return None  # not the master (any more): the failover client finds the one that is

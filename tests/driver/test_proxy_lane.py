@@ -21,7 +21,7 @@ SECRET = b"lane-test-secret"
 
 class FakeBroker:
     """A client port that runs the preface and answers each SEND_IDEMPOTENT as ``behaviour`` says:
-    ("ok"), ("status", NAME), ("close"), ("garbage"), ("silent")."""
+    ("ok"), ("close"), ("garbage"), ("bad payload"), ("silent"); "ok" answers ``status``."""
 
     def __init__(self, behaviour: str = "ok", *, secret: bytes | None = None, status: str = "PUT_OK"):
         self.behaviour, self.secret, self.status = behaviour, secret, status
@@ -65,6 +65,8 @@ class FakeBroker:
                         return
                     if self.behaviour == "garbage":
                         writer.write(b"\xff" * 16)
+                    elif self.behaviour == "bad payload":  # a well-framed response that is no SEND response
+                        writer.write(cp.encode_frame(cp.SEND_IDEMPOTENT | cp.RESPONSE_BIT, frame.request_id, b"\x00\x07PUT"))
                     elif self.behaviour == "ok":
                         offset = 1000 * len(self.requests)
                         payload = cp.encode_send_response_fields(
@@ -152,7 +154,7 @@ def test_not_the_master_hands_the_send_back():
     run(scenario)
 
 
-@pytest.mark.parametrize("behaviour", ["close", "garbage"])
+@pytest.mark.parametrize("behaviour", ["close", "garbage", "bad payload"])
 def test_a_lost_connection_or_a_garbage_frame_hands_every_send_back_and_a_new_master_is_connected(behaviour):
     async def scenario():
         broken = FakeBroker(behaviour)

@@ -5,6 +5,7 @@ Raw gRPC calls (the generated stubs, in this process) cover what the official cl
 itself before it would send (FIFO messages, oversize bodies) and the exact codes of bad input.
 """
 
+import ast
 import importlib.util
 import itertools
 import json
@@ -21,6 +22,8 @@ import pytest
 
 from commitlog.inspect import iter_records
 from hasvc import client as hc
+from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
+from hasvc.tools.partition import LOOPBACK, free_port
 from tests.cluster import BrokerProcess, Cluster, self_signed_certificate, wait_until
 
 pb = pytest.importorskip("hasvc.proxy.pb")
@@ -405,6 +408,71 @@ def test_no_send_acknowledged_to_the_official_client_is_lost_when_the_master_die
         assert not set(acked) - set(queued), len(set(acked) - set(queued))
     finally:
         cluster.close()
+
+
+def test_no_send_acknowledged_to_the_official_client_is_lost_when_a_dledger_leader_dies(tmp_path):
+    """A proxy in front of a 3-member DLedger group: SIGKILL the leader under an official
+    Producer; the group elects a new leader with nobody promoting, the proxy follows it, and
+    every acknowledged message is in the new leader's queues, once."""
+    members = [f"n{i}" for i in range(3)]
+    raft_ports = {member: free_port() for member in members}
+    peers = ";".join(f"{member}-{LOOPBACK}:{port}" for member, port in raft_ports.items())
+    nodes = {}
+    try:
+        for member in members:
+            args = ["--store", str(tmp_path / member), "--listen", f"{LOOPBACK}:{free_port()}", "--group", "px",
+                    "--peers", peers, "--self", member, "--set", "commitlog_segment_size=4194304"]  # fmt: skip
+            for setting in ETCD_LIKE_SETTINGS:
+                args += ["--set", setting]
+            nodes[member] = Node(str(tmp_path), member, args)
+            nodes[member].start()
+        addresses = ",".join(node.client_address for node in nodes.values())
+
+        def leader() -> str | None:
+            for member, node in nodes.items():
+                if node.alive:
+                    with hc.BlockingClient(node.client_address) as client:
+                        if client.status()["role"] == "SYNC_MASTER":
+                            return member
+            return None
+
+        first = wait_until(leader, timeout=60, message="a leader")
+        command = [sys.executable, "-m", "hasvc.cli", "proxy", "--listen", "127.0.0.1:0", "--brokers", addresses]
+        proxy_process = BrokerProcess("proxy", command, str(tmp_path / "proxy.log"))
+        try:
+            topic = unique("Raft")
+            steps = [{"op": "produce", "topic": topic, "count": 150, "tolerate": True, "pause": 0.01}]
+            producer = subprocess.Popen([sys.executable, DRIVER, proxy_process.address, json.dumps(steps)],
+                                        env={**os.environ, "HOME": str(tmp_path)}, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+            try:
+                with hc.BlockingClient(nodes[first].client_address) as client:
+                    wait_until(lambda: sum(client.pull(topic, q, 0, count_max=1).max_queue_offset for q in range(4)) >= 30,  # noqa: B023
+                               message="the producer under way")  # fmt: skip
+                nodes[first].kill()
+                out, err = producer.communicate(timeout=DRIVER_TIMEOUT_SECONDS)
+            finally:
+                if producer.poll() is None:
+                    producer.kill()
+                    producer.wait()
+            assert producer.returncode == 0, err[-3000:] + proxy_process.log()[-3000:]
+        finally:
+            assert proxy_process.stop() == 0, proxy_process.log()[-3000:]
+        (sent,) = json.loads(out.strip().splitlines()[-1])
+        acked = [s["id"] for s in sent if "id" in s]
+        assert len(acked) > 30, [s for s in sent if "error" in s]
+        second = wait_until(leader, timeout=60, message="a new leader")
+        assert second != first
+        with hc.BlockingClient(nodes[second].client_address) as client:
+            queued = [r.properties["UNIQ_KEY"] for q in range(4) for r in client.pull(topic, q, 0, count_max=1024).records]
+        assert not set(acked) - set(queued), len(set(acked) - set(queued))
+        assert len(queued) == len(set(queued))  # retried sends stored once
+        lane = ast.literal_eval(proxy_process.log().rsplit("send lane ", 1)[1].splitlines()[0])
+        assert lane["connects"] >= 2 and lane["sent"] > 0, lane  # the send lane followed the new leader
+    finally:
+        for node in nodes.values():
+            if node.alive:
+                node.stop()
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")

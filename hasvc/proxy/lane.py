@@ -128,9 +128,13 @@ class SendLane:
         future = loop.create_future()
         self._pending[request_id] = future
         self._deadlines.append((loop.time() + REQUEST_TIMEOUT_SECONDS, request_id))
-        if not self._outgoing:
-            loop.call_soon(self._flush)  # the frames of this pass of the loop leave in one write
-        self._outgoing.append(cp.encode_frame(cp.SEND_IDEMPOTENT, request_id, cp.encode_send(request)))
+        frame = cp.encode_frame(cp.SEND_IDEMPOTENT, request_id, cp.encode_send(request))
+        if len(self._pending) == 1 and not self._outgoing:
+            protocol.transport.write(frame)  # the only request out: no pass of the loop to wait for
+        else:
+            if not self._outgoing:
+                loop.call_soon(self._flush)  # the frames of this pass of the loop leave in one write
+            self._outgoing.append(frame)
         try:
             payload = await future
         finally:

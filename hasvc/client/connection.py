@@ -119,8 +119,20 @@ class Client:
         self._pending[request_id] = slot
         self._drop_answered()
         self._deadlines.append((trio.current_time() + REQUEST_TIMEOUT_SECONDS, request_id))
-        self._outgoing.append(cp.encode_frame(kind, request_id, payload))
-        self._send_wakeup.set()
+        frame = cp.encode_frame(kind, request_id, payload)
+        if len(self._pending) == 1 and not self._outgoing:
+            # the only request out (one caller waiting on each answer): written now, without a
+            # pass of the writer task; what the socket does not take now goes to the writer
+            try:
+                rest = self._connection.write_now([frame])
+            except OSError as error:
+                self._fail(error)  # answers this request's slot too
+                rest = b""
+            if rest is not None:  # None: TLS, or the writer is sending; it takes the frame
+                frame = rest
+        if frame:
+            self._outgoing.append(frame)
+            self._send_wakeup.set()
         await slot[0].wait()
         if slot[1] is _TIMED_OUT:
             raise ClientError(f"no response within {REQUEST_TIMEOUT_SECONDS:.0f} s")

@@ -39,6 +39,16 @@ class ProxyMetrics:
             ("hasvc_proxy_progress_events", "events", "Consumer progress events appended to the progress topic"),
         ):
             yield CounterMetricFamily(name, text, value=stats.get(key, 0))
+        lane = self.servicer.lane
+        if lane is not None:
+            lane_stats = dict(lane.stats)
+            for name, key, text in (
+                ("hasvc_proxy_send_lane_sends", "sent", "Sends the send lane stored (hasvc/proxy/lane.py)"),
+                ("hasvc_proxy_send_lane_fallbacks", "fallbacks", "Sends the lane handed to the failover client (not connected, "
+                 "connection lost, no answer in time, not the master)"),
+                ("hasvc_proxy_send_lane_connects", "connects", "Connections the lane made to the master"),
+            ):
+                yield CounterMetricFamily(name, text, value=lane_stats.get(key, 0))
         queues = list(self.gate.table.queues.values())
         yield GaugeMetricFamily("hasvc_proxy_group_queues", "Consumer group queues with progress", value=len(queues))
         yield GaugeMetricFamily("hasvc_proxy_inflight_messages", "Messages delivered and not yet acknowledged",

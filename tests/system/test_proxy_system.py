@@ -264,6 +264,7 @@ def test_two_groups_each_consume_every_message_exactly_once(proxy, tmp_path):
         scraped = response.read().decode()
     assert 'hasvc_proxy_requests_total{code="OK",method="SendMessage"}' in scraped
     assert "hasvc_proxy_messages_acked_total" in scraped and "hasvc_proxy_inflight_messages" in scraped
+    assert "hasvc_proxy_send_lane_sends_total" in scraped and "hasvc_proxy_send_lane_fallbacks_total" in scraped
     assert after == []  # everything acknowledged: nothing comes back
     by_id = {s["id"]: s["i"] for s in sent}
     for message in group_a:

@@ -152,9 +152,11 @@ class MappedFile:
     # -- positions ------------------------------------------------------------------------
 
     def _check(self) -> None:
+        # ``committed_position`` written out: this runs after every append (twice a put).
+        committed = self._committed_position if self.write_buffer is not None else self.wrote_position
         assert self.flushed_position >= 0, self.flushed_position
-        assert self.flushed_position <= self.committed_position, (self.flushed_position, self.committed_position)
-        assert self.committed_position <= self.wrote_position, (self.committed_position, self.wrote_position)
+        assert self.flushed_position <= committed, (self.flushed_position, committed)
+        assert committed <= self.wrote_position, (committed, self.wrote_position)
         assert self.wrote_position <= self.file_size, (self.wrote_position, self.file_size)
 
     @property

@@ -87,6 +87,8 @@ class MessageStore:
         self.path = path
         self.config = (config or StoreConfig()).validate()
         self.crc_function = self.config.crc_function
+        # SYNC_FLUSH (group commit) or not: the config is frozen, and dispatch asks twice a put.
+        self.sync_flush = self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.pool = (
             TransientStorePool(
                 buffers_max=self.config.transient_store_pool_size, buffer_size=self.config.commitlog_segment_size
@@ -298,10 +300,6 @@ class MessageStore:
 
     # -- driver steps ---------------------------------------------------------------------
 
-    @property
-    def sync_flush(self) -> bool:
-        return self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-
     def warm_commitlog(self, ahead: int | None = None) -> None:
         """Fault in ``ahead`` bytes (default ``warm_ahead_size``) ahead of the writer and make the
         next segment when it is due; ``ahead=0`` only makes the segment."""
@@ -334,7 +332,8 @@ class MessageStore:
     def dispatch_end_offset(self) -> int:
         """Consume queues index only what is durable under SYNC_FLUSH (RocketMQ HEAD's
         getConfirmOffset); everything readable under ASYNC_FLUSH."""
-        return self.commit_log.flushed_offset if self.sync_flush else self.commit_log.max_offset
+        commit_log = self.commit_log
+        return commit_log.mapped_file_queue.flushed_where if self.sync_flush else commit_log.mapped_file_queue.max_offset
 
     def dispatch(self, max_bytes: int | None = None) -> int:
         """Build consume queue units for records from ``reput_from_offset``; return how many

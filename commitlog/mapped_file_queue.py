@@ -119,8 +119,8 @@ class MappedFileQueue:
 
     @property
     def min_offset(self) -> int:
-        first = self.first
-        return first.file_from_offset if first else 0
+        files = self.mapped_files
+        return files[0].file_from_offset if files else 0
 
     # The two ends below are read several times a put (replication, dispatch, the slave's
     # checks): written out rather than through ``last`` and ``offset_of``, three Python calls
@@ -132,8 +132,8 @@ class MappedFileQueue:
         files = self.mapped_files
         if not files:
             return 0
-        last = files[-1]
-        return last.file_from_offset + last.read_position
+        last = files[-1]  # without a write buffer what readers see ends where the writer is
+        return last.file_from_offset + (last.wrote_position if last.write_buffer is None else last.read_position)
 
     @property
     def max_wrote_offset(self) -> int:

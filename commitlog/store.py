@@ -347,7 +347,7 @@ class MessageStore:
         count = 0
         queue = self.commit_log.mapped_file_queue
         while self.reput_from_offset < end and budget > 0:
-            offset = max(self.reput_from_offset, self.commit_log.min_offset)
+            offset = max(self.reput_from_offset, queue.min_offset)
             mapped_file = queue.find_mapped_file_by_offset(offset)
             if mapped_file is None:
                 break

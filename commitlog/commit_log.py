@@ -244,7 +244,7 @@ class CommitLog:
         when ``size`` plus the blank does not fit (RocketMQ's END_OF_FILE)."""
         queue = self.mapped_file_queue
         mapped_file = queue.get_last_mapped_file(0)
-        if size + rec.BLANK_SIZE > mapped_file.remaining:
+        if size + rec.BLANK_SIZE > mapped_file.file_size - mapped_file.wrote_position:  # remaining
             remaining = mapped_file.remaining
             rec.write_blank(mapped_file.writable_view(), mapped_file.wrote_position, remaining)
             mapped_file.advance(remaining)
@@ -259,7 +259,15 @@ class CommitLog:
         ``offset`` must be the local end of the log (or, for an empty log, the start of a
         segment). Raises ReplicationOffsetError otherwise."""
         view = memoryview(data)
-        self._append_replicated(offset, len(view), lambda mapped_file, done, count: mapped_file.write_through(view[done : done + count]))
+        size = len(view)
+        with self.put_lock:  # a frame that continues the last segment and fits it: written at once
+            files = self.mapped_file_queue.mapped_files
+            if files:
+                last = files[-1]
+                if offset == last.file_from_offset + last.wrote_position and 0 < size <= last.file_size - last.wrote_position:
+                    last.write_through(view)
+                    return
+        self._append_replicated(offset, size, lambda mapped_file, done, count: mapped_file.write_through(view[done : done + count]))
 
     def append_replicated_from_pipe(self, offset: int, pipe_fd: int, size: int) -> None:
         """``append_replicated`` for ``size`` bytes waiting in a pipe (``MappedFile.write_from_pipe``):

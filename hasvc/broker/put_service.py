@@ -47,8 +47,6 @@ from hasvc.state.puts import PutTracker, final_status
 from hasvc.state.role import RoleState
 
 WAITER_TIMER_MAX_SECONDS = 0.1  # the timer task re-checks deadlines at least this often
-# Each status's name, looked up (an enum's ``.name`` is a descriptor and a property: two calls a put).
-STATUS_NAMES = {status: status.name for status in rec.PutMessageStatus}
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: built for every put, and frozen __init__ costs 4x
@@ -170,7 +168,7 @@ class _StoredAnswer:
         status, reason = self.status, self.reason
         if (flush_wait is not None and not flush_wait.ok) or (ack_wait is not None and not ack_wait.ok):
             status, reason = puts._final_status(status, reason, flush_wait, ack_wait)
-        name = STATUS_NAMES[status]
+        name = status._name_  # the member's name (``.name`` is a property: two calls a put)
         if puts.metrics:
             puts.metrics.put_done_many(name, time.perf_counter() - self.started, len(self.stored))
         prefix = cp.send_response_prefix(name, reason)

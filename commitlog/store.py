@@ -288,7 +288,10 @@ class MessageStore:
     def disk_full(self) -> bool:
         """``disk_full_at`` now: the append path's one clock read (an argument per append would
         cost every caller a clock read of its own)."""
-        return MessageStore.disk_full_at(self, time.monotonic())  # by name: DLedgerMessageStore borrows disk_full
+        now = time.monotonic()
+        if now - self._disk_checked_at < self._disk_check_interval_seconds:  # measured lately: disk_full_at's answer
+            return self._disk_used_ratio > self.config.disk_max_used_space_ratio
+        return MessageStore.disk_full_at(self, now)  # by name: DLedgerMessageStore borrows disk_full
 
     def disk_full_at(self, now: float) -> bool:
         """Whether the disk is above ``disk_max_used_space_ratio``, measured at most once per

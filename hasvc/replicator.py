@@ -93,6 +93,6 @@ class ClassicReplicator:
 
     def on_report(self) -> None:
         """A slave reported (``HAService``): the replicated offset may have moved."""
-        offset = self.replicated_offset()
+        offset = self.replicas.ack_watermark(self.in_sync_replicas)  # replicated_offset()
         for listener in self._listeners:
             listener(offset)

@@ -348,9 +348,9 @@ class PutService:
 
     def append(self, request: cp.SendRequest) -> Appended:
         """Steps 1 and 2 of a put: refuse, or append."""
-        refusal = self._write_refusal()
+        refusal = self.tracker.refusal(self.role, self.replicator.in_sync_count)  # _write_refusal, once a put
         if refusal is not None:
-            return refusal
+            return Appended(refusal.status, refusal.reason)
         store = self.store
         properties = request.properties
         shared = properties.count(properties[0]) == len(properties)  # compared in C

@@ -108,7 +108,8 @@ class FrameDecoder:
             return None
         if len(first) >= FRAME_HEADER.size:  # a frame per receive: header and payload taken in place
             length, kind, request_id = FRAME_HEADER.unpack_from(first)
-            self._check(length, kind)
+            if length < 5 or length > self.frame_size_max or kind not in self._kinds:
+                self._check(length, kind)  # raises
             end = 4 + length
             if len(first) >= end:
                 buffer.skip(end)

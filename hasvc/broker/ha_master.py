@@ -154,7 +154,6 @@ class HAService:
         decoder = ha.ReportDecoder()
         while True:
             data = await connection.receive_some()
-            watchdog.feed()
             if not data:
                 raise EOFError("slave closed the connection")
             decoder.receive_data(data)
@@ -165,6 +164,7 @@ class HAService:
                 if first:
                     first_report.set()
                 self.on_ack()
+            watchdog.feed()  # after the reports: the puts they release are answered first
         raise AssertionError("unreachable")
 
     async def _write_frames(self, connection, progress: SlaveProgress, first_report: trio.Event, hello: ha.SlaveHello) -> None:

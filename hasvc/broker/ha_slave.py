@@ -226,10 +226,10 @@ class HAClient:
                 with frame_buffer[: header.size] as data:
                     await connection.receive_into(data)
                     store.commit_log.append_replicated(header.offset, data)
-            watchdog.feed()
             if config.flush_before_ack:
                 self._flush_wakeup.set()
             else:
                 await self.send_report(connection)  # first: the master waits for it
+            watchdog.feed()  # after the report (the master waits for that, not for a clock read)
             self.after_appends()
         raise AssertionError("unreachable")

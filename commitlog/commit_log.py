@@ -264,7 +264,8 @@ class CommitLog:
             files = self.mapped_file_queue.mapped_files
             if files:
                 last = files[-1]
-                if offset == last.file_from_offset + last.wrote_position and 0 < size <= last.file_size - last.wrote_position:
+                end, room = last.file_from_offset + last.wrote_position, last.file_size - last.wrote_position
+                if offset == end and 0 < size <= room:
                     last.write_through(view)
                     return
         self._append_replicated(offset, size, lambda mapped_file, done, count: mapped_file.write_through(view[done : done + count]))

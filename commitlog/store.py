@@ -335,8 +335,8 @@ class MessageStore:
     def dispatch_end_offset(self) -> int:
         """Consume queues index only what is durable under SYNC_FLUSH (RocketMQ HEAD's
         getConfirmOffset); everything readable under ASYNC_FLUSH."""
-        commit_log = self.commit_log
-        return commit_log.mapped_file_queue.flushed_where if self.sync_flush else commit_log.mapped_file_queue.max_offset
+        queue = self.commit_log.mapped_file_queue
+        return queue.flushed_where if self.sync_flush else queue.max_offset
 
     def dispatch(self, max_bytes: int | None = None) -> int:
         """Build consume queue units for records from ``reput_from_offset``; return how many

@@ -176,7 +176,7 @@ class ConsumeQueue:
         if count == 0 or last_end <= self.max_physic_offset:
             return 0
         queue = self.mapped_file_queue
-        if queue.last is None and first_queue_offset:
+        if not queue.mapped_files and first_queue_offset:
             mapped_file = queue.get_last_mapped_file(first_queue_offset * CQ_UNIT_SIZE)
             self._fill_pre_blank(mapped_file, first_queue_offset * CQ_UNIT_SIZE - mapped_file.file_from_offset)
             self.min_logic_offset = first_queue_offset * CQ_UNIT_SIZE
@@ -201,6 +201,9 @@ class ConsumeQueue:
 
     def _append_units(self, view: memoryview) -> None:
         queue = self.mapped_file_queue
+        files = queue.mapped_files
+        if files and files[-1].append(view):  # the units fit the last file whole (a put's one unit)
+            return
         while view:
             mapped_file = queue.get_last_mapped_file(queue.max_wrote_offset)
             size = min(len(view), mapped_file.remaining)

@@ -152,9 +152,11 @@ class MappedFile:
     # -- positions ------------------------------------------------------------------------
 
     def _check(self) -> None:
+        # ``committed_position`` written out: this runs after every append (twice a put).
+        committed = self._committed_position if self.write_buffer is not None else self.wrote_position
         assert self.flushed_position >= 0, self.flushed_position
-        assert self.flushed_position <= self.committed_position, (self.flushed_position, self.committed_position)
-        assert self.committed_position <= self.wrote_position, (self.committed_position, self.wrote_position)
+        assert self.flushed_position <= committed, (self.flushed_position, committed)
+        assert committed <= self.wrote_position, (committed, self.wrote_position)
         assert self.wrote_position <= self.file_size, (self.wrote_position, self.file_size)
 
     @property
@@ -191,11 +193,12 @@ class MappedFile:
     def append(self, data) -> bool:
         """Copy ``data`` in whole at ``wrote_position``; False (nothing written) if it does not fit."""
         size = len(data)
-        if size > self.remaining:
+        position = self.wrote_position
+        if size > self.file_size - position:  # remaining
             return False
         if size:
-            position = self.wrote_position
-            self.writable_view()[position : position + size] = data
+            view = self._buffer_view if self._buffer_view is not None else self._view  # writable_view
+            view[position : position + size] = data
             self.advance(size)
         return True
 
@@ -205,7 +208,7 @@ class MappedFile:
         whole is never zeroed, where a first touch through the mapping faults the page in zeroed
         and then copies over it (``Broker.warm_ahead`` has what that bought)."""
         size = len(data)
-        assert size <= self.remaining, (size, self.remaining)
+        assert size <= self.file_size - self.wrote_position, (size, self.remaining)
         if self._buffer_view is not None:
             self.append(data)
             return

@@ -119,19 +119,26 @@ class MappedFileQueue:
 
     @property
     def min_offset(self) -> int:
-        first = self.first
-        return first.file_from_offset if first else 0
+        files = self.mapped_files
+        return files[0].file_from_offset if files else 0
+
+    # The two ends below are read several times a put (replication, dispatch, the slave's
+    # checks): written out rather than through ``last`` and ``offset_of``, three Python calls
+    # fewer each time (``file_from_offset + position`` is ``offset_of``).
 
     @property
     def max_offset(self) -> int:
         """End of what readers see."""
-        last = self.last
-        return last.offset_of(last.read_position) if last else 0
+        files = self.mapped_files
+        if not files:
+            return 0
+        last = files[-1]  # without a write buffer what readers see ends where the writer is
+        return last.file_from_offset + (last.wrote_position if last.write_buffer is None else last.read_position)
 
     @property
     def max_wrote_offset(self) -> int:
-        last = self.last
-        return last.offset_of(last.wrote_position) if last else 0
+        files = self.mapped_files
+        return files[-1].file_from_offset + files[-1].wrote_position if files else 0
 
     def find_mapped_file_by_offset(self, offset: int) -> MappedFile | None:
         files = self.mapped_files
@@ -146,8 +153,8 @@ class MappedFileQueue:
 
     def get_last_mapped_file(self, start_offset: int = 0, *, create: bool = True) -> MappedFile | None:
         """The segment to append to: the last one unless it is full; creates one if allowed."""
-        last = self.last
-        if last is not None and not last.full:
+        last = self.mapped_files[-1] if self.mapped_files else None
+        if last is not None and last.wrote_position < last.file_size:  # not full
             return last
         if not create:
             return None
@@ -207,7 +214,7 @@ class MappedFileQueue:
     def needs_warming(self, size: int) -> bool:
         """Whether ``warm_ahead(size)`` has work: less than half of ``size`` faulted in ahead of
         the writer, or the next segment due and not there."""
-        last = self.last
+        last = self.mapped_files[-1] if self.mapped_files else None
         if last is None:
             return False
         if size and last.populated_position < min(last.wrote_position + size // 2, self.file_size):

@@ -87,6 +87,8 @@ class MessageStore:
         self.path = path
         self.config = (config or StoreConfig()).validate()
         self.crc_function = self.config.crc_function
+        # SYNC_FLUSH (group commit) or not: the config is frozen, and dispatch asks twice a put.
+        self.sync_flush = self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.pool = (
             TransientStorePool(
                 buffers_max=self.config.transient_store_pool_size, buffer_size=self.config.commitlog_segment_size
@@ -286,7 +288,10 @@ class MessageStore:
     def disk_full(self) -> bool:
         """``disk_full_at`` now: the append path's one clock read (an argument per append would
         cost every caller a clock read of its own)."""
-        return MessageStore.disk_full_at(self, time.monotonic())  # by name: DLedgerMessageStore borrows disk_full
+        now = time.monotonic()
+        if now - self._disk_checked_at < self._disk_check_interval_seconds:  # measured lately: disk_full_at's answer
+            return self._disk_used_ratio > self.config.disk_max_used_space_ratio
+        return MessageStore.disk_full_at(self, now)  # by name: DLedgerMessageStore borrows disk_full
 
     def disk_full_at(self, now: float) -> bool:
         """Whether the disk is above ``disk_max_used_space_ratio``, measured at most once per
@@ -297,10 +302,6 @@ class MessageStore:
         return self._disk_used_ratio > self.config.disk_max_used_space_ratio
 
     # -- driver steps ---------------------------------------------------------------------
-
-    @property
-    def sync_flush(self) -> bool:
-        return self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
 
     def warm_commitlog(self, ahead: int | None = None) -> None:
         """Fault in ``ahead`` bytes (default ``warm_ahead_size``) ahead of the writer and make the
@@ -334,7 +335,8 @@ class MessageStore:
     def dispatch_end_offset(self) -> int:
         """Consume queues index only what is durable under SYNC_FLUSH (RocketMQ HEAD's
         getConfirmOffset); everything readable under ASYNC_FLUSH."""
-        return self.commit_log.flushed_offset if self.sync_flush else self.commit_log.max_offset
+        queue = self.commit_log.mapped_file_queue
+        return queue.flushed_where if self.sync_flush else queue.max_offset
 
     def dispatch(self, max_bytes: int | None = None) -> int:
         """Build consume queue units for records from ``reput_from_offset``; return how many
@@ -348,7 +350,7 @@ class MessageStore:
         count = 0
         queue = self.commit_log.mapped_file_queue
         while self.reput_from_offset < end and budget > 0:
-            offset = max(self.reput_from_offset, self.commit_log.min_offset)
+            offset = max(self.reput_from_offset, queue.min_offset)
             mapped_file = queue.find_mapped_file_by_offset(offset)
             if mapped_file is None:
                 break

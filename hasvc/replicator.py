@@ -76,8 +76,7 @@ class ClassicReplicator:
         return self.replicas.ack_watermark(self.in_sync_replicas)
 
     def admit(self, next_offset: int) -> Admission:
-        return self.replicas.admit(next_offset=next_offset, master_max_offset=self.log_end(), max_gap=self.max_gap,
-                                   replicas=self.in_sync_replicas)  # fmt: skip
+        return self.replicas.admit(next_offset=next_offset, max_gap=self.max_gap, replicas=self.in_sync_replicas)
 
     def shortfall(self, next_offset: int) -> str:
         """How many in-sync slaves were needed, how many there were."""
@@ -94,6 +93,6 @@ class ClassicReplicator:
 
     def on_report(self) -> None:
         """A slave reported (``HAService``): the replicated offset may have moved."""
-        offset = self.replicated_offset()
+        offset = self.replicas.ack_watermark(self.in_sync_replicas)  # replicated_offset()
         for listener in self._listeners:
             listener(offset)

@@ -144,8 +144,10 @@ class Broker:
         self.store_tasks.after_appends()
 
     async def _run_ha_client(self) -> None:
+        # after_appends: the store's part alone (a slave serves no slaves: the replicator has nothing to push).
         client = HAClient(config=self.config, store=self.store, role=self.role_state, listen_address=self.listen_address,
-                          truncation_locks=(self.store_tasks.maintenance, self.store_tasks.warming), after_appends=self.after_appends)  # fmt: skip
+                          truncation_locks=(self.store_tasks.maintenance, self.store_tasks.warming),
+                          after_appends=self.store_tasks.after_appends)  # fmt: skip
         self._ha_client_scope = trio.CancelScope()
         with self._ha_client_scope:
             await client.run()

@@ -199,7 +199,7 @@ class ClientPort:
         stopped for want of room, True when no frame is left."""
         decoder, outbox = client.decoder, client.outbox
         while True:
-            if outbox.full:
+            if outbox.in_flight >= outbox.in_flight_max:  # outbox.full, written out: twice a put
                 return False
             frame = decoder.next_frame()
             if frame is None:

@@ -197,17 +197,19 @@ class HAClient:
             raw = await connection.receive_exactly(ha.TRANSFER_HEADER.size, read_ahead=False)
             watchdog.feed()
             header = ha.decode_transfer_header(raw, size_max=config.ha_frame_size_max)
-            log_started = store.commit_log.mapped_file_queue.last is not None
-            refusal = offset_refusal(header.offset, log_end=store.commit_log.max_wrote_offset, log_started=log_started)
+            # The log's last segment and end read once (``mapped_file_queue.last`` and
+            # ``max_wrote_offset`` written out: this runs for every frame).
+            files = store.commit_log.mapped_file_queue.mapped_files
+            last = files[-1] if files else None
+            log_end = last.file_from_offset + last.wrote_position if last is not None else 0
+            refusal = offset_refusal(header.offset, log_end=log_end, log_started=last is not None)
             if refusal is not None:
                 raise wire.ProtocolError(refusal)
             if header.size == 0:
                 continue  # heartbeat; our heartbeat task reports
-            last = store.commit_log.mapped_file_queue.last
-            if last is None or last.full:  # a new segment: fallocate and a directory fsync, off the loop
+            room = 0 if last is None else last.file_size - last.wrote_position
+            if room == 0:  # a new segment: fallocate and a directory fsync, off the loop
                 room = await trio.to_thread.run_sync(store.commit_log.prepare_replication, header.offset)
-            else:
-                room = last.remaining
             refusal = room_refusal(header.offset, header.size, room=room)
             if refusal is not None:
                 raise wire.ProtocolError(refusal)
@@ -224,10 +226,10 @@ class HAClient:
                 with frame_buffer[: header.size] as data:
                     await connection.receive_into(data)
                     store.commit_log.append_replicated(header.offset, data)
-            watchdog.feed()
             if config.flush_before_ack:
                 self._flush_wakeup.set()
             else:
                 await self.send_report(connection)  # first: the master waits for it
+            watchdog.feed()  # after the report (the master waits for that, not for a clock read)
             self.after_appends()
         raise AssertionError("unreachable")

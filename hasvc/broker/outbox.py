@@ -92,8 +92,11 @@ class Outbox:
             self._wakeup.set()
             return
         self._parts = []
-        self._released(self._queued)
+        self.in_flight -= self._queued  # _released written out: once a put
         self._queued = 0
+        if self._room is not None:
+            self._room.set()
+            self._room = None
 
     def _released(self, count: int) -> None:
         self.in_flight -= count

@@ -108,21 +108,33 @@ def split_appended(appended: Appended, counts: list[int]) -> list[Appended]:
 class _Wait:
     """One wait for a watermark (flush or slave ack). ``finish`` ends it once: from the task
     that moved the watermark, the timer, or a drain. A waiting task awaits ``event``; puts
-    answered by callback (``_StoredAnswer``) are answered right there, with no task of their own."""
+    answered by callback (``_StoredAnswer``) are answered right there, with no task of their own
+    and no event: it is made by the first look (a trio.Event made and set for every put that
+    nobody waited on was two calls of a lone producer's put)."""
 
-    __slots__ = ("event", "ok", "callback", "done")
+    __slots__ = ("_event", "ok", "callback", "done")
 
     def __init__(self, callback=None) -> None:
-        self.event = trio.Event()
+        self._event: trio.Event | None = None
         self.ok = False
         self.callback = callback
         self.done = False
+
+    @property
+    def event(self) -> trio.Event:
+        """Set once the wait has ended."""
+        if self._event is None:
+            self._event = trio.Event()
+            if self.done:
+                self._event.set()
+        return self._event
 
     def finish(self, ok: bool) -> None:
         if self.done:
             return
         self.done, self.ok = True, ok
-        self.event.set()
+        if self._event is not None:
+            self._event.set()
         if self.callback is not None:
             self.callback()
 
@@ -153,8 +165,10 @@ class _StoredAnswer:
             return
         self.registered = False  # answered once
         puts = self.puts
-        status, reason = puts._final_status(self.status, self.reason, flush_wait, ack_wait)
-        name = status.name
+        status, reason = self.status, self.reason
+        if (flush_wait is not None and not flush_wait.ok) or (ack_wait is not None and not ack_wait.ok):
+            status, reason = puts._final_status(status, reason, flush_wait, ack_wait)
+        name = status._name_  # the member's name (``.name`` is a property: two calls a put)
         if puts.metrics:
             puts.metrics.put_done_many(name, time.perf_counter() - self.started, len(self.stored))
         prefix = cp.send_response_prefix(name, reason)
@@ -229,16 +243,20 @@ class PutService:
         """Append a pass of SENDs, send them to the idle slaves, then register the waits and
         answer the refusals: the slave works on the frame while the master does the rest (it
         is only read after this step, so no ack can come before its waits exist)."""
-        answered: list = []
-        plain: list = []
-        for outbox, frame, request in items:
-            if frame.kind == cp.SEND:
-                plain.append(((outbox, frame), request))
-                continue
+        if len(items) == 1 and items[0][1].kind == cp.SEND:  # a lone producer's put: nothing to group
+            outbox, frame, request = items[0]
+            answered = [[((outbox, frame), self.append(request))]]
+        else:
+            answered = []
+            plain: list = []
+            for outbox, frame, request in items:
+                if frame.kind == cp.SEND:
+                    plain.append(((outbox, frame), request))
+                    continue
+                answered.append(self._append_sends(plain))
+                plain = []
+                answered.append(self._append_idempotent((outbox, frame), request))
             answered.append(self._append_sends(plain))
-            plain = []
-            answered.append(self._append_idempotent((outbox, frame), request))
-        answered.append(self._append_sends(plain))
         self.replicator.appended()
         for each in answered:
             if each:
@@ -293,15 +311,18 @@ class PutService:
         replicated and flushed as configured (its waits cover every lower offset): one wait per
         pass, however many connections, requests and queues it held."""
         started = time.perf_counter()
-        stored = [(reply, each) for reply, each in answered if each.status is rec.PutMessageStatus.PUT_OK]
-        outboxes = set()
-        for (outbox, frame), each in answered:
-            if each.status is not rec.PutMessageStatus.PUT_OK or not self._must_wait(each):
-                outbox.respond(frame, cp.encode_send_response(self._finish_put(each, started)))
-                outboxes.add(outbox)
-        for outbox in outboxes:
-            outbox.flush()
-        if stored and self._must_wait(stored[0][1]):
+        put_ok = rec.PutMessageStatus.PUT_OK
+        must_wait = self.tracker.must_wait(self.role)  # once for the pass (``_must_wait`` of a stored put)
+        stored = [(reply, each) for reply, each in answered if each.status is put_ok] if must_wait else []
+        if len(stored) < len(answered):
+            outboxes = set()
+            for (outbox, frame), each in answered:
+                if each.status is not put_ok or not must_wait:
+                    outbox.respond(frame, cp.encode_send_response(self._finish_put(each, started)))
+                    outboxes.add(outbox)
+            for outbox in outboxes:
+                outbox.flush()
+        if stored:
             _StoredAnswer(self, stored, started)
 
     def append_many(self, requests: list[cp.SendRequest]) -> list[Appended] | None:
@@ -327,9 +348,9 @@ class PutService:
 
     def append(self, request: cp.SendRequest) -> Appended:
         """Steps 1 and 2 of a put: refuse, or append."""
-        refusal = self._write_refusal()
+        refusal = self.tracker.refusal(self.role, self.replicator.in_sync_count)  # _write_refusal, once a put
         if refusal is not None:
-            return refusal
+            return Appended(refusal.status, refusal.reason)
         store = self.store
         properties = request.properties
         shared = properties.count(properties[0]) == len(properties)  # compared in C
@@ -380,7 +401,7 @@ class PutService:
             flush_wait = self.add_flush_wait(next_offset, self.tracker.flush_deadline(now), callback)
             self._flush_requested.set()
         if plan.ack:
-            ack_wait = self.add_ack_wait(next_offset, self.tracker.ack_deadline(now), callback)
+            ack_wait = self._wait_for(self._ack_waiters, next_offset, self.tracker.ack_deadline(now), callback)
         if plan.status is rec.PutMessageStatus.PUT_OK:
             return appended.status, appended.reason, flush_wait, ack_wait
         return plan.status, plan.reason, flush_wait, ack_wait
@@ -404,8 +425,7 @@ class PutService:
         try:
             waiters.add(offset, deadline, wait)
         except WaitersFull:
-            wait.done = True  # ok stays False: reported as a timeout
-            wait.event.set()
+            wait.done = True  # ok stays False: reported as a timeout (its event, if looked at, is set)
             return wait
         self.timer.due(deadline)
         return wait

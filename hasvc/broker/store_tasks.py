@@ -30,6 +30,7 @@ import trio
 
 from commitlog.store import MessageStore
 from hasvc import transport
+from hasvc.config import BrokerRole
 from hasvc.state.role import RoleState
 
 LOGGER = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ class StoreTasks:
         store.dispatch()
         if store.reput_from_offset < store.dispatch_end_offset and store.dispatch_error is None:
             self.new_data.notify()
-        if store.commit_log.mapped_file_queue.needs_warming(self.warm_ahead):
+        ahead = 0 if self.role.role is BrokerRole.SLAVE else self._warm_ahead_size  # warm_ahead, written out
+        if store.commit_log.mapped_file_queue.needs_warming(ahead):
             self._warm_wanted.set()
 
     async def group_commit_task(self, flushes: FlushWaits) -> None:

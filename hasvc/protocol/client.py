@@ -102,6 +102,19 @@ class FrameDecoder:
         """The next whole frame, or None until it is in. The length is checked as soon as its
         4 bytes are in and the kind as soon as its byte is, not once the 9-byte header is: a
         peer that sends a bad length alone is refused, not left waiting for 5 more bytes."""
+        buffer = self._buffer
+        first = buffer.first_chunk()
+        if first is None:
+            return None
+        if len(first) >= FRAME_HEADER.size:  # a frame per receive: header and payload taken in place
+            length, kind, request_id = FRAME_HEADER.unpack_from(first)
+            if length < 5 or length > self.frame_size_max or kind not in self._kinds:
+                self._check(length, kind)  # raises
+            end = 4 + length
+            if len(first) >= end:
+                buffer.skip(end)
+                payload = first[FRAME_HEADER.size : end]
+                return Frame(kind, request_id, bytes(payload) if self.responses else payload)
         head = self._buffer.unpack(FRAME_HEADER)
         if head is None:
             buffered = len(self._buffer)

@@ -170,6 +170,12 @@ class Buffer:
             size -= len(first)
             chunks.popleft()
 
+    def first_chunk(self) -> memoryview | None:
+        """The oldest received piece not yet taken, as it is (None when nothing is buffered): a
+        decoder whose next frame lies whole in it takes the frame with one ``skip``."""
+        chunks = self._chunks
+        return chunks[0] if chunks else None
+
     def peek(self, size: int) -> memoryview | None:
         if self._size < size:
             return None

@@ -94,7 +94,8 @@ class PutTracker:
         """Step 3 for a put whose records end at ``next_offset``. ``replicated_to``: the offset
         ``in_sync_replicas`` slaves have all acknowledged; ``admit`` is asked only when that is
         not past the put, and ``shortfall`` (SLAVE_NOT_AVAILABLE's reason) only when it refuses."""
-        ack = self.waits_for_acks(role) and replicated_to < next_offset
+        # waits_for_acks, written out (once a put)
+        ack = self.in_sync_replicas > 0 and role.role is BrokerRole.SYNC_MASTER and replicated_to < next_offset
         if ack and admit() is Admission.SLAVE_NOT_AVAILABLE:
             return WaitPlan(self.sync_flush, False, PutMessageStatus.SLAVE_NOT_AVAILABLE, shortfall())
         return WaitPlan(self.sync_flush, ack)

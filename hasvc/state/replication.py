@@ -76,8 +76,12 @@ class ReplicaSet:
         """The highest offset acknowledged by at least ``replicas`` slaves; -1 if fewer are connected."""
         if replicas <= 0:
             return 2**63 - 1
-        if replicas == 1 and self.slaves:  # the common case, once per report
-            return max(p.ack_offset for p in self.slaves.values())
+        if replicas == 1 and self.slaves:  # the common case, twice a put: a loop, not a generator's calls
+            best = -1
+            for progress in self.slaves.values():
+                if progress.ack_offset > best:
+                    best = progress.ack_offset
+            return best
         acks = sorted((p.ack_offset for p in self.slaves.values()), reverse=True)
         if len(acks) < replicas:
             return -1
@@ -88,11 +92,16 @@ class ReplicaSet:
 
     def ready_count(self, *, next_offset: int, max_gap: int) -> int:
         """Slaves that have reported and are less than ``max_gap`` bytes behind ``next_offset``
-        (the end of a put's records, after its append)."""
-        return sum(1 for p in self.slaves.values() if p.ack_offset >= 0 and next_offset - p.ack_offset < max_gap)
+        (the end of a put's records, after its append). Once a put: a loop, not a generator's calls."""
+        count = 0
+        for progress in self.slaves.values():
+            if progress.ack_offset >= 0 and next_offset - progress.ack_offset < max_gap:
+                count += 1
+        return count
 
-    def admit(self, *, next_offset: int, master_max_offset: int, max_gap: int, replicas: int) -> Admission:
-        """Whether a SYNC_MASTER put ending at ``next_offset`` should wait for acks."""
+    def admit(self, *, next_offset: int, max_gap: int, replicas: int) -> Admission:
+        """Whether a SYNC_MASTER put ending at ``next_offset`` should wait for acks (it is
+        after the put's append, so ``next_offset`` is at most the master's end)."""
         if self.ready_count(next_offset=next_offset, max_gap=max_gap) < replicas:
             return Admission.SLAVE_NOT_AVAILABLE
         return Admission.WAIT

@@ -85,8 +85,9 @@ class TransferCursor:
         """``size`` bytes of the ``planned`` frame went out (the store may end a span sooner)."""
         assert planned.offset == self.offset, (planned, self.offset)
         assert 0 < size <= planned.size_max, (size, planned)
+        assert now >= self.last_send, (now, self.last_send)
         self.offset += size
-        self._sent_at(now)
+        self.last_send = now  # _sent_at written out: once a put
 
     def heartbeat_sent(self, *, now: float) -> None:
         self._sent_at(now)

@@ -328,8 +328,8 @@ class ClassicCluster:
         if self.mutation == "ack-before-report":
             watermark = end
         plan = self.tracker.plan(end, role=master.role, replicated_to=watermark,
-                                 admit=lambda: master.replicas.admit(next_offset=end, master_max_offset=end,
-                                                                     max_gap=MAX_GAP, replicas=self.tracker.in_sync_replicas),
+                                 admit=lambda: master.replicas.admit(next_offset=end, max_gap=MAX_GAP,
+                                                                     replicas=self.tracker.in_sync_replicas),
                                  shortfall=lambda: "no slave in sync")  # fmt: skip
         if plan.ack:
             master.pending.append(Pending(self.put_counter, offset, end, self.tracker.ack_deadline(self.now), master.last_epoch,

@@ -412,3 +412,12 @@ def test_decode_send_reads_topic_and_head_in_place_as_the_reader_did(topic, mess
     for data in (payload, payload[: max(0, len(payload) - cut)], payload + trailer, broken):
         for flag in (idempotent, not idempotent):
             assert _decode_outcome(cp.decode_send, kind(data), flag) == _decode_outcome(_decode_send_with_reader, kind(data), flag)
+
+
+def test_reports_beyond_the_read_buffer_are_a_protocol_error():
+    decoder = ha.ReportDecoder()
+    decoder.receive_data(ha.REPORT.pack(1) * (ha.REPORTS_BUFFERED_MAX // ha.REPORT.size))
+    assert decoder.next_report() == 1  # one taken: room for one more
+    decoder.receive_data(ha.REPORT.pack(2))
+    with pytest.raises(wire.ProtocolError, match="buffered"):
+        decoder.receive_data(b"\x00")

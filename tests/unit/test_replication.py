@@ -46,11 +46,11 @@ def test_watermark_is_the_kth_highest_ack():
 
 def test_admission_needs_enough_slaves_within_the_gap():
     replicas = replica_set(1)
-    assert replicas.admit(next_offset=10, master_max_offset=10, max_gap=100, replicas=1) is Admission.SLAVE_NOT_AVAILABLE
+    assert replicas.admit(next_offset=10, max_gap=100, replicas=1) is Admission.SLAVE_NOT_AVAILABLE
     replicas.on_report(1, 0, master_max_offset=10, now=0.0)
-    assert replicas.admit(next_offset=10, master_max_offset=10, max_gap=100, replicas=1) is Admission.WAIT
-    assert replicas.admit(next_offset=500, master_max_offset=500, max_gap=100, replicas=1) is Admission.SLAVE_NOT_AVAILABLE
-    assert replicas.admit(next_offset=10, master_max_offset=10, max_gap=100, replicas=2) is Admission.SLAVE_NOT_AVAILABLE
+    assert replicas.admit(next_offset=10, max_gap=100, replicas=1) is Admission.WAIT
+    assert replicas.admit(next_offset=500, max_gap=100, replicas=1) is Admission.SLAVE_NOT_AVAILABLE
+    assert replicas.admit(next_offset=10, max_gap=100, replicas=2) is Admission.SLAVE_NOT_AVAILABLE
 
 
 def test_lag_in_bytes_and_seconds_since_caught_up():
@@ -78,4 +78,4 @@ def test_ready_count_measures_the_gap_from_the_puts_end():
     replicas.on_report(2, 20, master_max_offset=100, now=0.0)
     assert replicas.ready_count(next_offset=100, max_gap=100) == 2
     assert replicas.ready_count(next_offset=120, max_gap=100) == 1  # slave 2 is 100 behind the put's end
-    assert replicas.admit(next_offset=120, master_max_offset=120, max_gap=100, replicas=2) is Admission.SLAVE_NOT_AVAILABLE
+    assert replicas.admit(next_offset=120, max_gap=100, replicas=2) is Admission.SLAVE_NOT_AVAILABLE

@@ -5,11 +5,12 @@ Theory of operation
 The gRPC handlers run in an asyncio loop; the gateway's state and its failover client in a trio
 loop in another thread (``hasvc/proxy/server.py``). A send that crosses to trio and back pays two
 hand-overs between the threads (a wake-up byte, a pass of each loop and the GIL changing hands
-twice): 0.26 ms of the 0.93 ms the proxy held one send at one sender (docs/PROXY.md, run 25), and
-the trio client's own passes another ~0.3 ms over the master's round trip. The lane is one more
-connection to the master, driven from the asyncio loop by callbacks: a handler encodes its
-SEND_IDEMPOTENT, the frames of one loop pass leave in one write, and the response settles the
-handler's future from ``data_received``.
+twice): 0.26 ms of the 0.93 ms the proxy held one send at one sender on a loaded machine
+(docs/PROXY.md, "The send lane"), and the trio client's own passes on top of the master's round
+trip. The lane is one more connection to the master, driven from the asyncio loop by callbacks: a
+handler encodes its SEND_IDEMPOTENT, a send alone is written at once and concurrent ones of one
+loop pass leave in one write, and the response settles the handler's future from
+``data_received``.
 
 It only ever sends where the failover client already is: it connects to ``cluster.address`` for
 ``cluster.generation`` (the trio side's master; reading two attributes across threads is safe

@@ -142,6 +142,27 @@ class Cluster:
                 broker.stop()
 
 
+def start_dledger_group(root, size: int, *, group: str, segment_size: int = 1024 * 1024) -> dict:
+    """``size`` ``hasvc node`` members (n0, n1, ...) of ``group`` under ``root``, with the drill's
+    etcd-like timing; member -> ``hasvc.tools.drill_dledger.Node``, each started (READY comes once
+    its ports listen, before any election)."""
+    from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
+    from hasvc.tools.partition import LOOPBACK, free_port
+
+    members = [f"n{i}" for i in range(size)]
+    peers = ";".join(f"{member}-{LOOPBACK}:{free_port()}" for member in members)
+    nodes = {}
+    for member in members:
+        args = ["--store", os.path.join(root, member), "--listen", f"{LOOPBACK}:{free_port()}", "--group", group,
+                "--peers", peers, "--self", member, "--set", f"commitlog_segment_size={segment_size}"]  # fmt: skip
+        for setting in ETCD_LIKE_SETTINGS:
+            args += ["--set", setting]
+        nodes[member] = Node(str(root), member, args)
+    for node in nodes.values():
+        node.start()
+    return nodes
+
+
 def self_signed_certificate(directory) -> tuple[str, str]:
     """(key, cert): a self-signed certificate for 127.0.0.1, made with the openssl command."""
     key, cert = os.path.join(directory, "key.pem"), os.path.join(directory, "cert.pem")

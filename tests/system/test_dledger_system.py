@@ -21,25 +21,13 @@ from hasvc.protocol import wire
 from hasvc.state.raft.messages import PushResponse, PushResult, PushType
 from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
 from hasvc.tools.partition import LOOPBACK, free_port
-from tests.cluster import wait_until
+from tests.cluster import start_dledger_group, wait_until
 
 DRILL_TIMEOUT_SECONDS = 300  # a drill that hangs fails the test instead of the CI run
 
 
 def _start_group(tmp_path, size: int) -> dict[str, Node]:
-    members = [f"n{i}" for i in range(size)]
-    raft_ports = {member: free_port() for member in members}
-    peers = ";".join(f"{member}-{LOOPBACK}:{port}" for member, port in raft_ports.items())
-    nodes = {}
-    for member in members:
-        args = ["--store", str(tmp_path / member), "--listen", f"{LOOPBACK}:{free_port()}", "--group", "sys",
-                "--peers", peers, "--self", member, "--set", "commitlog_segment_size=1048576"]  # fmt: skip
-        for setting in ETCD_LIKE_SETTINGS:
-            args += ["--set", setting]
-        nodes[member] = Node(str(tmp_path), member, args)
-    for node in nodes.values():
-        node.start()  # READY comes once its ports listen, before any election
-    return nodes
+    return start_dledger_group(tmp_path, size, group="sys")
 
 
 def _status(node: Node) -> dict:

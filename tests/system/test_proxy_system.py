@@ -22,9 +22,7 @@ import pytest
 
 from commitlog.inspect import iter_records
 from hasvc import client as hc
-from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
-from hasvc.tools.partition import LOOPBACK, free_port
-from tests.cluster import BrokerProcess, Cluster, self_signed_certificate, wait_until
+from tests.cluster import BrokerProcess, Cluster, self_signed_certificate, start_dledger_group, wait_until
 
 pb = pytest.importorskip("hasvc.proxy.pb")
 Code = pb.Code
@@ -367,6 +365,30 @@ def test_push_consumer_consumes_every_message_and_a_failed_one_again(proxy, tmp_
     assert [m["attempt"] for m in consumed if m["id"] == failing] == [2]
 
 
+def produce_through(proxy_process, topic, home, *, writer_address, fault) -> list[str]:
+    """An official Producer sends 150 messages through the proxy (errors tolerated); once 30 are in
+    ``writer_address``'s queues, ``fault()`` runs. The message ids acknowledged to the Producer."""
+    steps = [{"op": "produce", "topic": topic, "count": 150, "tolerate": True, "pause": 0.01}]
+    producer = subprocess.Popen([sys.executable, DRIVER, proxy_process.address, json.dumps(steps)],
+                                env={**os.environ, "HOME": str(home)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+    try:
+        with hc.BlockingClient(writer_address) as client:
+            wait_until(lambda: sum(client.pull(topic, q, 0, count_max=1).max_queue_offset for q in range(4)) >= 30,
+                       message="the producer under way")  # fmt: skip
+        fault()
+        out, err = producer.communicate(timeout=DRIVER_TIMEOUT_SECONDS)
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.wait()
+    assert producer.returncode == 0, err[-3000:] + proxy_process.log()[-3000:]
+    (sent,) = json.loads(out.strip().splitlines()[-1])
+    acked = [s["id"] for s in sent if "id" in s]
+    assert len(acked) > 30, [s for s in sent if "error" in s]
+    return acked
+
+
 def test_no_send_acknowledged_to_the_official_client_is_lost_when_the_master_dies(tmp_path):
     """SIGKILL the master under an official Producer, promote the slave; the proxy follows it."""
     cluster = Cluster(tmp_path, segment_size=4 * 1024 * 1024)
@@ -375,35 +397,20 @@ def test_no_send_acknowledged_to_the_official_client_is_lost_when_the_master_die
         slave = cluster.start_slave(master.ha_address)
         proxy_process = start_proxy(cluster, master, slave)
         topic = unique("Failover")
-        count = 150
-        steps = [{"op": "produce", "topic": topic, "count": count, "tolerate": True, "pause": 0.01}]
-        env = {**os.environ, "HOME": str(tmp_path)}
-        producer = subprocess.Popen([sys.executable, DRIVER, proxy_process.address, json.dumps(steps)], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        try:
-            with hc.BlockingClient(master.address) as client:
-                wait_until(lambda: sum(client.pull(topic, q, 0, count_max=1).max_queue_offset for q in range(4)) >= 30,  # noqa: B023
-                           message="the producer under way")  # fmt: skip
+
+        def master_dies() -> None:
             master.kill()
             with hc.BlockingClient(slave.address) as client:
                 client.promote(sync=False)  # no slave left to wait for
-            out, err = producer.communicate(timeout=DRIVER_TIMEOUT_SECONDS)
-        finally:
-            if producer.poll() is None:
-                producer.kill()
-                producer.wait()
-        assert producer.returncode == 0, err[-3000:] + proxy_process.log()[-3000:]
-        (sent,) = json.loads(out.strip().splitlines()[-1])
-        acked = [s["id"] for s in sent if "id" in s]
-        errors = [s for s in sent if "error" in s]
-        assert len(acked) > 30, errors
+
+        acked = produce_through(proxy_process, topic, tmp_path, writer_address=master.address, fault=master_dies)
         with hc.BlockingClient(slave.address) as client:
             wait_until(lambda: (lambda s: s["dispatched_offset"] == s["max_offset"])(client.status()),  # noqa: B023
                        message="the new master's queues built")  # fmt: skip
             queued = [r.properties["UNIQ_KEY"] for q in range(4) for r in client.pull(topic, q, 0, count_max=1024).records]
         # the new master's log holds every acknowledged message, once
         logged = [r.properties["UNIQ_KEY"] for _, r, _ in iter_records(cluster.store("slave")) if r.topic == topic]
-        assert not set(acked) - set(logged), (len(set(acked) - set(logged)), errors)
+        assert not set(acked) - set(logged), len(set(acked) - set(logged))
         assert len(logged) == len(set(logged))
         # ...and its consume queues too: a promoted slave continues each queue after the replicated records
         assert not set(acked) - set(queued), len(set(acked) - set(queued))
@@ -415,18 +422,9 @@ def test_no_send_acknowledged_to_the_official_client_is_lost_when_a_dledger_lead
     """A proxy in front of a 3-member DLedger group: SIGKILL the leader under an official
     Producer; the group elects a new leader with nobody promoting, the proxy follows it, and
     every acknowledged message is in the new leader's queues, once."""
-    members = [f"n{i}" for i in range(3)]
-    raft_ports = {member: free_port() for member in members}
-    peers = ";".join(f"{member}-{LOOPBACK}:{port}" for member, port in raft_ports.items())
     nodes = {}
     try:
-        for member in members:
-            args = ["--store", str(tmp_path / member), "--listen", f"{LOOPBACK}:{free_port()}", "--group", "px",
-                    "--peers", peers, "--self", member, "--set", "commitlog_segment_size=4194304"]  # fmt: skip
-            for setting in ETCD_LIKE_SETTINGS:
-                args += ["--set", setting]
-            nodes[member] = Node(str(tmp_path), member, args)
-            nodes[member].start()
+        nodes = start_dledger_group(tmp_path, 3, group="px", segment_size=4 * 1024 * 1024)
         addresses = ",".join(node.client_address for node in nodes.values())
 
         def leader() -> str | None:
@@ -442,26 +440,10 @@ def test_no_send_acknowledged_to_the_official_client_is_lost_when_a_dledger_lead
         proxy_process = BrokerProcess("proxy", command, str(tmp_path / "proxy.log"))
         try:
             topic = unique("Raft")
-            steps = [{"op": "produce", "topic": topic, "count": 150, "tolerate": True, "pause": 0.01}]
-            producer = subprocess.Popen([sys.executable, DRIVER, proxy_process.address, json.dumps(steps)],
-                                        env={**os.environ, "HOME": str(tmp_path)}, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)  # fmt: skip
-            try:
-                with hc.BlockingClient(nodes[first].client_address) as client:
-                    wait_until(lambda: sum(client.pull(topic, q, 0, count_max=1).max_queue_offset for q in range(4)) >= 30,  # noqa: B023
-                               message="the producer under way")  # fmt: skip
-                nodes[first].kill()
-                out, err = producer.communicate(timeout=DRIVER_TIMEOUT_SECONDS)
-            finally:
-                if producer.poll() is None:
-                    producer.kill()
-                    producer.wait()
-            assert producer.returncode == 0, err[-3000:] + proxy_process.log()[-3000:]
+            acked = produce_through(proxy_process, topic, tmp_path, writer_address=nodes[first].client_address,
+                                    fault=nodes[first].kill)  # fmt: skip
         finally:
             assert proxy_process.stop() == 0, proxy_process.log()[-3000:]
-        (sent,) = json.loads(out.strip().splitlines()[-1])
-        acked = [s["id"] for s in sent if "id" in s]
-        assert len(acked) > 30, [s for s in sent if "error" in s]
         second = wait_until(leader, timeout=60, message="a new leader")
         assert second != first
         with hc.BlockingClient(nodes[second].client_address) as client:

@@ -20,4 +20,9 @@ def test_bench_proxy_runs_and_consumers_drain_what_was_produced(tmp_path):
         assert row[name]["errors"] == 0 and row[name]["duplicates"] == 0, (name, row[name])
     assert row["hasvc_consume"]["count"] == row["official_proxy"]["count"]
     assert (tmp_path / "bench.json").exists() and "gateway cost" in lines[1]
+    for name in ("official_null", "official_proxy", "official_consume", "official_push"):  # each load generator's CPU shown
+        assert row[name]["client_cpu_percent"] > 0, (name, row[name])
+    assert set(row["official_null"]["cpu_us_per_message"]) == {"proxy"}
+    assert set(row["official_push"]["cpu_us_per_message"]) == {"proxy", "master", "slave"}
+    assert row["official_proxy"]["cpu_us_per_message"]["proxy"] > 0 and lines[2].strip().startswith("CPU  null send: client")
     assert lines[0] == f"proxy on {result['gateway']['loop']}, send lane on" and result["gateway"]["send_lane"] is True

@@ -23,20 +23,30 @@ import trio
 
 from hasvc import client as hc
 from hasvc.tools.bench.store import envelope, write_json
+from hasvc.tools.bench.sync_write import process_cpu_seconds
 from hasvc.tools.drill import Process
 
 CLIENT_TIMEOUT_MARGIN_SECONDS = 60.0
 
 
 def _official(endpoint: str, home: str, mode: str, senders: int, seconds: float, size: int, topic: str, group: str = "",
-              want: int = 0) -> dict:  # fmt: skip
+              want: int = 0, servers: dict[str, Process] | None = None) -> dict:  # fmt: skip
+    """One run of the official client (``proxy_client``) in a child process. With ``servers``,
+    each one's CPU over the whole run (the client's start and end included) divided by the
+    messages the run counted: ``cpu_us_per_message`` by name."""
+    servers = servers or {}
+    before = {name: process_cpu_seconds(process.popen.pid) for name, process in servers.items()}
     command = [sys.executable, "-m", "hasvc.tools.bench.proxy_client", endpoint, mode, str(senders), str(seconds), str(size), topic,
                group, str(want)]  # fmt: skip
     done = subprocess.run(command, env={**os.environ, "HOME": home}, capture_output=True, text=True,
                           timeout=seconds + CLIENT_TIMEOUT_MARGIN_SECONDS)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"official client ({mode}) failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if servers and result["count"]:
+        result["cpu_us_per_message"] = {name: 1e6 * (process_cpu_seconds(process.popen.pid) - before[name]) / result["count"]
+                                        for name, process in servers.items()}  # fmt: skip
+    return result
 
 
 async def _own_produce(address: str, senders: int, seconds: float, size: int, topic: str) -> dict:
@@ -89,6 +99,18 @@ def _start(root: str) -> tuple[list[Process], Process, Process, Process]:
     return [null, proxy, slave, master], master, proxy, null
 
 
+def _cpu_line(row: dict) -> str:
+    """Where each official run's CPU went: the client process (% of a core over its window; the
+    load generator at its limit near 100 %) and the servers' CPU per message."""
+    parts = []
+    for name, label in (("official_null", "null send"), ("official_proxy", "send"), ("official_consume", "simple"),
+                        ("official_push", "push")):  # fmt: skip
+        run = row[name]
+        servers = ", ".join(f"{server} {us:,.0f}" for server, us in run.get("cpu_us_per_message", {}).items())
+        parts.append(f"{label}: client {run.get('client_cpu_percent', 0):.0f} %" + (f", µs/msg {servers}" if servers else ""))
+    return "CPU  " + "; ".join(parts)
+
+
 def run_bench(*, senders: list[int], seconds: float, size: int, json_path: str | None, echo=print) -> dict:
     runs = []
     with tempfile.TemporaryDirectory(prefix="hasvc-bench-proxy-") as root:
@@ -96,15 +118,20 @@ def run_bench(*, senders: list[int], seconds: float, size: int, json_path: str |
         gateway = {"loop": proxy.ready.get("loop"), "send_lane": proxy.ready.get("send_lane")}
         echo(f"proxy on {gateway['loop']}, send lane {'on' if gateway['send_lane'] else 'off'}")
         try:
+            slave = processes[2]
+            behind = {"proxy": proxy, "master": master, "slave": slave}
             for count in senders:
                 topic = f"BenchProxy{count}"
                 row = {"senders": count,
-                       "official_null": _official(null.ready["listen"], root, "produce", count, seconds, size, f"{topic}Null"),
-                       "official_proxy": _official(proxy.ready["listen"], root, "produce", count, seconds, size, topic),
+                       "official_null": _official(null.ready["listen"], root, "produce", count, seconds, size, f"{topic}Null",
+                                                  servers={"proxy": null}),
+                       "official_proxy": _official(proxy.ready["listen"], root, "produce", count, seconds, size, topic, servers=behind),
                        "hasvc": trio.run(_own_produce, master.ready["listen"], count, seconds, size, f"{topic}Own")}  # fmt: skip
                 produced = row["official_proxy"]["count"]
-                row["official_consume"] = _official(proxy.ready["listen"], root, "consume", 1, seconds * 4, size, topic, f"G{count}")
-                row["official_push"] = _official(proxy.ready["listen"], root, "push", 1, seconds * 4, size, topic, f"P{count}", produced)
+                row["official_consume"] = _official(proxy.ready["listen"], root, "consume", 1, seconds * 4, size, topic, f"G{count}",
+                                                    servers=behind)  # fmt: skip
+                row["official_push"] = _official(proxy.ready["listen"], root, "push", 1, seconds * 4, size, topic, f"P{count}", produced,
+                                                 servers=behind)  # fmt: skip
                 row["hasvc_consume"] = trio.run(_own_consume, master.ready["listen"], topic)
                 row["gateway_cost"] = 1 - row["official_proxy"]["rate"] / row["official_null"]["rate"]
                 runs.append(row)
@@ -112,6 +139,7 @@ def run_bench(*, senders: list[int], seconds: float, size: int, json_path: str |
                      f"via null proxy {row['official_null']['rate']:8.0f}   gateway cost {row['gateway_cost']:6.1%}   "
                      f"hasvc client {row['hasvc']['rate']:8.0f}   consume: simple {row['official_consume']['rate']:7.0f} "
                      f"push {row['official_push']['rate']:7.0f} hasvc {row['hasvc_consume']['rate']:8.0f} msgs/s")  # fmt: skip
+                echo("             " + _cpu_line(row))
         finally:
             for process in processes:
                 process.stop()

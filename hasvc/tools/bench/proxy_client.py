@@ -2,7 +2,9 @@
 
 Run as ``python -m hasvc.tools.bench.proxy_client ENDPOINT MODE SENDERS SECONDS SIZE TOPIC [GROUP [WANT]]``
 in a child process whose HOME is a temporary directory (the client writes logs under ~/logs).
-Prints one JSON line: count, seconds, rate, errors (and, for consumers, duplicates).
+Prints one JSON line: count, seconds, rate, errors (and, for consumers, duplicates), and
+``client_cpu_percent``: this process's CPU (user + system, every thread) over the measured window,
+in per cent of one core. The client is Python: near 100 % it is the bottleneck, whatever it talks to.
 
 * ``produce``: SENDERS threads each ``send`` a body of SIZE bytes for SECONDS.
 * ``consume``: one SimpleConsumer; ``SIMPLE_RECEIVERS`` threads each receive (32 at a time, the
@@ -52,14 +54,15 @@ def produce(endpoint: str, senders: int, seconds: float, size: int, topic: str) 
                 errors[index] += 1
 
     threads = [threading.Thread(target=sender, args=(i,)) for i in range(senders)]
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    elapsed = time.monotonic() - started
+    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu
     producer.shutdown()
-    return {"count": sum(counts), "seconds": elapsed, "rate": sum(counts) / elapsed, "errors": sum(errors)}
+    return {"count": sum(counts), "seconds": elapsed, "rate": sum(counts) / elapsed, "errors": sum(errors),
+            "client_cpu_percent": 100 * cpu / elapsed}  # fmt: skip
 
 
 def consume(endpoint: str, seconds: float, topic: str, group: str) -> dict:
@@ -80,7 +83,7 @@ def consume(endpoint: str, seconds: float, topic: str, group: str) -> dict:
             return False
 
     started = time.monotonic()
-    totals["last"] = started
+    totals["last"], totals["cpu_start"] = started, time.process_time()
 
     # the client's ack_async returns no future in 5.1.2, so batches are acknowledged from threads
     with concurrent.futures.ThreadPoolExecutor(SIMPLE_ACK_THREADS) as pool:
@@ -98,7 +101,7 @@ def consume(endpoint: str, seconds: float, topic: str, group: str) -> dict:
                         seen.add(message.message_id)
                         totals["count"] += ok
                         totals["errors"] += not ok
-                    totals["last"] = time.monotonic()
+                    totals["last"], totals["cpu_last"] = time.monotonic(), time.process_time()
 
         threads = [threading.Thread(target=receiver) for _ in range(SIMPLE_RECEIVERS)]
         for thread in threads:
@@ -130,7 +133,8 @@ def push(endpoint: str, seconds: float, topic: str, group: str, want: int) -> di
 
         async def _receive_coroutine(self, queue, req, timeout):
             with lock:
-                totals["first_receive"] = totals["first_receive"] or time.monotonic()
+                if not totals["first_receive"]:
+                    totals["first_receive"], totals["cpu_start"] = time.monotonic(), time.process_time()
             return await super()._receive_coroutine(queue, req, timeout)
 
         def _ack(self, message):
@@ -142,7 +146,7 @@ def push(endpoint: str, seconds: float, topic: str, group: str, want: int) -> di
                 raise
             with lock:
                 totals["count"] += 1
-                totals["last"] = time.monotonic()
+                totals["last"], totals["cpu_last"] = time.monotonic(), time.process_time()
                 if totals["count"] >= want:
                     drained.set()
 
@@ -157,10 +161,13 @@ def push(endpoint: str, seconds: float, topic: str, group: str, want: int) -> di
 
 
 def _consumed(totals: dict, started: float) -> dict:
+    """The rate and this process's CPU (every thread: the client's own and ours) over the window
+    from ``started`` to the last acknowledgement."""
     elapsed = totals["last"] - started
     count = totals["count"]
+    cpu = totals.get("cpu_last", 0.0) - totals.get("cpu_start", 0.0)
     return {"count": count, "seconds": elapsed, "rate": count / elapsed if elapsed > 0 else 0.0, "errors": totals["errors"],
-            "duplicates": totals["duplicates"]}  # fmt: skip
+            "duplicates": totals["duplicates"], "client_cpu_percent": 100 * cpu / elapsed if elapsed > 0 and cpu > 0 else 0.0}  # fmt: skip
 
 
 def main() -> None:

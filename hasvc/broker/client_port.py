@@ -250,13 +250,18 @@ class ClientPort:
         """One pass per wait: read every ready connection of the group, put every SEND read
         (grouped by queue, appended and waited for together: ``PutService.put_items``), then
         send what was answered at once."""
+        look_first = True
         while True:
-            touched = [client.outbox for client in await self._group.wait() if self._read_client(client)]
-            if self._sends:
+            touched = [client.outbox for client in await self._group.wait(look_first=look_first) if self._read_client(client)]
+            sends = len(self._sends)
+            if sends:
                 items, self._sends = self._sends, []
                 self.puts.put_items(items)
             for outbox in touched:
                 outbox.flush()
+            # More may have come in meanwhile only if more than one request was in flight: a
+            # lone writer's next request waits for this one's answer.
+            look_first = sends > 1 or len(touched) > 1
         raise AssertionError("unreachable")
 
     def _read_client(self, client: _Client) -> bool:

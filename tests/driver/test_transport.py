@@ -460,3 +460,97 @@ async def test_receive_now_keeps_what_the_preface_read_ahead_first():
             server.receive_now()
     finally:
         await client.aclose()
+
+
+async def test_a_receive_after_a_short_read_waits_first_and_loses_no_bytes(monkeypatch):
+    """After a read that took less than it asked (the kernel had nothing more), the next
+    receive waits for bytes before reading: no read that finds nothing. Bytes that arrived in
+    between are still returned at once (the wait is level-triggered), and a cancelled wait
+    takes nothing."""
+    sender, receiver = await _connected_pair()
+    reads = []
+    real_read = os.read
+
+    def counting_read(fd, size):
+        try:
+            data = real_read(fd, size)
+        except BlockingIOError:
+            reads.append(None)
+            raise
+        reads.append(len(data))
+        return data
+
+    try:
+        await sender.send_all(b"first")
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)
+        assert await receiver.receive_some() == b"first"  # short: the kernel had nothing more
+        monkeypatch.setattr(os, "read", counting_read)
+        async with trio.open_nursery() as nursery:
+
+            async def later():
+                await trio.testing.wait_all_tasks_blocked()  # the receiver waits, it did not read
+                assert reads == []
+                await sender.send_all(b"late")
+
+            nursery.start_soon(later)
+            assert await receiver.receive_some() == b"late"
+        assert reads == [4]  # one read, after the wait: none that found nothing
+        await sender.send_all(b"already")
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)  # there before the receive asks
+        with trio.fail_after(5):
+            assert await receiver.receive_some() == b"already"
+        await sender.send_all(b"kept")
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await receiver.receive_some()
+        assert scope.cancelled_caught
+        with trio.fail_after(5):
+            assert await receiver.receive_some() == b"kept"
+    finally:
+        await sender.aclose()
+        await receiver.aclose()
+
+
+async def test_a_readiness_pass_with_no_bytes_loses_no_wake_up():
+    """With one member the group is not asked (the member's read finds out); a pass that read
+    nothing, then a wait without a look first, still wakes for bytes that come later or that
+    came before it."""
+    client, server = await _connected_pair()
+    group = transport.ReadinessGroup()
+    try:
+        group.add(server.raw_fileno, "only")
+        with trio.testing.assert_checkpoints():
+            assert await group.wait(look_first=True) == ["only"]  # nothing to read: no wait either
+        assert server.receive_now() is None
+        async with trio.open_nursery() as nursery:
+
+            async def later():
+                await trio.testing.wait_all_tasks_blocked()  # the group waits in trio
+                await client.send_all(b"late")
+
+            nursery.start_soon(later)
+            with trio.fail_after(10):
+                assert await group.wait(look_first=False) == ["only"]
+        assert server.receive_now() == b"late"
+        await client.send_all(b"early")
+        await trio.lowlevel.wait_readable(server.raw_fileno)
+        with trio.fail_after(10):
+            assert await group.wait(look_first=False) == ["only"]  # already there: level-triggered
+        assert server.receive_now() == b"early"
+        other_client, other_server = await _connected_pair()
+        try:
+            group.add(other_server.raw_fileno, "other")
+            await other_client.send_all(b"x")
+            await trio.lowlevel.wait_readable(other_server.raw_fileno)
+            with trio.fail_after(10):  # two members: the set is asked which one is readable
+                assert await group.wait(look_first=True) == ["other"]
+                assert await group.wait(look_first=False) == ["other"]
+            group.discard(other_server.raw_fileno)
+        finally:
+            await other_client.aclose()
+            await other_server.aclose()
+    finally:
+        group.close()
+        await client.aclose()
+        await server.aclose()

@@ -277,6 +277,39 @@ class Connection:
         del self._pending[:size]
         return piece
 
+    async def receive_head(self, size: int, ahead: memoryview) -> tuple[bytes, int]:
+        """``size`` bytes (a frame's header), and in ``ahead`` as many of the bytes that follow
+        them as have arrived, up to ``len(ahead)``: returns (the header, how many landed in
+        ``ahead``). On plain TCP one ``readv`` into both when the header has not arrived yet: a
+        small frame's header and body in one system call, its body straight in the caller's
+        buffer. Bytes of the next frame may land in ``ahead`` too: give them back with
+        ``unread``. Nothing past ``size + len(ahead)`` bytes is taken from the kernel."""
+        pending = self._pending
+        if self._socket is None or len(pending) >= size:
+            header = await self.receive_exactly(size, read_ahead=False)
+            count = min(len(self._pending), len(ahead))
+            if count:
+                with memoryview(self._pending) as view:
+                    ahead[:count] = view[:count]
+                del self._pending[:count]
+            return header, count
+        head = bytearray(size)
+        filled = len(pending)
+        head[:filled] = pending
+        pending.clear()
+        with memoryview(head) as view:
+            while True:
+                rest = view[filled:]
+                count = await self._when_readable(lambda fd, rest=rest: os.readv(fd, [rest, ahead]), len(rest) + len(ahead))
+                if count >= len(rest):
+                    return bytes(head), count - len(rest)
+                filled += count
+
+    def unread(self, data) -> None:
+        """Give back bytes taken from this connection and not used (``receive_head``'s past the
+        frame): the next receive returns them first, before anything still buffered."""
+        self._pending[:0] = data
+
     async def receive_into(self, view: memoryview) -> None:
         """Fill ``view`` completely: buffered bytes first, then ``recv_into`` (plain TCP) or
         copies (TLS)."""

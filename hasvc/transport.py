@@ -219,16 +219,17 @@ class Connection:
         sock = self._socket
         if sock is None:
             return await self.stream.receive_some(size_max)
+        # The number is looked up once: a close during a wait below (trio's notify_closing)
+        # raises ClosedResourceError from that wait, and nothing else yields before the read.
         fd = sock.fileno()
-        waited = self._drained and fd >= 0
+        if fd < 0:  # closed: trio raises ClosedResourceError
+            return await self.stream.receive_some(size_max)
+        waited = self._drained
         if waited:
             await trio.lowlevel.wait_readable(fd)  # a checkpoint, before taking bytes
         else:
             await trio.lowlevel.checkpoint_if_cancelled()  # before taking bytes, never after
         while True:
-            fd = sock.fileno()
-            if fd < 0:  # closed: trio raises ClosedResourceError
-                return await self.stream.receive_some(size_max)
             try:
                 data = os.read(fd, size_max)
             except BlockingIOError:
@@ -351,13 +352,12 @@ class Connection:
         socket's descriptor (plain TCP) and returns how many; retried after ``wait_readable``
         while the kernel has none, and preceded by one when the last read was short
         (``_drained``). EOFError when it returns 0 (the end of the stream)."""
-        fd = self._socket.fileno()
-        if self._drained and fd >= 0:
+        fd = self._socket.fileno()  # once, as in _receive
+        if fd < 0:
+            raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
+        if self._drained:
             await trio.lowlevel.wait_readable(fd)
         while True:
-            fd = self._socket.fileno()
-            if fd < 0:
-                raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
             try:
                 count = move(fd)
             except BlockingIOError:

@@ -656,3 +656,31 @@ async def test_the_slave_takes_frames_however_their_bytes_are_cut(tmp_path, spli
         await master.aclose()
         await slave.aclose()
         store.close()
+
+
+@pytest.mark.parametrize("drained", [False, True], ids=["reads-first", "waits-first"])
+@pytest.mark.parametrize("kind", ["receive_some", "receive_into"])
+async def test_a_receive_waiting_when_its_connection_is_closed_here_raises_closed(drained, kind):
+    """The descriptor's number is looked up once per receive: a close by another task during
+    the wait ends the wait with ClosedResourceError, never a read of a reused number."""
+    sender, receiver = await _connected_pair()
+    try:
+        if drained:
+            await sender.send_all(b"x")
+            await trio.lowlevel.wait_readable(receiver.raw_fileno)
+            assert await receiver.receive_some() == b"x"  # short: the next receive waits first
+        async with trio.open_nursery() as nursery:
+
+            async def close_later():
+                await trio.testing.wait_all_tasks_blocked()
+                await receiver.stream.aclose()
+
+            nursery.start_soon(close_later)
+            with pytest.raises(trio.ClosedResourceError):
+                if kind == "receive_some":
+                    await receiver.receive_some()
+                else:
+                    await receiver.receive_into(memoryview(bytearray(10)))
+    finally:
+        await sender.aclose()
+        await receiver.aclose()

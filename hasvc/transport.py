@@ -59,6 +59,13 @@ class Connection:
         self.stream = stream
         self.peer = peer
         self._pending = bytearray()
+        # The last read from the descriptor took less than it asked: the kernel had nothing more
+        # then, so the next receive waits for bytes first instead of reading first. A read that
+        # finds nothing (EAGAIN) was one of a master's 11 system calls a put at one writer, and
+        # one of a slave's 7: a report, a request or a frame never follows its predecessor at
+        # once there. A wait when bytes did arrive meanwhile costs no more than the read would
+        # have (trio's registration is level-triggered: the wait returns at the next pass).
+        self._drained = False
         self._send_lock = trio.Lock()
         raw = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._socket = raw
@@ -196,35 +203,42 @@ class Connection:
                     raise EOFError(f"sendfile to {self.peer}: the file ended at {position}, expected {end}")
                 position += sent
 
-    async def receive_some(self) -> bytes:
-        """What has arrived, up to RECEIVE_SIZE bytes (b"" at the end of the stream)."""
+    async def receive_some(self, size_max: int = RECEIVE_SIZE) -> bytes:
+        """What has arrived, up to ``size_max`` bytes (b"" at the end of the stream); bytes read
+        ahead by an earlier receive first, all of them."""
         if self._pending:
             data, self._pending = bytes(self._pending), bytearray()
             return data
-        return await self._receive(RECEIVE_SIZE)
+        return await self._receive(size_max)
 
     async def _receive(self, size_max: int) -> bytes:
         """One receive of at most ``size_max`` bytes. On plain TCP straight from the descriptor,
-        waiting only when the kernel has nothing: trio's stream and socket layers cost ~5-10 us
-        a receive on this 2-core VM, and a master receives twice per put. A receive that needs
-        no wait is still a checkpoint, as trio's is."""
+        waiting only when the kernel has nothing (or had nothing at the last read: ``_drained``):
+        trio's stream and socket layers cost ~5-10 us a receive on this 2-core VM, and a master
+        receives twice per put. A receive that needs no wait is still a checkpoint, as trio's is."""
         sock = self._socket
         if sock is None:
             return await self.stream.receive_some(size_max)
-        await trio.lowlevel.checkpoint_if_cancelled()  # before taking bytes, never after
-        waited = False
+        # The number is looked up once: a close during a wait below (trio's notify_closing)
+        # raises ClosedResourceError from that wait, and nothing else yields before the read.
+        fd = sock.fileno()
+        if fd < 0:  # closed: trio raises ClosedResourceError
+            return await self.stream.receive_some(size_max)
+        waited = self._drained
+        if waited:
+            await trio.lowlevel.wait_readable(fd)  # a checkpoint, before taking bytes
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()  # before taking bytes, never after
         while True:
-            fd = sock.fileno()
-            if fd < 0:  # closed: trio raises ClosedResourceError
-                return await self.stream.receive_some(size_max)
             try:
                 data = os.read(fd, size_max)
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
+                await trio.lowlevel.wait_readable(fd)
                 waited = True
                 continue
             except OSError as error:
                 raise trio.BrokenResourceError(f"receive from {self.peer}: {error}") from error
+            self._drained = len(data) < size_max
             if not waited:
                 await trio.lowlevel.cancel_shielded_checkpoint()  # a yield that cannot lose them
             return data
@@ -264,6 +278,39 @@ class Connection:
         del self._pending[:size]
         return piece
 
+    async def receive_head(self, size: int, ahead: memoryview) -> tuple[bytes, int]:
+        """``size`` bytes (a frame's header), and in ``ahead`` as many of the bytes that follow
+        them as have arrived, up to ``len(ahead)``: returns (the header, how many landed in
+        ``ahead``). On plain TCP one ``readv`` into both when the header has not arrived yet: a
+        small frame's header and body in one system call, its body straight in the caller's
+        buffer. Bytes of the next frame may land in ``ahead`` too: give them back with
+        ``unread``. Nothing past ``size + len(ahead)`` bytes is taken from the kernel."""
+        pending = self._pending
+        if self._socket is None or len(pending) >= size:
+            header = await self.receive_exactly(size, read_ahead=False)
+            count = min(len(self._pending), len(ahead))
+            if count:
+                with memoryview(self._pending) as view:
+                    ahead[:count] = view[:count]
+                del self._pending[:count]
+            return header, count
+        head = bytearray(size)
+        filled = len(pending)
+        head[:filled] = pending
+        pending.clear()
+        with memoryview(head) as view:
+            while True:
+                rest = view[filled:]
+                count = await self._when_readable(lambda fd, rest=rest: os.readv(fd, [rest, ahead]), len(rest) + len(ahead))
+                if count >= len(rest):
+                    return bytes(head), count - len(rest)
+                filled += count
+
+    def unread(self, data) -> None:
+        """Give back bytes taken from this connection and not used (``receive_head``'s past the
+        frame): the next receive returns them first, before anything still buffered."""
+        self._pending[:0] = data
+
     async def receive_into(self, view: memoryview) -> None:
         """Fill ``view`` completely: buffered bytes first, then ``recv_into`` (plain TCP) or
         copies (TLS)."""
@@ -278,7 +325,7 @@ class Connection:
                 # immediate read: the bytes usually came with the header, and the caller's next
                 # receive (a header, ``_receive``) is where it yields.
                 rest = view[filled:]
-                filled += await self._when_readable(lambda fd, rest=rest: os.readv(fd, [rest]))
+                filled += await self._when_readable(lambda fd, rest=rest: os.readv(fd, [rest]), len(rest))
             else:
                 data = await self.stream.receive_some(len(view) - filled)
                 if not data:
@@ -298,25 +345,29 @@ class Connection:
         ``size_max`` bytes. Returns the count; EOFError at the end of the stream. Only when
         ``can_splice``. As ``receive_into``, no yield after an immediate move."""
         assert self.can_splice
-        return await self._when_readable(lambda fd: os.splice(fd, pipe_fd, size_max, flags=SPLICE_FLAGS))
+        return await self._when_readable(lambda fd: os.splice(fd, pipe_fd, size_max, flags=SPLICE_FLAGS), size_max)
 
-    async def _when_readable(self, move) -> int:
-        """``move(fd)``: one non-blocking call that takes bytes from the socket's descriptor
-        (plain TCP) and returns how many; retried after ``wait_readable`` while the kernel has
-        none. EOFError when it returns 0 (the end of the stream)."""
+    async def _when_readable(self, move, size_max: int) -> int:
+        """``move(fd)``: one non-blocking call that takes at most ``size_max`` bytes from the
+        socket's descriptor (plain TCP) and returns how many; retried after ``wait_readable``
+        while the kernel has none, and preceded by one when the last read was short
+        (``_drained``). EOFError when it returns 0 (the end of the stream)."""
+        fd = self._socket.fileno()  # once, as in _receive
+        if fd < 0:
+            raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
+        if self._drained:
+            await trio.lowlevel.wait_readable(fd)
         while True:
-            fd = self._socket.fileno()
-            if fd < 0:
-                raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
             try:
                 count = move(fd)
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(self._socket)
+                await trio.lowlevel.wait_readable(fd)
                 continue
             except OSError as error:
                 raise trio.BrokenResourceError(f"receive from {self.peer}: {error}") from error
             if count == 0:
                 raise EOFError(f"{self.peer} closed the connection")
+            self._drained = count < size_max
             return count
 
     async def aclose(self) -> None:
@@ -339,6 +390,7 @@ class ReadinessGroup:
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
+        self._fileno = self._epoll.fileno()
         self._members: dict[int, object] = {}
 
     def __len__(self) -> int:
@@ -358,20 +410,32 @@ class ReadinessGroup:
         except (OSError, ValueError):  # the set is closed already (the port stopping)
             pass
 
-    async def wait(self) -> list:
-        """The members readable now; a checkpoint. Asks the set first and waits in trio only
-        when nothing is readable: a busy group (a connection streaming batches) is read again
+    async def wait(self, *, look_first: bool = True) -> list:
+        """The members readable now; a checkpoint. Can return an empty list, and a member
+        reported may have nothing left by the time it is read.
+
+        ``look_first``: ask the set before waiting in trio, and wait only when nothing is
+        readable: a busy group (a connection streaming batches, many connections) is read again
         after one yield, as a receive that finds bytes is, not after a trio wait (an
         ``epoll_ctl``, trio's ``epoll_wait`` and a second look at the set per pass cost 10-15 %
-        at 32-message batches on one connection). Can return an empty list, and a member
-        reported may have nothing left by the time it is read."""
+        at 32-message batches on one connection). Without it (the caller's last pass read one
+        request: a lone writer's next one cannot come before its answer) the look would find
+        nothing, an ``epoll_wait`` a pass for nothing. With a single member the set is not asked
+        at all: that member is the only one it could name (and its read finds out, as the
+        look would have)."""
         members = self._members
-        events = self._epoll.poll(0, max(1, len(members)))
-        if events:
-            await trio.lowlevel.checkpoint()  # members may leave (or join) during the yield
-        else:
-            await trio.lowlevel.wait_readable(self._epoll.fileno())
+        if look_first:
+            if len(members) == 1:
+                await trio.lowlevel.checkpoint()
+                return list(members.values())
             events = self._epoll.poll(0, max(1, len(members)))
+            if events:
+                await trio.lowlevel.checkpoint()  # members may leave (or join) during the yield
+                return [member for fd, _events in events if (member := members.get(fd)) is not None]
+        await trio.lowlevel.wait_readable(self._fileno)
+        if len(members) == 1:
+            return list(members.values())
+        events = self._epoll.poll(0, max(1, len(members)))
         return [member for fd, _events in events if (member := members.get(fd)) is not None]
 
     def close(self) -> None:
@@ -517,10 +581,13 @@ class Watchdog:
     def __init__(self, seconds: float, what: str) -> None:
         self.seconds = seconds
         self.what = what
-        self.fed_at = trio.current_time()
+        # trio's clock itself: its current_time() is trio.current_time(), one Python call where
+        # that is three (a slave feeds twice a frame, a master once a report).
+        self._clock = trio.lowlevel.current_clock()
+        self.fed_at = self._clock.current_time()
 
     def feed(self) -> None:
-        self.fed_at = trio.current_time()
+        self.fed_at = self._clock.current_time()
 
     async def run(self) -> None:
         while True:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -250,22 +251,33 @@ class ClientPort:
         """One pass per wait: read every ready connection of the group, put every SEND read
         (grouped by queue, appended and waited for together: ``PutService.put_items``), then
         send what was answered at once."""
+        look_first = True
         while True:
-            touched = [client.outbox for client in await self._group.wait() if self._read_client(client)]
-            if self._sends:
+            touched = [client.outbox for client in await self._group.wait(look_first=look_first) if self._read_client(client)]
+            sends = len(self._sends)
+            if sends:
                 items, self._sends = self._sends, []
                 self.puts.put_items(items)
             for outbox in touched:
-                outbox.flush()
+                if outbox.queued:  # SYNC_MASTER puts are answered later, by the acks
+                    outbox.flush()
+            # More may have come in meanwhile only if more than one request was in flight: a
+            # lone writer's next request waits for this one's answer.
+            look_first = sends > 1 or len(touched) > 1
         raise AssertionError("unreachable")
 
     def _read_client(self, client: _Client) -> bool:
         """One receive of a ready connection and its frames taken; the connection handed back
         to its task when it ended, broke or must wait for room. True if anything was read."""
         try:
-            data = client.connection.receive_now()
-            if data is None:
+            # Connection.receive_now written out (a read per put with a connection per writer):
+            # a member's descriptor stays open until it leaves the group.
+            try:
+                data = os.read(client.fd, transport.RECEIVE_SIZE)
+            except BlockingIOError:
                 return False  # nothing after all (the group reported it before an earlier read took it)
+            except OSError as error:
+                raise trio.BrokenResourceError(f"receive from {client.connection.peer}: {error}") from error
             if data:
                 client.decoder.receive_data(data)
                 if self._take_frames(client):

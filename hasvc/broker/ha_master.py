@@ -48,6 +48,10 @@ from hasvc.state.transfer import Heartbeat, Send, TransferCursor, WaitUntil, sta
 
 LOGGER = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
+# Bytes asked of the kernel per receive of reports (512 of them). Not transport.RECEIVE_SIZE:
+# each read of 8 bytes into a 256 KiB bytes object, shrunk after, cost glibc an mmap, an mremap
+# and a munmap (above its mmap threshold) once no failed read kept raising that threshold.
+REPORTS_RECEIVE_SIZE = 512 * ha.REPORT.size
 # What ends one HA connection (logged once, that connection closed); anything else is our bug.
 CONNECTION_ERRORS = (
     transport.AuthenticationError, ReplicationViolation, wire.ProtocolError, trio.BrokenResourceError,
@@ -153,7 +157,7 @@ class HAService:
         clock = trio.lowlevel.current_clock()  # its current_time() is trio.current_time(), one call instead of three
         decoder = ha.ReportDecoder()
         while True:
-            data = await connection.receive_some()
+            data = await connection.receive_some(REPORTS_RECEIVE_SIZE)
             if not data:
                 raise EOFError("slave closed the connection")
             decoder.receive_data(data)

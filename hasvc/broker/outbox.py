@@ -30,7 +30,7 @@ class Outbox:
         self.in_flight_max = in_flight_max
         self.in_flight = 0
         self._parts: list[bytes] = []
-        self._queued = 0  # responses in _parts
+        self.queued = 0  # responses in _parts (not yet handed to the kernel or the writer task)
         self._sending = False  # the writer task is in send_all
         self._wakeup = trio.Event()
         self._room: trio.Event | None = None  # made by a task that waits for room, set by the release
@@ -65,7 +65,7 @@ class Outbox:
     def respond(self, frame: client_protocol.Frame, payload: bytes) -> None:
         self._parts.append(client_protocol.FRAME_HEADER.pack(len(payload) + 5, frame.kind | client_protocol.RESPONSE_BIT, frame.request_id))
         self._parts.append(payload)
-        self._queued += 1
+        self.queued += 1
 
     def flush(self) -> None:
         """Send the queued responses now if the socket takes them all without waiting; what it
@@ -92,8 +92,8 @@ class Outbox:
             self._wakeup.set()
             return
         self._parts = []
-        self.in_flight -= self._queued  # _released written out: once a put
-        self._queued = 0
+        self.in_flight -= self.queued  # _released written out: once a put
+        self.queued = 0
         if self._room is not None:
             self._room.set()
             self._room = None
@@ -111,7 +111,7 @@ class Outbox:
             if not self._parts:
                 continue  # flushed by the caller after all
             parts, self._parts = self._parts, []
-            count, self._queued = self._queued, 0
+            count, self.queued = self.queued, 0
             self._sending = True
             try:
                 await self.connection.send_all(b"".join(parts))

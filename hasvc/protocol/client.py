@@ -93,6 +93,9 @@ class FrameDecoder:
         self.frame_size_max = frame_size_max
         self.responses = responses
         self._buffer = Buffer(size_max=2 * frame_size_max + FRAME_HEADER.size)
+        # The buffer's received pieces (Buffer.first_chunk written out: next_frame runs once per
+        # frame and once more to find none, per read of every client connection).
+        self._chunks = self._buffer._chunks
         self._kinds = frozenset(k | RESPONSE_BIT for k in REQUEST_KINDS) if responses else REQUEST_KINDS
 
     def receive_data(self, data: bytes) -> None:
@@ -102,10 +105,10 @@ class FrameDecoder:
         """The next whole frame, or None until it is in. The length is checked as soon as its
         4 bytes are in and the kind as soon as its byte is, not once the 9-byte header is: a
         peer that sends a bad length alone is refused, not left waiting for 5 more bytes."""
-        buffer = self._buffer
-        first = buffer.first_chunk()
-        if first is None:
+        chunks = self._chunks
+        if not chunks:
             return None
+        buffer, first = self._buffer, chunks[0]
         if len(first) >= FRAME_HEADER.size:  # a frame per receive: header and payload taken in place
             length, kind, request_id = FRAME_HEADER.unpack_from(first)
             if length < 5 or length > self.frame_size_max or kind not in self._kinds:

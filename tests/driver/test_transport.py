@@ -460,3 +460,227 @@ async def test_receive_now_keeps_what_the_preface_read_ahead_first():
             server.receive_now()
     finally:
         await client.aclose()
+
+
+async def test_a_receive_after_a_short_read_waits_first_and_loses_no_bytes(monkeypatch):
+    """After a read that took less than it asked (the kernel had nothing more), the next
+    receive waits for bytes before reading: no read that finds nothing. Bytes that arrived in
+    between are still returned at once (the wait is level-triggered), and a cancelled wait
+    takes nothing."""
+    sender, receiver = await _connected_pair()
+    reads = []
+    real_read = os.read
+
+    def counting_read(fd, size):
+        try:
+            data = real_read(fd, size)
+        except BlockingIOError:
+            reads.append(None)
+            raise
+        reads.append(len(data))
+        return data
+
+    try:
+        await sender.send_all(b"first")
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)
+        assert await receiver.receive_some() == b"first"  # short: the kernel had nothing more
+        monkeypatch.setattr(os, "read", counting_read)
+        async with trio.open_nursery() as nursery:
+
+            async def later():
+                await trio.testing.wait_all_tasks_blocked()  # the receiver waits, it did not read
+                assert reads == []
+                await sender.send_all(b"late")
+
+            nursery.start_soon(later)
+            assert await receiver.receive_some() == b"late"
+        assert reads == [4]  # one read, after the wait: none that found nothing
+        await sender.send_all(b"already")
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)  # there before the receive asks
+        with trio.fail_after(5):
+            assert await receiver.receive_some() == b"already"
+        await sender.send_all(b"kept")
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await receiver.receive_some()
+        assert scope.cancelled_caught
+        with trio.fail_after(5):
+            assert await receiver.receive_some() == b"kept"
+    finally:
+        await sender.aclose()
+        await receiver.aclose()
+
+
+async def test_receive_head_reads_a_header_and_what_follows_it_in_one_read_and_keeps_the_rest():
+    """A frame's header and the bytes after it land in one read (header, then the caller's
+    buffer); bytes past the frame go back with ``unread`` and come first next time; a header
+    split across reads, one byte at a time, is still whole."""
+    sender, receiver = await _connected_pair()
+    frames = [os.urandom(12) + os.urandom(n) for n in (100, 0, 3000, 7)]
+    stream = b"".join(frames)
+    buffer = memoryview(bytearray(4096))
+    try:
+        await sender.send_all(stream)  # all in one go: several frames per read
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)
+        for frame in frames:
+            header, got = await receiver.receive_head(12, buffer)
+            assert header == frame[:12]
+            size = len(frame) - 12
+            assert buffer[: min(got, size)] == frame[12 : 12 + min(got, size)]
+            if got > size:
+                receiver.unread(buffer[size:got])
+            elif got < size:
+                await receiver.receive_into(buffer[got:size])
+            assert bytes(buffer[:size]) == frame[12:]
+        async with trio.open_nursery() as nursery:
+
+            async def trickle():
+                for byte in stream:
+                    await sender.send_all(bytes([byte]))
+                    await trio.testing.wait_all_tasks_blocked()
+
+            nursery.start_soon(trickle)
+            for frame in frames:
+                header, got = await receiver.receive_head(12, buffer[:50])
+                assert header == frame[:12] and got <= 1
+                size = len(frame) - 12
+                if got > size:
+                    receiver.unread(buffer[size:got])
+                elif got < size:
+                    await receiver.receive_into(buffer[got:size])
+                assert bytes(buffer[:size]) == frame[12:]
+        await sender.send_all(b"H" * 12 + b"body" + b"h" * 12)
+        await trio.lowlevel.wait_readable(receiver.raw_fileno)
+        assert await receiver.receive_exactly(2) == b"HH"  # reads ahead: the rest is buffered here
+        header, got = await receiver.receive_head(10, buffer[:4])  # from what is buffered
+        assert (header, got, bytes(buffer[:4])) == (b"H" * 10, 4, b"body")
+        receiver.unread(b"xy")
+        assert await receiver.receive_exactly(14) == b"xy" + b"h" * 12
+        await sender.aclose()
+        with pytest.raises(EOFError):
+            await receiver.receive_head(12, buffer)
+    finally:
+        await sender.aclose()
+        await receiver.aclose()
+
+
+async def test_a_readiness_pass_with_no_bytes_loses_no_wake_up():
+    """With one member the group is not asked (the member's read finds out); a pass that read
+    nothing, then a wait without a look first, still wakes for bytes that come later or that
+    came before it."""
+    client, server = await _connected_pair()
+    group = transport.ReadinessGroup()
+    try:
+        group.add(server.raw_fileno, "only")
+        with trio.testing.assert_checkpoints():
+            assert await group.wait(look_first=True) == ["only"]  # nothing to read: no wait either
+        assert server.receive_now() is None
+        async with trio.open_nursery() as nursery:
+
+            async def later():
+                await trio.testing.wait_all_tasks_blocked()  # the group waits in trio
+                await client.send_all(b"late")
+
+            nursery.start_soon(later)
+            with trio.fail_after(10):
+                assert await group.wait(look_first=False) == ["only"]
+        assert server.receive_now() == b"late"
+        await client.send_all(b"early")
+        await trio.lowlevel.wait_readable(server.raw_fileno)
+        with trio.fail_after(10):
+            assert await group.wait(look_first=False) == ["only"]  # already there: level-triggered
+        assert server.receive_now() == b"early"
+        other_client, other_server = await _connected_pair()
+        try:
+            group.add(other_server.raw_fileno, "other")
+            await other_client.send_all(b"x")
+            await trio.lowlevel.wait_readable(other_server.raw_fileno)
+            with trio.fail_after(10):  # two members: the set is asked which one is readable
+                assert await group.wait(look_first=True) == ["other"]
+                assert await group.wait(look_first=False) == ["other"]
+            group.discard(other_server.raw_fileno)
+        finally:
+            await other_client.aclose()
+            await other_server.aclose()
+    finally:
+        group.close()
+        await client.aclose()
+        await server.aclose()
+
+
+@pytest.mark.parametrize("splice", [True, False], ids=["splice", "pwrite"])
+async def test_the_slave_takes_frames_however_their_bytes_are_cut(tmp_path, splice):
+    """The slave reads a frame's header with what has arrived of its body (one read), gives
+    the next frame's bytes back, and splices the rest of a large frame after the part that came
+    with its header: frames sent together, heartbeats between them, a large frame then small
+    ones, and all of it again one uneven piece at a time, land in the log byte for byte."""
+    from hasvc.broker.ha_slave import SPLICE_FRAME_MIN, HAClient
+    from hasvc.state.role import RoleState
+
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SLAVE, master_ha=("127.0.0.1", 1),
+                          commitlog_segment_size=4 * 1024 * 1024, ha_frame_size_max=1024 * 1024,
+                          ha_transfer_batch_size=1024 * 1024)  # fmt: skip
+    store = MessageStore.open(str(tmp_path), config.store_config())
+    client = HAClient(config=config, store=store, role=RoleState(BrokerRole.SLAVE, config.master_ha),
+                      listen_address=("127.0.0.1", 2), truncation_locks=(), after_appends=lambda: None)  # fmt: skip
+    sizes = [1100, 0, 35_000, 0, 1024 * 1024, 70_000, 1100, 1, 0, SPLICE_FRAME_MIN, 200_000, 1100]
+    payload = os.urandom(2 * sum(sizes))
+    stream, offset = bytearray(), 0
+    for round_ in range(2):
+        for size in sizes:
+            stream += ha.encode_transfer_header(offset, size) + payload[offset : offset + size]
+            offset += size
+        if round_ == 0:
+            first_round = len(stream)
+    master, slave = await _connected_pair()
+    watchdog = transport.Watchdog(60, "nothing from the master")
+    try:
+        async with trio.open_nursery() as nursery:
+            pipe = transport.SplicePipe() if splice and transport.SPLICE_AVAILABLE else None
+            nursery.start_soon(client._receive_frames, slave, watchdog, pipe)
+            await master.send_all(bytes(stream[:first_round]))  # at once: many frames a read
+            await trio.testing.wait_all_tasks_blocked()  # the slave took all and waits for more
+            assert store.commit_log.max_offset == sum(sizes)
+            cut, step = first_round, 1
+            while cut < len(stream):  # pieces of 1, 7, 49, ... bytes: headers and bodies split anywhere
+                await master.send_all(bytes(stream[cut : cut + step]))
+                await trio.testing.wait_all_tasks_blocked()
+                cut, step = cut + step, step * 7 % 100_003
+            assert store.commit_log.max_offset == offset
+            nursery.cancel_scope.cancel()
+            if pipe is not None:
+                pipe.close()
+        assert bytes(store.read(0, offset)) == payload[:offset]
+    finally:
+        await master.aclose()
+        await slave.aclose()
+        store.close()
+
+
+@pytest.mark.parametrize("drained", [False, True], ids=["reads-first", "waits-first"])
+@pytest.mark.parametrize("kind", ["receive_some", "receive_into"])
+async def test_a_receive_waiting_when_its_connection_is_closed_here_raises_closed(drained, kind):
+    """The descriptor's number is looked up once per receive: a close by another task during
+    the wait ends the wait with ClosedResourceError, never a read of a reused number."""
+    sender, receiver = await _connected_pair()
+    try:
+        if drained:
+            await sender.send_all(b"x")
+            await trio.lowlevel.wait_readable(receiver.raw_fileno)
+            assert await receiver.receive_some() == b"x"  # short: the next receive waits first
+        async with trio.open_nursery() as nursery:
+
+            async def close_later():
+                await trio.testing.wait_all_tasks_blocked()
+                await receiver.stream.aclose()
+
+            nursery.start_soon(close_later)
+            with pytest.raises(trio.ClosedResourceError):
+                if kind == "receive_some":
+                    await receiver.receive_some()
+                else:
+                    await receiver.receive_into(memoryview(bytearray(10)))
+    finally:
+        await sender.aclose()
+        await receiver.aclose()

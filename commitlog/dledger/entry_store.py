@@ -231,6 +231,8 @@ class DLedgerMmapFileStore:
         return self.data_start_offset
 
     def term_at(self, index: int) -> int:
+        if index == self._last_index and index >= self._first_index:  # the commonest: no index unit read
+            return self._last_term
         return self._unit(index)[4]
 
     def read(self, lo: int, hi: int, *, size_max: int) -> list[Any]:
@@ -440,7 +442,11 @@ class DLedgerMmapFileStore:
         if lo >= hi:
             return 0, 0
         start = self.pos_at(lo)
-        low, high = lo, hi - 1  # the answer's last entry lies in [low, high]
+        pos, size = self.entry_span(hi - 1)
+        body_size = pos + size - start - (hi - lo) * codec.BODY_OFFSET
+        if body_size <= size_max:  # all of them (the commonest: a push of what a proposal added)
+            return hi - lo, body_size
+        low, high = lo, hi - 2  # the answer's last entry lies in [low, high]
         while low < high:
             middle = (low + high + 1) // 2
             pos, size = self.entry_span(middle)
@@ -479,7 +485,7 @@ class DLedgerMmapFileStore:
                 end_pos, end_size = self.entry_span(stop)
             position = pos - mapped_file.file_from_offset
             view = mapped_file.view()[position : position + end_pos + end_size - pos].toreadonly()
-            runs.append(EntryRun(first, stop - first + 1, self.term_at(stop), view))
+            runs.append(EntryRun(first, stop - first + 1, last_term if stop == last else self.term_at(stop), view))
             first = stop + 1
         return runs
 
@@ -555,15 +561,15 @@ class DLedgerMmapFileStore:
         return end
 
     def _check_appendable(self, entries: Sequence[Entry]) -> None:
-        index, term = self._last_index, self._last_term
-        fit_max = self.config.data_file_size - codec.MIN_BLANK_SIZE
-        for entry in entries:
+        index, term = self._last_index, max(self._last_term, 0)
+        fit_max = min(self.config.data_file_size - codec.MIN_BLANK_SIZE, codec.ENTRY_SIZE_MAX)
+        for entry in entries:  # no call per entry: a proposal of 32 entries checks 32
             if entry.index != index + 1:
                 raise ValueError(f"entry index {entry.index} does not follow {index}")
-            if entry.term < max(term, 0):
+            if entry.term < term:
                 raise ValueError(f"entry {entry.index} has term {entry.term}, below the previous {term}")
-            size = codec.entry_size(len(entry.body))
-            if size > codec.ENTRY_SIZE_MAX or size > fit_max:
+            size = codec.BODY_OFFSET + len(entry.body)  # codec.entry_size
+            if size > fit_max:
                 raise ValueError(f"entry {entry.index} of {size} bytes is larger than ENTRY_SIZE_MAX="
                                  f"{codec.ENTRY_SIZE_MAX} or a data file of {self.config.data_file_size} less 8")  # fmt: skip
             index, term = entry.index, entry.term

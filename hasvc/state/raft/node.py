@@ -262,6 +262,7 @@ class RaftNode:
             return Refused(RefusalStatus.LEADER_PENDING_FULL, self.self_id,
                            f"{self._pending_count} proposals wait for a quorum (pending_max {self.config.pending_max})")  # fmt: skip
         first = self._log.last_index() + 1
+        assert not self._pending or self._pending[-1].last_index + 1 == first, ("proposals not consecutive", first)
         self._log.append([Entry(first + i, self.term, bytes(body)) for i, body in enumerate(bodies)])
         last = first + len(bodies) - 1
         self._pending.append(Pending(first, last, self.term, now + self.config.quorum_ack_timeout_seconds))
@@ -343,9 +344,10 @@ class RaftNode:
             times.append(self._pending[0].deadline)
         if self._transfer is not None:
             times.append(self._transfer.deadline)
-        times.extend(
-            p.sent_at + self.config.push_timeout_seconds for p in self._progress.values() if p.sent_at is not None
-        )
+        timeout = self.config.push_timeout_seconds
+        for progress in self._progress.values():  # a loop, not a generator: this runs after every Ready
+            if progress.sent_at is not None:
+                times.append(progress.sent_at + timeout)
         return min(times)
 
     # ------------------------------------------------------------------ read-only views
@@ -925,7 +927,10 @@ class RaftNode:
 
     def _maybe_commit(self) -> None:
         own = self.flushed_index if self.config.flush_sync else self._log.last_index()
-        marks = sorted([own, *(p.match_index for p in self._progress.values())], reverse=True)
+        marks = [own]
+        for progress in self._progress.values():
+            marks.append(progress.match_index)
+        marks.sort(reverse=True)
         quorum_index = marks[self.quorum - 1]
         # The Raft paper's rule (DLedger has none): count only entries of the leader's own term.
         if quorum_index > self.committed_index and self._log.term_at(quorum_index) == self.term:
@@ -1003,8 +1008,12 @@ class RaftNode:
         assert self.flushed_index <= last, ("flushed beyond the log", self.flushed_index, last)
         if self.role is Role.LEADER:
             assert self.leader_id == self.self_id and self.voted_for == self.self_id
-            assert self._pending_count == sum(p.last_index - p.first_index + 1 for p in self._pending)
-            assert all(p.match_index <= last for p in self._progress.values())
+            # Proposals are consecutive (``propose`` asserts it), so their count is their span.
+            pending = self._pending
+            span = pending[-1].last_index - pending[0].first_index + 1 if pending else 0
+            assert self._pending_count == span, ("pending count", self._pending_count, span)
+            for progress in self._progress.values():
+                assert progress.match_index <= last, ("match beyond the log", progress.match_index, last)
         else:
             assert not self._pending and not self._progress and self._transfer is None
             assert self._matched_index <= last

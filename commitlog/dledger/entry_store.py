@@ -438,14 +438,20 @@ class DLedgerMmapFileStore:
         ``size_max`` (at least one entry when ``lo <= last_index()``): what one push carries. A
         binary search over the index units (the bytes between two entries' positions, less a
         header per entry; a blank record at a file's end counts as body), no entry read."""
+        count, body_size, _, _ = self.run_extent(lo, hi, size_max=size_max)
+        return count, body_size
+
+    def run_extent(self, lo: int, hi: int, *, size_max: int) -> tuple[int, int, int, int]:
+        """``run_length`` and where those entries lie: (count, body bytes, pos of the first, end of
+        the last); (0, 0, -1, -1) when none."""
         hi = min(hi, self._last_index + 1)
         if lo >= hi:
-            return 0, 0
+            return 0, 0, -1, -1
         start = self.pos_at(lo)
         pos, size = self.entry_span(hi - 1)
         body_size = pos + size - start - (hi - lo) * codec.BODY_OFFSET
         if body_size <= size_max:  # all of them (the commonest: a push of what a proposal added)
-            return hi - lo, body_size
+            return hi - lo, body_size, start, pos + size
         low, high = lo, hi - 2  # the answer's last entry lies in [low, high]
         while low < high:
             middle = (low + high + 1) // 2
@@ -455,7 +461,7 @@ class DLedgerMmapFileStore:
             else:
                 high = middle - 1
         pos, size = self.entry_span(low)
-        return low - lo + 1, pos + size - start - (low - lo + 1) * codec.BODY_OFFSET
+        return low - lo + 1, pos + size - start - (low - lo + 1) * codec.BODY_OFFSET, start, pos + size
 
     def read_runs(self, first: int, count: int, last_term: int) -> list[EntryRun] | None:
         """Entries ``first .. first + count - 1`` as stored, one ``EntryRun`` per data file they

@@ -362,7 +362,8 @@ class DLedgerMessageStore:
         one); StoreError when not (an accepted plan was not appended as planned)."""
         entries = self.entries
         last = entries.last_index()
-        appended = bisect.bisect_right(self._pending, last, key=lambda item: item[0])
+        # Pending entries have consecutive indexes (accept_plan extends them so): no search needed.
+        appended = min(max(last - self._pending[0][0] + 1, 0), len(self._pending)) if self._pending else 0
         if appended:  # the newest appended one: positions are cumulative, so it lies as planned only if all do
             index, pos, size = self._pending[appended - 1]
             if index >= entries.first_index() and entries.entry_span(index) != (pos, size):
@@ -385,7 +386,9 @@ class DLedgerMessageStore:
     def accept_plan(self, plan: AppendPlan) -> None:
         """The core accepted ``plan``'s proposal: advance the queue table; the next plan starts
         after it. Plans are accepted in the order they were made, each planned after the last."""
-        expected = self.entries.last_index() + 1 + len(self._pending_sizes())
+        # The next index after the pending entries (planned consecutively from the log's end, which
+        # _plan_positions checked when it planned this one; nothing is appended in between).
+        expected = self._pending[-1][0] + 1 if self._pending else self.entries.last_index() + 1
         if plan.first_index != expected:
             raise ValueError(f"plan starts at entry {plan.first_index}, the next is {expected} (planned out of order?)")
         for key, next_offset in plan.queue_next.items():
@@ -461,25 +464,24 @@ class DLedgerMessageStore:
         while self.dispatched_index < entries.committed_index and budget > 0:
             first = self.dispatched_index + 1
             last = min(entries.committed_index, first + DISPATCH_ENTRIES_MAX - 1)
-            fitting, _ = entries.run_length(first, last + 1, size_max=budget)  # the walk keeps to the budget
-            walked, size = self._dispatch_run(first, first + fitting - 1)
+            fitting, _, pos, end = entries.run_extent(first, last + 1, size_max=budget)  # the walk keeps to the budget
+            walked, size = self._dispatch_run(first, first + fitting - 1, pos, end)
             count += walked
             budget -= size
             if self.dispatch_error is not None:
                 break
         return count
 
-    def _dispatch_run(self, first: int, last: int) -> tuple[int, int]:
+    def _dispatch_run(self, first: int, last: int, pos: int, end: int) -> tuple[int, int]:
         """Dispatch entries ``first..last`` (committed) that lie in ``first``'s data file with one
         walk (``dispatch_entries``: headers skipped, one record per entry, no-ops passed over);
-        return (entries dispatched, their bytes). An entry the native walk leaves to Python
+        return (entries dispatched, their bytes); ``pos`` is where ``first`` lies and ``end`` where
+        ``last`` ends (``run_extent``). An entry the native walk leaves to Python
         (TAGS not UTF-8) goes through ``_dispatch_entry``; a malformed one sets ``dispatch_error``."""
         entries = self.entries
-        pos = entries.pos_at(first)
-        end_pos, end_size = entries.entry_span(last)
         mapped_file = entries.data_file_list.find_mapped_file_by_offset(pos)
         base = mapped_file.file_from_offset
-        start, limit = pos - base, min(end_pos + end_size - base, mapped_file.wrote_position)
+        start, limit = pos - base, min(end - base, mapped_file.wrote_position)
         runs = _Runs(self)
         try:
             position, stop, walked, found = dispatch_entries(mapped_file.view(), start, limit, base, last - first + 1,

@@ -88,17 +88,22 @@ class LogView:
             if index > self._unstable[-1].index:
                 raise IndexError(index)
             return self._unstable[index - self._unstable[0].index].term
-        if index > self._stored_last() or index < self.first_index():
+        # The stored part: none after a reset, else [first, last] below the cut (_stored_last() written out).
+        if self._reset is not None or index < self._stored_first or index > self._stored_end:
             raise IndexError(index)
-        if index == self._stored_end and self._reset is None:  # (a cut leaves it only when above the cut)
+        if self._truncate_after is not None:
+            if index > self._truncate_after:
+                raise IndexError(index)
+        elif index == self._stored_end:
             return self._stored_end_term
         return self.log.term_at(index)
 
     def term_or_missing(self, index: int) -> int:
         """term_at(index), or -1 when the log has no entry there (and for index -1)."""
-        if index < self.first_index() or index > self.last_index():
+        try:
+            return self.term_at(index)
+        except IndexError:
             return -1
-        return self.term_at(index)
 
     def read(self, lo: int, hi: int, *, size_max: int) -> list[Entry]:
         """Entries lo <= index < hi (at least one when lo <= last_index()), bodies up to size_max bytes."""
@@ -205,6 +210,10 @@ class LogView:
         """The reset, truncation, entries and runs the driver must apply now (in that order);
         afterwards the store is the view."""
         reset, truncate_after = self._reset, self._truncate_after
+        if not self._unstable and not self._runs and truncate_after is None and reset is None:
+            # Nothing to apply (most Readies of a leader answering acknowledgements): the ends stay.
+            self._expected_end = (self._stored_first, self._stored_end, self._stored_end_term)
+            return None, None, (), ()
         entries, runs = tuple(self._unstable), tuple(self._runs)
         self._expected_end = (self.first_index(), self.last_index(), self.last_term())
         self._stored_first, self._stored_end, self._stored_end_term = self._expected_end  # once applied

@@ -862,7 +862,9 @@ class RaftNode:
                 hi = mid - 1
         return lo
 
-    def _push(self, peer: str, progress: Progress, now: float) -> None:
+    def _push(self, peer: str, progress: Progress, now: float, first: int, last: int) -> None:
+        """Push to ``peer`` what ``progress`` says is due; ``first`` and ``last`` are the log's ends
+        (read once by ``_after_event`` for every peer: pushing does not change the log)."""
         timeout = self.config.push_timeout_seconds
         if (
             progress.state is PushType.APPEND
@@ -872,8 +874,11 @@ class RaftNode:
         ):
             progress.index = progress.match_index + 1  # DLedger: re-push what waited past maxPushTimeOutMs
             progress.sent_at = None
-        if progress.state is not PushType.RESET and self._needs_deleted_entry(progress):
-            progress.state, progress.index, progress.sent_at = PushType.RESET, self._log.first_index(), None
+        if progress.state is PushType.APPEND:
+            if progress.index < first:  # _needs_deleted_entry of an APPEND, written out (every peer, every event)
+                progress.state, progress.index, progress.sent_at = PushType.RESET, first, None
+        elif progress.state is not PushType.RESET and self._needs_deleted_entry(progress):
+            progress.state, progress.index, progress.sent_at = PushType.RESET, first, None
         if progress.state is not PushType.APPEND:
             if progress.sent_at is None or now >= progress.sent_at + timeout:
                 message = self._control_push(peer, progress)
@@ -881,7 +886,6 @@ class RaftNode:
                     self._messages.append(message)
                 progress.sent_at = None if message is None else now  # None: nothing in flight to time
             return
-        last = self._log.last_index()
         while progress.index <= last and progress.index - progress.match_index - 1 < self.config.push_in_flight_max:
             # Whole batches (a window that opens by one entry must not make one-entry pushes):
             # in flight may pass push_in_flight_max by less than a batch. The push names the
@@ -925,8 +929,9 @@ class RaftNode:
         wanted = (progress.index,) if progress.state is PushType.COMPARE else (progress.index, progress.index + 1)
         return any(0 <= i < first and i <= self._log.last_index() for i in wanted)
 
-    def _maybe_commit(self) -> None:
-        own = self.flushed_index if self.config.flush_sync else self._log.last_index()
+    def _maybe_commit(self, last: int) -> None:
+        """Commit what a quorum holds (``last``: the log's last index)."""
+        own = self.flushed_index if self.config.flush_sync else last
         marks = [own]
         for progress in self._progress.values():
             marks.append(progress.match_index)
@@ -980,9 +985,9 @@ class RaftNode:
         ):
             self._transfer = Transfer(preferred, now + self.config.election_timeout_min_seconds)
 
-    def _send_timeout_now(self) -> None:
+    def _send_timeout_now(self, last: int) -> None:
         transfer = self._transfer
-        if transfer is None or transfer.sent or self._progress[transfer.target].match_index != self._log.last_index():
+        if transfer is None or transfer.sent or self._progress[transfer.target].match_index != last:
             return
         transfer.sent = True
         self._messages.append(TimeoutNow(self.self_id, transfer.target, self.term))
@@ -991,10 +996,13 @@ class RaftNode:
 
     def _after_event(self, now: float) -> None:
         if self.role is Role.LEADER:
+            log = self._log
+            first, last = log.first_index(), log.last_index()
             for peer, progress in self._progress.items():
-                self._push(peer, progress, now)
-            self._maybe_commit()
-            self._send_timeout_now()
+                self._push(peer, progress, now, first, last)
+            self._maybe_commit(last)
+            if self._transfer is not None:
+                self._send_timeout_now(last)
         self._check_invariants()
 
     def _check_invariants(self) -> None:

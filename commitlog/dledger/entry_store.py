@@ -328,8 +328,12 @@ class DLedgerMmapFileStore:
         if not self._first_index <= index <= self._last_index:
             raise IndexError(f"index {index} outside the log [{self._first_index}, {self._last_index}]")
         offset = index * codec.INDEX_UNIT_SIZE
-        mapped_file = self.index_file_list.find_mapped_file_by_offset(offset)
+        # find_mapped_file_by_offset written out (the leader reads a few units an event)
+        files = self.index_file_list.mapped_files
+        number = (offset - files[0].file_from_offset) // self.index_file_list.file_size if files else -1
+        mapped_file = files[number] if 0 <= number < len(files) else None
         if mapped_file is not None:
+            assert mapped_file.file_from_offset <= offset < mapped_file.file_from_offset + mapped_file.file_size
             unit = codec.INDEX_UNIT.unpack_from(mapped_file.view(), offset - mapped_file.file_from_offset)
             if (unit[0] == codec.MAGIC_1 and unit[3] == index and codec.BODY_OFFSET <= unit[2] <= codec.ENTRY_SIZE_MAX
                     and unit[1] >= 0 and unit[4] >= 0):  # fmt: skip
@@ -450,17 +454,33 @@ class DLedgerMmapFileStore:
         start = self.pos_at(lo)
         pos, size = self.entry_span(hi - 1)
         body_size = pos + size - start - (hi - lo) * codec.BODY_OFFSET
-        if body_size <= size_max:  # all of them (the commonest: a push of what a proposal added)
+        if body_size <= size_max or hi - lo == 1:  # all of them (the commonest: a push of what a proposal added)
             return hi - lo, body_size, start, pos + size
         low, high = lo, hi - 2  # the answer's last entry lies in [low, high]
+        # First where the range's average entry says, and the entry after it: entries of one size
+        # (a producer's) need no more. Then a binary search of what is left.
+        body_average = body_size / (hi - lo)
+        guess = min(max(lo + int(size_max / body_average) - 1, low), high) if body_average > 0 else low
+        pos, size = self.entry_span(guess)
+        if pos + size - start - (guess - lo + 1) * codec.BODY_OFFSET <= size_max:
+            low, found = guess, (pos, size)
+            if guess < high:
+                pos, size = self.entry_span(guess + 1)
+                if pos + size - start - (guess - lo + 2) * codec.BODY_OFFSET > size_max:
+                    high = guess
+                else:
+                    low, found = guess + 1, (pos, size)
+        else:
+            high = guess - 1
+            found = None
         while low < high:
             middle = (low + high + 1) // 2
             pos, size = self.entry_span(middle)
             if pos + size - start - (middle - lo + 1) * codec.BODY_OFFSET <= size_max:
-                low = middle
+                low, found = middle, (pos, size)
             else:
                 high = middle - 1
-        pos, size = self.entry_span(low)
+        pos, size = found if found is not None else self.entry_span(low)  # found: low's, when read
         return low - lo + 1, pos + size - start - (low - lo + 1) * codec.BODY_OFFSET, start, pos + size
 
     def read_runs(self, first: int, count: int, last_term: int) -> list[EntryRun] | None:

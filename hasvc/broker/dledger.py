@@ -23,7 +23,9 @@ member plays SLAVE, serving committed reads, and refuses writes naming the leade
 The driver carries each ``Ready`` out in the core's order: the hard state saved (fsynced), the
 log truncated and appended (a follower's runs with ``append_run``), then messages queued to the
 peers' senders (bounded: a message that does not fit is dropped, which Raft survives), then the
-commit index to the store and dispatch, role changes to the broker. Time is
+commit index to the store and dispatch, role changes to the broker. Acknowledgements
+(PushResponse) read from a peer together are stepped one by one and their Ready carried out once
+(they change no log; anything else read after them waits for that Ready first). Time is
 ``trio.current_time()`` only. A sender reads an APPEND's entries from the data files when it
 sends it (the stored bytes, a view of the mapping per data file, written with the frame headers
 in one ``writev``; what the socket does not take is copied before any wait, so no view of a
@@ -75,7 +77,7 @@ from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.dedupe import ProducerTable
 from hasvc.state.raft.config import RaftConfig
-from hasvc.state.raft.messages import Push, PushType, ResetPush
+from hasvc.state.raft.messages import Push, PushResponse, PushType, ResetPush
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.ready import Proposed, Role
 from hasvc.state.raft.storage import Entry, HardState
@@ -353,10 +355,8 @@ class RaftDriver:
         if connection is None:
             return False
         statistics = self._queues[message.target][1].statistics()
-        if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.sending:
-            return False
-        if connection.raw_fileno < 0:
-            return False
+        if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.raw_fileno < 0:
+            return False  # (a send in progress: the sender is not waiting; write_now checks it again too)
         try:
             rest = connection.write_now(self._frame_parts(message, connection))
         except OSError:
@@ -658,25 +658,37 @@ class RaftDriver:
                     if not data:
                         break
                     decoder.receive_data(data)
-                    while (event := decoder.next_event()) is not None:
-                        if isinstance(event, raft_wire.Hello):
-                            source = self._check_hello(event, connection.peer)
-                            if source is None:
-                                return
-                            old = self._inbound.get(source)
-                            if old is not None:
-                                old.cancel()  # a peer that reconnected: its old connection is dead
-                            self._inbound[source] = scope
-                            continue
-                        if isinstance(event, Push) and event.type is PushType.TRUNCATE:
-                            async with self.files_quiet():  # the truncate waits for a sync in flight
+                    acknowledged = False  # acknowledgements stepped, their Ready not carried out yet
+                    try:
+                        while (event := decoder.next_event()) is not None:
+                            if isinstance(event, PushResponse):
+                                # Stepped now, carried out once for all read together (a follower
+                                # answers every push: a Ready each was a third of a leader's calls).
+                                acknowledged = True
+                                self._step(event, drain=False)
+                                continue
+                            if acknowledged:
+                                acknowledged = False
+                                self.drain()
+                            if isinstance(event, raft_wire.Hello):
+                                source = self._check_hello(event, connection.peer)
+                                if source is None:
+                                    return
+                                old = self._inbound.get(source)
+                                if old is not None:
+                                    old.cancel()  # a peer that reconnected: its old connection is dead
+                                self._inbound[source] = scope
+                            elif isinstance(event, Push) and event.type is PushType.TRUNCATE:
+                                async with self.files_quiet():  # the truncate waits for a sync in flight
+                                    self._step(event)
+                            elif isinstance(event, ResetPush):  # deletes entry and consume-queue files
+                                async with self._maintenance, self.files_quiet():
+                                    self._step(event)
+                            else:
                                 self._step(event)
-                            continue
-                        if isinstance(event, ResetPush):  # deletes entry and consume-queue files
-                            async with self._maintenance, self.files_quiet():
-                                self._step(event)
-                            continue
-                        self._step(event)
+                    finally:
+                        if acknowledged:  # also when a bad frame ends the connection
+                            self.drain()
             except wire.ProtocolError as error:
                 self.refused_connections += 1
                 LOGGER.warning("raft: %s (%s) sent a bad frame, connection closed: %s", connection.peer, source, error)
@@ -690,16 +702,19 @@ class RaftDriver:
                 with trio.CancelScope(shield=True):
                     await connection.stream.aclose()
 
-    def _step(self, message) -> None:
-        """Hand a peer's message to the core and carry its Ready out. A message no member could
-        send (the core's ValueError: an APPEND whose entries do not start at its index, a RESET
-        in a PUSH frame, ...) is a protocol error: that connection is closed, the member goes on."""
+    def _step(self, message, *, drain: bool = True) -> None:
+        """Hand a peer's message to the core and carry its Ready out (``drain=False``: the caller
+        drains later, before it steps anything but another acknowledgement -- which changes no
+        log, so the core may take several before one Ready). A message no member could send
+        (the core's ValueError: an APPEND whose entries do not start at its index, a RESET in a
+        PUSH frame, ...) is a protocol error: that connection is closed, the member goes on."""
         try:
             self.node.step(message, trio.current_time())
         except ValueError as error:
             self.drain()  # whatever the core did before it refused (it refuses before touching the log)
             raise wire.ProtocolError(f"{type(message).__name__} refused: {error}") from None
-        self.drain()
+        if drain:
+            self.drain()
 
     def _peer_gone(self, source: str | None, scope: trio.CancelScope) -> None:
         """The connection from ``source`` ended by itself (not replaced by a newer one): tell the

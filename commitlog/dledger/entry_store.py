@@ -217,6 +217,10 @@ class DLedgerMmapFileStore:
     def last_term(self) -> int:
         return self._last_term
 
+    def ends(self) -> tuple[int, int, int]:
+        """(first_index(), last_index(), last_term()) in one call: the Raft core reads them at every event."""
+        return self._first_index, self._last_index, self._last_term
+
     def flushed_index(self) -> int:
         return self._flushed_index
 

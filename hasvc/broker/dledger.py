@@ -659,13 +659,14 @@ class RaftDriver:
                         break
                     decoder.receive_data(data)
                     acknowledged = False  # acknowledgements stepped, their Ready not carried out yet
+                    now = trio.current_time()  # theirs: read together, stepped together
                     try:
                         while (event := decoder.next_event()) is not None:
                             if isinstance(event, PushResponse):
                                 # Stepped now, carried out once for all read together (a follower
                                 # answers every push: a Ready each was a third of a leader's calls).
                                 acknowledged = True
-                                self._step(event, drain=False)
+                                self._step(event, drain=False, now=now)
                                 continue
                             if acknowledged:
                                 acknowledged = False
@@ -702,14 +703,14 @@ class RaftDriver:
                 with trio.CancelScope(shield=True):
                     await connection.stream.aclose()
 
-    def _step(self, message, *, drain: bool = True) -> None:
+    def _step(self, message, *, drain: bool = True, now: float | None = None) -> None:
         """Hand a peer's message to the core and carry its Ready out (``drain=False``: the caller
         drains later, before it steps anything but another acknowledgement -- which changes no
         log, so the core may take several before one Ready). A message no member could send
         (the core's ValueError: an APPEND whose entries do not start at its index, a RESET in a
         PUSH frame, ...) is a protocol error: that connection is closed, the member goes on."""
         try:
-            self.node.step(message, trio.current_time())
+            self.node.step(message, trio.current_time() if now is None else now)
         except ValueError as error:
             self.drain()  # whatever the core did before it refused (it refuses before touching the log)
             raise wire.ProtocolError(f"{type(message).__name__} refused: {error}") from None

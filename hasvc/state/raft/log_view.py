@@ -34,7 +34,7 @@ class LogView:
         self._truncate_after: int | None = None
         self._reset: LogReset | None = None
         # The store's first index, last index and last term, as of the start of this event (see the module).
-        self._stored_first, self._stored_end, self._stored_end_term = log.first_index(), log.last_index(), log.last_term()
+        self._stored_first, self._stored_end, self._stored_end_term = log.ends()
         self._expected_end: tuple[int, int, int] = (self._stored_first, self._stored_end, self._stored_end_term)
 
     def _stored_last(self) -> int:
@@ -227,8 +227,7 @@ class LogView:
     def check_applied(self) -> None:
         """Pair assertion: the driver applied the last drained changes before calling in again.
         Every event of the core calls it first: it reads the store's ends for the event."""
-        log = self.log
-        stored = (log.first_index(), log.last_index(), log.last_term())
+        stored = self.log.ends()
         if not self._unstable and not self._runs and self._truncate_after is None and self._reset is None:
             # Retention may move the stored first index up between two calls (never below it).
             assert stored[1:] == self._expected_end[1:] and stored[0] >= self._expected_end[0], (

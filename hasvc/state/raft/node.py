@@ -776,10 +776,9 @@ class RaftNode:
             return
         progress = self._progress[m.source]
         progress.last_contact_at = now
-        if m.ack_index > self._log.last_index():
-            raise ValueError(
-                f"{m.source} acknowledges {m.ack_index} beyond the leader's last index {self._log.last_index()}"
-            )
+        last = self._log.last_index()
+        if m.ack_index > last:
+            raise ValueError(f"{m.source} acknowledges {m.ack_index} beyond the leader's last index {last}")
         if m.ack_index > progress.match_index:
             progress.match_index = m.ack_index
             progress.sent_at = now if progress.state is PushType.APPEND else progress.sent_at
@@ -1003,14 +1002,18 @@ class RaftNode:
             self._maybe_commit(last)
             if self._transfer is not None:
                 self._send_timeout_now(last)
-        self._check_invariants()
+            self._check_invariants(last)
+        else:
+            self._check_invariants()
 
-    def _check_invariants(self) -> None:
+    def _check_invariants(self, last: int | None = None) -> None:
+        """The core's invariants; ``last``: the log's last index when the caller has it."""
         assert self.term >= self._term_floor, ("term went back", self.term, self._term_floor)
         self._term_floor = self.term
         assert self.committed_index >= self._committed_floor, ("commit went back", self.committed_index)
         self._committed_floor = self.committed_index
-        last = self._log.last_index()
+        if last is None:
+            last = self._log.last_index()
         assert self.committed_index <= last, ("commit beyond the log", self.committed_index, last)
         assert self._log.last_term() <= self.term, ("log term above current term", self._log.last_term(), self.term)
         assert self.flushed_index <= last, ("flushed beyond the log", self.flushed_index, last)

@@ -568,3 +568,34 @@ def test_a_reset_inside_a_push_frame_is_refused_as_a_bad_message():
     else:
         raise AssertionError("a PUSH of type RESET was taken")
     assert (log.first_index(), log.last_index()) == (0, 3)
+
+
+def test_acknowledgements_stepped_before_one_ready_commit_as_one_at_a_time():
+    """The driver steps the acknowledgements read together and carries their Ready out once:
+    the core takes them so (they change no log), committing and pushing as when each had a
+    Ready of its own."""
+
+    def leader_with_a_proposal():
+        node, log = make_node([1], term=1)
+        elect(node, log, now=10.0)
+        for peer in ("n1", "n2"):
+            node.step(PushResponse(peer, "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), 10.1)
+        carry_out(node, log)
+        node.propose([b"a", b"b"], 10.2)
+        carry_out(node, log)
+        return node, log
+
+    acks = [PushResponse(peer, "n0", 2, PushType.APPEND, PushResult.SUCCESS, 2, 3, 0, 3) for peer in ("n1", "n2")]
+    one_by_one, log = leader_with_a_proposal()
+    readies = []
+    for ack in acks:
+        one_by_one.step(ack, 10.3)
+        readies.append(carry_out(one_by_one, log))
+    together, log = leader_with_a_proposal()
+    for ack in acks:
+        together.step(ack, 10.3)
+    ready = carry_out(together, log)
+    assert together.committed_index == one_by_one.committed_index == 3
+    assert ready.committed_index == 3 and ready.entries == () and ready.runs == ()
+    assert [p.status for p in ready.proposals] == [p.status for r in readies for p in r.proposals] == [ProposalStatus.SUCCESS]
+    assert ready.messages == tuple(m for r in readies for m in r.messages)

@@ -7,7 +7,8 @@ in DLedger entries, consume queues over committed ones), the pure Raft core (``R
 driver (``RaftDriver``: the Raft port, one outbound connection per peer, timers, the background
 flush), and the classic put path and client port unchanged: ``PutService`` appends through
 ``RaftLog.append_batch``, which *proposes* the records (planned at their final offsets) instead of
-writing them, and waits, as under SYNC_MASTER, until the ``RaftReplicator``'s replicated offset
+writing them -- the proposals of one pass of puts carried out in one Ready when PutService calls
+``RaftReplicator.appended``, their entries appended and pushed together -- and waits, as under SYNC_MASTER, until the ``RaftReplicator``'s replicated offset
 -- the end of the committed entries -- passes the put's end. So a put is answered PUT_OK only once
 a quorum has its entry (in memory, or flushed with ``--flush sync``); a put whose entry does not
 commit in ``slave_timeout_ms`` is answered FLUSH_SLAVE_TIMEOUT, and one whose leader lost its
@@ -178,14 +179,17 @@ class DLedgerRole(RoleState):
 
 
 class RaftReplicator:
-    """The Replicator seam for DLedger mode: replicated = committed by the group."""
+    """The Replicator seam for DLedger mode: replicated = committed by the group. ``appended``
+    (PutService: a pass of puts proposed) carries the proposals' Ready out (``after_proposals``:
+    the driver's ``drain``): their entries appended and pushed together."""
 
-    def __init__(self, store: DLedgerMessageStore) -> None:
+    def __init__(self, store: DLedgerMessageStore, *, after_proposals=lambda: None) -> None:
         self.store = store
         self._listeners = []
+        self._after_proposals = after_proposals
 
     def appended(self) -> None:
-        pass  # proposals reach the peers through the driver
+        self._after_proposals()
 
     def replicated_offset(self) -> int:
         return self.store.committed_end_offset()
@@ -220,7 +224,9 @@ class RaftLog:
         return getattr(self._store, name)
 
     def append_batch(self, batch: rec.MessageBatch) -> AppendResult:
-        return self._driver.propose_plan(lambda: self._store.plan_batch(batch))
+        """Propose ``batch``; its Ready is carried out once the pass of puts is proposed
+        (``RaftReplicator.appended``, which PutService calls next, before any wait)."""
+        return self._driver.propose_plan(lambda: self._store.plan_batch(batch), drain=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -410,8 +416,9 @@ class RaftDriver:
     def propose(self, messages: list[rec.Message]) -> AppendResult:
         return self.propose_plan(lambda: self.store.plan_append(messages))
 
-    def propose_plan(self, make_plan) -> AppendResult:
-        """Propose the entries ``make_plan()`` plans (``store.plan_append`` or ``plan_batch``)."""
+    def propose_plan(self, make_plan, *, drain: bool = True) -> AppendResult:
+        """Propose the entries ``make_plan()`` plans (``store.plan_append`` or ``plan_batch``);
+        ``drain=False``: the caller carries the Ready out (``drain``) before anything awaits."""
         try:
             plan = make_plan()
         except rec.MessageRejected as error:
@@ -422,7 +429,8 @@ class RaftDriver:
                                 reason=f"{result.status.value}: {result.reason or 'leader ' + str(result.leader_id)}")  # fmt: skip
         assert result.first_index == plan.first_index, (result, plan.first_index)
         self.store.accept_plan(plan)
-        self.drain()
+        if drain:
+            self.drain()
         last = plan.offsets[-1] + len(plan.bodies[-1])
         return AppendResult(rec.PutMessageStatus.PUT_OK, wrote_offset=plan.offsets[0], wrote_bytes=last - plan.offsets[0],
                             store_timestamp=plan.store_timestamp, offsets=plan.offsets, queue_offsets=plan.queue_offsets)  # fmt: skip
@@ -821,7 +829,7 @@ class DLedgerBroker:
         self.driver = RaftDriver(group=self.group, store=self.store, secret=self.config.secret,
                                  on_commit=self._on_commit, on_role=self._on_role,
                                  maintenance=self.maintenance)  # fmt: skip
-        self.replicator = RaftReplicator(self.store)
+        self.replicator = RaftReplicator(self.store, after_proposals=self.driver.drain)
         log = RaftLog(self.store, self.driver)
         self.put_service = PutService(config=self.config, store=log, role=self.role_state, replicator=self.replicator,
                                       producers=self.producers, after_appends=lambda: None)  # fmt: skip

@@ -107,6 +107,9 @@ class SimCluster:
         # As the trio driver does with what one read brings: acknowledgements (PushResponse) due
         # together for one member are stepped one after the other and their Ready carried out once.
         self.coalesce_acknowledgements = coalesce_acknowledgements
+        # For scenarios that propose a few times before one Ready (raft_sim's clients), drawn
+        # apart so that the other draws of a seed stay what they were.
+        self.together_rng = random.Random(f"together-{seed}")
         self.logs = {member: SimLog() for member in self.members}
         self.nodes: dict[str, RaftNode | None] = {member: None for member in self.members}
         self.checker = RaftChecker(self.members)
@@ -194,11 +197,18 @@ class SimCluster:
         return max(leaders)[1] if leaders else None
 
     def propose(self, member: str, bodies: Sequence[bytes]) -> Proposed | Refused:
-        result = self.node(member).propose(bodies, self.now)
-        if isinstance(result, Proposed):
-            self._proposals[(member, result.first_index)] = tuple(bodies)
+        return self.propose_together(member, [bodies])[0]
+
+    def propose_together(self, member: str, proposals: Sequence[Sequence[bytes]]) -> list[Proposed | Refused]:
+        """Several proposals, then one Ready (as the broker proposes a pass of puts)."""
+        results = []
+        for bodies in proposals:
+            result = self.node(member).propose(bodies, self.now)
+            if isinstance(result, Proposed):
+                self._proposals[(member, result.first_index)] = tuple(bodies)
+            results.append(result)
         self._drain(member)
-        return result
+        return results
 
     def transfer_leadership(self, member: str, target: str) -> Refused | None:
         refusal = self.node(member).transfer_leadership(target, self.now)

@@ -102,7 +102,10 @@ def _client(cluster: SimCluster, rng: random.Random, counter: list[int]) -> None
     for _ in range(rng.randint(1, 3)):
         counter[0] += 1
         bodies.append(f"p{counter[0]}".encode())
-    cluster.propose(target, bodies)
+    if len(bodies) > 1 and cluster.together_rng.random() < 0.5:  # one proposal each, one Ready (a broker's pass)
+        cluster.propose_together(target, [[body] for body in bodies])
+    else:
+        cluster.propose(target, bodies)
 
 
 def _fault(cluster: SimCluster, rng: random.Random) -> None:

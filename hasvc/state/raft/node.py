@@ -7,7 +7,9 @@ what it says:
 
     tick(now)                     timers: heartbeats, elections, re-pushes, proposal timeouts
     step(message, now)            a message from a peer (``hasvc.state.raft.messages``)
-    propose(bodies, now)          leader: append entries -> ``Proposed`` or ``Refused``
+    propose(bodies, now)          leader: append entries -> ``Proposed`` or ``Refused`` (pushed to
+                                  the followers when the Ready is taken, or by the next event:
+                                  proposals made before one Ready share their pushes)
     persisted(flushed_index, now) the store made entries up to here durable
     transfer_leadership(to, now)  hand leadership to a caught-up follower -> ``Refused`` or None
     peer_unreachable(peer, now)   the connection from ``peer`` ended (EOF/reset): if it is the
@@ -218,6 +220,7 @@ class RaftNode:
         self._proposals_done: list[ProposalDone] = []
         self._transfers_aborted: list[TransferAborted] = []
         self._refused_runs: list[str] = []
+        self._push_due_at: float | None = None  # leader: proposals not pushed yet, the last one's time
         self._hard_state_changed = False
         self._committed_reported = self.committed_index
         # Invariant floors.
@@ -267,7 +270,10 @@ class RaftNode:
         last = first + len(bodies) - 1
         self._pending.append(Pending(first, last, self.term, now + self.config.quorum_ack_timeout_seconds))
         self._pending_count += len(bodies)
-        self._after_event(now)
+        # Pushed when the Ready is taken (or by the next event): proposals made before one Ready
+        # go to each follower in one push, not one each.
+        self._push_due_at = now
+        self._after_event(now, push=False)
         return Proposed(first, last, self.term)
 
     def persisted(self, flushed_index: int, now: float) -> None:
@@ -316,6 +322,10 @@ class RaftNode:
         self._after_event(now)
 
     def ready(self) -> Ready:
+        if self._push_due_at is not None:  # proposals since the last push (see ``propose``)
+            now, self._push_due_at = self._push_due_at, None
+            if self.role is Role.LEADER:
+                self._push_all(now)
         reset, truncate_after, entries, runs = self._log.drain()
         committed = None
         if self.committed_index != self._committed_reported:
@@ -436,6 +446,7 @@ class RaftNode:
         self._progress.clear()
         self._transfer = None
         self._heartbeat_at = math.inf
+        self._push_due_at = None
 
     def _campaign_start(self, now: float, *, pre_vote: bool, transfer: bool = False) -> None:
         if self.role is Role.LEADER:
@@ -993,12 +1004,23 @@ class RaftNode:
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _after_event(self, now: float) -> None:
+    def _push_all(self, now: float) -> tuple[int, int]:
+        """Push to every follower what is due; return the log's (first, last) index."""
+        self._push_due_at = None  # whatever a proposal left goes now
+        log = self._log
+        first, last = log.first_index(), log.last_index()
+        for peer, progress in self._progress.items():
+            self._push(peer, progress, now, first, last)
+        return first, last
+
+    def _after_event(self, now: float, *, push: bool = True) -> None:
+        """What follows every event: a leader pushes (``push``: not after a proposal, whose
+        entries go when the Ready is taken), commits and hands leadership over; invariants."""
         if self.role is Role.LEADER:
-            log = self._log
-            first, last = log.first_index(), log.last_index()
-            for peer, progress in self._progress.items():
-                self._push(peer, progress, now, first, last)
+            if push:
+                _, last = self._push_all(now)
+            else:
+                last = self._log.last_index()
             self._maybe_commit(last)
             if self._transfer is not None:
                 self._send_timeout_now(last)

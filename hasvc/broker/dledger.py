@@ -690,9 +690,11 @@ class RaftDriver:
                             elif isinstance(event, Push) and event.type is PushType.TRUNCATE:
                                 async with self.files_quiet():  # the truncate waits for a sync in flight
                                     self._step(event)
+                                now = trio.current_time()  # (after a wait: for acknowledgements after it)
                             elif isinstance(event, ResetPush):  # deletes entry and consume-queue files
                                 async with self._maintenance, self.files_quiet():
                                     self._step(event)
+                                now = trio.current_time()
                             else:
                                 self._step(event)
                     finally:

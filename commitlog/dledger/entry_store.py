@@ -217,6 +217,10 @@ class DLedgerMmapFileStore:
     def last_term(self) -> int:
         return self._last_term
 
+    def ends(self) -> tuple[int, int, int]:
+        """(first_index(), last_index(), last_term()) in one call: the Raft core reads them at every event."""
+        return self._first_index, self._last_index, self._last_term
+
     def flushed_index(self) -> int:
         return self._flushed_index
 
@@ -231,6 +235,8 @@ class DLedgerMmapFileStore:
         return self.data_start_offset
 
     def term_at(self, index: int) -> int:
+        if index == self._last_index and index >= self._first_index:  # the commonest: no index unit read
+            return self._last_term
         return self._unit(index)[4]
 
     def read(self, lo: int, hi: int, *, size_max: int) -> list[Any]:
@@ -326,8 +332,12 @@ class DLedgerMmapFileStore:
         if not self._first_index <= index <= self._last_index:
             raise IndexError(f"index {index} outside the log [{self._first_index}, {self._last_index}]")
         offset = index * codec.INDEX_UNIT_SIZE
-        mapped_file = self.index_file_list.find_mapped_file_by_offset(offset)
+        # find_mapped_file_by_offset written out (the leader reads a few units an event)
+        files = self.index_file_list.mapped_files
+        number = (offset - files[0].file_from_offset) // self.index_file_list.file_size if files else -1
+        mapped_file = files[number] if 0 <= number < len(files) else None
         if mapped_file is not None:
+            assert mapped_file.file_from_offset <= offset < mapped_file.file_from_offset + mapped_file.file_size
             unit = codec.INDEX_UNIT.unpack_from(mapped_file.view(), offset - mapped_file.file_from_offset)
             if (unit[0] == codec.MAGIC_1 and unit[3] == index and codec.BODY_OFFSET <= unit[2] <= codec.ENTRY_SIZE_MAX
                     and unit[1] >= 0 and unit[4] >= 0):  # fmt: skip
@@ -436,20 +446,46 @@ class DLedgerMmapFileStore:
         ``size_max`` (at least one entry when ``lo <= last_index()``): what one push carries. A
         binary search over the index units (the bytes between two entries' positions, less a
         header per entry; a blank record at a file's end counts as body), no entry read."""
+        count, body_size, _, _ = self.run_extent(lo, hi, size_max=size_max)
+        return count, body_size
+
+    def run_extent(self, lo: int, hi: int, *, size_max: int) -> tuple[int, int, int, int]:
+        """``run_length`` and where those entries lie: (count, body bytes, pos of the first, end of
+        the last); (0, 0, -1, -1) when none."""
         hi = min(hi, self._last_index + 1)
         if lo >= hi:
-            return 0, 0
+            return 0, 0, -1, -1
         start = self.pos_at(lo)
-        low, high = lo, hi - 1  # the answer's last entry lies in [low, high]
+        pos, size = self.entry_span(hi - 1)
+        body_size = pos + size - start - (hi - lo) * codec.BODY_OFFSET
+        if body_size <= size_max or hi - lo == 1:  # all of them (the commonest: a push of what a proposal added)
+            return hi - lo, body_size, start, pos + size
+        low, high = lo, hi - 2  # the answer's last entry lies in [low, high]
+        # First where the range's average entry says, and the entry after it: entries of one size
+        # (a producer's) need no more. Then a binary search of what is left.
+        body_average = body_size / (hi - lo)
+        guess = min(max(lo + int(size_max / body_average) - 1, low), high) if body_average > 0 else low
+        pos, size = self.entry_span(guess)
+        if pos + size - start - (guess - lo + 1) * codec.BODY_OFFSET <= size_max:
+            low, found = guess, (pos, size)
+            if guess < high:
+                pos, size = self.entry_span(guess + 1)
+                if pos + size - start - (guess - lo + 2) * codec.BODY_OFFSET > size_max:
+                    high = guess
+                else:
+                    low, found = guess + 1, (pos, size)
+        else:
+            high = guess - 1
+            found = None
         while low < high:
             middle = (low + high + 1) // 2
             pos, size = self.entry_span(middle)
             if pos + size - start - (middle - lo + 1) * codec.BODY_OFFSET <= size_max:
-                low = middle
+                low, found = middle, (pos, size)
             else:
                 high = middle - 1
-        pos, size = self.entry_span(low)
-        return low - lo + 1, pos + size - start - (low - lo + 1) * codec.BODY_OFFSET
+        pos, size = found if found is not None else self.entry_span(low)  # found: low's, when read
+        return low - lo + 1, pos + size - start - (low - lo + 1) * codec.BODY_OFFSET, start, pos + size
 
     def read_runs(self, first: int, count: int, last_term: int) -> list[EntryRun] | None:
         """Entries ``first .. first + count - 1`` as stored, one ``EntryRun`` per data file they
@@ -479,7 +515,7 @@ class DLedgerMmapFileStore:
                 end_pos, end_size = self.entry_span(stop)
             position = pos - mapped_file.file_from_offset
             view = mapped_file.view()[position : position + end_pos + end_size - pos].toreadonly()
-            runs.append(EntryRun(first, stop - first + 1, self.term_at(stop), view))
+            runs.append(EntryRun(first, stop - first + 1, last_term if stop == last else self.term_at(stop), view))
             first = stop + 1
         return runs
 
@@ -555,15 +591,15 @@ class DLedgerMmapFileStore:
         return end
 
     def _check_appendable(self, entries: Sequence[Entry]) -> None:
-        index, term = self._last_index, self._last_term
-        fit_max = self.config.data_file_size - codec.MIN_BLANK_SIZE
-        for entry in entries:
+        index, term = self._last_index, max(self._last_term, 0)
+        fit_max = min(self.config.data_file_size - codec.MIN_BLANK_SIZE, codec.ENTRY_SIZE_MAX)
+        for entry in entries:  # no call per entry: a proposal of 32 entries checks 32
             if entry.index != index + 1:
                 raise ValueError(f"entry index {entry.index} does not follow {index}")
-            if entry.term < max(term, 0):
+            if entry.term < term:
                 raise ValueError(f"entry {entry.index} has term {entry.term}, below the previous {term}")
-            size = codec.entry_size(len(entry.body))
-            if size > codec.ENTRY_SIZE_MAX or size > fit_max:
+            size = codec.BODY_OFFSET + len(entry.body)  # codec.entry_size
+            if size > fit_max:
                 raise ValueError(f"entry {entry.index} of {size} bytes is larger than ENTRY_SIZE_MAX="
                                  f"{codec.ENTRY_SIZE_MAX} or a data file of {self.config.data_file_size} less 8")  # fmt: skip
             index, term = entry.index, entry.term

@@ -7,7 +7,8 @@ in DLedger entries, consume queues over committed ones), the pure Raft core (``R
 driver (``RaftDriver``: the Raft port, one outbound connection per peer, timers, the background
 flush), and the classic put path and client port unchanged: ``PutService`` appends through
 ``RaftLog.append_batch``, which *proposes* the records (planned at their final offsets) instead of
-writing them, and waits, as under SYNC_MASTER, until the ``RaftReplicator``'s replicated offset
+writing them -- the proposals of one pass of puts carried out in one Ready when PutService calls
+``RaftReplicator.appended``, their entries appended and pushed together -- and waits, as under SYNC_MASTER, until the ``RaftReplicator``'s replicated offset
 -- the end of the committed entries -- passes the put's end. So a put is answered PUT_OK only once
 a quorum has its entry (in memory, or flushed with ``--flush sync``); a put whose entry does not
 commit in ``slave_timeout_ms`` is answered FLUSH_SLAVE_TIMEOUT, and one whose leader lost its
@@ -23,7 +24,9 @@ member plays SLAVE, serving committed reads, and refuses writes naming the leade
 The driver carries each ``Ready`` out in the core's order: the hard state saved (fsynced), the
 log truncated and appended (a follower's runs with ``append_run``), then messages queued to the
 peers' senders (bounded: a message that does not fit is dropped, which Raft survives), then the
-commit index to the store and dispatch, role changes to the broker. Time is
+commit index to the store and dispatch, role changes to the broker. Acknowledgements
+(PushResponse) read from a peer together are stepped one by one and their Ready carried out once
+(they change no log; anything else read after them waits for that Ready first). Time is
 ``trio.current_time()`` only. A sender reads an APPEND's entries from the data files when it
 sends it (the stored bytes, a view of the mapping per data file, written with the frame headers
 in one ``writev``; what the socket does not take is copied before any wait, so no view of a
@@ -75,7 +78,7 @@ from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.dedupe import ProducerTable
 from hasvc.state.raft.config import RaftConfig
-from hasvc.state.raft.messages import Push, PushType, ResetPush
+from hasvc.state.raft.messages import Push, PushResponse, PushType, ResetPush
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.ready import Proposed, Role
 from hasvc.state.raft.storage import Entry, HardState
@@ -176,14 +179,17 @@ class DLedgerRole(RoleState):
 
 
 class RaftReplicator:
-    """The Replicator seam for DLedger mode: replicated = committed by the group."""
+    """The Replicator seam for DLedger mode: replicated = committed by the group. ``appended``
+    (PutService: a pass of puts proposed) carries the proposals' Ready out (``after_proposals``:
+    the driver's ``drain``): their entries appended and pushed together."""
 
-    def __init__(self, store: DLedgerMessageStore) -> None:
+    def __init__(self, store: DLedgerMessageStore, *, after_proposals=lambda: None) -> None:
         self.store = store
         self._listeners = []
+        self._after_proposals = after_proposals
 
     def appended(self) -> None:
-        pass  # proposals reach the peers through the driver
+        self._after_proposals()
 
     def replicated_offset(self) -> int:
         return self.store.committed_end_offset()
@@ -218,7 +224,9 @@ class RaftLog:
         return getattr(self._store, name)
 
     def append_batch(self, batch: rec.MessageBatch) -> AppendResult:
-        return self._driver.propose_plan(lambda: self._store.plan_batch(batch))
+        """Propose ``batch``; its Ready is carried out once the pass of puts is proposed
+        (``RaftReplicator.appended``, which PutService calls next, before any wait)."""
+        return self._driver.propose_plan(lambda: self._store.plan_batch(batch), drain=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -353,10 +361,8 @@ class RaftDriver:
         if connection is None:
             return False
         statistics = self._queues[message.target][1].statistics()
-        if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.sending:
-            return False
-        if connection.raw_fileno < 0:
-            return False
+        if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.raw_fileno < 0:
+            return False  # (a send in progress: the sender is not waiting; write_now checks it again too)
         try:
             rest = connection.write_now(self._frame_parts(message, connection))
         except OSError:
@@ -410,8 +416,9 @@ class RaftDriver:
     def propose(self, messages: list[rec.Message]) -> AppendResult:
         return self.propose_plan(lambda: self.store.plan_append(messages))
 
-    def propose_plan(self, make_plan) -> AppendResult:
-        """Propose the entries ``make_plan()`` plans (``store.plan_append`` or ``plan_batch``)."""
+    def propose_plan(self, make_plan, *, drain: bool = True) -> AppendResult:
+        """Propose the entries ``make_plan()`` plans (``store.plan_append`` or ``plan_batch``);
+        ``drain=False``: the caller carries the Ready out (``drain``) before anything awaits."""
         try:
             plan = make_plan()
         except rec.MessageRejected as error:
@@ -422,7 +429,8 @@ class RaftDriver:
                                 reason=f"{result.status.value}: {result.reason or 'leader ' + str(result.leader_id)}")  # fmt: skip
         assert result.first_index == plan.first_index, (result, plan.first_index)
         self.store.accept_plan(plan)
-        self.drain()
+        if drain:
+            self.drain()
         last = plan.offsets[-1] + len(plan.bodies[-1])
         return AppendResult(rec.PutMessageStatus.PUT_OK, wrote_offset=plan.offsets[0], wrote_bytes=last - plan.offsets[0],
                             store_timestamp=plan.store_timestamp, offsets=plan.offsets, queue_offsets=plan.queue_offsets)  # fmt: skip
@@ -658,25 +666,40 @@ class RaftDriver:
                     if not data:
                         break
                     decoder.receive_data(data)
-                    while (event := decoder.next_event()) is not None:
-                        if isinstance(event, raft_wire.Hello):
-                            source = self._check_hello(event, connection.peer)
-                            if source is None:
-                                return
-                            old = self._inbound.get(source)
-                            if old is not None:
-                                old.cancel()  # a peer that reconnected: its old connection is dead
-                            self._inbound[source] = scope
-                            continue
-                        if isinstance(event, Push) and event.type is PushType.TRUNCATE:
-                            async with self.files_quiet():  # the truncate waits for a sync in flight
+                    acknowledged = False  # acknowledgements stepped, their Ready not carried out yet
+                    now = trio.current_time()  # theirs: read together, stepped together
+                    try:
+                        while (event := decoder.next_event()) is not None:
+                            if isinstance(event, PushResponse):
+                                # Stepped now, carried out once for all read together (a follower
+                                # answers every push: a Ready each was a third of a leader's calls).
+                                acknowledged = True
+                                self._step(event, drain=False, now=now)
+                                continue
+                            if acknowledged:
+                                acknowledged = False
+                                self.drain()
+                            if isinstance(event, raft_wire.Hello):
+                                source = self._check_hello(event, connection.peer)
+                                if source is None:
+                                    return
+                                old = self._inbound.get(source)
+                                if old is not None:
+                                    old.cancel()  # a peer that reconnected: its old connection is dead
+                                self._inbound[source] = scope
+                            elif isinstance(event, Push) and event.type is PushType.TRUNCATE:
+                                async with self.files_quiet():  # the truncate waits for a sync in flight
+                                    self._step(event)
+                                now = trio.current_time()  # (after a wait: for acknowledgements after it)
+                            elif isinstance(event, ResetPush):  # deletes entry and consume-queue files
+                                async with self._maintenance, self.files_quiet():
+                                    self._step(event)
+                                now = trio.current_time()
+                            else:
                                 self._step(event)
-                            continue
-                        if isinstance(event, ResetPush):  # deletes entry and consume-queue files
-                            async with self._maintenance, self.files_quiet():
-                                self._step(event)
-                            continue
-                        self._step(event)
+                    finally:
+                        if acknowledged:  # also when a bad frame ends the connection
+                            self.drain()
             except wire.ProtocolError as error:
                 self.refused_connections += 1
                 LOGGER.warning("raft: %s (%s) sent a bad frame, connection closed: %s", connection.peer, source, error)
@@ -690,16 +713,19 @@ class RaftDriver:
                 with trio.CancelScope(shield=True):
                     await connection.stream.aclose()
 
-    def _step(self, message) -> None:
-        """Hand a peer's message to the core and carry its Ready out. A message no member could
-        send (the core's ValueError: an APPEND whose entries do not start at its index, a RESET
-        in a PUSH frame, ...) is a protocol error: that connection is closed, the member goes on."""
+    def _step(self, message, *, drain: bool = True, now: float | None = None) -> None:
+        """Hand a peer's message to the core and carry its Ready out (``drain=False``: the caller
+        drains later, before it steps anything but another acknowledgement -- which changes no
+        log, so the core may take several before one Ready). A message no member could send
+        (the core's ValueError: an APPEND whose entries do not start at its index, a RESET in a
+        PUSH frame, ...) is a protocol error: that connection is closed, the member goes on."""
         try:
-            self.node.step(message, trio.current_time())
+            self.node.step(message, trio.current_time() if now is None else now)
         except ValueError as error:
             self.drain()  # whatever the core did before it refused (it refuses before touching the log)
             raise wire.ProtocolError(f"{type(message).__name__} refused: {error}") from None
-        self.drain()
+        if drain:
+            self.drain()
 
     def _peer_gone(self, source: str | None, scope: trio.CancelScope) -> None:
         """The connection from ``source`` ended by itself (not replaced by a newer one): tell the
@@ -805,7 +831,7 @@ class DLedgerBroker:
         self.driver = RaftDriver(group=self.group, store=self.store, secret=self.config.secret,
                                  on_commit=self._on_commit, on_role=self._on_role,
                                  maintenance=self.maintenance)  # fmt: skip
-        self.replicator = RaftReplicator(self.store)
+        self.replicator = RaftReplicator(self.store, after_proposals=self.driver.drain)
         log = RaftLog(self.store, self.driver)
         self.put_service = PutService(config=self.config, store=log, role=self.role_state, replicator=self.replicator,
                                       producers=self.producers, after_appends=lambda: None)  # fmt: skip

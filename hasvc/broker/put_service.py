@@ -152,7 +152,12 @@ class _StoredAnswer:
         self.stored = stored
         self.started = started
         self.registered = False
-        highest = stored[0][1] if len(stored) == 1 else max(stored, key=lambda pair: pair[1].result.next_offset)[1]
+        highest = stored[0][1]  # the one ending last (the first of those): no call per put, as max(key=) made two
+        highest_end = highest.result.wrote_offset + highest.result.wrote_bytes  # AppendResult.next_offset
+        for _, appended in stored:
+            result = appended.result
+            if result.wrote_offset + result.wrote_bytes > highest_end:
+                highest, highest_end = appended, result.wrote_offset + result.wrote_bytes
         self.status, self.reason, self.flush_wait, self.ack_wait = puts._begin_wait(highest, self._one_done)
         self.registered = True
         self._one_done()

@@ -189,6 +189,15 @@ class Buffer:
 
     def skip(self, size: int) -> None:
         assert size <= self._size
+        chunks = self._chunks
+        if chunks and len(chunks[0]) >= size:  # within the first chunk (a frame per receive): _consume written out
+            first = chunks[0]
+            self._size -= size
+            if len(first) > size:
+                chunks[0] = first[size:]
+            else:
+                chunks.popleft()
+            return
         self._consume(size)
 
     def take(self, size: int) -> bytes | None:

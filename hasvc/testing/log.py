@@ -43,6 +43,9 @@ class SimLog:
     def last_term(self) -> int:
         return self.entries[-1].term if self.entries else self._term_before_first
 
+    def ends(self) -> tuple[int, int, int]:
+        return self.first_index(), self.last_index(), self.last_term()
+
     def term_before_first(self) -> int:
         return self._term_before_first
 

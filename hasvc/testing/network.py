@@ -133,6 +133,22 @@ class SimNetwork:
             self.statistics.partitioned += 1
         return None
 
+    def pop_due_if(self, now: float, wanted) -> Delivery | None:
+        """``pop_due``, but only when the next delivery due by ``now`` that the partition lets
+        through satisfies ``wanted(delivery)``; else None, and that delivery stays queued."""
+        while self._queue and self._queue[0][0] <= now:
+            delivery = self._queue[0][2]
+            if not self.connected(delivery.source, delivery.target):
+                heapq.heappop(self._queue)
+                self.statistics.partitioned += 1
+                continue
+            if not wanted(delivery):
+                return None
+            heapq.heappop(self._queue)
+            self.statistics.delivered += 1
+            return delivery
+        return None
+
     def discard_to(self, node: str) -> int:
         """Forget every message in flight to `node` (it crashed); returns how many."""
         kept = [item for item in self._queue if item[2].target != node]

@@ -102,7 +102,10 @@ def _client(cluster: SimCluster, rng: random.Random, counter: list[int]) -> None
     for _ in range(rng.randint(1, 3)):
         counter[0] += 1
         bodies.append(f"p{counter[0]}".encode())
-    cluster.propose(target, bodies)
+    if len(bodies) > 1 and cluster.together_rng.random() < 0.5:  # one proposal each, one Ready (a broker's pass)
+        cluster.propose_together(target, [[body] for body in bodies])
+    else:
+        cluster.propose(target, bodies)
 
 
 def _fault(cluster: SimCluster, rng: random.Random) -> None:
@@ -175,8 +178,11 @@ def run_seed(seed: int, nodes: int = 3) -> SeedReport:
     members = [f"n{i}" for i in range(nodes)]
     # Runs corrupted on the way in a third of the seeds, drawn apart from `rng` (its draws unchanged).
     corrupt = random.Random(f"raft-sim-corrupt-{nodes}-{seed}").choice([0.0, 0.0, 0.02])
+    # Acknowledgements due together stepped before one Ready (the driver's reads) in half the seeds, drawn apart too.
+    coalesce = random.Random(f"raft-sim-coalesce-{nodes}-{seed}").random() < 0.5
     cluster = SimCluster(seed=f"{nodes}-{seed}", members=members, config=settings.config, network=settings.network,
-                         flush_delay_seconds=settings.flush_delay_seconds, corrupt_run_probability=corrupt)  # fmt: skip
+                         flush_delay_seconds=settings.flush_delay_seconds, corrupt_run_probability=corrupt,
+                         coalesce_acknowledgements=coalesce)  # fmt: skip
     counter = [0]
     next_client = rng.expovariate(1 / settings.client_interval_seconds)
     next_fault = rng.expovariate(1 / settings.fault_interval_seconds)

@@ -209,3 +209,39 @@ def test_the_native_append_writes_what_the_python_loop_writes(tmp_path_factory, 
     finally:
         for store in stores:
             store.close()
+
+
+
+def walked_extent(store, lo, hi, size_max):
+    """run_extent's answer from a walk of every entry's span."""
+    expected = (0, 0, -1, -1)
+    for last in range(lo, min(hi, store.last_index() + 1)):
+        start = store.pos_at(lo)
+        pos, size = store.entry_span(last)
+        body = pos + size - start - (last - lo + 1) * codec.BODY_OFFSET
+        if body > size_max and last > lo:
+            break
+        expected = (last - lo + 1, body, start, pos + size)
+    return expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 400), min_size=1, max_size=40), lo=st.integers(0, 45), hi=st.integers(0, 50),
+       size_max=st.integers(0, 3000))  # fmt: skip
+def test_run_extent_is_the_longest_run_that_fits(tmp_path_factory, sizes, lo, hi, size_max):
+    """run_extent (and run_length) against a walk of every entry: the most entries from lo (below
+    hi) whose bodies -- a blank record at a data file's end counted as body -- fit size_max, at
+    least one; with where the first lies and the last ends. Mixed sizes, then equal ones (what
+    the first guess of its search is for)."""
+    store = DLedgerMmapFileStore.open(str(tmp_path_factory.mktemp("extent")), CONFIG)
+    try:
+        store.append([Entry(i, 1, bytes(size)) for i, size in enumerate(sizes)])
+        expected = walked_extent(store, lo, hi, size_max)
+        assert store.run_extent(lo, hi, size_max=size_max) == expected
+        assert store.run_length(lo, hi, size_max=size_max) == expected[:2]
+        first = len(sizes)
+        store.append([Entry(first + i, 1, bytes(sizes[0])) for i in range(len(sizes))])
+        for start in (first, first + lo % len(sizes)):
+            assert store.run_extent(start, first + hi, size_max=size_max) == walked_extent(store, start, first + hi, size_max)
+    finally:
+        store.close()

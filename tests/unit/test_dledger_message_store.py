@@ -1,6 +1,7 @@
 """DLedgerMessageStore (RocketMQ's DLedgerCommitLog): one record per DLedger entry, PHYSICALOFFSET =
 pos + 48, consume queues over committed entries only, recovery, smooth upgrade from a classic store."""
 
+import dataclasses
 import os
 import random
 import shutil
@@ -515,3 +516,51 @@ def test_dispatch_keeps_to_its_byte_budget(tmp_path):
         pass
     assert store.dispatched_index == 19 and [q for q, _ in pulled(store)] == list(range(20))
     store.close()
+
+
+def plan_batch_one_by_one(store, batch):
+    """The bodies ``plan_batch`` must make: one ``write_batch`` of a single-message batch per
+    message, at that message's own offset (what plan_batch did before it wrote the batch once)."""
+    store_ip, store_port, store_v6 = rec.encode_host(store.config.store_host)
+    prepared = rec.prepare_batch(batch, body_size_max=store.config.max_message_size, store_v6=store_v6)
+    first_index, positions = store._plan_positions(prepared.sizes)
+    store_timestamp = max(rec_now_ms(), store._last_store_timestamp)
+    first = store._take_queue_offset({}, batch.topic, batch.queue_id, prepared.sysflag, prepared.count)
+    shared = isinstance(prepared.properties, bytes)
+    bodies = []
+    for i, (body, size, pos) in enumerate(zip(batch.bodies, prepared.sizes, positions)):
+        one = rec.PreparedBatch(dataclasses.replace(batch, bodies=[body]), prepared.topic,
+                                prepared.properties if shared else [prepared.properties[i]], prepared.sysflag,
+                                prepared.born_ip, prepared.born_port, [size], size)  # fmt: skip
+        buffer = bytearray(size)
+        rec.write_batch(buffer, 0, one, queue_offset_first=first + i, physical_base=pos + codec.BODY_OFFSET,
+                        store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port,
+                        crc_function=store.crc_function)  # fmt: skip
+        bodies.append(bytes(buffer))
+    return first_index, tuple(bodies), tuple(pos + codec.BODY_OFFSET for pos in positions)
+
+
+def rec_now_ms():
+    return 1_700_000_000_000
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 900), min_size=1, max_size=12), shared=st.booleans(),
+       transactional=st.booleans(), lead_size=st.integers(0, 3000))  # fmt: skip
+def test_plan_batch_writes_the_bytes_of_one_write_per_message(tmp_path_factory, monkeypatch, sizes, shared,
+                                                              transactional, lead_size):  # fmt: skip
+    """plan_batch writes the batch once and sets each record's PHYSICALOFFSET: byte for byte what
+    a write_batch per message at its own offset writes, across a data file's end too."""
+    monkeypatch.setattr("commitlog.dledger.message_store.now_ms", rec_now_ms)
+    store = open_store(tmp_path_factory.mktemp("plan"))
+    try:
+        if lead_size:
+            lead(store, [rec.Message("T", b"x" * lead_size, queue_id=1)])
+        bodies = [bytes([i % 256]) * size for i, size in enumerate(sizes)]
+        properties = {"KEYS": "shared"} if shared else [{"KEYS": f"k{i}"} for i in range(len(bodies))]
+        sysflag = rec.SYSFLAG_TRANSACTION_PREPARED if transactional else 0
+        batch = rec.MessageBatch("T", bodies, queue_id=1, properties=properties, born_timestamp=5, sysflag=sysflag)
+        plan = store.plan_batch(batch)
+        assert (plan.first_index, plan.bodies, plan.offsets) == plan_batch_one_by_one(store, batch)
+    finally:
+        store.close()

@@ -568,3 +568,59 @@ def test_a_reset_inside_a_push_frame_is_refused_as_a_bad_message():
     else:
         raise AssertionError("a PUSH of type RESET was taken")
     assert (log.first_index(), log.last_index()) == (0, 3)
+
+
+def test_acknowledgements_stepped_before_one_ready_commit_as_one_at_a_time():
+    """The driver steps the acknowledgements read together and carries their Ready out once:
+    the core takes them so (they change no log), committing and pushing as when each had a
+    Ready of its own."""
+
+    def leader_with_a_proposal():
+        node, log = make_node([1], term=1)
+        elect(node, log, now=10.0)
+        for peer in ("n1", "n2"):
+            node.step(PushResponse(peer, "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), 10.1)
+        carry_out(node, log)
+        node.propose([b"a", b"b"], 10.2)
+        carry_out(node, log)
+        return node, log
+
+    acks = [PushResponse(peer, "n0", 2, PushType.APPEND, PushResult.SUCCESS, 2, 3, 0, 3) for peer in ("n1", "n2")]
+    one_by_one, log = leader_with_a_proposal()
+    readies = []
+    for ack in acks:
+        one_by_one.step(ack, 10.3)
+        readies.append(carry_out(one_by_one, log))
+    together, log = leader_with_a_proposal()
+    for ack in acks:
+        together.step(ack, 10.3)
+    ready = carry_out(together, log)
+    assert together.committed_index == one_by_one.committed_index == 3
+    assert ready.committed_index == 3 and ready.entries == () and ready.runs == ()
+    assert [p.status for p in ready.proposals] == [p.status for r in readies for p in r.proposals] == [ProposalStatus.SUCCESS]
+    assert ready.messages == tuple(m for r in readies for m in r.messages)
+
+
+def test_proposals_before_one_ready_go_to_each_follower_in_one_push():
+    """A proposal's entries are pushed when the Ready is taken: the proposals of one pass of
+    puts reach each follower in one APPEND (within push_batch_size_max), each still its own
+    proposal; a proposal followed by its Ready pushes as before."""
+    node, log = make_node([1], term=1)
+    elect(node, log, now=10.0)
+    for peer in ("n1", "n2"):
+        node.step(PushResponse(peer, "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), 10.1)
+    carry_out(node, log)
+    first = node.propose([b"a", b"b"], 10.2)
+    second = node.propose([b"c"], 10.2)
+    assert (first.first_index, first.last_index, second.first_index) == (2, 3, 4)
+    ready = carry_out(node, log)
+    pushes = [m for m in ready.messages if isinstance(m, Push)]
+    assert sorted(m.target for m in pushes) == ["n1", "n2"]
+    assert all((m.index, m.entries.count, m.entries.last_term) == (2, 3, 2) for m in pushes)
+    third = node.propose([b"d"], 10.3)
+    (push, _) = [m for m in carry_out(node, log).messages if isinstance(m, Push)]
+    assert (push.index, push.entries.count) == (third.first_index, 1)
+    for peer in ("n1", "n2"):
+        node.step(PushResponse(peer, "n0", 2, PushType.APPEND, PushResult.SUCCESS, 2, 5, 0, 5), 10.4)
+    ready = carry_out(node, log)
+    assert node.committed_index == 5 and len(ready.proposals) == 3

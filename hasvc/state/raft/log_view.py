@@ -9,12 +9,18 @@ entries), ``runs`` (a follower's runs of stored bytes from its leader, checked b
 the driver applies them (reset, truncate, then append) before it calls into the core again, and
 ``check_applied()`` asserts it did (pair assertion on first and last index and last term). Reads
 see the stored part below the cut (none after a reset), then the unstable entries.
+
+The stored part's first and last index and last term are read from the store once per event
+(``check_applied``, which every event of the core calls first) and kept, not asked again at every
+read: during an event the store does not change (the core never writes it; the driver applies a
+``Ready`` between events), and between events only retention moves its first index. ``drain()``
+sets them to what the store holds once the driver applied the Ready (reads outside an event, as
+``RaftNode.status``, see that), and the next ``check_applied`` compares them with the store.
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
 
 from hasvc.state.raft.storage import Entry, EntryLog, EntryRun, LogReset
 
@@ -27,16 +33,18 @@ class LogView:
         self._runs: list[EntryRun] = []  # a follower's appended runs (never beside _unstable)
         self._truncate_after: int | None = None
         self._reset: LogReset | None = None
-        self._expected_end: tuple[int, int, int] = (log.first_index(), log.last_index(), log.last_term())
+        # The store's first index, last index and last term, as of the start of this event (see the module).
+        self._stored_first, self._stored_end, self._stored_end_term = log.ends()
+        self._expected_end: tuple[int, int, int] = (self._stored_first, self._stored_end, self._stored_end_term)
 
     def _stored_last(self) -> int:
         if self._reset is not None:
             return self._reset.first_index - 1
-        last = self.log.last_index()
+        last = self._stored_end
         return last if self._truncate_after is None else min(last, self._truncate_after)
 
     def first_index(self) -> int:
-        return self.log.first_index() if self._reset is None else self._reset.first_index
+        return self._stored_first if self._reset is None else self._reset.first_index
 
     def term_before_first(self) -> int:
         return self.log.term_before_first() if self._reset is None else self._reset.term_before_first
@@ -51,13 +59,19 @@ class LogView:
     def last_index(self) -> int:
         if self._runs:
             return self._runs[-1].last_index
-        return self._unstable[-1].index if self._unstable else self._stored_last()
+        if self._unstable:
+            return self._unstable[-1].index
+        if self._reset is None and self._truncate_after is None:  # _stored_last() written out: the commonest read
+            return self._stored_end
+        return self._stored_last()
 
     def last_term(self) -> int:
         if self._runs:
             return self._runs[-1].last_term
         if self._unstable:
             return self._unstable[-1].term
+        if self._reset is None and self._truncate_after is None:
+            return self._stored_end_term
         last = self._stored_last()
         return self.term_before_first() if last < self.first_index() else self.log.term_at(last)
 
@@ -74,15 +88,22 @@ class LogView:
             if index > self._unstable[-1].index:
                 raise IndexError(index)
             return self._unstable[index - self._unstable[0].index].term
-        if index > self._stored_last() or index < self.first_index():
+        # The stored part: none after a reset, else [first, last] below the cut (_stored_last() written out).
+        if self._reset is not None or index < self._stored_first or index > self._stored_end:
             raise IndexError(index)
+        if self._truncate_after is not None:
+            if index > self._truncate_after:
+                raise IndexError(index)
+        elif index == self._stored_end:
+            return self._stored_end_term
         return self.log.term_at(index)
 
     def term_or_missing(self, index: int) -> int:
         """term_at(index), or -1 when the log has no entry there (and for index -1)."""
-        if index < self.first_index() or index > self.last_index():
+        try:
+            return self.term_at(index)
+        except IndexError:
             return -1
-        return self.term_at(index)
 
     def read(self, lo: int, hi: int, *, size_max: int) -> list[Entry]:
         """Entries lo <= index < hi (at least one when lo <= last_index()), bodies up to size_max bytes."""
@@ -129,16 +150,19 @@ class LogView:
     def append(self, entries: list[Entry]) -> None:
         assert entries, "append of nothing"
         self._runs_to_entries()
-        assert entries[0].index == self.last_index() + 1, (entries[0].index, self.last_index())
+        index = self.last_index() + 1
         previous_term = self.last_term()
-        for entry in entries:
+        total = self._unstable_ends[-1] if self._unstable_ends else 0
+        ends = []
+        for entry in entries:  # one loop, no call per entry (generators cost a call per step)
+            assert entry.index == index, ("entries not consecutive", entry.index, index)
             assert entry.term >= previous_term, ("log terms must not decrease", entry, previous_term)
             previous_term = entry.term
-        assert all(b.index == a.index + 1 for a, b in zip(entries, entries[1:])), "entries not consecutive"
+            index += 1
+            total += len(entry.body)
+            ends.append(total)
         self._unstable.extend(entries)
-        total = self._unstable_ends[-1] if self._unstable_ends else 0
-        sizes = itertools.accumulate((len(e.body) for e in entries), initial=total)
-        self._unstable_ends.extend(itertools.islice(sizes, 1, None))
+        self._unstable_ends.extend(ends)
 
     def append_run(self, run: EntryRun) -> None:
         """A follower's run of stored entries, checked by ``check_run`` (the next index on)."""
@@ -186,8 +210,13 @@ class LogView:
         """The reset, truncation, entries and runs the driver must apply now (in that order);
         afterwards the store is the view."""
         reset, truncate_after = self._reset, self._truncate_after
+        if not self._unstable and not self._runs and truncate_after is None and reset is None:
+            # Nothing to apply (most Readies of a leader answering acknowledgements): the ends stay.
+            self._expected_end = (self._stored_first, self._stored_end, self._stored_end_term)
+            return None, None, (), ()
         entries, runs = tuple(self._unstable), tuple(self._runs)
         self._expected_end = (self.first_index(), self.last_index(), self.last_term())
+        self._stored_first, self._stored_end, self._stored_end_term = self._expected_end  # once applied
         self._reset = None
         self._truncate_after = None
         self._unstable = []
@@ -196,9 +225,11 @@ class LogView:
         return reset, truncate_after, entries, runs
 
     def check_applied(self) -> None:
-        """Pair assertion: the driver applied the last drained changes before calling in again."""
+        """Pair assertion: the driver applied the last drained changes before calling in again.
+        Every event of the core calls it first: it reads the store's ends for the event."""
+        stored = self.log.ends()
         if not self._unstable and not self._runs and self._truncate_after is None and self._reset is None:
-            stored = (self.log.first_index(), self.log.last_index(), self.log.last_term())
             # Retention may move the stored first index up between two calls (never below it).
             assert stored[1:] == self._expected_end[1:] and stored[0] >= self._expected_end[0], (
                 "the driver did not apply the last Ready", stored, self._expected_end)
+        self._stored_first, self._stored_end, self._stored_end_term = stored

@@ -7,7 +7,9 @@ what it says:
 
     tick(now)                     timers: heartbeats, elections, re-pushes, proposal timeouts
     step(message, now)            a message from a peer (``hasvc.state.raft.messages``)
-    propose(bodies, now)          leader: append entries -> ``Proposed`` or ``Refused``
+    propose(bodies, now)          leader: append entries -> ``Proposed`` or ``Refused`` (pushed to
+                                  the followers when the Ready is taken, or by the next event:
+                                  proposals made before one Ready share their pushes)
     persisted(flushed_index, now) the store made entries up to here durable
     transfer_leadership(to, now)  hand leadership to a caught-up follower -> ``Refused`` or None
     peer_unreachable(peer, now)   the connection from ``peer`` ended (EOF/reset): if it is the
@@ -218,6 +220,7 @@ class RaftNode:
         self._proposals_done: list[ProposalDone] = []
         self._transfers_aborted: list[TransferAborted] = []
         self._refused_runs: list[str] = []
+        self._push_due_at: float | None = None  # leader: proposals not pushed yet, the last one's time
         self._hard_state_changed = False
         self._committed_reported = self.committed_index
         # Invariant floors.
@@ -262,11 +265,15 @@ class RaftNode:
             return Refused(RefusalStatus.LEADER_PENDING_FULL, self.self_id,
                            f"{self._pending_count} proposals wait for a quorum (pending_max {self.config.pending_max})")  # fmt: skip
         first = self._log.last_index() + 1
+        assert not self._pending or self._pending[-1].last_index + 1 == first, ("proposals not consecutive", first)
         self._log.append([Entry(first + i, self.term, bytes(body)) for i, body in enumerate(bodies)])
         last = first + len(bodies) - 1
         self._pending.append(Pending(first, last, self.term, now + self.config.quorum_ack_timeout_seconds))
         self._pending_count += len(bodies)
-        self._after_event(now)
+        # Pushed when the Ready is taken (or by the next event): proposals made before one Ready
+        # go to each follower in one push, not one each.
+        self._push_due_at = now
+        self._after_event(now, push=False)
         return Proposed(first, last, self.term)
 
     def persisted(self, flushed_index: int, now: float) -> None:
@@ -315,6 +322,10 @@ class RaftNode:
         self._after_event(now)
 
     def ready(self) -> Ready:
+        if self._push_due_at is not None:  # proposals since the last push (see ``propose``)
+            now, self._push_due_at = self._push_due_at, None
+            if self.role is Role.LEADER:
+                self._push_all(now)
         reset, truncate_after, entries, runs = self._log.drain()
         committed = None
         if self.committed_index != self._committed_reported:
@@ -343,9 +354,10 @@ class RaftNode:
             times.append(self._pending[0].deadline)
         if self._transfer is not None:
             times.append(self._transfer.deadline)
-        times.extend(
-            p.sent_at + self.config.push_timeout_seconds for p in self._progress.values() if p.sent_at is not None
-        )
+        timeout = self.config.push_timeout_seconds
+        for progress in self._progress.values():  # a loop, not a generator: this runs after every Ready
+            if progress.sent_at is not None:
+                times.append(progress.sent_at + timeout)
         return min(times)
 
     # ------------------------------------------------------------------ read-only views
@@ -434,6 +446,7 @@ class RaftNode:
         self._progress.clear()
         self._transfer = None
         self._heartbeat_at = math.inf
+        self._push_due_at = None
 
     def _campaign_start(self, now: float, *, pre_vote: bool, transfer: bool = False) -> None:
         if self.role is Role.LEADER:
@@ -774,10 +787,9 @@ class RaftNode:
             return
         progress = self._progress[m.source]
         progress.last_contact_at = now
-        if m.ack_index > self._log.last_index():
-            raise ValueError(
-                f"{m.source} acknowledges {m.ack_index} beyond the leader's last index {self._log.last_index()}"
-            )
+        last = self._log.last_index()
+        if m.ack_index > last:
+            raise ValueError(f"{m.source} acknowledges {m.ack_index} beyond the leader's last index {last}")
         if m.ack_index > progress.match_index:
             progress.match_index = m.ack_index
             progress.sent_at = now if progress.state is PushType.APPEND else progress.sent_at
@@ -860,7 +872,9 @@ class RaftNode:
                 hi = mid - 1
         return lo
 
-    def _push(self, peer: str, progress: Progress, now: float) -> None:
+    def _push(self, peer: str, progress: Progress, now: float, first: int, last: int) -> None:
+        """Push to ``peer`` what ``progress`` says is due; ``first`` and ``last`` are the log's ends
+        (read once by ``_after_event`` for every peer: pushing does not change the log)."""
         timeout = self.config.push_timeout_seconds
         if (
             progress.state is PushType.APPEND
@@ -870,8 +884,11 @@ class RaftNode:
         ):
             progress.index = progress.match_index + 1  # DLedger: re-push what waited past maxPushTimeOutMs
             progress.sent_at = None
-        if progress.state is not PushType.RESET and self._needs_deleted_entry(progress):
-            progress.state, progress.index, progress.sent_at = PushType.RESET, self._log.first_index(), None
+        if progress.state is PushType.APPEND:
+            if progress.index < first:  # _needs_deleted_entry of an APPEND, written out (every peer, every event)
+                progress.state, progress.index, progress.sent_at = PushType.RESET, first, None
+        elif progress.state is not PushType.RESET and self._needs_deleted_entry(progress):
+            progress.state, progress.index, progress.sent_at = PushType.RESET, first, None
         if progress.state is not PushType.APPEND:
             if progress.sent_at is None or now >= progress.sent_at + timeout:
                 message = self._control_push(peer, progress)
@@ -879,7 +896,6 @@ class RaftNode:
                     self._messages.append(message)
                 progress.sent_at = None if message is None else now  # None: nothing in flight to time
             return
-        last = self._log.last_index()
         while progress.index <= last and progress.index - progress.match_index - 1 < self.config.push_in_flight_max:
             # Whole batches (a window that opens by one entry must not make one-entry pushes):
             # in flight may pass push_in_flight_max by less than a batch. The push names the
@@ -923,9 +939,13 @@ class RaftNode:
         wanted = (progress.index,) if progress.state is PushType.COMPARE else (progress.index, progress.index + 1)
         return any(0 <= i < first and i <= self._log.last_index() for i in wanted)
 
-    def _maybe_commit(self) -> None:
-        own = self.flushed_index if self.config.flush_sync else self._log.last_index()
-        marks = sorted([own, *(p.match_index for p in self._progress.values())], reverse=True)
+    def _maybe_commit(self, last: int) -> None:
+        """Commit what a quorum holds (``last``: the log's last index)."""
+        own = self.flushed_index if self.config.flush_sync else last
+        marks = [own]
+        for progress in self._progress.values():
+            marks.append(progress.match_index)
+        marks.sort(reverse=True)
         quorum_index = marks[self.quorum - 1]
         # The Raft paper's rule (DLedger has none): count only entries of the leader's own term.
         if quorum_index > self.committed_index and self._log.term_at(quorum_index) == self.term:
@@ -975,36 +995,58 @@ class RaftNode:
         ):
             self._transfer = Transfer(preferred, now + self.config.election_timeout_min_seconds)
 
-    def _send_timeout_now(self) -> None:
+    def _send_timeout_now(self, last: int) -> None:
         transfer = self._transfer
-        if transfer is None or transfer.sent or self._progress[transfer.target].match_index != self._log.last_index():
+        if transfer is None or transfer.sent or self._progress[transfer.target].match_index != last:
             return
         transfer.sent = True
         self._messages.append(TimeoutNow(self.self_id, transfer.target, self.term))
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _after_event(self, now: float) -> None:
-        if self.role is Role.LEADER:
-            for peer, progress in self._progress.items():
-                self._push(peer, progress, now)
-            self._maybe_commit()
-            self._send_timeout_now()
-        self._check_invariants()
+    def _push_all(self, now: float) -> tuple[int, int]:
+        """Push to every follower what is due; return the log's (first, last) index."""
+        self._push_due_at = None  # whatever a proposal left goes now
+        log = self._log
+        first, last = log.first_index(), log.last_index()
+        for peer, progress in self._progress.items():
+            self._push(peer, progress, now, first, last)
+        return first, last
 
-    def _check_invariants(self) -> None:
+    def _after_event(self, now: float, *, push: bool = True) -> None:
+        """What follows every event: a leader pushes (``push``: not after a proposal, whose
+        entries go when the Ready is taken), commits and hands leadership over; invariants."""
+        if self.role is Role.LEADER:
+            if push:
+                _, last = self._push_all(now)
+            else:
+                last = self._log.last_index()
+            self._maybe_commit(last)
+            if self._transfer is not None:
+                self._send_timeout_now(last)
+            self._check_invariants(last)
+        else:
+            self._check_invariants()
+
+    def _check_invariants(self, last: int | None = None) -> None:
+        """The core's invariants; ``last``: the log's last index when the caller has it."""
         assert self.term >= self._term_floor, ("term went back", self.term, self._term_floor)
         self._term_floor = self.term
         assert self.committed_index >= self._committed_floor, ("commit went back", self.committed_index)
         self._committed_floor = self.committed_index
-        last = self._log.last_index()
+        if last is None:
+            last = self._log.last_index()
         assert self.committed_index <= last, ("commit beyond the log", self.committed_index, last)
         assert self._log.last_term() <= self.term, ("log term above current term", self._log.last_term(), self.term)
         assert self.flushed_index <= last, ("flushed beyond the log", self.flushed_index, last)
         if self.role is Role.LEADER:
             assert self.leader_id == self.self_id and self.voted_for == self.self_id
-            assert self._pending_count == sum(p.last_index - p.first_index + 1 for p in self._pending)
-            assert all(p.match_index <= last for p in self._progress.values())
+            # Proposals are consecutive (``propose`` asserts it), so their count is their span.
+            pending = self._pending
+            span = pending[-1].last_index - pending[0].first_index + 1 if pending else 0
+            assert self._pending_count == span, ("pending count", self._pending_count, span)
+            for progress in self._progress.values():
+                assert progress.match_index <= last, ("match beyond the log", progress.match_index, last)
         else:
             assert not self._pending and not self._progress and self._transfer is None
             assert self._matched_index <= last

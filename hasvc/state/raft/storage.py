@@ -53,6 +53,9 @@ class EntryLog(Protocol):
     def last_term(self) -> int:
         """Term of last_index(); when empty, term_before_first()."""
 
+    def ends(self) -> tuple[int, int, int]:
+        """(first_index(), last_index(), last_term()) in one call (read at every event of the core)."""
+
     def term_before_first(self) -> int:
         """Term of entry first_index() - 1, which retention or a reset deleted: -1 when
         first_index() is 0 or the store does not know it (then the member cannot RESET others)."""

@@ -8,14 +8,13 @@ PRODUCERS BATCH SECONDS 1024`` ROUNDS times, and prints one JSON line per round:
 in microseconds, and each process's CPU (user + system from /proc/PID/stat, every thread) divided
 by the requests answered. On a shared machine CPU per put moves much less than rates do, so it is
 the figure to compare two builds by (alternate them, a fresh pair each). Builds the load generator
-into a temporary directory unless --load names one.
+(cached, as `hasvc bench sync-write` does: `build_c_load`) unless --load names one.
 """
 
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 
 def cpu_seconds(pid: int) -> float:
@@ -34,14 +33,14 @@ def main() -> None:
     tree, connections, producers, seconds = args[0], int(args[1]), int(args[2]), float(args[3])
     rounds = int(args[4]) if len(args) > 4 else 1
     batch = args[5] if len(args) > 5 else "1"
-    here = os.path.dirname(os.path.abspath(__file__))
-    if load is None:
-        load = os.path.join(tempfile.mkdtemp(), "hasvc_load")
-        subprocess.run(["cc", "-O2", "-o", load, os.path.join(here, "hasvc_load.c"), "-lpthread"], check=True)
     tree = os.path.abspath(tree)
     sys.path.insert(0, tree)
     os.chdir(tree)  # the pair's `python -m hasvc.cli` runs TREE's code
-    from hasvc.tools.bench.sync_write import LocalPair
+    from hasvc.tools.bench.sync_write import LocalPair, build_c_load
+
+    load = load or build_c_load()
+    if load is None:
+        raise SystemExit("a C compiler (cc) is needed to build scripts/hasvc_load.c")
 
     pair = LocalPair(role="sync", flush="async", settings={"page_cache_keep_size": str(256 << 20)})
     try:

@@ -43,14 +43,14 @@ def main() -> None:
         del args[index : index + 2]
     tree, connections, producers, seconds = os.path.abspath(args[0]), args[1], args[2], args[3]
     batch = args[4] if len(args) > 4 else "1"
-    here = os.path.dirname(os.path.abspath(__file__))
     work = tempfile.mkdtemp(prefix="syscalls-per-put-")
-    if load is None:
-        load = os.path.join(work, "hasvc_load")
-        subprocess.run(["cc", "-O2", "-o", load, os.path.join(here, "hasvc_load.c"), "-lpthread"], check=True)
     sys.path.insert(0, tree)
     os.chdir(tree)  # the pair's `python -m hasvc.cli` runs TREE's code
-    from hasvc.tools.bench.sync_write import LocalPair
+    from hasvc.tools.bench.sync_write import LocalPair, build_c_load
+
+    load = load or build_c_load()
+    if load is None:
+        raise SystemExit("a C compiler (cc) is needed to build scripts/hasvc_load.c")
 
     pair = LocalPair(role="sync", flush="async", settings={"page_cache_keep_size": str(256 << 20)})
     try:

@@ -98,7 +98,7 @@ class FrameDecoder:
         self._chunks = self._buffer._chunks
         self._kinds = frozenset(k | RESPONSE_BIT for k in REQUEST_KINDS) if responses else REQUEST_KINDS
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:  # copied unless bytes (wire.Buffer.feed)
         self._buffer.feed(data)
 
     def next_frame(self) -> Frame | None:

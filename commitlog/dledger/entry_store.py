@@ -34,7 +34,9 @@ log ends, and what follows is cut (zeroed) — a torn tail. Refused instead, wit
 naming the file and offset and nothing changed: a cut that would delete more than
 ``recovery_cut_segments_max`` later data files holding data (damage in the middle of the log,
 DLedger's "processOffset is too small" rule), and a cut below the checkpoint's ``flushedIndex``
-(entries known durable are gone) unless ``recovery_accept_lost_entries`` says to accept it.
+(entries known durable are gone) unless ``recovery_accept_lost_entries`` says to accept it, and
+(unless it says so too) a whole entry that lowers the term (``DataScan.damaged``: the term is under
+no CRC, so a damaged byte there would otherwise end the log early and keep the damaged entry).
 
 Retention (``deletable_head_files``, ``delete_head_files``; DLedger's ``deleteExpiredFiles``)
 deletes whole data files from the head: never one holding the committed or flushed entry or any
@@ -973,6 +975,11 @@ class DLedgerMmapFileStore:
             scan = self._scan(files, start_number)
         if scan.last_index < 0 and self._begin is not None:  # empty at the recorded begin (a reset)
             scan.last_index, scan.last_term = self._begin[0] - 1, self._begin[1]
+        if scan.damaged and not self.config.recovery_accept_lost_entries:
+            raise StoreError(self._refusal(scan, "a whole entry follows with a lower term: the log is damaged in the "
+                                                 "middle (an entry's term is under no CRC), not torn at its tail; ending it "
+                                                 "here would drop what follows and keep a damaged entry",
+                                           "recovery_accept_lost_entries"))  # fmt: skip
         lost = max(0, checkpoint_flushed - scan.last_index)
         if lost and not self.config.recovery_accept_lost_entries:
             raise StoreError(self._refusal(scan, f"the checkpoint says entries up to {checkpoint_flushed} were "

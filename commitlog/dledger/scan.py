@@ -34,6 +34,10 @@ class DataScan:
     stop_path: str | None = None  # the data file the scan stopped in
     index_mismatch_from: int | None = None  # first entry whose index unit did not match
     index_mismatch_offset: int = -1  # its data offset
+    # A whole entry at its own pos, following its predecessor's index, with a lower term: no torn
+    # write makes that (a torn tail is zeros or a partial entry). The term is under no CRC in
+    # DLedger's format, so a damaged byte there looks like this: damage in the middle of the log.
+    damaged: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +83,7 @@ def _scan_file(data_file: DataFile, file_size: int, scan: DataScan,
             return _stop(scan, error.reason, clean=False)
         problem = _misplaced(header, scan, data_file.file_from_offset + position)
         if problem:
+            scan.damaged = header.term < scan.last_term and header.pos == scan.end_offset and header.index == scan.last_index + 1
             return _stop(scan, problem, clean=False)
         if scan.index_mismatch_from is None and not unit_matches(header):
             scan.index_mismatch_from = header.index

@@ -22,6 +22,9 @@ def cpu_seconds(pid: int) -> float:
         fields = file.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_pair import start_pair  # noqa: E402
+
 
 def main() -> None:
     args = sys.argv[1:]
@@ -33,19 +36,8 @@ def main() -> None:
     tree, connections, producers, seconds = args[0], int(args[1]), int(args[2]), float(args[3])
     rounds = int(args[4]) if len(args) > 4 else 1
     batch = args[5] if len(args) > 5 else "1"
-    tree = os.path.abspath(tree)
-    sys.path.insert(0, tree)
-    os.chdir(tree)  # the pair's `python -m hasvc.cli` runs TREE's code
-    from hasvc.tools.bench.sync_write import LocalPair, build_c_load
-
-    load = load or build_c_load()
-    if load is None:
-        raise SystemExit("a C compiler (cc) is needed to build scripts/hasvc_load.c")
-
-    pair = LocalPair(role="sync", flush="async", settings={"page_cache_keep_size": str(256 << 20)})
+    pair, load, host, port = start_pair(os.path.abspath(tree), load)
     try:
-        pair.wait_connected()
-        host, _, port = pair.master["listen"].rpartition(":")
         for _ in range(rounds):
             before = {name: cpu_seconds(pid) for name, pid in pair.pids.items()}
             done = subprocess.run([load, host, port, str(connections), str(producers), batch, str(seconds), "1024"],

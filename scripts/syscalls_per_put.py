@@ -33,6 +33,9 @@ def strace_counts(path: str) -> dict[str, int]:
                 counts[fields[-1]] = int(fields[3])
     return counts
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_pair import start_pair  # noqa: E402
+
 
 def main() -> None:
     args = sys.argv[1:]
@@ -44,18 +47,8 @@ def main() -> None:
     tree, connections, producers, seconds = os.path.abspath(args[0]), args[1], args[2], args[3]
     batch = args[4] if len(args) > 4 else "1"
     work = tempfile.mkdtemp(prefix="syscalls-per-put-")
-    sys.path.insert(0, tree)
-    os.chdir(tree)  # the pair's `python -m hasvc.cli` runs TREE's code
-    from hasvc.tools.bench.sync_write import LocalPair, build_c_load
-
-    load = load or build_c_load()
-    if load is None:
-        raise SystemExit("a C compiler (cc) is needed to build scripts/hasvc_load.c")
-
-    pair = LocalPair(role="sync", flush="async", settings={"page_cache_keep_size": str(256 << 20)})
+    pair, load, host, port = start_pair(tree, load)
     try:
-        pair.wait_connected()
-        host, _, port = pair.master["listen"].rpartition(":")
         subprocess.run([load, host, port, connections, producers, batch, WARMUP_SECONDS, "1024"], capture_output=True, check=True)
         tracers = {name: subprocess.Popen(["strace", "-f", "-c", "-o", os.path.join(work, name), "-p", str(pid)], stderr=subprocess.DEVNULL)
                    for name, pid in pair.pids.items()}  # fmt: skip

@@ -6,6 +6,16 @@ import os
 import sys
 
 
+def take_load_option(args: list[str]) -> str | None:
+    """``--load PATH`` (a built load generator) taken out of ``args``; None when absent."""
+    if "--load" not in args:
+        return None
+    index = args.index("--load")
+    load = args[index + 1]
+    del args[index : index + 2]
+    return load
+
+
 def start_pair(tree: str, load: str | None):
     """Import ``hasvc`` from ``tree`` (and run its brokers from there), build the C load generator
     unless ``load`` names one, and start a master and a slave as scripts/bench_peers does

@@ -22,17 +22,14 @@ def cpu_seconds(pid: int) -> float:
         fields = file.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_pair import start_pair  # noqa: E402
+from bench_pair import start_pair, take_load_option  # noqa: E402
 
 
 def main() -> None:
     args = sys.argv[1:]
-    load = None
-    if "--load" in args:
-        index = args.index("--load")
-        load = args[index + 1]
-        del args[index : index + 2]
+    load = take_load_option(args)
     tree, connections, producers, seconds = args[0], int(args[1]), int(args[2]), float(args[3])
     rounds = int(args[4]) if len(args) > 4 else 1
     batch = args[5] if len(args) > 5 else "1"

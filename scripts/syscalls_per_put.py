@@ -33,17 +33,14 @@ def strace_counts(path: str) -> dict[str, int]:
                 counts[fields[-1]] = int(fields[3])
     return counts
 
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_pair import start_pair  # noqa: E402
+from bench_pair import start_pair, take_load_option  # noqa: E402
 
 
 def main() -> None:
     args = sys.argv[1:]
-    load = None
-    if "--load" in args:
-        index = args.index("--load")
-        load = args[index + 1]
-        del args[index : index + 2]
+    load = take_load_option(args)
     tree, connections, producers, seconds = os.path.abspath(args[0]), args[1], args[2], args[3]
     batch = args[4] if len(args) > 4 else "1"
     work = tempfile.mkdtemp(prefix="syscalls-per-put-")

@@ -175,6 +175,42 @@ async def test_stored_puts_are_answered_when_their_last_wait_ends(tmp_path):
 
 
 
+async def test_answered_puts_leave_nothing_for_the_cyclic_collector(tmp_path):
+    """Puts answered by a slave's report are freed by reference counting as soon as they are
+    answered. A wait holding its answer's bound method, and the answer holding the wait, made a
+    cycle per pass that kept every put of the pass (frames, results, tuples) until the cyclic GC
+    ran: at 64 producers 800 collections in 5 s, a sixth of the master's CPU."""
+    import gc
+
+    from hasvc.broker import put_service
+
+    broker = broker_for(tmp_path)
+    broker.replicas.add(SlaveProgress(1, "s1", "a", 0.0))
+    broker.replicas.on_report(1, 0, master_max_offset=0, now=0.0)
+    outbox = _Outbox()
+    ours = (put_service._Wait, put_service._StoredAnswer, put_service.Appended, cp.Frame)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for request_id in range(1, 33, 4):  # passes of four puts
+            frames = [cp.Frame(cp.SEND, i, b"") for i in range(request_id, request_id + 4)]
+            broker.put_service.put_items([(outbox, frame, send_request(b"m%d" % frame.request_id)) for frame in frames])
+            end = broker.store.commit_log.max_offset
+            broker.replicas.on_report(1, end, master_max_offset=end, now=1.0)
+            broker.replicator.on_report()
+        del frames
+        assert [status for _, status in outbox.answers] == ["PUT_OK"] * 32
+        gc.collect()
+        kept = [type(thing).__name__ for thing in gc.garbage if isinstance(thing, ours)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert kept == []
+    broker.store.close()
+
+
 @pytest.mark.skipif(not native.AVAILABLE, reason="warming ahead needs the native module (without it there is nothing to warm)")
 async def test_the_warm_up_waits_for_a_truncation_but_not_for_a_flush(tmp_path):
     """A long msync (under writeback) held the maintenance lock and the warm-up waited behind

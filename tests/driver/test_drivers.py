@@ -175,6 +175,35 @@ async def test_stored_puts_are_answered_when_their_last_wait_ends(tmp_path):
 
 
 
+async def test_a_waiting_pass_is_dispatched_right_after_its_answers_not_before(tmp_path):
+    """The consume queue units of puts that wait for a slave are written once their answers
+    are sent, in the same step (the slave's report no longer waits behind them); puts answered
+    at once (refused here: no slave in sync for the second) are dispatched at once."""
+    broker = broker_for(tmp_path)
+    broker.replicas.add(SlaveProgress(1, "s1", "a", 0.0))
+    broker.replicas.on_report(1, 0, master_max_offset=0, now=0.0)
+    store, outbox = broker.store, _Outbox()
+    answered_at = []
+    respond = outbox.respond
+
+    def noted(frame, payload):  # what was dispatched when each answer was written
+        answered_at.append(store.reput_from_offset)
+        respond(frame, payload)
+
+    outbox.respond = noted
+    broker.put_service.put_items([(outbox, cp.Frame(cp.SEND, 1, b""), send_request(b"one"))])
+    end = store.commit_log.max_offset
+    assert store.reput_from_offset == 0 and outbox.answers == []  # waiting: not dispatched yet
+    broker.replicas.on_report(1, end, master_max_offset=end, now=1.0)
+    broker.replicator.on_report()
+    assert outbox.answers == [(1, "PUT_OK")] and answered_at == [0]
+    assert store.reput_from_offset == end  # right after the answer, in the same step
+    broker.replicas.remove(1)
+    broker.put_service.put_items([(outbox, cp.Frame(cp.SEND, 2, b""), send_request(b"two"))])
+    assert outbox.answers[1] == (2, "SLAVE_NOT_AVAILABLE") and store.reput_from_offset == store.commit_log.max_offset
+    broker.store.close()
+
+
 async def test_answered_puts_leave_nothing_for_the_cyclic_collector(tmp_path):
     """Puts answered by a slave's report are freed by reference counting as soon as they are
     answered. A wait holding its answer's bound method, and the answer holding the wait, made a

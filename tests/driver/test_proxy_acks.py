@@ -23,11 +23,13 @@ class HeldCluster:
     def __init__(self, status: str = "PUT_OK"):
         self.status = status
         self.records: list[list] = []
+        self.stored_at: list[float] = []  # trio's clock when each record was stored
         self.release = trio.Event()
 
     async def send(self, topic, body, *, queue_id=0, retry=None):
         await self.release.wait()
         self.records.append(json.loads(body))
+        self.stored_at.append(trio.current_time())
         offset = len(self.records) - 1 if self.status == "PUT_OK" else -1
         return SendResult(self.status, offset, queue_id, offset)
 
@@ -83,7 +85,7 @@ async def test_an_ack_that_needs_no_record_is_answered_at_once():
 
 async def test_acks_arriving_while_a_record_is_stored_go_into_the_next_one_together():
     cluster = HeldCluster()
-    gate = gateway.Gateway(cluster, gateway.GatewayConfig())
+    gate = gateway.Gateway(cluster, gateway.GatewayConfig(progress_record_interval_seconds=0))
     handles = [delivered(gate, offset, 100 + offset) for offset in range(5)]
     answers: list = []
     async with trio.open_nursery() as nursery:
@@ -97,3 +99,36 @@ async def test_acks_arriving_while_a_record_is_stored_go_into_the_next_one_toget
         nursery.cancel_scope.cancel()
     assert [len(record) for record in cluster.records] == [1, 4]
     assert answers == [[(Code.OK, "OK")]] * 5
+
+
+@pytest.mark.parametrize("interval", [0.005, 0.0])
+async def test_records_back_to_back_start_an_interval_apart_and_carry_what_came_meanwhile(mock_clock, interval):
+    cluster = HeldCluster()
+    cluster.release.set()  # every record is stored as soon as it is sent
+    gate = gateway.Gateway(cluster, gateway.GatewayConfig(progress_record_interval_seconds=interval))
+    handles = [delivered(gate, offset, 100 + offset) for offset in range(4)]
+    answers: list = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gate.writer)
+        gate.ack_soon(GROUP, TOPIC, handles[:1], answers.append)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(answers) == 1  # the first record after a pause goes at once
+        mock_clock.jump(0.001)
+        gate.ack_soon(GROUP, TOPIC, handles[1:2], answers.append)
+        await trio.testing.wait_all_tasks_blocked()
+        gate.ack_soon(GROUP, TOPIC, handles[2:3], answers.append)
+        await trio.testing.wait_all_tasks_blocked()
+        if interval:
+            # held to the interval's end: both acks wait, then share one record
+            assert len(answers) == 1 and len(cluster.records) == 1
+            mock_clock.jump(interval - 0.001)
+            await trio.testing.wait_all_tasks_blocked()
+        assert answers == [[(Code.OK, "OK")]] * 3
+        mock_clock.jump(1.0)  # a pause: the next record is not held
+        gate.ack_soon(GROUP, TOPIC, handles[3:], answers.append)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(answers) == 4
+        assert cluster.stored_at[-1] == trio.current_time()
+        nursery.cancel_scope.cancel()
+    assert [len(record) for record in cluster.records] == ([1, 2, 1] if interval else [1, 1, 1, 1])
+    assert cluster.stored_at[1] == pytest.approx(interval or 0.001)  # an interval after the first record started

@@ -182,6 +182,9 @@ def main() -> None:
         finally:
             for process in processes:
                 process.stop()
+        with open(proxy.log_path) as log:  # what the proxy said when it stopped (its counters)
+            stopping = [line.strip() for line in log if "stopping:" in line]
+        print(json.dumps({"proxy_stopping": stopping[-1] if stopping else ""}), flush=True)
 
 
 if __name__ == "__main__":

@@ -70,10 +70,14 @@ class TrioBridge:
         self._lock = threading.Lock()  # guards the two queues below (each is filled by one thread, drained by the other)
         self._to_start: list = []  # (is a task, work) to start or run, handed over by one run_sync_soon
         self._to_settle: list = []  # (future, ok, value) to settle, handed over by one call_soon_threadsafe
+        # hops each way and what they carried (logged when the proxy stops: how well they batch)
+        self.stats = {"trio_hops": 0, "trio_calls": 0, "asyncio_hops": 0, "asyncio_results": 0}
 
     def _start_all(self) -> None:  # in the trio thread
         with self._lock:
             batch, self._to_start = self._to_start, []
+        self.stats["trio_hops"] += 1
+        self.stats["trio_calls"] += len(batch)
         for is_task, work in batch:
             if is_task:
                 self._nursery.start_soon(work)
@@ -95,6 +99,8 @@ class TrioBridge:
     def _settle_all(self) -> None:  # in the asyncio thread
         with self._lock:
             batch, self._to_settle = self._to_settle, []
+        self.stats["asyncio_hops"] += 1
+        self.stats["asyncio_results"] += len(batch)
         for future, ok, value in batch:
             if not future.done():
                 (future.set_result if ok else future.set_exception)(value)
@@ -519,7 +525,8 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
         sys.stdout.write("READY " + json.dumps(ready) + "\n")
         sys.stdout.flush()
         await stop.wait()
-        log.info("stopping: %s%s", gate.summary(), f"; send lane {servicer.lane.stats}" if servicer.lane is not None else "")
+        log.info("stopping: %s; bridge %s%s", gate.summary(), bridge.stats,
+                 f"; send lane {servicer.lane.stats}" if servicer.lane is not None else "")  # fmt: skip
         await server.stop(SHUTDOWN_GRACE_SECONDS)
         if servicer.lane is not None:
             servicer.lane.close()

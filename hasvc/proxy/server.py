@@ -53,6 +53,10 @@ CONSUMER_ATTEMPTS = 17
 # for the attempt's delay (the broker's message delay levels 1s 5s 10s 30s 1m ... 2h).
 CONSUMER_RETRY_DELAYS_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 SHUTDOWN_GRACE_SECONDS = 1.0
+# TrioBridge.call_soon (acks) hands over at most this often while hand-overs come back to back:
+# well under the progress writer's record interval (gateway.PROGRESS_RECORD_INTERVAL_SECONDS), which
+# an ack waits for anyway under load.
+CALL_SOON_HOLD_SECONDS = 0.002
 
 
 class TrioBridge:
@@ -62,13 +66,20 @@ class TrioBridge:
     ``TrioToken.run_sync_soon`` starts them all), and results ready while an earlier batch of
     results is still queued ride on that (one ``loop.call_soon_threadsafe`` settles them all).
     Each hand-over writes a wake-up byte and costs the receiving loop a pass, so with many calls in
-    flight the hops no longer cost one wake-up each way per call.
+    flight the hops no longer cost one wake-up each way per call. ``call_soon`` (the acks) also
+    waits for ``hold_seconds`` after the last hand-over while they come back to back.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery):
+    def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery,
+                 hold_seconds: float = CALL_SOON_HOLD_SECONDS):  # fmt: skip
         self._loop, self._token, self._nursery = loop, token, nursery
         self._lock = threading.Lock()  # guards the two queues below (each is filled by one thread, drained by the other)
         self._to_start: list = []  # (is a task, work) to start or run, handed over by one run_sync_soon
+        # call_soon's work kept back in the asyncio thread (only it touches these): see call_soon
+        self._hold_seconds = hold_seconds
+        self._held: list = []  # (work, fail) not handed over yet; fail(error) answers its caller
+        self._held_timer: asyncio.TimerHandle | None = None
+        self._last_hop_at = -float("inf")  # loop.time() of the last run_sync_soon
         self._to_settle: list = []  # (future, ok, value) to settle, handed over by one call_soon_threadsafe
         # hops each way and what they carried (logged when the proxy stops: how well they batch)
         self.stats = {"trio_hops": 0, "trio_calls": 0, "asyncio_hops": 0, "asyncio_results": 0}
@@ -85,16 +96,38 @@ class TrioBridge:
                 work()
 
     def _hand_over(self, is_task: bool, work) -> None:  # in the asyncio thread
+        held = self._take_held()  # what call_soon kept back goes first, with this
         with self._lock:
             first = not self._to_start
+            self._to_start.extend((False, held_work) for held_work, _ in held)
             self._to_start.append((is_task, work))
         if first:
+            self._last_hop_at = self._loop.time()
             try:
                 self._token.run_sync_soon(self._start_all)
             except trio.RunFinishedError:
                 with self._lock:
                     self._to_start.clear()
-                raise RuntimeError("the gateway is shutting down") from None
+                error = RuntimeError("the gateway is shutting down")
+                for _, fail in held:
+                    fail(error)
+                raise error from None
+
+    def _take_held(self) -> list:
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        held, self._held = self._held, []
+        return held
+
+    def _hand_over_held(self) -> None:  # in the asyncio thread: call_soon's timer, or at once
+        self._held_timer = None
+        if self._held:
+            work, fail = self._held.pop()
+            try:
+                self._hand_over(False, work)
+            except RuntimeError as error:  # shutting down (the others were answered with it too)
+                fail(error)
 
     def _settle_all(self) -> None:  # in the asyncio thread
         with self._lock:
@@ -152,7 +185,13 @@ class TrioBridge:
         """``function(*args, answer)`` runs synchronously in the trio thread, with no task of its
         own, and calls ``answer(result)`` once, then or later (from the trio thread); its result
         is returned. For calls whose only wait is for something another task finishes (an ack
-        waits for the progress writer). Abandoning the call does not undo what it started."""
+        waits for the progress writer). Abandoning the call does not undo what it started.
+
+        While hand-overs come back to back, these calls are kept back until ``hold_seconds``
+        after the last hand-over (or until a call or run_soon goes, which takes them along), so
+        that one wake-up of the trio thread carries many: the official clients send one ack per
+        AckMessage, and each wake-up is a system call here, a pass of trio's loop and a GIL
+        hand-off there. The first after a pause goes at once."""
         future = self._loop.create_future()
 
         def answer(value) -> None:
@@ -164,7 +203,17 @@ class TrioBridge:
             except Exception as error:  # handed to the handler, as in call()
                 self._settle(future, False, error)
 
-        self._hand_over(False, work)
+        def fail(error: Exception) -> None:
+            if not future.done():
+                future.set_exception(error)
+
+        self._held.append((work, fail))
+        if self._held_timer is None:
+            delay = self._last_hop_at + self._hold_seconds - self._loop.time()
+            if delay > 0:
+                self._held_timer = self._loop.call_later(delay, self._hand_over_held)
+            else:
+                self._hand_over_held()
         return await future
 
 

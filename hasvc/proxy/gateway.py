@@ -167,6 +167,7 @@ class _Write:
     done: trio.Event = dataclasses.field(default_factory=trio.Event)
     status: str = ""
     callbacks: list = dataclasses.field(default_factory=list)
+    answers: bool = False  # a call (an AckMessage, a ChangeInvisibleDuration) waits for it
 
     def finish(self, status: str) -> None:
         self.status = status
@@ -422,7 +423,9 @@ class Gateway:
                 answers[index] = code
             answer(answers)
 
-        self._enqueue(events).callbacks.append(stored)
+        write = self._enqueue(events)
+        write.callbacks.append(stored)
+        write.answers = True
 
     async def ack(self, group: str, topic: str, handle: str) -> tuple[int, str]:
         answered = trio.Event()
@@ -497,28 +500,35 @@ class Gateway:
     async def _persist(self, events: list[list]) -> str:
         """Queue ``events`` for the writer and wait until they are stored; the put status."""
         write = self._enqueue(events)
+        write.answers = True
         await write.done.wait()
         return write.status
 
     async def writer(self) -> None:
-        """The one task that appends events, in the order they were applied. An event record
-        starts at most every ``progress_record_interval_seconds``: the first after a pause goes at
-        once, and while events keep coming the writer waits out the rest of the interval, so that
-        what arrives meanwhile rides in the same record (each record is a put the master and the
-        slave pay for, and acks come one per AckMessage call from the official clients)."""
+        """The one task that appends events, in the order they were applied.
+
+        While calls wait for records concurrently (the last record answered two calls or more),
+        an event record starts at most every ``progress_record_interval_seconds``: the writer
+        waits out the rest of the interval, so that what arrives meanwhile rides in the same
+        record (each record is a put the master and the slave pay for, and the official clients
+        send one ack per AckMessage). The first record after a pause goes at once, and so does
+        the next one after a record that answered one call: a consumer that acknowledges one
+        message at a time, each after the last was answered, is never held."""
         interval = self.config.progress_record_interval_seconds
+        answered = 0  # calls the last record answered
         while True:
             await self._write_wakeup.wait()
             self._write_wakeup = trio.Event()
             while self._writes:
                 wait = self._last_record_at + interval - trio.current_time()
-                if wait > 0:
+                if wait > 0 and answered >= 2:
                     await trio.sleep(wait)
                 self._last_record_at = trio.current_time()
                 batch, count = [], 0
                 while self._writes and count < EVENTS_PER_RECORD_MAX:
                     batch.append(self._writes.popleft())
                     count += len(batch[-1].events)
+                answered = sum(write.answers for write in batch)
                 status, queue_offset = await self._append([e for write in batch for e in write.events], EVENTS_QUEUE)
                 for write in batch:
                     write.finish(status)

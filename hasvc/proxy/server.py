@@ -80,6 +80,7 @@ class TrioBridge:
         self._held: list = []  # (work, fail) not handed over yet; fail(error) answers its caller
         self._held_timer: asyncio.TimerHandle | None = None
         self._last_hop_at = -float("inf")  # loop.time() of the last run_sync_soon
+        self._soon_in_flight = 0  # call_soon calls not answered yet
         self._to_settle: list = []  # (future, ok, value) to settle, handed over by one call_soon_threadsafe
         # hops each way and what they carried (logged when the proxy stops: how well they batch)
         self.stats = {"trio_hops": 0, "trio_calls": 0, "asyncio_hops": 0, "asyncio_results": 0}
@@ -187,11 +188,13 @@ class TrioBridge:
         is returned. For calls whose only wait is for something another task finishes (an ack
         waits for the progress writer). Abandoning the call does not undo what it started.
 
-        While hand-overs come back to back, these calls are kept back until ``hold_seconds``
-        after the last hand-over (or until a call or run_soon goes, which takes them along), so
-        that one wake-up of the trio thread carries many: the official clients send one ack per
-        AckMessage, and each wake-up is a system call here, a pass of trio's loop and a GIL
-        hand-off there. The first after a pause goes at once."""
+        While others are in flight and hand-overs come back to back, these calls are kept back
+        until ``hold_seconds`` after the last hand-over (or until a call or run_soon goes, which
+        takes them along), so that one wake-up of the trio thread carries many: the official
+        clients send one ack per AckMessage, and each wake-up is a system call here, a pass of
+        trio's loop and a GIL hand-off there. The first after a pause goes at once, and so does
+        one with no other in flight (a consumer acknowledging one message at a time is never
+        held)."""
         future = self._loop.create_future()
 
         def answer(value) -> None:
@@ -210,11 +213,15 @@ class TrioBridge:
         self._held.append((work, fail))
         if self._held_timer is None:
             delay = self._last_hop_at + self._hold_seconds - self._loop.time()
-            if delay > 0:
+            if delay > 0 and self._soon_in_flight:
                 self._held_timer = self._loop.call_later(delay, self._hand_over_held)
             else:
                 self._hand_over_held()
-        return await future
+        self._soon_in_flight += 1
+        try:
+            return await future
+        finally:
+            self._soon_in_flight -= 1
 
 
 def status(code: int, message: str = ""):

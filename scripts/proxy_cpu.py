@@ -19,6 +19,9 @@ builds by (alternate them, a fresh cluster each).
   group through the proxy: the rate, the CPU a consumed message of the proxy (also by thread: the
   gRPC loop ``main``, the trio side ``trio``, grpc's own threads ``grpc``), the master, the slave
   and the client. Progress records and acks are what a consumed message costs the brokers.
+  Then ``one_at_a_time``: a SimpleConsumer acknowledging each message of a further backlog of at
+  most ONE_AT_A_TIME_COUNT before the next (``proxy_client``'s ``consume-one``): its rate and mean
+  ack call, which any holding back of acks in the proxy would slow down.
 * ``trio-send``: the proxy's trio side alone, without gRPC: ``Gateway.send`` of COUNT messages with
   v1 message ids (the official clients') from TASKS trio tasks of this process, through the
   gateway's FailoverClient to the master; this process's CPU a send, the master's and the slave's.
@@ -35,7 +38,9 @@ import trio
 
 from hasvc import client as hc
 from hasvc.tools.bench import proxy as bench
+from hasvc.tools.bench import proxy_client
 
+ONE_AT_A_TIME_COUNT = 1000  # latency-bound (~2 ms an ack): a larger backlog only takes longer
 PROGRESS_TOPIC = "%HASVC_PROXY_PROGRESS"  # hasvc.proxy.gateway's, spelled out: the script also measures older trees
 
 
@@ -115,6 +120,7 @@ def consume(root: str, endpoint: str, mode: str, seconds: float, topic: str, gro
              | {f"proxy_{role}": value for role, value in thread_cpu_seconds(proxy).items()})  # fmt: skip
     return {"rate": round(result["rate"]), "count": result["count"], "errors": result["errors"],
             "duplicates": result["duplicates"], "client_cpu_percent": round(result["client_cpu_percent"]),
+            **({"ack_ms": round(result["ack_ms"], 2)} if "ack_ms" in result else {}),
             "records_per_message": round((progress_records(master) - records) / max(result["count"], 1), 3),
             "cpu_us": per_message(before, after, result["count"])}  # fmt: skip
 
@@ -174,6 +180,13 @@ def main() -> None:
                                              master.ready["listen"]),
                            "push": consume(root, proxy.ready["listen"], "push", second, topic, f"CpuPush{index}", count, pids,
                                            master.ready["listen"])}  # fmt: skip
+                    if not hasattr(proxy_client, "consume_one"):  # a tree from before the mode: its proxy_client lacks it
+                        print(json.dumps(row), flush=True)
+                        continue
+                    one, one_count = f"CpuOne{index}", min(count, ONE_AT_A_TIME_COUNT)
+                    trio.run(write_backlog, master.ready["listen"], one, one_count)
+                    row["one_at_a_time"] = consume(root, proxy.ready["listen"], "consume-one", second, one, f"CpuOne{index}", one_count,
+                                                   pids, master.ready["listen"])  # fmt: skip
                 elif mode == "trio-send":
                     row = {"tasks": first, **trio.run(trio_send, master.ready["listen"], first, int(second), brokers)}
                 else:

@@ -102,9 +102,10 @@ async def test_acks_arriving_while_a_record_is_stored_go_into_the_next_one_toget
 
 
 @pytest.mark.parametrize("interval", [0.005, 0.0])
-async def test_records_back_to_back_start_an_interval_apart_and_carry_what_came_meanwhile(mock_clock, interval):
-    """Held while records answer calls concurrently; never the first after a pause, nor the one
-    after a record that answered a single call (a consumer acking one message at a time)."""
+async def test_records_wait_for_as_many_calls_as_the_last_answered_or_an_interval(mock_clock, interval):
+    """Group commit: after a record that answered N >= 2 calls, the next waits until N calls wait
+    again or an interval after the last record started; never the first after a pause, nor the
+    one after a record that answered a single call (a consumer acking one message at a time)."""
     cluster = HeldCluster()
     cluster.release.set()  # every record is stored as soon as it is sent
     gate = gateway.Gateway(cluster, gateway.GatewayConfig(progress_record_interval_seconds=interval))
@@ -122,19 +123,23 @@ async def test_records_back_to_back_start_an_interval_apart_and_carry_what_came_
         assert len(answers) == 2  # the first record after a pause goes at once, answering two calls
         mock_clock.jump(0.001)
         await ack(2)
+        assert len(answers) == (2 if interval else 3)  # held: one call of the two is back
         await ack(3)
-        if interval:
-            # held to the interval's end: both acks wait, then share one record
-            assert len(answers) == 2 and len(cluster.records) == 1
-            mock_clock.jump(interval - 0.001)
-            await trio.testing.wait_all_tasks_blocked()
-        assert answers == [[(Code.OK, "OK")]] * 4
-        mock_clock.jump(1.0)  # a pause: the next record is not held
+        assert len(answers) == 4 and cluster.stored_at[-1] == trio.current_time()  # both back: at once
+        mock_clock.jump(0.001)
         await ack(4)
-        assert len(answers) == 5 and cluster.stored_at[-1] == trio.current_time()
-        mock_clock.jump(0.001)  # right behind a record that answered one call: not held either
+        if interval:
+            assert len(answers) == 4  # held: the other caller is not back ...
+            mock_clock.jump(interval)  # ... until the interval after the last record's start
+            await trio.testing.wait_all_tasks_blocked()
+            assert cluster.stored_at[-1] == trio.current_time()
+        assert len(answers) == 5
+        mock_clock.jump(0.001)  # right behind a record that answered one call: not held
         await ack(5)
         assert len(answers) == 6 and cluster.stored_at[-1] == trio.current_time()
+        mock_clock.jump(1.0)  # a pause: the next record is not held
+        await ack(6)
+        assert len(answers) == 7 and cluster.stored_at[-1] == trio.current_time()
         nursery.cancel_scope.cancel()
-    assert [len(record) for record in cluster.records] == ([2, 2, 1, 1] if interval else [2, 1, 1, 1, 1])
-    assert cluster.stored_at[1] == pytest.approx(interval or 0.001)  # an interval after the first record started
+    assert answers == [[(Code.OK, "OK")]] * 7
+    assert [len(record) for record in cluster.records] == ([2, 2, 1, 1, 1] if interval else [2, 1, 1, 1, 1, 1])

@@ -53,10 +53,11 @@ CONSUMER_ATTEMPTS = 17
 # for the attempt's delay (the broker's message delay levels 1s 5s 10s 30s 1m ... 2h).
 CONSUMER_RETRY_DELAYS_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 SHUTDOWN_GRACE_SECONDS = 1.0
-# TrioBridge.call_soon (acks) hands over at most this often while hand-overs come back to back:
-# well under the progress writer's record interval (gateway.PROGRESS_RECORD_INTERVAL_SECONDS), which
-# an ack waits for anyway under load.
-CALL_SOON_HOLD_SECONDS = 0.002
+# TrioBridge.call_soon (acks) hands over at most this often while others are in flight; 0: at once.
+# Off: 2 ms saved the proxy ~25-30 µs a consumed message with 64 concurrent ackers (3 pairs,
+# docs/PROXY.md), but a consumer with 2-8 threads each acking one message at a time ran 7-28 %
+# slower (the second of two concurrent acks waited for the hold). Kept for a caller that wants it.
+CALL_SOON_HOLD_SECONDS = 0.0
 
 
 class TrioBridge:

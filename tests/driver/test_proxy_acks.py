@@ -23,11 +23,13 @@ class HeldCluster:
     def __init__(self, status: str = "PUT_OK"):
         self.status = status
         self.records: list[list] = []
+        self.stored_at: list[float] = []  # trio's clock when each record was stored
         self.release = trio.Event()
 
     async def send(self, topic, body, *, queue_id=0, retry=None):
         await self.release.wait()
         self.records.append(json.loads(body))
+        self.stored_at.append(trio.current_time())
         offset = len(self.records) - 1 if self.status == "PUT_OK" else -1
         return SendResult(self.status, offset, queue_id, offset)
 
@@ -83,7 +85,7 @@ async def test_an_ack_that_needs_no_record_is_answered_at_once():
 
 async def test_acks_arriving_while_a_record_is_stored_go_into_the_next_one_together():
     cluster = HeldCluster()
-    gate = gateway.Gateway(cluster, gateway.GatewayConfig())
+    gate = gateway.Gateway(cluster, gateway.GatewayConfig(progress_record_interval_seconds=0))
     handles = [delivered(gate, offset, 100 + offset) for offset in range(5)]
     answers: list = []
     async with trio.open_nursery() as nursery:
@@ -97,3 +99,47 @@ async def test_acks_arriving_while_a_record_is_stored_go_into_the_next_one_toget
         nursery.cancel_scope.cancel()
     assert [len(record) for record in cluster.records] == [1, 4]
     assert answers == [[(Code.OK, "OK")]] * 5
+
+
+@pytest.mark.parametrize("interval", [0.005, 0.0])
+async def test_records_wait_for_as_many_calls_as_the_last_answered_or_an_interval(mock_clock, interval):
+    """Group commit: after a record that answered N >= 2 calls, the next waits until N calls wait
+    again or an interval after the last record started; never the first after a pause, nor the
+    one after a record that answered a single call (a consumer acking one message at a time)."""
+    cluster = HeldCluster()
+    cluster.release.set()  # every record is stored as soon as it is sent
+    gate = gateway.Gateway(cluster, gateway.GatewayConfig(progress_record_interval_seconds=interval))
+    handles = [delivered(gate, offset, 100 + offset) for offset in range(7)]
+    answers: list = []
+
+    async def ack(*indexes: int) -> None:
+        for index in indexes:  # one AckMessage call each
+            gate.ack_soon(GROUP, TOPIC, [handles[index]], answers.append)
+        await trio.testing.wait_all_tasks_blocked()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gate.writer)
+        await ack(0, 1)
+        assert len(answers) == 2  # the first record after a pause goes at once, answering two calls
+        mock_clock.jump(0.001)
+        await ack(2)
+        assert len(answers) == (2 if interval else 3)  # held: one call of the two is back
+        await ack(3)
+        assert len(answers) == 4 and cluster.stored_at[-1] == trio.current_time()  # both back: at once
+        mock_clock.jump(0.001)
+        await ack(4)
+        if interval:
+            assert len(answers) == 4  # held: the other caller is not back ...
+            mock_clock.jump(interval)  # ... until the interval after the last record's start
+            await trio.testing.wait_all_tasks_blocked()
+            assert cluster.stored_at[-1] == trio.current_time()
+        assert len(answers) == 5
+        mock_clock.jump(0.001)  # right behind a record that answered one call: not held
+        await ack(5)
+        assert len(answers) == 6 and cluster.stored_at[-1] == trio.current_time()
+        mock_clock.jump(1.0)  # a pause: the next record is not held
+        await ack(6)
+        assert len(answers) == 7 and cluster.stored_at[-1] == trio.current_time()
+        nursery.cancel_scope.cancel()
+    assert answers == [[(Code.OK, "OK")]] * 7
+    assert [len(record) for record in cluster.records] == ([2, 2, 1, 1, 1] if interval else [2, 1, 1, 1, 1, 1])

@@ -26,3 +26,27 @@ def test_bench_proxy_runs_and_consumers_drain_what_was_produced(tmp_path):
     assert set(row["official_push"]["cpu_us_per_message"]) == {"proxy", "master", "slave"}
     assert row["official_proxy"]["cpu_us_per_message"]["proxy"] > 0 and lines[2].strip().startswith("CPU  null send: client")
     assert lines[0] == f"proxy on {result['gateway']['loop']}, send lane on" and result["gateway"]["send_lane"] is True
+
+
+def test_proxy_cpu_consumer_mode_drains_its_backlog_with_each_official_consumer(tmp_path):
+    """``scripts/proxy_cpu.py consumer``: each official consumer (SimpleConsumer, PushConsumer, and
+    the SimpleConsumer acking one message at a time) acknowledges the whole backlog once, with the
+    CPU a message, the progress records a message and the proxy's counters at its stop."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, os.path.join(root, "scripts", "proxy_cpu.py"), "consumer", "96", "60"],
+                          env={**os.environ, "HOME": str(tmp_path)}, cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    row, stopping = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    for name in ("simple", "push", "one_at_a_time"):
+        run = row[name]
+        assert run["count"] == 96 and run["errors"] == 0 and run["duplicates"] == 0, (name, run)
+        assert 0 < run["records_per_message"] <= 2, (name, run)  # a delivery and an ack event a message at most
+        assert set(run["cpu_us"]) == {"proxy", "master", "slave", "client", "proxy_main", "proxy_trio", "proxy_grpc"}
+        assert run["cpu_us"]["proxy"] > 0 and run["cpu_us"]["proxy_main"] > 0, (name, run)
+    assert row["one_at_a_time"]["ack_ms"] > 0
+    assert "'acked': 288" in stopping["proxy_stopping"] and "bridge {'trio_hops'" in stopping["proxy_stopping"]

@@ -11,6 +11,10 @@ in per cent of one core. The client is Python: near 100 % it is the bottleneck, 
   proxy's batch maximum) and acknowledge the batch from ``SIMPLE_ACK_THREADS`` shared threads, until
   SECONDS pass or a receive comes back empty after something was consumed. The rate is taken up to
   the last acknowledged batch (the final, empty receive long-polls for nothing).
+* ``consume-one``: one SimpleConsumer thread that receives 32 at a time and acknowledges each
+  message before the next (each ack waits for its answer) until WANT are acknowledged or SECONDS
+  pass: bound by the ack's latency, not by CPU; ``ack_ms`` is the mean ack call (what a holding
+  back of acks in the proxy would cost such a consumer).
 * ``push``: one PushConsumer (the client's own receive loop per queue, 32 a receive; its listener
   runs on ``PUSH_CONSUMPTION_THREADS`` threads and each message is acknowledged by the thread that
   consumed it) until WANT messages are acknowledged or SECONDS pass. The clock starts at its first
@@ -112,6 +116,34 @@ def consume(endpoint: str, seconds: float, topic: str, group: str) -> dict:
     return _consumed(totals, started)
 
 
+def consume_one(endpoint: str, seconds: float, topic: str, group: str, want: int) -> dict:
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
+
+    consumer = SimpleConsumer(ClientConfiguration(endpoint, Credentials()), group, {topic: FilterExpression()}, await_duration=2)
+    consumer.startup()
+    totals = {"count": 0, "errors": 0, "duplicates": 0, "ack_seconds": 0.0}
+    seen: set[str] = set()
+    started, cpu = time.monotonic(), time.process_time()
+    totals["last"], totals["cpu_start"] = started, cpu
+    while totals["count"] < want and time.monotonic() - started < seconds:
+        for message in consumer.receive(32, 30):
+            totals["duplicates"] += message.message_id in seen
+            seen.add(message.message_id)
+            before = time.monotonic()
+            try:
+                consumer.ack(message)
+                totals["count"] += 1
+            except Exception:  # counted: a benchmark reports failures, it does not stop on them
+                totals["errors"] += 1
+            totals["last"] = time.monotonic()
+            totals["ack_seconds"] += totals["last"] - before
+        totals["cpu_last"] = time.process_time()
+    consumer.shutdown()
+    result = _consumed(totals, started)
+    result["ack_ms"] = 1000 * totals["ack_seconds"] / max(1, totals["count"] + totals["errors"])
+    return result
+
+
 def push(endpoint: str, seconds: float, topic: str, group: str, want: int) -> dict:
     from rocketmq import ClientConfiguration, ConsumeResult, Credentials, FilterExpression, MessageListener, PushConsumer
 
@@ -176,10 +208,12 @@ def main() -> None:
         result = produce(endpoint, int(senders), float(seconds), int(size), topic)
     elif mode == "consume":
         result = consume(endpoint, float(seconds), topic, sys.argv[7])
+    elif mode == "consume-one":
+        result = consume_one(endpoint, float(seconds), topic, sys.argv[7], int(sys.argv[8]))
     elif mode == "push":
         result = push(endpoint, float(seconds), topic, sys.argv[7], int(sys.argv[8]))
     else:
-        raise SystemExit(f"unknown mode {mode!r}: produce, consume or push")
+        raise SystemExit(f"unknown mode {mode!r}: produce, consume, consume-one or push")
     sys.stdout.write(json.dumps(result) + "\n")
 
 

@@ -1,5 +1,6 @@
 """The proxy's routing answers, completed settings and progress-record replay, without a network."""
 
+import contextlib
 import json
 import types
 
@@ -77,24 +78,45 @@ def test_garbage_progress_records_never_stop_a_replay(data):
         progress.check_all()
 
 
-def test_the_bridge_hands_every_result_to_its_own_caller_and_cancels_abandoned_calls():
-    """Many calls in flight share hand-overs between the threads (batched both ways): each caller
-    still gets its own result or error (calls run as tasks, and call_soon's synchronous ones
-    answered at once or later), and a caller that gives up cancels its trio task."""
+@contextlib.asynccontextmanager
+async def bridge_in_thread(**options):
+    """A TrioBridge from this asyncio loop to a trio loop run in a thread of its own (as the
+    proxy's two threads are); the trio loop is stopped and its thread joined on the way out."""
     import asyncio
     import threading
 
     import trio
 
-    box, ready, finished = {}, threading.Event(), []
+    loop = asyncio.get_running_loop()
+    box, ready = {}, threading.Event()
 
-    async def trio_main(loop):
+    async def trio_main():
         async with trio.open_nursery() as nursery:
-            box["bridge"] = server.TrioBridge(loop, trio.lowlevel.current_trio_token(), nursery)
+            box["bridge"] = server.TrioBridge(loop, trio.lowlevel.current_trio_token(), nursery, **options)
             box["stop"] = trio.Event()
             ready.set()
             await box["stop"].wait()
             nursery.cancel_scope.cancel()
+
+    thread = threading.Thread(target=trio.run, args=(trio_main,))
+    thread.start()
+    await loop.run_in_executor(None, ready.wait)
+    try:
+        yield box["bridge"]
+    finally:
+        box["bridge"]._token.run_sync_soon(box["stop"].set)
+        await loop.run_in_executor(None, thread.join)
+
+
+def test_the_bridge_hands_every_result_to_its_own_caller_and_cancels_abandoned_calls():
+    """Many calls in flight share hand-overs between the threads (batched both ways): each caller
+    still gets its own result or error (calls run as tasks, and call_soon's synchronous ones
+    answered at once or later), and a caller that gives up cancels its trio task."""
+    import asyncio
+
+    import trio
+
+    finished = []
 
     async def echo(value):
         for _ in range(value % 3):
@@ -121,12 +143,7 @@ def test_the_bridge_hands_every_result_to_its_own_caller_and_cancels_abandoned_c
             trio.lowlevel.current_trio_token().run_sync_soon(lambda: [a(v) for a, v in [later.pop()]])
 
     async def main():
-        loop = asyncio.get_running_loop()
-        thread = threading.Thread(target=trio.run, args=(trio_main, loop))
-        thread.start()
-        await loop.run_in_executor(None, ready.wait)
-        bridge = box["bridge"]
-        try:
+        async with bridge_in_thread() as bridge:
             async def outcome(i):
                 try:
                     return "returned", await bridge.call(echo, i)
@@ -154,9 +171,6 @@ def test_the_bridge_hands_every_result_to_its_own_caller_and_cancels_abandoned_c
                     break
                 await asyncio.sleep(0.01)
             assert sorted(finished) == list(range(20))
-        finally:
-            box["bridge"]._token.run_sync_soon(box["stop"].set)
-            await loop.run_in_executor(None, thread.join)
 
     asyncio.run(main())
 
@@ -167,20 +181,9 @@ def test_call_soon_calls_back_to_back_share_one_hand_over_and_the_first_after_a_
     the ones right behind another together in one hop, and a task's call takes those kept back
     along; every caller gets its own answer, also when the trio loop has ended (RuntimeError)."""
     import asyncio
-    import threading
 
-    import trio
 
-    box, ready = {}, threading.Event()
     hold = 0.5
-
-    async def trio_main(loop):
-        async with trio.open_nursery() as nursery:
-            box["bridge"] = server.TrioBridge(loop, trio.lowlevel.current_trio_token(), nursery, hold_seconds=hold)
-            box["stop"] = trio.Event()
-            ready.set()
-            await box["stop"].wait()
-            nursery.cancel_scope.cancel()
 
     def soon(value, answer):
         answer(value * 3)
@@ -190,11 +193,7 @@ def test_call_soon_calls_back_to_back_share_one_hand_over_and_the_first_after_a_
 
     async def main():
         loop = asyncio.get_running_loop()
-        thread = threading.Thread(target=trio.run, args=(trio_main, loop))
-        thread.start()
-        await loop.run_in_executor(None, ready.wait)
-        bridge = box["bridge"]
-        try:
+        async with bridge_in_thread(hold_seconds=hold) as bridge:
             started = loop.time()
             assert await bridge.call_soon(soon, 1) == 3
             assert loop.time() - started < hold  # not kept back: nothing crossed before it
@@ -216,9 +215,6 @@ def test_call_soon_calls_back_to_back_share_one_hand_over_and_the_first_after_a_
             assert loop.time() - before < hold
             # one hop for the first (the call rides on it if it is still queued), at most one more
             assert bridge.stats["trio_hops"] in (9, 10) and bridge.stats["trio_calls"] == 63
-        finally:
-            box["bridge"]._token.run_sync_soon(box["stop"].set)
-            await loop.run_in_executor(None, thread.join)
         await asyncio.sleep(hold)  # a pause: the next call_soon is handed over at once, and fails
         results = await asyncio.gather(*(bridge.call_soon(soon, i) for i in range(3)), return_exceptions=True)
         assert [type(result) for result in results] == [RuntimeError] * 3

@@ -53,11 +53,6 @@ CONSUMER_ATTEMPTS = 17
 # for the attempt's delay (the broker's message delay levels 1s 5s 10s 30s 1m ... 2h).
 CONSUMER_RETRY_DELAYS_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 SHUTDOWN_GRACE_SECONDS = 1.0
-# TrioBridge.call_soon (acks) hands over at most this often while others are in flight; 0: at once.
-# Off: 2 ms saved the proxy ~25-30 µs a consumed message with 64 concurrent ackers (3 pairs,
-# docs/PROXY.md), but a consumer with 2-8 threads each acking one message at a time ran 7-28 %
-# slower (the second of two concurrent acks waited for the hold). Kept for a caller that wants it.
-CALL_SOON_HOLD_SECONDS = 0.0
 
 
 class TrioBridge:
@@ -67,21 +62,13 @@ class TrioBridge:
     ``TrioToken.run_sync_soon`` starts them all), and results ready while an earlier batch of
     results is still queued ride on that (one ``loop.call_soon_threadsafe`` settles them all).
     Each hand-over writes a wake-up byte and costs the receiving loop a pass, so with many calls in
-    flight the hops no longer cost one wake-up each way per call. ``call_soon`` (the acks) also
-    waits for ``hold_seconds`` after the last hand-over while they come back to back.
+    flight the hops no longer cost one wake-up each way per call.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery,
-                 hold_seconds: float = CALL_SOON_HOLD_SECONDS):  # fmt: skip
+    def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery):
         self._loop, self._token, self._nursery = loop, token, nursery
         self._lock = threading.Lock()  # guards the two queues below (each is filled by one thread, drained by the other)
         self._to_start: list = []  # (is a task, work) to start or run, handed over by one run_sync_soon
-        # call_soon's work kept back in the asyncio thread (only it touches these): see call_soon
-        self._hold_seconds = hold_seconds
-        self._held: list = []  # (work, fail) not handed over yet; fail(error) answers its caller
-        self._held_timer: asyncio.TimerHandle | None = None
-        self._last_hop_at = -float("inf")  # loop.time() of the last run_sync_soon
-        self._soon_in_flight = 0  # call_soon calls not answered yet
         self._to_settle: list = []  # (future, ok, value) to settle, handed over by one call_soon_threadsafe
         # hops each way and what they carried (logged when the proxy stops: how well they batch)
         self.stats = {"trio_hops": 0, "trio_calls": 0, "asyncio_hops": 0, "asyncio_results": 0}
@@ -98,38 +85,16 @@ class TrioBridge:
                 work()
 
     def _hand_over(self, is_task: bool, work) -> None:  # in the asyncio thread
-        held = self._take_held()  # what call_soon kept back goes first, with this
         with self._lock:
             first = not self._to_start
-            self._to_start.extend((False, held_work) for held_work, _ in held)
             self._to_start.append((is_task, work))
         if first:
-            self._last_hop_at = self._loop.time()
             try:
                 self._token.run_sync_soon(self._start_all)
             except trio.RunFinishedError:
                 with self._lock:
                     self._to_start.clear()
-                error = RuntimeError("the gateway is shutting down")
-                for _, fail in held:
-                    fail(error)
-                raise error from None
-
-    def _take_held(self) -> list:
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-            self._held_timer = None
-        held, self._held = self._held, []
-        return held
-
-    def _hand_over_held(self) -> None:  # in the asyncio thread: call_soon's timer, or at once
-        self._held_timer = None
-        if self._held:
-            work, fail = self._held.pop()
-            try:
-                self._hand_over(False, work)
-            except RuntimeError as error:  # shutting down (the others were answered with it too)
-                fail(error)
+                raise RuntimeError("the gateway is shutting down") from None
 
     def _settle_all(self) -> None:  # in the asyncio thread
         with self._lock:
@@ -187,15 +152,7 @@ class TrioBridge:
         """``function(*args, answer)`` runs synchronously in the trio thread, with no task of its
         own, and calls ``answer(result)`` once, then or later (from the trio thread); its result
         is returned. For calls whose only wait is for something another task finishes (an ack
-        waits for the progress writer). Abandoning the call does not undo what it started.
-
-        While others are in flight and hand-overs come back to back, these calls are kept back
-        until ``hold_seconds`` after the last hand-over (or until a call or run_soon goes, which
-        takes them along), so that one wake-up of the trio thread carries many: the official
-        clients send one ack per AckMessage, and each wake-up is a system call here, a pass of
-        trio's loop and a GIL hand-off there. The first after a pause goes at once, and so does
-        one with no other in flight (a consumer acknowledging one message at a time is never
-        held)."""
+        waits for the progress writer). Abandoning the call does not undo what it started."""
         future = self._loop.create_future()
 
         def answer(value) -> None:
@@ -207,22 +164,8 @@ class TrioBridge:
             except Exception as error:  # handed to the handler, as in call()
                 self._settle(future, False, error)
 
-        def fail(error: Exception) -> None:
-            if not future.done():
-                future.set_exception(error)
-
-        self._held.append((work, fail))
-        if self._held_timer is None:
-            delay = self._last_hop_at + self._hold_seconds - self._loop.time()
-            if delay > 0 and self._soon_in_flight:
-                self._held_timer = self._loop.call_later(delay, self._hand_over_held)
-            else:
-                self._hand_over_held()
-        self._soon_in_flight += 1
-        try:
-            return await future
-        finally:
-            self._soon_in_flight -= 1
+        self._hand_over(False, work)
+        return await future
 
 
 def status(code: int, message: str = ""):

@@ -79,7 +79,7 @@ def test_garbage_progress_records_never_stop_a_replay(data):
 
 
 @contextlib.asynccontextmanager
-async def bridge_in_thread(**options):
+async def bridge_in_thread():
     """A TrioBridge from this asyncio loop to a trio loop run in a thread of its own (as the
     proxy's two threads are); the trio loop is stopped and its thread joined on the way out."""
     import asyncio
@@ -92,7 +92,7 @@ async def bridge_in_thread(**options):
 
     async def trio_main():
         async with trio.open_nursery() as nursery:
-            box["bridge"] = server.TrioBridge(loop, trio.lowlevel.current_trio_token(), nursery, **options)
+            box["bridge"] = server.TrioBridge(loop, trio.lowlevel.current_trio_token(), nursery)
             box["stop"] = trio.Event()
             ready.set()
             await box["stop"].wait()
@@ -171,52 +171,5 @@ def test_the_bridge_hands_every_result_to_its_own_caller_and_cancels_abandoned_c
                     break
                 await asyncio.sleep(0.01)
             assert sorted(finished) == list(range(20))
-
-    asyncio.run(main())
-
-
-def test_call_soon_calls_back_to_back_share_one_hand_over_and_the_first_after_a_pause_goes_at_once():
-    """call_soon (the acks) keeps its calls back until ``hold_seconds`` after the last hand-over
-    while others are in flight: the first after a pause and one with none in flight cross at once,
-    the ones right behind another together in one hop, and a task's call takes those kept back
-    along; every caller gets its own answer, also when the trio loop has ended (RuntimeError)."""
-    import asyncio
-
-
-    hold = 0.5
-
-    def soon(value, answer):
-        answer(value * 3)
-
-    async def echo(value):
-        return value
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        async with bridge_in_thread(hold_seconds=hold) as bridge:
-            started = loop.time()
-            assert await bridge.call_soon(soon, 1) == 3
-            assert loop.time() - started < hold  # not kept back: nothing crossed before it
-            assert bridge.stats["trio_hops"] == 1
-            for i in range(5):  # one at a time, each after the last was answered: never held
-                assert await bridge.call_soon(soon, i) == i * 3
-            assert loop.time() - started < hold and bridge.stats["trio_hops"] == 6
-            answers = await asyncio.gather(*(bridge.call_soon(soon, i) for i in range(50)))
-            assert answers == [i * 3 for i in range(50)]
-            # the first with none in flight went at once, the 49 behind it together after the hold
-            assert loop.time() - started >= hold
-            assert bridge.stats["trio_hops"] == 8 and bridge.stats["trio_calls"] == 56
-            kept = [asyncio.ensure_future(bridge.call_soon(soon, i)) for i in range(6)]
-            await asyncio.sleep(0)
-            assert not any(future.done() for future in kept[1:])  # behind the first: kept back
-            before = loop.time()
-            assert await bridge.call(echo, 7) == 7  # a task's call goes at once and takes them along
-            assert await asyncio.gather(*kept) == [i * 3 for i in range(6)]
-            assert loop.time() - before < hold
-            # one hop for the first (the call rides on it if it is still queued), at most one more
-            assert bridge.stats["trio_hops"] in (9, 10) and bridge.stats["trio_calls"] == 63
-        await asyncio.sleep(hold)  # a pause: the next call_soon is handed over at once, and fails
-        results = await asyncio.gather(*(bridge.call_soon(soon, i) for i in range(3)), return_exceptions=True)
-        assert [type(result) for result in results] == [RuntimeError] * 3
 
     asyncio.run(main())

@@ -8,6 +8,7 @@ import sys
 import click
 
 from commitlog.mapped_file import StoreError
+from hasvc.cli.common import tune_malloc
 
 
 def _broker_options(function):
@@ -81,6 +82,7 @@ def _run_broker(config) -> None:
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hasvc").info("effective configuration: %s", json.dumps(config.describe()))
+    tune_malloc()
 
     ready = False
 

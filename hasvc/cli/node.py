@@ -10,6 +10,7 @@ import click
 
 from commitlog.mapped_file import StoreError
 from hasvc.cli.broker import _build_config, _typed
+from hasvc.cli.common import tune_malloc
 from hasvc.transport import first_leaf
 
 RAFT_PRESETS = ("dledger", "etcd")
@@ -92,6 +93,7 @@ def _run_node(config, group_config) -> None:
     from hasvc.broker.dledger import DLedgerBroker
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_malloc()
     logging.getLogger("hasvc").info("effective configuration: %s; raft %s", json.dumps(config.describe()), group_config.raft)
 
     ready = False

@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from hasvc.cli.common import tune_malloc
+
 
 @click.command()
 @click.option("--listen", default="127.0.0.1:8081", show_default=True,
@@ -50,6 +52,7 @@ def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advert
     from hasvc.proxy import gateway, server
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_malloc()
     try:
         listen_address = parse_address(listen)
         advertise_address = parse_address(advertise) if advertise else None

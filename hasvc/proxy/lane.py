@@ -126,16 +126,21 @@ class SendLane:
             return None
         loop = asyncio.get_running_loop()
         request_id = next(self._ids) & 0xFFFFFFFF
-        future = loop.create_future()
-        self._pending[request_id] = future
-        self._deadlines.append((loop.time() + REQUEST_TIMEOUT_SECONDS, request_id))
         frame = cp.encode_frame(cp.SEND_IDEMPOTENT, request_id, cp.encode_send(request))
-        if len(self._pending) == 1 and not self._outgoing:
-            protocol.transport.write(frame)  # the only request out: no pass of the loop to wait for
+        if not self._pending and not self._outgoing:
+            # the only request out: it leaves now, and the bookkeeping below runs while the master
+            # works (its answer is read by this loop, so it cannot come before the future is there)
+            protocol.transport.write(frame)
+            if protocol is not self._protocol:  # the write found the connection broken: outcome unknown
+                self.stats["fallbacks"] += 1
+                return None
         else:
             if not self._outgoing:
                 loop.call_soon(self._flush)  # the frames of this pass of the loop leave in one write
             self._outgoing.append(frame)
+        future = loop.create_future()
+        self._pending[request_id] = future
+        self._deadlines.append((loop.time() + REQUEST_TIMEOUT_SECONDS, request_id))
         try:
             payload = await future
         finally:

@@ -200,8 +200,9 @@ class Servicer(service_grpc.MessagingServiceServicer):
         self.metrics = None  # ProxyMetrics with --metrics-listen
         self.settings: dict[str, object] = {}  # client id -> its last Settings
         self.lane: SendLane | None = None  # sends straight from this loop (hasvc/proxy/lane.py)
-        # idempotence key -> the attempt in flight: a retry of a message waits for the attempt before it
-        self._sending: dict[tuple[str, int], asyncio.Event] = {}
+        # idempotence key -> the attempt in flight, and the event its retries wait on (None until one
+        # waits): a retry of a message waits for the attempt before it
+        self._sending: dict[tuple[str, int], asyncio.Event | None] = {}
 
     # --- routes and client lifecycle ---
 
@@ -325,9 +326,12 @@ class Servicer(service_grpc.MessagingServiceServicer):
         if isinstance(prepared, gateway.SendOutcome):
             return prepared
         key = prepared.key
-        while (busy := self._sending.get(key)) is not None:
-            await busy.wait()  # an earlier attempt of this message is still out: ours is its retry
-        self._sending[key] = done = asyncio.Event()
+        while key in self._sending:  # an earlier attempt of this message is still out: ours is its retry
+            busy = self._sending[key]
+            if busy is None:  # the first retry to wait makes the event (a send alone makes none)
+                busy = self._sending[key] = asyncio.Event()
+            await busy.wait()
+        self._sending[key] = None
         try:
             results = await self.lane.send(prepared.request()) if self.lane is not None else None
             if results is None:  # no lane, or it could not tell: the failover client sends (and retries)
@@ -337,8 +341,8 @@ class Servicer(service_grpc.MessagingServiceServicer):
                 if results[0].offset >= 0 and prepared.topic in self.gate.waiting_topics():
                     self.bridge.run_soon(self.gate.wake, prepared.topic)  # a long-polling receive waits for it
         finally:
-            del self._sending[key]
-            done.set()
+            if (waiting := self._sending.pop(key)) is not None:
+                waiting.set()
         if outcome.code == Code.OK:
             self.gate.stats["sent"] += 1
         return outcome

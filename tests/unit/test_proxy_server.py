@@ -173,3 +173,45 @@ def test_the_bridge_hands_every_result_to_its_own_caller_and_cancels_abandoned_c
             assert sorted(finished) == list(range(20))
 
     asyncio.run(main())
+
+
+def test_attempts_of_one_message_never_overlap_and_each_is_answered():
+    """A retry waits for the attempt of its key before it (several may wait at once), another key
+    does not wait, and the registry is empty afterwards."""
+    import asyncio
+
+    out, overlaps, order = {}, [], []
+
+    class Lane:
+        async def send(self, request):
+            key = (request.producer_id, request.first_sequence)
+            overlaps.append(out.get(key, 0))
+            out[key] = out.get(key, 0) + 1
+            order.append(key)
+            await asyncio.sleep(0.001)
+            out[key] -= 1
+            return [types.SimpleNamespace(status="PUT_OK", offset=7, queue_offset=3, reason="")]
+
+    class Gate:
+        stats = {"sent": 0}
+
+        def prepare_send(self, client_id, message):
+            checked = types.SimpleNamespace(message_id=message)
+            return types.SimpleNamespace(key=(client_id, len(message)), topic="T", checked=checked,
+                                         request=lambda: types.SimpleNamespace(producer_id=client_id, first_sequence=len(message)))  # fmt: skip
+
+        def waiting_topics(self):
+            return ()
+
+    proxy = server.Servicer(None, Gate(), ("127.0.0.1", 8081), None)
+    proxy.lane = Lane()
+
+    async def scenario():
+        return await asyncio.gather(*(proxy._send("c", message) for message in ("a", "b", "c", "dd", "e")))
+
+    outcomes = asyncio.run(scenario())
+    assert [outcome.code for outcome in outcomes] == [Code.OK] * 5
+    assert overlaps == [0, 0, 0, 0, 0]
+    assert order[:2] == [("c", 1), ("c", 2)]  # the other key went at once, beside the first attempt
+    assert proxy._sending == {}
+    assert Gate.stats["sent"] == 5

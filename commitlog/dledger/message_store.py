@@ -108,15 +108,13 @@ class AppendPlan:
     queue_offsets: tuple[int, ...]
     store_timestamp: int
     queue_next: dict[tuple[str, int], int]  # the queue table once accepted (changed keys only)
+    positions: list[int]  # each entry's planned pos (offsets[i] - BODY_OFFSET)
+    entry_sizes: list[int]  # each entry's size, header included (codec.entry_size of bodies[i])
 
     @property
     def placements(self) -> list[tuple[int, int, int]]:
         """(commit-log offset, queue id, queue offset) of each message."""
         return list(zip(self.offsets, self.queue_ids, self.queue_offsets))
-
-    @property
-    def entry_sizes(self) -> list[int]:
-        return [BODY_OFFSET + len(body) for body in self.bodies]  # codec.entry_size, without a call per entry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +295,7 @@ class DLedgerMessageStore:
             raise rec.MessageRejected(rec.PutMessageStatus.MESSAGE_ILLEGAL, "empty batch")
         store_ip, store_port, store_v6 = rec.encode_host(self.config.store_host)
         sizes = [rec.with_store_host(message, store_v6=store_v6) for message in prepared]
-        first_index, positions = self._plan_positions(sizes)
+        first_index, positions, entry_sizes = self._plan_positions(sizes)
         store_timestamp = max(now_ms(), self._last_store_timestamp)
         queue_next: dict[tuple[str, int], int] = {}
         bodies, queue_offsets = [], []
@@ -311,13 +309,13 @@ class DLedgerMessageStore:
             queue_offsets.append(queue_offset)
         return AppendPlan(first_index, tuple(bodies), tuple([pos + BODY_OFFSET for pos in positions]),
                           tuple([m.message.queue_id for m in prepared]), tuple(queue_offsets), store_timestamp,
-                          queue_next)  # fmt: skip
+                          queue_next, positions, entry_sizes)  # fmt: skip
 
     def plan_batch(self, batch: rec.MessageBatch) -> AppendPlan:
         """As ``plan_append`` for a batch sharing topic and queue: one entry per message."""
         store_ip, store_port, store_v6 = rec.encode_host(self.config.store_host)
         prepared = rec.prepare_batch(batch, body_size_max=self.config.max_message_size, store_v6=store_v6)
-        first_index, positions = self._plan_positions(prepared.sizes)
+        first_index, positions, entry_sizes = self._plan_positions(prepared.sizes)
         store_timestamp = max(now_ms(), self._last_store_timestamp)
         queue_next: dict[tuple[str, int], int] = {}
         count = prepared.count
@@ -338,26 +336,31 @@ class DLedgerMessageStore:
             start += size
         queue_offsets = [0] * count if _transactional(prepared.sysflag) else list(range(first, first + count))
         return AppendPlan(first_index, tuple(bodies), tuple(offsets), (batch.queue_id,) * count, tuple(queue_offsets),
-                          store_timestamp, queue_next)  # fmt: skip
+                          store_timestamp, queue_next, positions, entry_sizes)  # fmt: skip
 
-    def _plan_positions(self, record_sizes: list[int]) -> tuple[int, list[int]]:
-        """(first index, entry positions) for records of these sizes after the pending plans;
-        MessageRejected when one cannot fit a data file (with the blank record DLedger needs)."""
+    def _plan_positions(self, record_sizes: list[int]) -> tuple[int, list[int], list[int]]:
+        """(first index, entry positions, entry sizes) for records of these sizes after the pending plans;
+        MessageRejected when one cannot fit a data file (with the blank record DLedger needs).
+        Planned from where the newest pending entry ends: a pass of puts accepts a plan a request
+        before any is appended, so planning the pending entries again made a pass quadratic."""
         entry_sizes = [BODY_OFFSET + size for size in record_sizes]  # codec.entry_size, without a call per entry
         fit_max = self.dledger_config.data_file_size - codec.MIN_BLANK_SIZE
         if max(entry_sizes) > fit_max:
             raise rec.MessageRejected(rec.PutMessageStatus.MESSAGE_ILLEGAL,
                                       f"an entry of {max(entry_sizes)} bytes does not fit a DLedger data file of "
                                       f"{self.dledger_config.data_file_size} bytes")  # fmt: skip
-        pending = self._pending_sizes()
-        positions = self.entries.plan_positions(pending + entry_sizes)[len(pending) :]
-        return self.entries.last_index() + 1 + len(pending), positions
+        self._drop_appended_plans()
+        pending = self._pending
+        if not pending:
+            return self.entries.last_index() + 1, self.entries.plan_positions(entry_sizes), entry_sizes
+        index, pos, size = pending[-1]
+        return index + 1, self.entries.plan_positions(entry_sizes, start=pos + size), entry_sizes
 
-    def _pending_sizes(self) -> list[int]:
-        """Sizes of accepted plans' entries not appended yet. Appended ones are dropped here, after
-        checking that the newest of them lies where and is as large as planned (an entry's pos is
-        the sum of all sizes before it, so one misplaced or mis-sized entry moves every later
-        one); StoreError when not (an accepted plan was not appended as planned)."""
+    def _drop_appended_plans(self) -> None:
+        """Drop the accepted plans' entries that are appended now, after checking that the newest
+        of them lies where and is as large as planned (an entry's pos is the sum of all sizes
+        before it, so one misplaced or mis-sized entry moves every later one); StoreError when
+        not (an accepted plan was not appended as planned)."""
         entries = self.entries
         last = entries.last_index()
         # Pending entries have consecutive indexes (accept_plan extends them so): no search needed.
@@ -371,7 +374,6 @@ class DLedgerMessageStore:
         if self._pending and self._pending[0][0] != last + 1:
             raise StoreError(f"accepted entries from {self._pending[0][0]} but the log ends at {last}: "
                              "an accepted plan was not appended (call discard_plans)")  # fmt: skip
-        return [size for _, _, size in self._pending]
 
     def _take_queue_offset(self, queue_next: dict, topic: str, queue_id: int, sysflag: int, count: int = 1) -> int:
         if _transactional(sysflag):
@@ -392,9 +394,8 @@ class DLedgerMessageStore:
         for key, next_offset in plan.queue_next.items():
             assert next_offset >= self._queue_table.get(key, 0), (key, next_offset)
         self._queue_table.update(plan.queue_next)
-        positions = [offset - BODY_OFFSET for offset in plan.offsets]
         self._pending.extend(
-            zip(range(plan.first_index, plan.first_index + len(plan.bodies)), positions, plan.entry_sizes)
+            zip(range(plan.first_index, plan.first_index + len(plan.bodies)), plan.positions, plan.entry_sizes)
         )
         self._last_store_timestamp = max(self._last_store_timestamp, plan.store_timestamp)
 

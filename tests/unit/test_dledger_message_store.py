@@ -193,6 +193,28 @@ def test_a_batch_is_planned_as_the_same_records_as_its_messages_one_by_one(tmp_p
     one_store.close()
 
 
+def test_a_plan_after_accepted_plans_plans_only_its_own_entries(tmp_path, monkeypatch):
+    """A pass of puts accepts a plan per request before any is appended: each plan starts where
+    the newest accepted entry ends instead of planning every pending entry again (quadratic in a
+    pass), and lands where the entries are then appended, across data files."""
+    store = open_store(tmp_path)
+    planned = []
+    plan_positions = store.entries.plan_positions
+    monkeypatch.setattr(store.entries, "plan_positions",
+                        lambda sizes, **kwargs: planned.append(len(sizes)) or plan_positions(sizes, **kwargs))  # fmt: skip
+    plans = []
+    for round_ in range(20):
+        plans.append(store.plan_batch(rec.MessageBatch("T", [b"b" * (300 + 37 * round_)] * 3, queue_id=0)))
+        store.accept_plan(plans[-1])
+    assert planned == [3] * 20
+    for plan in plans:
+        append_plan(store, plan)
+    assert len(store.entries.data_file_list.mapped_files) >= 4
+    offsets = [offset for plan in plans for offset in plan.offsets]
+    assert offsets == [store.entries.pos_at(i) + codec.BODY_OFFSET for i in range(len(offsets))]
+    store.close()
+
+
 def test_bad_and_oversize_messages_are_refused_and_plan_nothing(tmp_path):
     store = open_store(tmp_path)
     with pytest.raises(rec.MessageRejected, match="does not fit a DLedger data file"):
@@ -523,7 +545,7 @@ def plan_batch_one_by_one(store, batch):
     message, at that message's own offset (what plan_batch did before it wrote the batch once)."""
     store_ip, store_port, store_v6 = rec.encode_host(store.config.store_host)
     prepared = rec.prepare_batch(batch, body_size_max=store.config.max_message_size, store_v6=store_v6)
-    first_index, positions = store._plan_positions(prepared.sizes)
+    first_index, positions, _ = store._plan_positions(prepared.sizes)
     store_timestamp = max(rec_now_ms(), store._last_store_timestamp)
     first = store._take_queue_offset({}, batch.topic, batch.queue_id, prepared.sysflag, prepared.count)
     shared = isinstance(prepared.properties, bytes)

@@ -315,12 +315,8 @@ class RaftDriver:
         appended = bool(ready.entries or ready.runs)
         for reason in ready.refused_runs:
             LOGGER.warning("raft: refused an APPEND (answered INCONSISTENT_STATE, the leader compares again): %s", reason)
-        for message in ready.messages:
-            if not self._send_now(message):
-                try:
-                    self._queues[message.target][0].send_nowait(message)
-                except trio.WouldBlock:
-                    self.dropped_messages += 1
+        if ready.messages:
+            self._send_messages(ready.messages)
         if ready.committed_index is not None:
             self.store.set_committed(ready.committed_index)
             self.on_commit()
@@ -355,26 +351,51 @@ class RaftDriver:
             return
         self._data_synced(target)
 
-    def _send_now(self, message) -> bool:
-        """Write ``message`` to its peer's connection from here, when its sender task is idle
-        (waiting for its queue, nothing queued, not sending) on plain TCP: a message through the
-        sender task cost that task's step and a scheduler pass per message, on every hop of a put
-        (push, acknowledgement, flushed acknowledgement). What the kernel does not take is
-        queued, as bytes, for the sender to finish before anything else. False: queue it."""
-        connection = self._links.get(message.target)
+    def _send_messages(self, messages) -> None:
+        """Send a Ready's messages, each peer's in their order: written from here in one
+        ``writev`` a peer (``_send_now``), else queued for its sender (one more than fits is
+        dropped, which Raft survives). A pass of puts at 64 producers x 32 messages makes a
+        push per 64 KiB (push_batch_size_max) to each follower: a write each was a system call
+        and a wake-up of the follower per push."""
+        if len(messages) == 1:
+            by_peer = {messages[0].target: messages}
+        else:
+            by_peer = {}
+            for message in messages:
+                by_peer.setdefault(message.target, []).append(message)
+        for target, group in by_peer.items():
+            if not self._send_now(target, group):
+                queue = self._queues[target][0]
+                for message in group:
+                    try:
+                        queue.send_nowait(message)
+                    except trio.WouldBlock:
+                        self.dropped_messages += 1
+
+    def _send_now(self, target: str, messages) -> bool:
+        """Write ``messages`` (all for ``target``) to its connection from here in one ``writev``,
+        when its sender task is idle (waiting for its queue, nothing queued, not sending) on
+        plain TCP: a message through the sender task cost that task's step and a scheduler pass
+        per message, on every hop of a put (push, acknowledgement, flushed acknowledgement).
+        What the kernel does not take is queued, as bytes, for the sender to finish before
+        anything else. False: queue them."""
+        connection = self._links.get(target)
         if connection is None:
             return False
-        statistics = self._queues[message.target][1].statistics()
+        statistics = self._queues[target][1].statistics()
         if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.raw_fileno < 0:
             return False  # (a send in progress: the sender is not waiting; write_now checks it again too)
+        parts = []
+        for message in messages:
+            parts += self._frame_parts(message, connection)
         try:
-            rest = connection.write_now(self._frame_parts(message, connection))
+            rest = connection.write_now(parts)
         except OSError:
             return False  # the sender's own write will meet the error and reconnect
         if rest is None:
             return False
         if rest:  # a copy: no view of a data file outlives the call
-            self._queues[message.target][0].send_nowait(_Rest(connection, rest))  # the buffer is empty: it fits
+            self._queues[target][0].send_nowait(_Rest(connection, rest))  # the buffer is empty: it fits
         return True
 
     def _check_transfer(self, ready) -> None:

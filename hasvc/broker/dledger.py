@@ -385,18 +385,47 @@ class RaftDriver:
         statistics = self._queues[target][1].statistics()
         if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.raw_fileno < 0:
             return False  # (a send in progress: the sender is not waiting; write_now checks it again too)
-        parts = []
+        parts, ends = [], []  # ends[i]: parts of messages[:i + 1]
         for message in messages:
             parts += self._frame_parts(message, connection)
+            ends.append(len(parts))
         try:
-            rest = connection.write_now(parts)
+            sent = connection.writev_now(parts)
         except OSError:
             return False  # the sender's own write will meet the error and reconnect
-        if rest is None:
+        if sent is None:
             return False
-        if rest:  # a copy: no view of a data file outlives the call
-            self._queues[target][0].send_nowait(_Rest(connection, rest))  # the buffer is empty: it fits
+        try:
+            self._queue_unsent(target, connection, messages, parts, ends, sent)
+        finally:
+            parts.clear()  # views of the data files: never held while the log may change
         return True
+
+    def _queue_unsent(self, target: str, connection: transport.Connection, messages, parts: list, ends: list[int],
+                      sent: int) -> None:  # fmt: skip
+        """Queue for ``target``'s sender what a ``writev`` of ``messages``' ``parts`` did not send
+        (``sent`` bytes went): the rest of the message it stopped in, copied (a ``_Rest``: no
+        view of a data file outlives the call), then the messages after it as they are (their
+        sender frames them when it sends them), not a copy of every unsent byte of a pass."""
+        index = 0
+        while index < len(parts) and sent >= len(parts[index]):
+            sent -= len(parts[index])
+            index += 1
+        if index == len(parts):
+            return
+        stopped = next(i for i, end in enumerate(ends) if end > index)  # the message the write stopped in
+        queue = self._queues[target][0]
+        start = ends[stopped - 1] if stopped else 0
+        if index > start or sent:  # begun: its rest must follow on this connection
+            rest = [parts[index][sent:], *parts[index + 1 : ends[stopped]]]
+            queue.send_nowait(_Rest(connection, b"".join(rest)))  # the buffer is empty: it fits
+        else:
+            queue.send_nowait(messages[stopped])
+        for message in messages[stopped + 1 :]:
+            try:
+                queue.send_nowait(message)
+            except trio.WouldBlock:
+                self.dropped_messages += 1
 
     def _check_transfer(self, ready) -> None:
         """Finish the waiting transfer once the core aborted it or a leader of a later term is

@@ -989,6 +989,54 @@ fail:
     return NULL;
 }
 
+/* cut_records(buffer, sizes, offsets, field) -> list of bytes: buffer holds records end to end,
+ * sizes[i] bytes each from its start; record i's 8-byte big-endian field at byte `field` of it is set
+ * to offsets[i] (a DLedger leader's PHYSICALOFFSET: its entry's pos + 48) and the record returned as
+ * a bytes object of its own. ValueError, nothing returned, when a size cannot hold the field or the
+ * records pass the buffer's end. The Python twin is message_store._cut_records_python. */
+static PyObject *cut_records(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    PyObject *sizes, *offsets;
+    Py_ssize_t field;
+    if (!PyArg_ParseTuple(args, "w*OOn", &view, &sizes, &offsets, &field)) return NULL;
+    PyObject *out = NULL, *size_seq = NULL, *offset_seq = NULL;
+    size_seq = PySequence_Fast(sizes, "sizes must be a sequence");
+    if (size_seq == NULL) goto done;
+    offset_seq = PySequence_Fast(offsets, "offsets must be a sequence");
+    if (offset_seq == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(size_seq);
+    if (PySequence_Fast_GET_SIZE(offset_seq) != n) {
+        PyErr_SetString(PyExc_ValueError, "one offset per size");
+        goto done;
+    }
+    if (field < 0) { PyErr_SetString(PyExc_ValueError, "negative field position"); goto done; }
+    out = PyList_New(n);
+    if (out == NULL) goto done;
+    uint8_t *buf = (uint8_t *)view.buf;
+    Py_ssize_t start = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t size = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(size_seq, i));
+        long long offset = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(offset_seq, i));
+        if (PyErr_Occurred()) { Py_CLEAR(out); goto done; }
+        if (size < field + 8 || size > view.len - start) {
+            PyErr_Format(PyExc_ValueError, "record %zd of %zd bytes at %zd: no field at %zd or past the buffer's %zd",
+                         i, size, start, field, view.len);
+            Py_CLEAR(out);
+            goto done;
+        }
+        put64(buf + start + field, (uint64_t)offset);
+        PyObject *record = PyBytes_FromStringAndSize((const char *)buf + start, size);
+        if (record == NULL) { Py_CLEAR(out); goto done; }
+        PyList_SET_ITEM(out, i, record);
+        start += size;
+    }
+done:
+    Py_XDECREF(size_seq);
+    Py_XDECREF(offset_seq);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buffer, start, end, file_from_offset, check_crc) -> (position, count, code, last_record_position)"},
@@ -1004,6 +1052,8 @@ static PyMethodDef methods[] = {
     {"pack_offset_pairs", pack_offset_pairs, METH_VARARGS, "pack_offset_pairs(offsets, queue_offsets) -> bytes: >qq pairs"},
     {"check_entries", check_entries, METH_VARARGS,
      "check_entries(run, count, first_index, prev_term, last_term, first_pos, pos_limit) -> (code, number)"},
+    {"cut_records", cut_records, METH_VARARGS,
+     "cut_records(buffer, sizes, offsets, field) -> list of bytes: records cut apart, a field of each set"},
     {"write_entries", write_entries, METH_VARARGS,
      "write_entries(mapping, position, limit, file_from, entries, start) -> (end, position, units)"},
     {"index_units", index_units, METH_VARARGS, "index_units(run, count) -> bytes: 32-byte DLedger index units"},
@@ -1014,7 +1064,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 4
+#define NATIVE_VERSION 5
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();

@@ -65,6 +65,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from commitlog import native
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
 from commitlog.commit_log import CommitLog, ReadError, now_ms
@@ -93,6 +94,26 @@ from commitlog.store import (
 BODY_OFFSET = codec.BODY_OFFSET  # PHYSICALOFFSET = entry pos + 48 (DLedgerCommitLog's BODY_OFFSET)
 _PHYSICAL_OFFSET = struct.Struct(">q")  # a record's PHYSICALOFFSET field (rec.PHYSICAL_OFFSET_POSITION)
 DISCARDED_SUFFIX = ".discarded"  # consume queues a reset renamed away, deleted after (and at the next open)
+
+
+def _cut_records_python(buffer: bytearray, sizes: list[int], offsets: list[int], field: int) -> list[bytes]:
+    """Records written end to end in ``buffer`` (``sizes[i]`` bytes each) cut apart as bytes, the
+    8-byte field at ``field`` of record i set to ``offsets[i]`` first: the native ``cut_records``'
+    twin (which makes no Python call per record: ~0.4 us a record of a leader's 32-message batch)."""
+    if len(offsets) != len(sizes):
+        raise ValueError("one offset per size")
+    bodies, start = [], 0
+    for index, (size, offset) in enumerate(zip(sizes, offsets)):
+        if size < field + 8 or size > len(buffer) - start:
+            raise ValueError(f"record {index} of {size} bytes at {start}: no field at {field} or past the buffer's "
+                             f"{len(buffer)}")  # fmt: skip
+        _PHYSICAL_OFFSET.pack_into(buffer, start + field, offset)
+        bodies.append(bytes(buffer[start : start + size]))
+        start += size
+    return bodies
+
+
+_cut_records = native.cut_records or _cut_records_python
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,12 +349,7 @@ class DLedgerMessageStore:
         rec.write_batch(buffer, 0, prepared, queue_offset_first=first, physical_base=0, store_timestamp=store_timestamp,
                         store_ip=store_ip, store_port=store_port, crc_function=self.crc_function)  # fmt: skip
         offsets = [pos + BODY_OFFSET for pos in positions]
-        bodies = []
-        start = 0
-        for size, offset in zip(prepared.sizes, offsets):
-            _PHYSICAL_OFFSET.pack_into(buffer, start + rec.PHYSICAL_OFFSET_POSITION, offset)
-            bodies.append(bytes(buffer[start : start + size]))
-            start += size
+        bodies = _cut_records(buffer, prepared.sizes, offsets, rec.PHYSICAL_OFFSET_POSITION)
         queue_offsets = [0] * count if _transactional(prepared.sysflag) else list(range(first, first + count))
         return AppendPlan(first_index, tuple(bodies), tuple(offsets), (batch.queue_id,) * count, tuple(queue_offsets),
                           store_timestamp, queue_next, positions, entry_sizes)  # fmt: skip

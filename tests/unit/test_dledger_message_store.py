@@ -11,12 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from commitlog import native
 from commitlog import record as rec
 from commitlog.commit_log import ReadError
 from commitlog.config import StoreConfig
 from commitlog.dledger import DLedgerStoreConfig, Entry
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.message_inspect import iter_messages, verify_member
+from commitlog.dledger import message_store
 from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.dledger.upgrade import dledger_directory
 from commitlog.mapped_file import StoreError
@@ -586,3 +588,31 @@ def test_plan_batch_writes_the_bytes_of_one_write_per_message(tmp_path_factory, 
         assert (plan.first_index, plan.bodies, plan.offsets) == plan_batch_one_by_one(store, batch)
     finally:
         store.close()
+
+
+@pytest.mark.skipif(native.cut_records is None, reason="the native module is not built")
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(rec.PHYSICAL_OFFSET_POSITION + 8, 400), st.integers(0, (1 << 62))),
+                min_size=0, max_size=40), st.integers(0, 30))  # fmt: skip
+def test_the_records_of_a_batch_are_cut_natively_as_their_twin_cuts_them(records, spare):
+    """``plan_batch``'s cut of one ``write_batch`` into a body per entry, the PHYSICALOFFSET of each
+    set first: the native ``cut_records`` (no Python call per record) and its Python twin give the
+    same bodies and leave the same buffer; a size that cannot hold the field, a record past the
+    buffer's end and a count mismatch are refused by both."""
+    sizes = [size for size, _ in records]
+    offsets = [offset for _, offset in records]
+    data = bytes(random.Random(len(records)).randrange(256) for _ in range(sum(sizes) + spare))
+    native_buffer, twin_buffer = bytearray(data), bytearray(data)
+    field = rec.PHYSICAL_OFFSET_POSITION
+    bodies = native.cut_records(native_buffer, sizes, offsets, field)
+    assert bodies == message_store._cut_records_python(twin_buffer, sizes, offsets, field)
+    assert native_buffer == twin_buffer and b"".join(bodies) == bytes(native_buffer[: sum(sizes)])
+    assert all(int.from_bytes(body[field : field + 8], "big") == offset for body, offset in zip(bodies, offsets))
+    for bad_sizes, bad_offsets in (([field + 7], [0]), ([len(data) + 1], [0]), (sizes + [field + 8], offsets)):
+        if bad_sizes == sizes + [field + 8] and spare >= field + 8:
+            continue  # it fits in the spare bytes
+        for cut in (native.cut_records, message_store._cut_records_python):
+            with pytest.raises(ValueError):
+                cut(bytearray(data), bad_sizes, bad_offsets, field)
+    with pytest.raises(ValueError):
+        native.cut_records(bytearray(data), sizes, offsets + [1], field)

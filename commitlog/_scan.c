@@ -10,6 +10,8 @@
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
+#include <wmmintrin.h>
+#include <smmintrin.h>
 #define HAVE_X86 1
 #endif
 
@@ -23,6 +25,7 @@ enum { END_OF_DATA = 0, END_OF_SEGMENT = 1, BAD_MAGIC = 2, SIZE_OUT_OF_BOUNDS = 
 
 static uint32_t crc_table[256];
 static int have_sse42 = 0;
+static int have_pclmul = 0;  /* carry-less multiply and SSE4.1: crc32_ieee folds 64 bytes a step */
 
 static void crc_table_init(void) {
     for (uint32_t i = 0; i < 256; i++) {
@@ -748,8 +751,79 @@ static void crc32_tables_init(void) {
             crc32_tables[t][i] = (crc32_tables[t - 1][i] >> 8) ^ crc32_tables[0][crc32_tables[t - 1][i] & 0xFF];
 }
 
+#ifdef HAVE_X86
+/* CRC32 (zlib's polynomial, bit-reflected) of n bytes, n >= 64 and a multiple of 16, from the raw
+ * state c (not inverted on the way in or out): folding with PCLMULQDQ, "Fast CRC Computation for
+ * Generic Polynomials Using PCLMULQDQ Instruction" (Intel, 2009), with the constants of its
+ * reflected CRC32 -- the same code as Chromium zlib's crc32_sse42_simd_ and Linux's crc32-pclmul.
+ * ~10x the slicing-by-8 table below: the CRC of each 1 KiB entry was 3-5 % of a DLedger member's
+ * main thread (the leader's write_entries, the followers' check_entries). */
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t crc32_fold(const uint8_t *p, size_t n, uint32_t c) {
+    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
+    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
+    const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
+    const __m128i mask32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8;
+    x1 = _mm_loadu_si128((const __m128i *)(p + 0x00));
+    x2 = _mm_loadu_si128((const __m128i *)(p + 0x10));
+    x3 = _mm_loadu_si128((const __m128i *)(p + 0x20));
+    x4 = _mm_loadu_si128((const __m128i *)(p + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)c));
+    x0 = k1k2;
+    p += 64; n -= 64;
+    while (n >= 64) {  /* four lanes folded 64 bytes forward */
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00); x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
+        x7 = _mm_clmulepi64_si128(x3, x0, 0x00); x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11); x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, x0, 0x11); x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), _mm_loadu_si128((const __m128i *)(p + 0x00)));
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), _mm_loadu_si128((const __m128i *)(p + 0x10)));
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), _mm_loadu_si128((const __m128i *)(p + 0x20)));
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), _mm_loadu_si128((const __m128i *)(p + 0x30)));
+        p += 64; n -= 64;
+    }
+    x0 = k3k4;  /* the four lanes folded into one */
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00); x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00); x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00); x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
+    while (n >= 16) {  /* the rest, 16 bytes a step */
+        x2 = _mm_loadu_si128((const __m128i *)p);
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00); x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+        p += 16; n -= 16;
+    }
+    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);  /* 128 bits to 64 */
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
+    x0 = k5k0;
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, mask32);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    x0 = poly;  /* Barrett reduction to 32 bits */
+    x2 = _mm_and_si128(x1, mask32);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
+    x2 = _mm_and_si128(x2, mask32);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
 static uint32_t crc32_ieee(const uint8_t *p, size_t n) {
     uint32_t c = 0xFFFFFFFFu;
+#ifdef HAVE_X86
+    if (have_pclmul && n >= 64) {
+        size_t folded = n & ~(size_t)15;
+        c = crc32_fold(p, folded, c);
+        p += folded;
+        n -= folded;
+    }
+#endif
     while (n && ((uintptr_t)p & 7)) { c = crc32_tables[0][(c ^ *p++) & 0xFF] ^ (c >> 8); n--; }
     while (n >= 8) {
         uint32_t lo, hi;
@@ -915,6 +989,54 @@ fail:
     return NULL;
 }
 
+/* cut_records(buffer, sizes, offsets, field) -> list of bytes: buffer holds records end to end,
+ * sizes[i] bytes each from its start; record i's 8-byte big-endian field at byte `field` of it is set
+ * to offsets[i] (a DLedger leader's PHYSICALOFFSET: its entry's pos + 48) and the record returned as
+ * a bytes object of its own. ValueError, nothing returned, when a size cannot hold the field or the
+ * records pass the buffer's end. The Python twin is message_store._cut_records_python. */
+static PyObject *cut_records(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    PyObject *sizes, *offsets;
+    Py_ssize_t field;
+    if (!PyArg_ParseTuple(args, "w*OOn", &view, &sizes, &offsets, &field)) return NULL;
+    PyObject *out = NULL, *size_seq = NULL, *offset_seq = NULL;
+    size_seq = PySequence_Fast(sizes, "sizes must be a sequence");
+    if (size_seq == NULL) goto done;
+    offset_seq = PySequence_Fast(offsets, "offsets must be a sequence");
+    if (offset_seq == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(size_seq);
+    if (PySequence_Fast_GET_SIZE(offset_seq) != n) {
+        PyErr_SetString(PyExc_ValueError, "one offset per size");
+        goto done;
+    }
+    if (field < 0) { PyErr_SetString(PyExc_ValueError, "negative field position"); goto done; }
+    out = PyList_New(n);
+    if (out == NULL) goto done;
+    uint8_t *buf = (uint8_t *)view.buf;
+    Py_ssize_t start = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t size = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(size_seq, i));
+        long long offset = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(offset_seq, i));
+        if (PyErr_Occurred()) { Py_CLEAR(out); goto done; }
+        if (size < field + 8 || size > view.len - start) {
+            PyErr_Format(PyExc_ValueError, "record %zd of %zd bytes at %zd: no field at %zd or past the buffer's %zd",
+                         i, size, start, field, view.len);
+            Py_CLEAR(out);
+            goto done;
+        }
+        put64(buf + start + field, (uint64_t)offset);
+        PyObject *record = PyBytes_FromStringAndSize((const char *)buf + start, size);
+        if (record == NULL) { Py_CLEAR(out); goto done; }
+        PyList_SET_ITEM(out, i, record);
+        start += size;
+    }
+done:
+    Py_XDECREF(size_seq);
+    Py_XDECREF(offset_seq);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buffer, start, end, file_from_offset, check_crc) -> (position, count, code, last_record_position)"},
@@ -930,6 +1052,8 @@ static PyMethodDef methods[] = {
     {"pack_offset_pairs", pack_offset_pairs, METH_VARARGS, "pack_offset_pairs(offsets, queue_offsets) -> bytes: >qq pairs"},
     {"check_entries", check_entries, METH_VARARGS,
      "check_entries(run, count, first_index, prev_term, last_term, first_pos, pos_limit) -> (code, number)"},
+    {"cut_records", cut_records, METH_VARARGS,
+     "cut_records(buffer, sizes, offsets, field) -> list of bytes: records cut apart, a field of each set"},
     {"write_entries", write_entries, METH_VARARGS,
      "write_entries(mapping, position, limit, file_from, entries, start) -> (end, position, units)"},
     {"index_units", index_units, METH_VARARGS, "index_units(run, count) -> bytes: 32-byte DLedger index units"},
@@ -940,7 +1064,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 3
+#define NATIVE_VERSION 5
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();
@@ -952,6 +1076,7 @@ PyMODINIT_FUNC PyInit__scan(void) {
 #ifdef HAVE_X86
     __builtin_cpu_init();
     have_sse42 = __builtin_cpu_supports("sse4.2");
+    have_pclmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 #endif
     PyObject *m = PyModule_Create(&module);
     /* commitlog/native.py refuses a build whose VERSION is not its own (a stale build in place). */

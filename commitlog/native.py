@@ -12,7 +12,7 @@ import warnings
 
 # The VERSION of _scan.c this code calls (its functions and their arguments): a build left in
 # place by an older checkout is not used (and a warning says to rebuild), never called wrongly.
-NATIVE_VERSION = 3
+NATIVE_VERSION = 5
 
 if os.environ.get("HASVC_NO_NATIVE") == "1":
     module = None
@@ -39,6 +39,7 @@ check_entries = module.check_entries if module else None
 index_units = module.index_units if module else None
 crc32 = module.crc32 if module else None
 write_entries = module.write_entries if module else None
+cut_records = module.cut_records if module else None
 record_sizes = module.record_sizes if module else None
 record_offsets = module.record_offsets if module else None
 pack_offset_pairs = module.pack_offset_pairs if module else None

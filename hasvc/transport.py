@@ -114,16 +114,16 @@ class Connection:
         while nothing else is sending; returns a copy of what the socket did not take (b"" when
         it took everything) and empties ``parts``. None, ``parts`` untouched: it cannot write now
         (TLS, closed, or a send in progress). OSError (a broken connection) goes to the caller."""
-        fd = self.raw_fileno
-        if fd < 0 or self._send_lock.locked():
-            return None
         if not parts:
-            return b""
+            return b"" if self.raw_fileno >= 0 and not self._send_lock.locked() else None
         try:
-            try:
-                sent = os.writev(fd, parts[:WRITEV_PARTS_MAX])
-            except BlockingIOError:
-                sent = 0
+            sent = self.writev_now(parts)
+        except OSError:
+            parts.clear()
+            raise
+        if sent is None:
+            return None
+        try:
             remainder = []
             for part in parts:
                 if sent >= len(part):
@@ -134,6 +134,19 @@ class Connection:
             return b"".join(remainder)
         finally:
             parts.clear()
+
+    def writev_now(self, parts: list) -> int | None:
+        """``write_now`` without the copy: one non-blocking ``writev`` of ``parts`` (at most
+        WRITEV_PARTS_MAX of them), the bytes it sent (0 when the socket took nothing); ``parts``
+        untouched: what to do with the rest is the caller's. None: it cannot write now (TLS,
+        closed, or a send in progress). OSError (a broken connection) goes to the caller."""
+        fd = self.raw_fileno
+        if fd < 0 or self._send_lock.locked():
+            return None
+        try:
+            return os.writev(fd, parts[:WRITEV_PARTS_MAX])
+        except BlockingIOError:
+            return 0
 
     @property
     def sending(self) -> bool:

@@ -640,13 +640,17 @@ class DLedgerMmapFileStore:
                 fsync_directory(self.data_file_list.directory)
         self._data_start_offset = offset
 
-    def plan_positions(self, sizes: Sequence[int]) -> list[int]:
+    def plan_positions(self, sizes: Sequence[int], *, start: int | None = None) -> list[int]:
         """Where entries of these sizes (header included), appended now in this order, would land;
         no side effects. A follower checks the leader's ``pos`` with it before appending
-        (DLedger's appendAsFollower requires the data to land at the entry's pos)."""
+        (DLedger's appendAsFollower requires the data to land at the entry's pos). ``start``:
+        where the entries before them end (a leader's planned but not yet appended entries),
+        instead of where the data files end."""
         file_size = self.config.data_file_size
         last = self.data_file_list.last
-        if last is None:
+        if start is not None:
+            offset = start
+        elif last is None:
             offset = self._data_start_offset
         elif last.full:
             offset = last.file_from_offset + file_size

@@ -315,12 +315,8 @@ class RaftDriver:
         appended = bool(ready.entries or ready.runs)
         for reason in ready.refused_runs:
             LOGGER.warning("raft: refused an APPEND (answered INCONSISTENT_STATE, the leader compares again): %s", reason)
-        for message in ready.messages:
-            if not self._send_now(message):
-                try:
-                    self._queues[message.target][0].send_nowait(message)
-                except trio.WouldBlock:
-                    self.dropped_messages += 1
+        if ready.messages:
+            self._send_messages(ready.messages)
         if ready.committed_index is not None:
             self.store.set_committed(ready.committed_index)
             self.on_commit()
@@ -355,27 +351,81 @@ class RaftDriver:
             return
         self._data_synced(target)
 
-    def _send_now(self, message) -> bool:
-        """Write ``message`` to its peer's connection from here, when its sender task is idle
-        (waiting for its queue, nothing queued, not sending) on plain TCP: a message through the
-        sender task cost that task's step and a scheduler pass per message, on every hop of a put
-        (push, acknowledgement, flushed acknowledgement). What the kernel does not take is
-        queued, as bytes, for the sender to finish before anything else. False: queue it."""
-        connection = self._links.get(message.target)
+    def _send_messages(self, messages) -> None:
+        """Send a Ready's messages, each peer's in their order: written from here in one
+        ``writev`` a peer (``_send_now``), else queued for its sender (one more than fits is
+        dropped, which Raft survives). A pass of puts at 64 producers x 32 messages makes a
+        push per 64 KiB (push_batch_size_max) to each follower: a write each was a system call
+        and a wake-up of the follower per push."""
+        if len(messages) == 1:
+            by_peer = {messages[0].target: messages}
+        else:
+            by_peer = {}
+            for message in messages:
+                by_peer.setdefault(message.target, []).append(message)
+        for target, group in by_peer.items():
+            if not self._send_now(target, group):
+                queue = self._queues[target][0]
+                for message in group:
+                    try:
+                        queue.send_nowait(message)
+                    except trio.WouldBlock:
+                        self.dropped_messages += 1
+
+    def _send_now(self, target: str, messages) -> bool:
+        """Write ``messages`` (all for ``target``) to its connection from here in one ``writev``,
+        when its sender task is idle (waiting for its queue, nothing queued, not sending) on
+        plain TCP: a message through the sender task cost that task's step and a scheduler pass
+        per message, on every hop of a put (push, acknowledgement, flushed acknowledgement).
+        What the kernel does not take is queued, as bytes, for the sender to finish before
+        anything else. False: queue them."""
+        connection = self._links.get(target)
         if connection is None:
             return False
-        statistics = self._queues[message.target][1].statistics()
+        statistics = self._queues[target][1].statistics()
         if statistics.current_buffer_used or statistics.tasks_waiting_receive != 1 or connection.raw_fileno < 0:
             return False  # (a send in progress: the sender is not waiting; write_now checks it again too)
+        parts, ends = [], []  # ends[i]: parts of messages[:i + 1]
+        for message in messages:
+            parts += self._frame_parts(message, connection)
+            ends.append(len(parts))
         try:
-            rest = connection.write_now(self._frame_parts(message, connection))
+            sent = connection.writev_now(parts)
         except OSError:
             return False  # the sender's own write will meet the error and reconnect
-        if rest is None:
+        if sent is None:
             return False
-        if rest:  # a copy: no view of a data file outlives the call
-            self._queues[message.target][0].send_nowait(_Rest(connection, rest))  # the buffer is empty: it fits
+        try:
+            self._queue_unsent(target, connection, messages, parts, ends, sent)
+        finally:
+            parts.clear()  # views of the data files: never held while the log may change
         return True
+
+    def _queue_unsent(self, target: str, connection: transport.Connection, messages, parts: list, ends: list[int],
+                      sent: int) -> None:  # fmt: skip
+        """Queue for ``target``'s sender what a ``writev`` of ``messages``' ``parts`` did not send
+        (``sent`` bytes went): the rest of the message it stopped in, copied (a ``_Rest``: no
+        view of a data file outlives the call), then the messages after it as they are (their
+        sender frames them when it sends them), not a copy of every unsent byte of a pass."""
+        index = 0
+        while index < len(parts) and sent >= len(parts[index]):
+            sent -= len(parts[index])
+            index += 1
+        if index == len(parts):
+            return
+        stopped = next(i for i, end in enumerate(ends) if end > index)  # the message the write stopped in
+        queue = self._queues[target][0]
+        start = ends[stopped - 1] if stopped else 0
+        if index > start or sent:  # begun: its rest must follow on this connection
+            rest = [parts[index][sent:], *parts[index + 1 : ends[stopped]]]
+            queue.send_nowait(_Rest(connection, b"".join(rest)))  # the buffer is empty: it fits
+        else:
+            queue.send_nowait(messages[stopped])
+        for message in messages[stopped + 1 :]:
+            try:
+                queue.send_nowait(message)
+            except trio.WouldBlock:
+                self.dropped_messages += 1
 
     def _check_transfer(self, ready) -> None:
         """Finish the waiting transfer once the core aborted it or a leader of a later term is

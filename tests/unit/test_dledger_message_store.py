@@ -11,12 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from commitlog import native
 from commitlog import record as rec
 from commitlog.commit_log import ReadError
 from commitlog.config import StoreConfig
 from commitlog.dledger import DLedgerStoreConfig, Entry
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.message_inspect import iter_messages, verify_member
+from commitlog.dledger import message_store
 from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.dledger.upgrade import dledger_directory
 from commitlog.mapped_file import StoreError
@@ -191,6 +193,28 @@ def test_a_batch_is_planned_as_the_same_records_as_its_messages_one_by_one(tmp_p
     assert [props["KEYS"] for _, _, _, props in got[1:]] == (["shared"] * 4 if shared_properties else ["k0", "k1", "k2", "k3"])
     batch_store.close()
     one_store.close()
+
+
+def test_a_plan_after_accepted_plans_plans_only_its_own_entries(tmp_path, monkeypatch):
+    """A pass of puts accepts a plan per request before any is appended: each plan starts where
+    the newest accepted entry ends instead of planning every pending entry again (quadratic in a
+    pass), and lands where the entries are then appended, across data files."""
+    store = open_store(tmp_path)
+    planned = []
+    plan_positions = store.entries.plan_positions
+    monkeypatch.setattr(store.entries, "plan_positions",
+                        lambda sizes, **kwargs: planned.append(len(sizes)) or plan_positions(sizes, **kwargs))  # fmt: skip
+    plans = []
+    for round_ in range(20):
+        plans.append(store.plan_batch(rec.MessageBatch("T", [b"b" * (300 + 37 * round_)] * 3, queue_id=0)))
+        store.accept_plan(plans[-1])
+    assert planned == [3] * 20
+    for plan in plans:
+        append_plan(store, plan)
+    assert len(store.entries.data_file_list.mapped_files) >= 4
+    offsets = [offset for plan in plans for offset in plan.offsets]
+    assert offsets == [store.entries.pos_at(i) + codec.BODY_OFFSET for i in range(len(offsets))]
+    store.close()
 
 
 def test_bad_and_oversize_messages_are_refused_and_plan_nothing(tmp_path):
@@ -523,7 +547,7 @@ def plan_batch_one_by_one(store, batch):
     message, at that message's own offset (what plan_batch did before it wrote the batch once)."""
     store_ip, store_port, store_v6 = rec.encode_host(store.config.store_host)
     prepared = rec.prepare_batch(batch, body_size_max=store.config.max_message_size, store_v6=store_v6)
-    first_index, positions = store._plan_positions(prepared.sizes)
+    first_index, positions, _ = store._plan_positions(prepared.sizes)
     store_timestamp = max(rec_now_ms(), store._last_store_timestamp)
     first = store._take_queue_offset({}, batch.topic, batch.queue_id, prepared.sysflag, prepared.count)
     shared = isinstance(prepared.properties, bytes)
@@ -564,3 +588,31 @@ def test_plan_batch_writes_the_bytes_of_one_write_per_message(tmp_path_factory, 
         assert (plan.first_index, plan.bodies, plan.offsets) == plan_batch_one_by_one(store, batch)
     finally:
         store.close()
+
+
+@pytest.mark.skipif(native.cut_records is None, reason="the native module is not built")
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(rec.PHYSICAL_OFFSET_POSITION + 8, 400), st.integers(0, (1 << 62))),
+                min_size=0, max_size=40), st.integers(0, 30))  # fmt: skip
+def test_the_records_of_a_batch_are_cut_natively_as_their_twin_cuts_them(records, spare):
+    """``plan_batch``'s cut of one ``write_batch`` into a body per entry, the PHYSICALOFFSET of each
+    set first: the native ``cut_records`` (no Python call per record) and its Python twin give the
+    same bodies and leave the same buffer; a size that cannot hold the field, a record past the
+    buffer's end and a count mismatch are refused by both."""
+    sizes = [size for size, _ in records]
+    offsets = [offset for _, offset in records]
+    data = bytes(random.Random(len(records)).randrange(256) for _ in range(sum(sizes) + spare))
+    native_buffer, twin_buffer = bytearray(data), bytearray(data)
+    field = rec.PHYSICAL_OFFSET_POSITION
+    bodies = native.cut_records(native_buffer, sizes, offsets, field)
+    assert bodies == message_store._cut_records_python(twin_buffer, sizes, offsets, field)
+    assert native_buffer == twin_buffer and b"".join(bodies) == bytes(native_buffer[: sum(sizes)])
+    assert all(int.from_bytes(body[field : field + 8], "big") == offset for body, offset in zip(bodies, offsets))
+    for bad_sizes, bad_offsets in (([field + 7], [0]), ([len(data) + 1], [0]), (sizes + [field + 8], offsets)):
+        if bad_sizes == sizes + [field + 8] and spare >= field + 8:
+            continue  # it fits in the spare bytes
+        for cut in (native.cut_records, message_store._cut_records_python):
+            with pytest.raises(ValueError):
+                cut(bytearray(data), bad_sizes, bad_offsets, field)
+    with pytest.raises(ValueError):
+        native.cut_records(bytearray(data), sizes, offsets + [1], field)

@@ -624,3 +624,29 @@ def test_proposals_before_one_ready_go_to_each_follower_in_one_push():
         node.step(PushResponse(peer, "n0", 2, PushType.APPEND, PushResult.SUCCESS, 2, 5, 0, 5), 10.4)
     ready = carry_out(node, log)
     assert node.committed_index == 5 and len(ready.proposals) == 3
+
+
+def test_a_proposal_makes_its_entries_without_a_python_call_per_entry():
+    """A leader proposes a message per entry: the entries of a proposal are made and counted
+    without a Python call each (a frozen dataclass's ``__init__`` per entry was 7 % of a leader's
+    main thread at 64 producers x 32-message batches); they are the same entries."""
+    import sys
+
+    def python_calls(bodies):
+        node, log = make_node([1], term=1)
+        elect(node, log, now=10.0)
+        carry_out(node, log)
+        calls = []
+        sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_name) if event == "call" else None)
+        try:
+            proposed = node.propose(bodies, 10.2)
+        finally:
+            sys.setprofile(None)
+        ready = carry_out(node, log)
+        first = proposed.first_index
+        assert list(ready.entries) == [Entry(first + i, 2, body) for i, body in enumerate(bodies)]
+        assert all(entry.body is body for entry, body in zip(ready.entries, bodies))  # kept, not copied
+        assert (node.last_index, node.last_term) == (first + len(bodies) - 1, 2)
+        return len(calls)
+
+    assert python_calls([b"%d" % i for i in range(32)]) == python_calls([b"only"])

@@ -253,7 +253,8 @@ class RaftNode:
         self._after_event(now)
 
     def propose(self, bodies: Sequence[bytes], now: float) -> Proposed | Refused:
-        """Append `bodies` as entries of this leader's term; their outcome comes later as a ProposalDone."""
+        """Append `bodies` (``bytes``, kept as they are: not copied) as entries of this leader's
+        term; their outcome comes later as a ProposalDone."""
         self._log.check_applied()
         if not bodies:
             raise ValueError("propose() needs at least one body")
@@ -266,7 +267,7 @@ class RaftNode:
                            f"{self._pending_count} proposals wait for a quorum (pending_max {self.config.pending_max})")  # fmt: skip
         first = self._log.last_index() + 1
         assert not self._pending or self._pending[-1].last_index + 1 == first, ("proposals not consecutive", first)
-        self._log.append([Entry(first + i, self.term, bytes(body)) for i, body in enumerate(bodies)])
+        self._log.append_proposal(first, self.term, bodies)
         last = first + len(bodies) - 1
         self._pending.append(Pending(first, last, self.term, now + self.config.quorum_ack_timeout_seconds))
         self._pending_count += len(bodies)

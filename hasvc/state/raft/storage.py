@@ -12,19 +12,34 @@ never are; a saved hard state is never lost.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from commitlog.dledger.entry_run import EntryRun
 
-__all__ = ["Entry", "EntryLog", "EntryRun", "HardState"]
+__all__ = ["Entry", "EntryLog", "EntryRun", "HardState", "new_entries"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """One log entry. A named tuple, not a frozen dataclass: a leader makes one per proposed
+    message, and ``new_entries`` builds them without a Python call each (a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__``: ~0.45 us an entry, 7 % of a
+    leader's main thread at 64 producers x 32-message batches)."""
+
     index: int  # >= 0, consecutive
     term: int  # >= 0, never decreasing along the log
     body: bytes  # opaque payload (in DLedgerCommitLog, one RocketMQ message record); b"" is a leader's no-op
+
+
+_new_entry = functools.partial(tuple.__new__, Entry)
+
+
+def new_entries(first_index: int, term: int, bodies: Sequence[bytes]) -> list[Entry]:
+    """``[Entry(first_index + i, term, body) for i, body in enumerate(bodies)]`` without a Python
+    call per entry (``bodies`` are kept, not copied)."""
+    return list(map(_new_entry, zip(range(first_index, first_index + len(bodies)), itertools.repeat(term), bodies)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,0 +1,104 @@
+"""CPU per message of a DLedger leader's proposal path in one process: no sockets, no other process.
+
+    python scripts/dledger_leader_cpu.py TREE REQUESTS BATCH [PASSES] [ROUNDS]
+
+Runs TREE's code (``sys.path``): a leader's ``DLedgerMessageStore`` (temporary directory, 64 MiB
+data files) and ``RaftNode`` of three members; PASSES passes, each of REQUESTS SENDs of BATCH 1 KiB
+messages planned (``plan_batch``), proposed (``RaftNode.propose``) and accepted (``accept_plan``),
+as ``RaftDriver.propose_plan`` does, then the pass's Ready carried out as ``RaftDriver.drain``
+does (entries appended to the store, each push's entries read as stored runs), both followers
+acknowledging the last index, and the commit's Ready (committed index, dispatch); a first pass
+unmeasured (it creates the consume-queue files). Prints the
+process CPU time (``time.process_time``) per message, the minimum and median of ROUNDS rounds
+(a fresh store each).
+
+Why: ``scripts/dledger_cpu.py`` measures the whole group, whose three members and load generator
+share this machine's two cores with other helpers' work: a 5-10 % change of the leader's Python
+drowns in their noise. The minimum of several rounds of one process's CPU time does not. It
+leaves out the client protocol (SEND decode, answers) and the sockets (pushes, acknowledgements
+read), which ``dledger_cpu.py`` and ``calls_per_put.py`` cover.
+"""
+
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+
+def main() -> None:
+    tree, requests, batch = os.path.abspath(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    passes = int(sys.argv[4]) if len(sys.argv) > 4 else 20
+    rounds = int(sys.argv[5]) if len(sys.argv) > 5 else 5
+    sys.path.insert(0, tree)
+    from commitlog import record as rec
+    from commitlog.config import StoreConfig
+    from commitlog.dledger.message_store import DLedgerMessageStore
+    from hasvc.state.raft import ETCD_LIKE, RaftNode, Role
+    from hasvc.state.raft.messages import PushResponse, PushResult, PushType, VoteResponse, VoteResult
+
+    def carry_out(node, store) -> None:
+        ready = node.ready()
+        entries = store.entries
+        if ready.hard_state is not None:
+            entries.save_hard_state(ready.hard_state)
+        if ready.entries:
+            entries.append(ready.entries)
+        for message in ready.messages:  # what a sender reads of each push (RaftDriver._frame_parts)
+            run = getattr(message, "entries", None)
+            if getattr(message, "type", None) is PushType.APPEND and run.data is None:
+                entries.read_runs(run.first_index, run.count, run.last_term)
+        if ready.committed_index is not None:
+            store.set_committed(ready.committed_index)
+            store.dispatch(1 << 30)
+
+    def one_round() -> float:
+        path = tempfile.mkdtemp(prefix="hasvc-leader-cpu-")
+        try:
+            store = DLedgerMessageStore.open(path, StoreConfig(commitlog_segment_size=64 << 20), self_id="n0",
+                                             dledger=None)  # fmt: skip
+            node = RaftNode(self_id="n0", members=("n0", "n1", "n2"), log=store.entries, config=ETCD_LIKE,
+                            rng=random.Random(7), now=0.0)  # fmt: skip
+            now = 10.0
+            node.tick(now)
+            carry_out(node, store)
+            node.step(VoteResponse("n1", "n0", node.term + 1, VoteResult.ACCEPT, pre_vote=True), now)
+            carry_out(node, store)
+            node.step(VoteResponse("n1", "n0", node.term, VoteResult.ACCEPT), now)
+            carry_out(node, store)
+            assert node.role is Role.LEADER
+            for peer in ("n1", "n2"):
+                node.step(PushResponse(peer, "n0", node.term, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), now)
+            carry_out(node, store)
+            batches = [rec.MessageBatch("T", [b"x" * 1024] * batch, queue_id=i % 4) for i in range(requests)]
+            started = None
+            for done in range(passes + 1):  # the first pass unmeasured: it creates the consume-queue files
+                if done == 1:
+                    started = time.process_time()
+                now += 0.001
+                for message_batch in batches:
+                    plan = store.plan_batch(message_batch)
+                    node.propose(plan.bodies, now)
+                    store.accept_plan(plan)
+                carry_out(node, store)
+                last = node.last_index
+                for peer in ("n1", "n2"):
+                    node.step(PushResponse(peer, "n0", node.term, PushType.APPEND, PushResult.SUCCESS, 0, last, 0, last),
+                              now)  # fmt: skip
+                carry_out(node, store)
+                assert node.committed_index == last
+            spent = time.process_time() - started
+            store.close()
+            return spent / (passes * requests * batch)
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    results = [one_round() for _ in range(rounds)]
+    print(f"{tree} {requests} x {batch}: {1e6 * min(results):.2f} us a message "
+          f"(min of {rounds} rounds; median {1e6 * statistics.median(results):.2f})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -82,6 +82,31 @@ async def test_a_peer_that_closes_at_once_is_not_reconnected_to_in_a_tight_loop(
         nursery.cancel_scope.cancel()
 
 
+async def _n0_sending_to_a_reading_n1(nursery: trio.Nursery, received: list, count: int, got_all: trio.Event):
+    """n0's driver with its sender to n1 connected, n1 a listener that decodes what arrives into
+    ``received`` and sets ``got_all`` after ``count`` events (the HELLO is the first)."""
+
+    async def reading_peer(stream: trio.SocketStream) -> None:
+        connection = transport.Connection(stream, transport.peer_name(stream))
+        await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=None)
+        decoder = raft_wire.RaftDecoder()
+        while len(received) < count:
+            decoder.receive_data(await stream.receive_some(4096))
+            while (event := decoder.next_event()) is not None:
+                received.append(event)
+        got_all.set()
+        await trio.sleep_forever()
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, reading_peer, 0, host="127.0.0.1"))
+    driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
+    nursery.start_soon(driver._sender, "n1")
+    with trio.fail_after(WAIT_SECONDS):
+        while not driver.connected["n1"]:
+            await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
+    return driver
+
+
 async def test_the_messages_of_one_ready_for_a_peer_go_in_one_write():
     """A Ready's messages for one peer -- a pass of puts at 64 producers x 32 messages makes a
     push per 64 KiB to each follower -- are written with one ``writev`` from the driver while the
@@ -91,25 +116,8 @@ async def test_the_messages_of_one_ready_for_a_peer_go_in_one_write():
     got_all = trio.Event()
     messages = [VoteRequest("n0", "n1", term, 5, 1) for term in (2, 3, 4)]
 
-    async def reading_peer(stream: trio.SocketStream) -> None:
-        connection = transport.Connection(stream, transport.peer_name(stream))
-        await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=None)
-        decoder = raft_wire.RaftDecoder()
-        while len(received) < 1 + len(messages):  # the HELLO, then the messages
-            decoder.receive_data(await stream.receive_some(4096))
-            while (event := decoder.next_event()) is not None:
-                received.append(event)
-        got_all.set()
-        await trio.sleep_forever()
-
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(functools.partial(trio.serve_tcp, reading_peer, 0, host="127.0.0.1"))
-        driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
-        nursery.start_soon(driver._sender, "n1")
-        with trio.fail_after(WAIT_SECONDS):
-            while not driver.connected["n1"]:
-                await trio.sleep(0.01)
-            await trio.testing.wait_all_tasks_blocked()
+        driver = await _n0_sending_to_a_reading_n1(nursery, received, 1 + len(messages), got_all)  # the HELLO, then the messages
         link = driver._links["n1"]
         writes = []
         writev_now = link.writev_now
@@ -132,25 +140,8 @@ async def test_what_the_one_write_did_not_send_is_the_rest_of_one_message_and_th
     got_all = trio.Event()
     messages = [VoteRequest("n0", "n1", term, 5, 1) for term in (2, 3, 4, 5)]
 
-    async def reading_peer(stream: trio.SocketStream) -> None:
-        connection = transport.Connection(stream, transport.peer_name(stream))
-        await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=None)
-        decoder = raft_wire.RaftDecoder()
-        while len(received) < 1 + len(messages):
-            decoder.receive_data(await stream.receive_some(4096))
-            while (event := decoder.next_event()) is not None:
-                received.append(event)
-        got_all.set()
-        await trio.sleep_forever()
-
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(functools.partial(trio.serve_tcp, reading_peer, 0, host="127.0.0.1"))
-        driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
-        nursery.start_soon(driver._sender, "n1")
-        with trio.fail_after(WAIT_SECONDS):
-            while not driver.connected["n1"]:
-                await trio.sleep(0.01)
-            await trio.testing.wait_all_tasks_blocked()
+        driver = await _n0_sending_to_a_reading_n1(nursery, received, 1 + len(messages), got_all)
         link = driver._links["n1"]
         frame = len(raft_wire.encode(messages[0]))
         writev_now = link.writev_now

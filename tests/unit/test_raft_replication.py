@@ -361,6 +361,32 @@ def test_the_retention_floor_is_every_members_match_index_and_followers_learn_it
     assert node.retention_floor() == 10 and cluster.compact(leader) == 10
 
 
+def test_a_flush_sync_leaders_retention_floor_stays_within_what_it_flushed():
+    """With flush_sync a power loss takes what a member has not flushed, the leader's log
+    included. Followers that flushed entries commit them without the leader's flush, but the
+    floor it announces must not let anyone delete them: back from a crash without them, the
+    leader would find them deleted everywhere (the simulator's seed 722485, 3 nodes)."""
+    node, log = make_node([], term=0, config=RaftConfig(flush_sync=True))
+    elect(node, log, now=10.0)
+    for peer in ("n1", "n2"):
+        node.step(PushResponse(peer, "n0", 1, PushType.COMPARE, PushResult.SUCCESS, -1, -1, 0, -1), 10.1)
+    carry_out(node, log)
+    node.persisted(log.flush(), 10.15)  # the leader's no-op (index 0)
+    for peer in ("n1", "n2"):
+        node.step(PushResponse(peer, "n0", 1, PushType.APPEND, PushResult.SUCCESS, 0, 0, 0, 0), 10.2)
+    carry_out(node, log)
+    assert node.committed_index == 0 and node.retention_floor() == 0
+    node.propose([b"a", b"b", b"c"], 10.3)
+    carry_out(node, log)  # appended, not flushed
+    for peer in ("n1", "n2"):
+        node.step(PushResponse(peer, "n0", 1, PushType.APPEND, PushResult.SUCCESS, 1, 3, 0, 3), 10.4)
+    carry_out(node, log)
+    assert node.committed_index == 3  # n1 and n2 flushed 0..3: a quorum without the leader
+    assert node.retention_floor() == 0  # what the leader itself has flushed
+    node.persisted(log.flush(), 10.5)
+    assert node.retention_floor() == 3
+
+
 def _stranded_leader():
     """n0 leads term 2 over entries 0..19 of term 1 (all committed) and a forced clean deleted
     0..14; n2's log ends at 3: COMPARE walks to 3, which the leader no longer holds."""

@@ -393,9 +393,13 @@ class RaftNode:
         held by every member, which never truncates at or below its committed index, so no
         member needs them again. A follower keeps from the highest floor a leader announced
         (heartbeats), at most its own committed index: it may lead later, and then must still
-        hold what its followers need."""
+        hold what its followers need. With ``flush_sync`` the leader's own part is what it has
+        flushed, too: a quorum of followers can commit entries the leader has not flushed yet,
+        and a power loss would take them from its log; had the others deleted them meanwhile,
+        the leader would come back to find them gone everywhere (raft_sim seed 722485)."""
         if self.role is Role.LEADER:
-            return min([self.committed_index, *(p.match_index for p in self._progress.values())])
+            own = min(self.committed_index, self.flushed_index) if self.config.flush_sync else self.committed_index
+            return min([own, *(p.match_index for p in self._progress.values())])
         return min(self._retain_from_index, self.committed_index)
 
     def match_index(self, peer: str) -> int:

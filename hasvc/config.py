@@ -15,6 +15,7 @@ import tomllib
 from typing import Any
 
 from commitlog.config import FlushDiskType, StoreConfig
+from hasvc.busy_poll import BUSY_POLL_US_MAX
 
 
 class BrokerRole(enum.Enum):
@@ -112,6 +113,9 @@ class BrokerConfig:
     tls_key: str | None = None
     tls_ca: str | None = None
     metrics_listen: Address | None = None
+    # No RocketMQ name: microseconds the event loop polls for ready sockets before it sleeps
+    # (hasvc/busy_poll.py says why and what it costs). 0, off, as Linux's net.core.busy_poll.
+    busy_poll_us: int = 0
 
     # Durations are seconds inside; the ``_ms`` fields keep RocketMQ's names at the TOML/CLI edge.
     @property
@@ -167,6 +171,8 @@ class BrokerConfig:
             raise ValueError("ha_transfer_batch_size must not exceed ha_frame_size_max")
         if self.ha_transfer_readahead_size < 0:
             raise ValueError("ha_transfer_readahead_size must be >= 0 (0: off)")
+        if not 0 <= self.busy_poll_us <= BUSY_POLL_US_MAX:
+            raise ValueError(f"busy_poll_us must be 0..{BUSY_POLL_US_MAX} (0: off)")
         if self.in_sync_replicas < 0 or self.min_in_sync_replicas < 0:
             raise ValueError("in_sync_replicas and min_in_sync_replicas must be >= 0")
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -8,7 +8,7 @@ import sys
 import click
 
 from commitlog.mapped_file import StoreError
-from hasvc.cli.common import tune_malloc
+from hasvc.cli.common import start_busy_polling, tune_malloc
 
 
 def _broker_options(function):
@@ -83,6 +83,7 @@ def _run_broker(config) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hasvc").info("effective configuration: %s", json.dumps(config.describe()))
     tune_malloc()
+    start_busy_polling(config.busy_poll_us)
 
     ready = False
 

@@ -65,3 +65,18 @@ def tune_malloc() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES) == 1 and mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES) == 1
+
+
+def start_busy_polling(busy_poll_us: int) -> None:
+    """``busy_poll_us`` (hasvc/busy_poll.py) for this process's event loop, logged; a warning if
+    this trio cannot be made to poll (the broker then runs as with 0)."""
+    import logging
+
+    from hasvc import busy_poll
+
+    if busy_poll_us == 0:
+        return
+    if busy_poll.install(busy_poll_us):
+        logging.getLogger("hasvc").info("busy polling: %d us before each sleep of the event loop", busy_poll_us)
+    else:
+        logging.getLogger("hasvc").warning("busy_poll_us=%d ignored: this trio's event loop is not the epoll one hasvc can poll", busy_poll_us)

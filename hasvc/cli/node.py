@@ -10,7 +10,7 @@ import click
 
 from commitlog.mapped_file import StoreError
 from hasvc.cli.broker import _build_config, _typed
-from hasvc.cli.common import tune_malloc
+from hasvc.cli.common import start_busy_polling, tune_malloc
 from hasvc.transport import first_leaf
 
 RAFT_PRESETS = ("dledger", "etcd")
@@ -94,6 +94,7 @@ def _run_node(config, group_config) -> None:
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
+    start_busy_polling(config.busy_poll_us)
     logging.getLogger("hasvc").info("effective configuration: %s; raft %s", json.dumps(config.describe()), group_config.raft)
 
     ready = False

@@ -464,3 +464,19 @@ def test_consumers_read_log_the_master_dropped_from_the_page_cache(cluster):
         assert [bytes(record.body) for record in pulled.records] == bodies[:64]
         with open(segment, "rb") as file:
             assert client.read(0, size_max=4096) == file.read(4096)
+
+
+def test_a_busy_polling_pair_acknowledges_sync_puts_and_says_it_polls(cluster):
+    """``busy_poll_us``: both brokers' loops poll before sleeping (hasvc/busy_poll.py); puts are
+    stored and acknowledged as without it, and the logs say the setting took effect."""
+    master = cluster.start_master(role="sync", busy_poll_us=50)
+    slave = cluster.start_slave(master.ha_address, busy_poll_us=50)
+    wait_until(lambda: slave_acking(master), message="slave acking")
+    results = trio.run(send_many, master.address, 500, 1)
+    assert {r.status for r in results.values()} == {"PUT_OK"}
+    wait_until(lambda: caught_up(master, slave), message="slave caught up")
+    end = status(master)["max_offset"]
+    assert log_digest(cluster.store("master"), 0, end) == log_digest(cluster.store("slave"), 0, end)
+    for broker in (master, slave):
+        assert "busy polling: 50 us before each sleep" in broker.log()
+    assert master.stop() == 0 and slave.stop() == 0

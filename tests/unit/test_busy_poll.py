@@ -33,7 +33,7 @@ class FakeEpoll:
 
 
 def run(epoll: FakeEpoll, timeout: float, spin: float):
-    return busy_poll.poll_then_wait(epoll.poll, timeout, 5, spin, epoll.clock, epoll.yield_cpu)
+    return busy_poll.BusyPoll(spin).wait(epoll.poll, timeout, 5, epoll.clock, epoll.yield_cpu)
 
 
 def test_nothing_to_wait_for_polls_once_without_spinning():
@@ -91,6 +91,31 @@ def test_the_first_events_are_returned_and_no_wait_outlasts_its_timeout(results,
     assert (made - 2) * step < budget + 1e-12  # the spin stops at its budget (then one last poll)
     if epoll.calls[-1] != 0:  # it slept only after spinning dry for the whole budget
         assert (made - 1) * step >= budget - 1e-12
+
+
+def test_the_budget_grows_for_events_that_come_soon_and_shrinks_to_nothing_for_late_ones():
+    poller = busy_poll.BusyPoll(100e-6)
+    for _ in range(3):
+        poller.woken_after(1e-3)  # slept long: halved each time
+    assert poller.budget == pytest.approx(12.5e-6)
+    for _ in range(10):
+        poller.woken_after(None)  # timed out
+    assert poller.budget == 0.0  # below a microsecond: no polling at all
+    poller.woken_after(80e-6)  # woken within the limit: polling starts again, at a quarter
+    assert poller.budget == pytest.approx(25e-6)
+    poller.woken_after(10e-6)
+    poller.woken_after(10e-6)
+    poller.woken_after(10e-6)
+    assert poller.budget == pytest.approx(100e-6)  # doubled, up to the limit
+
+
+def test_a_poller_that_stopped_polling_sleeps_at_once_and_learns_from_the_wake_up():
+    poller = busy_poll.BusyPoll(50e-6)
+    poller.budget = 0.0
+    epoll = FakeEpoll([[(3, 1)]], step=20e-6)
+    assert poller.wait(epoll.poll, 1.0, 5, epoll.clock, epoll.yield_cpu) == [(3, 1)]
+    assert epoll.calls == [1.0]  # no zero-timeout poll first
+    assert poller.budget == pytest.approx(12.5e-6)  # woken 20 us in: within the limit, so it grows
 
 
 def test_install_refuses_a_negative_or_huge_setting_and_zero_changes_nothing():

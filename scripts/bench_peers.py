@@ -17,7 +17,9 @@ Every point writes 1 KiB payloads at 1, 16 and 64 concurrent writers for ``durat
 - hasvc ASYNC_MASTER for reference (a write returns before any slave has it).
 
 The runs of points compared with each other alternate (peer, hasvc, hasvc, peer, ...; at one
-writer the trio relay floor too; at 16 and 64 writers hasvc with a connection per writer too),
+writer the trio relay floor too, and hasvc and the relay floor again with their processes
+polling 200 us before they sleep (``busy_poll_us``, off in every other point); at 16 and 64
+writers hasvc with a connection per writer too),
 so that each ratio compares the same minutes of a machine others share. Every load generator's
 CPU is reported beside its figure, and a WARNING names any at or above 70 % of one core.
 
@@ -49,6 +51,7 @@ import trio
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from hasvc import busy_poll  # noqa: E402
 from hasvc.tools.bench.catch_up import loopback_ceiling, stop_process  # noqa: E402
 from hasvc.tools.bench.sync_write import LocalGroup, LocalPair, build_c_load, percentiles, process_cpu_seconds, run_once  # noqa: E402
 
@@ -329,6 +332,11 @@ class PostgresPair:
 # the CPU of one into a page it freed lately, and 64 x 32 writes fell from ~230k to ~130k acked/s
 # within 30 s of a pair's life without it (StoreConfig.page_cache_keep_size).
 HASVC_SETTINGS = {"page_cache_keep_size": str(256 * 1024 * 1024)}
+# One more one-writer point: hasvc/busy_poll.py's polling (200 us: a lone put's answer comes back
+# ~60-100 us after the master's send on this VM, past the kernel's suggested 50), beside the relay
+# floor polling the same way.
+POLLING_US = 200
+POLLING_LABEL = f"hasvc SYNC_MASTER, ASYNC_FLUSH, busy_poll_us={POLLING_US}, 1 msg/request"
 
 
 def hasvc_run(pair: LocalPair, producers: int, batch: int, duration: float, load_binary: str, *, connections: int = 1) -> dict:
@@ -470,13 +478,15 @@ async def _relay_master(slave_port: int) -> None:
         pass
 
 
-def trio_relay_floor(duration: float) -> dict:
-    """One writer (a blocking socket, as cheap a client as Python has) through the relay."""
-    slave = subprocess.Popen([sys.executable, __file__, "--relay-slave"], stdout=subprocess.PIPE, text=True)
+def trio_relay_floor(duration: float, busy_poll_us: int = 0) -> dict:
+    """One writer (a blocking socket, as cheap a client as Python has) through the relay;
+    ``busy_poll_us``: its two processes poll before they sleep, as hasvc's brokers can."""
+    polling = ["--busy-poll-us", str(busy_poll_us)]
+    slave = subprocess.Popen([sys.executable, __file__, "--relay-slave", *polling], stdout=subprocess.PIPE, text=True)
     master = None
     try:
         slave_port = int(slave.stdout.readline())
-        master = subprocess.Popen([sys.executable, __file__, "--relay-master", str(slave_port)], stdout=subprocess.PIPE, text=True)
+        master = subprocess.Popen([sys.executable, __file__, "--relay-master", str(slave_port), *polling], stdout=subprocess.PIPE, text=True)
         port = int(master.stdout.readline())
         before = {name: process_cpu_seconds(p.pid) for name, p in (("master", master), ("slave", slave))}
         own = time.process_time()
@@ -611,6 +621,11 @@ def report_tables(results: dict) -> list[str]:
         versus = f"; {floor['p50_us'] / redis_one['p50_us']:.1f}× Redis SET+WAIT's p50 at one writer" if redis_one else ""
         lines.append(f"| trio relay floor, one writer (client → master → slave → master → client, 1 KiB, no work) | "
                      f"p50 {floor['p50_us'] / 1000:.2f} ms{versus} |")  # fmt: skip
+    polling_floor, polling = results.get("trio relay floor, polling @1"), results.get(f"{POLLING_LABEL} @1")
+    if polling_floor is not None:
+        versus = f"; hasvc polling the same way: p50 {polling['p50_us'] / 1000:.2f} ms, {polling['p50_us'] / polling_floor['p50_us']:.2f}× it" if polling else ""
+        lines.append(f"| the relay floor, its processes polling {POLLING_US} µs before they sleep (`busy_poll_us`) | "
+                     f"p50 {polling_floor['p50_us'] / 1000:.2f} ms{versus} |")  # fmt: skip
     return lines
 
 
@@ -736,6 +751,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--echo-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--relay-slave", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--relay-master", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--busy-poll-us", type=int, default=0, help=argparse.SUPPRESS)  # the relay's processes
     return parser.parse_args()
 
 
@@ -744,6 +760,7 @@ def main() -> int:
     if args.echo_server:
         trio.run(_echo_server)
         return 0
+    busy_poll.install(args.busy_poll_us)
     if args.relay_slave:
         trio.run(_relay_slave)
         return 0
@@ -846,6 +863,12 @@ def measure_all(args: argparse.Namespace, skip: set[str], root: str, versions: d
                         group.append((f"{label}, a connection per writer @{n}", hasvc(pair, n, 1, connections=n)))
                 if batch == 1 and n == 1 and "ceilings" not in skip:
                     group.append(("trio relay floor @1", lambda: trio_relay_floor(args.duration)))
+                if batch == 1 and n == 1 and pair is not None:
+                    # The latency a broker can buy with a core to spare (busy_poll_us), beside the
+                    # relay floor with the same polling: the like-for-like ratio.
+                    group.append((f"{POLLING_LABEL} @1", lambda: hasvc_polling_run(args.duration, hasvc_load)))
+                    if "ceilings" not in skip:
+                        group.append(("trio relay floor, polling @1", lambda: trio_relay_floor(args.duration, POLLING_US)))
                 if group:
                     points(group)
     with contextlib.ExitStack() as stack:
@@ -912,9 +935,15 @@ def measure_raft(args: argparse.Namespace, skip: set[str], root: str, versions: 
             in_memory.close()
 
 
+def hasvc_polling_run(duration: float, load_binary: str) -> dict:
+    """One writer against a pair of its own whose brokers poll ``POLLING_US`` before they sleep."""
+    with hasvc_pair(role="sync", flush="async", busy_poll_us=POLLING_US) as pair:
+        return hasvc_run(pair, 1, 1, duration, load_binary)
+
+
 @contextlib.contextmanager
-def hasvc_pair(**settings) -> Iterator[LocalPair]:
-    pair = LocalPair(**settings, settings=HASVC_SETTINGS)
+def hasvc_pair(*, busy_poll_us: int = 0, **settings) -> Iterator[LocalPair]:
+    pair = LocalPair(**settings, settings={**HASVC_SETTINGS, **({"busy_poll_us": str(busy_poll_us)} if busy_poll_us else {})})
     try:
         yield pair
     finally:

@@ -522,9 +522,6 @@ def stored_messages(result: AppendResult, queue_id: int) -> list[Stored]:
 
 
 # The two properties SEND_IDEMPOTENT appends, last in a record (tag_properties).
-
-
-# The two properties SEND_IDEMPOTENT appends, last in a record (tag_properties).
 PRODUCER_TAG = re.compile(
     f"{PROPERTY_PRODUCER_ID}\x01([^\x01\x02]{{1,{cp.PRODUCER_ID_SIZE_MAX}}})\x02{PROPERTY_PRODUCER_SEQ}\x01([0-9]{{1,19}})\x02".encode()
 )

@@ -34,6 +34,12 @@ SPARE_AT_REMAINING = 0.5
 # is an madvise and an fadvise, and fadvise DONTNEED drains every CPU's page lists (an IPI each):
 # under SYNC_FLUSH a flush follows every group commit, a few KiB apart.
 DROP_CACHED_STEP_MIN = 4 * 1024 * 1024
+# page_cache_keep_size: where a drop ends is rounded down to this (a PMD: the largest folio the page
+# cache gives a file here). fadvise DONTNEED evicts only the folios a range covers whole, and each
+# drop starts where the last ended, so a large folio straddling an unaligned end was never evicted:
+# a DLedger member at 64 x 32 kept ~570 MiB of its log cached with 256 MiB asked (2 MiB folios
+# left behind every step), its page cache grew into memory the host had taken back.
+DROP_CACHED_ALIGN = 2 * 1024 * 1024
 
 
 class MappedFileQueue:
@@ -249,7 +255,7 @@ class MappedFileQueue:
             self.flushed_where = max(self.flushed_where, mapped_file.offset_of(position))
             if position < mapped_file.file_size:
                 break
-        below = self.flushed_where - keep_cached
+        below = (self.flushed_where - keep_cached) // DROP_CACHED_ALIGN * DROP_CACHED_ALIGN
         if keep_cached > 0 and below - self._dropped_where >= DROP_CACHED_STEP_MIN:
             for mapped_file in self._files_from(self._dropped_where):
                 if mapped_file.file_from_offset >= below:

@@ -70,7 +70,7 @@ class BrokerConfig:
     # RocketMQ's CleanCommitLogService runs every 10 s; DLedger mode's retention pass does too
     # (the classic broker's period is StoreTasks' CLEAN_INTERVAL_SECONDS).
     dledger_clean_interval_seconds: float = 10.0
-    page_cache_keep_size: int = 0  # StoreConfig.page_cache_keep_size: 0 keeps the page cache whole
+    page_cache_keep_size: int = 0  # StoreConfig.page_cache_keep_size (and a DLedger member's entry files): 0 keeps the page cache whole
     # Replication (MessageStoreConfig): haSendHeartbeatInterval, haHousekeepingInterval,
     # haMaxGapNotInSync, slaveTimeout, inSyncReplicas, syncFromLastFile.
     ha_send_heartbeat_interval_ms: int = 5000

@@ -327,10 +327,11 @@ class PostgresPair:
 # -- hasvc -------------------------------------------------------------------------------------
 
 
-# Given to both hasvc processes. page_cache_keep_size: flushed log pages more than 256 MiB behind
-# are dropped from the page cache; on this VM a write into a page the cache never held costs ~4x
-# the CPU of one into a page it freed lately, and 64 x 32 writes fell from ~230k to ~130k acked/s
-# within 30 s of a pair's life without it (StoreConfig.page_cache_keep_size).
+# Given to every hasvc process (the classic pairs and the DLedger groups' members, whose entry
+# files honour it since branch dl33). page_cache_keep_size: flushed log pages more than 256 MiB
+# behind are dropped from the page cache; on this VM a write into a page the cache never held
+# costs ~4x the CPU of one into a page it freed lately, and 64 x 32 writes fell from ~230k to
+# ~130k acked/s within 30 s of a pair's life without it (StoreConfig.page_cache_keep_size).
 HASVC_SETTINGS = {"page_cache_keep_size": str(256 * 1024 * 1024)}
 # One more one-writer point: hasvc/busy_poll.py's polling (200 us: a lone put's answer comes back
 # ~60-100 us after the master's send on this VM, past the kernel's suggested 50), beside the relay
@@ -913,7 +914,7 @@ def measure_raft(args: argparse.Namespace, skip: set[str], root: str, versions: 
             stack.callback(etcd.close)
             versions["etcd"] = etcd.version()
         if dledger:
-            fsynced = LocalGroup(nodes=3, flush="sync")
+            fsynced = LocalGroup(nodes=3, flush="sync", settings=HASVC_SETTINGS)
             stack.callback(fsynced.close)
         for n in CONCURRENCY:
             group = []
@@ -924,7 +925,7 @@ def measure_raft(args: argparse.Namespace, skip: set[str], root: str, versions: 
             if group:
                 points(group)
     if dledger:
-        in_memory = LocalGroup(nodes=3, flush="async")
+        in_memory = LocalGroup(nodes=3, flush="async", settings=HASVC_SETTINGS)
         try:
             for n in CONCURRENCY:
                 points([(f"{DLEDGER_IN_MEMORY} @{n}", lambda n=n: hasvc_run(in_memory, n, 1, args.duration, hasvc_load))])

@@ -2,7 +2,7 @@
 scripts/hasvc_load.c; and whether the machine's cores were saturated meanwhile.
 
     python scripts/dledger_cpu.py TREE PRODUCERS SECONDS [ROUNDS] [BATCH] [--connections 1] [--nodes 3]
-        [--flush async|sync] [--load PATH]
+        [--flush async|sync] [--load PATH] [--set NAME=VALUE ...]
 
 Starts ``hasvc node`` x nodes from the hasvc code in TREE (``LocalGroup``, as ``hasvc bench
 sync-write --mode dledger`` does: etcd-like timing, 1 KiB), runs ``hasvc_load 127.0.0.1 PORT
@@ -22,7 +22,8 @@ is near the cores' capacity, CPU per message (on any of them: followers' too) is
 rate; if the group leaves a core idle while the leader is below 100 %, a pass's latency is. CPU
 per message moves far less between runs on a shared machine than rates do: compare two builds
 by it, alternately, a fresh group each (TREE: a `git archive` of a commit with the C module
-built or copied in).
+built or copied in). ``--set NAME=VALUE`` (repeatable): a setting given to every member, as
+``hasvc node --set`` (e.g. ``page_cache_keep_size=268435456``).
 """
 
 import json
@@ -109,6 +110,10 @@ def main() -> None:
     nodes = int(take_option(args, "--nodes", "3"))
     flush = take_option(args, "--flush", "async")
     connections = int(take_option(args, "--connections", "1"))
+    settings = {}
+    while (setting := take_option(args, "--set", None)) is not None:
+        name, _, value = setting.partition("=")
+        settings[name] = value
     tree, producers, seconds = os.path.abspath(args[0]), int(args[1]), float(args[2])
     rounds = int(args[3]) if len(args) > 3 else 1
     batch = int(args[4]) if len(args) > 4 else 1
@@ -119,7 +124,7 @@ def main() -> None:
     load = load or build_c_load()
     if load is None:
         raise SystemExit("a C compiler (cc) is needed to build scripts/hasvc_load.c")
-    group = LocalGroup(nodes=nodes, flush=flush)
+    group = LocalGroup(nodes=nodes, flush=flush, settings=settings)
     try:
         host, _, port = group.master["listen"].rpartition(":")
         pids = group.pids
@@ -147,7 +152,7 @@ def main() -> None:
             spent = {name: after[name] - before[name] for name in after}
             busy = (machine_after[0] - machine_before[0]) / max(machine_after[1] - machine_before[1], 1)
             print(json.dumps({
-                "tree": tree, "connections": connections, "producers": producers, "batch": batch, "flush": flush,
+                "tree": tree, "settings": settings, "connections": connections, "producers": producers, "batch": batch, "flush": flush,
                 "acked_per_second": round(data["acked"] / data["seconds"]), "p50_us": data["p50_us"], "p99_us": data["p99_us"],
                 "cpu_us_per_message": {name: round(1e6 * value / messages, 2) for name, value in spent.items()},
                 "cpu_percent": {name: round(100 * value / elapsed, 1) for name, value in spent.items()},

@@ -131,6 +131,12 @@ class DLedgerStoreConfig:
     # Recovery refuses to end below the checkpoint's flushedIndex (entries known durable are
     # gone) unless this is set — as DLedger, which recovers to whatever is left, always does.
     recovery_accept_lost_entries: bool = False
+    # The commit log's page_cache_keep_size (0: off): after each sync of the data files, their
+    # flushed pages more than this many bytes behind the flushed end are dropped from the page
+    # cache. On a guest that hands free memory back to its host (virtio-balloon free page
+    # reporting), a page-cache page the guest never touched lately costs a host fault on its
+    # first write; dropping pages behind lets new ones reuse memory freed moments before.
+    page_cache_keep_size: int = 0
 
     def validate(self) -> None:
         if self.data_file_size < codec.BODY_OFFSET + codec.MIN_BLANK_SIZE:
@@ -141,6 +147,8 @@ class DLedgerStoreConfig:
             raise ValueError("recovery_cut_segments_max must be >= 0")
         if self.flush_interval_seconds <= 0 or self.checkpoint_interval_seconds <= 0:
             raise ValueError("flush and checkpoint intervals must be positive")
+        if self.page_cache_keep_size < 0:
+            raise ValueError(f"page_cache_keep_size must be >= 0, got {self.page_cache_keep_size}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -840,8 +848,10 @@ class DLedgerMmapFileStore:
         self.sync_index_files()
 
     def sync_data_files(self) -> None:
-        """The data half of ``sync_files`` (same rules)."""
-        self.data_file_list.flush()
+        """The data half of ``sync_files`` (same rules); then, with ``page_cache_keep_size``, the
+        flushed pages that far behind are dropped from the page cache (``MappedFile.drop_cached``:
+        what is flushed is on disk, a read there faults it back in)."""
+        self.data_file_list.flush(keep_cached=self.config.page_cache_keep_size)
 
     def sync_index_files(self) -> None:
         """The index half of ``sync_files`` (same rules). The two halves may run in any order or

@@ -72,16 +72,20 @@ def bench_recover(size_mb, body_size, segment_size_mb, runs, json_path) -> None:
 @click.option("--load-generator", type=click.Choice(["auto", "c", "python"]), default="auto", show_default=True,
               help="c: scripts/hasvc_load.c, built on first use (no secret support); python: hasvc.client; "
                    "auto: c when a compiler is there and no secret is given.")
+@click.option("--page-cache-keep-mib", type=int, default=256, show_default=True,
+              help="Local brokers drop flushed log pages more than this far behind from the page cache "
+                   "(page_cache_keep_size, as scripts/bench_peers sets it); 0: keep everything (the store's default).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
 def bench_sync_write(producers, connections, size, batch, duration, runs, role, mode, nodes, flush, slave_flush_before_ack,
-                     master, secret_file, load_generator, json_path) -> None:  # fmt: skip
+                     master, secret_file, load_generator, page_cache_keep_mib, json_path) -> None:  # fmt: skip
     """Acknowledged writes per second, MB/s and latency percentiles against a master + slave."""
     from hasvc.tools.bench.store import write_json
     from hasvc.tools.bench.sync_write import bench_sync_write as run
 
     data = run(producers=producers, connections=connections, size=size, batch=batch, duration=duration, runs=runs,
                role="dledger" if mode == "dledger" else role, nodes=int(nodes), flush=flush, master=master, slave_flush_before_ack=slave_flush_before_ack,
-               secret=client_secret(secret_file), load_generator=load_generator, echo=click.echo)  # fmt: skip
+               secret=client_secret(secret_file), load_generator=load_generator,
+               page_cache_keep_size=page_cache_keep_mib * 1024 * 1024, echo=click.echo)  # fmt: skip
     write_json(json_path, data)
 
 

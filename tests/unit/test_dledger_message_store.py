@@ -616,3 +616,13 @@ def test_the_records_of_a_batch_are_cut_natively_as_their_twin_cuts_them(records
                 cut(bytearray(data), bad_sizes, bad_offsets, field)
     with pytest.raises(ValueError):
         native.cut_records(bytearray(data), sizes, offsets + [1], field)
+
+
+def test_a_members_entry_files_take_the_stores_page_cache_keep_size(tmp_path):
+    config = dataclasses.replace(CONFIG, page_cache_keep_size=1 << 20)
+    store = DLedgerMessageStore.open(str(tmp_path), config, self_id="n0", dledger=None)
+    try:
+        assert store.entries.config.page_cache_keep_size == 1 << 20
+        assert store.entries.config.data_file_size == config.commitlog_segment_size
+    finally:
+        store.close()

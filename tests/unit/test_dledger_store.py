@@ -733,3 +733,31 @@ def test_sync_files_in_a_thread_while_the_owner_appends(tmp_path, halves_at_once
     assert reopened.last_index() == 399
     assert reopened.read(399, 400, size_max=1 << 20) == entries(399, 1, term=1, size=50)
     reopened.close()
+
+
+def test_flushed_entries_far_behind_are_dropped_from_the_page_cache_with_page_cache_keep_size(tmp_path):
+    """``page_cache_keep_size`` (the commit log's setting, given to a DLedger member's entry
+    files): after a sync of the data files, their pages more than that far behind the flushed
+    end leave the page cache; the entries read back the same (from the disk). 0 drops nothing."""
+    from commitlog.mapped_file_queue import DROP_CACHED_STEP_MIN
+    from commitlog.pagecache import resident_pages
+
+    size = 2 * DROP_CACHED_STEP_MIN
+    keep = 256 * 1024
+    for keep_size in (0, keep):
+        config = DLedgerStoreConfig(data_file_size=size, page_cache_keep_size=keep_size)
+        store = open_store(tmp_path / str(keep_size), config)
+        written = entries(0, (size - 64 * 1024) // (codec.BODY_OFFSET + 4000), size=4000)
+        store.append(written)
+        store.sync_data_files()
+        path = os.path.join(str(tmp_path / str(keep_size)), "data", data_files(str(tmp_path / str(keep_size)))[0])
+        pages = resident_pages(path)
+        end_page = store.data_file_list.flushed_where // 4096
+        if keep_size:
+            below = (store.data_file_list.flushed_where - keep) // (2 << 20) * (2 << 20) // 4096  # DROP_CACHED_ALIGN
+            assert not any(pages[:below]), "flushed pages beyond the kept bytes stayed cached"
+            assert all(pages[below + 1 : end_page]), "pages within the kept bytes were dropped"
+        else:
+            assert all(pages[:end_page])
+        assert [stored.body for stored in store.read(0, len(written), size_max=1 << 30)] == [e.body for e in written]
+        store.close()

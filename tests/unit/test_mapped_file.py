@@ -284,6 +284,7 @@ def test_flush_syncs_the_range_since_the_last_flush(tmp_path, monkeypatch):
 
 def test_flush_drops_the_page_cache_behind_the_kept_bytes_and_the_data_reads_back(tmp_path, monkeypatch):
     monkeypatch.setattr(mapped_file_queue, "DROP_CACHED_STEP_MIN", 4096)  # these segments are 64 KiB
+    monkeypatch.setattr(mapped_file_queue, "DROP_CACHED_ALIGN", 4096)
     queue = MappedFileQueue(str(tmp_path), file_size=SIZE)
     data = os.urandom(3 * SIZE - 4096)
     written = 0
@@ -301,6 +302,21 @@ def test_flush_drops_the_page_cache_behind_the_kept_bytes_and_the_data_reads_bac
     assert b"".join(bytes(f.slice(0, SIZE)) for f in queue.mapped_files) == data  # faulted back from disk
     queue.flush(keep_cached=0)  # 0 drops nothing: what the read brought back stays
     assert all(page for f in queue.mapped_files for page in resident_pages(f.path)[:-1])
+
+
+def test_a_page_cache_drop_ends_on_a_2_mib_boundary_so_large_folios_are_evicted_whole(tmp_path):
+    """fadvise DONTNEED evicts only the folios its range covers whole, and the next drop starts
+    where this one ended: an end inside a 2 MiB folio left that folio cached for good."""
+    size = 8 * 1024 * 1024
+    queue = MappedFileQueue(str(tmp_path), file_size=size)
+    assert queue.get_last_mapped_file(0).append(os.urandom(size - 4096))
+    keep = 1024 * 1024 + 3 * 4096  # the end of the drop, unrounded: 7 MiB - 4 pages
+    queue.flush(keep_cached=keep)
+    (mapped_file,) = queue.mapped_files
+    assert mapped_file.dropped_position == 6 * 1024 * 1024  # rounded down to 2 MiB
+    pages = resident_pages(mapped_file.path)
+    assert not any(pages[: 6 * 256]) and all(pages[6 * 256 : (size - 4096) // 4096])
+    queue.close()
 
 
 def test_the_page_cache_is_dropped_in_steps_not_per_flush(tmp_path):

@@ -14,7 +14,7 @@ def test_defaults_are_dledgers():
     assert config.heartbeat_interval_seconds == 2.0
     assert (config.election_timeout_min_seconds, config.election_timeout_max_seconds) == (6.3, 7.0)
     assert config.pending_max == 10_000 and config.quorum_ack_timeout_seconds == 2.5
-    assert config.push_batch_size_max == 64 * 1024 and config.push_in_flight_max == 1000  # 4 KiB in DLedger: see config.py
+    assert config.push_batch_size_max == 1024 * 1024 and config.push_in_flight_max == 1000  # 4 KiB in DLedger: see config.py
     assert config.push_timeout_seconds == 1.0 and config.leadership_transfer_wait_index_max == 1000
     assert config.flush_sync is False and config.pre_vote and config.check_quorum
 

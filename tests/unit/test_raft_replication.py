@@ -652,6 +652,23 @@ def test_proposals_before_one_ready_go_to_each_follower_in_one_push():
     assert node.committed_index == 5 and len(ready.proposals) == 3
 
 
+def test_a_pass_of_64_producers_x_32_messages_goes_to_each_follower_in_one_push():
+    """By default a push carries up to 1 MiB of bodies: the 256 KiB a leader reads from a client
+    in one pass (here 7 requests of 32 x ~1.1 KiB records) reach each follower in one APPEND, not
+    four 64 KiB ones -- a follower's step, append, Ready and answer per push, and the leader's
+    step of each answer, were what a pass cost beyond its messages."""
+    node, log = make_node([1], term=1)
+    elect(node, log, now=10.0)
+    for peer in ("n1", "n2"):
+        node.step(PushResponse(peer, "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), 10.1)
+    carry_out(node, log)
+    for _ in range(7):
+        node.propose([bytes(1100)] * 32, 10.2)
+    pushes = [m for m in carry_out(node, log).messages if isinstance(m, Push)]
+    assert sorted(m.target for m in pushes) == ["n1", "n2"]
+    assert all((m.index, m.entries.count) == (2, 7 * 32) for m in pushes)
+
+
 def test_a_proposal_makes_its_entries_without_a_python_call_per_entry():
     """A leader proposes a message per entry: the entries of a proposal are made and counted
     without a Python call each (a frozen dataclass's ``__init__`` per entry was 7 % of a leader's

@@ -32,11 +32,16 @@ class RaftConfig:
     # 0 turns it off. Neither DLedger nor etcd has it (both wait for missed heartbeats).
     leader_lost_election_delay_max_seconds: float = 0.1
     # Bytes of entry bodies per push (at least one entry always goes). DLedger maxBatchPushSize is
-    # 4 KiB; 64 KiB here: with 1 KiB messages a 4 KiB push carried 3 entries, and the per-push cost
-    # (encode, a follower's append and answer, the leader's step) bounded the group. 3 members,
-    # 64 producers, `hasvc bench sync-write --mode dledger` (A/B on a busy machine, acked/s):
-    # 4 KiB 10,895 / 9,240; 32 KiB 12,975 / 10,781; 64 KiB 14,226 / 13,585 / 13,279; 256 KiB 11,867 / 10,431.
-    push_batch_size_max: int = 64 * 1024
+    # 4 KiB; 1 MiB here: with 1 KiB messages a 4 KiB push carried 3 entries, and the per-push cost
+    # (a follower's step, append, Ready and answer; the leader's step of it, a wake-up each way)
+    # bounded the group. When entries were still encoded per push, 64 KiB was best (64 producers,
+    # acked/s: 4 KiB 10,895 / 9,240; 32 KiB 12,975 / 10,781; 64 KiB 14,226 / 13,585 / 13,279;
+    # 256 KiB 11,867 / 10,431). Pushes are the stored bytes now (a view of the data file, one
+    # native check on the follower), and a pass of puts (a 256 KiB client read) made four 64 KiB
+    # pushes a follower: `scripts/dledger_cpu.py TREE 64 3 1 32 --set push_batch_size_max=N`
+    # (branch dl33), the group's CPU a message 64 KiB 24.2/15.2/20.0/20.8 us -> 256 KiB
+    # 13.8/13.1/18.8/19.6 (4 pairs), 256 KiB 19.9/15.5/17.2 -> 1 MiB 17.0/14.4/16.3 (3 pairs).
+    push_batch_size_max: int = 1024 * 1024
     # Entries pushed to one follower and not yet acknowledged (a push starts while fewer are, so one
     # batch may go past it). DLedger maxPendingSize = 1000 per peer.
     push_in_flight_max: int = 1000

@@ -128,3 +128,11 @@ def test_verify_accepts_a_preallocated_empty_segment_after_the_data(store_dir):
     spare.write_bytes(b"junk" + bytes(SEGMENT_SIZE - 4))
     result = CliRunner().invoke(main, ["store", "verify", str(store_dir), "--json"])
     assert result.exit_code == 1 and "later segments hold data" in json.loads(result.output)["reason"]
+
+
+@pytest.mark.parametrize("module", ["hasvc", "hasvc.cli"])
+def test_python_dash_m_runs_the_cli(module):
+    """``python -m hasvc`` and ``python -m hasvc.cli`` are the ``hasvc`` console script."""
+    done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "master" in done.stdout and "node" in done.stdout and "bench" in done.stdout

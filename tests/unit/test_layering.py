@@ -15,6 +15,7 @@ The rule, precisely:
    argument instead.
 4. No product module (``commitlog``, ``hasvc`` outside tools/testing/cli) imports ``hasvc.tools``,
    ``hasvc.testing`` or ``hasvc.cli``; ``hasvc.tools`` and ``hasvc.testing`` import no ``hasvc.cli``.
+   ``hasvc.__main__`` (``python -m hasvc``) is the CLI's entry and counts as the CLI.
 5. ``hasvc.spark`` (what Spark executors import) imports no trio and no hasvc outside itself.
 """
 
@@ -32,7 +33,8 @@ NOT_PURE_MODULES = NO_IO_MODULES | frozenset(
 )  # fmt: skip
 PURE_PACKAGES = ("hasvc.state", "hasvc.protocol")
 PURE_MAY_IMPORT = ("commitlog", "hasvc.config", *PURE_PACKAGES)
-UPPER_LAYERS = ("hasvc.tools", "hasvc.testing", "hasvc.cli")
+CLI_LAYER = ("hasvc.cli", "hasvc.__main__")  # hasvc.__main__: ``python -m hasvc``, the CLI's entry
+UPPER_LAYERS = ("hasvc.tools", "hasvc.testing", *CLI_LAYER)
 CLOCK_CALLS = frozenset(
     {"time.time", "time.time_ns", "time.monotonic", "time.monotonic_ns", "time.perf_counter",
      "time.perf_counter_ns", "datetime.now", "datetime.utcnow", "datetime.datetime.now", "date.today"}
@@ -147,7 +149,7 @@ def violations(module: str, reader: _Reader) -> list[str]:
             found.append(f"{where}: a pure package imports only the standard library and {PURE_MAY_IMPORT}")
         if product and _within(name, UPPER_LAYERS):
             found.append(f"{where}: product code never imports tools, testing or the CLI")
-        if _within(module, ("hasvc.tools", "hasvc.testing")) and _within(name, ("hasvc.cli",)):
+        if _within(module, ("hasvc.tools", "hasvc.testing")) and _within(name, CLI_LAYER):
             found.append(f"{where}: nothing imports the CLI")
         if _within(module, ("hasvc.spark",)) and (_top(name) == "trio" or (
                 _top(name) == "hasvc" and not _within(name, ("hasvc.spark",)))):  # fmt: skip

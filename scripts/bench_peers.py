@@ -338,6 +338,30 @@ HASVC_SETTINGS = {"page_cache_keep_size": str(256 * 1024 * 1024)}
 # floor polling the same way.
 POLLING_US = 200
 POLLING_LABEL = f"hasvc SYNC_MASTER, ASYNC_FLUSH, busy_poll_us={POLLING_US}, 1 msg/request"
+# Before its first measured point every system is warmed up by its heaviest shape (64 writers, 32
+# writes a round trip where it has batches), so that the points measure each in its steady state
+# rather than the first minutes of a fresh process: on this VM memory the guest has not touched
+# lately costs ~4-10x to fill (docs/benchmarks.md, "What was tried"), and a fresh hasvc pair writes
+# into such pages until its drop-behind (page_cache_keep_size) recycles them, Redis until its key
+# space (redis_load cycles 10,000 keys a connection) is allocated, PostgreSQL and etcd as their
+# files grow. hasvc pairs and groups write WARM_UP_BYTES (past the drop-behind); the peers run
+# WARM_UP_SECONDS. Nothing of a warm-up is reported.
+WARM_UP_BYTES = int(HASVC_SETTINGS["page_cache_keep_size"]) + 64 * 1024 * 1024
+WARM_UP_SECONDS = 4.0
+WARM_UP_RUNS_MAX = 20  # 1 s runs of a hasvc warm-up: a slow pair stops there, warm enough
+
+
+def hasvc_warm_up(target, load_binary: str) -> None:
+    """Write WARM_UP_BYTES into a classic pair or DLedger group (``target``: LocalPair/LocalGroup)."""
+    target.wait_connected()
+    written, started = 0, time.monotonic()
+    for _ in range(WARM_UP_RUNS_MAX):
+        result = run_once(target.master["listen"], target.pids, producers=64, connections=1, size=SIZE, batch=BATCH,
+                          duration=1.0, load_binary=load_binary)  # fmt: skip
+        written += result.acked * SIZE
+        if written >= WARM_UP_BYTES:
+            break
+    print(f"warm-up: {written / 2**20:,.0f} MiB written in {time.monotonic() - started:.1f} s", flush=True)
 
 
 def hasvc_run(pair: LocalPair, producers: int, batch: int, duration: float, load_binary: str, *, connections: int = 1) -> dict:
@@ -654,7 +678,13 @@ def report_settings(settings: dict) -> list[str]:
             "`scripts/hasvc_load.c` (C, one thread with an epoll loop over its connections as in `redis_load.c`, each writer one `SEND` of 1 or 32 messages in "
             "flight on 4 queues, a write counts when its response says `PUT_OK`). Every writer's requests share one "
             "connection (the client protocol multiplexes, as hasvc's Python client does), except in the rows marked "
-            "\"a connection per writer\".", ""]  # fmt: skip
+            "\"a connection per writer\".",
+            f"- Warm-up: before its first point, each system runs its heaviest shape unmeasured, so that every point "
+            f"measures it in its steady state rather than a fresh process filling memory the VM has not touched lately: "
+            f"Redis, PostgreSQL and etcd for {WARM_UP_SECONDS:.0f} s at 64 writers (Redis: 32 `SET`s a round trip, which "
+            f"writes its whole cycling key space), each hasvc pair and DLedger group {WARM_UP_BYTES // 2**20} MiB at 64 "
+            "writers × 32 messages (past its 256 MiB drop-behind). In-memory DLedger is compared with a classic pair "
+            "of its own, their runs alternating.", ""]  # fmt: skip
 
 
 def write_report(results: dict, path: str, chart: str | None, settings: dict, versions: dict, status: str = "") -> None:
@@ -854,7 +884,8 @@ def measure_all(args: argparse.Namespace, skip: set[str], root: str, versions: d
                 subprocess.run(["cc", "-O2", "-o", load, os.path.join(ROOT, "scripts", "redis_load.c"), "-lpthread"], check=True)
             redis = RedisPair(root)
             stack.callback(redis.close)
-        pair = stack.enter_context(hasvc_pair(role="sync", flush="async")) if hasvc_load else None
+            redis.run(load, max(CONCURRENCY), BATCH, WARM_UP_SECONDS, args.redis_load_threads)  # every key written once
+        pair = stack.enter_context(hasvc_pair(hasvc_load, role="sync", flush="async")) if hasvc_load else None
         label = "hasvc SYNC_MASTER, ASYNC_FLUSH"
         for batch, peer in ((1, "redis SET+WAIT"), (BATCH, "redis 32xSET+WAIT")):
             for n in CONCURRENCY:
@@ -883,10 +914,11 @@ def measure_all(args: argparse.Namespace, skip: set[str], root: str, versions: d
             postgres = PostgresPair(root)
             stack.callback(postgres.close)
             versions["postgresql"] = postgres.sql("SHOW server_version").strip()
+            postgres.run("remote_write", max(CONCURRENCY), WARM_UP_SECONDS, jobs=args.pgbench_jobs, protocol=args.pgbench_protocol)
         for commit, label, flushes in (("remote_write", "hasvc SYNC_MASTER, SYNC_FLUSH", False),
                                        ("on", "hasvc SYNC_MASTER, SYNC_FLUSH, slave flushes", True)):  # fmt: skip
             with contextlib.ExitStack() as inner:
-                pair = inner.enter_context(hasvc_pair(role="sync", flush="sync", slave_flush_before_ack=flushes)) if hasvc_load else None
+                pair = inner.enter_context(hasvc_pair(hasvc_load, role="sync", flush="sync", slave_flush_before_ack=flushes)) if hasvc_load else None
                 for n in CONCURRENCY:
                     group = []
                     if postgres is not None:
@@ -897,7 +929,7 @@ def measure_all(args: argparse.Namespace, skip: set[str], root: str, versions: d
                     if group:
                         points(group)
     if hasvc_load:
-        with hasvc_pair(role="async", flush="async") as pair:
+        with hasvc_pair(hasvc_load, role="async", flush="async") as pair:
             for n in CONCURRENCY:
                 points([(f"hasvc ASYNC_MASTER, ASYNC_FLUSH @{n}", hasvc(pair, n, 1))])
     measure_raft(args, skip, root, versions, points, hasvc_load)
@@ -918,9 +950,11 @@ def measure_raft(args: argparse.Namespace, skip: set[str], root: str, versions: 
             etcd = EtcdGroup(os.path.join(root, "etcd"))
             stack.callback(etcd.close)
             versions["etcd"] = etcd.version()
+            etcd.run(args.etcd_load, max(CONCURRENCY), WARM_UP_SECONDS)
         if dledger:
             fsynced = LocalGroup(nodes=3, flush="sync", settings=HASVC_SETTINGS)
             stack.callback(fsynced.close)
+            hasvc_warm_up(fsynced, hasvc_load)
         for n in CONCURRENCY:
             group = []
             if etcd is not None:
@@ -933,7 +967,8 @@ def measure_raft(args: argparse.Namespace, skip: set[str], root: str, versions: 
         with contextlib.ExitStack() as stack:
             in_memory = LocalGroup(nodes=3, flush="async", settings=HASVC_SETTINGS)
             stack.callback(in_memory.close)
-            classic = stack.enter_context(hasvc_pair(role="sync", flush="async"))
+            hasvc_warm_up(in_memory, hasvc_load)
+            classic = stack.enter_context(hasvc_pair(hasvc_load, role="sync", flush="async"))
             for batch, ns in ((1, CONCURRENCY), (BATCH, (16, 64))):
                 suffix = "" if batch == 1 else f", {batch} msgs/request"
                 classic_suffix = suffix or ", 1 msg/request"
@@ -944,14 +979,16 @@ def measure_raft(args: argparse.Namespace, skip: set[str], root: str, versions: 
 
 def hasvc_polling_run(duration: float, load_binary: str) -> dict:
     """One writer against a pair of its own whose brokers poll ``POLLING_US`` before they sleep."""
-    with hasvc_pair(role="sync", flush="async", busy_poll_us=POLLING_US) as pair:
+    with hasvc_pair(load_binary, role="sync", flush="async", busy_poll_us=POLLING_US) as pair:
         return hasvc_run(pair, 1, 1, duration, load_binary)
 
 
 @contextlib.contextmanager
-def hasvc_pair(*, busy_poll_us: int = 0, **settings) -> Iterator[LocalPair]:
+def hasvc_pair(load_binary: str, *, busy_poll_us: int = 0, **settings) -> Iterator[LocalPair]:
+    """A classic pair with ``HASVC_SETTINGS``, warmed up (``hasvc_warm_up``)."""
     pair = LocalPair(**settings, settings={**HASVC_SETTINGS, **({"busy_poll_us": str(busy_poll_us)} if busy_poll_us else {})})
     try:
+        hasvc_warm_up(pair, load_binary)
         yield pair
     finally:
         pair.close()

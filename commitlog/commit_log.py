@@ -112,9 +112,10 @@ class CommitLog:
         segment_size: int,
         store_host: rec.Host = ("127.0.0.1", 10911),
         write_buffer_source: WriteBufferSource | None = None,
+        small_pages: bool = False,
     ):
         self.mapped_file_queue = MappedFileQueue(
-            directory, file_size=segment_size, write_buffer_source=write_buffer_source
+            directory, file_size=segment_size, write_buffer_source=write_buffer_source, small_pages=small_pages
         )
         self.segment_size = segment_size
         self.store_ip, self.store_port, self.store_v6 = rec.encode_host(store_host)

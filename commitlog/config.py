@@ -63,6 +63,10 @@ class StoreConfig:
     # load fell from ~230k to ~125k acked/s within 30 s, and held 200-250k with 256 MiB kept.
     # Reads further back than this come from the disk.
     page_cache_keep_size: int = 0
+    # The log's segments fault single pages, not read-ahead folios, ahead of the writer
+    # (commitlog/mapped_file.py SMALL_PAGES_MARGIN): for a store that syncs each put (SYNC_FLUSH),
+    # whose syncs otherwise write back a whole large folio for a few KiB written into it.
+    small_write_pages: bool = False
     # Dispatch reads at most this many commit log bytes per step.
     dispatch_batch_size_max: int = 4 * 1024 * 1024
     # Disk: refuse appends above this used ratio (DLedger's 0.85; RocketMQ's diskSpaceWarningLevelRatio

@@ -93,6 +93,21 @@ def _libc_mincore():
 _MINCORE = _libc_mincore()
 
 
+# ``small_pages`` (a store that syncs a few KiB at a time: SYNC_FLUSH, a DLedger member with
+# --flush sync). Faults through a mapping read ahead, and the page cache fills what it reads ahead
+# with large folios (up to 2 MiB on this kernel); a write through the mapping then dirties its whole
+# folio, and the next sync writes all of it back. A lone SYNC_FLUSH put's msync grew from ~120 to
+# ~600 us once a segment's writer had run past its first few MiB (commitlog/_scan.c sync_range,
+# docs/benchmarks.md "small pages"). MADV_RANDOM on the part of the mapping not yet written (and
+# flushed) turns that read-ahead off there, so those pages come one 4 KiB page at a time. The
+# price: the warm-up thread faults ~512 times more often (~0.8 ms more a MiB here), which a
+# store syncing at 10 ms or 500 ms (ASYNC_FLUSH) does not repay, so it is off there. Behind the
+# flushed end the mapping reads ahead again (MADV_NORMAL), SMALL_PAGES_MARGIN back and in steps of
+# SMALL_PAGES_NORMAL_STEP, so that a reader of pages the page cache let go still reads ahead.
+SMALL_PAGES_MARGIN: Final = 8 * 1024 * 1024
+SMALL_PAGES_NORMAL_STEP: Final = 64 * 1024 * 1024
+
+
 def preallocate(fd: int, size: int) -> None:
     """Reserve ``size`` bytes of disk for ``fd``; raise DiskFullError when there is no room."""
     try:
@@ -110,7 +125,7 @@ class MappedFile:
     them); flush and commit may run in another thread, they only read ``wrote_position``."""
 
     def __init__(self, path: str, *, file_size: int, create: bool, write_buffer: bytearray | None = None,
-                 sync_directory: bool = True):  # fmt: skip
+                 sync_directory: bool = True, small_pages: bool = False):  # fmt: skip
         name = os.path.basename(path)
         file_from_offset = parse_segment_name(name)
         if file_from_offset is None:
@@ -147,6 +162,9 @@ class MappedFile:
         self.store_timestamp = 0  # store timestamp of the last record appended (for the checkpoint)
         self.populated_position = initial  # pages below this are resident (warmed) for writing
         self.dropped_position = 0  # pages below this were dropped from the page cache (drop_cached)
+        self.small_pages = small_pages
+        self.read_ahead_end = file_size  # small_pages: the mapping reads ahead below this, not above
+        self._advise_small_pages_from(initial)
         self._check()
 
     # -- positions ------------------------------------------------------------------------
@@ -276,7 +294,26 @@ class MappedFile:
                 os.fdatasync(self._fd)
             self.flushed_position = target
             self._check()
+            if self.small_pages:
+                self._read_ahead_behind(target)
         return self.flushed_position
+
+    def _advise_small_pages_from(self, position: int) -> None:
+        """``small_pages``: no read-ahead through the mapping from ``position`` (page-aligned down)
+        to the end, so pages faulted in there are single pages (see SMALL_PAGES_MARGIN)."""
+        start = position // OS_PAGE_SIZE * OS_PAGE_SIZE
+        if not self.small_pages or start >= self.file_size:
+            return
+        self._mmap.madvise(mmap.MADV_RANDOM, start, self.file_size - start)
+        self.read_ahead_end = start
+
+    def _read_ahead_behind(self, flushed: int) -> None:
+        """``small_pages``: read ahead again through the mapping below ``flushed`` less
+        SMALL_PAGES_MARGIN, in steps of SMALL_PAGES_NORMAL_STEP (all of it once the segment is full)."""
+        end = self.file_size if flushed >= self.file_size else (flushed - SMALL_PAGES_MARGIN) // OS_PAGE_SIZE * OS_PAGE_SIZE
+        if end > self.read_ahead_end and (end == self.file_size or end - self.read_ahead_end >= SMALL_PAGES_NORMAL_STEP):
+            self._mmap.madvise(mmap.MADV_NORMAL, self.read_ahead_end, end - self.read_ahead_end)
+            self.read_ahead_end = end
 
     def resident(self, start: int, end: int) -> bool:
         """Whether the page cache holds every page of ``[start, end)`` (``mincore`` over the
@@ -328,6 +365,8 @@ class MappedFile:
     def set_positions(self, position: int) -> None:
         """Move all three positions to ``position`` (recovery found the end of the data there)."""
         self.wrote_position = self._committed_position = self.flushed_position = position
+        if position < self.read_ahead_end:
+            self._advise_small_pages_from(position)
         self.dropped_position = min(self.dropped_position, position)
         self._check()
 

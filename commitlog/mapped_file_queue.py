@@ -44,15 +44,18 @@ DROP_CACHED_ALIGN = 2 * 1024 * 1024
 
 class MappedFileQueue:
     def __init__(self, directory: str, *, file_size: int, write_buffer_source: WriteBufferSource | None = None,
-                 sync_directory_on_create: bool = True):  # fmt: skip
+                 sync_directory_on_create: bool = True, small_pages: bool = False):  # fmt: skip
         """``sync_directory_on_create`` off: a new segment's directory entry is made durable by the
         next ``flush`` instead of at creation. Consume queues use it: they are created by the
         dispatch, in line with the event loop, and a directory fsync there waited behind the
-        writeback of everything the log had written (0.5 s of a slave's 3.7 s catch-up)."""
+        writeback of everything the log had written (0.5 s of a slave's 3.7 s catch-up).
+        ``small_pages``: each segment's mapping reads ahead only behind its flushed end
+        (``MappedFile``'s ``small_pages``, for stores that sync a few KiB at a time)."""
         if file_size <= 0:
             raise ValueError(f"segment size must be positive, got {file_size}")
         self.directory = directory
         self._sync_directory_on_create = sync_directory_on_create
+        self._small_pages = small_pages
         self._directory_unsynced = False
         self.file_size = file_size
         self._write_buffer_source = write_buffer_source
@@ -103,7 +106,7 @@ class MappedFileQueue:
             for start, path in files:
                 if start != expected:
                     raise StoreError(f"{path}: expected the segment starting at {expected} next (missing or misnamed file)")
-                loaded.append(MappedFile(path, file_size=self.file_size, create=False))
+                loaded.append(MappedFile(path, file_size=self.file_size, create=False, small_pages=self._small_pages))
                 expected = start + self.file_size
         except BaseException:
             for mapped_file in loaded:
@@ -191,7 +194,7 @@ class MappedFileQueue:
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, segment_name(file_from_offset))
         mapped_file = MappedFile(path, file_size=self.file_size, create=True, write_buffer=write_buffer,
-                                 sync_directory=self._sync_directory_on_create)  # fmt: skip
+                                 sync_directory=self._sync_directory_on_create, small_pages=self._small_pages)  # fmt: skip
         self._directory_unsynced = self._directory_unsynced or not self._sync_directory_on_create
         return mapped_file
 

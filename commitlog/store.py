@@ -101,6 +101,7 @@ class MessageStore:
             segment_size=self.config.commitlog_segment_size,
             store_host=self.config.store_host,
             write_buffer_source=self.pool.borrow if self.pool else None,
+            small_pages=self.config.small_write_pages,
         )
         self.consume_queues = ConsumeQueueStore(
             os.path.join(path, "consumequeue"), units_per_file=self.config.consume_queue_units_per_file

@@ -26,6 +26,8 @@ class BrokerRole(enum.Enum):
 
 Address = tuple[str, int]
 
+SMALL_WRITE_PAGES_CHOICES = ("auto", "on", "off")
+
 
 def parse_address(text: str) -> Address:
     host, separator, port = text.rpartition(":")
@@ -71,6 +73,9 @@ class BrokerConfig:
     # (the classic broker's period is StoreTasks' CLEAN_INTERVAL_SECONDS).
     dledger_clean_interval_seconds: float = 10.0
     page_cache_keep_size: int = 0  # StoreConfig.page_cache_keep_size (and a DLedger member's entry files): 0 keeps the page cache whole
+    # StoreConfig.small_write_pages (commitlog/mapped_file.py SMALL_PAGES_MARGIN): "auto" turns it on
+    # for a store that syncs each put (--flush sync; a DLedger member's --flush sync), "on"/"off" force it.
+    small_write_pages: str = "auto"
     # Replication (MessageStoreConfig): haSendHeartbeatInterval, haHousekeepingInterval,
     # haMaxGapNotInSync, slaveTimeout, inSyncReplicas, syncFromLastFile.
     ha_send_heartbeat_interval_ms: int = 5000
@@ -159,10 +164,17 @@ class BrokerConfig:
             file_reserved_time_hours=self.file_reserved_time_hours,
             flush_disk_type=self.flush,
             page_cache_keep_size=self.page_cache_keep_size,
+            small_write_pages=self.small_write_pages_for(self.flush is FlushDiskType.SYNC_FLUSH),
             store_host=self.listen if _is_ip(self.listen[0]) else ("127.0.0.1", self.listen[1]),
         )
 
+    def small_write_pages_for(self, syncs_each_put: bool) -> bool:
+        """StoreConfig.small_write_pages for a store that does (or does not) sync each put."""
+        return self.small_write_pages == "on" or (self.small_write_pages == "auto" and syncs_each_put)
+
     def validate(self) -> BrokerConfig:
+        if self.small_write_pages not in SMALL_WRITE_PAGES_CHOICES:
+            raise ValueError(f"small_write_pages must be one of {', '.join(SMALL_WRITE_PAGES_CHOICES)}, got {self.small_write_pages!r}")
         if not self.dledger_clean_interval_seconds > 0:
             raise ValueError(f"dledger_clean_interval_seconds must be positive, got {self.dledger_clean_interval_seconds}")
         if self.role is BrokerRole.SLAVE and self.master_ha is None:

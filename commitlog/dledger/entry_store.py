@@ -137,6 +137,8 @@ class DLedgerStoreConfig:
     # reporting), a page-cache page the guest never touched lately costs a host fault on its
     # first write; dropping pages behind lets new ones reuse memory freed moments before.
     page_cache_keep_size: int = 0
+    # The commit log's small_write_pages, for the data files (a member with --flush sync).
+    small_write_pages: bool = False
 
     def validate(self) -> None:
         if self.data_file_size < codec.BODY_OFFSET + codec.MIN_BLANK_SIZE:
@@ -181,7 +183,8 @@ class DLedgerMmapFileStore:
         self.directory = directory
         self.config = config
         self._data_start_offset = data_start_offset
-        self.data_file_list = MappedFileQueue(os.path.join(directory, DATA_DIRECTORY), file_size=config.data_file_size)
+        self.data_file_list = MappedFileQueue(os.path.join(directory, DATA_DIRECTORY), file_size=config.data_file_size,
+                                              small_pages=config.small_write_pages)  # fmt: skip
         self.index_file_list = MappedFileQueue(os.path.join(directory, INDEX_DIRECTORY),
                                                file_size=config.index_file_size)  # fmt: skip
         self._checkpoint_path = os.path.join(directory, state_files.CHECKPOINT_FILE)

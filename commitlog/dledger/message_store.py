@@ -153,7 +153,8 @@ class DLedgerMessageStore:
         self.config = (config or StoreConfig()).validate()
         self.self_id = self_id
         self.dledger_config = dledger or DLedgerStoreConfig(data_file_size=self.config.commitlog_segment_size,
-                                                            page_cache_keep_size=self.config.page_cache_keep_size)  # fmt: skip
+                                                            page_cache_keep_size=self.config.page_cache_keep_size,
+                                                            small_write_pages=self.config.small_write_pages)  # fmt: skip
         self.crc_function = self.config.crc_function
         self.classic: CommitLog | None = None  # the sealed classic part (None: no classic segments)
         self.divided_log: DividedLog | None = None

@@ -870,9 +870,11 @@ class DLedgerBroker:
         self.maintenance = trio.Lock()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        # A member syncs each append with --flush sync (the Raft config's), whatever the store's own flush says.
+        store_config = dataclasses.replace(self.config.store_config(),
+                                           small_write_pages=self.config.small_write_pages_for(self.group.raft.flush_sync))  # fmt: skip
         self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
-            self.config.store, self.config.store_config(), self_id=self.group.self_id,
-            entry_class=Entry, hard_state_class=HardState))  # fmt: skip
+            self.config.store, store_config, self_id=self.group.self_id, entry_class=Entry, hard_state_class=HardState))  # fmt: skip
         LOGGER.info("store %s: entries %d..%d, committed %d, dispatched %d", self.config.store,
                     self.store.entries.first_index(), self.store.entries.last_index(), self.store.entries.committed_index,
                     self.store.dispatched_index)  # fmt: skip

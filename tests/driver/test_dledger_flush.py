@@ -5,6 +5,7 @@ small flush (at most SYNC_INLINE_ENTRIES_MAX entries waiting) runs in the loop i
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -226,3 +227,15 @@ async def test_the_write_area_is_warmed_ahead_of_the_appends_in_the_worker_threa
             await _wait_for(lambda: last.populated_position > last.wrote_position + 64 * 1024, "warmed ahead")
         nursery.cancel_scope.cancel()
     assert threads and threading.get_ident() not in threads
+
+
+async def test_a_member_that_syncs_each_append_faults_single_pages_ahead_of_its_writer(tmp_path) -> None:
+    """``small_write_pages`` "auto" follows the Raft config's flush_sync, not the store's own
+    flush setting (a DLedger member's store keeps ASYNC_FLUSH): docs/benchmarks.md, "small pages"."""
+    for flush_sync in (True, False):
+        broker = _one_member(tmp_path / str(flush_sync), dataclasses.replace(FAST, flush_sync=flush_sync))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(broker.run)
+            assert broker.store.entries.data_file_list._small_pages is flush_sync
+            assert all(f.small_pages is flush_sync for f in broker.store.entries.data_file_list.mapped_files)
+            nursery.cancel_scope.cancel()

@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+from commitlog import mapped_file as mapped_file_module
 from commitlog import mapped_file_queue, native
 from commitlog.mapped_file import MappedFile, StoreError, segment_name
 from commitlog.mapped_file_queue import MappedFileQueue
@@ -339,3 +340,63 @@ def test_resident_says_whether_the_page_cache_holds_every_page_of_a_range(tmp_pa
     assert resident_pages(mapped_file.path)[:4] == [False] * 4  # as the page cache has it
     mapped_file.close()
     assert mapped_file.resident(0, SIZE)  # closed: cannot tell, and says so by True
+
+
+def _read_ahead_off(mapped_file) -> list[tuple[int, int, bool]]:
+    """(file offset start, end, read-ahead off) of each of this process's mappings of the file,
+    as the kernel reports them (``/proc/self/smaps``: VmFlags ``rr`` is MADV_RANDOM)."""
+    found, current = [], None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 6 and ":" in fields[3]:  # a mapping's header line
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                offset = int(fields[2], 16)
+                current = (offset, offset + end - start) if fields[-1] == mapped_file.path else None
+            elif fields[0] == "VmFlags:" and current is not None:
+                found.append((*current, "rr" in fields[1:]))
+    return sorted(found)
+
+
+def test_small_pages_turn_read_ahead_off_ahead_of_the_writer_and_on_again_behind_the_flushed_end(tmp_path, monkeypatch):
+    """A store that syncs each put: pages faulted in ahead of the writer come one at a time (no
+    read-ahead, so no large folio that a small write dirties whole and the next sync writes back);
+    behind the flushed end, less a margin and in steps, the mapping reads ahead again for readers."""
+    monkeypatch.setattr(mapped_file_module, "SMALL_PAGES_MARGIN", 2 * 4096)
+    monkeypatch.setattr(mapped_file_module, "SMALL_PAGES_NORMAL_STEP", 4 * 4096)
+    mapped_file = MappedFile(str(tmp_path / segment_name(0)), file_size=SIZE, create=True, small_pages=True)
+    assert _read_ahead_off(mapped_file) == [(0, SIZE, True)]
+    assert mapped_file.append(os.urandom(5 * 4096 + 100))
+    mapped_file.flush(0)  # flushed 5 pages + 100 bytes: 3 pages behind the margin, under a step
+    assert _read_ahead_off(mapped_file) == [(0, SIZE, True)]
+    assert mapped_file.append(os.urandom(2 * 4096))
+    mapped_file.flush(0)  # 7 pages + 100: 5 pages behind the margin, a step
+    assert _read_ahead_off(mapped_file) == [(0, 5 * 4096, False), (5 * 4096, SIZE, True)]
+    assert mapped_file.append(os.urandom(SIZE - mapped_file.wrote_position))
+    mapped_file.flush(0)  # full: read-ahead everywhere
+    assert _read_ahead_off(mapped_file) == [(0, SIZE, False)]
+    mapped_file.close()
+
+
+def test_without_small_pages_the_mapping_reads_ahead_everywhere(tmp_path):
+    mapped_file = new_file(tmp_path)
+    assert mapped_file.append(os.urandom(3 * 4096))
+    mapped_file.flush(0)
+    assert _read_ahead_off(mapped_file) == [(0, SIZE, False)]
+    mapped_file.close()
+
+
+def test_small_pages_after_recovery_start_at_the_end_of_the_data_and_after_a_truncation(tmp_path):
+    queue = MappedFileQueue(str(tmp_path), file_size=SIZE, small_pages=True)
+    assert queue.get_last_mapped_file(0).append(os.urandom(6 * 4096))
+    queue.flush()
+    queue.close()
+    reopened = MappedFileQueue(str(tmp_path), file_size=SIZE, small_pages=True)
+    reopened.load()
+    (mapped_file,) = reopened.mapped_files
+    assert _read_ahead_off(mapped_file) == [(0, SIZE, False)]  # opened whole, as recovery finds it
+    mapped_file.set_positions(6 * 4096 + 10)  # recovery: the data ends here
+    assert _read_ahead_off(mapped_file) == [(0, 6 * 4096, False), (6 * 4096, SIZE, True)]
+    mapped_file.truncate(2 * 4096)
+    assert _read_ahead_off(mapped_file) == [(0, 2 * 4096, False), (2 * 4096, SIZE, True)]
+    reopened.close()

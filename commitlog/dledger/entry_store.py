@@ -547,10 +547,12 @@ class DLedgerMmapFileStore:
         return check_run(run, prev_term=prev_term, first_pos=first_pos, pos_limit=pos_limit)
 
     def append_run(self, run: EntryRun) -> None:
-        """Append a run that ``check_run`` accepted: one copy into the data file's mapping (after
-        the blank record ``pre_append`` writes when it starts the next file) and its index units
-        built in one call. Not durable until ``flush``. ValueError, nothing written, when it does
-        not start at the next index and the next ``pos`` (a run not checked against this log)."""
+        """Append a run that ``check_run`` accepted: one ``pwrite`` into the data file (after the
+        blank record ``pre_append`` writes when it starts the next file; ``MappedFile.write_through``,
+        as a classic slave stores frames: pages the write covers whole are never zeroed first, so a
+        follower needs no warm-up ahead of it) and its index units built in one call. Not durable
+        until ``flush``. ValueError, nothing written, when it does not start at the next index and
+        the next ``pos`` (a run not checked against this log)."""
         data = run.data
         if run.first_index != self._last_index + 1 or data is None or len(data) < codec.BODY_OFFSET:
             raise ValueError(f"run of entries {run.first_index}..{run.last_index} does not follow {self._last_index}")
@@ -561,10 +563,7 @@ class DLedgerMmapFileStore:
             raise ValueError(f"run of {len(data)} bytes at pos {first_pos}: the next entry goes at {expected} "
                              f"in data files of {file_size} bytes")  # fmt: skip
         assert self.pre_append(first_size) == first_pos
-        mapped_file = self.data_file_list.last
-        position = mapped_file.wrote_position
-        mapped_file.writable_view()[position : position + len(data)] = data
-        mapped_file.advance(len(data))
+        self.data_file_list.last.write_through(data)
         self._append_index_bytes(run.first_index, index_units(data, run.count))
         self._last_index, self._last_term = run.last_index, run.last_term
         self._check()

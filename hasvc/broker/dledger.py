@@ -533,12 +533,15 @@ class RaftDriver:
             job, done = entries.sync_data_files, functools.partial(self._data_synced, entries.flush_target())
         elif entries.index_unsynced() and trio.current_time() >= self._index_synced_at + INDEX_FLUSH_INTERVAL_SECONDS:
             job, done = entries.sync_index_files, self._index_synced
-        elif self.store.commit_log.mapped_file_queue.needs_warming(self.store.config.warm_ahead_size):
+        elif self.node.role is Role.LEADER and self.store.commit_log.mapped_file_queue.needs_warming(self.store.config.warm_ahead_size):
             # The write area faulted in ahead of the appends, as a classic broker's warm-up task
             # does (StoreTasks.warm_task): without it every fourth 1 KiB entry's first write to a
             # page was a page fault on the loop (a sixth of a leader's main thread at 64
             # producers, py-spy). In the sync's place, between syncs, so truncations and
-            # retention (files_quiet) exclude it as they exclude a sync.
+            # retention (files_quiet) exclude it as they exclude a sync. A leader's only: a
+            # follower stores pushes with pwrite (DLedgerMmapFileStore.append_run), for which
+            # pages faulted in ahead were zeroed for nothing (its worker threads 1.0-2.3 ->
+            # 0.7-1.1 us a message at 64 x 1, docs/benchmarks.md).
             job, done = self.store.warm_commitlog, _nothing
         else:
             return

@@ -18,6 +18,7 @@ from hasvc.broker import dledger
 from hasvc.broker.dledger import DLedgerBroker, GroupConfig
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.state.raft.config import RaftConfig
+from hasvc.state.raft.ready import Role
 
 FAST = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3,
                   flush_sync=True)  # fmt: skip
@@ -239,3 +240,26 @@ async def test_a_member_that_syncs_each_append_faults_single_pages_ahead_of_its_
             assert broker.store.entries.data_file_list._small_pages is flush_sync
             assert all(f.small_pages is flush_sync for f in broker.store.entries.data_file_list.mapped_files)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_member_that_does_not_lead_warms_nothing_ahead(tmp_path, monkeypatch) -> None:
+    """A follower stores pushes with pwrite (``DLedgerMmapFileStore.append_run``), which needs no
+    pages faulted in ahead: only a leader, whose proposals are written through the mapping, warms
+    (the test above). Here every look says warming is due, and a member that cannot win an
+    election (its two peers are not there) still never warms."""
+    from commitlog.dledger.message_store import DLedgerMessageStore
+    from commitlog.mapped_file_queue import MappedFileQueue
+
+    warmed: list[int] = []
+    monkeypatch.setattr(MappedFileQueue, "needs_warming", lambda queue, size: True)
+    monkeypatch.setattr(DLedgerMessageStore, "warm_commitlog", lambda store, ahead=None: warmed.append(1))
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
+                          commitlog_segment_size=1024 * 1024)  # fmt: skip
+    peers = {"n0": ("127.0.0.1", 0), "n1": ("127.0.0.1", 1), "n2": ("127.0.0.1", 1)}
+    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers=peers, raft=FAST))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(broker.run)
+        await trio.sleep(0.5)  # ~50 flush ticks and two or three elections it cannot win
+        assert broker.driver.node.role is not Role.LEADER
+        nursery.cancel_scope.cancel()
+    assert warmed == []

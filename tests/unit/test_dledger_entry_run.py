@@ -15,6 +15,7 @@ from commitlog import native
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger import entry_run as er
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig, Entry
+from tests.smaps import mappings_of
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="the C module is not built")
 POS_LIMIT = 1 << 62
@@ -254,3 +255,24 @@ def test_run_extent_is_the_longest_run_that_fits(tmp_path_factory, sizes, lo, hi
             assert store.run_extent(start, first + hi, size_max=size_max) == walked_extent(store, start, first + hi, size_max)
     finally:
         store.close()
+
+
+def test_a_follower_stores_runs_with_pwrite_and_maps_none_of_their_pages(tmp_path):
+    """A follower writes the leader's stored bytes with ``pwrite`` (``MappedFile.write_through``):
+    pages the write covers whole are never faulted in zeroed first, so it needs no warm-up ahead
+    of it. Its mapping holds none of those pages until something reads through it."""
+    leader = DLedgerMmapFileStore.open(str(tmp_path / "leader"), CONFIG)
+    follower = DLedgerMmapFileStore.open(str(tmp_path / "follower"), CONFIG)
+    leader.append([Entry(i, 1, os.urandom(100)) for i in range(5)])
+    (run,) = leader.read_runs(0, 5, 1)
+    run = er.EntryRun(run.first_index, run.count, run.last_term, bytes(run.data))
+    assert follower.check_run(run, prev_term=-1) is None
+    follower.append_run(run)
+    (data_file,) = follower.data_file_list.mapped_files
+    assert [m["rss_kb"] for m in mappings_of(data_file.path)] == [0]
+    with open(data_file.path, "rb") as file:
+        assert file.read(len(run.data)) == run.data
+    assert follower.read(0, 5, size_max=1 << 20) == leader.read(0, 5, size_max=1 << 20)  # through the mapping
+    assert [m["rss_kb"] > 0 for m in mappings_of(data_file.path)] == [True]
+    leader.close()
+    follower.close()

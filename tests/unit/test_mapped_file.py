@@ -7,6 +7,7 @@ from commitlog import mapped_file_queue, native
 from commitlog.mapped_file import MappedFile, StoreError, segment_name
 from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog.pagecache import resident_pages
+from tests.smaps import mappings_of
 
 SIZE = 16 * 4096
 
@@ -343,19 +344,9 @@ def test_resident_says_whether_the_page_cache_holds_every_page_of_a_range(tmp_pa
 
 
 def _read_ahead_off(mapped_file) -> list[tuple[int, int, bool]]:
-    """(file offset start, end, read-ahead off) of each of this process's mappings of the file,
-    as the kernel reports them (``/proc/self/smaps``: VmFlags ``rr`` is MADV_RANDOM)."""
-    found, current = [], None
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if "-" in fields[0] and len(fields) >= 6 and ":" in fields[3]:  # a mapping's header line
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                offset = int(fields[2], 16)
-                current = (offset, offset + end - start) if fields[-1] == mapped_file.path else None
-            elif fields[0] == "VmFlags:" and current is not None:
-                found.append((*current, "rr" in fields[1:]))
-    return sorted(found)
+    """(file offset start, end, read-ahead off) of each of this process's mappings of the file
+    (VmFlags ``rr`` is MADV_RANDOM)."""
+    return [(m["start"], m["end"], "rr" in m["flags"]) for m in mappings_of(mapped_file.path)]
 
 
 def test_small_pages_turn_read_ahead_off_ahead_of_the_writer_and_on_again_behind_the_flushed_end(tmp_path, monkeypatch):

@@ -232,6 +232,12 @@ class RaftLog:
         (``RaftReplicator.appended``, which PutService calls next, before any wait)."""
         return self._driver.propose_plan(lambda: self._store.plan_batch(batch), drain=False)
 
+    def append_batches(self, batches: list[rec.MessageBatch]) -> AppendResult:
+        """Propose several batches (a pass's groups over several queues) as one proposal, in
+        their order: one AppendResult for them all, its offsets and queue offsets each
+        message's (``PutService`` cuts it per batch and request). Refused as a whole."""
+        return self._driver.propose_plan(lambda: self._store.plan_batches(batches), drain=False)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Rest:

@@ -105,6 +105,32 @@ def split_appended(appended: Appended, counts: list[int]) -> list[Appended]:
     return pieces
 
 
+# The statuses of a batch refused for what it holds: its requests are then appended one by one
+# (``_append_group``), so that one bad message fails alone.
+_CONTENT_REFUSALS = (rec.PutMessageStatus.MESSAGE_ILLEGAL, rec.PutMessageStatus.PROPERTIES_SIZE_EXCEEDED)
+
+
+def _merged(requests: list[cp.SendRequest]) -> cp.SendRequest:
+    """SENDs of one group (same topic, queue and flag) as one, in their order."""
+    if len(requests) == 1:
+        return requests[0]
+    first = requests[0]
+    return cp.SendRequest(  # lists joined by C loops, not a Python step per message
+        first.topic, first.queue_id, list(chain.from_iterable([r.bodies for r in requests])),
+        list(chain.from_iterable([r.properties for r in requests])), first.flag, first.born_timestamp,
+    )  # fmt: skip
+
+
+def _batch_of(request: cp.SendRequest) -> rec.MessageBatch:
+    """A SEND's messages as the store's batch (one properties map when all share it)."""
+    properties = request.properties
+    shared = properties.count(properties[0]) == len(properties)  # compared in C
+    return rec.MessageBatch(
+        request.topic, request.bodies, queue_id=request.queue_id, properties=properties[0] if shared else properties,
+        flag=request.flag, born_timestamp=request.born_timestamp,
+    )  # fmt: skip
+
+
 class _Wait:
     """One wait for a watermark (flush or slave ack). ``finish`` ends it once: from the task
     that moved the watermark, the timer, or a drain. A waiting task awaits ``event``; puts
@@ -238,6 +264,10 @@ class PutService:
         self.replicator = replicator
         self.producers = producers
         self.after_appends = after_appends
+        # A store that appends several batches in one call (DLedger: one Raft proposal for them),
+        # used for a pass's groups over several queues; None: a call per group (the classic log,
+        # where a group's append costs no more than its share of one).
+        self._append_batches = getattr(store, "append_batches", None)
         self.tracker = PutTracker(
             sync_flush=store_config.flush_disk_type is FlushDiskType.SYNC_FLUSH, in_sync_replicas=config.in_sync_replicas,
             min_in_sync_replicas=config.min_in_sync_replicas, flush_timeout_seconds=store_config.sync_flush_timeout_seconds,
@@ -295,9 +325,51 @@ class PutService:
     def _append_sends(self, sends: list) -> list:
         """``sends``: ((outbox, frame), SendRequest) pairs, appended by topic/queue group; each
         reply with its Appended."""
-        answered: list = []
-        for group in coalesce(sends, bytes_max=COALESCE_BYTES_MAX):
+        groups = coalesce(sends, bytes_max=COALESCE_BYTES_MAX)
+        if len(groups) > 1 and self._append_batches is not None:
+            answered = self._append_groups_together(groups)
+            if answered is not None:
+                return answered
+        answered = []
+        for group in groups:
             answered += self._append_group(group)
+        return answered
+
+    def _append_groups_together(self, groups: list) -> list | None:
+        """Append a pass's groups (several queues, in their order) by one ``append_batches`` of
+        the store: one result for them all, cut per group and then per request (the offsets
+        and queue offsets the groups appended one after the other would get). A refusal of the
+        put (role, replicas) or of the store answers every request with it; None when the store
+        refused the batches for their content, so the caller appends group by group and one bad
+        message fails alone. Each reply with its Appended."""
+        refusal = self.tracker.refusal(self.role, self.replicator.in_sync_count)
+        if refusal is not None:
+            return [(reply, Appended(refusal.status, refusal.reason)) for group in groups for reply, _ in group]
+        requests = [_merged([request for _, request in group]) for group in groups]
+        result = self._append_batches([_batch_of(request) for request in requests])
+        put_ok = rec.PutMessageStatus.PUT_OK
+        if result.status is not put_ok:
+            if result.status in _CONTENT_REFUSALS:
+                return None
+            return [(reply, Appended(result.status, result.reason, None, request.queue_id))
+                    for group, request in zip(groups, requests) for reply, _ in group]  # fmt: skip
+        answered: list = []
+        offsets, queue_offsets = result.offsets, result.queue_offsets
+        start = 0
+        for group, request in zip(groups, requests):
+            end = start + len(request.bodies)
+            next_offset = offsets[end] if end < len(offsets) else result.next_offset
+            piece = AppendResult(put_ok, offsets[start], next_offset - offsets[start], result.store_timestamp,
+                                 offsets[start:end], queue_offsets[start:end], result.reason)  # fmt: skip
+            if self.metrics:
+                self.metrics.appended(piece)
+            appended = Appended(put_ok, "", piece, request.queue_id)
+            if len(group) == 1:
+                answered.append((group[0][0], appended))
+            else:
+                pieces = split_appended(appended, [len(each.bodies) for _, each in group])
+                answered += [(reply, each) for (reply, _), each in zip(group, pieces, strict=True)]
+            start = end
         return answered
 
     def _append_idempotent(self, reply: tuple[Outbox, cp.Frame], request: cp.SendRequest) -> list:
@@ -360,14 +432,9 @@ class PutService:
         for its content (the caller retries them one by one so one bad message fails alone)."""
         if len(requests) == 1:
             return [self.append(requests[0])]
-        first = requests[0]
-        merged = cp.SendRequest(  # lists joined by C loops, not a Python step per message
-            first.topic, first.queue_id, list(chain.from_iterable([r.bodies for r in requests])),
-            list(chain.from_iterable([r.properties for r in requests])), first.flag, first.born_timestamp,
-        )  # fmt: skip
-        appended = self.append(merged)
+        appended = self.append(_merged(requests))
         if appended.result is None:
-            if appended.status in (rec.PutMessageStatus.MESSAGE_ILLEGAL, rec.PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
+            if appended.status in _CONTENT_REFUSALS:
                 return None
             return [dataclasses.replace(appended) for _ in requests]
         return split_appended(appended, [len(r.bodies) for r in requests])
@@ -381,15 +448,7 @@ class PutService:
         refusal = self.tracker.refusal(self.role, self.replicator.in_sync_count)  # _write_refusal, once a put
         if refusal is not None:
             return Appended(refusal.status, refusal.reason)
-        store = self.store
-        properties = request.properties
-        shared = properties.count(properties[0]) == len(properties)  # compared in C
-        batch = rec.MessageBatch(
-            request.topic, request.bodies, queue_id=request.queue_id,
-            properties=request.properties[0] if shared else request.properties,
-            flag=request.flag, born_timestamp=request.born_timestamp,
-        )  # fmt: skip
-        result = store.append_batch(batch)
+        result = self.store.append_batch(_batch_of(request))
         if result.status is rec.PutMessageStatus.PUT_OK:  # after_appends follows the pass
             if request.producer_id:
                 self.producers.remember(request.producer_id, request.first_sequence, stored_messages(result, request.queue_id))

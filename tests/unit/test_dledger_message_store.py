@@ -470,6 +470,55 @@ def test_every_planned_offset_is_where_the_entry_lands_plus_48(batches):
 
 
 @settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["T", "U"]), st.integers(0, 2), st.lists(st.integers(0, 1500), min_size=1, max_size=5),
+                          st.sampled_from([0, rec.SYSFLAG_TRANSACTION_PREPARED]), st.booleans()),
+                min_size=1, max_size=8),
+       st.integers(0, 3))  # fmt: skip
+def test_batches_planned_together_are_the_batches_planned_one_after_the_other(monkeypatch, batches, lead_in):
+    """plan_batches (a leader's pass over several queues: one proposal) plans, byte for byte, the
+    entries that planning each batch's messages one by one, accepted in turn, would plan: bodies,
+    offsets (across data files), queues, queue offsets (none for a prepared transaction), and the
+    queue table after."""
+    monkeypatch.setattr(message_store, "now_ms", lambda: 1_700_000_000_000)
+    made = [rec.MessageBatch(topic, [bytes([len(sizes) + i]) * size for i, size in enumerate(sizes)], queue_id=queue,
+                             properties={"KEYS": topic} if shared else [{"KEYS": f"k{i}"} for i in range(len(sizes))],
+                             flag=3, born_timestamp=7, sysflag=sysflag)
+            for topic, queue, sizes, sysflag, shared in batches]  # fmt: skip
+    with tempfile.TemporaryDirectory() as together_path, tempfile.TemporaryDirectory() as apart_path:
+        together, apart = open_store(together_path), open_store(apart_path)
+        for store in (together, apart):
+            for i in range(lead_in):  # the logs start elsewhere than at 0, and the queues too
+                lead(store, [message(i, i % 3, 900)])
+        plan = together.plan_batches(made)
+        together.accept_plan(plan)
+        plans = []
+        for batch in made:  # each batch's messages one by one (plan_append: a code path of its own)
+            props = batch.properties if isinstance(batch.properties, list) else [batch.properties] * len(batch.bodies)
+            plans.append(apart.plan_append([rec.Message(batch.topic, body, queue_id=batch.queue_id, properties=p, flag=3,
+                                                        born_timestamp=7, sysflag=batch.sysflag)
+                                            for body, p in zip(batch.bodies, props)]))  # fmt: skip
+            apart.accept_plan(plans[-1])
+        assert plan.first_index == plans[0].first_index
+        for field in ("bodies", "offsets", "queue_ids", "queue_offsets", "positions", "entry_sizes"):
+            assert list(getattr(plan, field)) == [x for each in plans for x in getattr(each, field)], field
+        assert together._queue_table == apart._queue_table
+        together.close()
+        apart.close()
+
+
+def test_batches_planned_together_are_refused_as_a_whole(tmp_path):
+    store = open_store(tmp_path)
+    good = rec.MessageBatch("T", [b"fine"], queue_id=0)
+    with pytest.raises(rec.MessageRejected, match="does not fit a DLedger data file"):
+        store.plan_batches([good, rec.MessageBatch("T", [b"x" * SEGMENT_SIZE], queue_id=1)])
+    with pytest.raises(rec.MessageRejected, match="topic"):
+        store.plan_batches([good, rec.MessageBatch("bad topic", [b"x"], queue_id=1)])
+    plan = store.plan_batches([good])  # nothing was planned or taken meanwhile
+    assert plan.first_index == 0 and plan.queue_offsets == (0,)
+    store.close()
+
+
+@settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 300), st.sampled_from(["T", "U"]),
                           st.sampled_from([None, "new", "caf\u00e9"]), st.booleans()), min_size=1, max_size=30),
        st.integers(0, 2**32))  # fmt: skip

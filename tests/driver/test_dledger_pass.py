@@ -1,0 +1,134 @@
+"""A DLedger leader proposes a pass of puts over several queues as one proposal (``PutService``
+through ``RaftLog.append_batches``): each request is answered with the offsets the groups
+appended one after the other would get, every queue keeps its order, and a group refused for
+its content falls back to a proposal per group, so that only the bad request fails."""
+
+from __future__ import annotations
+
+import trio
+
+from commitlog import record as rec
+from hasvc import client as hc
+from hasvc.broker.dledger import DLedgerBroker, GroupConfig
+from hasvc.config import BrokerConfig, BrokerRole
+from hasvc.protocol import client as cp
+from hasvc.state.puts import PutTracker
+from hasvc.state.raft.config import RaftConfig
+
+FAST = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
+WAIT_SECONDS = 10.0  # anything that takes longer failed
+BODY_MAX = 4096
+
+
+class _Outbox:
+    def __init__(self):
+        self.answers: dict[int, cp.SendResponse] = {}
+
+    def respond(self, frame, payload):
+        self.answers[frame.request_id] = cp.decode_send_response(payload)
+
+    def flush(self):
+        pass
+
+
+async def _leading(tmp_path, nursery) -> DLedgerBroker:
+    """A group of one member (its quorum is itself), SYNC_MASTER once its no-op is committed."""
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
+                          commitlog_segment_size=1024 * 1024, max_message_size=BODY_MAX)  # fmt: skip
+    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST))
+    await nursery.start(broker.run)
+    with trio.fail_after(WAIT_SECONDS):
+        while broker.role_state.role is not BrokerRole.SYNC_MASTER:
+            await trio.sleep(0.01)
+    return broker
+
+
+def _count_proposals(broker, monkeypatch) -> list[int]:
+    """The entries of each proposal the core takes from now on."""
+    sizes: list[int] = []
+    node = broker.driver.node
+    real = node.propose
+    monkeypatch.setattr(node, "propose", lambda bodies, now: sizes.append(len(bodies)) or real(bodies, now))
+    return sizes
+
+
+async def _answers(outbox: _Outbox, count: int) -> dict[int, cp.SendResponse]:
+    with trio.fail_after(WAIT_SECONDS):
+        while len(outbox.answers) < count:
+            await trio.sleep(0.01)
+    return outbox.answers
+
+
+def _send(request_id: int, queue_id: int, bodies: list[bytes], topic: str = "T") -> tuple[cp.Frame, cp.SendRequest]:
+    props = [f"KEYS\x01k{request_id}-{i}\x02".encode() for i in range(len(bodies))]
+    return cp.Frame(cp.SEND, request_id, b""), cp.SendRequest(topic, queue_id, bodies, props, 0, 0)
+
+
+async def test_a_pass_over_several_queues_is_one_proposal_answered_per_request(tmp_path, monkeypatch) -> None:
+    async with trio.open_nursery() as nursery:
+        broker = await _leading(tmp_path, nursery)
+        proposals = _count_proposals(broker, monkeypatch)
+        outbox = _Outbox()
+        # Interleaved as producers spread over queues send them: 4 groups (T/0, T/1, T/2, U/1).
+        sends = [_send(1, 0, [b"a1"]), _send(2, 1, [b"b1", b"b2"]), _send(3, 0, [b"a2", b"a3"]),
+                 _send(4, 2, [b"c1"]), _send(5, 1, [b"b3"]), _send(6, 1, [b"u1"], topic="U")]  # fmt: skip
+        broker.put_service.put_items([(outbox, frame, request) for frame, request in sends])
+        assert proposals == [8]  # the pass's 8 messages, one proposal
+        answers = await _answers(outbox, len(sends))
+        assert all(answer.status == "PUT_OK" for answer in answers.values()), answers
+        # Each queue in its requests' order, queue offsets from 0; every offset answered is where
+        # its record lies, with its body and its own properties.
+        assert [answers[i].queue_offsets for i in (1, 3)] == [[0], [1, 2]]
+        assert [answers[i].queue_offsets for i in (2, 5)] == [[0, 1], [2]]
+        assert answers[4].queue_offsets == [0] and answers[6].queue_offsets == [0]
+        assert [answers[i].queue_id for i in range(1, 7)] == [0, 1, 0, 2, 1, 1]
+        async with hc.connect(broker.addresses()["listen"]) as client:
+            for request_id, (_, request) in enumerate(sends, start=1):
+                answer = answers[request_id]
+                pulled = await client.pull(request.topic, request.queue_id, answer.queue_offsets[0],
+                                           count_max=len(request.bodies))  # fmt: skip
+                assert [(m.physical_offset, bytes(m.body), m.properties["KEYS"]) for m in pulled.records] == [
+                    (offset, body, f"k{request_id}-{i}")
+                    for i, (offset, body) in enumerate(zip(answer.offsets, request.bodies, strict=True))
+                ]
+        # A pass on one queue stays one proposal of its own.
+        broker.put_service.put_items([(outbox, *_send(7, 3, [b"d1", b"d2"]))])
+        assert proposals == [8, 2]
+        assert (await _answers(outbox, 7))[7].queue_offsets == [0, 1]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_bad_message_in_a_pass_fails_alone(tmp_path, monkeypatch) -> None:
+    """An oversize body refuses the pass's proposal as a whole; the groups are then proposed one
+    by one (and the bad group's requests one by one): only the request holding it fails."""
+    async with trio.open_nursery() as nursery:
+        broker = await _leading(tmp_path, nursery)
+        proposals = _count_proposals(broker, monkeypatch)
+        outbox = _Outbox()
+        sends = [_send(1, 0, [b"fine"]), _send(2, 1, [b"x" * (BODY_MAX + 1)]), _send(3, 1, [b"also fine"]),
+                 _send(4, 2, [b"fine too"])]  # fmt: skip
+        broker.put_service.put_items([(outbox, frame, request) for frame, request in sends])
+        answers = await _answers(outbox, len(sends))
+        assert {i: answers[i].status for i in answers} == {1: "PUT_OK", 2: "MESSAGE_ILLEGAL", 3: "PUT_OK", 4: "PUT_OK"}
+        assert sorted(proposals) == [1, 1, 1]  # group 0, then request 3 alone, group 2
+        assert answers[3].queue_offsets == [0]  # the refused message took no queue offset
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_member_that_cannot_take_writes_refuses_the_whole_pass(tmp_path, monkeypatch) -> None:
+    async with trio.open_nursery() as nursery:
+        broker = await _leading(tmp_path, nursery)
+        proposals = _count_proposals(broker, monkeypatch)
+        monkeypatch.setattr(PutTracker, "refusal", lambda self, role, in_sync: _Refused())
+        outbox = _Outbox()
+        sends = [_send(1, 0, [b"a"]), _send(2, 1, [b"b"]), _send(3, 0, [b"c"])]
+        broker.put_service.put_items([(outbox, frame, request) for frame, request in sends])
+        answers = await _answers(outbox, len(sends))
+        assert {answer.status for answer in answers.values()} == {"SERVICE_NOT_AVAILABLE"}, answers
+        assert proposals == []
+        nursery.cancel_scope.cancel()
+
+
+class _Refused:
+    status = rec.PutMessageStatus.SERVICE_NOT_AVAILABLE
+    reason = "not taking writes (test)"

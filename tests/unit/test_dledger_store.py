@@ -7,7 +7,7 @@ import os
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commitlog.dledger import DLedgerMmapFileStore, DLedgerStoreConfig, Entry, HardState
@@ -129,6 +129,36 @@ def test_plan_positions_predicts_where_append_lands(tmp_path_factory, batches):
         first = store.last_index() + 1
         store.append([Entry(first + i, 0, bytes(size)) for i, size in enumerate(sizes)])
         assert [store.pos_at(first + i) for i in range(len(sizes))] == predicted
+    store.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from([0, 0, 0, -1, 1]), st.integers(-1, 1), st.sampled_from([0, 10, 968, 969])),
+                      min_size=1, max_size=6))  # fmt: skip
+def test_append_refuses_exactly_entries_out_of_order_or_too_large(tmp_path_factory, steps):
+    """append's checks: indexes consecutive after the last, terms never lower, each entry fitting
+    a data file with a blank record after it; the refusal names the first entry that fails them,
+    and a refused append writes nothing."""
+    config = DLedgerStoreConfig(data_file_size=1024, index_file_size=32 * 4)
+    store = open_store(tmp_path_factory.mktemp("check"), config)
+    store.append([Entry(0, 2, b"x")])
+    entries, index, term = [], 0, 2
+    for index_step, term_step, size in steps:
+        index, term = index + 1 + index_step, term + term_step
+        entries.append(Entry(index, term, bytes(size)))
+    ok, index, term = True, 0, 2
+    for entry in entries:
+        if entry.index != index + 1 or entry.term < term or 48 + len(entry.body) > 1024 - 8:
+            ok = False
+            break
+        index, term = entry.index, entry.term
+    if ok:
+        store.append(entries)
+        assert store.last_index() == entries[-1].index
+    else:
+        with pytest.raises(ValueError, match=f"entry (index )?{entry.index} "):
+            store.append(entries)
+        assert store.last_index() == 0 and store.next_pos(48) == 49
     store.close()
 
 

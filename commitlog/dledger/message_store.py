@@ -342,8 +342,9 @@ class DLedgerMessageStore:
     def plan_batches(self, batches: Sequence[rec.MessageBatch]) -> AppendPlan:
         """``plan_batch`` for several batches at once, in their order (topics and queues may
         differ): one plan, so one proposal, for a leader's pass of puts over several queues
-        (a proposal each cost the leader ~20-30 us of Raft bookkeeping). Its entries are the
-        ones a ``plan_batch`` per batch, accepted one after the other, would plan, byte for byte.
+        (each proposal costs the leader tens of us of Raft bookkeeping: it made 4 a pass at 64
+        producers on 4 queues). Its entries are the ones a ``plan_batch`` per batch, accepted one
+        after the other, would plan, byte for byte.
         ``rec.MessageRejected`` when any batch is refused (nothing planned)."""
         store_ip, store_port, store_v6 = rec.encode_host(self.config.store_host)
         body_size_max = self.config.max_message_size

@@ -354,22 +354,16 @@ class PutService:
             return [(reply, Appended(result.status, result.reason, None, request.queue_id))
                     for group, request in zip(groups, requests) for reply, _ in group]  # fmt: skip
         answered: list = []
-        offsets, queue_offsets = result.offsets, result.queue_offsets
-        start = 0
-        for group, request in zip(groups, requests):
-            end = start + len(request.bodies)
-            next_offset = offsets[end] if end < len(offsets) else result.next_offset
-            piece = AppendResult(put_ok, offsets[start], next_offset - offsets[start], result.store_timestamp,
-                                 offsets[start:end], queue_offsets[start:end], result.reason)  # fmt: skip
+        per_group = split_appended(Appended(put_ok, "", result), [len(request.bodies) for request in requests])
+        for group, request, appended in zip(groups, requests, per_group, strict=True):
+            appended.queue_id = request.queue_id
             if self.metrics:
-                self.metrics.appended(piece)
-            appended = Appended(put_ok, "", piece, request.queue_id)
+                self.metrics.appended(appended.result)
             if len(group) == 1:
                 answered.append((group[0][0], appended))
             else:
                 pieces = split_appended(appended, [len(each.bodies) for _, each in group])
                 answered += [(reply, each) for (reply, _), each in zip(group, pieces, strict=True)]
-            start = end
         return answered
 
     def _append_idempotent(self, reply: tuple[Outbox, cp.Frame], request: cp.SendRequest) -> list:

@@ -6,7 +6,8 @@ Theory of operation
 in DLedger entries, consume queues over committed ones), the pure Raft core (``RaftNode``), its
 driver (``RaftDriver``: the Raft port, one outbound connection per peer, timers, the background
 flush), and the classic put path and client port unchanged: ``PutService`` appends through
-``RaftLog.append_batch``, which *proposes* the records (planned at their final offsets) instead of
+``RaftLog.append_batch`` (a pass's groups over several queues through ``append_batches``, one
+proposal for them all), which *proposes* the records (planned at their final offsets) instead of
 writing them -- the proposals of one pass of puts carried out in one Ready when PutService calls
 ``RaftReplicator.appended``, their entries appended and pushed together -- and waits, as under SYNC_MASTER, until the ``RaftReplicator``'s replicated offset
 -- the end of the committed entries -- passes the put's end. So a put is answered PUT_OK only once

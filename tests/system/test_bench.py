@@ -93,6 +93,37 @@ def test_cold_catch_up_drops_the_log_from_the_page_cache(tmp_path):
     assert not any(resident_pages(path))
 
 
+@pytest.mark.parametrize("mode", ["classic", "dledger"])
+def test_put_path_time_times_the_put_path_in_every_broker(tmp_path, mode):
+    """scripts/put_path_time.py: each broker's put-path functions are wrapped for the measured
+    window only and their calls, wall and CPU time reported per message; the process that takes
+    the puts reports the put path, its peers the replication side of it."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for scripts/hasvc_load.c")
+    report = tmp_path / "times.json"
+    work_directories = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-put-times-*")))
+    done = subprocess.run([sys.executable, "scripts/put_path_time.py", "--mode", mode, "--producers", "4", "--seconds", "0.5",
+                           "--json", str(report)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(report.read_text())
+    assert data["messages"] > 0 and data["messages"] == data["requests"], data
+    processes = data["processes"]
+    taker = "master" if mode == "classic" else next(name for name in processes if name.startswith("leader"))
+    functions = processes[taker]["functions"]
+    assert "hasvc.broker.put_service:PutService.put_items" in functions, functions.keys()
+    own = "hasvc.broker.ha_master:HAService.push" if mode == "classic" else "hasvc.broker.dledger:RaftDriver.propose_plan"
+    other = "hasvc.broker.dledger:RaftDriver.propose_plan" if mode == "classic" else "hasvc.broker.ha_master:HAService.push"
+    assert own in functions and other not in functions, functions.keys()
+    for row in functions.values():
+        assert row["calls_per_request"] > 0 and row["wall_us_per_message"] > 0 and row["cpu_us_per_message"] >= 0, row
+    for name, process in processes.items():
+        if name != taker:  # a slave or a follower stores what it is sent; it takes no puts
+            assert "hasvc.broker.put_service:PutService.put_items" not in process["functions"], (name, process)
+            if mode == "dledger":
+                assert "commitlog.dledger.entry_store:DLedgerMmapFileStore.append_run" in process["functions"], (name, process)
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-put-times-*"))) == work_directories, "work directory left"
+
+
 def test_calls_per_put_profiles_the_brokers_of_a_pair(tmp_path):
     """scripts/calls_per_put.py: each broker process is profiled for the measured window only
     and its calls are counted per request (the brokers' main threads run hasvc's put path)."""

@@ -14,6 +14,7 @@ from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
 from hasvc.state.puts import PutTracker
 from hasvc.state.raft.config import RaftConfig
+from hasvc.state.raft.ready import Refused, RefusalStatus
 
 FAST = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
 WAIT_SECONDS = 10.0  # anything that takes longer failed
@@ -128,6 +129,28 @@ async def test_a_member_that_cannot_take_writes_refuses_the_whole_pass(tmp_path,
         assert proposals == []
         nursery.cancel_scope.cancel()
 
+
+
+async def test_a_pass_the_core_refuses_is_refused_whole_and_stores_nothing(tmp_path, monkeypatch) -> None:
+    """The core refusing the pass's one proposal (here LEADER_PENDING_FULL) answers every request
+    of it with the refusal; nothing is appended, and the queues start where they were."""
+    async with trio.open_nursery() as nursery:
+        broker = await _leading(tmp_path, nursery)
+        node = broker.driver.node
+        real = node.propose
+        last = broker.store.entries.last_index()
+        monkeypatch.setattr(node, "propose", lambda bodies, now: Refused(RefusalStatus.LEADER_PENDING_FULL, "n0", "full (test)"))
+        outbox = _Outbox()
+        sends = [_send(1, 0, [b"a"]), _send(2, 1, [b"b"]), _send(3, 0, [b"c"])]
+        broker.put_service.put_items([(outbox, frame, request) for frame, request in sends])
+        answers = await _answers(outbox, len(sends))
+        assert {answer.status for answer in answers.values()} == {"SERVICE_NOT_AVAILABLE"}, answers
+        assert all("LEADER_PENDING_FULL" in answer.reason for answer in answers.values()), answers
+        assert broker.store.entries.last_index() == last
+        monkeypatch.setattr(node, "propose", real)
+        broker.put_service.put_items([(outbox, *_send(4, 1, [b"d"]))])
+        assert (await _answers(outbox, 4))[4].queue_offsets == [0]  # queue 1 still starts at 0
+        nursery.cancel_scope.cancel()
 
 class _Refused:
     status = rec.PutMessageStatus.SERVICE_NOT_AVAILABLE

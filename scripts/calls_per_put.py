@@ -31,15 +31,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
-import tempfile
 import time
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hooked_brokers import ROOT, add_shape_arguments, signal_window, start_hooked  # noqa: E402
 
-from hasvc.tools.bench.sync_write import LocalGroup, LocalPair, build_c_load, run_once  # noqa: E402
+from hasvc.tools.bench.sync_write import build_c_load, run_once  # noqa: E402
 
 SITECUSTOMIZE = '''\
 import os
@@ -59,7 +57,6 @@ if os.environ.get("HASVC_CALLS_PROFILE"):
     signal.signal(signal.SIGUSR2, _on)
     signal.signal(signal.SIGUSR1, _off)
 '''
-DUMP_WAIT_SECONDS = 30.0  # a profiled broker writes its stats between two loop passes
 WARMUP_SECONDS = 1.0
 
 
@@ -102,32 +99,13 @@ def summarize(idle: dict[tuple, int], both: dict[tuple, int], requests: int, mes
 def profile_window(pids: dict[str, int], paths: dict[str, str], window) -> dict:
     """Profile every process while ``window()`` runs; each one's call counts since its profile
     began (cProfile keeps counting across windows), and ``window()``'s result as "result"."""
-    for path in paths.values():
-        if os.path.exists(path):
-            os.remove(path)
-    for pid in pids.values():
-        os.kill(pid, signal.SIGUSR2)
-    result = window()
-    for pid in pids.values():
-        os.kill(pid, signal.SIGUSR1)
-    deadline = time.monotonic() + DUMP_WAIT_SECONDS
-    while not all(os.path.exists(path) for path in paths.values()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no profile from {[name for name, path in paths.items() if not os.path.exists(path)]}")
-        time.sleep(0.05)
+    result = signal_window(pids, paths, window)
     return {**{name: call_counts(path) for name, path in paths.items()}, "result": result}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=("classic", "dledger"), default="classic")
-    parser.add_argument("--nodes", type=int, choices=(3, 5), default=3)
-    parser.add_argument("--flush", choices=("async", "sync"), default="async",
-                        help="classic: the master's flush; dledger: sync = a quorum fsyncs an entry before it counts")
-    parser.add_argument("--producers", type=int, default=1)
-    parser.add_argument("--connections", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seconds", type=float, default=3.0)
+    add_shape_arguments(parser, producers=1)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--json", default=None)
     parser.add_argument("--keep", default=None, help="leave the profiles (PID.prof) in this directory")
@@ -137,24 +115,7 @@ def main() -> int:
     if load is None:
         print("a C compiler (cc) is needed to build scripts/hasvc_load.c", file=sys.stderr)
         return 2
-    work = tempfile.mkdtemp(prefix="hasvc-calls-")
-    with open(os.path.join(work, "sitecustomize.py"), "w") as file:
-        file.write(SITECUSTOMIZE)
-    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "HASVC_CALLS_PROFILE")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [work, ROOT, saved["PYTHONPATH"]]))
-    os.environ["HASVC_CALLS_PROFILE"] = work
-    try:
-        if args.mode == "classic":
-            cluster = LocalPair(role="sync", flush=args.flush)
-            cluster.wait_connected()
-        else:
-            cluster = LocalGroup(nodes=args.nodes, flush=args.flush)
-    finally:  # only the brokers run profiled
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    cluster, work = start_hooked(args, SITECUSTOMIZE, {"HASVC_CALLS_PROFILE": "{work}"}, prefix="hasvc-calls-")
     try:
         address, pids = cluster.master["listen"], cluster.pids
         shape = dict(producers=args.producers, connections=args.connections, size=1024, batch=args.batch, load_binary=load)

@@ -31,15 +31,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
-import tempfile
-import time
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hooked_brokers import add_shape_arguments, signal_window, start_hooked  # noqa: E402
 
-from hasvc.tools.bench.sync_write import LocalGroup, LocalPair, build_c_load, process_cpu_seconds, run_once  # noqa: E402
+from hasvc.tools.bench.sync_write import build_c_load, process_cpu_seconds, run_once  # noqa: E402
 
 # The put path of both modes: a pass of SENDs read, appended (proposed), pushed, acknowledged,
 # answered and dispatched. A name that a process does not have is skipped there.
@@ -122,7 +119,6 @@ if os.environ.get("HASVC_PUT_TIMES"):
     signal.signal(signal.SIGUSR2, _start)
     signal.signal(signal.SIGUSR1, _stop)
 '''
-DUMP_WAIT_SECONDS = 30.0  # a broker writes its counts between two loop passes
 WARMUP_SECONDS = 1.0
 
 
@@ -130,21 +126,15 @@ def measure(pids: dict[str, int], work: str, window) -> tuple[dict, dict, object
     """Wrap in every process while ``window()`` runs: each one's counts, its CPU seconds over
     the window, and ``window()``'s result."""
     paths = {name: os.path.join(work, f"{pid}.json") for name, pid in pids.items()}
-    for path in paths.values():
-        if os.path.exists(path):
-            os.remove(path)
-    for pid in pids.values():
-        os.kill(pid, signal.SIGUSR2)
-    cpu = {name: process_cpu_seconds(pid) for name, pid in pids.items()}
-    result = window()
-    cpu = {name: process_cpu_seconds(pid) - cpu[name] for name, pid in pids.items()}
-    for pid in pids.values():
-        os.kill(pid, signal.SIGUSR1)
-    deadline = time.monotonic() + DUMP_WAIT_SECONDS
-    while not all(os.path.exists(path) for path in paths.values()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no counts from {[name for name, path in paths.items() if not os.path.exists(path)]}")
-        time.sleep(0.05)
+    cpu = {}
+
+    def timed_window():
+        cpu.update({name: process_cpu_seconds(pid) for name, pid in pids.items()})
+        result = window()
+        cpu.update({name: process_cpu_seconds(pid) - cpu[name] for name, pid in pids.items()})
+        return result
+
+    result = signal_window(pids, paths, timed_window)
     counts = {}
     for name, path in paths.items():
         with open(path) as file:
@@ -154,14 +144,7 @@ def measure(pids: dict[str, int], work: str, window) -> tuple[dict, dict, object
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=("classic", "dledger"), default="classic")
-    parser.add_argument("--nodes", type=int, choices=(3, 5), default=3)
-    parser.add_argument("--flush", choices=("async", "sync"), default="async",
-                        help="classic: the master's flush; dledger: sync = a quorum fsyncs an entry before it counts")
-    parser.add_argument("--producers", type=int, default=64)
-    parser.add_argument("--connections", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seconds", type=float, default=3.0)
+    add_shape_arguments(parser, producers=64)
     parser.add_argument("--function", action="append", default=[], metavar="MODULE:CLASS.METHOD",
                         help="time this function too (a synchronous one)")
     parser.add_argument("--json", default=None)
@@ -171,27 +154,9 @@ def main() -> int:
     if load is None:
         print("a C compiler (cc) is needed to build scripts/hasvc_load.c", file=sys.stderr)
         return 2
-    work = tempfile.mkdtemp(prefix="hasvc-put-times-")
-    with open(os.path.join(work, "sitecustomize.py"), "w") as file:
-        file.write(SITECUSTOMIZE)
-    names = ("PYTHONPATH", "HASVC_PUT_TIMES", "HASVC_PUT_TIMES_FUNCTIONS")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [work, ROOT, saved["PYTHONPATH"]]))
-    os.environ["HASVC_PUT_TIMES"] = work
-    os.environ["HASVC_PUT_TIMES_FUNCTIONS"] = ",".join((*FUNCTIONS, *args.function))
-    try:
-        settings = {"page_cache_keep_size": str(256 << 20)}  # as the benchmarks give their brokers
-        if args.mode == "classic":
-            cluster = LocalPair(role="sync", flush=args.flush, settings=settings)
-            cluster.wait_connected()
-        else:
-            cluster = LocalGroup(nodes=args.nodes, flush=args.flush, settings=settings)
-    finally:  # only the brokers run with the hook
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    environment = {"HASVC_PUT_TIMES": "{work}", "HASVC_PUT_TIMES_FUNCTIONS": ",".join((*FUNCTIONS, *args.function))}
+    settings = {"page_cache_keep_size": str(256 << 20)}  # as the benchmarks give their brokers
+    cluster, work = start_hooked(args, SITECUSTOMIZE, environment, prefix="hasvc-put-times-", settings=settings)
     try:
         address, pids = cluster.master["listen"], cluster.pids
         shape = dict(producers=args.producers, connections=args.connections, size=1024, batch=args.batch, load_binary=load)

@@ -142,3 +142,29 @@ def test_calls_per_put_profiles_the_brokers_of_a_pair(tmp_path):
     for process in data["processes"].values():
         assert process["calls_per_request"] > 10, process
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-calls-*"))) == work_directories, "work directory left"
+
+
+def test_dledger_followers_compares_a_pair_a_group_and_a_group_with_a_follower_stopped(tmp_path):
+    """scripts/dledger_followers.py: each kind is started fresh, measured and stopped by PID; in
+    the stopped kind one follower (never the leader) used no CPU over the window while the
+    group still acknowledged every put (the leader and the other follower are a quorum)."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for scripts/hasvc_load.c")
+    report = tmp_path / "followers.json"
+    stores = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-bench-*")))
+    done = subprocess.run([sys.executable, "scripts/dledger_followers.py", "--producers", "4", "--seconds", "0.5",
+                           "--rounds", "1", "--json", str(report)], capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(report.read_text())
+    rows = {row["kind"]: row for row in data["rows"]}
+    assert list(rows) == ["pair", "group", "stopped"], data["rows"]
+    for row in rows.values():
+        assert row["acked_per_second"] > 0 and set(row["statuses"]) == {"PUT_OK"}, row
+    assert set(rows["pair"]["cpu_us_per_message"]) == {"master", "slave"}
+    group, stopped = rows["group"]["cpu_us_per_message"], rows["stopped"]["cpu_us_per_message"]
+    assert len(group) == 3 and sum(name.startswith("leader") for name in group) == 1, group
+    [paused] = [name for name in stopped if name.startswith("stopped ")]
+    assert stopped[paused] == 0.0 and not paused.startswith("stopped leader"), stopped
+    assert all(value > 0 for name, value in stopped.items() if name != paused), stopped
+    assert set(data["ratios"]) == {"group/pair", "stopped/pair", "stopped/group"}, data["ratios"]
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-bench-*"))) == stores, "a store was left"

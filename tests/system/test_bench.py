@@ -168,3 +168,20 @@ def test_dledger_followers_compares_a_pair_a_group_and_a_group_with_a_follower_s
     assert all(value > 0 for name, value in stopped.items() if name != paused), stopped
     assert set(data["ratios"]) == {"group/pair", "stopped/pair", "stopped/group"}, data["ratios"]
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-bench-*"))) == stores, "a store was left"
+
+
+@pytest.mark.parametrize("mode", ["classic", "dledger"])
+def test_put_path_inprocess_answers_every_put_of_every_pass(tmp_path, mode):
+    """scripts/put_path_inprocess.py: a broker alone in its process (a classic ASYNC_MASTER, or a
+    DLedger member leading a group of one) answers every put of every pass PUT_OK (the script
+    fails otherwise), and reports one CPU figure a round; its store is removed."""
+    report = tmp_path / "inprocess.json"
+    stores = set(glob.glob("/dev/shm/hasvc-inprocess-*")) | set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-inprocess-*")))
+    done = subprocess.run([sys.executable, "scripts/put_path_inprocess.py", "--mode", mode, "--passes", "20", "--rounds", "2",
+                           "--requests", "16", "--json", str(report)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(report.read_text())
+    assert data["mode"] == mode and len(data["cpu_us_per_message"]) == 2, data
+    assert all(value > 0 for value in data["cpu_us_per_message"]) and data["median"] > 0, data
+    after = set(glob.glob("/dev/shm/hasvc-inprocess-*")) | set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-inprocess-*")))
+    assert after == stores, "a store was left"

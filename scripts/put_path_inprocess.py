@@ -1,0 +1,137 @@
+"""The put path of one broker in one process, without a network or peers: CPU a message from a
+pass of SENDs handed to ``PutService.put_items`` to every answer, classic against DLedger.
+
+    .venv/bin/python scripts/put_path_inprocess.py [--mode classic|dledger] [--passes 2000]
+        [--rounds 5] [--requests 64] [--queues 4] [--size 1024] [--json FILE]
+
+``classic``: a ``Broker`` playing ASYNC_MASTER (no slave to wait for: every put is answered once
+appended). ``dledger``: a ``DLedgerBroker`` alone in its group (its quorum is itself: a proposal
+commits in the Ready that appends it), SYNC_MASTER once its no-op is committed. Both with a
+temporary store in /dev/shm when there is one. Each round hands PASSES passes of REQUESTS
+one-message SENDs (SIZE-byte bodies, spread over QUEUES queues, as the load generator spreads its
+producers) to ``put_items`` with an outbox that counts answers, yields to the event loop after
+each pass, waits for every answer, and prints the main thread's CPU (``time.thread_time``) per
+message. The first round warms the store up and is not counted in the median.
+
+Why: in a running pair or group the put path shares the machine with its peers, the load
+generator and their wake-ups (docs/benchmarks.md: rates move ±15-30 % between rounds), and a
+leader's or master's CPU a message includes the replication exchange. Here only the local work is
+left -- decode and client I/O aside: the append (a DLedger leader's plan, proposal and entry
+write), the commit and the dispatch, the answers -- so the two modes' costs can be compared
+with each other directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import trio
+
+from hasvc.broker.broker import Broker
+from hasvc.broker.dledger import DLedgerBroker, GroupConfig
+from hasvc.config import BrokerConfig, BrokerRole
+from hasvc.protocol import client as cp
+from hasvc.state.raft.config import RaftConfig
+
+# Short election timing: the lone member leads within ~0.3 s.
+RAFT = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
+POOL_PASSES = 8  # distinct passes of requests built once and handed out in turn
+LEAD_TIMEOUT_SECONDS = 30.0
+
+
+class CountingOutbox:
+    """What ``PutService`` answers through: counts the answers, keeps nothing."""
+
+    def __init__(self) -> None:
+        self.answers = 0
+        self.failures = 0
+
+    def respond(self, frame, payload) -> None:
+        self.answers += 1
+        if cp.decode_send_response(payload).status != "PUT_OK":
+            self.failures += 1
+
+    def flush(self) -> None:
+        pass
+
+
+def requests_pool(requests: int, queues: int, size: int) -> list[list[tuple[cp.Frame, cp.SendRequest]]]:
+    pool = []
+    for number in range(POOL_PASSES):
+        sends = []
+        for index in range(requests):
+            properties = [f"KEYS\x01k{number}-{index}\x02".encode()]
+            request = cp.SendRequest("BenchTopic", index % queues, [os.urandom(size)], properties, 0, 0)
+            sends.append((cp.Frame(cp.SEND, index, b""), request))
+        pool.append(sends)
+    return pool
+
+
+async def _run(args, store: str) -> list[float]:
+    rounds = []
+    async with trio.open_nursery() as nursery:
+        if args.mode == "classic":
+            broker = Broker(BrokerConfig(store=store, role=BrokerRole.ASYNC_MASTER, listen=("127.0.0.1", 0)))
+            await nursery.start(broker.run)
+        else:
+            config = BrokerConfig(store=store, role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0))
+            broker = DLedgerBroker(config, GroupConfig(group="inprocess", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=RAFT))
+            await nursery.start(broker.run)
+            with trio.fail_after(LEAD_TIMEOUT_SECONDS):
+                while broker.role_state.role is not BrokerRole.SYNC_MASTER:
+                    await trio.sleep(0.01)
+        outbox = CountingOutbox()
+        pool = requests_pool(args.requests, args.queues, args.size)
+        put_items = broker.put_service.put_items
+        messages = args.passes * args.requests
+        for _ in range(args.rounds):
+            expected = outbox.answers + messages
+            started = time.thread_time()
+            for number in range(args.passes):
+                put_items([(outbox, frame, request) for frame, request in pool[number % POOL_PASSES]])
+                await trio.sleep(0)
+            while outbox.answers < expected:
+                await trio.sleep(0)
+            rounds.append((time.thread_time() - started) / messages * 1e6)
+            print(f"{args.mode}: {rounds[-1]:.2f} us of CPU a message", flush=True)
+        if outbox.failures:
+            raise SystemExit(f"{outbox.failures} puts were not PUT_OK")
+        nursery.cancel_scope.cancel()
+    return rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("classic", "dledger"), default="dledger")
+    parser.add_argument("--passes", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=64, help="one-message SENDs a pass")
+    parser.add_argument("--queues", type=int, default=4)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--json", help="write the rounds and their median here too")
+    args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2 (the first warms up)")
+    store = tempfile.mkdtemp(prefix="hasvc-inprocess-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        rounds = trio.run(_run, args, store)
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+    median = statistics.median(rounds[1:])
+    print(f"{args.mode}: median {median:.2f} us of CPU a message over rounds 2-{args.rounds}")
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({"mode": args.mode, "requests": args.requests, "queues": args.queues, "size": args.size,
+                       "passes": args.passes, "cpu_us_per_message": rounds, "median": median}, file, indent=1)  # fmt: skip
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

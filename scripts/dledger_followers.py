@@ -3,14 +3,17 @@ group, and the same group with one follower stopped (SIGSTOP), alternating, unde
 scripts/hasvc_load.c.
 
     .venv/bin/python scripts/dledger_followers.py [--producers 64] [--batch 1] [--seconds 3]
-        [--rounds 3] [--kinds pair,group,stopped] [--json FILE]
+        [--rounds 3] [--kinds pair,group,stopped] [--warm-up-mib 320] [--json FILE]
 
 Each round starts every kind in turn from this checkout (``LocalPair`` / ``LocalGroup`` as
 ``hasvc bench sync-write`` does: SYNC_MASTER or quorum in memory, ASYNC_FLUSH, etcd-like election
-timing, ``page_cache_keep_size`` 256 MiB), drives it for 2 s, then measures one window of
+timing, ``page_cache_keep_size`` 256 MiB), warms it up as ``scripts/bench_peers`` does (``--warm-up-mib``
+MiB written at 64 producers x 32 messages a request, in runs of 1 s: past the drop-behind, so the
+classic master's and the leader's warm-up threads, which fault in pages ahead of a fresh store's
+writes, have gone quiet; 0 skips it), drives it for 2 s at the measured shape, then measures one window of
 ``--seconds`` over one connection with 1 KiB messages and prints the acked msgs/s and each
 process's CPU per acknowledged message (user + system, every thread, from /proc). ``stopped``:
-after the first 2 s one follower (not the leader) gets SIGSTOP and the group runs 1 s more before
+after those 2 s one follower (not the leader) gets SIGSTOP and the group runs 1 s more before
 the window, so the leader's pushes to it have filled its socket and its send queue and stopped
 (its in-flight limit): the leader's quorum is itself and the other follower, as a classic master's
 is itself and its slave, and three busy processes share the cores as a pair's do. The follower
@@ -32,14 +35,15 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import time
 
 from hasvc.tools.bench.sync_write import LocalGroup, LocalPair, build_c_load, process_cpu_seconds
 
 KINDS = ("pair", "group", "stopped")
 SETTINGS = {"page_cache_keep_size": str(256 << 20)}  # as scripts/bench_peers gives its brokers
-WARMUP_SECONDS = 2
+WARMUP_SECONDS = 2  # at the measured shape, after the warm-up by bytes
+WARM_UP_MIB_DEFAULT = 320  # scripts/bench_peers' WARM_UP_BYTES: page_cache_keep_size + 64 MiB
+WARM_UP_RUNS_MAX = 20  # 1 s runs at 64 x 32 (as bench_peers): a slow cluster stops there
 STOPPED_SETTLE_SECONDS = 1  # load after the SIGSTOP, before the window: the pushes to it stop
 
 
@@ -50,7 +54,15 @@ def _load(load: str, address: str, producers: int, batch: int, seconds: float) -
     return json.loads(done.stdout)
 
 
-def measure(kind: str, load: str, producers: int, batch: int, seconds: float) -> dict:
+def warm_up(load: str, address: str, mib: int) -> None:
+    written = 0
+    for _ in range(WARM_UP_RUNS_MAX):
+        if written >= mib << 20:
+            return
+        written += _load(load, address, 64, 32, 1.0)["acked"] * 1024
+
+
+def measure(kind: str, load: str, producers: int, batch: int, seconds: float, warm_up_mib: int) -> dict:
     """One fresh pair or group of ``kind``, warmed and measured; stopped by PID."""
     cluster = LocalPair(role="sync", flush="async", settings=SETTINGS) if kind == "pair" else (
         LocalGroup(nodes=3, flush="async", settings=SETTINGS))  # fmt: skip
@@ -58,6 +70,7 @@ def measure(kind: str, load: str, producers: int, batch: int, seconds: float) ->
     try:
         cluster.wait_connected()
         address = cluster.master["listen"]
+        warm_up(load, address, warm_up_mib)
         _load(load, address, producers, batch, WARMUP_SECONDS)
         pids = cluster.pids
         if kind == "stopped":
@@ -102,6 +115,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated, in the order each round runs them")
+    parser.add_argument("--warm-up-mib", type=int, default=WARM_UP_MIB_DEFAULT,
+                        help="MiB written at 64 x 32 into each fresh pair or group first (0: none)")
     parser.add_argument("--json", help="write the rows and the summary here too")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
@@ -115,7 +130,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     for round_number in range(args.rounds):
         for kind in kinds:
-            row = measure(kind, load, args.producers, args.batch, args.seconds)
+            row = measure(kind, load, args.producers, args.batch, args.seconds, args.warm_up_mib)
             row["round"] = round_number
             rows.append(row)
             cpu = ", ".join(f"{name} {value}" for name, value in row["cpu_us_per_message"].items())
@@ -126,7 +141,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as file:
             json.dump({"started": started, "producers": args.producers, "batch": args.batch, "seconds": args.seconds,
-                       "rows": rows, **result}, file, indent=1)  # fmt: skip
+                       "warm_up_mib": args.warm_up_mib, "rows": rows, **result}, file, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

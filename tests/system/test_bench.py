@@ -153,7 +153,7 @@ def test_dledger_followers_compares_a_pair_a_group_and_a_group_with_a_follower_s
     report = tmp_path / "followers.json"
     stores = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-bench-*")))
     done = subprocess.run([sys.executable, "scripts/dledger_followers.py", "--producers", "4", "--seconds", "0.5",
-                           "--rounds", "1", "--json", str(report)], capture_output=True, text=True, timeout=180)  # fmt: skip
+                           "--rounds", "1", "--warm-up-mib", "1", "--json", str(report)], capture_output=True, text=True, timeout=180)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
     rows = {row["kind"]: row for row in data["rows"]}

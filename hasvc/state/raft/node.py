@@ -585,6 +585,27 @@ class RaftNode:
         result = VoteResult.ACCEPT if refusal is None else refusal
         term = m.term if (m.pre_vote and result is VoteResult.ACCEPT) else self.term
         self._messages.append(VoteResponse(self.self_id, m.source, term, result, m.pre_vote))
+        if m.pre_vote and result is VoteResult.ACCEPT:
+            self._give_way(m, now)
+
+    def _give_way(self, m: VoteRequest, now: float) -> None:
+        """Having granted ``m.source`` a pre-vote, let its campaign run (the config's
+        ``pre_vote_granted_hold_seconds``): a follower starts none of its own before the hold
+        ends; a pre-candidate gives its own up when the other's log is newer than ours, or as new
+        and its id lower, so that of two whose pre-votes crossed exactly one goes on."""
+        hold = min(self.config.pre_vote_granted_hold_seconds, self.config.election_timeout_min_seconds / 2)
+        if hold <= 0:
+            return
+        if self.role is Role.FOLLOWER:
+            self._election_deadline = max(self._election_deadline, now + hold)
+            return
+        campaign = self._campaign
+        if self.role is not Role.CANDIDATE or campaign is None or not campaign.pre_vote:
+            return
+        theirs, ours = (m.ledger_end_term, m.ledger_end_index), (self._log.last_term(), self._log.last_index())
+        if theirs > ours or (theirs == ours and m.source < self.self_id):
+            self._become_follower(self.term, None, now)
+            self._election_deadline = now + hold
 
     def _on_vote_response(self, m: VoteResponse, now: float) -> None:
         if m.term > self.term and not (m.pre_vote and m.result is VoteResult.ACCEPT):

@@ -5,8 +5,6 @@ behind, a divergent follower, the Raft commit rule, flush_sync acknowledgements,
 import dataclasses
 import random
 
-import pytest
-
 from hasvc.state.raft import (
     DLEDGER_DEFAULTS,
     ETCD_LIKE,
@@ -632,9 +630,8 @@ def test_acknowledgements_stepped_before_one_ready_commit_as_one_at_a_time():
 def test_proposals_before_one_ready_go_to_each_follower_in_one_push():
     """A proposal's entries are pushed when the Ready is taken: the proposals of one pass of
     puts reach each follower in one APPEND (within push_batch_size_max), each still its own
-    proposal; a proposal followed by its Ready pushes as before (every follower at once: the
-    deferral of the ones beyond the quorum is off here, and tested below)."""
-    node, log = make_node([1], term=1, config=ALL_AT_ONCE)
+    proposal; a proposal followed by its Ready pushes as before."""
+    node, log = make_node([1], term=1)
     elect(node, log, now=10.0)
     for peer in ("n1", "n2"):
         node.step(PushResponse(peer, "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), 10.1)
@@ -655,87 +652,12 @@ def test_proposals_before_one_ready_go_to_each_follower_in_one_push():
     assert node.committed_index == 5 and len(ready.proposals) == 3
 
 
-# DLedger's own push: every follower at once, none deferred beyond the quorum.
-ALL_AT_ONCE = dataclasses.replace(DLEDGER_DEFAULTS, push_beyond_quorum_delay_seconds=0.0)
-DELAY = DLEDGER_DEFAULTS.push_beyond_quorum_delay_seconds
-
-
-def _leading_with_followers_matched(now: float = 10.0):
-    """n0 leads in term 2 and both followers hold its log (entry 0, and 1: the leader's no-op,
-    which reached n2 after the delay); nothing is deferred. The time is ``now + 2 * DELAY``."""
-    node, log = make_node([1], term=1)
-    elect(node, log, now=now)
-    for peer in ("n1", "n2"):
-        node.step(PushResponse(peer, "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), now)
-    carry_out(node, log)
-    node.tick(now + DELAY)
-    carry_out(node, log)
-    for peer in ("n1", "n2"):
-        node.step(PushResponse(peer, "n0", 2, PushType.APPEND, PushResult.SUCCESS, 1, 1, 0, 1), now + DELAY)
-    carry_out(node, log)
-    assert node.committed_index == 1 and node.deadline() > now + 2 * DELAY
-    return node, log
-
-
-def _pushes(ready) -> dict[str, tuple[int, int]]:
-    return {m.target: (m.index, m.entries.count) for m in ready.messages if isinstance(m, Push)}
-
-
-def test_a_follower_beyond_the_quorum_gets_new_entries_after_the_delay_in_one_push():
-    """With three members the leader pushes new entries at once to one follower (the quorum's
-    other member: the higher acknowledged index, ties by id) and to the other once its oldest
-    unpushed entry has waited push_beyond_quorum_delay_seconds: the core's deadline says when,
-    and what came meanwhile goes in the same push. Commit needs only the first."""
-    node, log = _leading_with_followers_matched()
-    t = 10.0 + 2 * DELAY
-    first = node.propose([b"a"], t)
-    assert _pushes(carry_out(node, log)) == {"n1": (first.first_index, 1)}
-    assert node.deadline() == pytest.approx(t + DELAY)
-    node.step(PushResponse("n1", "n0", 2, PushType.APPEND, PushResult.SUCCESS, 2, 2, 0, 2), t + DELAY * 0.1)
-    ready = carry_out(node, log)
-    assert node.committed_index == 2 and [p.status.value for p in ready.proposals] == ["SUCCESS"]
-    second = node.propose([b"b", b"c"], t + DELAY * 0.2)
-    assert _pushes(carry_out(node, log)) == {"n1": (second.first_index, 2)}  # n2 still waits
-    node.tick(t + DELAY * 0.9)
-    assert _pushes(carry_out(node, log)) == {}
-    node.tick(t + DELAY)
-    assert _pushes(carry_out(node, log)) == {"n2": (first.first_index, 3)}  # everything it lacked, once
-    assert node.deadline() > t + DELAY  # nothing deferred any more
-
-
-def test_the_deferred_follower_takes_over_when_the_first_stops_acknowledging():
-    """The first follower is the one ahead: when it stops answering, the other's pushes (after
-    the delay) move it ahead, and from then on it is pushed to at once and commits alone."""
-    node, log = _leading_with_followers_matched()
-    t = 10.0 + 2 * DELAY
-    node.propose([b"a"], t)
-    assert set(_pushes(carry_out(node, log))) == {"n1"}
-    # n1 is gone; n2 gets the entry after the delay and answers.
-    node.tick(t + DELAY)
-    assert _pushes(carry_out(node, log)) == {"n2": (2, 1)}
-    node.step(PushResponse("n2", "n0", 2, PushType.APPEND, PushResult.SUCCESS, 2, 2, 0, 2), t + DELAY)
-    carry_out(node, log)
-    assert node.committed_index == 2
-    later = node.propose([b"b"], t + 2 * DELAY)
-    assert _pushes(carry_out(node, log)) == {"n2": (later.first_index, 1)}  # n2 first now; n1 waits
-
-
-def test_with_the_delay_off_every_follower_is_pushed_at_once():
-    node, log = make_node([1], term=1, config=ALL_AT_ONCE)
-    elect(node, log, now=10.0)
-    for peer in ("n1", "n2"):
-        node.step(PushResponse(peer, "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), 10.0)
-    carry_out(node, log)
-    proposed = node.propose([b"a"], 10.1)
-    assert _pushes(carry_out(node, log)) == {"n1": (proposed.first_index, 1), "n2": (proposed.first_index, 1)}
-
-
 def test_a_pass_of_64_producers_x_32_messages_goes_to_each_follower_in_one_push():
     """By default a push carries up to 1 MiB of bodies: the 256 KiB a leader reads from a client
     in one pass (here 7 requests of 32 x ~1.1 KiB records) reach each follower in one APPEND, not
     four 64 KiB ones -- a follower's step, append, Ready and answer per push, and the leader's
     step of each answer, were what a pass cost beyond its messages."""
-    node, log = make_node([1], term=1, config=ALL_AT_ONCE)
+    node, log = make_node([1], term=1)
     elect(node, log, now=10.0)
     for peer in ("n1", "n2"):
         node.step(PushResponse(peer, "n0", 2, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), 10.1)

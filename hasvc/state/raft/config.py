@@ -52,16 +52,6 @@ class RaftConfig:
     # (branch dl33), the group's CPU a message 64 KiB 24.2/15.2/20.0/20.8 us -> 256 KiB
     # 13.8/13.1/18.8/19.6 (4 pairs), 256 KiB 19.9/15.5/17.2 -> 1 MiB 17.0/14.4/16.3 (3 pairs).
     push_batch_size_max: int = 1024 * 1024
-    # A leader pushes at once to the followers a quorum needs (the quorum - 1 with the highest
-    # acknowledged index; ties by id) and to the others once their oldest unpushed entry has waited
-    # this long: they get fewer, larger pushes, and on a machine the members share, each push
-    # no longer wakes every follower at once. Commit needs only the first ones; the others lag by
-    # at most this (a consumer reading one of them sees a message that much later), and take over
-    # at once when a first one stops acknowledging (their index then ranks higher). 3 members on 2
-    # cores, 64 producers x 1 KiB (`scripts/dledger_followers.py`, docs/benchmarks.md): the deferred
-    # follower's CPU a message 4.4-4.9 -> 2.1-2.6 us, the group +10-19 %. DLedger pushes to every
-    # follower at once (0 here).
-    push_beyond_quorum_delay_seconds: float = 0.005
     # Entries pushed to one follower and not yet acknowledged (a push starts while fewer are, so one
     # batch may go past it). DLedger maxPendingSize = 1000 per peer.
     push_in_flight_max: int = 1000
@@ -108,11 +98,6 @@ class RaftConfig:
             raise ValueError(
                 f"leader_lost_election_delay_max_seconds ({self.leader_lost_election_delay_max_seconds}) must be in "
                 f"[0, election_timeout_min_seconds ({self.election_timeout_min_seconds}))"
-            )
-        if not 0 <= self.push_beyond_quorum_delay_seconds < self.heartbeat_interval_seconds:
-            raise ValueError(
-                f"push_beyond_quorum_delay_seconds ({self.push_beyond_quorum_delay_seconds}) must be in "
-                f"[0, heartbeat_interval_seconds ({self.heartbeat_interval_seconds}))"
             )
         if not self.pre_vote_granted_hold_seconds >= 0:
             raise ValueError(f"pre_vote_granted_hold_seconds must be >= 0, not {self.pre_vote_granted_hold_seconds!r}")

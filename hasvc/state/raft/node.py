@@ -153,7 +153,6 @@ class Progress:
     follower_end: int = -1  # the follower's last index, as last reported
     compare_floor: int = -1
     compare_mismatch_from: float = math.inf
-    deferred_since: float | None = None  # APPEND: entries due since then, held back (beyond the quorum)
 
 
 @dataclasses.dataclass(slots=True)
@@ -356,12 +355,10 @@ class RaftNode:
             times.append(self._pending[0].deadline)
         if self._transfer is not None:
             times.append(self._transfer.deadline)
-        timeout, delay = self.config.push_timeout_seconds, self.config.push_beyond_quorum_delay_seconds
+        timeout = self.config.push_timeout_seconds
         for progress in self._progress.values():  # a loop, not a generator: this runs after every Ready
             if progress.sent_at is not None:
                 times.append(progress.sent_at + timeout)
-            if progress.deferred_since is not None:
-                times.append(progress.deferred_since + delay)
         return min(times)
 
     # ------------------------------------------------------------------ read-only views
@@ -901,11 +898,9 @@ class RaftNode:
                 hi = mid - 1
         return lo
 
-    def _push(self, peer: str, progress: Progress, now: float, first: int, last: int, *, defer: bool = False) -> None:
+    def _push(self, peer: str, progress: Progress, now: float, first: int, last: int) -> None:
         """Push to ``peer`` what ``progress`` says is due; ``first`` and ``last`` are the log's ends
-        (read once by ``_after_event`` for every peer: pushing does not change the log).
-        ``defer``: a follower beyond the quorum (``_first_followers``): new entries wait up to
-        push_beyond_quorum_delay_seconds (``deadline`` wakes the core for them)."""
+        (read once by ``_after_event`` for every peer: pushing does not change the log)."""
         timeout = self.config.push_timeout_seconds
         if (
             progress.state is PushType.APPEND
@@ -921,25 +916,13 @@ class RaftNode:
         elif progress.state is not PushType.RESET and self._needs_deleted_entry(progress):
             progress.state, progress.index, progress.sent_at = PushType.RESET, first, None
         if progress.state is not PushType.APPEND:
-            progress.deferred_since = None
             if progress.sent_at is None or now >= progress.sent_at + timeout:
                 message = self._control_push(peer, progress)
                 if message is not None:
                     self._messages.append(message)
                 progress.sent_at = None if message is None else now  # None: nothing in flight to time
             return
-        if defer and progress.index <= last:
-            if progress.deferred_since is None:
-                progress.deferred_since = now
-            deferred = now < progress.deferred_since + self.config.push_beyond_quorum_delay_seconds
-        else:
-            deferred = False
-        if not deferred:
-            progress.deferred_since = None
-        while (
-            not deferred and progress.index <= last
-            and progress.index - progress.match_index - 1 < self.config.push_in_flight_max
-        ):  # fmt: skip
+        while progress.index <= last and progress.index - progress.match_index - 1 < self.config.push_in_flight_max:
             # Whole batches (a window that opens by one entry must not make one-entry pushes):
             # in flight may pass push_in_flight_max by less than a batch. The push names the
             # entries (a reference run): the driver sends them as its store holds them.
@@ -1052,19 +1035,9 @@ class RaftNode:
         self._push_due_at = None  # whatever a proposal left goes now
         log = self._log
         first, last = log.first_index(), log.last_index()
-        first_followers = self._first_followers()
         for peer, progress in self._progress.items():
-            self._push(peer, progress, now, first, last, defer=first_followers is not None and peer not in first_followers)
+            self._push(peer, progress, now, first, last)
         return first, last
-
-    def _first_followers(self) -> list[str] | None:
-        """The followers pushed to at once when push_beyond_quorum_delay_seconds defers the others:
-        the quorum - 1 with the highest acknowledged index (ties by id), so that the ones that keep
-        up stay first and one that stops acknowledging drops behind the others. None: all at once."""
-        progress, needed = self._progress, self.quorum - 1
-        if self.config.push_beyond_quorum_delay_seconds <= 0 or len(progress) <= needed:
-            return None
-        return sorted(progress, key=lambda peer: (-progress[peer].match_index, peer))[:needed]
 
     def _after_event(self, now: float, *, push: bool = True) -> None:
         """What follows every event: a leader pushes (``push``: not after a proposal, whose

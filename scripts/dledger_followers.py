@@ -3,7 +3,7 @@ group, and the same group with one follower stopped (SIGSTOP), alternating, unde
 scripts/hasvc_load.c.
 
     .venv/bin/python scripts/dledger_followers.py [--producers 64] [--batch 1] [--seconds 3]
-        [--rounds 3] [--kinds pair,group,stopped] [--warm-up-mib 320] [--json FILE]
+        [--rounds 3] [--kinds pair,group,stopped] [--warm-up-mib 320] [--group-set NAME=VALUE ...] [--json FILE]
 
 Each round starts every kind in turn from this checkout (``LocalPair`` / ``LocalGroup`` as
 ``hasvc bench sync-write`` does: SYNC_MASTER or quorum in memory, ASYNC_FLUSH, etcd-like election
@@ -62,10 +62,11 @@ def warm_up(load: str, address: str, mib: int) -> None:
         written += _load(load, address, 64, 32, 1.0)["acked"] * 1024
 
 
-def measure(kind: str, load: str, producers: int, batch: int, seconds: float, warm_up_mib: int) -> dict:
+def measure(kind: str, load: str, producers: int, batch: int, seconds: float, warm_up_mib: int,
+            group_settings: dict[str, str] | None = None) -> dict:  # fmt: skip
     """One fresh pair or group of ``kind``, warmed and measured; stopped by PID."""
     cluster = LocalPair(role="sync", flush="async", settings=SETTINGS) if kind == "pair" else (
-        LocalGroup(nodes=3, flush="async", settings=SETTINGS))  # fmt: skip
+        LocalGroup(nodes=3, flush="async", settings={**SETTINGS, **(group_settings or {})}))  # fmt: skip
     stopped = None
     try:
         cluster.wait_connected()
@@ -117,12 +118,15 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated, in the order each round runs them")
     parser.add_argument("--warm-up-mib", type=int, default=WARM_UP_MIB_DEFAULT,
                         help="MiB written at 64 x 32 into each fresh pair or group first (0: none)")
+    parser.add_argument("--group-set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for the groups' members (hasvc node --set), e.g. push_batch_size_max=65536")
     parser.add_argument("--json", help="write the rows and the summary here too")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
     unknown = set(kinds) - set(KINDS)
     if unknown:
         parser.error(f"unknown kinds {sorted(unknown)}: choose from {', '.join(KINDS)}")
+    group_settings = dict(setting.split("=", 1) for setting in args.group_set)
     load = build_c_load()
     if load is None:
         raise SystemExit("a C compiler (cc) is needed to build scripts/hasvc_load.c")
@@ -130,7 +134,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     for round_number in range(args.rounds):
         for kind in kinds:
-            row = measure(kind, load, args.producers, args.batch, args.seconds, args.warm_up_mib)
+            row = measure(kind, load, args.producers, args.batch, args.seconds, args.warm_up_mib, group_settings)
             row["round"] = round_number
             rows.append(row)
             cpu = ", ".join(f"{name} {value}" for name, value in row["cpu_us_per_message"].items())

@@ -21,7 +21,7 @@ import dataclasses
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.messages import Message, Push, PushResponse, PushType
@@ -77,6 +77,10 @@ def _corrupted(message: Message, rng: random.Random) -> Message:
     return dataclasses.replace(message, entries=dataclasses.replace(message.entries, data=bytes(data)))
 
 
+def _sim_log(member: str) -> SimLog:
+    return SimLog()
+
+
 class SimCluster:
     def __init__(
         self,
@@ -89,6 +93,7 @@ class SimCluster:
         flush_delay_seconds: tuple[float, float] = (0.002, 0.010),
         corrupt_run_probability: float = 0.0,
         coalesce_acknowledgements: bool = False,
+        log_factory: Callable[[str], SimLog] | None = None,
     ) -> None:
         self.seed = seed
         self.members = tuple(members)
@@ -110,7 +115,9 @@ class SimCluster:
         # For scenarios that propose a few times before one Ready (raft_sim's clients), drawn
         # apart so that the other draws of a seed stay what they were.
         self.together_rng = random.Random(f"together-{seed}")
-        self.logs = {member: SimLog() for member in self.members}
+        # A member's log: the in-memory SimLog, or what ``log_factory(member)`` makes (the
+        # raft-store simulation gives every member a real DLedger entry store).
+        self.logs = {member: (log_factory or _sim_log)(member) for member in self.members}
         self.nodes: dict[str, RaftNode | None] = {member: None for member in self.members}
         self.checker = RaftChecker(self.members)
         self.now = 0.0

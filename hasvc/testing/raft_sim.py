@@ -22,6 +22,7 @@ import dataclasses
 import random
 import sys
 import time
+from collections.abc import Callable
 
 from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.ready import Proposed
@@ -171,8 +172,9 @@ def _settle(cluster: SimCluster) -> None:
                                       for m in cluster.members))  # fmt: skip
 
 
-def run_seed(seed: int, nodes: int = 3) -> SeedReport:
-    """One seed's schedule; raises SafetyViolation, LivenessFailure or AssertionError on a bug."""
+def run_seed(seed: int, nodes: int = 3, *, log_factory: Callable[[str], object] | None = None) -> SeedReport:
+    """One seed's schedule; raises SafetyViolation, LivenessFailure or AssertionError on a bug.
+    ``log_factory(member)`` gives each member its log (default: the in-memory SimLog)."""
     rng = random.Random(f"raft-sim-{nodes}-{seed}")
     settings = settings_for(rng)
     members = [f"n{i}" for i in range(nodes)]
@@ -182,7 +184,7 @@ def run_seed(seed: int, nodes: int = 3) -> SeedReport:
     coalesce = random.Random(f"raft-sim-coalesce-{nodes}-{seed}").random() < 0.5
     cluster = SimCluster(seed=f"{nodes}-{seed}", members=members, config=settings.config, network=settings.network,
                          flush_delay_seconds=settings.flush_delay_seconds, corrupt_run_probability=corrupt,
-                         coalesce_acknowledgements=coalesce)  # fmt: skip
+                         coalesce_acknowledgements=coalesce, log_factory=log_factory)  # fmt: skip
     counter = [0]
     next_client = rng.expovariate(1 / settings.client_interval_seconds)
     next_fault = rng.expovariate(1 / settings.fault_interval_seconds)

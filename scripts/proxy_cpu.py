@@ -163,18 +163,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hasvc-proxy-cpu-") as root:
         processes, master, proxy, null = bench._start(root)
         slave = next(p for p in processes if p.name == "slave")
-        brokers = {"master": master.popen.pid, "slave": slave.popen.pid}
+        brokers = {"master": master.pid, "slave": slave.pid}
         try:
             for index in range(rounds):
                 if mode == "producer":
                     row = {"senders": first,
-                           "null_proxy": produce(root, null.ready["listen"], first, second, f"CpuNull{index}", {"null_proxy": null.popen.pid}),
-                           "proxy": produce(root, proxy.ready["listen"], first, second, f"Cpu{index}", {"proxy": proxy.popen.pid, **brokers})}  # fmt: skip
+                           "null_proxy": produce(root, null.ready["listen"], first, second, f"CpuNull{index}", {"null_proxy": null.pid}),
+                           "proxy": produce(root, proxy.ready["listen"], first, second, f"Cpu{index}", {"proxy": proxy.pid, **brokers})}  # fmt: skip
                     row["gateway_cost"] = round(1 - row["proxy"]["rate"] / row["null_proxy"]["rate"], 3)
                 elif mode == "consumer":
                     topic, count = f"CpuConsume{index}", first
                     trio.run(write_backlog, master.ready["listen"], topic, count)
-                    pids = {"proxy": proxy.popen.pid, **brokers}
+                    pids = {"proxy": proxy.pid, **brokers}
                     row = {"count": count,
                            "simple": consume(root, proxy.ready["listen"], "consume", second, topic, f"CpuSimple{index}", count, pids,
                                              master.ready["listen"]),

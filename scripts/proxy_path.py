@@ -92,7 +92,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hasvc-proxy-path-") as root:
         processes, master, proxy, null = bench._start(root)
         slave = next(p for p in processes if p.name == "slave")
-        pids = {"master": master.popen.pid, "slave": slave.popen.pid}
+        pids = {"master": master.pid, "slave": slave.pid}
         try:
             for index in range(rounds):
                 row = {"load": os.getloadavg()[0],

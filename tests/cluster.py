@@ -7,10 +7,7 @@ stopped by its PID (SIGTERM, then SIGKILL) when the cluster closes.
 
 from __future__ import annotations
 
-import json
 import os
-import select
-import signal
 import subprocess
 import sys
 import time
@@ -18,75 +15,15 @@ import time
 import trio
 
 from hasvc import client as hc
+from hasvc.testing.launch import ReadyProcess
 from hasvc.tools import drill
 
-READY_TIMEOUT_SECONDS = 30.0
-STOP_TIMEOUT_SECONDS = 20.0
 
+class BrokerProcess(ReadyProcess):
+    """A broker (or proxy) started from a full command line; READY read, stopped by PID."""
 
-class BrokerProcess:
     def __init__(self, name: str, command: list[str], log_path: str, env: dict | None = None):
-        self.name = name
-        self.command = command
-        self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115 (closed when the process is stopped)
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log, env=env)
-        self.ready = self._read_ready()
-
-    def _read_ready(self) -> dict:
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        line = b""
-        while time.monotonic() < deadline:
-            readable, _, _ = select.select([self.process.stdout], [], [], 0.2)
-            if readable:
-                chunk = os.read(self.process.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                line += chunk
-                if b"\n" in line:
-                    first = line.split(b"\n", 1)[0].decode()
-                    assert first.startswith("READY "), first
-                    return json.loads(first[len("READY ") :])
-            elif self.process.poll() is not None:
-                break
-        self.kill()
-        raise RuntimeError(f"{self.name} did not start; log:\n{self.log()[-3000:]}")
-
-    @property
-    def address(self) -> str:
-        return self.ready["listen"]
-
-    @property
-    def ha_address(self) -> str:
-        return self.ready["ha_listen"]
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-        self._log.close()
-
-    def stop(self) -> int:
-        """SIGTERM and wait for a clean exit; return the exit code."""
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._log.close()
-        return self.process.returncode
-
-    def log(self) -> str:
-        with open(self.log_path, errors="replace") as file:
-            return file.read()
+        super().__init__(name, command, log_path, env=env)
 
 
 class Cluster:
@@ -138,7 +75,7 @@ class Cluster:
 
     def close(self) -> None:
         for broker in self.brokers:
-            if broker.alive():
+            if broker.alive:
                 broker.stop()
 
 

@@ -18,9 +18,6 @@ import os
 import random
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -29,40 +26,17 @@ import trio
 from commitlog.checkpoint import StoreCheckpoint
 from commitlog.inspect import iter_records
 from hasvc import client as hc
+from hasvc.testing.launch import ReadyProcess, hasvc_command
 
-READY_TIMEOUT_SECONDS = 30.0
 CATCH_UP_TIMEOUT_SECONDS = 120.0
 DRILL_TOPIC = "Drill"
 
 
-class Process:
+class Process(ReadyProcess):
+    """A ``hasvc ARGS`` process of a drill (or a benchmark), its log under ``root``."""
+
     def __init__(self, root: str, name: str, args: list[str]):
-        self.name = name
-        self.log_path = os.path.join(root, f"{name}.log")
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen([sys.executable, "-m", "hasvc.cli", *args], stdout=subprocess.PIPE, stderr=log)
-        line = self.popen.stdout.readline().decode()
-        if not line.startswith("READY "):
-            self.kill()
-            raise RuntimeError(f"{name} did not start; see {self.log_path}")
-        self.ready = json.loads(line[len("READY ") :])
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGKILL)
-        self.popen.wait()
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log(self) -> str:
-        with open(self.log_path, errors="replace") as file:
-            return file.read()
+        super().__init__(name, hasvc_command(*args), os.path.join(root, f"{name}.log"))
 
 
 @dataclasses.dataclass

@@ -30,10 +30,7 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -43,11 +40,11 @@ from commitlog import record as rec
 from commitlog.dledger.entry_codec import EntryFormatError
 from commitlog.dledger.inspect import iter_entries
 from hasvc import client as hc
+from hasvc.testing.launch import ReadyProcess, hasvc_command
 from hasvc.tools.drill import queue_file_digests
 from hasvc.tools.partition import LOOPBACK, PartitionRelay, free_port
 from hasvc.transport import is_expected
 
-READY_TIMEOUT_SECONDS = 30.0  # a node that prints nothing for this long did not start
 ELECTION_WAIT_SECONDS = 60.0  # no leader (or no PUT_OK) this long after a fault: the round fails
 CATCH_UP_TIMEOUT_SECONDS = 120.0
 SETTLE_SECONDS = 0.5  # producers run this long before each fault
@@ -60,52 +57,18 @@ ETCD_LIKE_SETTINGS = ("heartbeat_interval_seconds=0.1", "election_timeout_min_se
                       "election_timeout_max_seconds=2.0")  # fmt: skip
 
 
-class Node:
+class Node(ReadyProcess):
     """One ``hasvc node`` process: started, SIGKILLed, restarted with the same arguments."""
 
     def __init__(self, root: str, member: str, args: list[str]):
+        super().__init__(f"node {member}", hasvc_command("node", *args), os.path.join(root, f"{member}.log"), start=False)
         self.member = member
         self.args = args
         self.store = os.path.join(root, member)
-        self.log_path = os.path.join(root, f"{member}.log")
-        self.popen: subprocess.Popen | None = None
-        self.ready: dict = {}
 
     @property
     def client_address(self) -> str:
         return self.ready["listen"]
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen([sys.executable, "-m", "hasvc.cli", "node", *self.args],
-                                          stdout=subprocess.PIPE, stderr=log)  # fmt: skip
-        line = self.popen.stdout.readline().decode()
-        if not line.startswith("READY "):
-            self.kill()
-            raise RuntimeError(f"node {self.member} did not start; see {self.log_path}")
-        self.ready = json.loads(line[len("READY ") :])
-
-    def kill(self) -> tuple[float, float]:
-        """SIGKILL and reap; returns (signalled, reaped), ``time.monotonic()`` just before the
-        signal and once the process is gone."""
-        signalled = time.monotonic()
-        if self.popen is not None and self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGKILL)
-        if self.popen is not None:
-            self.popen.wait()
-        return signalled, time.monotonic()
-
-    def stop(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    @property
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
 
 
 @dataclasses.dataclass

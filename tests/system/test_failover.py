@@ -79,7 +79,7 @@ def test_a_master_that_meets_a_newer_epoch_is_fenced(cluster):
         result = client.send("T", b"after")
         assert result.status == "SERVICE_NOT_AVAILABLE" and "fenced" in result.reason
         assert "fenced_by" in client.status()
-    assert returning.alive()
+    assert returning.alive
 
 
 def test_a_live_master_demoted_after_a_promotion_cuts_its_divergent_tail(cluster):

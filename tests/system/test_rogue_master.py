@@ -111,7 +111,7 @@ def test_a_bad_frame_is_refused_by_name_nothing_of_it_is_stored_and_the_slave_re
         slave = cluster.start_slave(rogue.address, ha_reconnect_backoff_max_ms=200)
         wait_until(lambda: rogue.sessions >= 2, message="the slave reconnected after the bad frame")
         assert message in slave.log()
-        assert slave.alive()
+        assert slave.alive
         state = status(slave)
         assert state["max_offset"] == expected_end
         if expected_end:  # the good frame's records were dispatched, the refused frame's bytes never seen

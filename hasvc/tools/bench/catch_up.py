@@ -22,21 +22,18 @@ runs, and the ratio of a run is that run's catch-up over that run's ceiling.
 from __future__ import annotations
 
 import dataclasses
-import json
 import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 from commitlog.mapped_file import preallocate
 from commitlog.pagecache import drop_from_page_cache
 from hasvc import client as hc
+from hasvc.testing.launch import ReadyProcess, hasvc_command
 from hasvc import transport
 from hasvc.tools.bench.store import Summary, build_store, envelope
 from hasvc.tools.bench.sync_write import process_cpu_seconds
@@ -136,25 +133,14 @@ def loopback_ceiling(total: int, *, files: list[str] | None = None, files_dir: s
 # -- processes ---------------------------------------------------------------------------------
 
 
-def _start(args: list[str], log_path: str) -> tuple[subprocess.Popen, dict]:
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "hasvc.cli", *args], stdout=subprocess.PIPE, stderr=log)
-    line = process.stdout.readline().decode()
-    if not line.startswith("READY "):
-        stop_process(process)
-        raise RuntimeError(f"{args[0]} did not start: see {log_path}")
-    return process, json.loads(line[len("READY ") :])
+def _start(args: list[str], log_path: str) -> tuple[ReadyProcess, dict]:
+    process = ReadyProcess(args[0], hasvc_command(*args), log_path)
+    return process, process.ready
 
 
-def stop_process(process: subprocess.Popen) -> None:
+def stop_process(process: ReadyProcess) -> None:
     """SIGTERM by PID, SIGKILL after 30 s."""
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
+    process.stop(timeout_seconds=30)
 
 
 def catch_up_once(root: str, master: dict, master_pid: int, target: int, run: int) -> dict:

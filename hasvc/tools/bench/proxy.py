@@ -35,7 +35,7 @@ def _official(endpoint: str, home: str, mode: str, senders: int, seconds: float,
     each one's CPU over the whole run (the client's start and end included) divided by the
     messages the run counted: ``cpu_us_per_message`` by name."""
     servers = servers or {}
-    before = {name: process_cpu_seconds(process.popen.pid) for name, process in servers.items()}
+    before = {name: process_cpu_seconds(process.pid) for name, process in servers.items()}
     command = [sys.executable, "-m", "hasvc.tools.bench.proxy_client", endpoint, mode, str(senders), str(seconds), str(size), topic,
                group, str(want)]  # fmt: skip
     done = subprocess.run(command, env={**os.environ, "HOME": home}, capture_output=True, text=True,
@@ -44,7 +44,7 @@ def _official(endpoint: str, home: str, mode: str, senders: int, seconds: float,
         raise RuntimeError(f"official client ({mode}) failed: {done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if servers and result["count"]:
-        result["cpu_us_per_message"] = {name: 1e6 * (process_cpu_seconds(process.popen.pid) - before[name]) / result["count"]
+        result["cpu_us_per_message"] = {name: 1e6 * (process_cpu_seconds(process.pid) - before[name]) / result["count"]
                                         for name, process in servers.items()}  # fmt: skip
     return result
 

@@ -17,13 +17,13 @@ import resource
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
 import trio
 
 from hasvc import client as hc
+from hasvc.testing.launch import ReadyProcess, hasvc_command
 from hasvc.tools.bench.store import Summary, envelope
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -191,7 +191,7 @@ class LocalPair:
     def __init__(self, *, role: str, flush: str, slave_flush_before_ack: bool = False, settings: dict[str, str] | None = None):
         """``settings``: more options by config name, given to both (``--set NAME=VALUE``)."""
         self.root = tempfile.mkdtemp(prefix="hasvc-bench-")
-        self.processes: list[subprocess.Popen] = []
+        self.processes: list[ReadyProcess] = []
         both = [arg for name, value in (settings or {}).items() for arg in ("--set", f"{name}={value}")]
         self.master = self._start(["master", "--role", role, "--flush", flush, *both], "master")
         slave_args = ["slave", "--master-ha", self.master["ha_listen"], *both]
@@ -200,17 +200,15 @@ class LocalPair:
         self.slave = self._start(slave_args, "slave")
 
     def _start(self, args: list[str], name: str) -> dict:
-        log = open(os.path.join(self.root, f"{name}.log"), "ab")  # noqa: SIM115 (lives as long as the process)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hasvc.cli", *args, "--store", os.path.join(self.root, name), "--listen", "127.0.0.1:0",
-             "--ha-listen", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=log,
-        )  # fmt: skip
-        self.processes.append(process)
-        line = process.stdout.readline().decode()
-        if not line.startswith("READY "):
+        command = hasvc_command(*args, "--store", os.path.join(self.root, name), "--listen", "127.0.0.1:0",
+                                "--ha-listen", "127.0.0.1:0")  # fmt: skip
+        try:
+            process = ReadyProcess(name, command, os.path.join(self.root, f"{name}.log"))
+        except RuntimeError:
             self.close()
-            raise RuntimeError(f"{name} did not start (see {self.root}/{name}.log)")
-        return json.loads(line[len("READY ") :])
+            raise
+        self.processes.append(process)
+        return process.ready
 
     def wait_connected(self, timeout: float = 30.0) -> None:
         """Until the master has the slave's first report: before it, a SYNC_MASTER put is
@@ -227,18 +225,8 @@ class LocalPair:
         return {"master": self.processes[0].pid, "slave": self.processes[1].pid}
 
     def close(self) -> None:
-        import shutil
-        import signal
-
         for process in self.processes:
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait()
+            process.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -282,7 +270,7 @@ class LocalGroup:
     @property
     def pids(self) -> dict[str, int]:
         leader = self.master["listen"]
-        return {("leader " if node.client_address == leader else "") + node.member: node.popen.pid for node in self.nodes}
+        return {("leader " if node.client_address == leader else "") + node.member: node.pid for node in self.nodes}
 
     def close(self) -> None:
         import shutil

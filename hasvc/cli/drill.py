@@ -28,8 +28,10 @@ def demo(producers, keep, dledger) -> None:
 @click.option("--mode", type=click.Choice(["sync", "async", "dledger"]), default="sync", show_default=True,
               help="sync/async: a master and a slave, failover by promote; dledger: a Raft group, no promote.")
 @click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True, help="dledger: group size.")
-@click.option("--fault", type=click.Choice(["kill-leader", "kill-follower", "partition-leader", "mixed"]),
-              default="kill-leader", show_default=True, help="dledger: the fault each round injects.")
+@click.option("--fault", type=click.Choice(["kill-leader", "kill-follower", "partition-leader", "mixed", "corrupt"]),
+              default=None, help="The fault each round injects. dledger: kill-leader (the default), kill-follower, "
+              "partition-leader, mixed. sync: corrupt (stop a replica, flip one bit in one file of its store, restart it "
+              "under load; damage it refuses is repaired from the peer); without --fault, a failover round.")
 @click.option("--dledger-timing", is_flag=True, help="dledger: DLedger's election defaults instead of etcd-like ones.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds when and whom the fault hits.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
@@ -42,13 +44,24 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
 
     dledger: a group of --nodes `hasvc node` processes behind a partition relay; each round
     SIGKILLs or partitions a member and the group elects by itself; no acknowledged write lost or
-    duplicated, committed logs and consume queues identical; failover time p50/p99."""
-    if mode == "dledger":
+    duplicated, committed logs and consume queues identical; failover time p50/p99.
+
+    --fault corrupt (sync): a replica is stopped, one bit of one file of its store flipped, and it is
+    restarted under load; what it refuses to open is repaired from the peer; the same checks."""
+    if fault == "corrupt":
+        if mode != "sync":
+            raise click.UsageError("--fault corrupt runs with --mode sync")
+        from hasvc.tools.drill_corrupt import run_corrupt_drill
+
+        ok = run_corrupt_drill(rounds=rounds, producers=producers, seed=seed, report_path=report_path, keep=keep, echo=click.echo)
+    elif mode == "dledger":
         from hasvc.tools.drill_dledger import run_dledger_drill
 
-        ok = run_dledger_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault, seed=seed,
+        ok = run_dledger_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-leader", seed=seed,
                                report_path=report_path, keep=keep, etcd_timing=not dledger_timing, echo=click.echo)  # fmt: skip
     else:
+        if fault is not None:
+            raise click.UsageError(f"--fault {fault} runs with --mode dledger")
         from hasvc.tools.drill import run_drill
 
         ok = run_drill(rounds=rounds, producers=producers, mode=mode, seed=seed, report_path=report_path, keep=keep, echo=click.echo)

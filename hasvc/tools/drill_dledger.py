@@ -40,8 +40,9 @@ from commitlog import record as rec
 from commitlog.dledger.entry_codec import EntryFormatError
 from commitlog.dledger.inspect import iter_entries
 from hasvc import client as hc
-from hasvc.testing.launch import ReadyProcess, hasvc_command
+from hasvc.testing.launch import ReadyProcess, StartError, hasvc_command
 from hasvc.tools.drill import queue_file_digests
+from hasvc.tools.faults import flip_random_byte
 from hasvc.tools.partition import LOOPBACK, PartitionRelay, free_port
 from hasvc.transport import is_expected
 
@@ -83,6 +84,7 @@ class RoundReport:
     truncated_entries: int  # entries the returning member had that the group replaced
     identical: bool  # committed entries and consume queues equal on every member
     new_leader: str
+    damage: str = ""  # corrupt: the bit flipped, and what the member did about it
 
     @property
     def ok(self) -> bool:
@@ -97,6 +99,7 @@ class DLedgerDrill:
         self.members = [f"n{i}" for i in range(nodes)]
         self.producers = producers
         self.random = random.Random(seed)
+        self.fault_random = random.Random(f"corrupt-{seed}")  # its own: the other faults' draws stay as they were
         self.settings = ETCD_LIKE_SETTINGS if etcd_timing else ()
         self.segment_size = segment_size
         self.root = root or tempfile.mkdtemp(prefix="hasvc-drill-dledger-")
@@ -203,6 +206,8 @@ class DLedgerDrill:
             self.echo(f"round {number}: the lead moved from {leader} to {current} with no fault injected")
             self.unprovoked_lead_changes += 1
         victim = current if fault != "kill-follower" else self.random.choice([m for m in self.members if m != current])
+        if fault == "corrupt":
+            return await self._corrupt_round(number, current)
         if fault == "partition-leader":
             moment = time.monotonic()
             self.relay.isolate(victim)
@@ -226,6 +231,45 @@ class DLedgerDrill:
             return await trio.to_thread.run_sync(self.verify, number, fault, victim, failover, before, new_leader)
         finally:
             self.paused = False
+
+    async def _corrupt_round(self, number: int, leader: str) -> RoundReport:
+        """Stop a member drawn at random (SIGTERM or SIGKILL), flip one bit of one data byte of
+        one file of its store, start it again: it must rejoin by itself and end identical."""
+        victim = self.fault_random.choice(self.members)
+        node = self.nodes[victim]
+        if self.fault_random.random() < 0.5:
+            moment = time.monotonic()
+            await trio.to_thread.run_sync(node.stop)
+            reaped = time.monotonic()
+        else:
+            moment, reaped = await trio.to_thread.run_sync(node.kill)
+        failover = await self.first_ok_after(moment, sent_after=reaped) if victim == leader else 0.0
+        new_leader = await self.leader(excluding=victim)
+        before = await trio.to_thread.run_sync(entry_terms, node.store, victim)
+        fault = await trio.to_thread.run_sync(flip_random_byte, node.store, self.fault_random)
+        damage = fault.describe(self.root) if fault else "no file held data"
+        try:
+            await trio.to_thread.run_sync(node.start)
+        except StartError as error:
+            refusal = [line for line in str(error).splitlines() if line.strip()][-1]
+            self.echo(f"round {number}: {victim} refused to start after {damage}: {refusal}")
+            return RoundReport(number, "corrupt", victim, len(self.acked), 0, 0, failover, 0, False, new_leader,
+                               f"{damage}; refused: {refusal}")  # fmt: skip
+        await trio.sleep(SETTLE_SECONDS)
+        self.paused = True
+        try:
+            await self.wait_sends_finished()
+            try:
+                await self.wait_caught_up()
+            except RuntimeError as error:  # the damaged member never converged: this round's finding
+                self.echo(f"round {number}: {error} after {damage}")
+                return RoundReport(number, "corrupt", victim, len(self.acked), 0, 0, failover, 0, False, new_leader,
+                                   f"{damage}; {error}")  # fmt: skip
+            report = await trio.to_thread.run_sync(self.verify, number, "corrupt", victim, failover, before, new_leader)
+        finally:
+            self.paused = False
+        report.damage = damage
+        return report
 
     async def wait_sends_finished(self) -> None:
         """No send is in flight: one started before the pause (a failover client's retry, on a
@@ -382,7 +426,10 @@ def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, se
                     reports.append(report)
                     echo(f"{report.round:>5} {report.fault:>16} {report.member:>6} {report.acked:>8} {report.lost:>5} "
                          f"{report.duplicated:>4} {report.failover_seconds:>10.3f} {report.truncated_entries:>9} "
-                         f"{str(report.identical):>9} {report.new_leader:>6}")  # fmt: skip
+                         f"{str(report.identical):>9} {report.new_leader:>6}"
+                         + (f"  {report.damage}" if report.damage else ""))  # fmt: skip
+                    if not report.ok and report.fault == "corrupt":
+                        break  # a member that did not rejoin leaves nothing to drill on
                 producers_nursery.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
 
@@ -391,7 +438,7 @@ def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, se
     finally:
         drill.close(keep)
     ok = len(reports) == rounds and all(r.ok for r in reports)
-    failovers = [r.failover_seconds for r in reports if r.fault != "kill-follower"]
+    failovers = [r.failover_seconds for r in reports if r.fault != "kill-follower" and r.failover_seconds > 0]
     if failovers:
         echo(f"failover (fault -> first PUT_OK on the new leader): p50 {statistics.median(failovers):.3f} s, "
              f"p99 {percentile(failovers, 0.99):.3f} s over {len(failovers)} round(s)")  # fmt: skip

@@ -85,6 +85,19 @@ def test_the_readme_draft_is_short():
     assert lines <= README_LINES_MAX, f"docs/README.draft.md has {lines} lines (at most {README_LINES_MAX})"
 
 
+def first_commands(text: str) -> list[str]:
+    """The first line of each of the first two ```sh blocks: the README's two commands."""
+    return [block.split("\n", 1)[1].split("\n", 1)[0] for block in text.split("```sh")[1:3]]
+
+
+def test_the_readme_draft_keeps_the_two_commands_and_ci_runs_the_test_command_verbatim():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    draft = (ROOT / "docs" / "README.draft.md").read_text(encoding="utf-8")
+    assert first_commands(draft) == first_commands(readme)
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert first_commands(draft)[1] in ci
+
+
 def walk_commands(command: click.Command, parent: click.Context | None = None, name: str = "hasvc"):
     """Every command under ``command`` (itself included) with the context its help renders in."""
     context = click.Context(command, info_name=name, parent=parent)

@@ -1,4 +1,4 @@
-"""CPU per message of the proxy's send path, by process (docs/PROXY.md, branch ``pxs`` A/B).
+"""CPU per message of the proxy's send path, by process (docs/design/proxy.md).
 
     PYTHONPATH=TREE python scripts/proxy_cpu.py producer SENDERS SECONDS [ROUNDS]
     PYTHONPATH=TREE python scripts/proxy_cpu.py consumer COUNT SECONDS [ROUNDS]

@@ -1,4 +1,4 @@
-"""Where one sender's time goes through the proxy (docs/PROXY.md, "Where one sender's time goes").
+"""Where one sender's time goes through the proxy (docs/design/proxy.md, "Where one sender's time goes").
 
     PYTHONPATH=TREE python scripts/proxy_path.py [SECONDS] [ROUNDS]
 

@@ -14,7 +14,7 @@ each pass, waits for every answer, and prints the main thread's CPU (``time.thre
 message. The first round warms the store up and is not counted in the median.
 
 Why: in a running pair or group the put path shares the machine with its peers, the load
-generator and their wake-ups (docs/benchmarks.md: rates move ±15-30 % between rounds), and a
+generator and their wake-ups (docs/performance.md: rates move ±15-30 % between rounds), and a
 leader's or master's CPU a message includes the replication exchange. Here only the local work is
 left -- decode and client I/O aside: the append (a DLedger leader's plan, proposal and entry
 write), the commit and the dispatch, the answers -- so the two modes' costs can be compared

@@ -22,8 +22,10 @@ def _broker_options(function):
         click.option("--secret-file", type=click.Path(dir_okay=False, exists=True),
                      help="Cluster secret for HMAC authentication of every connection (or HASVC_SECRET)."),
         click.option("--insecure", is_flag=True, default=None, help="Allow a non-loopback listen address without a secret."),
-        click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True)),
-        click.option("--tls-key", type=click.Path(dir_okay=False, exists=True)),
+        click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True),
+                     help="PEM certificate (chain): the client and HA ports serve TLS (with --tls-key)."),
+        click.option("--tls-key", type=click.Path(dir_okay=False, exists=True),
+                     help="PEM private key of --tls-cert."),
         click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True), help="CA a slave uses to verify its master's certificate (with --tls-cert/--tls-key on every broker)."),
         click.option("--metrics-listen", help="Serve Prometheus metrics on HOST:PORT."),
         click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
@@ -136,7 +138,7 @@ def slave(store_dir, listen, ha_listen, flush, config_file, secret_file, insecur
     """Run a slave broker: replicates the master's log byte for byte and serves reads.
 
     Sends are refused with SERVICE_NOT_AVAILABLE naming the master. --ha-listen is where it will
-    serve slaves of its own once promoted (the failover issue).
+    serve slaves of its own once promoted (hasvc promote).
     """
     cli_values = dict(store=store_dir, listen=listen, ha_listen=ha_listen, flush=flush, insecure=insecure,
                       tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen,

@@ -35,7 +35,7 @@ from hasvc.cli.common import tune_malloc
               "crosses to the gateway's trio thread and its failover client (which the lane falls back to anyway).")
 @click.option("--loop", "loop_name", type=click.Choice(["auto", "uvloop", "asyncio"]), default="auto", show_default=True,
               help="The gRPC side's event loop: uvloop (installed by the proxy extra; auto picks it when it imports) or "
-              "asyncio's own (docs/PROXY.md, run 25: uvloop answered 9-20 % more calls a second).")
+              "asyncio's own (uvloop answered 9-20 % more calls a second: docs/design/proxy.md).")
 @click.option("--null-sends", is_flag=True, hidden=True, help="Benchmark only: answer sends OK without storing them.")
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None, help="The brokers' cluster secret (or HASVC_SECRET).")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), default=None, help="CA to verify the brokers' TLS certificate.")

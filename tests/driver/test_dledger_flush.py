@@ -232,7 +232,7 @@ async def test_the_write_area_is_warmed_ahead_of_the_appends_in_the_worker_threa
 
 async def test_a_member_that_syncs_each_append_faults_single_pages_ahead_of_its_writer(tmp_path) -> None:
     """``small_write_pages`` "auto" follows the Raft config's flush_sync, not the store's own
-    flush setting (a DLedger member's store keeps ASYNC_FLUSH): docs/benchmarks.md, "small pages"."""
+    flush setting (a DLedger member's store keeps ASYNC_FLUSH): docs/design/put-path.md, "The page cache"."""
     for flush_sync in (True, False):
         broker = _one_member(tmp_path / str(flush_sync), dataclasses.replace(FAST, flush_sync=flush_sync))
         async with trio.open_nursery() as nursery:

@@ -59,7 +59,7 @@ class StoreConfig:
     # Page cache: once flushed, commit log pages more than this many bytes behind the flushed
     # end are dropped from the page cache (madvise + fadvise DONTNEED); 0 keeps them all, as
     # RocketMQ and Kafka do. On this VM a write into a page the page cache has never held costs
-    # ~4x the CPU of one into a page it freed lately (docs/benchmarks.md): a pair under 64 x 32
+    # ~4x the CPU of one into a page it freed lately (docs/design/put-path.md): a pair under 64 x 32
     # load fell from ~230k to ~125k acked/s within 30 s, and held 200-250k with 256 MiB kept.
     # Reads further back than this come from the disk.
     page_cache_keep_size: int = 0

@@ -98,7 +98,7 @@ _MINCORE = _libc_mincore()
 # with large folios (up to 2 MiB on this kernel); a write through the mapping then dirties its whole
 # folio, and the next sync writes all of it back. A lone SYNC_FLUSH put's msync grew from ~120 to
 # ~600 us once a segment's writer had run past its first few MiB (commitlog/_scan.c sync_range,
-# docs/benchmarks.md "small pages"). MADV_RANDOM on the part of the mapping not yet written (and
+# docs/design/put-path.md "small pages"). MADV_RANDOM on the part of the mapping not yet written (and
 # flushed) turns that read-ahead off there, so those pages come one 4 KiB page at a time. The
 # price: the warm-up thread faults ~512 times more often (~0.8 ms more a MiB here), which a
 # store syncing at 10 ms or 500 ms (ASYNC_FLUSH) does not repay, so it is off there. Behind the

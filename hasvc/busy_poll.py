@@ -6,7 +6,7 @@ part of a lone put's latency: the writer's ``write`` has to wake the halted virt
 peer sleeps on, and the peer then runs with cold caches. A SYNC_MASTER put makes four such
 hops (client -> master -> slave -> master -> client). A trio relay that does nothing but those
 hops (``scripts/bench_peers.py``'s relay floor) answered at p50 ~190 us on this machine, and at
-~36-48 us when its two processes polled before sleeping (docs/benchmarks.md, stop 33): three
+~36-48 us when its two processes polled before sleeping (docs/design/put-path.md): three
 quarters of the floor is waking up.
 
 With ``busy_poll_us`` set, a wait that would sleep first polls (``epoll_wait`` with a zero
@@ -17,8 +17,8 @@ device; loopback has none), or Aeron's spinning idle strategy. The price is CPU:
 spends up to ``busy_poll_us`` on the CPU after each burst of work, even when nothing follows.
 Off by default (0), as the kernel's setting is. On this VM a lone SYNC_MASTER writer's answer
 comes back ~60-100 us after the master's send, so ``50`` (the kernel documentation's
-suggestion for its own setting) rarely catches it and ``200`` does (docs/benchmarks.md, stop
-33: one writer 3,079 -> 4,377 acked/s, p50 274 -> 204 us on a busy machine). Where the cores are
+suggestion for its own setting) rarely catches it and ``200`` does (docs/design/put-path.md:
+one writer 3,079 -> 4,377 acked/s, p50 274 -> 204 us on a busy machine). Where the cores are
 saturated (64 writers, a connection each, on 2 cores) polling takes CPU the other processes
 need and lowers throughput: it is for brokers with cores to spare.
 

@@ -121,7 +121,7 @@ class ClientPort:
         # keeps bytes only). ``os.read`` of RECEIVE_SIZE made a 256 KiB ``bytes`` each time, above
         # glibc's mmap threshold: a read cost an ``mmap``, the shrink to what came an ``mremap`` and
         # its free a ``munmap`` (with the TLB shootdown a multi-threaded process pays for one),
-        # 0.27-0.29 of each a put at one writer (`scripts/syscalls_per_put.py`: master 9.14 -> 8.13).
+        # 0.27-0.29 of each a put at one writer (`scripts/dev/syscalls_per_put.py`: master 9.14 -> 8.13).
         self._receive_view = memoryview(bytearray(transport.RECEIVE_SIZE))
 
     async def serve_client(self, stream) -> None:

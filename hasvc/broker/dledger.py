@@ -548,7 +548,7 @@ class RaftDriver:
             # retention (files_quiet) exclude it as they exclude a sync. A leader's only: a
             # follower stores pushes with pwrite (DLedgerMmapFileStore.append_run), for which
             # pages faulted in ahead were zeroed for nothing (its worker threads 1.0-2.3 ->
-            # 0.7-1.1 us a message at 64 x 1, docs/benchmarks.md).
+            # 0.7-1.1 us a message at 64 x 1, docs/design/put-path.md).
             job, done = self.store.warm_commitlog, _nothing
         else:
             return

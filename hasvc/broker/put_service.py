@@ -313,7 +313,7 @@ class PutService:
         """``after_appends`` (the consume queue units, the warm-up's look) for the passes appended
         since it last ran. A pass whose answers wait for a slave or a flush runs it once they are
         sent (``_StoredAnswer``), not before: the slave's report used to wait behind it, and a lone
-        SYNC_MASTER writer's p50 with it (4 alternating pairs, ``scripts/cpu_per_put.py TREE 1 1 4``:
+        SYNC_MASTER writer's p50 with it (4 alternating pairs, ``scripts/dev/cpu_per_put.py TREE 1 1 4``:
         223-227 -> 206-213 us). A client that reads what it was answered still finds it: the
         units are written in the step that sent the answers, before any request is read again.
         While answers wait long (no slave acknowledges), the dispatch task's look every

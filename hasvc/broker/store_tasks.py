@@ -82,7 +82,7 @@ class StoreTasks:
         slave, which writes frames with ``pwrite`` (``ha_slave``): a page the kernel allocates for
         a write is not zeroed first where it is written whole, and warming it ahead would be a
         second pass over every page (zero, then write). 64 producers x 32 messages: +15-30 %
-        (docs/benchmarks.md). The next segment is still made ahead on both."""
+        (docs/design/put-path.md). The next segment is still made ahead on both."""
         return 0 if self.role.is_slave else self._warm_ahead_size
 
     def after_appends(self) -> None:

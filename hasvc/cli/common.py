@@ -41,8 +41,8 @@ def record_json(offset: int, record, crc_ok: bool) -> dict:
 # connection's receive is copied out of the reused read buffer (wire.Buffer.feed): at 64 writers
 # sending 32 messages a request those copies are up to 256 KiB, above glibc's default trim
 # threshold, so every free gave the heap's top back (brk) and the next copy faulted fresh zeroed
-# pages in: 0.11 brk a request at the master (scripts/syscalls_per_put.py TREE 1 64 2 32), and,
-# 3 alternating pairs of scripts/cpu_per_put.py TREE 1 64 4 1 32, 108-122 -> 90-101 us of the
+# pages in: 0.11 brk a request at the master (scripts/dev/syscalls_per_put.py TREE 1 64 2 32), and,
+# 3 alternating pairs of scripts/dev/cpu_per_put.py TREE 1 64 4 1 32, 108-122 -> 90-101 us of the
 # master's CPU a request with these set. Allocations up to MALLOC_MMAP_THRESHOLD_BYTES come from
 # the heap, and up to MALLOC_TRIM_THRESHOLD_BYTES of freed heap is kept for the next ones (what a
 # busy server may hold beyond its live data). The environment's MALLOC_*_ variables win.

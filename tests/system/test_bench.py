@@ -95,14 +95,14 @@ def test_cold_catch_up_drops_the_log_from_the_page_cache(tmp_path):
 
 @pytest.mark.parametrize("mode", ["classic", "dledger"])
 def test_put_path_time_times_the_put_path_in_every_broker(tmp_path, mode):
-    """scripts/put_path_time.py: each broker's put-path functions are wrapped for the measured
+    """scripts/dev/put_path_time.py: each broker's put-path functions are wrapped for the measured
     window only and their calls, wall and CPU time reported per message; the process that takes
     the puts reports the put path, its peers the replication side of it."""
     if shutil.which("cc") is None:
         pytest.skip("no C compiler for scripts/hasvc_load.c")
     report = tmp_path / "times.json"
     work_directories = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-put-times-*")))
-    done = subprocess.run([sys.executable, "scripts/put_path_time.py", "--mode", mode, "--producers", "4", "--seconds", "0.5",
+    done = subprocess.run([sys.executable, "scripts/dev/put_path_time.py", "--mode", mode, "--producers", "4", "--seconds", "0.5",
                            "--json", str(report)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
@@ -125,13 +125,13 @@ def test_put_path_time_times_the_put_path_in_every_broker(tmp_path, mode):
 
 
 def test_calls_per_put_profiles_the_brokers_of_a_pair(tmp_path):
-    """scripts/calls_per_put.py: each broker process is profiled for the measured window only
+    """scripts/dev/calls_per_put.py: each broker process is profiled for the measured window only
     and its calls are counted per request (the brokers' main threads run hasvc's put path)."""
     if shutil.which("cc") is None:
         pytest.skip("no C compiler for scripts/hasvc_load.c")
     report = tmp_path / "calls.json"
     work_directories = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-calls-*")))
-    done = subprocess.run([sys.executable, "scripts/calls_per_put.py", "--seconds", "0.5", "--top", "40", "--json", str(report)],
+    done = subprocess.run([sys.executable, "scripts/dev/calls_per_put.py", "--seconds", "0.5", "--top", "40", "--json", str(report)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
@@ -145,14 +145,14 @@ def test_calls_per_put_profiles_the_brokers_of_a_pair(tmp_path):
 
 
 def test_dledger_followers_compares_a_pair_a_group_and_a_group_with_a_follower_stopped(tmp_path):
-    """scripts/dledger_followers.py: each kind is started fresh, measured and stopped by PID; in
+    """scripts/dev/dledger_followers.py: each kind is started fresh, measured and stopped by PID; in
     the stopped kind one follower (never the leader) used no CPU over the window while the
     group still acknowledged every put (the leader and the other follower are a quorum)."""
     if shutil.which("cc") is None:
         pytest.skip("no C compiler for scripts/hasvc_load.c")
     report = tmp_path / "followers.json"
     stores = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-bench-*")))
-    done = subprocess.run([sys.executable, "scripts/dledger_followers.py", "--producers", "4", "--seconds", "0.5",
+    done = subprocess.run([sys.executable, "scripts/dev/dledger_followers.py", "--producers", "4", "--seconds", "0.5",
                            "--rounds", "1", "--warm-up-mib", "1", "--json", str(report)], capture_output=True, text=True, timeout=180)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
@@ -172,12 +172,12 @@ def test_dledger_followers_compares_a_pair_a_group_and_a_group_with_a_follower_s
 
 @pytest.mark.parametrize("mode", ["classic", "dledger"])
 def test_put_path_inprocess_answers_every_put_of_every_pass(tmp_path, mode):
-    """scripts/put_path_inprocess.py: a broker alone in its process (a classic ASYNC_MASTER, or a
+    """scripts/dev/put_path_inprocess.py: a broker alone in its process (a classic ASYNC_MASTER, or a
     DLedger member leading a group of one) answers every put of every pass PUT_OK (the script
     fails otherwise), and reports one CPU figure a round; its store is removed."""
     report = tmp_path / "inprocess.json"
     stores = set(glob.glob("/dev/shm/hasvc-inprocess-*")) | set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-inprocess-*")))
-    done = subprocess.run([sys.executable, "scripts/put_path_inprocess.py", "--mode", mode, "--passes", "20", "--rounds", "2",
+    done = subprocess.run([sys.executable, "scripts/dev/put_path_inprocess.py", "--mode", mode, "--passes", "20", "--rounds", "2",
                            "--requests", "16", "--json", str(report)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())

@@ -29,7 +29,7 @@ def test_bench_proxy_runs_and_consumers_drain_what_was_produced(tmp_path):
 
 
 def test_proxy_cpu_consumer_mode_drains_its_backlog_with_each_official_consumer(tmp_path):
-    """``scripts/proxy_cpu.py consumer``: each official consumer (SimpleConsumer, PushConsumer, and
+    """``scripts/dev/proxy_cpu.py consumer``: each official consumer (SimpleConsumer, PushConsumer, and
     the SimpleConsumer acking one message at a time) acknowledges the whole backlog once, with the
     CPU a message, the progress records a message and the proxy's counters at its stop."""
     import json

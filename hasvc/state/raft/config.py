@@ -48,7 +48,7 @@ class RaftConfig:
     # acked/s: 4 KiB 10,895 / 9,240; 32 KiB 12,975 / 10,781; 64 KiB 14,226 / 13,585 / 13,279;
     # 256 KiB 11,867 / 10,431). Pushes are the stored bytes now (a view of the data file, one
     # native check on the follower), and a pass of puts (a 256 KiB client read) made four 64 KiB
-    # pushes a follower: `scripts/dledger_cpu.py TREE 64 3 1 32 --set push_batch_size_max=N`
+    # pushes a follower: `scripts/dev/dledger_cpu.py TREE 64 3 1 32 --set push_batch_size_max=N`
     # (branch dl33), the group's CPU a message 64 KiB 24.2/15.2/20.0/20.8 us -> 256 KiB
     # 13.8/13.1/18.8/19.6 (4 pairs), 256 KiB 19.9/15.5/17.2 -> 1 MiB 17.0/14.4/16.3 (3 pairs).
     push_batch_size_max: int = 1024 * 1024

@@ -14,7 +14,7 @@ reported as MB/s and as a fraction of the ``send`` ceiling (the issue's target: 
 
 Every measurement, ceilings and catch-up alike, starts with ``os.sync()``, so that no writeback of
 what was written before (the store built for the bench first) runs beside it. That did not steady
-the ceilings: in run 24 (stop 28) every figure rose from run to run together -- send 2.4, 3.3,
+the ceilings: in one measured series every figure rose from run to run together -- send 2.4, 3.3,
 4.3 GB/s; into files 1.9, 3.7, 4.8; the catch-up 1.7, 1.9, 2.1 -- so the machine warms up over the
 runs, and the ratio of a run is that run's catch-up over that run's ceiling.
 """

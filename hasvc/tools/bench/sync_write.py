@@ -285,7 +285,7 @@ class LocalGroup:
 # project's VMs (virtio-balloon free page reporting hands free memory back to the host) a page the
 # cache never held costs a host fault on its first write; a local DLedger group at 64 x 32 writes
 # ~300 MB/s over its three members, and within one bench (3 x 5 s) its members' CPU a message rose
-# as the page cache grew into such memory (docs/benchmarks.md). Durability is unchanged: only
+# as the page cache grew into such memory (docs/design/put-path.md). Durability is unchanged: only
 # flushed pages are dropped.
 PAGE_CACHE_KEEP_SIZE = 256 * 1024 * 1024
 

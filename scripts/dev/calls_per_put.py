@@ -1,6 +1,6 @@
 """Python function calls per put, by process, of a local SYNC_MASTER pair or DLedger group.
 
-    .venv/bin/python scripts/calls_per_put.py [--mode classic|dledger] [--nodes 3|5] [--flush async|sync]
+    .venv/bin/python scripts/dev/calls_per_put.py [--mode classic|dledger] [--nodes 3|5] [--flush async|sync]
         [--producers 1] [--connections 1] [--batch 1] [--seconds 3] [--top 12] [--json FILE] [--keep DIR]
 
 Starts the brokers from this checkout (``hasvc master``/``slave``, or ``hasvc node`` x nodes with the

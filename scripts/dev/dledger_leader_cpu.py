@@ -1,6 +1,6 @@
 """CPU per message of a DLedger leader's proposal path in one process: no sockets, no other process.
 
-    python scripts/dledger_leader_cpu.py TREE REQUESTS BATCH [PASSES] [ROUNDS]
+    python scripts/dev/dledger_leader_cpu.py TREE REQUESTS BATCH [PASSES] [ROUNDS]
 
 Runs TREE's code (``sys.path``): a leader's ``DLedgerMessageStore`` (temporary directory, 64 MiB
 data files) and ``RaftNode`` of three members; PASSES passes, each of REQUESTS SENDs of BATCH 1 KiB
@@ -12,7 +12,7 @@ unmeasured (it creates the consume-queue files). Prints the
 process CPU time (``time.process_time``) per message, the minimum and median of ROUNDS rounds
 (a fresh store each).
 
-Why: ``scripts/dledger_cpu.py`` measures the whole group, whose three members and load generator
+Why: ``scripts/dev/dledger_cpu.py`` measures the whole group, whose three members and load generator
 share this machine's two cores with other helpers' work: a 5-10 % change of the leader's Python
 drowns in their noise. The minimum of several rounds of one process's CPU time does not. It
 leaves out the client protocol (SEND decode, answers) and the sockets (pushes, acknowledgements
@@ -101,4 +101,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from usage import help_or_usage
+
+    help_or_usage(__doc__, arguments_min=3)
     main()

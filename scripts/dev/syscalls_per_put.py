@@ -1,11 +1,11 @@
 """System calls per put of a local SYNC_MASTER pair's master and slave, by call.
 
-    python scripts/syscalls_per_put.py TREE CONNECTIONS PRODUCERS SECONDS [BATCH] [--load PATH]
+    python scripts/dev/syscalls_per_put.py TREE CONNECTIONS PRODUCERS SECONDS [BATCH] [--load PATH]
 
-Starts a master and a slave from the hasvc code in TREE (as scripts/cpu_per_put.py does), warms
+Starts a master and a slave from the hasvc code in TREE (as scripts/dev/cpu_per_put.py does), warms
 them up with one second of ``hasvc_load``, then attaches ``strace -f -c`` to both for one run of
 ``hasvc_load 127.0.0.1 PORT CONNECTIONS PRODUCERS BATCH SECONDS 1024`` and prints each process's
-system calls per request, by call. Like Python calls (scripts/calls_per_put.py) and unlike rates
+system calls per request, by call. Like Python calls (scripts/dev/calls_per_put.py) and unlike rates
 or CPU time, the count does not depend on how busy the machine is: at one writer it repeats to
 the hundredth. Rates under strace mean nothing. Needs strace (and ptrace permission).
 """
@@ -68,4 +68,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from usage import help_or_usage
+
+    help_or_usage(__doc__, arguments_min=4)
     main()

@@ -1,4 +1,4 @@
-"""The SYNC_MASTER pair that scripts/cpu_per_put.py and scripts/syscalls_per_put.py measure, from
+"""The SYNC_MASTER pair that scripts/dev/cpu_per_put.py and scripts/dev/syscalls_per_put.py measure, from
 another tree's code: kept here, beside the scripts, and not in ``hasvc`` so that they also measure
 trees older than it (a `git archive` of an earlier main for an A/B)."""
 

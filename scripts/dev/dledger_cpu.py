@@ -1,7 +1,7 @@
 """CPU per message of each member of a local DLedger group, and of its load generator, under
 scripts/hasvc_load.c; and whether the machine's cores were saturated meanwhile.
 
-    python scripts/dledger_cpu.py TREE PRODUCERS SECONDS [ROUNDS] [BATCH] [--connections 1] [--nodes 3]
+    python scripts/dev/dledger_cpu.py TREE PRODUCERS SECONDS [ROUNDS] [BATCH] [--connections 1] [--nodes 3]
         [--flush async|sync] [--load PATH] [--set NAME=VALUE ...]
 
 Starts ``hasvc node`` x nodes from the hasvc code in TREE (``LocalGroup``, as ``hasvc bench
@@ -175,4 +175,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from usage import help_or_usage
+
+    help_or_usage(__doc__, arguments_min=3)
     main()

@@ -1,7 +1,7 @@
 """The put path of one broker in one process, without a network or peers: CPU a message from a
 pass of SENDs handed to ``PutService.put_items`` to every answer, classic against DLedger.
 
-    .venv/bin/python scripts/put_path_inprocess.py [--mode classic|dledger] [--passes 2000]
+    .venv/bin/python scripts/dev/put_path_inprocess.py [--mode classic|dledger] [--passes 2000]
         [--rounds 5] [--requests 64] [--queues 4] [--size 1024] [--json FILE]
 
 ``classic``: a ``Broker`` playing ASYNC_MASTER (no slave to wait for: every put is answered once
@@ -18,7 +18,7 @@ generator and their wake-ups (docs/performance.md: rates move ±15-30 % between 
 leader's or master's CPU a message includes the replication exchange. Here only the local work is
 left -- decode and client I/O aside: the append (a DLedger leader's plan, proposal and entry
 write), the commit and the dispatch, the answers -- so the two modes' costs can be compared
-with each other directly. (``scripts/dledger_leader_cpu.py`` times a DLedger leader's store and Raft
+with each other directly. (``scripts/dev/dledger_leader_cpu.py`` times a DLedger leader's store and Raft
 core alone, the followers' acknowledgements simulated; this one goes through the broker's
 ``PutService`` in both modes.)
 """

@@ -2,7 +2,7 @@
 group, and the same group with one follower stopped (SIGSTOP), alternating, under
 scripts/hasvc_load.c.
 
-    .venv/bin/python scripts/dledger_followers.py [--producers 64] [--batch 1] [--seconds 3]
+    .venv/bin/python scripts/dev/dledger_followers.py [--producers 64] [--batch 1] [--seconds 3]
         [--rounds 3] [--kinds pair,group,stopped] [--warm-up-mib 320] [--group-set NAME=VALUE ...] [--json FILE]
 
 Each round starts every kind in turn from this checkout (``LocalPair`` / ``LocalGroup`` as

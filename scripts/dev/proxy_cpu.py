@@ -1,8 +1,8 @@
 """CPU per message of the proxy's send path, by process (docs/design/proxy.md).
 
-    PYTHONPATH=TREE python scripts/proxy_cpu.py producer SENDERS SECONDS [ROUNDS]
-    PYTHONPATH=TREE python scripts/proxy_cpu.py consumer COUNT SECONDS [ROUNDS]
-    PYTHONPATH=TREE python scripts/proxy_cpu.py trio-send TASKS COUNT [ROUNDS]
+    PYTHONPATH=TREE python scripts/dev/proxy_cpu.py producer SENDERS SECONDS [ROUNDS]
+    PYTHONPATH=TREE python scripts/dev/proxy_cpu.py consumer COUNT SECONDS [ROUNDS]
+    PYTHONPATH=TREE python scripts/dev/proxy_cpu.py trio-send TASKS COUNT [ROUNDS]
 
 Both start ``hasvc bench proxy``'s cluster (a SYNC_MASTER master, its slave, the proxy and the
 null proxy, from the hasvc code on PYTHONPATH) in a temporary directory and print one JSON line
@@ -201,4 +201,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from usage import help_or_usage
+
+    help_or_usage(__doc__, arguments_min=3)
     main()

@@ -1,6 +1,6 @@
 """Where one sender's time goes through the proxy (docs/design/proxy.md, "Where one sender's time goes").
 
-    PYTHONPATH=TREE python scripts/proxy_path.py [SECONDS] [ROUNDS]
+    PYTHONPATH=TREE python scripts/dev/proxy_path.py [SECONDS] [ROUNDS]
 
 Starts ``hasvc bench proxy``'s cluster (a SYNC_MASTER master, its slave, the proxy and the null
 proxy, from the hasvc code on PYTHONPATH) in a temporary directory and prints one JSON line per
@@ -109,4 +109,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from usage import help_or_usage
+
+    help_or_usage(__doc__, arguments_min=0)
     main()

@@ -1,7 +1,7 @@
 """Wall and CPU time inside the put path's functions, per message, by process, of a local
 SYNC_MASTER pair or DLedger group under load.
 
-    .venv/bin/python scripts/put_path_time.py [--mode classic|dledger] [--nodes 3|5] [--flush async|sync]
+    .venv/bin/python scripts/dev/put_path_time.py [--mode classic|dledger] [--nodes 3|5] [--flush async|sync]
         [--producers 64] [--connections 1] [--batch 1] [--seconds 3] [--function MODULE:CLASS.METHOD ...]
         [--json FILE]
 
@@ -14,7 +14,7 @@ second of warm-up, then measures one window and prints, for each process and fun
 per request and the wall time and the thread's CPU time spent inside it per message, beside the
 process's whole CPU per message (every thread, from /proc).
 
-Why: cProfile (scripts/calls_per_put.py) counts calls exactly, but its per-call overhead makes
+Why: cProfile (scripts/dev/calls_per_put.py) counts calls exactly, but its per-call overhead makes
 functions that call many small ones look several times costlier than they are; sampling
 profilers see Python frames but not what a function costs a message. Two wrappers a call
 (~0.3 us) are cheap against the put path's functions, which run once or a few times a pass of

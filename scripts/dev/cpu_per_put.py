@@ -1,6 +1,6 @@
 """CPU per put of a local SYNC_MASTER pair's master and slave under scripts/hasvc_load.c.
 
-    python scripts/cpu_per_put.py TREE CONNECTIONS PRODUCERS SECONDS [ROUNDS] [BATCH] [--load PATH]
+    python scripts/dev/cpu_per_put.py TREE CONNECTIONS PRODUCERS SECONDS [ROUNDS] [BATCH] [--load PATH]
 
 Starts a master and a slave from the hasvc code in TREE (as scripts/bench_peers does: SYNC_MASTER,
 ASYNC_FLUSH, page_cache_keep_size 256 MiB on both), runs ``hasvc_load 127.0.0.1 PORT CONNECTIONS
@@ -53,4 +53,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from usage import help_or_usage
+
+    help_or_usage(__doc__, arguments_min=4)
     main()

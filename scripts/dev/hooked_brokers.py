@@ -1,4 +1,4 @@
-"""What scripts/calls_per_put.py and scripts/put_path_time.py share: a local SYNC_MASTER pair or
+"""What scripts/dev/calls_per_put.py and scripts/dev/put_path_time.py share: a local SYNC_MASTER pair or
 DLedger group started from this checkout with a ``sitecustomize`` hook (written to a temporary
 directory put first on the brokers' PYTHONPATH only: no hasvc code changes), the load shape's
 command-line arguments, and the wait for each broker's dump of what its hook measured. The hook
@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir))
 sys.path.insert(0, ROOT)
 
 from hasvc.tools.bench.sync_write import LocalGroup, LocalPair  # noqa: E402

@@ -61,6 +61,9 @@ class ConsumeQueue:
         self.file_size = units_per_file * CQ_UNIT_SIZE
         self.mapped_file_queue = MappedFileQueue(directory, file_size=self.file_size, sync_directory_on_create=False)
         self.max_physic_offset = 0  # end (offset + size) of the newest record indexed
+        # Set by recovery when it cut units that are not a torn tail (a unit that breaks the
+        # order with more units after it): the queue is rebuilt from its log from its new end.
+        self.cut_in_recovery = False
         self.min_logic_offset = 0  # byte position of the first real unit
         self.last_store_timestamp = 0
 
@@ -99,6 +102,10 @@ class ConsumeQueue:
                     break
                 previous_end = offset + size
                 position += CQ_UNIT_SIZE
+            # A unit after the break: damage in the middle, not a torn tail (whose next slot is zero).
+            following = position + CQ_UNIT_SIZE
+            if following < self.file_size and any(view[following : following + CQ_UNIT_SIZE]):
+                self.cut_in_recovery = True
             end_offset = mapped_file.offset_of(position)
             if position < self.file_size:
                 break
@@ -235,6 +242,33 @@ class ConsumeQueue:
                 continue
             units.append(unit)
         return units
+
+    def units_at(self, first_queue_offset: int, count: int) -> bytes:
+        """The packed units stored for ``count`` queue offsets from ``first_queue_offset`` (fewer
+        where the queue ends or its head was deleted: only units it holds)."""
+        first = max(first_queue_offset, self.min_offset_in_queue)
+        last = min(first_queue_offset + count, self.max_offset_in_queue)
+        if first != first_queue_offset:
+            return b""  # the head is gone: nothing to compare
+        parts = []
+        byte_offset, end = first * CQ_UNIT_SIZE, last * CQ_UNIT_SIZE
+        while byte_offset < end:
+            mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(byte_offset)
+            if mapped_file is None:
+                break
+            position = byte_offset - mapped_file.file_from_offset
+            size = min(end - byte_offset, mapped_file.file_size - position)
+            parts.append(bytes(mapped_file.view()[position : position + size]))
+            byte_offset += size
+        return b"".join(parts)
+
+    def rewrite_unit(self, queue_offset: int, unit: bytes) -> None:
+        """Overwrite the stored unit of ``queue_offset`` (the scrubber's repair from its record)."""
+        assert len(unit) == CQ_UNIT_SIZE
+        assert self.min_offset_in_queue <= queue_offset < self.max_offset_in_queue, queue_offset
+        byte_offset = queue_offset * CQ_UNIT_SIZE
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(byte_offset)
+        mapped_file.rewrite(byte_offset - mapped_file.file_from_offset, unit)
 
     def all_units(self) -> list[tuple[int, int, int]]:
         return self.read(self.min_offset_in_queue, self.max_offset_in_queue - self.min_offset_in_queue)

@@ -237,6 +237,17 @@ class MappedFile:
                 written += os.pwrite(self._fd, view[written:], position + written)
         self.advance(size)
 
+    def rewrite(self, position: int, data) -> None:
+        """Replace bytes already written at ``position`` (a repair: a consume queue unit rebuilt
+        from its record) and make them durable before returning: ``pwrite`` (the mapping shares
+        the page cache) and ``fdatasync``. Never moves a position."""
+        assert 0 <= position and position + len(data) <= self.wrote_position, (position, len(data), self.wrote_position)
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            written += os.pwrite(self._fd, view[written:], position + written)
+        os.fdatasync(self._fd)
+
     def write_from_pipe(self, pipe_fd: int, size: int) -> None:
         """Move ``size`` bytes waiting in the pipe ``pipe_fd`` to ``wrote_position`` with
         ``os.splice`` (the kernel copies them from the pipe's pages into the page cache: no pass

@@ -111,6 +111,7 @@ class MessageStore:
         self.recovery: RecoveryReport | None = None
         self.last_exit_ok = True
         self.reput_from_offset = 0
+        self.queues_rebuilt: tuple[tuple[str, int], ...] = ()  # (topic, queue id) recovery found cut by damage
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
         self._lock: StoreLock | None = None
@@ -172,6 +173,13 @@ class MessageStore:
             self.reput_from_offset = max(queues.max_physic_offset, self.commit_log.min_offset)
         else:
             self.reput_from_offset = max(self.recovery.start_offset, self.commit_log.min_offset)
+        # Queues cut by damage (not at their tail) are rebuilt from the log: dispatch from the
+        # oldest such queue's end (a record end: its last unit was checked against its record).
+        rebuilt = [queue for queue in queues.queues.values() if queue.cut_in_recovery]
+        if rebuilt:
+            self.reput_from_offset = max(min(self.reput_from_offset, *(q.max_physic_offset for q in rebuilt)),
+                                         self.commit_log.min_offset)  # fmt: skip
+        self.queues_rebuilt = tuple(sorted((q.topic, q.queue_id) for q in rebuilt))
         self.dispatch()
         self.commit_log.topic_queue_table = queues.queue_offset_table()
 
@@ -187,6 +195,7 @@ class MessageStore:
                 except ReadError:
                     pass
                 queue.drop_last_unit()
+                queue.cut_in_recovery = queue.cut_in_recovery or self.last_exit_ok  # a clean stop tore nothing
 
     def close(self, *, clean: bool = True) -> None:
         """Flush everything, write the checkpoint, remove ``abort`` (only if all is dispatched).

@@ -26,8 +26,8 @@ from tests.cluster import start_dledger_group, wait_until
 DRILL_TIMEOUT_SECONDS = 300  # a drill that hangs fails the test instead of the CI run
 
 
-def _start_group(tmp_path, size: int) -> dict[str, Node]:
-    return start_dledger_group(tmp_path, size, group="sys")
+def _start_group(tmp_path, size: int, *extra_args: str) -> dict[str, Node]:
+    return start_dledger_group(tmp_path, size, group="sys", extra_args=extra_args)
 
 
 def _status(node: Node) -> dict:
@@ -260,7 +260,7 @@ def test_smooth_upgrade_a_classic_group_becomes_a_dledger_group_and_old_offsets_
         classic_end = _status_at(master.address)["max_offset"]
     finally:
         classic.close()  # SIGTERM: clean exits
-    nodes = _start_group(tmp_path, 3)
+    nodes = _start_group(tmp_path, 3, "--upgrade-from-classic")  # the explicit step: each store becomes a member's
     try:
         addresses = [node.client_address for node in nodes.values()]
         new = trio.run(_send, addresses, 30, "new")
@@ -297,7 +297,7 @@ def test_an_empty_member_joins_an_upgraded_group_at_its_divide(tmp_path) -> None
         wait_until(lambda: caught_up(master, slave), message="the slave caught up")
     finally:
         classic.close()
-    nodes = _start_group(tmp_path, 3)
+    nodes = _start_group(tmp_path, 3, "--upgrade-from-classic")  # n2's empty store: the flag changes nothing
     try:
         addresses = [node.client_address for node in nodes.values()]
         new = trio.run(_send, addresses, 30, "new")

@@ -232,6 +232,9 @@ def check(root: str, opener: Opener, *, now_ms: int | None = None) -> tuple[Stor
     the store's identity once opened and whether the marker must be (re)written. StoreError, one
     line naming the file and what to do, when it may not."""
     now_ms = clock_ms() if now_ms is None else now_ms  # the creation (or upgrade) time the marker records
+    for key, value in (("--self", opener.member), ("--group", opener.group)):
+        if value is not None:
+            _name(f"{root}: refusing to open it", key, value)  # it could not be recorded
     found = read_identity(root)
     if found is None:
         found = _legacy_identity(root, opener, now_ms=now_ms)

@@ -170,4 +170,7 @@ def test_store_verify_reports_the_identity_and_a_store_written_by_both_kinds(tmp
     assert "AMBIGUOUS" in both.output and "overlap      CORRUPT" in both.output and "status       CORRUPT" in both.output
     dumped = CliRunner().invoke(cli_main, ["store", "dump", store, "--member", "n0", "--json"])
     assert dumped.exit_code == 0 and len(dumped.output.splitlines()) >= 20  # what to copy out stays readable
-    refused(classic_args("master", store), store)
+    assert "overlapping member n0's DLedger log" in refused(classic_args("master", store), store)
+    node_command = ["node", "--store", store, "--listen", f"{LOOPBACK}:0", "--group", "g", "--peers",
+                    f"n0-{LOOPBACK}:{free_port()}", "--self", "n0", "--set", f"commitlog_segment_size={SEGMENT}"]  # fmt: skip
+    assert "hasvc store dump" in refused(node_command, store)

@@ -266,3 +266,10 @@ def test_a_refused_open_creates_nothing_in_a_store_that_had_no_lock_file(tmp_pat
             os.unlink(tmp_path / name)
     refused(tmp_path, lambda: MessageStore.open(str(tmp_path), CONFIG), "DLedger member n2's store")
     assert not os.path.exists(tmp_path / "lock") and not os.path.exists(tmp_path / "epoch")
+
+
+def test_a_group_name_that_cannot_be_recorded_is_refused_before_anything_is_made(tmp_path):
+    store = tmp_path / "new"
+    with pytest.raises(StoreError, match="--group 'a\\\\nb' is not a name"):
+        open_member(store, "n0", "a\nb")
+    assert not store.exists()

@@ -130,6 +130,8 @@ def read_identity(root: str) -> StoreIdentity | None:
         values = read_properties(path)
     except IsADirectoryError:
         raise StoreError(f"{path}: a directory, not the store's identity file") from None
+    except NotADirectoryError:
+        raise StoreError(f"{root}: not a directory") from None
     if values is None:
         return None
     return _decode(path, values)

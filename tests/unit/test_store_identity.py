@@ -273,3 +273,9 @@ def test_a_group_name_that_cannot_be_recorded_is_refused_before_anything_is_made
     with pytest.raises(StoreError, match="--group 'a\\\\nb' is not a name"):
         open_member(store, "n0", "a\nb")
     assert not store.exists()
+
+
+def test_a_store_path_that_is_a_file_is_refused_in_one_line(tmp_path):
+    (tmp_path / "file").write_bytes(b"not a store")
+    with pytest.raises(StoreError, match="file: not a directory"):
+        MessageStore.open(str(tmp_path / "file"), CONFIG)

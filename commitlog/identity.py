@@ -152,7 +152,8 @@ def _decode(path: str, values: dict[str, str]) -> StoreIdentity:
 
     version = integer("version", required("version"))
     if version != IDENTITY_VERSION:
-        raise StoreError(f"{path}: version {version}, this hasvc reads version {IDENTITY_VERSION} (written by a newer hasvc?)")
+        raise StoreError(f"{path}: version {version}, this hasvc reads version {IDENTITY_VERSION} "
+                         f"(written by a newer hasvc?)")  # fmt: skip
     kind_text = required("kind")
     try:
         kind = StoreKind(kind_text)
@@ -213,7 +214,8 @@ def infer(root: str) -> Inferred:
     if not members:
         return Inferred(StoreKind.CLASSIC if classic else None)
     if len(members) > 1:
-        return Inferred(None, ambiguous=f"the logs of several DLedger members ({', '.join(DLEDGER_DIRECTORY_PREFIX + m for m in members)})")
+        names = ", ".join(DLEDGER_DIRECTORY_PREFIX + member for member in members)
+        return Inferred(None, ambiguous=f"the logs of several DLedger members ({names})")
     member = members[0]
     data = MappedFileQueue.segment_files(os.path.join(root, DLEDGER_DIRECTORY_PREFIX + member, "data"))
     if classic and data:
@@ -266,26 +268,28 @@ def _legacy_identity(root: str, opener: Opener, *, now_ms: int) -> StoreIdentity
 
 
 def _admit(root: str, found: StoreIdentity, opener: Opener, *, now_ms: int, legacy: bool) -> tuple[StoreIdentity, bool]:
+    """The identity ``opener`` may open the store as, and whether it must be written; StoreError if none."""
     where = identity_path(root) + (" (none: inferred from the files)" if legacy else "")
+    what = found.describe(with_id=not legacy)  # a store id made up for a store without a marker means nothing
     if opener.kind is StoreKind.CLASSIC:
         if found.kind is StoreKind.DLEDGER:
-            raise StoreError(f"{where}: {found.describe(with_id=not legacy)}; a classic master or slave must not open it: run "
-                             f"hasvc node --self {found.member} on it, or give this broker another --store")  # fmt: skip
+            raise StoreError(f"{where}: {what}; a classic master or slave must not open it: run hasvc node --self "
+                             f"{found.member} on it, or give this broker another --store")  # fmt: skip
         return found, False
     if found.kind is StoreKind.CLASSIC:
         if not opener.upgrade:
-            raise StoreError(f"{where}: {found.describe(with_id=not legacy)}; a DLedger node opens one only to continue its log (smooth "
-                             f"upgrade, with every broker of the group stopped): add --upgrade-from-classic, or give "
-                             f"this node another --store")  # fmt: skip
+            raise StoreError(f"{where}: {what}; a DLedger node opens one only to continue its log (smooth upgrade, "
+                             f"with every broker of the group stopped): add --upgrade-from-classic, or give this node "
+                             f"another --store")  # fmt: skip
         upgraded = dataclasses.replace(found, kind=StoreKind.DLEDGER, member=opener.member, group=opener.group,
                                        upgraded_ms=now_ms)  # fmt: skip
         return upgraded, True
     if found.member != opener.member:
-        raise StoreError(f"{where}: {found.describe(with_id=not legacy)}, not member {opener.member}'s: start it with --self "
-                         f"{found.member}, or give --self {opener.member} a store of its own")  # fmt: skip
+        raise StoreError(f"{where}: {what}, not member {opener.member}'s: start it with --self {found.member}, or "
+                         f"give --self {opener.member} a store of its own")  # fmt: skip
     if opener.group is not None and found.group is not None and found.group != opener.group:
-        raise StoreError(f"{where}: {found.describe(with_id=not legacy)}, not of group {opener.group}: start it with --group "
-                         f"{found.group}, or give this node a store of its own")  # fmt: skip
+        raise StoreError(f"{where}: {what}, not of group {opener.group}: start it with --group {found.group}, or give "
+                         f"this node a store of its own")  # fmt: skip
     if found.group is None and opener.group is not None:
         return dataclasses.replace(found, group=opener.group), True  # recorded by the first open that knows it
     return found, False

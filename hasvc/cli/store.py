@@ -62,7 +62,8 @@ def _identity_json(directory: str, member: str | None) -> dict:
         if found is None:
             inferred = store_identity.infer(directory)
             kind = inferred.kind.value if inferred.kind is not None else None
-            return {"identity": None, "inferred": {"kind": kind, "member": inferred.member, "ambiguous": inferred.ambiguous}}
+            said = {"kind": kind, "member": inferred.member, "ambiguous": inferred.ambiguous}
+            return {"identity": None, "inferred": said}
     except StoreError as error:
         raise click.ClickException(str(error)) from None
     path = store_identity.identity_path(directory)
@@ -86,7 +87,9 @@ def _identity_line(identity: dict) -> str:
         inferred = identity["inferred"]
         if inferred["ambiguous"] is not None:
             return f"none, and AMBIGUOUS: the files hold {inferred['ambiguous']}"
-        said = {None: "an empty store", "classic": "a classic broker's"}.get(inferred["kind"], f"DLedger member {inferred['member']}'s")
+        said = {None: "an empty store", "classic": "a classic broker's"}.get(
+            inferred["kind"], f"DLedger member {inferred['member']}'s"
+        )
         return f"none (a store from before identity markers; its files say {said}; the next open writes it)"
     parts = [f"kind {found['kind']}"]
     parts += [f"member {found['member']}"] if found["member"] is not None else []

@@ -40,7 +40,8 @@ def refused(command: list[str], store: str) -> str:
     one line, and no byte of ``store`` may change. Returns the error line."""
     before = store_bytes(store)
     with open(os.path.join(os.path.dirname(store), "refused.err"), "w+") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "hasvc.cli", *command], stdout=subprocess.PIPE, stderr=stderr, text=True)
+        process = subprocess.Popen([sys.executable, "-m", "hasvc.cli", *command], stdout=subprocess.PIPE, stderr=stderr,
+                                   text=True)  # fmt: skip
         first_line = process.stdout.readline()  # READY when it serves (then stopped at once), "" when it exits
         if first_line:
             process.kill()
@@ -92,7 +93,8 @@ def test_a_master_or_slave_on_a_members_store_refuses_in_one_line_and_changes_no
 def test_a_node_with_another_self_or_group_refuses_in_one_line_and_changes_nothing(tmp_path) -> None:
     store, node = member_with_messages(tmp_path)
     peers = f"n0-{LOOPBACK}:{free_port()};n1-{LOOPBACK}:{free_port()};n2-{LOOPBACK}:{free_port()}"
-    base = ["node", "--store", store, "--listen", f"{LOOPBACK}:0", "--peers", peers, "--set", f"commitlog_segment_size={SEGMENT}"]
+    base = ["node", "--store", store, "--listen", f"{LOOPBACK}:0", "--peers", peers,
+            "--set", f"commitlog_segment_size={SEGMENT}"]  # fmt: skip
     error = refused([*base, "--group", "g", "--self", "n1"], store)
     assert "DLedger member n0's store" in error and "not member n1's" in error and "--self n0" in error
     error = refused([*base, "--group", "other", "--self", "n0"], store)
@@ -125,7 +127,8 @@ def test_a_node_on_a_classic_store_refuses_unless_told_to_upgrade_it(tmp_path) -
     assert "a classic broker's store" in error and "--upgrade-from-classic" in error
     node = start_dledger_group(tmp_path, 1, group="g", extra_args=("--upgrade-from-classic",))["n0"]
     node.stop()
-    identity = json.loads(CliRunner().invoke(cli_main, ["store", "verify", store, "--member", "n0", "--json"]).output)["identity"]
+    verify = CliRunner().invoke(cli_main, ["store", "verify", store, "--member", "n0", "--json"])
+    identity = json.loads(verify.output)["identity"]
     assert (identity["kind"], identity["member"], identity["group"]) == ("dledger", "n0", "g")
     assert identity["upgraded_ms"] is not None
 
@@ -167,7 +170,8 @@ def test_store_verify_reports_the_identity_and_a_store_written_by_both_kinds(tmp
     os.unlink(os.path.join(store, "identity"))
     both = CliRunner().invoke(cli_main, ["store", "verify", store, "--member", "n0"])
     assert both.exit_code == 1, both.output
-    assert "AMBIGUOUS" in both.output and "overlap      CORRUPT" in both.output and "status       CORRUPT" in both.output
+    assert "AMBIGUOUS" in both.output and "overlap      CORRUPT" in both.output
+    assert "status       CORRUPT" in both.output
     dumped = CliRunner().invoke(cli_main, ["store", "dump", store, "--member", "n0", "--json"])
     assert dumped.exit_code == 0 and len(dumped.output.splitlines()) >= 20  # what to copy out stays readable
     assert "overlapping member n0's DLedger log" in refused(classic_args("master", store), store)

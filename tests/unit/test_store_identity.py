@@ -215,7 +215,8 @@ def test_a_marker_reads_back_as_written(tmp_path_factory, kind, store_id, create
 def test_a_classic_store_without_a_marker_gets_one(tmp_path):
     classic_store(tmp_path)
     os.unlink(tmp_path / "identity")
-    refused(tmp_path, lambda: open_member(tmp_path, "n0", "g"), r"identity \(none: inferred from the files\): a classic")
+    inferred = r"identity \(none: inferred from the files\): a classic"
+    refused(tmp_path, lambda: open_member(tmp_path, "n0", "g"), inferred)
     MessageStore.open(str(tmp_path), CONFIG).close()
     assert store_identity.read_identity(str(tmp_path)).kind is StoreKind.CLASSIC
 

@@ -29,6 +29,7 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 
+from commitlog import identity as store_identity
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
 from commitlog.commit_log import AppendResult, CommitLog, ReadError, RecoveryReport
@@ -83,8 +84,10 @@ class StoreStatistics:
 
 
 class MessageStore:
-    def __init__(self, path: str, config: StoreConfig | None = None):
+    def __init__(self, path: str, config: StoreConfig | None = None, *, check_identity: bool = True):
         self.path = path
+        self.check_identity = check_identity  # False: a DLedger store's smooth upgrade, which checked it already
+        self.identity: store_identity.StoreIdentity | None = None  # STORE/identity, once open
         self.config = (config or StoreConfig()).validate()
         self.crc_function = self.config.crc_function
         # SYNC_FLUSH (group commit) or not: the config is frozen, and dispatch asks twice a put.
@@ -123,12 +126,14 @@ class MessageStore:
     # -- lifetime -------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str, config: StoreConfig | None = None) -> MessageStore:
-        store = cls(path, config)
+    def open(cls, path: str, config: StoreConfig | None = None, *, check_identity: bool = True) -> MessageStore:
+        store = cls(path, config, check_identity=check_identity)
         store._open()
         return store
 
     def _open(self) -> None:
+        if self.check_identity:  # before anything is created or written: a refusal leaves the store as it was
+            store_identity.check(self.path, store_identity.CLASSIC)
         os.makedirs(self.path, exist_ok=True)
         existing = MappedFileQueue.infer_file_size(os.path.join(self.path, "commitlog"))
         if existing is not None and existing != self.config.commitlog_segment_size:
@@ -138,6 +143,8 @@ class MessageStore:
             )
         self._lock = StoreLock(os.path.join(self.path, "lock"))
         try:
+            if self.check_identity:
+                self.identity = store_identity.claim(self.path, store_identity.CLASSIC)
             abort_path = os.path.join(self.path, "abort")
             self.last_exit_ok = not os.path.exists(abort_path)
             self.checkpoint = StoreCheckpoint.open(os.path.join(self.path, "checkpoint"))

@@ -79,10 +79,10 @@ class Cluster:
                 broker.stop()
 
 
-def start_dledger_group(root, size: int, *, group: str, segment_size: int = 1024 * 1024) -> dict:
+def start_dledger_group(root, size: int, *, group: str, segment_size: int = 1024 * 1024, extra_args=()) -> dict:
     """``size`` ``hasvc node`` members (n0, n1, ...) of ``group`` under ``root``, with the drill's
-    etcd-like timing; member -> ``hasvc.tools.drill_dledger.Node``, each started (READY comes once
-    its ports listen, before any election)."""
+    etcd-like timing and ``extra_args``; member -> ``hasvc.tools.drill_dledger.Node``, each started
+    (READY comes once its ports listen, before any election)."""
     from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
     from hasvc.tools.partition import LOOPBACK, free_port
 
@@ -91,7 +91,7 @@ def start_dledger_group(root, size: int, *, group: str, segment_size: int = 1024
     nodes = {}
     for member in members:
         args = ["--store", os.path.join(root, member), "--listen", f"{LOOPBACK}:{free_port()}", "--group", group,
-                "--peers", peers, "--self", member, "--set", f"commitlog_segment_size={segment_size}"]  # fmt: skip
+                "--peers", peers, "--self", member, "--set", f"commitlog_segment_size={segment_size}", *extra_args]  # fmt: skip
         for setting in ETCD_LIKE_SETTINGS:
             args += ["--set", setting]
         nodes[member] = Node(str(root), member, args)

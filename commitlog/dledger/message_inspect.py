@@ -45,11 +45,12 @@ class MemberVerifyReport:
     dledger_noops: int  # entries with an empty body
     bad_message_offset: int | None  # the first entry whose body is not one record at pos + 48
     bad_message_reason: str | None
+    overlap: str | None = None  # the classic part reaches past the divide: two logs claim the same offsets
 
     @property
     def ok(self) -> bool:
         parts_ok = all(part is None or part.corrupt_offset is None for part in (self.classic, self.dledger))
-        return parts_ok and self.bad_message_offset is None
+        return parts_ok and self.bad_message_offset is None and self.overlap is None
 
     def as_json(self) -> dict:
         parts = []
@@ -59,7 +60,8 @@ class MemberVerifyReport:
             parts.append({"part": LogPart.DLEDGER.value, **self.dledger.as_json(), "messages": self.dledger_messages,
                           "noops": self.dledger_noops, "bad_message_offset": self.bad_message_offset,
                           "bad_message_reason": self.bad_message_reason})  # fmt: skip
-        return {"path": self.path, "divided_offset": self.divided_offset, "ok": self.ok, "parts": parts}
+        return {"path": self.path, "divided_offset": self.divided_offset, "ok": self.ok, "overlap": self.overlap,
+                "parts": parts}  # fmt: skip
 
 
 def _parts(store_root: str, self_id: str) -> tuple[bool, str | None, int]:
@@ -98,7 +100,11 @@ def verify_member(store_root: str, self_id: str, *, crc: str = "crc32c") -> Memb
                 messages += 1
         except codec.EntryFormatError:
             pass  # the entry scan above names it (dledger.corrupt_offset)
-    return MemberVerifyReport(store_root, divided, classic, dledger, messages, noops, bad_offset, bad_reason)
+    overlap = None
+    if classic is not None and divided >= 0 and classic.max_offset > divided:
+        overlap = (f"the classic log (commitlog/) has records up to offset {classic.max_offset}, past the divide "
+                   f"{divided} where the DLedger data files begin: both claim those offsets")  # fmt: skip
+    return MemberVerifyReport(store_root, divided, classic, dledger, messages, noops, bad_offset, bad_reason, overlap)
 
 
 def _message_problem(body: bytes, offset: int, crc_function: rec.CrcFunction | None) -> str | None:

@@ -66,6 +66,7 @@ from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
+from commitlog import identity as store_identity
 from commitlog import native
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
@@ -149,10 +150,14 @@ class _LogFiles:
 class DLedgerMessageStore:
     """Consume queues and reads over a DLedger entry log (see the module docstring)."""
 
-    def __init__(self, path: str, config: StoreConfig | None, *, self_id: str, dledger: DLedgerStoreConfig | None):
+    def __init__(self, path: str, config: StoreConfig | None, *, self_id: str, dledger: DLedgerStoreConfig | None,
+                 group: str | None = None, upgrade_classic: bool = False):  # fmt: skip
         self.path = path
         self.config = (config or StoreConfig()).validate()
         self.self_id = self_id
+        # STORE/identity: this member of this group (None: not checked); a classic store only with upgrade_classic.
+        self.opener = store_identity.dledger_member(self_id, group, upgrade=upgrade_classic)
+        self.identity: store_identity.StoreIdentity | None = None
         self.dledger_config = dledger or DLedgerStoreConfig(data_file_size=self.config.commitlog_segment_size,
                                                             page_cache_keep_size=self.config.page_cache_keep_size,
                                                             small_write_pages=self.config.small_write_pages)  # fmt: skip
@@ -181,24 +186,30 @@ class DLedgerMessageStore:
 
     @classmethod
     def open(cls, path: str, config: StoreConfig | None = None, *, self_id: str,
-             dledger: DLedgerStoreConfig | None = None, **entry_options: Any) -> DLedgerMessageStore:  # fmt: skip
-        """Open the store root ``path`` as member ``self_id``: the classic part (if
+             dledger: DLedgerStoreConfig | None = None, group: str | None = None, upgrade_classic: bool = False,
+             **entry_options: Any) -> DLedgerMessageStore:  # fmt: skip
+        """Open the store root ``path`` as member ``self_id`` of ``group``: the classic part (if
         ``path/commitlog`` has segments), the DLedger files in ``dledger_directory(path,
-        self_id)``, the consume queues; recover. ``entry_options`` (``entry_class``,
-        ``hard_state_class``) go to ``DLedgerMmapFileStore.open``."""
-        store = cls(path, config, self_id=self_id, dledger=dledger)
+        self_id)``, the consume queues; recover. ``STORE/identity`` must name this member (and
+        group, when given); a classic store is refused unless ``upgrade_classic`` (the smooth
+        upgrade's explicit step: its marker becomes this member's). ``entry_options``
+        (``entry_class``, ``hard_state_class``) go to ``DLedgerMmapFileStore.open``."""
+        store = cls(path, config, self_id=self_id, dledger=dledger, group=group, upgrade_classic=upgrade_classic)
         store._open(entry_options)
         return store
 
     def _open(self, entry_options: dict[str, Any]) -> None:
+        store_identity.check(self.path, self.opener)  # before anything is created or written
         os.makedirs(self.path, exist_ok=True)
         directory = dledger_directory(self.path, self.self_id)
         classic_directory = os.path.join(self.path, "commitlog")
         has_classic = bool(MappedFileQueue.segment_files(classic_directory))
         if has_classic and not MappedFileQueue.segment_files(os.path.join(directory, "data")):
-            MessageStore.open(self.path, self.config).close()  # recover and dispatch the classic part once
+            # recover and dispatch the classic part once (the identity was checked above)
+            MessageStore.open(self.path, self.config, check_identity=False).close()
         self._lock = StoreLock(os.path.join(self.path, "lock"))
         try:
+            self.identity = store_identity.claim(self.path, self.opener)  # an upgrade's marker: before the seal
             shutil.rmtree(self.consume_queues.root + DISCARDED_SUFFIX, ignore_errors=True)  # a reset's leftover
             abort_path = os.path.join(self.path, "abort")
             self.last_exit_ok = not os.path.exists(abort_path)

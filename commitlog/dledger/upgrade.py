@@ -18,6 +18,10 @@ file is then created (empty) so that later opens find it. A crash between the tw
 harmless: the sealed log ends with a blank record, so recovering it again gives the same divide.
 No classic segment at all: the divide is -1 and DLedger starts at offset 0.
 
+The switch is an explicit step: ``DLedgerMessageStore.open(..., upgrade_classic=True)`` (``hasvc
+node --upgrade-from-classic``) rewrites ``STORE/identity`` to the member's before the seal
+(``commitlog.identity``); without it a classic store is refused.
+
 ``DividedLog`` answers which part an offset is in and returns the message bytes at an offset
 from the right part (DLedger: only committed entries, as ``DLedgerCommitLog.getData``).
 """

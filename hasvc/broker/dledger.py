@@ -134,6 +134,7 @@ class GroupConfig:
     self_id: str
     peers: dict[str, Address]  # every member's Raft address, self included
     raft: RaftConfig
+    upgrade_classic: bool = False  # a classic store may be continued as this member's (smooth upgrade)
 
     def validate(self) -> GroupConfig:
         if self.self_id not in self.peers:
@@ -884,7 +885,8 @@ class DLedgerBroker:
         store_config = dataclasses.replace(self.config.store_config(),
                                            small_write_pages=self.config.small_write_pages_for(self.group.raft.flush_sync))  # fmt: skip
         self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
-            self.config.store, store_config, self_id=self.group.self_id, entry_class=Entry, hard_state_class=HardState))  # fmt: skip
+            self.config.store, store_config, self_id=self.group.self_id, group=self.group.group,
+            upgrade_classic=self.group.upgrade_classic, entry_class=Entry, hard_state_class=HardState))  # fmt: skip
         LOGGER.info("store %s: entries %d..%d, committed %d, dispatched %d", self.config.store,
                     self.store.entries.first_index(), self.store.entries.last_index(), self.store.entries.committed_index,
                     self.store.dispatched_index)  # fmt: skip

@@ -81,6 +81,7 @@ def _run_broker(config) -> None:
     import trio
 
     from hasvc.broker import Broker
+    from hasvc.transport import first_leaf
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hasvc").info("effective configuration: %s", json.dumps(config.describe()))
@@ -105,13 +106,16 @@ def _run_broker(config) -> None:
 
     try:
         trio.run(serve)
-    except (StoreError, OSError) as error:
+    except (StoreError, OSError, BaseExceptionGroup) as error:
+        leaf = first_leaf(error)  # the nursery wraps what the broker's start raised (hasvc node does the same)
         if ready:  # not a start-up failure: the log gets the whole story
             logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
-            raise click.ClickException(f"stopped: {type(error).__name__}: {error}") from None
-        if isinstance(error, StoreError):
-            raise click.ClickException(str(error)) from None
-        raise click.ClickException(f"cannot listen: {error}") from None
+            raise click.ClickException(f"stopped: {type(leaf).__name__}: {leaf}") from None
+        if isinstance(leaf, StoreError):
+            raise click.ClickException(str(leaf)) from None
+        if isinstance(leaf, OSError):
+            raise click.ClickException(f"cannot listen: {leaf}") from None
+        raise
 
 
 @click.command()

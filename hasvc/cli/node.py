@@ -53,6 +53,10 @@ def _raft_config(settings: tuple[str, ...], flush: str | None, preferred_leader:
 @click.option("--flush", type=click.Choice(["sync", "async"]), default=None,
               help="sync: an entry counts toward the quorum only once this member fsynced it (etcd's promise); "
                    "async (DLedger's default): once it is in the member's log, flushed every 10 ms.")
+@click.option("--upgrade-from-classic", "upgrade_classic", is_flag=True,
+              help="The smooth upgrade's explicit step: --store may be a classic broker's store (stopped cleanly); "
+                   "its log is sealed and continued by this member's DLedger entries, and the store becomes this "
+                   "member's for good. Without it a classic store is refused.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True),
               help="TOML file with a [broker] table of options (command-line options win).")
 @click.option("--secret-file", type=click.Path(dir_okay=False, exists=True),
@@ -62,7 +66,8 @@ def _raft_config(settings: tuple[str, ...], flush: str | None, preferred_leader:
               help="Any broker option by its config name, a Raft setting (heartbeat_interval_seconds, "
                    "election_timeout_min_seconds, election_timeout_max_seconds, quorum_ack_timeout_seconds, ...), "
                    "or raft_preset=etcd (heartbeat 100 ms, election timeout 1-2 s) / dledger (the default: 2 s, 6.3-7 s).")
-def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, config_file, secret_file, insecure, settings) -> None:  # fmt: skip
+def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgrade_classic, config_file, secret_file,
+         insecure, settings) -> None:  # fmt: skip
     """Run a DLedger member: the group elects its leader by Raft and keeps taking writes while a
     majority of it runs; no promote. The leader plays SYNC_MASTER once caught up (a put is
     PUT_OK once a quorum has its entry), the others SLAVE (committed reads; writes refused naming
@@ -74,7 +79,8 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, conf
     config = _build_config("SYNC_MASTER", dict(store=store_dir, listen=listen, insecure=insecure), config_file, secret_file, rest)
     try:
         members = parse_peers(peers)
-        group_config = GroupConfig(group=group, self_id=self_id, peers=members, raft=raft).validate()
+        group_config = GroupConfig(group=group, self_id=self_id, peers=members, raft=raft,
+                                   upgrade_classic=upgrade_classic).validate()
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     exposed = [address for address in members.values() if not is_loopback(address[0])]

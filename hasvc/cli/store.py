@@ -37,8 +37,11 @@ def _members(directory: str) -> list[str]:
     return sorted(os.path.basename(path)[len("dledger-") :] for path in glob.glob(os.path.join(directory, "dledger-*")))
 
 
-def _check_member(directory: str, member: str | None) -> None:
-    """A clear error for a member that has no files here, or a member store read without --member."""
+def _check_member(directory: str, member: str | None) -> dict:
+    """A clear error for a member that has no files here, or a member store read without --member;
+    also when ``STORE/identity`` says the store is another's. Returns what to report of the
+    store's identity (``_identity_json``)."""
+    identity = _identity_json(directory, member)
     members = _members(directory)
     if member is None:
         if members and not os.path.isdir(os.path.join(directory, "commitlog")):
@@ -46,6 +49,58 @@ def _check_member(directory: str, member: str | None) -> None:
     elif member not in members:
         found = f"members here: {', '.join(members)}" if members else "no dledger-* directory here"
         raise click.ClickException(f"{directory}/dledger-{member}: no such directory ({found})")
+    return identity
+
+
+def _identity_json(directory: str, member: str | None) -> dict:
+    """``{"identity": marker or None, "inferred": what the files say when there is no marker}``;
+    ClickException (one line) when the marker cannot be read or names another kind or member."""
+    from commitlog import identity as store_identity
+
+    try:
+        found = store_identity.read_identity(directory)
+        if found is None:
+            inferred = store_identity.infer(directory)
+            kind = inferred.kind.value if inferred.kind is not None else None
+            said = {"kind": kind, "member": inferred.member, "ambiguous": inferred.ambiguous}
+            return {"identity": None, "inferred": said}
+    except StoreError as error:
+        raise click.ClickException(str(error)) from None
+    path = store_identity.identity_path(directory)
+    if found.kind is store_identity.StoreKind.CLASSIC and member is not None:
+        raise click.ClickException(f"{path}: {found.describe()}, not a DLedger member's: read it without --member")
+    if found.kind is store_identity.StoreKind.DLEDGER and member != found.member:
+        given = f"not member {member}'s" if member is not None else "a DLedger member's"
+        raise click.ClickException(f"{path}: {found.describe()}, {given}: give --member {found.member}")
+    return {"identity": found.to_json(), "inferred": None}
+
+
+def _identity_line(identity: dict) -> str:
+    """The ``identity`` line of ``verify``'s text output."""
+    import datetime
+
+    def when(ms: int) -> str:
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    found = identity["identity"]
+    if found is None:
+        inferred = identity["inferred"]
+        if inferred["ambiguous"] is not None:
+            return f"none, and AMBIGUOUS: the files hold {inferred['ambiguous']}"
+        said = {None: "an empty store", "classic": "a classic broker's"}.get(
+            inferred["kind"], f"DLedger member {inferred['member']}'s"
+        )
+        return f"none (a store from before identity markers; its files say {said}; the next open writes it)"
+    parts = [f"kind {found['kind']}"]
+    parts += [f"member {found['member']}"] if found["member"] is not None else []
+    parts += [f"group {found['group']}"] if found["group"] is not None else []
+    parts += [f"store id {found['store_id']}", f"created {when(found['created_ms'])}"]
+    parts += [f"upgraded from classic {when(found['upgraded_ms'])}"] if found["upgraded_ms"] is not None else []
+    return ", ".join(parts)
+
+
+def _ambiguous(identity: dict) -> bool:
+    return identity["identity"] is None and identity["inferred"]["ambiguous"] is not None
 
 
 @store.command("verify")
@@ -67,31 +122,34 @@ def store_verify(directory: str, crc: str, member: str | None, as_json: bool) ->
     at the entry's pos + 48); entries are listed whether committed or not, with the checkpoint's
     committed index.
     """
-    _check_member(directory, member)
+    identity = _check_member(directory, member)
     if member is not None:
-        _verify_member(directory, member, crc, as_json)
+        _verify_member(directory, member, crc, as_json, identity)
         return
     try:
         report = verify(directory, crc=crc)
     except StoreError as error:
         raise click.ClickException(str(error)) from None
     if as_json:
-        click.echo(json.dumps(report.as_json()))
+        click.echo(json.dumps({**report.as_json(), **identity}))
     else:
         click.echo(f"store        {report.path}")
+        click.echo(f"identity     {_identity_line(identity)}")
         click.echo(f"segments     {report.segments} x {report.segment_size} bytes")
         click.echo(f"offsets      [{report.min_offset}, {report.max_offset})")
         click.echo(f"records      {report.records}")
         click.echo(f"topics       {', '.join(f'{t}={n}' for t, n in sorted(report.topics.items())) or '-'}")
-        if report.corrupt_offset is None:
+        if _ambiguous(identity):
+            click.echo("status       CORRUPT: the store holds both kinds of log (see identity)")
+        elif report.corrupt_offset is None:
             click.echo("status       clean")
         else:
             click.echo(f"status       CORRUPT at offset {report.corrupt_offset}: {report.reason}")
-    if report.corrupt_offset is not None:
+    if report.corrupt_offset is not None or _ambiguous(identity):
         sys.exit(1)
 
 
-def _verify_member(directory: str, member: str, crc: str, as_json: bool) -> None:
+def _verify_member(directory: str, member: str, crc: str, as_json: bool, identity: dict) -> None:
     from commitlog.dledger.message_inspect import verify_member
 
     try:
@@ -99,9 +157,10 @@ def _verify_member(directory: str, member: str, crc: str, as_json: bool) -> None
     except StoreError as error:
         raise click.ClickException(str(error)) from None
     if as_json:
-        click.echo(json.dumps(report.as_json()))
+        click.echo(json.dumps({**report.as_json(), **identity}))
     else:
         click.echo(f"store        {report.path} (member {member})")
+        click.echo(f"identity     {_identity_line(identity)}")
         if report.divided_offset >= 0:
             click.echo(f"divide       classic below offset {report.divided_offset}, DLedger from it")
         classic, dledger = report.classic, report.dledger
@@ -122,8 +181,10 @@ def _verify_member(directory: str, member: str, crc: str, as_json: bool) -> None
                 click.echo(f"dledger      CORRUPT at offset {dledger.corrupt_offset}: {dledger.reason}")
             if report.bad_message_offset is not None:
                 click.echo(f"message      BAD at offset {report.bad_message_offset}: {report.bad_message_reason}")
-        click.echo(f"status       {'clean' if report.ok else 'CORRUPT'}")
-    if not report.ok:
+        if report.overlap is not None:
+            click.echo(f"overlap      CORRUPT: {report.overlap}")
+        click.echo(f"status       {'clean' if report.ok and not _ambiguous(identity) else 'CORRUPT'}")
+    if not report.ok or _ambiguous(identity):
         sys.exit(1)
 
 

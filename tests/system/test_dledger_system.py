@@ -26,8 +26,8 @@ from tests.cluster import start_dledger_group, wait_until
 DRILL_TIMEOUT_SECONDS = 300  # a drill that hangs fails the test instead of the CI run
 
 
-def _start_group(tmp_path, size: int) -> dict[str, Node]:
-    return start_dledger_group(tmp_path, size, group="sys")
+def _start_group(tmp_path, size: int, *extra_args: str) -> dict[str, Node]:
+    return start_dledger_group(tmp_path, size, group="sys", extra_args=extra_args)
 
 
 def _status(node: Node) -> dict:
@@ -162,9 +162,9 @@ def test_store_verify_and_dump_read_a_members_store_written_by_a_node(tmp_path) 
     done = runner.invoke(cli_main, ["store", "dump", store, "--member", "n0", "--from", str(acked[4]), "--count", "1"])
     assert done.exit_code == 0 and done.output.count("\n") == 1 and "dledger#" in done.output and "m4" in done.output
     done = runner.invoke(cli_main, ["store", "verify", store])
-    assert done.exit_code != 0 and "give --member (n0)" in done.output, done.output
+    assert done.exit_code != 0 and "a DLedger member's: give --member n0" in done.output, done.output  # by STORE/identity
     done = runner.invoke(cli_main, ["store", "dump", store, "--member", "n7"])
-    assert done.exit_code != 0 and "members here: n0" in done.output, done.output
+    assert done.exit_code != 0 and "not member n7's: give --member n0" in done.output, done.output
     data_file = next((tmp_path / "n0" / "dledger-n0" / "data").iterdir())
     content = bytearray(data_file.read_bytes())
     content[content.index(b"m3")] ^= 0xFF  # in a message body: the entry's body CRC no longer matches
@@ -260,7 +260,7 @@ def test_smooth_upgrade_a_classic_group_becomes_a_dledger_group_and_old_offsets_
         classic_end = _status_at(master.address)["max_offset"]
     finally:
         classic.close()  # SIGTERM: clean exits
-    nodes = _start_group(tmp_path, 3)
+    nodes = _start_group(tmp_path, 3, "--upgrade-from-classic")  # the explicit step: each store becomes a member's
     try:
         addresses = [node.client_address for node in nodes.values()]
         new = trio.run(_send, addresses, 30, "new")
@@ -297,7 +297,7 @@ def test_an_empty_member_joins_an_upgraded_group_at_its_divide(tmp_path) -> None
         wait_until(lambda: caught_up(master, slave), message="the slave caught up")
     finally:
         classic.close()
-    nodes = _start_group(tmp_path, 3)
+    nodes = _start_group(tmp_path, 3, "--upgrade-from-classic")  # n2's empty store: the flag changes nothing
     try:
         addresses = [node.client_address for node in nodes.values()]
         new = trio.run(_send, addresses, 30, "new")

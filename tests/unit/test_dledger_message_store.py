@@ -30,8 +30,8 @@ CONFIG = StoreConfig(commitlog_segment_size=SEGMENT_SIZE, consume_queue_units_pe
 DLEDGER = DLedgerStoreConfig(data_file_size=SEGMENT_SIZE, index_file_size=32 * 64)
 
 
-def open_store(path, self_id="n0"):
-    return DLedgerMessageStore.open(str(path), CONFIG, self_id=self_id, dledger=DLEDGER)
+def open_store(path, self_id="n0", *, upgrade_classic=False):
+    return DLedgerMessageStore.open(str(path), CONFIG, self_id=self_id, dledger=DLEDGER, upgrade_classic=upgrade_classic)
 
 
 def message(i, queue_id=0, size=100, topic="T"):
@@ -379,7 +379,7 @@ def test_smooth_upgrade_serves_old_offsets_and_continues_each_queue(tmp_path, cr
         classic = MessageStore.open(str(tmp_path), CONFIG)
         old.extend(classic.append([message(9, 1, 700)]).offsets)
         classic.close(clean=False)
-    store = open_store(tmp_path)
+    store = open_store(tmp_path, upgrade_classic=True)  # the explicit step: the store becomes n0's
     boundary = (old[-1] // SEGMENT_SIZE + 1) * SEGMENT_SIZE
     assert store.divided_offset == boundary and store.statistics().min_offset == 0
     assert [store.get_record(offset).physical_offset for offset in old] == old
@@ -412,7 +412,7 @@ def test_after_a_crash_dispatch_goes_back_to_the_recovery_scan_start(tmp_path):
 
 def test_verify_and_iterate_a_member_store_with_both_parts(tmp_path):
     old = classic_store_with(tmp_path, 7)
-    store = open_store(tmp_path)
+    store = open_store(tmp_path, upgrade_classic=True)
     noop(store, 1)
     new = lead(store, [message(10, 0), message(11, 1)])
     store.close()

@@ -180,7 +180,7 @@ def test_a_young_file_goes_only_above_the_disk_ratio_and_never_past_the_keep_ind
 
 def test_a_smoothly_upgraded_store_deletes_its_sealed_classic_segments_first(tmp_path):
     old = classic_store_with(tmp_path, 30)  # 700-byte messages: several 4 KiB classic segments
-    store = open_store(tmp_path)
+    store = open_store(tmp_path, upgrade_classic=True)
     classic_files = store.classic.mapped_file_queue.mapped_files
     assert len(classic_files) >= 3
     noop(store, 1)

@@ -276,3 +276,26 @@ def test_the_proxy_refuses_a_bad_acl_file_in_one_line(tmp_path):
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(acl_file) in lines[0] and "actions" in lines[0], lines
+
+
+def test_a_masters_ha_port_with_a_ca_takes_only_slaves_with_a_certificate_it_signed(tmp_path):
+    from tests.cluster import Cluster
+
+    ca, issued = certificate_authority(str(tmp_path), ["m", "s"])
+    cluster = Cluster(tmp_path)
+    try:
+        master = cluster._start("master", "m", ["--role", "sync", "--tls-cert", issued["m"][1], "--tls-key", issued["m"][0],
+                                               "--tls-ca", ca], {})  # fmt: skip
+        slave = cluster._start("slave", "s", ["--master-ha", master.ha_address, "--tls-cert", issued["s"][1], "--tls-key",
+                                             issued["s"][0], "--tls-ca", ca], {})  # fmt: skip
+        wait_until(lambda: slave_acking_tls(master, ca), message="the slave with a certificate acking")
+        host, port = master.ha_address.rsplit(":", 1)
+        assert _tls_handshake_refused(host, int(port), ca)
+    finally:
+        cluster.close()
+
+
+def slave_acking_tls(master, ca) -> bool:
+    with hc.BlockingClient(master.address, tls_ca=ca) as client:
+        slaves = client.status()["slaves"]
+    return bool(slaves) and slaves[0]["ack_offset"] >= 0

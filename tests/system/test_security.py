@@ -299,3 +299,37 @@ def slave_acking_tls(master, ca) -> bool:
     with hc.BlockingClient(master.address, tls_ca=ca) as client:
         slaves = client.status()["slaves"]
     return bool(slaves) and slaves[0]["ack_offset"] >= 0
+
+
+# --- the official Node.js client (tests/system/node: `npm install` there, as .ci/run does) ---
+
+NODE_DIR = os.path.join(os.path.dirname(__file__), "node")
+NODE_CLIENT_INSTALLED = shutil.which("node") is not None and os.path.isdir(
+    os.path.join(NODE_DIR, "node_modules", "rocketmq-client-nodejs"))  # fmt: skip
+
+
+def _drive_node(proxy, steps, *, access_key="", secret_key=""):
+    import json
+
+    done = subprocess.run(["node", os.path.join(NODE_DIR, "rmq_node_driver.js"), proxy.address, json.dumps(steps)],
+                          capture_output=True, text=True, timeout=120, cwd=NODE_DIR,
+                          env={**os.environ, "RMQ_DRIVER_AK": access_key, "RMQ_DRIVER_SK": secret_key})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:] + "\nproxy log:\n" + proxy.log()[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not NODE_CLIENT_INSTALLED, reason="needs node and `npm install` in tests/system/node")
+def test_the_nodejs_client_with_bogus_credentials_stores_nothing_and_with_its_own_sends_and_consumes(acl_proxy):
+    proxy, master = acl_proxy
+    (refused,) = _drive_node(proxy, [{"op": "produce", "topic": "Orders-node-bogus", "count": 2}],
+                             access_key="bogus-ak", secret_key="bogus-sk")  # fmt: skip
+    assert refused.get("code") == _code("UNAUTHORIZED") and refused["error"] == "UnauthorizedException", refused
+    assert _stored(master, "Orders-node-bogus") == 0
+    steps = [{"op": "produce", "topic": "Orders-node", "count": 3},
+             {"op": "consume", "group": "orders-node", "topic": "Orders-node", "want": 3},
+             {"op": "produce", "topic": "Payments-node", "count": 1}]  # fmt: skip
+    sent, consumed, forbidden = _drive_node(proxy, steps, access_key="orders-app", secret_key="orders-secret-key")
+    assert [s["i"] for s in sent] == [0, 1, 2], sent
+    assert sorted(m["id"] for m in consumed) == sorted(s["id"] for s in sent)
+    assert forbidden.get("code") == _code("FORBIDDEN") and forbidden["error"] == "ForbiddenException", forbidden
+    assert _stored(master, "Orders-node") == 3 and _stored(master, "Payments-node") == 0

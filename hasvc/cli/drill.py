@@ -34,7 +34,11 @@ def demo(producers, keep, dledger) -> None:
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds when and whom the fault hits.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
 @click.option("--keep", is_flag=True, help="Keep the stores and logs.")
-def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_path, keep) -> None:
+@click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True), help="dledger: every member's TLS certificate (with --tls-key).")
+@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), help="dledger: its private key.")
+@click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True),
+              help="dledger: mutual TLS between members with this CA (the drill's clients verify with it, else with --tls-cert).")
+def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_path, keep, tls_cert, tls_key, tls_ca) -> None:
     """Failover rounds on loopback, checked from the stores on disk; exits 1 on any loss.
 
     sync/async: SIGKILL the master under load, promote the slave, rejoin the old master as a slave;
@@ -43,11 +47,14 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
     dledger: a group of --nodes `hasvc node` processes behind a partition relay; each round
     SIGKILLs or partitions a member and the group elects by itself; no acknowledged write lost or
     duplicated, committed logs and consume queues identical; failover time p50/p99."""
+    if (tls_cert or tls_key or tls_ca) and (mode != "dledger" or not (tls_cert and tls_key)):
+        raise click.UsageError("--tls-cert/--tls-key (and --tls-ca) go together, with --mode dledger")
     if mode == "dledger":
         from hasvc.tools.drill_dledger import run_dledger_drill
 
         ok = run_dledger_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault, seed=seed,
-                               report_path=report_path, keep=keep, etcd_timing=not dledger_timing, echo=click.echo)  # fmt: skip
+                               report_path=report_path, keep=keep, etcd_timing=not dledger_timing, echo=click.echo,
+                               tls=(tls_cert, tls_key, tls_ca) if tls_cert else None)  # fmt: skip
     else:
         from hasvc.tools.drill import run_drill
 

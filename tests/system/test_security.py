@@ -333,3 +333,14 @@ def test_the_nodejs_client_with_bogus_credentials_stores_nothing_and_with_its_ow
     assert sorted(m["id"] for m in consumed) == sorted(s["id"] for s in sent)
     assert forbidden.get("code") == _code("FORBIDDEN") and forbidden["error"] == "ForbiddenException", forbidden
     assert _stored(master, "Orders-node") == 3 and _stored(master, "Payments-node") == 0
+
+
+def test_the_dledger_drill_passes_over_mutual_tls(tmp_path):
+    from tests.cluster import self_signed_certificate
+
+    key, cert = self_signed_certificate(str(tmp_path))  # its own CA: every member's, verified both ways
+    done = subprocess.run([sys.executable, "-m", "hasvc.cli", "drill", "--mode", "dledger", "--rounds", "2", "--producers", "4",
+                           "--fault", "mixed", "--seed", "3", "--tls-cert", cert, "--tls-key", key, "--tls-ca", cert],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "TLS (mutual)" in done.stdout and "0 lost, 0 duplicated: OK" in done.stdout

@@ -344,3 +344,39 @@ def test_the_dledger_drill_passes_over_mutual_tls(tmp_path):
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "TLS (mutual)" in done.stdout and "0 lost, 0 duplicated: OK" in done.stdout
+
+
+def test_an_old_signature_is_refused_as_expired_on_every_kind_of_call(acl_proxy):
+    """Raw gRPC calls signed with the right key two days ago: a replay. Unary, server-streaming
+    and the bidirectional Telemetry stream each get UNAUTHORIZED, and nothing is stored."""
+    import datetime
+    import hashlib
+    import hmac
+
+    import grpc
+
+    from hasvc.proxy.pb import definition, service, service_grpc
+
+    proxy, master = acl_proxy
+    stamp = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=2)).strftime("%Y%m%dT%H%M%SZ")
+    signature = hmac.new(b"orders-secret-key", stamp.encode(), hashlib.sha1).hexdigest()
+    metadata = (("x-mq-date-time", stamp), ("x-mq-client-id", "replay@1"),
+                ("authorization", f"MQv2-HMAC-SHA1 Credential=orders-app, SignedHeaders=x-mq-date-time, Signature={signature}"))  # fmt: skip
+    before = _refusals(proxy).get("expired", 0)
+    unauthorized = _code("UNAUTHORIZED")
+    with grpc.insecure_channel(proxy.address) as channel:
+        stub = service_grpc.MessagingServiceStub(channel)
+        message = definition.Message(body=b"replayed")
+        message.topic.name = "Orders-replayed"
+        message.system_properties.message_id = "01AABBCCDDEEFF001122334400000001"
+        message.system_properties.message_type = definition.NORMAL
+        sent = stub.SendMessage(service.SendMessageRequest(messages=[message]), metadata=metadata, timeout=10)
+        assert sent.status.code == unauthorized and "outside the window" in sent.status.message
+        request = service.ReceiveMessageRequest(batch_size=1)
+        request.group.name, request.message_queue.topic.name = "orders-x", "Orders-replayed"
+        received = list(stub.ReceiveMessage(request, metadata=metadata, timeout=10))
+        assert [r.status.code for r in received] == [unauthorized]
+        telemetry = list(stub.Telemetry(iter([service.TelemetryCommand()]), metadata=metadata, timeout=10))
+        assert [t.status.code for t in telemetry] == [unauthorized]
+    assert _stored(master, "Orders-replayed") == 0
+    assert _refusals(proxy)["expired"] == before + 3

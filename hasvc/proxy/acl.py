@@ -58,6 +58,10 @@ ZONE_OFFSET_MAX_SECONDS = 14 * 3600
 # An access key is at most this long (the header is bounded by gRPC's metadata limit anyway;
 # this keeps a refusal's log line short).
 ACCESS_KEY_SIZE_MAX = 256
+# Signatures verified lately, (authorization, x-mq-date-time) -> (account, time): a client's calls
+# within one second carry the same pair, and a hit skips the HMAC and the parse (~6 of ~7 us a
+# call). The window is checked on every call all the same. Emptied when full: a bound, not an LRU.
+VERIFIED_SIGNATURES_MAX = 4096
 _ACCOUNT_KEYS = {"access_key", "secret_key", "topics", "groups", "actions"}
 _TOP_KEYS = {"account", "clock_skew_seconds", "any_time_zone"}
 
@@ -96,11 +100,32 @@ class Acl:
     accounts: dict[str, Account]
     clock_skew_seconds: float = CLOCK_SKEW_SECONDS_DEFAULT
     any_time_zone: bool = True
+    _verified: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def authenticate(self, authorization: str | None, date_time: str | None, *, now: float) -> Account | Refusal:
         """The account whose key signed the call, or why not. ``now``: seconds since the epoch."""
         if not authorization or not date_time:
             return Refusal(UNSIGNED, "the call is not signed: give the client an access key and secret key (Credentials)")
+        verified = self._verified.get((authorization, date_time))
+        if verified is None:
+            verified = self._verify(authorization, date_time)
+            if isinstance(verified, Refusal):
+                return verified
+            if len(self._verified) >= VERIFIED_SIGNATURES_MAX:
+                self._verified.clear()
+            self._verified[authorization, date_time] = verified
+        account, stamped = verified
+        ahead = stamped - now
+        low, high = -self.clock_skew_seconds, self.clock_skew_seconds
+        if self.any_time_zone:
+            low, high = low + ZONE_OFFSET_MIN_SECONDS, high + ZONE_OFFSET_MAX_SECONDS
+        if not low <= ahead <= high:
+            return Refusal(EXPIRED, f"x-mq-date-time {date_time} is {ahead:+.0f} s from now, outside the window "
+                                    f"{low:+.0f}..{high:+.0f} s (a replayed signature, or a wrong clock)")  # fmt: skip
+        return account
+
+    def _verify(self, authorization: str, date_time: str) -> tuple[Account, float] | Refusal:
+        """The signing account and the signed time, or why not (the window aside)."""
         parsed = parse_authorization(authorization)
         if parsed is None:
             return Refusal(UNSIGNED, f"the authorization header is not {ALGORITHM} Credential=..., SignedHeaders=x-mq-date-time, Signature=...")
@@ -116,14 +141,7 @@ class Acl:
         stamped = parse_date_time(date_time)
         if stamped is None:
             return Refusal(EXPIRED, f"x-mq-date-time {date_time[:32]!r} is not yyyyMMddTHHmmssZ")
-        ahead = stamped - now
-        low, high = -self.clock_skew_seconds, self.clock_skew_seconds
-        if self.any_time_zone:
-            low, high = low + ZONE_OFFSET_MIN_SECONDS, high + ZONE_OFFSET_MAX_SECONDS
-        if not low <= ahead <= high:
-            return Refusal(EXPIRED, f"x-mq-date-time {date_time} is {ahead:+.0f} s from now, outside the window "
-                                    f"{low:+.0f}..{high:+.0f} s (a replayed signature, or a wrong clock)")  # fmt: skip
-        return account
+        return account, stamped
 
     @staticmethod
     def authorize(account: Account, actions: tuple[str, ...], *, topic: str | None = None, group: str | None = None) -> Refusal | None:

@@ -122,3 +122,19 @@ def test_an_acl_file_loads(tmp_path):
                     'secret_key = "orders-secret"\ntopics = ["Orders*"]\ngroups = ["orders-*"]\nactions = ["pub", "sub"]\n')  # fmt: skip
     rules = load_acl(str(path))
     assert rules.accounts == {"orders-app": ACCOUNT} and rules.clock_skew_seconds == 60 and not rules.any_time_zone
+
+
+def test_a_verified_signature_is_still_checked_against_the_window_on_every_call():
+    rules = Acl({ACCOUNT.access_key: ACCOUNT})
+    header = signed("20260601T120000Z")
+    assert rules.authenticate(header, "20260601T120000Z", now=NOW) is ACCOUNT
+    assert rules.authenticate(header, "20260601T120000Z", now=NOW + 3 * 86400).reason == acl.EXPIRED
+    assert rules.authenticate(signed("20260601T120000Z", secret=b"wrong"), "20260601T120000Z", now=NOW).reason == acl.BAD_SIGNATURE
+
+
+def test_the_verified_signatures_stay_bounded():
+    rules = Acl({ACCOUNT.access_key: ACCOUNT})
+    for second in range(acl.VERIFIED_SIGNATURES_MAX + 10):
+        date_time = stamp(NOW + second)
+        assert rules.authenticate(signed(date_time), date_time, now=NOW) is ACCOUNT
+    assert len(rules._verified) <= acl.VERIFIED_SIGNATURES_MAX

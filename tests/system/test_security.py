@@ -286,8 +286,8 @@ def test_a_masters_ha_port_with_a_ca_takes_only_slaves_with_a_certificate_it_sig
     try:
         master = cluster._start("master", "m", ["--role", "sync", "--tls-cert", issued["m"][1], "--tls-key", issued["m"][0],
                                                "--tls-ca", ca], {})  # fmt: skip
-        slave = cluster._start("slave", "s", ["--master-ha", master.ha_address, "--tls-cert", issued["s"][1], "--tls-key",
-                                             issued["s"][0], "--tls-ca", ca], {})  # fmt: skip
+        cluster._start("slave", "s", ["--master-ha", master.ha_address, "--tls-cert", issued["s"][1], "--tls-key",
+                                       issued["s"][0], "--tls-ca", ca], {})  # fmt: skip
         wait_until(lambda: slave_acking_tls(master, ca), message="the slave with a certificate acking")
         host, port = master.ha_address.rsplit(":", 1)
         assert _tls_handshake_refused(host, int(port), ca)
@@ -358,7 +358,7 @@ def test_an_old_signature_is_refused_as_expired_on_every_kind_of_call(acl_proxy)
     from hasvc.proxy.pb import definition, service, service_grpc
 
     proxy, master = acl_proxy
-    stamp = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=2)).strftime("%Y%m%dT%H%M%SZ")
+    stamp = (datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=2)).strftime("%Y%m%dT%H%M%SZ")
     signature = hmac.new(b"orders-secret-key", stamp.encode(), hashlib.sha1).hexdigest()
     metadata = (("x-mq-date-time", stamp), ("x-mq-client-id", "replay@1"),
                 ("authorization", f"MQv2-HMAC-SHA1 Credential=orders-app, SignedHeaders=x-mq-date-time, Signature={signature}"))  # fmt: skip

@@ -380,3 +380,13 @@ def test_an_old_signature_is_refused_as_expired_on_every_kind_of_call(acl_proxy)
         assert [t.status.code for t in telemetry] == [unauthorized]
     assert _stored(master, "Orders-replayed") == 0
     assert _refusals(proxy)["expired"] == before + 3
+
+
+def test_a_node_refuses_raft_off_loopback_without_a_secret(tmp_path):
+    done = _run("node", "--store", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--group", "g",
+                "--peers", "n0-127.0.0.1:7001;n1-192.0.2.1:7001;n2-192.0.2.2:7001", "--self", "n0",
+                env={"HASVC_SECRET": ""})  # fmt: skip
+    assert done.returncode == 2
+    assert "refusing Raft traffic off loopback (192.0.2.1) without a secret" in done.stderr
+    assert "could speak as a member" in done.stderr
+    assert not os.path.exists(tmp_path / "s")

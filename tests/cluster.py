@@ -79,10 +79,12 @@ class Cluster:
                 broker.stop()
 
 
-def start_dledger_group(root, size: int, *, group: str, segment_size: int = 1024 * 1024, extra_args=()) -> dict:
+def start_dledger_group(root, size: int, *, group: str, segment_size: int = 1024 * 1024, extra_args=(),
+                        member_args=None) -> dict:  # fmt: skip
     """``size`` ``hasvc node`` members (n0, n1, ...) of ``group`` under ``root``, with the drill's
     etcd-like timing and ``extra_args``; member -> ``hasvc.tools.drill_dledger.Node``, each started
-    (READY comes once its ports listen, before any election)."""
+    (READY comes once its ports listen, before any election). ``member_args(member)``: more
+    arguments for that member."""
     from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
     from hasvc.tools.partition import LOOPBACK, free_port
 
@@ -94,6 +96,8 @@ def start_dledger_group(root, size: int, *, group: str, segment_size: int = 1024
                 "--peers", peers, "--self", member, "--set", f"commitlog_segment_size={segment_size}", *extra_args]  # fmt: skip
         for setting in ETCD_LIKE_SETTINGS:
             args += ["--set", setting]
+        if member_args is not None:
+            args += member_args(member)
         nodes[member] = Node(str(root), member, args)
     for node in nodes.values():
         node.start()
@@ -106,6 +110,27 @@ def self_signed_certificate(directory) -> tuple[str, str]:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
                     "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
     return key, cert
+
+
+def certificate_authority(directory, names) -> tuple[str, dict[str, tuple[str, str]]]:
+    """(the CA's certificate, name -> (key, cert)): a CA made with the openssl command and, for
+    each name, a certificate for 127.0.0.1 that it signed (mutual TLS between members)."""
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    ca_key, ca_cert = os.path.join(directory, "ca-key.pem"), os.path.join(directory, "ca.pem")
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca_cert, "-days", "1", "-subj", "/CN=hasvc test CA")
+    extensions = os.path.join(directory, "san.ext")
+    with open(extensions, "w") as file:
+        file.write("subjectAltName=IP:127.0.0.1\n")
+    issued = {}
+    for name in names:
+        key, request, cert = (os.path.join(directory, f"{name}-{part}.pem") for part in ("key", "req", "cert"))
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", request, "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", request, "-CA", ca_cert, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "1",
+            "-extfile", extensions)  # fmt: skip
+        issued[name] = (key, cert)
+    return ca_cert, issued
 
 
 def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):

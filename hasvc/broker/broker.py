@@ -206,6 +206,9 @@ class Broker:
                          on_ack=self.replicator.on_report)  # fmt: skip
 
     async def _start_ha_service(self, nursery: trio.Nursery, ssl_context) -> None:
+        if ssl_context is not None and self.config.tls_ca is not None:
+            # Mutual TLS between members: a slave must present a certificate the CA signed.
+            ssl_context = transport.server_ssl_context(cert=self.config.tls_cert, key=self.config.tls_key, client_ca=self.config.tls_ca)
         ha_listener, ha_socket = await transport.open_listener(self.config.effective_ha_listen, ssl_context=ssl_context)
         self.ha_address = transport.listener_address(ha_socket)
         self._ha_service_scope = trio.CancelScope()

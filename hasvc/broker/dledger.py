@@ -297,6 +297,7 @@ class RaftDriver:
         self._sync_failure: BaseException | None = None
         self.client_address = ""  # this member's client port, sent in every HELLO (set before run)
         self.peer_client_addresses: dict[str, str] = {}  # what each peer's HELLO said
+        self.peer_ssl_context = None  # TLS to the peers' Raft ports (--tls-cert; verified with --tls-ca), set before run
 
     # -- carrying a Ready out ------------------------------------------------------------
 
@@ -626,7 +627,7 @@ class RaftDriver:
         address = self.group.peers[peer]
         while True:
             try:
-                connection = await transport.connect(address)
+                connection = await transport.connect(address, ssl_context=self.peer_ssl_context)
                 await transport.client_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
                 hello = raft_wire.Hello(self.group.group, self.group.self_id, peer, client_address=self.client_address,
                                         data_start_offset=self._announced_data_start())  # fmt: skip
@@ -914,8 +915,9 @@ class DLedgerBroker:
                                       promote=self._no_promote, demote=self._no_promote,
                                       transfer_leader=self.transfer_leader)  # fmt: skip
         own = self.group.peers[self.group.self_id]
+        client_ssl, raft_ssl = self._server_ssl()
         try:
-            raft_listener, raft_socket = await transport.open_listener(own)
+            raft_listener, raft_socket = await transport.open_listener(own, ssl_context=raft_ssl)
         except OSError as error:
             if error.errno != errno.EADDRINUSE:
                 raise
@@ -923,7 +925,7 @@ class DLedgerBroker:
                                        f"entry in --peers) is in use: is a member with --self {self.group.self_id} "
                                        "running already? Two cannot run in one group") from None  # fmt: skip
         self.raft_address = transport.listener_address(raft_socket)
-        client_listener, client_socket = await transport.open_listener(self.config.listen)
+        client_listener, client_socket = await transport.open_listener(self.config.listen, ssl_context=client_ssl)
         self.listen_address = transport.listener_address(client_socket)
         self.driver.client_address = self._announced_client_address()
         nursery.start_soon(functools.partial(serve_listener, client_listener, self.client_port.serve_client,
@@ -936,6 +938,21 @@ class DLedgerBroker:
         await self.driver.run(nursery, raft_listener)
         task_status.started(self.addresses())
         LOGGER.info("ready: %s", json.dumps(self.addresses()))
+
+    def _server_ssl(self):
+        """(client port's, Raft port's) server TLS contexts, None without --tls-cert; sets the
+        driver's context for its own connections to the peers. With --tls-ca the Raft port is
+        mutual TLS: a peer must present a certificate the CA signed, and so must we."""
+        config = self.config
+        if config.tls_cert is None:
+            return None, None
+        if config.tls_ca is None:
+            self.driver.peer_ssl_context = transport.unverified_client_ssl_context()
+        else:
+            self.driver.peer_ssl_context = transport.client_ssl_context(ca=config.tls_ca, cert=config.tls_cert, key=config.tls_key)
+        client_ssl = transport.server_ssl_context(cert=config.tls_cert, key=config.tls_key)
+        raft_ssl = transport.server_ssl_context(cert=config.tls_cert, key=config.tls_key, client_ca=config.tls_ca)
+        return client_ssl, raft_ssl
 
     async def _no_promote(self, *args, **kwargs) -> dict:
         raise ValueError("a DLedger member is never promoted or demoted by hand: the group elects its leader")

@@ -58,9 +58,22 @@ def _build_config(role_default, cli_values: dict, config_file, secret_file, sett
     if "store" not in values:
         raise click.UsageError("--store is required (or 'store' in the config file)")
     try:
-        return BrokerConfig(**values).validate()
+        config = BrokerConfig(**values).validate()
     except (TypeError, ValueError) as error:
         raise click.UsageError(str(error)) from None
+    _check_tls_files(config.tls_cert, config.tls_key, config.tls_ca)
+    return config
+
+
+def _check_tls_files(cert, key, ca) -> None:
+    """An unreadable, unparseable or mismatched certificate or key stops the command here, in one
+    line naming the file, before anything starts."""
+    from hasvc.transport import check_tls_files
+
+    try:
+        check_tls_files(cert=cert, key=key, ca=ca)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
 
 
 def _typed(raw: str, field):

@@ -37,7 +37,11 @@ def demo(producers, keep, dledger) -> None:
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds when and whom the fault hits.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
 @click.option("--keep", is_flag=True, help="Keep the stores and logs.")
-def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_path, keep) -> None:
+@click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True), help="dledger: every member's TLS certificate (with --tls-key).")
+@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), help="dledger: its private key.")
+@click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True),
+              help="dledger: mutual TLS between members with this CA (the drill's clients verify with it, else with --tls-cert).")
+def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_path, keep, tls_cert, tls_key, tls_ca) -> None:
     """Failover rounds on loopback, checked from the stores on disk; exits 1 on any loss.
 
     sync/async: SIGKILL the master under load, promote the slave, rejoin the old master as a slave;
@@ -50,6 +54,8 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
     --fault corrupt: a replica is stopped, one bit of one file of its store flipped, and it is
     restarted under load; the same checks. A classic broker that refuses to open its store is
     repaired from its peer (hasvc store repair); a DLedger member must rejoin by itself."""
+    if (tls_cert or tls_key or tls_ca) and (mode != "dledger" or not (tls_cert and tls_key)):
+        raise click.UsageError("--tls-cert/--tls-key (and --tls-ca) go together, with --mode dledger")
     if fault == "corrupt" and mode != "dledger":
         if mode != "sync":
             raise click.UsageError("--fault corrupt runs with --mode sync or dledger")
@@ -60,7 +66,8 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
         from hasvc.tools.drill_dledger import run_dledger_drill
 
         ok = run_dledger_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-leader", seed=seed,
-                               report_path=report_path, keep=keep, etcd_timing=not dledger_timing, echo=click.echo)  # fmt: skip
+                               report_path=report_path, keep=keep, etcd_timing=not dledger_timing, echo=click.echo,
+                               tls=(tls_cert, tls_key, tls_ca) if tls_cert else None)  # fmt: skip
     else:
         if fault is not None:
             raise click.UsageError(f"--fault {fault} runs with --mode dledger")

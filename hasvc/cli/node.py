@@ -61,13 +61,22 @@ def _raft_config(settings: tuple[str, ...], flush: str | None, preferred_leader:
               help="TOML file with a [broker] table of options (command-line options win).")
 @click.option("--secret-file", type=click.Path(dir_okay=False, exists=True),
               help="Cluster secret for HMAC authentication of every connection, Raft ones included (or HASVC_SECRET).")
-@click.option("--insecure", is_flag=True, default=None, help="Allow a non-loopback address without a secret.")
+@click.option("--insecure", is_flag=True, default=None,
+              help="Allow a non-loopback address without a secret. Without a secret anyone who reaches the Raft port "
+                   "can speak as a member: a forged HELLO is accepted and knocks that member's connection off.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True),
+              help="PEM certificate (chain) of both ports, client and Raft (with --tls-key): peers and clients speak TLS.")
+@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), help="PEM private key of --tls-cert (unencrypted).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True),
+              help="Mutual TLS between members: the CA that signed every member's certificate; each member verifies "
+                   "the others' (both ways) on the Raft port. Without it Raft traffic is encrypted but certificates "
+                   "are not checked (the secret authenticates members).")
 @click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
               help="Any broker option by its config name, a Raft setting (heartbeat_interval_seconds, "
                    "election_timeout_min_seconds, election_timeout_max_seconds, quorum_ack_timeout_seconds, ...), "
                    "or raft_preset=etcd (heartbeat 100 ms, election timeout 1-2 s) / dledger (the default: 2 s, 6.3-7 s).")
 def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgrade_classic, config_file, secret_file,
-         insecure, settings) -> None:  # fmt: skip
+         insecure, tls_cert, tls_key, tls_ca, settings) -> None:  # fmt: skip
     """Run a DLedger member: the group elects its leader by Raft and keeps taking writes while a
     majority of it runs; no promote. The leader plays SYNC_MASTER once caught up (a put is
     PUT_OK once a quorum has its entry), the others SLAVE (committed reads; writes refused naming
@@ -76,7 +85,9 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
     from hasvc.config import is_loopback
 
     raft, rest = _raft_config(settings, flush, preferred_leader)
-    config = _build_config("SYNC_MASTER", dict(store=store_dir, listen=listen, insecure=insecure), config_file, secret_file, rest)
+    config = _build_config("SYNC_MASTER", dict(store=store_dir, listen=listen, insecure=insecure, tls_cert=tls_cert,
+                                               tls_key=tls_key, tls_ca=tls_ca), config_file, secret_file, rest)  # fmt: skip
+    _refuse_unapplied(config)
     try:
         members = parse_peers(peers)
         group_config = GroupConfig(group=group, self_id=self_id, peers=members, raft=raft,
@@ -85,9 +96,27 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
         raise click.UsageError(str(error)) from None
     exposed = [address for address in members.values() if not is_loopback(address[0])]
     if exposed and config.secret is None and not config.insecure:
-        raise click.UsageError(f"refusing Raft traffic off loopback ({exposed[0][0]}) without a secret: give --secret-file "
-                               "or HASVC_SECRET, or --insecure")  # fmt: skip
+        raise click.UsageError(f"refusing Raft traffic off loopback ({exposed[0][0]}) without a secret: anyone who reaches "
+                               "the Raft port could speak as a member; give --secret-file or HASVC_SECRET, or --insecure")  # fmt: skip
     _run_node(config, group_config)
+
+
+# BrokerConfig's settings a DLedger member has no use for (the classic HA port and its slave, and
+# a metrics port it does not serve): given one, the node refuses to start rather than run without it.
+NODE_UNAPPLIED_SETTINGS = ("ha_listen", "master_ha", "ha_send_heartbeat_interval_ms", "ha_housekeeping_interval_ms",
+                           "ha_transfer_batch_size", "ha_frame_size_max", "ha_transfer_readahead_size",
+                           "ha_max_gap_not_in_sync", "sync_from_last_file", "flush_before_ack",
+                           "ha_reconnect_backoff_min_ms", "ha_reconnect_backoff_max_ms", "slave_id", "metrics_listen")  # fmt: skip
+
+
+def _refuse_unapplied(config) -> None:
+    from hasvc.config import BrokerConfig
+
+    defaults = {field.name: field.default for field in dataclasses.fields(BrokerConfig)}
+    given = [name for name in NODE_UNAPPLIED_SETTINGS if getattr(config, name) != defaults[name]]
+    if given:
+        raise click.UsageError(f"{given[0]} is not used by a DLedger member (hasvc node): remove it from --set or the "
+                               "config file")  # fmt: skip
 
 
 def _run_node(config, group_config) -> None:

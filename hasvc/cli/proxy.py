@@ -39,8 +39,12 @@ from hasvc.cli.common import tune_malloc
 @click.option("--null-sends", is_flag=True, hidden=True, help="Benchmark only: answer sends OK without storing them.")
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None, help="The brokers' cluster secret (or HASVC_SECRET).")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), default=None, help="CA to verify the brokers' TLS certificate.")
+@click.option("--acl", "acl_file", type=click.Path(dir_okay=False), default=None,
+              help="TOML file of accounts (access key, secret key, topic and group patterns, pub/sub): every call must be "
+              "signed by one (the official clients' Credentials) and permitted to it (docs/security.md).")
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback listener without --acl (anyone who reaches it sends and consumes).")
 def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advertise, queues, topics, invisible_min_seconds, start_at_end, snapshot_every_events,
-          send_lane, loop_name, null_sends, secret_file, tls_ca) -> None:
+          send_lane, loop_name, null_sends, secret_file, tls_ca, acl_file, insecure) -> None:
     """A RocketMQ 5 gRPC proxy (apache.rocketmq.v2.MessagingService) in front of hasvc brokers.
 
     The official RocketMQ 5 clients produce (normal messages) and consume (SimpleConsumer,
@@ -50,6 +54,8 @@ def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advert
     """
     from hasvc.config import parse_address, read_secret
     from hasvc.proxy import gateway, server
+    from hasvc.proxy.acl import load_acl
+    from hasvc.transport import check_tls_files
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
@@ -64,6 +70,9 @@ def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advert
         metrics_address = parse_address(metrics_listen) if metrics_listen else None
         if tls_address is not None and not (tls_cert and tls_key):
             raise ValueError("--tls-listen needs --tls-cert and --tls-key")
+        _check_exposure([listen_address, tls_address, metrics_address], acl=acl_file is not None, insecure=insecure)
+        acl = load_acl(acl_file) if acl_file else None
+        check_tls_files(cert=tls_cert if tls_address else None, key=tls_key if tls_address else None, ca=tls_ca)
     except (ValueError, OSError) as error:
         raise click.ClickException(str(error)) from None
     config = gateway.GatewayConfig(queues=queues, topics=frozenset(topics) if topics else None,
@@ -75,10 +84,21 @@ def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advert
     try:
         code = _run_loop(loop_name, server.serve(listen_address, broker_list, secret=secret, tls_ca=tls_ca,
                                         advertise=advertise_address, config=config, tls_listen=tls_address,
-                                        tls_cert=tls_cert, tls_key=tls_key, metrics_listen=metrics_address))  # fmt: skip
+                                        tls_cert=tls_cert, tls_key=tls_key, metrics_listen=metrics_address, acl=acl))  # fmt: skip
     except OSError as error:
         raise click.ClickException(str(error)) from None
     sys.exit(code)
+
+
+def _check_exposure(addresses, *, acl: bool, insecure: bool) -> None:
+    """The brokers' rule for the proxy's listeners: off loopback only with client authentication
+    (--acl), or with --insecure said out loud."""
+    from hasvc.config import format_address, is_loopback
+
+    exposed = [address for address in addresses if address is not None and not is_loopback(address[0])]
+    if exposed and not acl and not insecure:
+        raise ValueError(f"refusing to listen on {format_address(exposed[0])} without client authentication: give --acl FILE "
+                         "(docs/security.md), or --insecure to let anyone who reaches it send and consume")  # fmt: skip
 
 
 def _run_loop(loop_name: str, main):

@@ -49,6 +49,13 @@ class ProxyMetrics:
                 ("hasvc_proxy_send_lane_connects", "connects", "Connections the lane made to the master"),
             ):
                 yield CounterMetricFamily(name, text, value=lane_stats.get(key, 0))
+        interceptor = self.servicer.acl_interceptor
+        if interceptor is not None:
+            refused = CounterMetricFamily("hasvc_proxy_acl_refused", "Calls refused by --acl, by reason (unsigned, unknown_key, "
+                                          "bad_signature, expired: UNAUTHORIZED; not_permitted: FORBIDDEN)", labels=["reason"])  # fmt: skip
+            for reason, count in interceptor.refused.items():
+                refused.add_metric([reason], count)
+            yield refused
         queues = list(self.gate.table.queues.values())
         yield GaugeMetricFamily("hasvc_proxy_group_queues", "Consumer group queues with progress", value=len(queues))
         yield GaugeMetricFamily("hasvc_proxy_inflight_messages", "Messages delivered and not yet acknowledged",

@@ -93,7 +93,11 @@ class RoundReport:
 
 class DLedgerDrill:
     def __init__(self, *, nodes: int, producers: int, seed: int, etcd_timing: bool = True,
-                 segment_size: int = 4 * 1024 * 1024, root: str | None = None, echo=print):  # fmt: skip
+                 segment_size: int = 4 * 1024 * 1024, root: str | None = None, echo=print,
+                 tls: tuple[str, str, str | None] | None = None):  # fmt: skip
+        """``tls``: (certificate, key, CA or None) given to every member (--tls-cert/--tls-key, and
+        --tls-ca: mutual TLS); the drill's clients verify the members with the CA, or with the
+        certificate itself when there is none (a self-signed one)."""
         if nodes not in (3, 5):
             raise ValueError("a DLedger drill runs 3 or 5 nodes")
         self.members = [f"n{i}" for i in range(nodes)]
@@ -104,6 +108,8 @@ class DLedgerDrill:
         self.segment_size = segment_size
         self.root = root or tempfile.mkdtemp(prefix="hasvc-drill-dledger-")
         self.echo = echo
+        self.tls = tls
+        self.tls_ca = (tls[2] or tls[0]) if tls else None  # what the drill's clients verify members with
         self.relay = PartitionRelay({member: (LOOPBACK, free_port()) for member in self.members})
         # Client ports fixed too: a restarted member must be where the producers' client looks.
         self.client_ports = {member: free_port() for member in self.members}
@@ -122,6 +128,9 @@ class DLedgerDrill:
                 "--set", f"commitlog_segment_size={self.segment_size}", "--set", "disk_clean_ratio=1.0"]  # fmt: skip
         for setting in self.settings:
             args += ["--set", setting]
+        if self.tls is not None:
+            cert, key, ca = self.tls
+            args += ["--tls-cert", cert, "--tls-key", key, *(["--tls-ca", ca] if ca else [])]
         return args
 
     async def start_all(self) -> None:
@@ -136,7 +145,7 @@ class DLedgerDrill:
             return None
         with trio.move_on_after(2.0):
             try:
-                async with hc.connect(node.client_address) as client:
+                async with hc.connect(node.client_address, tls_ca=self.tls_ca) as client:
                     return await client.status()
             except BaseException as error:
                 # The connection's nursery wraps what ends it in an exception group: a member
@@ -400,12 +409,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, seed: int, report_path: str | None,
-                      keep: bool, etcd_timing: bool = True, echo=print) -> bool:  # fmt: skip
-    drill = DLedgerDrill(nodes=nodes, producers=producers, seed=seed, etcd_timing=etcd_timing, echo=echo)
+                      keep: bool, etcd_timing: bool = True, echo=print, tls: tuple[str, str, str | None] | None = None) -> bool:  # fmt: skip
+    drill = DLedgerDrill(nodes=nodes, producers=producers, seed=seed, etcd_timing=etcd_timing, echo=echo, tls=tls)
     reports: list[RoundReport] = []
     timing = "etcd-like (heartbeat 100 ms, election timeout 1-2 s)" if etcd_timing else "DLedger's defaults"
     echo(f"drill: DLedger group of {nodes}, {rounds} round(s), fault {fault}, {producers} producers, seed {seed}, "
-         f"election timing {timing}, no promote; stores under {drill.root}")  # fmt: skip
+         f"election timing {timing}, no promote{', TLS' + (' (mutual)' if tls[2] else '') if tls else ''}; stores under {drill.root}")  # fmt: skip
     echo(f"{'round':>5} {'fault':>16} {'member':>6} {'acked*':>8} {'lost':>5} {'dup':>4} {'failover s':>10} "
          f"{'truncated':>9} {'identical':>9} {'leader':>6}")  # fmt: skip
 
@@ -415,7 +424,7 @@ def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, se
             await drill.start_all()
             addresses = [node.client_address for node in drill.nodes.values()]
             async with (
-                hc.connect_cluster(addresses, retry_sends=True) as client,
+                hc.connect_cluster(addresses, retry_sends=True, tls_ca=drill.tls_ca) as client,
                 trio.open_nursery() as producers_nursery,
             ):
                 for _ in range(producers):

@@ -11,6 +11,7 @@ Steps (dicts, by "op"):
   ack      slot                -> [error code or null per message]
   push     group topic want [fail_first] -> [{id, attempt, ...}] consumed by a PushConsumer's listener (one
            FAILURE per message id in fail_first, on its first attempt), until want were consumed
+Any step with "catch": true gives {error, code, message} (what the client raised) instead of failing.
 """
 
 import copy
@@ -25,6 +26,9 @@ from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExp
 PUSH_TIMEOUT_SECONDS = 15
 # RMQ_DRIVER_TLS=1: connect with TLS (the CA comes from GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)
 TLS = bool(__import__("os").environ.get("RMQ_DRIVER_TLS"))
+# RMQ_DRIVER_AK / RMQ_DRIVER_SK: the client's Credentials (default: none, as the client's own default)
+ACCESS_KEY = __import__("os").environ.get("RMQ_DRIVER_AK", "")
+SECRET_KEY = __import__("os").environ.get("RMQ_DRIVER_SK", "")
 
 
 def message_body(topic: str, i: int) -> bytes:
@@ -66,7 +70,8 @@ def describe(message):
 
 class Session:
     def __init__(self, endpoint):
-        self.config = ClientConfiguration(endpoint, Credentials(), request_timeout=5)
+        credentials = Credentials(ACCESS_KEY, SECRET_KEY) if ACCESS_KEY else Credentials()
+        self.config = ClientConfiguration(endpoint, credentials, request_timeout=5)
         self.consumers = {}
         self.slots = {}
 
@@ -144,10 +149,15 @@ def main():
     results = []
     try:
         for step in steps:
-            if step["op"] == "produce":
-                results.append(produce(session.config, step))
-            else:
-                results.append(getattr(session, step["op"])(step))
+            try:
+                if step["op"] == "produce":
+                    results.append(produce(session.config, step))
+                else:
+                    results.append(getattr(session, step["op"])(step))
+            except Exception as error:  # with "catch": the step's result is the error the client raised
+                if not step.get("catch"):
+                    raise
+                results.append({"error": type(error).__name__, "code": getattr(error, "code", None), "message": str(error)})
     finally:
         session.close()
     sys.stdout.write(json.dumps(results) + "\n")

@@ -241,7 +241,8 @@ class MappedFile:
         """Replace bytes already written at ``position`` (a repair: a consume queue unit rebuilt
         from its record) and make them durable before returning: ``pwrite`` (the mapping shares
         the page cache) and ``fdatasync``. Never moves a position."""
-        assert 0 <= position and position + len(data) <= self.wrote_position, (position, len(data), self.wrote_position)
+        assert position >= 0, position
+        assert position + len(data) <= self.wrote_position, (position, len(data), self.wrote_position)
         view = memoryview(data)
         written = 0
         while written < len(view):

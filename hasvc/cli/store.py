@@ -80,7 +80,7 @@ def _identity_line(identity: dict) -> str:
     import datetime
 
     def when(ms: int) -> str:
-        return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     found = identity["identity"]
     if found is None:

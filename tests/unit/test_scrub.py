@@ -1,7 +1,6 @@
 """The scrubber: re-checks a classic store's log and consume queues a chunk at a time, reports log
 damage with its place, rewrites consume queue units that no longer match their records."""
 
-import os
 
 import pytest
 from hypothesis import given, settings

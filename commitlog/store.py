@@ -28,6 +28,7 @@ import re
 import struct
 import time
 from collections.abc import Iterator, Sequence
+from typing import Final
 
 from commitlog import identity as store_identity
 from commitlog import record as rec
@@ -35,12 +36,18 @@ from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
 from commitlog.commit_log import AppendResult, CommitLog, ReadError, RecoveryReport
 from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
+from commitlog.damage import DamagedRange
 from commitlog.epoch import EpochFile, truncate_suffix_by_offset
 from commitlog.scan import ScanCode, scan_segment
 from commitlog.mapped_file import StoreError
 from commitlog.mapped_file_queue import MappedFileQueue
 
 from commitlog import native as _native
+
+
+# STATUS lists at most this many damaged ranges: a disk that has gone bad everywhere is one fact,
+# not ten thousand lines (the count and the log keep the rest).
+DAMAGED_RECORDED_MAX: Final = 100
 
 
 class TransientStorePool:
@@ -115,6 +122,8 @@ class MessageStore:
         self.last_exit_ok = True
         self.reput_from_offset = 0
         self.queues_rebuilt: tuple[tuple[str, int], ...] = ()  # (topic, queue id) recovery found cut by damage
+        # Damage found in the log while serving (scrub, reads): reported in STATUS until repaired.
+        self.damaged: list[DamagedRange] = []
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
         self._lock: StoreLock | None = None
@@ -203,6 +212,15 @@ class MessageStore:
                     pass
                 queue.drop_last_unit()
                 queue.cut_in_recovery = queue.cut_in_recovery or self.last_exit_ok  # a clean stop tore nothing
+
+    def record_damage(self, found: DamagedRange) -> bool:
+        """Remember damage found in the log (once per range; at most ``DAMAGED_RECORDED_MAX``);
+        True when it is new."""
+        if any(d.file == found.file and d.from_offset == found.from_offset for d in self.damaged):
+            return False
+        if len(self.damaged) < DAMAGED_RECORDED_MAX:
+            self.damaged.append(found)
+        return True
 
     def close(self, *, clean: bool = True) -> None:
         """Flush everything, write the checkpoint, remove ``abort`` (only if all is dispatched).

@@ -275,6 +275,8 @@ class Broker:
         if role.is_slave:
             status["master_ha"] = format_address(role.master_ha)
             status["master_connected"] = role.master_connected
+        status["scrub"] = self.store_tasks.scrubber.statistics.to_json()
+        status["damaged"] = [found.to_json() for found in store.damaged]
         if store.dispatch_error:
             status["dispatch_error"] = store.dispatch_error
         if role.fenced_by:

@@ -15,7 +15,11 @@ runs beside flushes but never beside a truncation (which holds both).
   ``flush_commitlog_least_pages`` pages, everything every ``flush_commitlog_thorough_interval``;
 * dispatch: consume-queue units for what the put path's own pass (``after_appends``) left;
 * warm-up: the write area kept faulted in ahead of the writer;
-* housekeeping: consume-queue flush and checkpoint every second, retention every ten.
+* housekeeping: consume-queue flush and checkpoint every second, retention every ten;
+* scrub: the whole log and its consume queues re-checked at ``scrub_bytes_per_second``
+  (``commitlog.scrub``), under ``maintenance`` (never beside retention or a truncation); a
+  consume queue unit that no longer matches its record is rewritten from it; damage in the log
+  is logged at ERROR with its place and listed in STATUS (``damaged``), never cut.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Protocol
 
 import trio
 
+from commitlog.scrub import Scrubber
 from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.config import BrokerRole
@@ -42,6 +47,10 @@ HOUSEKEEPING_INTERVAL_SECONDS = 1.0
 CLEAN_INTERVAL_SECONDS = 10.0
 WARM_INTERVAL_SECONDS = 0.002
 WARM_IDLE_SECONDS = 1.0
+# A scrub pass that reached the end of the log waits this long before the next one begins (a small
+# store would otherwise be re-read many times a second, however slow the rate).
+SCRUB_PASS_PAUSE_SECONDS = 10.0
+SCRUB_STEP_PAUSE_MIN_SECONDS = 0.001  # between two steps at least (a step that found nothing to walk)
 
 
 class FlushWaits(Protocol):
@@ -67,9 +76,10 @@ class StoreTasks:
         # msync, and a writer at 200 MB/s ran past its 16 MiB of warmed pages and faulted them
         # in itself: the kernel's page zeroing was 9 % of a busy master's main thread.
         self.warming = trio.Lock()
+        self.scrubber = Scrubber(store, crc_function=store.crc_function)
 
     def start(self, nursery: trio.Nursery, flushes: FlushWaits) -> None:
-        for task in (self.dispatch_task, self.warm_task, self.housekeeping_task):
+        for task in (self.dispatch_task, self.warm_task, self.housekeeping_task, self.scrub_task):
             nursery.start_soon(task)
         if self.store.sync_flush:
             nursery.start_soon(self.group_commit_task, flushes)
@@ -159,4 +169,26 @@ class StoreTasks:
                     deleted = await trio.to_thread.run_sync(clean)
                 if deleted:
                     LOGGER.info("retention deleted %d segment(s): %s", len(deleted), ", ".join(os.path.basename(p) for p in deleted))
+        raise AssertionError("unreachable")
+
+    async def scrub_task(self) -> None:
+        rate = self.store.config.scrub_bytes_per_second
+        if rate <= 0:
+            return
+        step_bytes = self.store.config.scrub_step_bytes
+        while True:
+            async with self.maintenance:
+                step = await trio.to_thread.run_sync(self.scrubber.step, step_bytes)
+            for found in step.damaged:
+                if self.store.record_damage(found):
+                    LOGGER.error("scrub: damage in the log at %s; repair it from a healthy copy "
+                                 "(hasvc store repair STORE --from ADDR, with the broker stopped)", found.describe())  # fmt: skip
+            for topic, queue_id, queue_offset in step.units_repaired:
+                LOGGER.warning("scrub: consume queue %s/%d unit %d did not match its record: rewritten from it",
+                               topic, queue_id, queue_offset)  # fmt: skip
+            checked = step.checked_to - step.checked_from
+            if step.pass_completed:
+                await trio.sleep(SCRUB_PASS_PAUSE_SECONDS)
+            else:
+                await trio.sleep(max(checked / rate, SCRUB_STEP_PAUSE_MIN_SECONDS))
         raise AssertionError("unreachable")

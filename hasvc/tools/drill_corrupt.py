@@ -115,6 +115,8 @@ class CorruptDrill(Drill):
         else:
             slave = found["process"]
         self._wait(lambda: self._caught_up(master, slave), "the replicas to converge")
+        restarted = found["process"]
+        self._wait(lambda: self._status(restarted)["scrub"]["passes"] >= 1, "a scrub pass of the restarted replica")
         report.checks = self.verify(number, master, slave, 0.0, 0.0)
         return report, master, slave
 

@@ -272,6 +272,8 @@ class Broker:
         if role.is_slave:
             status["master_ha"] = format_address(role.master_ha)
             status["master_connected"] = role.master_connected
+            if role.replication_refused:
+                status["replication_refused"] = role.replication_refused
         if store.dispatch_error:
             status["dispatch_error"] = store.dispatch_error
         if role.fenced_by:

@@ -110,3 +110,22 @@ def test_after_accept_loss_the_slave_keeps_its_bytes_and_refuses_the_shorter_mas
     assert len(errors) == 1 and master.ha_address in errors[0], errors
     assert status(slave)["max_offset"] == end  # nothing cut
     assert "truncated" not in slave.log()
+
+
+def test_a_slave_with_a_flipped_byte_is_refused_and_repaired_from_its_master(cluster):
+    master, slave, offsets = _acknowledged_pair(cluster, 400)
+    end = status(master)["max_offset"]
+    assert slave.stop() == 0
+    victim = offsets[200]
+    _flip(cluster.store("slave"), victim + BODY_AT)
+    with pytest.raises(RuntimeError, match="did not start"):
+        cluster.start_slave(master.ha_address)
+    lines = [line for line in slave.log().splitlines() if "damaged commit log" in line]  # the same log file
+    assert len(lines) == 1 and f"at offsets [{victim}, {offsets[201]})" in lines[0], lines
+    assert f"hasvc store repair {cluster.store('slave')} --from HOST:PORT" in lines[0]
+
+    repaired = _store_repair(cluster.store("slave"), "--from", master.address)
+    assert repaired.returncode == 0, repaired.stderr
+    slave = cluster.start_slave(master.ha_address)
+    wait_until(lambda: caught_up(master, slave), message="the repaired slave caught up")
+    assert log_digest(cluster.store("master"), 0, end) == log_digest(cluster.store("slave"), 0, end)

@@ -97,16 +97,6 @@ class _OpenLog:
         self.lock.release()
 
 
-def find_damage(directory: str, *, crc: str = "crc32c") -> tuple[DamagedRange, ...]:
-    """The damaged ranges of the store's log (every segment checked); () when it is clean.
-    A clean log's torn tail, if any, is cut as opening the store would."""
-    opened = _OpenLog(directory)
-    try:
-        return opened.recover(rec.CRC_FUNCTIONS[crc]).damaged
-    finally:
-        opened.close()
-
-
 def check_fetched(data: bytes, damage: DamagedRange, *, segment_end: int, own_end: int, crc_function) -> tuple[int, int]:
     """How many bytes of ``data`` (fetched from ``damage.from_offset``) go over the range, and how
     many records they hold; RepairError when they are not whole valid records that fill it.
@@ -232,4 +222,4 @@ def accept_loss(directory: str, *, crc: str = "crc32c") -> LossReport:
     return LossReport(cut, dropped, found.records_past_damage, found.damaged)
 
 
-__all__ = ["FETCH_SIZE_MAX", "LossReport", "RepairError", "RepairReport", "accept_loss", "check_fetched", "find_damage", "repair_from"]
+__all__ = ["FETCH_SIZE_MAX", "LossReport", "RepairError", "RepairReport", "accept_loss", "check_fetched", "repair_from"]

@@ -5,12 +5,15 @@ import os
 import shutil
 import struct
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
 
 from commitlog import repair
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint
 from commitlog.commit_log import DamagedLogError
+from commitlog.damage import DamagedRange
 from commitlog.mapped_file import segment_name
 from commitlog.scan import find_next_record
 from commitlog.store import MessageStore
@@ -201,3 +204,52 @@ def test_truncate_lowers_the_checkpoints_flushed_offset_first(tmp_path, small_co
         store.write_checkpoint()
         store.truncate(results[20].wrote_offset)
         assert StoreCheckpoint.open(str(tmp_path / "checkpoint")).master_flushed_offset == results[20].wrote_offset
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(data=st.binary(max_size=600), start=st.integers(0, 1000), size=st.integers(1, 600),
+                  to_segment_end=st.booleans(), own=st.integers(0, 600))  # fmt: skip
+def test_fetched_bytes_are_taken_only_as_whole_valid_records_or_refused(data, start, size, to_segment_end, own):
+    """Whatever a peer sends, the check answers with a size inside the data and the range, or
+    RepairError; never another exception."""
+    damage = DamagedRange("segment", start, start + size, "body CRC mismatch")
+    segment_end = start + size if to_segment_end else start + size + 100
+    try:
+        taken, count = repair.check_fetched(data, damage, segment_end=segment_end, own_end=start + min(own, size),
+                                            crc_function=rec.CRC_FUNCTIONS["crc32c"])  # fmt: skip
+    except repair.RepairError:
+        return
+    assert 0 <= taken <= min(len(data), size) and count >= 0
+    assert taken == size or to_segment_end
+
+
+def test_a_valid_run_of_records_fills_its_range_and_a_cut_one_does_not():
+    data = _record(b"a" * 40, 1000) + _record(b"b" * 40, 1000 + len(_record(b"a" * 40, 0)))
+    crc = rec.CRC_FUNCTIONS["crc32c"]
+    whole = DamagedRange("segment", 1000, 1000 + len(data), "x")
+    assert repair.check_fetched(data, whole, segment_end=10**6, own_end=1000, crc_function=crc) == (len(data), 2)
+    with pytest.raises(repair.RepairError, match="not whole valid records"):
+        repair.check_fetched(data, DamagedRange("segment", 1000, 1000 + len(data) - 1, "x"), segment_end=10**6,
+                             own_end=1000, crc_function=crc)  # fmt: skip
+    with pytest.raises(repair.RepairError, match="PHYSICALOFFSET"):  # the right bytes for another place
+        repair.check_fetched(data, DamagedRange("segment", 2000, 2000 + len(data), "x"), segment_end=10**6,
+                             own_end=2000, crc_function=crc)  # fmt: skip
+
+
+def test_the_repair_command_wants_one_way_out_and_says_what_it_cut(tmp_path, small_config):
+    from click.testing import CliRunner
+
+    from hasvc.cli.store import store
+
+    results = _written(tmp_path, small_config, count=300)
+    victim = results[-150]
+    _flip(tmp_path, victim.wrote_offset, at=victim.wrote_bytes - 40)
+    runner = CliRunner()
+    assert runner.invoke(store, ["repair", str(tmp_path)]).exit_code == 2
+    assert runner.invoke(store, ["repair", str(tmp_path), "--accept-loss", "--from", "127.0.0.1:1"]).exit_code == 2
+    done = runner.invoke(store, ["repair", str(tmp_path), "--accept-loss"])
+    assert done.exit_code == 0, done.output
+    [line] = done.output.splitlines()
+    assert f"cut the log at offset {victim.wrote_offset}" in line and "149 valid records after them" in line
+    again = runner.invoke(store, ["repair", str(tmp_path), "--accept-loss"])
+    assert again.exit_code == 0 and "no damage found" in again.output

@@ -557,7 +557,9 @@ class CommitLog:
         while len(ranges) < DAMAGED_RANGES_MAX:
             mapped_file = files[index]
             base = mapped_file.file_from_offset
-            to = find_next_record(mapped_file.view(), start=position, end=size, file_from_offset=base, crc_function=crc_function)
+            to = find_next_record(
+                mapped_file.view(), start=position, end=size, file_from_offset=base, crc_function=crc_function
+            )
             ranges.append(DamagedRange(mapped_file.path, base + position, base + to, reason))
             position = to
             while True:  # on from the range's end to the next invalid record or the log's end

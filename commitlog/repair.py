@@ -97,7 +97,9 @@ class _OpenLog:
         self.lock.release()
 
 
-def check_fetched(data: bytes, damage: DamagedRange, *, segment_end: int, own_end: int, crc_function) -> tuple[int, int]:
+def check_fetched(
+    data: bytes, damage: DamagedRange, *, segment_end: int, own_end: int, crc_function
+) -> tuple[int, int]:
     """How many bytes of ``data`` (fetched from ``damage.from_offset``) go over the range, and how
     many records they hold; RepairError when they are not whole valid records that fill it.
 

@@ -15,6 +15,10 @@ when a compiler is present) agree to the byte. The C walk exists because the che
 per-record loop: on a slow 2-core VM a Python iteration costs ~0.15 µs and a ``crc32c`` call
 ~0.65 µs, which caps a Python scan near 0.5 GB/s on 1 KiB records; the C walk is memory-bound.
 Only CRC32C is accelerated; a CRC32 (RocketMQ-written) store is scanned in Python.
+
+``find_next_record`` runs only when recovery found damage (never on the scan's hot path): where
+the next valid record starts after an invalid one, so that a damaged range can be named and
+repaired without giving up the valid records behind it.
 """
 
 from __future__ import annotations
@@ -169,7 +173,9 @@ def _scan_python(buffer, *, start, end, file_from_offset, crc_function) -> ScanR
 # invalid one. Candidates are found by their magic code, searched in chunks of this many bytes (a
 # copy of at most this much at a time, whatever the segment's size).
 _RESYNC_CHUNK_SIZE = 1 << 20
-_RESYNC_MAGICS = re.compile(b"|".join(re.escape(struct.pack(">I", magic)) for magic in (rec.MAGIC_V1, rec.MAGIC_V2, rec.BLANK_MAGIC)))
+_RESYNC_MAGICS = re.compile(
+    b"|".join(re.escape(struct.pack(">I", magic)) for magic in (rec.MAGIC_V1, rec.MAGIC_V2, rec.BLANK_MAGIC))
+)
 
 
 def _record_starts_at(view, position: int, *, end: int, file_from_offset: int, crc_function) -> bool:
@@ -190,7 +196,9 @@ def _zero(view, start: int, end: int) -> bool:
     return True
 
 
-def find_next_record(buffer, *, start: int, end: int, file_from_offset: int, crc_function: rec.CrcFunction | None = _crc32c.crc32c) -> int:
+def find_next_record(
+    buffer, *, start: int, end: int, file_from_offset: int, crc_function: rec.CrcFunction | None = _crc32c.crc32c
+) -> int:
     """Where, after the invalid record at ``start``, the next valid one starts in
     ``buffer[:end]``: the first later position whose magic, PHYSICALOFFSET and fields check, or
     where the record's size word points when that is valid (a flipped body byte: the common case,
@@ -213,7 +221,9 @@ def find_next_record(buffer, *, start: int, end: int, file_from_offset: int, crc
             candidate = chunk_start + match.start()
             if candidate >= limit:
                 break
-            if _record_starts_at(view, candidate, end=end, file_from_offset=file_from_offset, crc_function=crc_function):
+            if _record_starts_at(
+                view, candidate, end=end, file_from_offset=file_from_offset, crc_function=crc_function
+            ):
                 return candidate
         chunk_start += _RESYNC_CHUNK_SIZE
     return limit

@@ -42,18 +42,19 @@ def _flip(store: str, offset: int) -> None:
 
 
 def _restart_refused(cluster, master) -> str:
-    """Start the master again on its ports; it must refuse: the one line it printed."""
+    """Start the master again on its ports, repairing nothing by itself (``repair_wait_seconds``
+    0); it must refuse: the one line it printed."""
     with pytest.raises(RuntimeError, match="did not start"):
-        _restart(cluster, master)
+        _restart(cluster, master, repair_wait_seconds=0)
     lines = [line for line in master.log().splitlines() if "damaged commit log" in line]
     assert len(lines) == 1, lines
     return lines[0]
 
 
-def _restart(cluster, master):
+def _restart(cluster, master, **settings):
     """The master again on the same store and ports (the slave knows its HA address)."""
     return cluster._start("master", "master", ["--role", "sync", "--flush", "async", "--listen", master.address,
-                                               "--ha-listen", master.ha_address], {})  # fmt: skip
+                                               "--ha-listen", master.ha_address], settings)  # fmt: skip
 
 
 def _store_repair(*args) -> subprocess.CompletedProcess:
@@ -129,3 +130,19 @@ def test_a_slave_with_a_flipped_byte_is_refused_and_repaired_from_its_master(clu
     slave = cluster.start_slave(master.ha_address)
     wait_until(lambda: caught_up(master, slave), message="the repaired slave caught up")
     assert log_digest(cluster.store("master"), 0, end) == log_digest(cluster.store("slave"), 0, end)
+
+
+def test_a_master_with_a_flipped_byte_repairs_itself_from_its_slave(cluster):
+    master, slave, offsets = _acknowledged_pair(cluster)
+    end = status(master)["max_offset"]
+    assert master.stop() == 0
+    victim = offsets[1000]
+    _flip(cluster.store("master"), victim + BODY_AT)
+
+    master = _restart(cluster, master)  # READY once repaired: the slave's next hello told it where to read
+    log = master.log()
+    assert "damaged commit log" in log and f"repaired 1 damaged ranges from {slave.address}" in log
+    assert status(master)["max_offset"] == end
+    wait_until(lambda: caught_up(master, slave), message="slave following the repaired master")
+    assert log_digest(cluster.store("master"), 0, end) == log_digest(cluster.store("slave"), 0, end)
+    assert "truncated" not in slave.log()

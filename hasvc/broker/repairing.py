@@ -31,7 +31,7 @@ from commitlog.commit_log import DamagedLogError
 from commitlog.epoch import EpochEntry, EpochFile, find_consistent_point
 from hasvc import transport
 from hasvc.client import ClientError, connect
-from hasvc.config import BrokerConfig, format_address
+from hasvc.config import BrokerConfig, format_address, parse_address
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
 from hasvc.state.handshake import LogView, SlaveAdmission
@@ -93,13 +93,26 @@ async def _attempt(config: BrokerConfig, stream, epochs: list[EpochEntry]) -> re
     if epochs and find_consistent_point(epochs, 1 << 62, slave_epochs, hello.max_offset) < 0:
         LOGGER.error("slave %s shares no epoch with this store: not repairing from it", hello.slave_id)
         return None
-    address = hello.client_address or connection.peer
+    address = _reachable(hello.client_address, connection.peer)
     LOGGER.warning("repairing the store from slave %s at %s (its log ends at %d)", hello.slave_id, address, hello.max_offset)
     report = await _repair_from(config, address)
     LOGGER.warning("repaired %d damaged ranges from %s (%d bytes, %d records): %s", len(report.repaired), address,
                    report.bytes_written, report.records_written,
                    "; ".join(damage.describe() for damage in report.repaired))  # fmt: skip
     return report
+
+
+def _reachable(client_address: str, peer: str) -> str:
+    """The slave's client address as it told it, with the host it connected from when it listens
+    on every interface (0.0.0.0, ::) or told none."""
+    try:
+        host, port = parse_address(client_address)
+        peer_host, _peer_port = parse_address(peer)
+    except ValueError:
+        return client_address
+    if host in ("", "0.0.0.0", "::"):
+        host = peer_host
+    return format_address((host, port))
 
 
 async def _read_hello(connection) -> ha.SlaveHello:

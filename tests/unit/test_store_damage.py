@@ -253,3 +253,10 @@ def test_the_repair_command_wants_one_way_out_and_says_what_it_cut(tmp_path, sma
     assert f"cut the log at offset {victim.wrote_offset}" in line and "149 valid records after them" in line
     again = runner.invoke(store, ["repair", str(tmp_path), "--accept-loss"])
     assert again.exit_code == 0 and "no damage found" in again.output
+
+
+def test_a_repairing_master_reads_from_where_the_slave_connected_when_it_listens_everywhere():
+    from hasvc.broker.repairing import _reachable
+
+    assert _reachable("0.0.0.0:5", "10.0.0.2:999") == "10.0.0.2:5"
+    assert _reachable("127.0.0.1:5", "10.0.0.2:999") == "127.0.0.1:5"

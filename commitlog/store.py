@@ -9,7 +9,9 @@ Recovery (RocketMQ's ``DefaultMessageStore.recover``):
 
 1. consume queues: each is read back to its last valid unit;
 2. commit log: ``CommitLog.recover`` walks records from a safe segment and cuts at the first invalid
-   one (zeroing what follows and deleting later segments);
+   one when it is a torn tail past the checkpoint's flushed offset (zeroing what follows and
+   deleting later segments); damage below it is never cut: the store refuses to open
+   (``DamagedLogError``, one line naming the range and ``hasvc store repair``);
 3. consume queues are cut to the recovered log, and the last unit of each is checked against the
    record it names (a torn unit is dropped);
 4. dispatch resumes: after a normal shutdown from the queues' high mark; after a crash from the
@@ -33,7 +35,7 @@ from typing import Final
 from commitlog import identity as store_identity
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
-from commitlog.commit_log import AppendResult, CommitLog, ReadError, RecoveryReport
+from commitlog.commit_log import AppendResult, CommitLog, DamagedLogError, ReadError, RecoveryReport
 from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
 from commitlog.damage import DamagedRange
@@ -179,8 +181,12 @@ class MessageStore:
             checkpoint_min_timestamp=self.checkpoint.min_timestamp,
             crc_function=self.crc_function if self.config.check_crc_on_recover else None,
             cut_segments_max=self.config.recovery_cut_segments_max,
+            flushed_offset=self.checkpoint.master_flushed_offset,
         )
+        if self.recovery.damaged:
+            raise DamagedLogError(self.path, self.recovery)
         end = self.recovery.end_offset
+        self._lower_flushed_offset(end)
         if not self.commit_log.mapped_file_queue.mapped_files:
             queues.destroy()
         queues.truncate_dirty(end)
@@ -198,6 +204,14 @@ class MessageStore:
         self.queues_rebuilt = tuple(sorted((q.topic, q.queue_id) for q in rebuilt))
         self.dispatch()
         self.commit_log.topic_queue_table = queues.queue_offset_table()
+
+    def _lower_flushed_offset(self, end: int) -> None:
+        """Before the log is cut at ``end`` (or after recovery cut it there), the checkpoint's
+        flushed offset comes down to it, on disk: bytes written there later are not yet flushed,
+        and a torn write of them must not read as damage after a crash."""
+        if end < self.checkpoint.master_flushed_offset:
+            self.checkpoint.master_flushed_offset = end
+            self.checkpoint.flush()
 
     def _drop_torn_units(self) -> None:
         """A unit whose record is not what it says (torn write) is dropped, newest first."""
@@ -473,6 +487,7 @@ class MessageStore:
     def truncate(self, offset: int) -> None:
         """Cut the log, the consume queues and the epoch history at ``offset`` (a record boundary;
         a broker rejoining as a slave after failover)."""
+        self._lower_flushed_offset(offset)
         self.commit_log.truncate(offset)
         self.consume_queues.truncate_dirty(offset)
         self.reput_from_offset = min(self.reput_from_offset, offset)

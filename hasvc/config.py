@@ -99,6 +99,10 @@ class BrokerConfig:
     min_in_sync_replicas: int = 0  # 0: off; else fewer in-sync slaves refuse puts unstored
     sync_from_last_file: bool = False  # RocketMQ's behaviour for an empty slave (issues #3388/#3661)
     flush_before_ack: bool = False  # slave: fsync received bytes before acknowledging them
+    # A master whose store recovery found damaged waits this long for a slave to repair it from
+    # (hasvc/broker/repairing.py) before it refuses to start: a slave's reconnect back-off
+    # (ha_reconnect_backoff_max_ms, 5 s) several times over. 0: refuse at once.
+    repair_wait_seconds: float = 60.0
     ha_reconnect_backoff_min_ms: int = 1000
     ha_reconnect_backoff_max_ms: int = 5000  # RocketMQ's HAClient waits 5 s before reconnecting
     slave_id: str = ""
@@ -185,6 +189,8 @@ class BrokerConfig:
             raise ValueError("ha_transfer_batch_size must not exceed ha_frame_size_max")
         if self.ha_transfer_readahead_size < 0:
             raise ValueError("ha_transfer_readahead_size must be >= 0 (0: off)")
+        if not self.repair_wait_seconds >= 0:
+            raise ValueError("repair_wait_seconds must be >= 0 (0: a damaged store is refused at once)")
         if not 0 <= self.busy_poll_us <= BUSY_POLL_US_MAX:
             raise ValueError(f"busy_poll_us must be 0..{BUSY_POLL_US_MAX} (0: off)")
         if self.in_sync_replicas < 0 or self.min_in_sync_replicas < 0:

@@ -25,6 +25,7 @@ import time
 
 import trio
 
+from commitlog.commit_log import DamagedLogError
 from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.broker.client_port import ClientPort, serve_listener
@@ -32,6 +33,7 @@ from hasvc.broker.ha_master import HAService
 from hasvc.broker.ha_slave import HAClient
 from hasvc.broker.metrics import BrokerMetrics, serve_metrics
 from hasvc.broker.put_service import PutService, rebuild_producer_table
+from hasvc.broker.repairing import repair_from_a_slave
 from hasvc.broker.store_tasks import StoreTasks
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
 from hasvc.replicator import ClassicReplicator
@@ -88,7 +90,7 @@ class Broker:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Open the store, serve until cancelled, then close the store cleanly."""
-        self.attach_store(await trio.to_thread.run_sync(MessageStore.open, self.config.store, self.config.store_config()))
+        self.attach_store(await self._open_store())
         LOGGER.info("store %s: %s", self.config.store, self.store.recovery.describe())
         try:
             if not self.role_state.is_slave:
@@ -119,6 +121,18 @@ class Broker:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self.store.close)
             LOGGER.info("store closed cleanly")
+
+    async def _open_store(self) -> MessageStore:
+        """The store, open; a master whose store is damaged first repairs it from a slave
+        (``repairing``), or refuses with the store's one line."""
+        open_store = functools.partial(MessageStore.open, self.config.store, self.config.store_config())
+        try:
+            return await trio.to_thread.run_sync(open_store)
+        except DamagedLogError as damage:
+            if self.role_state.is_slave:
+                raise
+            await repair_from_a_slave(self.config, damage, ssl_context=self._server_ssl())
+        return await trio.to_thread.run_sync(open_store)
 
     def _open_start_epoch(self) -> None:
         """A master's epoch as it starts: a new store draws its first; after an abnormal exit a
@@ -275,6 +289,8 @@ class Broker:
         if role.is_slave:
             status["master_ha"] = format_address(role.master_ha)
             status["master_connected"] = role.master_connected
+            if role.replication_refused:
+                status["replication_refused"] = role.replication_refused
         status["scrub"] = self.store_tasks.scrubber.statistics.to_json()
         status["damaged"] = [found.to_json() for found in store.damaged]
         if store.dispatch_error:

@@ -52,6 +52,11 @@ SESSION_ERRORS = (
 )  # fmt: skip
 
 
+class MasterShrankError(transport.AuthenticationError):
+    """The master's log ends inside its own epoch below ours (``handshake.reconcile``): we keep
+    our bytes and do not follow it; logged at ERROR, shown in STATUS (``replication_refused``)."""
+
+
 class HAClient:
     """A slave's replication from ``role.master_ha``. What it needs of the broker is passed in:
     the configuration, the store, the role (it says whether a master is connected and remembers
@@ -71,11 +76,12 @@ class HAClient:
         self.reports = Reports(flush_before_ack=config.flush_before_ack)  # one per session
         self._flush_wakeup = trio.Event()
 
-    def _state(self, state: str, detail: str = "") -> None:
+    def _state(self, state: str, detail: str = "", *, level: int | None = None) -> None:
         """Log a state change once (a master that stays down logs one line, not one per retry)."""
         if state != self._last_state:
-            log = LOGGER.warning if state in ("disconnected", "refused") else LOGGER.info
-            log("replication %s%s", state, f": {detail}" if detail else "")
+            if level is None:
+                level = logging.WARNING if state in ("disconnected", "refused") else logging.INFO
+            LOGGER.log(level, "replication %s%s", state, f": {detail}" if detail else "")
             self._last_state = state
 
     async def run(self) -> None:
@@ -87,7 +93,12 @@ class HAClient:
             except BaseException as error:
                 if not transport.is_expected(error, SESSION_ERRORS):
                     raise
-                if isinstance(transport.first_leaf(error), transport.AuthenticationError):
+                leaf = transport.first_leaf(error)
+                if isinstance(leaf, MasterShrankError):
+                    self.role.replication_refused = transport.describe(error)
+                    self._state("refused", f"master {format_address(self.role.master_ha)}: {self.role.replication_refused}",
+                                level=logging.ERROR)  # fmt: skip
+                elif isinstance(leaf, transport.AuthenticationError):
                     self._state("refused", transport.describe(error))
                 else:
                     self._state("disconnected", f"{format_address(self.role.master_ha)}: {transport.describe(error)}")
@@ -141,8 +152,11 @@ class HAClient:
         local_end = commit_log.max_wrote_offset
         answer = reconcile(local, local_end, master)
         self.role.epoch_seen(answer.master_epoch)
+        if answer.master_shrank:
+            raise MasterShrankError(answer.refusal)
         if answer.refusal:
             raise transport.AuthenticationError(answer.refusal)
+        self.role.replication_refused = None
         if answer.truncate_to is not None:
             async with contextlib.AsyncExitStack() as locks:
                 for lock in self.truncation_locks:

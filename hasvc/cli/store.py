@@ -19,7 +19,7 @@ import click
 from commitlog.inspect import iter_records, verify
 from commitlog.mapped_file import StoreError
 from commitlog.record import CRC_FUNCTIONS, RecordError
-from hasvc.cli.common import record_json
+from hasvc.cli.common import client_secret, record_json, secret_option, tls_option
 
 
 @click.group()
@@ -270,6 +270,74 @@ def _dump_member(directory: str, member: str, from_offset: int | None, count: in
         raise click.ClickException(str(error)) from None
     except (RecordError, EntryFormatError) as error:
         raise click.ClickException(f"stopped: {error}") from None
+
+
+@store.command("repair")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True))
+@click.option("--from", "peer", default=None, metavar="HOST:PORT",
+              help="A broker (the master or a slave, its client port) that holds the damaged bytes: they are fetched from it.")
+@click.option("--accept-loss", is_flag=True, help="Cut the log at the first damaged record, dropping it and everything after it.")
+@click.option("--crc", type=click.Choice(sorted(CRC_FUNCTIONS)), default="crc32c", show_default=True)
+@secret_option
+@tls_option
+def store_repair(directory: str, peer: str | None, accept_loss: bool, crc: str, secret_file, tls_ca) -> None:
+    """Repair a classic store that refuses to open because its commit log is damaged.
+
+    The broker must be stopped. Every segment is checked (size, magic, fields, PHYSICALOFFSET,
+    body CRC). With --from HOST:PORT each damaged range (from the invalid record to the next valid
+    one) is read from that broker with READ, checked to be whole valid records that fill the range
+    exactly, written over the range and fsynced: the logs of a master and its slaves are
+    byte-identical. Nothing is written unless the fetched bytes check. With --accept-loss the log
+    is cut at the first damaged record, as recovery did before it told damage from a torn tail;
+    the line printed says how much was dropped. Exits 1 when the repair could not be done.
+    """
+    from commitlog import repair
+
+    if (peer is None) == (not accept_loss):
+        raise click.UsageError("give one of --from HOST:PORT or --accept-loss")
+    _check_member(directory, None)
+    try:
+        if accept_loss:
+            loss = repair.accept_loss(directory, crc=crc)
+            if loss.cut_offset < 0:
+                click.echo(f"{directory}: no damage found; nothing cut")
+            else:
+                click.echo(f"{directory}: cut the log at offset {loss.cut_offset} ({loss.damaged[0].describe()}): "
+                           f"dropped {loss.dropped_bytes} bytes, the damaged records and {loss.dropped_records} "
+                           f"valid records after them")  # fmt: skip
+            return
+        report = _repair_from(directory, peer, crc, secret_file, tls_ca)
+    except StoreError as error:
+        raise click.ClickException(str(error)) from None
+    if not report.repaired:
+        click.echo(f"{directory}: no damage found; nothing written")
+    else:
+        click.echo(f"{directory}: repaired {len(report.repaired)} damaged ranges from {peer} "
+                   f"({report.bytes_written} bytes, {report.records_written} records checked and written): "
+                   + "; ".join(damage.describe() for damage in report.repaired))  # fmt: skip
+
+
+def _repair_from(directory: str, peer: str, crc: str, secret_file, tls_ca):
+    from commitlog import repair
+    from hasvc.client.blocking import BlockingClient
+    from hasvc.client.results import ClientError
+    from hasvc.protocol import client as cp
+
+    try:
+        client = BlockingClient(peer, client_secret(secret_file), tls_ca=tls_ca)
+    except (OSError, ClientError, ValueError) as error:
+        raise click.ClickException(f"cannot reach {peer}: {error}") from None
+
+    def fetch(offset: int, size_max: int) -> bytes:
+        try:
+            return client.read(offset, size_max=size_max)
+        except ClientError as error:
+            if str(error).startswith(cp.OFFSET_ILLEGAL):
+                return b""  # the peer's log ends before offset
+            raise click.ClickException(f"{peer}: READ at offset {offset}: {error}") from None
+
+    with client:
+        return repair.repair_from(directory, fetch, crc=crc)
 
 
 @store.command("demo")

@@ -12,8 +12,13 @@ under the same epoch). Both ends ask the same question of the same two tables:
   below our oldest retained byte; and when a related slave knows a newer epoch than ours, a newer
   master exists: refuse it and fence ourselves (``fence_epoch``);
 * the slave (``reconcile``): refuse a master whose segments differ in size or whose history
-  shares nothing with ours; otherwise cut our log back to the consistent point (a former master's
-  unacknowledged tail goes) and adopt the master's epoch table.
+  shares nothing with ours; refuse a master whose log ends inside the last epoch both histories
+  share (its current one) below where ours holds that epoch: the master lost bytes of its own
+  epoch (damage cut, a lost disk), and a healthy copy is never cut to match a damaged or shorter
+  one — we keep our bytes, say so, and the master is repaired from us (``hasvc store repair
+  --from``); otherwise cut our log back to the consistent point, which is then where the
+  histories diverge (a former master's unacknowledged tail, in an epoch the new master never
+  had, goes) and adopt the master's epoch table.
 
 Nothing here reads the store: the drivers pass what the logs are (``LogView``) and carry out the
 answer (send the refusal, fence, truncate, replace the epoch file).
@@ -24,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from commitlog.epoch import EpochEntry, find_consistent_point
+from commitlog.epoch import EpochEntry, end_of, find_consistent_point
 from hasvc.protocol import ha
 
 # A refusal's reason in MASTER_HELLO is cut to this many characters (at most 4 bytes each: with
@@ -122,6 +127,27 @@ class Reconciliation:
     truncate_to: int | None = None
     epochs: tuple[EpochEntry, ...] | None = None
     master_epoch: int = 0
+    master_shrank: bool = False  # the refusal is the master's log ending short inside its own epoch
+
+
+def _shrank_within_epoch(
+    local: list[EpochEntry], local_end: int, master: list[EpochEntry], master_end: int
+) -> tuple[int, int] | None:
+    """(epoch, where our log holds it to) when the newest entry both histories share is the
+    master's last — the epoch it still writes in — and our log holds that epoch beyond the
+    master's end: bytes of one master's epoch that the master no longer has. None otherwise
+    (in particular when the master's history goes on in a later epoch: then the bytes past
+    that epoch's start are a divergence, and cutting them is the failover's rule)."""
+    by_epoch = {entry.epoch: index for index, entry in enumerate(master)}
+    for index in range(len(local) - 1, -1, -1):
+        entry = local[index]
+        match = by_epoch.get(entry.epoch)
+        if match is not None and master[match].start_offset == entry.start_offset:
+            held_to = end_of(local, index, local_end)
+            if match == len(master) - 1 and master_end < held_to:
+                return entry.epoch, held_to
+            return None
+    return None
 
 
 def reconcile(local: LogView, local_end: int, master: ha.MasterHello) -> Reconciliation:
@@ -145,6 +171,15 @@ def reconcile(local: LogView, local_end: int, master: ha.MasterHello) -> Reconci
                 f"master's {master.epochs}: refusing to replicate (this store is not from this cluster)",
                 master_epoch=master_epoch,
             )
+        shrank = _shrank_within_epoch(list(local.epochs), local_end, master_entries, master.max_offset)
+        if shrank is not None:
+            epoch, held_to = shrank
+            return Reconciliation(
+                f"the master's log ends at {master.max_offset} inside its epoch {epoch}, which our log holds "
+                f"to {held_to}: the master lost bytes of its own epoch; refusing to follow it and keeping "
+                f"ours (repair the master's store from this broker: hasvc store repair DIR --from HOST:PORT)",
+                master_epoch=master_epoch, master_shrank=True,
+            )  # fmt: skip
         if point < local_end:
             truncate_to = point
     result = Reconciliation(

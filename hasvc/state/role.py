@@ -74,7 +74,7 @@ class Promotion:
 
 
 class RoleState:
-    __slots__ = ("role", "master_ha", "fenced_by", "peer_epoch", "master_connected")
+    __slots__ = ("role", "master_ha", "fenced_by", "peer_epoch", "master_connected", "replication_refused")
 
     def __init__(self, role: BrokerRole, master_ha: Address | None) -> None:
         self.role = role
@@ -83,6 +83,9 @@ class RoleState:
         self.fenced_by: str | None = None  # why writes are refused on a master; None: they are not
         self.peer_epoch = 0  # the newest epoch a peer has shown us
         self.master_connected = False  # a slave's HA client holds a session with its master
+        # A slave that will not follow its master, and why (its log ends short inside its own
+        # epoch: handshake.reconcile); None when it follows.
+        self.replication_refused: str | None = None
         self.check_invariants()
 
     def check_invariants(self) -> None:

@@ -10,16 +10,22 @@ import os
 
 import trio
 
+from commitlog.checkpoint import StoreCheckpoint
 from tests.cluster import caught_up, log_digest, send_many, status, wait_until
 
 
 def _zero_tail(store: str, start: int) -> None:
-    """Zero the commit log's bytes from ``start`` on (one segment: the test stays below 1 MiB)."""
+    """Zero the commit log's bytes from ``start`` on (one segment: the test stays below 1 MiB), and
+    bring the checkpoint's flushed offset down to ``start``: bytes the checkpoint says were flushed
+    survive a power loss, and losing them would be damage, which recovery refuses to cut."""
     path = os.path.join(store, "commitlog", f"{0:020d}")
     size = os.path.getsize(path)
     with open(path, "r+b") as file:
         file.seek(start)
         file.write(b"\0" * (size - start))
+    checkpoint = StoreCheckpoint.open(os.path.join(store, "checkpoint"))
+    checkpoint.master_flushed_offset = min(checkpoint.master_flushed_offset, start)
+    checkpoint.flush()
 
 
 def test_a_master_restarted_after_a_power_loss_opens_an_epoch_and_its_slave_cuts_what_it_lost(cluster):

@@ -94,3 +94,35 @@ def test_both_ends_agree_on_every_small_history_pair():
                 answer = reconcile(slave, slave_end, master_hello(master))
                 related = "not from this cluster"
                 assert (related in admission.refusal) == (related in answer.refusal), (slave_epochs, master_epochs, slave_end)
+
+
+def test_reconcile_never_cuts_a_slave_to_a_master_that_lost_bytes_of_its_own_epoch():
+    """The master's log ends inside the epoch it still writes in, below where the slave holds that
+    epoch: the master lost bytes it had (a damaged store cut, a lost disk). The slave keeps them."""
+    slave = log([(7, 0), (8, 500)], max_offset=2000)
+    master = log([(7, 0), (8, 500)], max_offset=1200)
+    answer = reconcile(slave, 2000, master_hello(master))
+    assert answer.master_shrank and answer.truncate_to is None and answer.epochs is None
+    assert "ends at 1200 inside its epoch 8, which our log holds to 2000" in answer.refusal
+    assert "hasvc store repair" in answer.refusal and answer.master_epoch == 8
+
+
+def test_reconcile_still_cuts_where_the_histories_diverge():
+    """Bytes past the start of an epoch the slave never had are a divergence, however they came:
+    a former master rejoining, or a master that crashed, lost its unflushed tail and opened a new
+    epoch at its recovered end (test_master_restart_epoch)."""
+    for slave_epochs, master_epochs, slave_end in (
+        ([(7, 0)], [(7, 0), (8, 600)], 800),  # the old master of epoch 7 rejoins
+        ([(7, 0), (8, 500)], [(7, 0), (8, 500), (9, 900)], 1000),  # the restarted master's new epoch 9
+        ([(7, 0), (8, 500)], [(7, 0), (8, 500), (9, 900)], 900),  # nothing past the divergence: no cut
+    ):
+        answer = reconcile(log(slave_epochs, max_offset=slave_end), slave_end, master_hello(log(master_epochs, max_offset=1500)))
+        assert not answer.refusal and not answer.master_shrank, (slave_epochs, master_epochs)
+        assert answer.truncate_to == (master_epochs[-1][1] if slave_end > master_epochs[-1][1] else None)
+
+
+def test_a_slave_at_or_behind_the_masters_end_in_its_epoch_follows_it():
+    for slave_end in (0, 700, 1200):
+        answer = reconcile(log([(7, 0), (8, 500)], max_offset=slave_end), slave_end,
+                           master_hello(log([(7, 0), (8, 500)], max_offset=1200)))  # fmt: skip
+        assert not answer.refusal and answer.truncate_to is None

@@ -292,7 +292,8 @@ def test_damage_in_the_middle_of_the_log_is_refused_not_cut(tmp_path, small_conf
         file.seek(victim.wrote_offset - SEGMENT_SIZE + 150)
         file.write(b"\xff\xff")
     before = {name: os.path.getsize(tmp_path / "commitlog" / name) for name in os.listdir(tmp_path / "commitlog")}
-    with pytest.raises(StoreError, match=f"offset {victim.wrote_offset} \\(segment {segment_name(SEGMENT_SIZE)}: body CRC mismatch\\)"):
+    with pytest.raises(StoreError, match=f"{segment_name(SEGMENT_SIZE)} at offsets \\[{victim.wrote_offset}, "
+                                         f"{victim.next_offset}\\): body CRC mismatch \\(4 later segments hold data\\)"):
         MessageStore.open(str(tmp_path), small_config)
     assert {name: os.path.getsize(tmp_path / "commitlog" / name) for name in os.listdir(tmp_path / "commitlog")} == before
     accepting = dataclasses.replace(small_config, recovery_cut_segments_max=100)

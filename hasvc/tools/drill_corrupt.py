@@ -25,7 +25,7 @@ import trio
 
 from hasvc import client as hc
 from hasvc.testing.launch import StartError
-from hasvc.tools.drill import Drill, Process, RoundReport
+from hasvc.tools.drill import Drill, Process, RoundReport, log_digest, queue_file_digests
 from hasvc.tools.faults import flip_random_byte
 
 REPAIR_TIMEOUT_SECONDS = 120.0
@@ -118,7 +118,36 @@ class CorruptDrill(Drill):
         restarted = found["process"]
         self._wait(lambda: self._status(restarted)["scrub"]["passes"] >= 1, "a scrub pass of the restarted replica")
         report.checks = self.verify(number, master, slave, 0.0, 0.0)
+        if not report.checks.identical:
+            report.outcome += "; differs: " + self.differences(master, slave)
         return report, master, slave
+
+    def differences(self, master: Process, slave: Process) -> str:
+        """Where the two copies differ: the log's first differing offset, the queue files."""
+        end = self._status(master)["max_offset"]
+        parts = []
+        if log_digest(master.store, end, self.segment_size) != log_digest(slave.store, end, self.segment_size):
+            parts.append(f"commit log (first difference at offset {first_difference(master.store, slave.store, end, self.segment_size)})")
+        ours, theirs = queue_file_digests(master.store), queue_file_digests(slave.store)
+        parts += [f"consume queue {name}" for name in sorted(set(ours) | set(theirs)) if ours.get(name) != theirs.get(name)]
+        return ", ".join(parts) or "nothing on disk (a race?)"
+
+
+def first_difference(first: str, second: str, end: int, segment_size: int) -> int:
+    """The first commit log offset below ``end`` where two stores' bytes differ (-1: none)."""
+    offset = 0
+    while offset < end:
+        name = f"{offset - offset % segment_size:020d}"
+        size = min(end - offset, segment_size - offset % segment_size)
+        blocks = []
+        for store in (first, second):
+            with open(os.path.join(store, "commitlog", name), "rb") as file:
+                file.seek(offset % segment_size)
+                blocks.append(file.read(size))
+        if blocks[0] != blocks[1]:
+            return offset + next(i for i, (a, b) in enumerate(zip(*blocks, strict=False)) if a != b)
+        offset += size
+    return -1
 
 
 def _last_line(text: str) -> str:
@@ -145,9 +174,11 @@ def run_corrupt_drill(*, rounds: int, producers: int, seed: int, report_path: st
             if not report.ok:
                 break
     finally:
-        drill.close(keep)
+        ok = len(reports) == rounds and all(r.ok for r in reports)
+        drill.close(keep or not ok)
+        if not ok:
+            echo(f"the stores and logs are kept under {drill.root}")
     lost = sum(r.checks.lost for r in reports if r.checks)
-    ok = len(reports) == rounds and all(r.ok for r in reports)
     refused = sum(r.outcome == "repaired" for r in reports)
     echo(f"summary: {len(reports)} round(s), {len(drill.acked)} acknowledged writes, {lost} lost, {refused} refused at start "
          f"and repaired from the peer: {'OK' if ok else 'FAILED'}")  # fmt: skip

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from commitlog import native
 from commitlog import record as rec
-from commitlog.mapped_file import DiskFullError, MappedFile, StoreError, nonzero_extent
+from commitlog.mapped_file import DiskFullError, MappedFile, StoreError, nonzero_extent, segment_name
 from commitlog.damage import DamagedRange
 from commitlog.mapped_file_queue import MappedFileQueue, WriteBufferSource
 from commitlog.scan import ScanCode, find_next_record, scan_segment
@@ -40,6 +40,11 @@ from commitlog.scan import ScanCode, find_next_record, scan_segment
 # Damaged ranges one recovery reports (and a repair round fixes): enough for a few flipped bytes,
 # bounded for a log that is garbage from some point on (then the first range is what matters).
 DAMAGED_RANGES_MAX = 16
+
+
+# The flushed offset to pass to ``recover`` when the checkpoint vouches for none (both of its
+# copies damaged): every invalid record then counts as damage, and a clean end as the end.
+FLUSHED_OFFSET_UNKNOWN = 1 << 62
 
 
 class ReadError(ValueError):
@@ -481,12 +486,33 @@ class CommitLog:
             break
         else:
             reason = "end of segment (blank record)"
+        if cut_file is None and flushed_offset is not None and not accept_loss \
+                and end_offset < flushed_offset < FLUSHED_OFFSET_UNKNOWN:  # fmt: skip
+            # Every segment ends in a blank, yet flushed bytes lie beyond: a segment is missing.
+            reason = (f"the log ends at {end_offset}, below the checkpoint's flushed offset {flushed_offset}: "
+                      f"the segment that starts there is missing (lost writes)")  # fmt: skip
+            path = os.path.join(self.mapped_file_queue.directory, segment_name(end_offset))
+            damaged = (DamagedRange(path, end_offset, min(flushed_offset, end_offset + self.segment_size), reason),)
+            return RecoveryReport(abnormal, files[start_index].file_from_offset, end_offset, records, scanned,
+                                  time.perf_counter() - started, None, reason, (), 0, damaged, 0)  # fmt: skip
         deleted = tuple(f.path for f in files if f.file_from_offset > end_offset)
         holding_data = [f for f in files if f.file_from_offset > end_offset and any(f.view()[:8])]
         too_many = len(holding_data) > cut_segments_max and not accept_loss
         if flushed_offset is not None and cut_file is not None and not accept_loss:
             position = end_offset - cut_file.file_from_offset
             torn = corrupt_offset is None or self._extent_end(cut_file, position) > flushed_offset
+            # Zeros where the checkpoint says flushed bytes were: lost writes (a write the disk
+            # acknowledged and never made, a segment cut short), not a tail that never was.
+            lost = corrupt_offset is None and end_offset < flushed_offset < FLUSHED_OFFSET_UNKNOWN
+            if lost and not too_many:
+                reason = (f"the log ends at {end_offset}, below the checkpoint's flushed offset {flushed_offset}: "
+                          "flushed bytes are missing (lost writes)")  # fmt: skip
+                to = min(flushed_offset, cut_file.file_from_offset + self.segment_size)
+                damaged = (DamagedRange(cut_file.path, end_offset, to, reason),)
+                return RecoveryReport(
+                    abnormal, files[start_index].file_from_offset, end_offset, records, scanned,
+                    time.perf_counter() - started, corrupt_offset, reason, (), 0, damaged, 0,
+                )  # fmt: skip
             if too_many or not torn:
                 if corrupt_offset is None:
                     reason = f"zero bytes where the log goes on: {len(holding_data)} later segments hold data"

@@ -88,7 +88,7 @@ class _OpenLog:
         """Recovery from the oldest segment (``dispatch_from=-1``): damage anywhere is found."""
         return self.log.recover(
             abnormal=self.abnormal, dispatch_from=-1, checkpoint_min_timestamp=0, crc_function=crc_function,
-            cut_segments_max=cut_segments_max, flushed_offset=self.checkpoint.master_flushed_offset,
+            cut_segments_max=cut_segments_max, flushed_offset=self.checkpoint.recovery_flushed_offset,
             accept_loss=accept_loss,
         )  # fmt: skip
 
@@ -177,7 +177,10 @@ def repair_from(directory: str, fetch: Fetch, *, crc: str = "crc32c") -> RepairR
             previous = damaged[0]
             segment_size = opened.log.segment_size
             for damage in damaged:
-                mapped_file = opened.log.mapped_file_queue.find_mapped_file_by_offset(damage.from_offset)
+                queue = opened.log.mapped_file_queue
+                mapped_file = queue.find_mapped_file_by_offset(damage.from_offset)
+                if mapped_file is None and damage.from_offset == queue.max_offset:
+                    mapped_file = queue.get_last_mapped_file(damage.from_offset)  # a missing last segment, made anew
                 base = mapped_file.file_from_offset
                 position = damage.from_offset - base
                 own_end = base + position + nonzero_extent(mapped_file.view(), position, segment_size)

@@ -181,7 +181,7 @@ class MessageStore:
             checkpoint_min_timestamp=self.checkpoint.min_timestamp,
             crc_function=self.crc_function if self.config.check_crc_on_recover else None,
             cut_segments_max=self.config.recovery_cut_segments_max,
-            flushed_offset=self.checkpoint.master_flushed_offset,
+            flushed_offset=self.checkpoint.recovery_flushed_offset,
         )
         if self.recovery.damaged:
             raise DamagedLogError(self.path, self.recovery)

@@ -92,6 +92,13 @@ class Broker:
         """Open the store, serve until cancelled, then close the store cleanly."""
         self.attach_store(await self._open_store())
         LOGGER.info("store %s: %s", self.config.store, self.store.recovery.describe())
+        if self.store.checkpoint.damage:
+            LOGGER.error("%s (%s); it is written anew, both copies, at the next checkpoint",
+                         self.store.checkpoint.damage,
+                         "the other copy was used" if self.store.checkpoint.trusted else
+                         "no copy checked: recovery cut nothing by itself")  # fmt: skip
+        for topic, queue_id in self.store.queues_rebuilt:
+            LOGGER.error("consume queue %s/%d was damaged in the middle: rebuilt from the log", topic, queue_id)
         try:
             if not self.role_state.is_slave:
                 await self._rebuild_producer_table()  # before the client port opens

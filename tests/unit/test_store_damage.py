@@ -13,6 +13,8 @@ from commitlog import repair
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint
 from commitlog.commit_log import DamagedLogError
+from commitlog.config import StoreConfig
+from commitlog.mapped_file import StoreError
 from commitlog.damage import DamagedRange
 from commitlog.mapped_file import segment_name
 from commitlog.scan import find_next_record
@@ -260,3 +262,112 @@ def test_a_repairing_master_reads_from_where_the_slave_connected_when_it_listens
 
     assert _reachable("0.0.0.0:5", "10.0.0.2:999") == "10.0.0.2:5"
     assert _reachable("127.0.0.1:5", "10.0.0.2:999") == "127.0.0.1:5"
+
+
+# -- the checkpoint's two copies -----------------------------------------------------------------
+
+def _checkpoint_file(tmp_path):
+    from commitlog.checkpoint import StoreCheckpoint
+
+    checkpoint = StoreCheckpoint(str(tmp_path / "checkpoint"), 1, 2, 3, 4000, 5)
+    checkpoint.flush()
+    return checkpoint.path
+
+
+@pytest.mark.parametrize("position", [0, 7, 24, 39, 40, 43, 2048, 2048 + 24, 2048 + 43])
+def test_a_flipped_bit_in_one_copy_of_the_checkpoint_is_survived(tmp_path, position):
+    from commitlog.checkpoint import StoreCheckpoint
+
+    path = _checkpoint_file(tmp_path)
+    with open(path, "r+b") as file:
+        file.seek(position)
+        byte = file.read(1)[0]
+        file.seek(position)
+        file.write(bytes([byte ^ 0x01]))
+    checkpoint = StoreCheckpoint.open(path)
+    assert checkpoint.trusted
+    assert (checkpoint.physic_msg_timestamp, checkpoint.master_flushed_offset, checkpoint.confirm_phy_offset) == (1, 4000, 5)
+    assert "fails its CRC" in checkpoint.damage
+
+
+def test_a_checkpoint_damaged_in_both_copies_vouches_for_nothing(tmp_path):
+    from commitlog.checkpoint import StoreCheckpoint
+
+    path = _checkpoint_file(tmp_path)
+    with open(path, "r+b") as file:
+        for position in (24, 2048 + 24):
+            file.seek(position)
+            file.write(b"\x7f")
+    checkpoint = StoreCheckpoint.open(path)
+    assert not checkpoint.trusted
+    assert checkpoint.recovery_flushed_offset == 1 << 62
+    assert checkpoint.master_flushed_offset == 0
+    assert "copy 1" in checkpoint.damage and "copy 2" in checkpoint.damage
+    checkpoint.master_flushed_offset = 9
+    checkpoint.flush()  # written anew, both copies
+    assert StoreCheckpoint.open(path).trusted
+
+
+def test_a_checkpoint_without_crc_reads_as_before(tmp_path):
+    """RocketMQ's (and an older hasvc's): five int64 and nothing else in 4 KiB."""
+    import struct
+
+    from commitlog.checkpoint import StoreCheckpoint
+
+    path = tmp_path / "checkpoint"
+    path.write_bytes(struct.pack(">qqqqq", 1, 2, 3, 4000, 5) + bytes(4096 - 40))
+    checkpoint = StoreCheckpoint.open(str(path))
+    assert checkpoint.trusted and checkpoint.master_flushed_offset == 4000 and not checkpoint.damage
+
+
+def test_a_log_that_ends_below_its_flushed_offset_is_damage_not_a_tail(tmp_path):
+    """Lost writes: bytes the checkpoint says were flushed read as zeros. The store refuses (one
+    line naming the range) instead of taking the shorter log as its end."""
+    store = MessageStore.open(str(tmp_path), StoreConfig(commitlog_segment_size=64 * 1024))
+    for number in range(40):
+        if number == 38:
+            lost_from = store.commit_log.max_offset
+        store.append([rec.Message(topic="T", body=b"%04d" % number * 50, queue_id=0)])
+    end = store.commit_log.max_offset
+    store.close()
+    segment = tmp_path / "commitlog" / f"{0:020d}"
+    with open(segment, "r+b") as file:
+        file.seek(lost_from)
+        file.write(bytes(end - lost_from))  # the last two records, flushed, never reached the disk
+    with pytest.raises(StoreError) as caught:
+        MessageStore.open(str(tmp_path), StoreConfig(commitlog_segment_size=64 * 1024))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "lost writes" in message and f"[{lost_from}, {end})" in message
+
+
+def test_a_missing_last_segment_below_the_flushed_offset_is_damage_and_repaired_from_a_copy(tmp_path):
+    """Lost writes of a whole segment: the newest segment file is gone, though the checkpoint says
+    its bytes were flushed. The store refuses; repair from a copy makes the segment anew."""
+    size = 64 * 1024
+    config = StoreConfig(commitlog_segment_size=size)
+    store = MessageStore.open(str(tmp_path / "a"), config)
+    number = 0
+    while len(store.commit_log.mapped_file_queue.mapped_files) < 3:
+        store.append([rec.Message(topic="T", body=b"%05d" % number * 40, queue_id=number % 2)])
+        number += 1
+    end = store.commit_log.max_offset
+    store.close()
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    os.unlink(tmp_path / "a" / "commitlog" / segment_name(2 * size))
+    with pytest.raises(StoreError) as caught:
+        MessageStore.open(str(tmp_path / "a"), config)
+    assert "segment that starts there is missing" in str(caught.value) and "\n" not in str(caught.value)
+
+    peer = MessageStore.open(str(tmp_path / "copy"), config)
+    try:
+        report = repair.repair_from(str(tmp_path / "a"), lambda offset, size_max: bytes(peer.read(offset, size_max)))
+    finally:
+        peer.close()
+    assert report.repaired and report.repaired[0].from_offset == 2 * size
+    store = MessageStore.open(str(tmp_path / "a"), config)
+    try:
+        assert store.commit_log.max_offset == end
+        assert [bytes(r.body) for r in store.pull("T", 0, 0, 10_000)][-1].startswith(b"%05d" % (number - 1 - (number - 1) % 2))
+    finally:
+        store.close()

@@ -28,11 +28,12 @@ def demo(producers, keep, dledger) -> None:
 @click.option("--mode", type=click.Choice(["sync", "async", "dledger"]), default="sync", show_default=True,
               help="sync/async: a master and a slave, failover by promote; dledger: a Raft group, no promote.")
 @click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True, help="dledger: group size.")
-@click.option("--fault", type=click.Choice(["kill-leader", "kill-follower", "partition-leader", "mixed", "corrupt"]),
+@click.option("--fault", type=click.Choice(["kill-leader", "kill-follower", "partition-leader", "mixed", "corrupt", "disk-full"]),
               default=None, help="The fault each round injects. dledger: kill-leader (the default), kill-follower, "
               "partition-leader, mixed, corrupt. sync: corrupt; without --fault, a failover round. corrupt: stop a "
               "replica, flip one bit in one file of its store, restart it under load (a classic broker that refuses "
-              "is repaired from its peer; a DLedger member must rejoin by itself).")
+              "is repaired from its peer; a DLedger member must rejoin by itself). sync: disk-full (one replica's "
+              "store, on a tmpfs the drill mounts as root, filled and freed under load).")
 @click.option("--dledger-timing", is_flag=True, help="dledger: DLedger's election defaults instead of etcd-like ones.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds when and whom the fault hits.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
@@ -56,7 +57,17 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
     repaired from its peer (hasvc store repair); a DLedger member must rejoin by itself."""
     if (tls_cert or tls_key or tls_ca) and (mode != "dledger" or not (tls_cert and tls_key)):
         raise click.UsageError("--tls-cert/--tls-key (and --tls-ca) go together, with --mode dledger")
-    if fault == "corrupt" and mode != "dledger":
+    if fault == "disk-full":
+        if mode != "sync":
+            raise click.UsageError("--fault disk-full runs with --mode sync")
+        from hasvc.tools.drill_diskfull import run_diskfull_drill
+
+        try:
+            ok = run_diskfull_drill(rounds=rounds, producers=producers, seed=seed, report_path=report_path, keep=keep,
+                                    echo=click.echo)  # fmt: skip
+        except PermissionError as error:
+            raise click.UsageError(str(error)) from None
+    elif fault == "corrupt" and mode != "dledger":
         if mode != "sync":
             raise click.UsageError("--fault corrupt runs with --mode sync or dledger")
         from hasvc.tools.drill_corrupt import run_corrupt_drill

@@ -267,6 +267,7 @@ class Broker:
             "producers": len(self.producers),
             "duplicate_sends": self.put_service.duplicate_sends,
             "uptime_seconds": round(time.time() - self.started_at, 1),
+            **self.port_statistics(),
         }
         role = self.role_state
         if role.is_slave:
@@ -277,6 +278,11 @@ class Broker:
         if role.fenced_by:
             status["fenced_by"] = role.fenced_by
         return status
+
+
+    def port_statistics(self) -> dict[str, int]:
+        """The ports' connection and byte counts (STATUS fields, and metrics as ``hasvc_<name>``)."""
+        return self.client_port.answer_budget.statistics()
 
 
 def first_epoch() -> int:

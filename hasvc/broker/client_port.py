@@ -32,7 +32,7 @@ import trio
 from commitlog.commit_log import ReadError
 from commitlog.store import MessageStore
 from hasvc import transport
-from hasvc.broker.outbox import Outbox, error_response
+from hasvc.broker.outbox import AnswerBudget, Outbox, error_response
 from hasvc.broker.put_service import PutService
 from hasvc.config import Address, BrokerConfig, BrokerRole, parse_address
 from hasvc.protocol import client as cp
@@ -116,6 +116,7 @@ class ClientPort:
         self._sends: list[tuple[Outbox, cp.Frame, cp.SendRequest]] = []
         self._sends_ready = trio.Event()
         self._client_connections = 0
+        self.answer_budget = AnswerBudget(config.client_answer_bytes_total_max)  # every connection's queued answers
         self._group = transport.ReadinessGroup()  # the plain TCP connections _read_task reads
         # _read_client reads into this; the decoder's buffer copies what came (wire.Buffer.feed
         # keeps bytes only). ``os.read`` of RECEIVE_SIZE made a 256 KiB ``bytes`` each time, above
@@ -131,7 +132,8 @@ class ClientPort:
         try:
             await transport.server_preface(connection, port_kind=wire.PORT_KIND_CLIENT, secret=self.config.secret)
             decoder = cp.FrameDecoder(frame_size_max=self.config.frame_size_max, responses=False)
-            outbox = Outbox(connection, self.config.requests_in_flight_max)
+            outbox = Outbox(connection, self.config.requests_in_flight_max, bytes_max=self.config.client_answer_bytes_max,
+                            budget=self.answer_budget, muted_timeout_seconds=self.config.client_muted_timeout_seconds)  # fmt: skip
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(outbox.run)
                 client = _Client(connection, decoder, outbox, nursery)
@@ -150,6 +152,7 @@ class ClientPort:
         finally:
             if client is not None:
                 self._leave_group(client)  # before the close frees its descriptor number
+                client.outbox.discard()
             self._client_connections -= 1
             await connection.aclose()
 
@@ -206,7 +209,7 @@ class ClientPort:
         stopped for want of room, True when no frame is left."""
         decoder, outbox = client.decoder, client.outbox
         while True:
-            if outbox.in_flight >= outbox.in_flight_max:  # outbox.full, written out: twice a put
+            if outbox.in_flight >= outbox.in_flight_limit:  # outbox.full, written out: twice a put
                 return False
             frame = decoder.next_frame()
             if frame is None:
@@ -216,7 +219,7 @@ class ClientPort:
                 client.nursery.start_soon(self._role_request, outbox, frame)
                 continue
             if frame.kind not in cp.SEND_KINDS:
-                outbox.respond(frame, self.answer(frame))
+                outbox.respond_counted(frame, self.answer(frame))  # counted: a READ's is up to 4 MiB
                 continue
             try:
                 request = cp.decode_send(frame.payload, idempotent=frame.kind == cp.SEND_IDEMPOTENT)
@@ -331,15 +334,26 @@ class ClientPort:
         for that request alone when it is malformed or the store cannot read what it names."""
         try:
             if frame.kind == cp.PULL:
-                return self._pull(cp.decode_pull(frame.payload))
+                request = cp.decode_pull(frame.payload)
+                if self.answer_budget.exhausted:
+                    return cp.encode_pull_response(cp.PullResponse(cp.SERVICE_NOT_AVAILABLE, self._budget_spent(), request.queue_offset, 0, []))
+                return self._pull(request)
             if frame.kind == cp.READ:
-                return self._read(*cp.decode_read(frame.payload))
+                offset, size_max = cp.decode_read(frame.payload)
+                if self.answer_budget.exhausted:
+                    return cp.encode_simple_response(cp.SERVICE_NOT_AVAILABLE, self._budget_spent(), offset, b"")
+                return self._read(offset, size_max)
             return cp.encode_simple_response(cp.OK, "", json.dumps(self.status()).encode())
         except wire.ProtocolError as error:
             return error_response(frame, str(error))
         except ReadError as error:  # a queue unit naming bytes the log no longer has: that request fails, not the broker
             LOGGER.warning("%s request failed: %s", "PULL" if frame.kind == cp.PULL else "READ", error)
             return error_response(frame, f"read failed: {error}")
+
+    def _budget_spent(self) -> str:
+        self.answer_budget.refused += 1
+        return (f"answers queued on all connections reach client_answer_bytes_total_max "
+                f"({self.answer_budget.bytes_queued} of {self.answer_budget.bytes_max} bytes): retry later")
 
     def _pull(self, request: cp.PullRequest) -> bytes:
         queue = self.store.consume_queues.find(request.topic, request.queue_id)

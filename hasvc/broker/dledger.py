@@ -1082,6 +1082,7 @@ class DLedgerBroker:
             "duplicate_sends": self.put_service.duplicate_sends,
             "raft_messages_dropped": self.driver.dropped_messages,
             "raft_connections_refused": self.driver.refused_connections,
+            **self.client_port.answer_budget.statistics(),
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
                              "behind_log_start": p.behind_log_start,

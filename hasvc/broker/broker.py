@@ -27,6 +27,7 @@ import trio
 
 from commitlog.store import MessageStore
 from hasvc import transport
+from hasvc.admission import serve_admitted
 from hasvc.broker.client_port import ClientPort, serve_listener
 from hasvc.broker.ha_master import HAService
 from hasvc.broker.ha_slave import HAClient
@@ -211,12 +212,12 @@ class Broker:
         self._ha_service_scope = trio.CancelScope()
         self.ha_service = self.make_ha_service()
         self.replicator.attach(self.ha_service)
-        nursery.start_soon(self._serve_ha, ha_listener, self.ha_service.handle, self._ha_service_scope)
+        nursery.start_soon(self._serve_ha, ha_listener, self.ha_service, self._ha_service_scope)
 
-    async def _serve_ha(self, listener, handler, scope: trio.CancelScope) -> None:
+    async def _serve_ha(self, listener, service: HAService, scope: trio.CancelScope) -> None:
         try:
             with scope:
-                await self._serve_listener(listener, handler)
+                await serve_admitted(listener, service.handle, service.admission)
         finally:
             await listener.aclose()
 
@@ -282,7 +283,10 @@ class Broker:
 
     def port_statistics(self) -> dict[str, int]:
         """The ports' connection and byte counts (STATUS fields, and metrics as ``hasvc_<name>``)."""
-        return self.client_port.answer_budget.statistics()
+        statistics = self.client_port.answer_budget.statistics()
+        if self.ha_service is not None:
+            statistics.update(self.ha_service.admission.statistics())
+        return statistics
 
 
 def first_epoch() -> int:

@@ -129,3 +129,132 @@ def test_the_process_budget_refuses_reads_and_a_muted_client_is_closed(tmp_path)
             assert _send_one(master.address) == "PUT_OK"
     finally:
         cluster.close()
+
+
+class Swarm:
+    """Strangers held on ports, as an attacker keeps them: ``idle`` connections per port that
+    send nothing, ``prefaced`` that finish the preface (no secret) and then say nothing, each
+    reopened as soon as the port closes it; and, with ``flood``, connections opened and closed
+    as fast as one thread can. Runs in a thread until closed; ``held()`` is how many are open."""
+
+    def __init__(self, ports: list[int], port_kind: int, *, idle: int, prefaced: int, flood: bool) -> None:
+        self.ports, self.port_kind, self.idle, self.prefaced, self.flood = ports, port_kind, idle, prefaced, flood
+        self._sockets: dict[socket.socket, bool] = {}  # -> prefaced
+        self._stop = threading.Event()
+        self.opened = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Swarm:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+        for sock in self._sockets:
+            sock.close()
+
+    def held(self) -> int:
+        return len(self._sockets)
+
+    def _open(self, port: int, prefaced: bool) -> None:
+        try:
+            sock = socket.create_connection((LOOPBACK, port), timeout=2)
+            if prefaced:
+                preface(sock, self.port_kind)
+        except (OSError, AssertionError):  # the member is down, or closed us during the preface
+            return
+        sock.setblocking(False)
+        self._sockets[sock] = prefaced
+        self.opened += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            for sock in list(self._sockets):  # drop what the ports closed (a greeting is read and ignored)
+                try:
+                    if sock.recv(4096):
+                        continue
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    pass
+                del self._sockets[sock]
+                sock.close()
+            for port in self.ports:
+                counts = [0, 0]
+                for sock, prefaced in self._sockets.items():
+                    if sock.getpeername()[1] == port:
+                        counts[prefaced] += 1
+                for _ in range(self.idle - counts[0]):
+                    self._open(port, False)
+                for _ in range(self.prefaced - counts[1]):
+                    self._open(port, True)
+                if self.flood:
+                    for _ in range(20):
+                        with contextlib.suppress(OSError):
+                            socket.create_connection((LOOPBACK, port), timeout=2).close()
+
+
+def _member_status(node) -> dict:
+    with hc.BlockingClient(node.client_address) as client:
+        return client.status()
+
+
+def _group_caught_up(nodes: dict) -> str | None:
+    """The leader's id once every member follows it with its whole log matched, else None."""
+    for member, node in nodes.items():
+        shown = _member_status(node)
+        if shown["raft_role"] != "LEADER":
+            continue
+        end = shown["ledger_end_index"]
+        if all(peer["connected"] and peer["match_index"] >= end for peer in shown["peers"].values()) and all(
+            _member_status(other)["raft_role"] == "FOLLOWER" for name, other in nodes.items() if name != member
+        ):
+            return member
+    return None
+
+
+async def _send_through_group(nodes: dict, count: int) -> None:
+    async with hc.connect_cluster([node.client_address for node in nodes.values()], retry_sends=True) as client:
+        for number in range(count):
+            assert (await client.send("DL", b"m%d" % number)).status == "PUT_OK"
+
+
+def test_a_leader_restarted_while_strangers_hold_every_raft_port_rejoins(tmp_path) -> None:
+    nodes = start_dledger_group(tmp_path, 3, group="hostile")
+    try:
+        trio.run(_send_through_group, nodes, 20)
+        leader = wait_until(lambda: _group_caught_up(nodes), message="a leader and two followers")
+        ports = [int(node.ready["raft_listen"].rsplit(":", 1)[1]) for node in nodes.values()]
+        # 300 strangers on each Raft port (250 idle, 50 past the preface without a HELLO: 64
+        # finished prefaces used to lock a port for good), and a flood of connect/close.
+        with Swarm(ports, wire.PORT_KIND_RAFT, idle=250, prefaced=50, flood=True) as swarm:
+            wait_until(lambda: swarm.opened >= 900, message="the strangers connected")
+            nodes[leader].kill()
+            trio.run(_send_through_group, nodes, 10)  # the two others elect a leader, strangers or not
+            restarted = time.monotonic()
+            nodes[leader].start()  # same store, same ports: the strangers find it again
+            wait_until(lambda: _group_caught_up(nodes), message="the restarted member following, caught up")
+            print(f"restarted member rejoined and caught up {time.monotonic() - restarted:.2f} s after its start "
+                  f"({swarm.opened} stranger connections opened so far)")  # fmt: skip
+            shown = _member_status(nodes[leader])
+            assert shown["raft_strangers_evicted"] + shown["raft_strangers_timed_out"] > 0  # the strangers were there
+        trio.run(_send_through_group, nodes, 10)
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
+def test_a_slave_attaches_while_strangers_hold_the_ha_port(cluster) -> None:
+    # connections_max caps the client port; it used to cap the HA port too, strangers included.
+    master = cluster.start_master(role="sync", connections_max=200)
+    ha_port = _host_port(master.ha_address)[1]
+    with Swarm([ha_port], wire.PORT_KIND_HA, idle=250, prefaced=50, flood=True) as swarm:
+        wait_until(lambda: swarm.opened >= 300, message="the strangers connected")
+        slave = cluster.start_slave(master.ha_address)
+        wait_until(lambda: status(master)["slaves"] and status(master)["slaves"][0]["ack_offset"] >= 0, message="the slave attached")
+        assert _send_one(master.address) == "PUT_OK"  # SYNC_MASTER: stored on the slave too
+        shown = status(master)
+        assert shown["ha_connections_known"] == 1
+        assert shown["ha_strangers_evicted"] + shown["ha_strangers_timed_out"] > 0
+        wait_until(lambda: status(slave)["max_offset"] == shown["max_offset"], message="the slave caught up")

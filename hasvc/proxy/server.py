@@ -35,7 +35,7 @@ import grpc.aio
 import trio
 
 from hasvc import client as hc
-from hasvc.proxy import convert, gateway
+from hasvc.proxy import convert, gateway, limits
 from hasvc.proxy.convert import Refused
 from hasvc.proxy.lane import SendLane
 from hasvc.proxy.pb import Code, definition, service, service_grpc
@@ -504,7 +504,7 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     with trio_thread(brokers, secret, tls_ca, config, loop) as (bridge, gate):
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", config.body_size_max + 1024 * 1024)])
+        server = grpc.aio.server(options=limits.server_options(config.body_size_max), maximum_concurrent_rpcs=limits.CALLS_MAX)
         servicer = Servicer(bridge, gate, listen, advertise)
         if config.send_lane and not config.null_sends:
             servicer.lane = SendLane(gate.cluster, secret=secret, tls_ca=tls_ca)

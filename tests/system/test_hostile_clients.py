@@ -11,16 +11,18 @@ import functools
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 
+import pytest
 import trio
 
 from hasvc import client as hc
 from hasvc.protocol import client as cp
 from hasvc.protocol import wire
 from hasvc.tools.partition import LOOPBACK
-from tests.cluster import Cluster, send_many, start_dledger_group, status, wait_until
+from tests.cluster import BrokerProcess, Cluster, send_many, start_dledger_group, status, wait_until
 
 RSS_BOUND_BYTES = 512 * 1024 * 1024  # the master's memory during the READ flood (it reached 11.8 GB)
 READ_FLOOD = 1000  # READ frames of 4 MiB each one connection sends and never reads the answers of
@@ -258,3 +260,43 @@ def test_a_slave_attaches_while_strangers_hold_the_ha_port(cluster) -> None:
         assert shown["ha_connections_known"] == 1
         assert shown["ha_strangers_evicted"] + shown["ha_strangers_timed_out"] > 0
         wait_until(lambda: status(slave)["max_offset"] == shown["max_offset"], message="the slave caught up")
+
+
+def _open_count(sockets: list[socket.socket]) -> int:
+    """How many of ``sockets`` the peer has not closed (closed ones are dropped from the list)."""
+    for sock in list(sockets):
+        try:
+            if sock.recv(4096):
+                continue
+        except BlockingIOError:
+            continue
+        except OSError:
+            pass
+        sockets.remove(sock)
+        sock.close()
+    return len(sockets)
+
+
+def test_the_proxy_closes_connections_that_never_finish_their_handshake(cluster) -> None:
+    pb = pytest.importorskip("hasvc.proxy.pb")
+    import grpc
+
+    master = cluster.start_master(role="async")
+    command = [sys.executable, "-m", "hasvc.cli", "proxy", "--listen", "127.0.0.1:0", "--brokers", master.address]
+    proxy = BrokerProcess("proxy", command, os.path.join(cluster.root, "proxy.log"))
+    cluster.brokers.append(proxy)
+    sockets = []
+    for _ in range(300):  # one byte of an HTTP/2 preface each, then nothing (grpc core used to keep them 120 s)
+        sock = socket.create_connection(_host_port(proxy.address), timeout=10)
+        sock.sendall(b"P")
+        sock.setblocking(False)
+        sockets.append(sock)
+    try:
+        with grpc.insecure_channel(proxy.address) as channel:  # a legitimate client is served meanwhile
+            route = pb.service_grpc.MessagingServiceStub(channel).QueryRoute(
+                pb.service.QueryRouteRequest(topic=pb.definition.Resource(name="T")), metadata=(("x-mq-client-id", "hostile-test"),), timeout=10)
+        assert route.status.code == pb.Code.OK
+        wait_until(lambda: _open_count(sockets) == 0, interval=0.2, message="the proxy closed the stalled connections")
+    finally:
+        for sock in sockets:
+            sock.close()

@@ -110,7 +110,8 @@ class Broker:
                 self.store_tasks.start(nursery, self.put_service)
                 if self.config.metrics_listen is not None:
                     self.metrics, self.metrics_address = await nursery.start(functools.partial(
-                        serve_metrics, self.config.metrics_listen, store=self.store, replicas=self.replicas, role=self.role_state
+                        serve_metrics, self.config.metrics_listen, store=self.store, replicas=self.replicas, role=self.role_state,
+                        port_statistics=self.port_statistics,
                     ))  # fmt: skip
                     self.put_service.metrics = self.metrics
                 task_status.started(self.addresses())
@@ -284,8 +285,9 @@ class Broker:
     def port_statistics(self) -> dict[str, int]:
         """The ports' connection and byte counts (STATUS fields, and metrics as ``hasvc_<name>``)."""
         statistics = self.client_port.answer_budget.statistics()
-        if self.ha_service is not None:
-            statistics.update(self.ha_service.admission.statistics())
+        service = self.ha_service  # read once: the metrics thread calls this too, and a demotion drops it
+        if service is not None:
+            statistics.update(service.admission.statistics())
         return statistics
 
 

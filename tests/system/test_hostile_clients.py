@@ -300,3 +300,30 @@ def test_the_proxy_closes_connections_that_never_finish_their_handshake(cluster)
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as file:
+        return next(int(line.split()[1]) for line in file if line.startswith("Threads:"))
+
+
+def test_stalled_connections_on_the_metrics_port_hold_no_thread_each_and_a_scrape_is_served(cluster) -> None:
+    import urllib.request
+
+    from hasvc.tools.partition import free_port
+
+    port = free_port()
+    master = cluster.start_master(role="async", metrics_listen=f"{LOOPBACK}:{port}")
+    before = _threads(master.pid)
+    sockets = []
+    try:
+        for _ in range(200):  # a request begun and never finished (prometheus-client's server kept a thread each)
+            sock = socket.create_connection((LOOPBACK, port), timeout=10)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            sockets.append(sock)
+        text = urllib.request.urlopen(f"http://{LOOPBACK}:{port}/metrics", timeout=10).read().decode()
+        assert "hasvc_client_bytes_queued 0.0" in text and "hasvc_ha_connections_known 0.0" in text
+        assert _threads(master.pid) <= before + 8 + 2  # METRICS_CONNECTIONS_MAX, and threads on their way out
+    finally:
+        for sock in sockets:
+            sock.close()

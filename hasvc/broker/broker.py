@@ -28,7 +28,7 @@ import trio
 from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.admission import serve_admitted
-from hasvc.broker.client_port import ClientPort, serve_listener
+from hasvc.broker.client_port import ClientPort
 from hasvc.broker.ha_master import HAService
 from hasvc.broker.ha_slave import HAClient
 from hasvc.broker.metrics import BrokerMetrics, serve_metrics
@@ -98,7 +98,7 @@ class Broker:
                 ssl_context = self._server_ssl()
                 client_listener, client_socket = await transport.open_listener(self.config.listen, ssl_context=ssl_context)
                 self.listen_address = transport.listener_address(client_socket)
-                nursery.start_soon(self._serve_listener, client_listener, self.client_port.serve_client)
+                nursery.start_soon(serve_admitted, client_listener, self.client_port.serve_client, self.client_port.admission)
                 self._nursery = nursery
                 if not self.role_state.is_slave:
                     self._open_start_epoch()
@@ -134,9 +134,6 @@ class Broker:
         if epoch is not None:
             self.store.open_epoch(epoch)
             LOGGER.warning("the last run did not exit cleanly: epoch %d opened at offset %d", epoch, end)
-
-    async def _serve_listener(self, listener, handler) -> None:
-        await serve_listener(listener, handler, connections_max=self.config.connections_max)
 
     def after_appends(self, *, push: bool = True) -> None:
         """What follows a pass of appends outside the put path (a frame on a slave): the new
@@ -284,7 +281,7 @@ class Broker:
 
     def port_statistics(self) -> dict[str, int]:
         """The ports' connection and byte counts (STATUS fields, and metrics as ``hasvc_<name>``)."""
-        statistics = self.client_port.answer_budget.statistics()
+        statistics = {**self.client_port.admission.statistics(), **self.client_port.answer_budget.statistics()}
         service = self.ha_service  # read once: the metrics thread calls this too, and a demotion drops it
         if service is not None:
             statistics.update(service.admission.statistics())

@@ -31,6 +31,7 @@ import trio
 
 from commitlog.commit_log import ReadError
 from commitlog.store import MessageStore
+from hasvc import admission as port_admission
 from hasvc import transport
 from hasvc.broker.outbox import AnswerBudget, Outbox, error_response
 from hasvc.broker.put_service import PutService
@@ -45,37 +46,16 @@ PULL_COUNT_MAX = 1024  # records in one PULL response
 # bodies a response could pass a client's 16 MiB frame_size_max and be refused whole.
 PULL_BYTES_MAX = 4 * 1024 * 1024
 READ_SIZE_MAX = 4 * 1024 * 1024  # bytes in one READ response
-ACCEPT_RETRY_SECONDS = 0.1  # after a failed accept (EMFILE and friends)
+# Client connections still in their preface (hasvc/admission.py), counted apart from connected
+# clients (connections_max): a new one closes the oldest, so stalled connections never keep a
+# client out; a preface is a round trip or two, 5 s leaves a loaded loop room.
+CLIENT_STRANGERS_MAX = 1024
+CLIENT_PREFACE_TIMEOUT_SECONDS = 5.0
 # What ends one client connection (logged, that connection closed); anything else is our bug.
 CLIENT_CONNECTION_ERRORS = (
     transport.AuthenticationError, wire.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError,
     EOFError, trio.TooSlowError, OSError,
 )
-
-
-async def serve_listener(listener, handler: Callable[[trio.abc.Stream], Awaitable[None]], *, connections_max: int) -> None:
-    """Accept forever, at most ``connections_max`` connections at once (the client port and the HA port)."""
-    limiter = trio.CapacityLimiter(connections_max)
-    async with trio.open_nursery() as nursery:
-        while True:
-            token = object()
-            await limiter.acquire_on_behalf_of(token)
-            try:
-                stream = await listener.accept()
-            except OSError as error:  # EMFILE and friends: wait and go on accepting
-                limiter.release_on_behalf_of(token)
-                LOGGER.warning("accept failed: %s", error)
-                await trio.sleep(ACCEPT_RETRY_SECONDS)
-                continue
-            nursery.start_soon(_run_connection, handler, stream, limiter, token)
-    raise AssertionError("unreachable")
-
-
-async def _run_connection(handler, stream, limiter: trio.CapacityLimiter, token: object) -> None:
-    try:
-        await handler(stream)
-    finally:
-        limiter.release_on_behalf_of(token)
 
 
 class _Client:
@@ -117,6 +97,8 @@ class ClientPort:
         self._sends_ready = trio.Event()
         self._client_connections = 0
         self.answer_budget = AnswerBudget(config.client_answer_bytes_total_max)  # every connection's queued answers
+        self.admission = port_admission.Admission(port_admission.AdmissionLimits(
+            CLIENT_STRANGERS_MAX, CLIENT_PREFACE_TIMEOUT_SECONDS, config.connections_max), "client")  # fmt: skip
         self._group = transport.ReadinessGroup()  # the plain TCP connections _read_task reads
         # _read_client reads into this; the decoder's buffer copies what came (wire.Buffer.feed
         # keeps bytes only). ``os.read`` of RECEIVE_SIZE made a 256 KiB ``bytes`` each time, above
@@ -125,12 +107,14 @@ class ClientPort:
         # 0.27-0.29 of each a put at one writer (`scripts/syscalls_per_put.py`: master 9.14 -> 8.13).
         self._receive_view = memoryview(bytearray(transport.RECEIVE_SIZE))
 
-    async def serve_client(self, stream) -> None:
+    async def serve_client(self, stream, ticket: port_admission.Ticket | None = None) -> None:
         connection = transport.Connection(stream, transport.peer_name(stream))
         self._client_connections += 1
         client = None
         try:
             await transport.server_preface(connection, port_kind=wire.PORT_KIND_CLIENT, secret=self.config.secret)
+            if not self.admission.identified(ticket):
+                raise transport.AuthenticationError(f"{self.config.connections_max} client connections already (connections_max)")
             decoder = cp.FrameDecoder(frame_size_max=self.config.frame_size_max, responses=False)
             outbox = Outbox(connection, self.config.requests_in_flight_max, bytes_max=self.config.client_answer_bytes_max,
                             budget=self.answer_budget, muted_timeout_seconds=self.config.client_muted_timeout_seconds)  # fmt: skip

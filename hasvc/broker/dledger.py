@@ -73,7 +73,7 @@ from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.store import AppendResult, disk_used_ratio
 from hasvc import admission as port_admission
 from hasvc import transport
-from hasvc.broker.client_port import ClientPort, serve_listener
+from hasvc.broker.client_port import ClientPort
 from hasvc.broker.put_service import PutService, rebuild_producer_table
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
 from hasvc.protocol import raft as raft_wire
@@ -933,8 +933,7 @@ class DLedgerBroker:
         client_listener, client_socket = await transport.open_listener(self.config.listen)
         self.listen_address = transport.listener_address(client_socket)
         self.driver.client_address = self._announced_client_address()
-        nursery.start_soon(functools.partial(serve_listener, client_listener, self.client_port.serve_client,
-                                              connections_max=self.config.connections_max))
+        nursery.start_soon(port_admission.serve_admitted, client_listener, self.client_port.serve_client, self.client_port.admission)
         nursery.start_soon(self.client_port.append_task)
         nursery.start_soon(self.put_service.waiter_timer_task)
         nursery.start_soon(self._dispatcher)
@@ -1091,7 +1090,7 @@ class DLedgerBroker:
             "duplicate_sends": self.put_service.duplicate_sends,
             "raft_messages_dropped": self.driver.dropped_messages,
             "raft_connections_refused": self.driver.refused_connections,
-            **self.driver.admission.statistics(), **self.client_port.answer_budget.statistics(),
+            **self.driver.admission.statistics(), **self.client_port.admission.statistics(), **self.client_port.answer_budget.statistics(),
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
                              "behind_log_start": p.behind_log_start,

@@ -327,3 +327,14 @@ def test_stalled_connections_on_the_metrics_port_hold_no_thread_each_and_a_scrap
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_stalled_connections_on_the_client_port_do_not_keep_clients_out(cluster) -> None:
+    master = cluster.start_master(role="async", connections_max=200)
+    port = _host_port(master.address)[1]
+    with Swarm([port], wire.PORT_KIND_CLIENT, idle=300, prefaced=0, flood=True) as swarm:
+        wait_until(lambda: swarm.opened >= 300, message="the strangers connected")
+        assert _send_one(master.address) == "PUT_OK"  # connections_max counts clients past the preface only
+        shown = status(master)
+        assert shown["client_connections_known"] == 1  # this STATUS request's
+        assert shown["client_connections_strangers"] + shown["client_strangers_timed_out"] > 0

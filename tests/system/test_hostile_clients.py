@@ -60,11 +60,11 @@ def _host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def read_flooder(address: str) -> socket.socket:
-    """A client that sends READ_FLOOD READs of 4 MiB from offset 0 and never reads an answer."""
+def read_flooder(address: str, count: int = READ_FLOOD) -> socket.socket:
+    """A client that sends ``count`` READs of 4 MiB from offset 0 and never reads an answer."""
     sock = socket.create_connection(_host_port(address), timeout=10)
     preface(sock, wire.PORT_KIND_CLIENT)
-    sock.sendall(b"".join(READ_REQUEST.pack(17, cp.READ, i, 0, READ_SIZE) for i in range(READ_FLOOD)))  # 17 KB
+    sock.sendall(b"".join(READ_REQUEST.pack(17, cp.READ, i, 0, READ_SIZE) for i in range(count)))  # 17 KB
     return sock
 
 
@@ -129,6 +129,12 @@ def test_the_process_budget_refuses_reads_and_a_muted_client_is_closed(tmp_path)
             wait_until(lambda: status(master)["client_answers_refused"] > 0, message="READs refused on the process budget")
             wait_until(lambda: status(master)["client_connections_closed_muted"] >= 1, message="a muted flooder closed")
             assert _send_one(master.address) == "PUT_OK"
+        # Muted by the last READ it sent, then silent: closed all the same (its reader never comes back for it).
+        settled = wait_until(lambda: (s := status(master))["client_connections_muted"] == 0 and s["client_bytes_queued"] == 0 and s,
+                             message="both flooders gone")  # fmt: skip
+        closed = settled["client_connections_closed_muted"]
+        with contextlib.closing(read_flooder(master.address, count=2)):  # the second answer passes 8 MiB
+            wait_until(lambda: status(master)["client_connections_closed_muted"] > closed, message="the silent flooder closed")
     finally:
         cluster.close()
 

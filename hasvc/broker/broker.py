@@ -98,7 +98,7 @@ class Broker:
                 ssl_context = self._server_ssl()
                 client_listener, client_socket = await transport.open_listener(self.config.listen, ssl_context=ssl_context)
                 self.listen_address = transport.listener_address(client_socket)
-                nursery.start_soon(serve_admitted, client_listener, self.client_port.serve_client, self.client_port.admission)
+                nursery.start_soon(serve_admitted, client_listener, self.client_port.serve_client, self.client_port.admission)  # fmt: skip
                 self._nursery = nursery
                 if not self.role_state.is_slave:
                     self._open_start_epoch()

@@ -320,7 +320,8 @@ class ClientPort:
             if frame.kind == cp.PULL:
                 request = cp.decode_pull(frame.payload)
                 if self.answer_budget.exhausted:
-                    return cp.encode_pull_response(cp.PullResponse(cp.SERVICE_NOT_AVAILABLE, self._budget_spent(), request.queue_offset, 0, []))
+                    refusal = cp.PullResponse(cp.SERVICE_NOT_AVAILABLE, self._budget_spent(), request.queue_offset, 0, [])
+                    return cp.encode_pull_response(refusal)
                 return self._pull(request)
             if frame.kind == cp.READ:
                 offset, size_max = cp.decode_read(frame.payload)

@@ -933,7 +933,8 @@ class DLedgerBroker:
         client_listener, client_socket = await transport.open_listener(self.config.listen)
         self.listen_address = transport.listener_address(client_socket)
         self.driver.client_address = self._announced_client_address()
-        nursery.start_soon(port_admission.serve_admitted, client_listener, self.client_port.serve_client, self.client_port.admission)
+        nursery.start_soon(port_admission.serve_admitted, client_listener, self.client_port.serve_client,
+                           self.client_port.admission)  # fmt: skip
         nursery.start_soon(self.client_port.append_task)
         nursery.start_soon(self.put_service.waiter_timer_task)
         nursery.start_soon(self._dispatcher)
@@ -1090,7 +1091,8 @@ class DLedgerBroker:
             "duplicate_sends": self.put_service.duplicate_sends,
             "raft_messages_dropped": self.driver.dropped_messages,
             "raft_connections_refused": self.driver.refused_connections,
-            **self.driver.admission.statistics(), **self.client_port.admission.statistics(), **self.client_port.answer_budget.statistics(),
+            **self.driver.admission.statistics(), **self.client_port.admission.statistics(),
+            **self.client_port.answer_budget.statistics(),
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
                              "behind_log_start": p.behind_log_start,

@@ -82,7 +82,8 @@ class HAService:
         self.role = role
         self.on_ack = on_ack
         self._ids = 0
-        self.admission = port_admission.Admission(port_admission.AdmissionLimits(HA_STRANGERS_MAX, HA_STRANGER_TIMEOUT_SECONDS, HA_SLAVES_MAX), "ha")
+        self.admission = port_admission.Admission(
+            port_admission.AdmissionLimits(HA_STRANGERS_MAX, HA_STRANGER_TIMEOUT_SECONDS, HA_SLAVES_MAX), "ha")  # fmt: skip
         self._writers: set[SlaveWriter] = set()
         self._writers_changed: trio.Event | None = None  # made by wait_for_writers, set by attach_writer
         self._clock: trio.abc.Clock | None = None  # trio's clock, once a writer is attached (push reads it per put)

@@ -78,8 +78,8 @@ class Outbox:
     READ, PULL and STATUS answers as they are queued (``respond_counted``), every answer once
     ``flush`` or the writer task joins them; past ``bytes_max`` the connection is muted."""
 
-    def __init__(self, connection, in_flight_max: int, *, bytes_max: int = sys.maxsize, budget: AnswerBudget | None = None,
-                 muted_timeout_seconds: float = float("inf")):  # fmt: skip
+    def __init__(self, connection, in_flight_max: int, *, bytes_max: int = sys.maxsize,
+                 budget: AnswerBudget | None = None, muted_timeout_seconds: float = float("inf")):  # fmt: skip
         assert in_flight_max > 0
         assert bytes_max > 0
         self.connection = connection
@@ -169,7 +169,8 @@ class Outbox:
             self.in_flight_limit = 0
             self._muted_at = trio.current_time()
             budget.connections_muted += 1
-        assert 0 <= budget.connections_muted and 0 <= budget.bytes_queued
+        assert budget.connections_muted >= 0
+        assert budget.bytes_queued >= total
 
     def discard(self) -> None:
         """The connection ended: what it had queued leaves the process's total."""

@@ -182,3 +182,15 @@ def test_names_and_ids_are_checked_without_failing(text):
     assert convert.check_group(text) is None or convert.check_group(text).code == Code.ILLEGAL_CONSUMER_GROUP
     sequence = convert.message_id_sequence(text)
     assert sequence is None or 0 <= sequence < 2**32
+
+
+@given(st.dictionaries(_TEXT, _TEXT, max_size=4), st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**31 - 1),
+       st.integers(0, 2**63 - 1), st.binary(max_size=32))  # fmt: skip
+def test_any_stored_record_becomes_a_message_a_client_can_parse(properties, timestamp, queue_id, offset, body):
+    record = rec.Record(size=0, magic=0, body_crc=0, queue_id=queue_id, flag=0, queue_offset=offset, physical_offset=offset,
+                        sysflag=0, born_timestamp=timestamp, born_host=("127.0.0.1", 1), store_timestamp=timestamp,
+                        store_host=("::1", 2), reconsume_times=0, prepared_transaction_offset=0, body=memoryview(body),
+                        topic="T", properties=properties)  # fmt: skip
+    message = convert.delivered_message(record, receipt_handle="h", attempt=1, invisible_ms=30_000)
+    parsed = definition.Message.FromString(message.SerializeToString())
+    assert parsed.body == body and parsed.system_properties.message_id == convert.message_id_of(record)

@@ -3,9 +3,9 @@
 Every connection the proxy accepts is bounded by gRPC itself once these are set: a message's size
 both ways, the streams one connection may hold open, how long a connection may take to finish its
 handshake and how long one may stay with no call at all; and the calls of the whole process. A
-stream's unread answers are bounded by HTTP/2 flow control (a handler's ``write`` waits for the
-client's window), so what a client that never reads can make the proxy hold is bounded by its
-streams times a message.
+stream's unread answers are left to grpc's HTTP/2 flow control (a handler's ``write`` completes
+once grpc's transport takes the message; not measured here), so what a client that never reads
+can make the proxy hold is, by grpc's design, bounded by its streams times a message.
 """
 
 from __future__ import annotations

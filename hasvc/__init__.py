@@ -11,7 +11,9 @@ L1  ``hasvc.protocol``    sans-IO codecs: bytes in, events out.
     ``secrets``, ``datetime``): ``now`` and randomness are arguments. Besides the standard library
     they import only ``commitlog`` and each other.
     ``hasvc.config``      the broker's configuration (frozen dataclasses, TOML loading).
-L2  drivers (trio)        ``hasvc.transport``, ``hasvc.broker`` (client port, put service, outbox,
+L2  drivers (trio)        ``hasvc.transport``, ``hasvc.admission`` (who holds a connection on the
+                          Raft and HA ports), ``hasvc.metrics_http`` (the bounded metrics server),
+                          ``hasvc.broker`` (client port, put service, outbox,
                           store tasks, HA master and slave, metrics), ``hasvc.replicator`` (what
                           the put path needs of replication), ``hasvc.client``: they feed the L1
                           cores bytes and time and carry out what those return.

@@ -110,6 +110,18 @@ class BrokerConfig:
     frame_size_max: int = 16 * 1024 * 1024
     requests_in_flight_max: int = 4096  # per client connection; beyond, the connection waits
     connections_max: int = 10_000
+    # Answers queued on one client connection and not yet taken by the kernel (its peer reads
+    # them too slowly, or not at all): above, the connection is no longer read until they drain
+    # to half (Netty's write-buffer watermarks, Kafka's muted channels). Four of the largest READ
+    # or PULL answers (4 MiB each): a consumer's pipelined reads are never held back by it.
+    client_answer_bytes_max: int = 16 * 1024 * 1024
+    # The same on every client connection together (Kafka's queued.max.request.bytes): beyond,
+    # READ and PULL are refused with SERVICE_NOT_AVAILABLE (retry) instead of read. 16 connections
+    # muted at once; with the store's own memory well under 512 MiB of RSS.
+    client_answer_bytes_total_max: int = 256 * 1024 * 1024
+    # A connection muted this long on end is closed: its peer is not reading (draining 8 MiB in
+    # this time takes 280 KB/s; a reading client, even on a slow link, does better).
+    client_muted_timeout_seconds: float = 30.0
     # Idempotent sends (hasvc/state/dedupe.py): sequences remembered per producer, producers remembered,
     # and how much of the log's end a broker becoming master reads to rebuild the table (a retry
     # reaches the new master within the client's failover timeout, so the end of the log holds it).
@@ -199,6 +211,7 @@ class BrokerConfig:
             raise ValueError("--tls-cert and --tls-key go together")
         for name in ("ha_send_heartbeat_interval_ms", "ha_housekeeping_interval_ms", "slave_timeout_ms",
                      "ha_transfer_batch_size", "frame_size_max", "requests_in_flight_max", "connections_max",
+                     "client_answer_bytes_max", "client_answer_bytes_total_max", "client_muted_timeout_seconds",
                      "producer_sequence_window", "producers_max"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

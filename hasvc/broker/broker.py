@@ -28,7 +28,8 @@ import trio
 from commitlog.commit_log import DamagedLogError
 from commitlog.store import MessageStore
 from hasvc import transport
-from hasvc.broker.client_port import ClientPort, serve_listener
+from hasvc.admission import serve_admitted
+from hasvc.broker.client_port import ClientPort
 from hasvc.broker.ha_master import HAService
 from hasvc.broker.ha_slave import HAClient
 from hasvc.broker.metrics import BrokerMetrics, serve_metrics
@@ -106,7 +107,7 @@ class Broker:
                 ssl_context = self._server_ssl()
                 client_listener, client_socket = await transport.open_listener(self.config.listen, ssl_context=ssl_context)
                 self.listen_address = transport.listener_address(client_socket)
-                nursery.start_soon(self._serve_listener, client_listener, self.client_port.serve_client)
+                nursery.start_soon(serve_admitted, client_listener, self.client_port.serve_client, self.client_port.admission)  # fmt: skip
                 self._nursery = nursery
                 if not self.role_state.is_slave:
                     self._open_start_epoch()
@@ -118,7 +119,8 @@ class Broker:
                 self.store_tasks.start(nursery, self.put_service)
                 if self.config.metrics_listen is not None:
                     self.metrics, self.metrics_address = await nursery.start(functools.partial(
-                        serve_metrics, self.config.metrics_listen, store=self.store, replicas=self.replicas, role=self.role_state
+                        serve_metrics, self.config.metrics_listen, store=self.store, replicas=self.replicas, role=self.role_state,
+                        port_statistics=self.port_statistics,
                     ))  # fmt: skip
                     self.put_service.metrics = self.metrics
                 task_status.started(self.addresses())
@@ -153,9 +155,6 @@ class Broker:
         if epoch is not None:
             self.store.open_epoch(epoch)
             LOGGER.warning("the last run did not exit cleanly: epoch %d opened at offset %d", epoch, end)
-
-    async def _serve_listener(self, listener, handler) -> None:
-        await serve_listener(listener, handler, connections_max=self.config.connections_max)
 
     def after_appends(self, *, push: bool = True) -> None:
         """What follows a pass of appends outside the put path (a frame on a slave): the new
@@ -235,12 +234,12 @@ class Broker:
         self._ha_service_scope = trio.CancelScope()
         self.ha_service = self.make_ha_service()
         self.replicator.attach(self.ha_service)
-        nursery.start_soon(self._serve_ha, ha_listener, self.ha_service.handle, self._ha_service_scope)
+        nursery.start_soon(self._serve_ha, ha_listener, self.ha_service, self._ha_service_scope)
 
-    async def _serve_ha(self, listener, handler, scope: trio.CancelScope) -> None:
+    async def _serve_ha(self, listener, service: HAService, scope: trio.CancelScope) -> None:
         try:
             with scope:
-                await self._serve_listener(listener, handler)
+                await serve_admitted(listener, service.handle, service.admission)
         finally:
             await listener.aclose()
 
@@ -291,6 +290,7 @@ class Broker:
             "producers": len(self.producers),
             "duplicate_sends": self.put_service.duplicate_sends,
             "uptime_seconds": round(time.time() - self.started_at, 1),
+            **self.port_statistics(),
         }
         role = self.role_state
         if role.is_slave:
@@ -305,6 +305,15 @@ class Broker:
         if role.fenced_by:
             status["fenced_by"] = role.fenced_by
         return status
+
+
+    def port_statistics(self) -> dict[str, int]:
+        """The ports' connection and byte counts (STATUS fields, and metrics as ``hasvc_<name>``)."""
+        statistics = {**self.client_port.admission.statistics(), **self.client_port.answer_budget.statistics()}
+        service = self.ha_service  # read once: the metrics thread calls this too, and a demotion drops it
+        if service is not None:
+            statistics.update(service.admission.statistics())
+        return statistics
 
 
 def first_epoch() -> int:

@@ -31,8 +31,9 @@ import trio
 
 from commitlog.commit_log import ReadError
 from commitlog.store import MessageStore
+from hasvc import admission as port_admission
 from hasvc import transport
-from hasvc.broker.outbox import Outbox, error_response
+from hasvc.broker.outbox import AnswerBudget, Outbox, error_response
 from hasvc.broker.put_service import PutService
 from hasvc.config import Address, BrokerConfig, BrokerRole, parse_address
 from hasvc.protocol import client as cp
@@ -45,37 +46,16 @@ PULL_COUNT_MAX = 1024  # records in one PULL response
 # bodies a response could pass a client's 16 MiB frame_size_max and be refused whole.
 PULL_BYTES_MAX = 4 * 1024 * 1024
 READ_SIZE_MAX = 4 * 1024 * 1024  # bytes in one READ response
-ACCEPT_RETRY_SECONDS = 0.1  # after a failed accept (EMFILE and friends)
+# Client connections still in their preface (hasvc/admission.py), counted apart from connected
+# clients (connections_max): a new one closes the oldest, so stalled connections never keep a
+# client out; a preface is a round trip or two, 5 s leaves a loaded loop room.
+CLIENT_STRANGERS_MAX = 1024
+CLIENT_PREFACE_TIMEOUT_SECONDS = 5.0
 # What ends one client connection (logged, that connection closed); anything else is our bug.
 CLIENT_CONNECTION_ERRORS = (
     transport.AuthenticationError, wire.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError,
     EOFError, trio.TooSlowError, OSError,
 )
-
-
-async def serve_listener(listener, handler: Callable[[trio.abc.Stream], Awaitable[None]], *, connections_max: int) -> None:
-    """Accept forever, at most ``connections_max`` connections at once (the client port and the HA port)."""
-    limiter = trio.CapacityLimiter(connections_max)
-    async with trio.open_nursery() as nursery:
-        while True:
-            token = object()
-            await limiter.acquire_on_behalf_of(token)
-            try:
-                stream = await listener.accept()
-            except OSError as error:  # EMFILE and friends: wait and go on accepting
-                limiter.release_on_behalf_of(token)
-                LOGGER.warning("accept failed: %s", error)
-                await trio.sleep(ACCEPT_RETRY_SECONDS)
-                continue
-            nursery.start_soon(_run_connection, handler, stream, limiter, token)
-    raise AssertionError("unreachable")
-
-
-async def _run_connection(handler, stream, limiter: trio.CapacityLimiter, token: object) -> None:
-    try:
-        await handler(stream)
-    finally:
-        limiter.release_on_behalf_of(token)
 
 
 class _Client:
@@ -116,6 +96,9 @@ class ClientPort:
         self._sends: list[tuple[Outbox, cp.Frame, cp.SendRequest]] = []
         self._sends_ready = trio.Event()
         self._client_connections = 0
+        self.answer_budget = AnswerBudget(config.client_answer_bytes_total_max)  # every connection's queued answers
+        self.admission = port_admission.Admission(port_admission.AdmissionLimits(
+            CLIENT_STRANGERS_MAX, CLIENT_PREFACE_TIMEOUT_SECONDS, config.connections_max), "client")  # fmt: skip
         self._group = transport.ReadinessGroup()  # the plain TCP connections _read_task reads
         # _read_client reads into this; the decoder's buffer copies what came (wire.Buffer.feed
         # keeps bytes only). ``os.read`` of RECEIVE_SIZE made a 256 KiB ``bytes`` each time, above
@@ -124,14 +107,17 @@ class ClientPort:
         # 0.27-0.29 of each a put at one writer (`scripts/dev/syscalls_per_put.py`: master 9.14 -> 8.13).
         self._receive_view = memoryview(bytearray(transport.RECEIVE_SIZE))
 
-    async def serve_client(self, stream) -> None:
+    async def serve_client(self, stream, ticket: port_admission.Ticket | None = None) -> None:
         connection = transport.Connection(stream, transport.peer_name(stream))
         self._client_connections += 1
         client = None
         try:
             await transport.server_preface(connection, port_kind=wire.PORT_KIND_CLIENT, secret=self.config.secret)
+            if not self.admission.identified(ticket):
+                raise transport.AuthenticationError(f"{self.config.connections_max} client connections already (connections_max)")
             decoder = cp.FrameDecoder(frame_size_max=self.config.frame_size_max, responses=False)
-            outbox = Outbox(connection, self.config.requests_in_flight_max)
+            outbox = Outbox(connection, self.config.requests_in_flight_max, bytes_max=self.config.client_answer_bytes_max,
+                            budget=self.answer_budget, muted_timeout_seconds=self.config.client_muted_timeout_seconds)  # fmt: skip
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(outbox.run)
                 client = _Client(connection, decoder, outbox, nursery)
@@ -150,6 +136,7 @@ class ClientPort:
         finally:
             if client is not None:
                 self._leave_group(client)  # before the close frees its descriptor number
+                client.outbox.discard()
             self._client_connections -= 1
             await connection.aclose()
 
@@ -206,7 +193,7 @@ class ClientPort:
         stopped for want of room, True when no frame is left."""
         decoder, outbox = client.decoder, client.outbox
         while True:
-            if outbox.in_flight >= outbox.in_flight_max:  # outbox.full, written out: twice a put
+            if outbox.in_flight >= outbox.in_flight_limit:  # outbox.full, written out: twice a put
                 return False
             frame = decoder.next_frame()
             if frame is None:
@@ -216,7 +203,7 @@ class ClientPort:
                 client.nursery.start_soon(self._role_request, outbox, frame)
                 continue
             if frame.kind not in cp.SEND_KINDS:
-                outbox.respond(frame, self.answer(frame))
+                outbox.respond_counted(frame, self.answer(frame))  # counted: a READ's is up to 4 MiB
                 continue
             try:
                 request = cp.decode_send(frame.payload, idempotent=frame.kind == cp.SEND_IDEMPOTENT)
@@ -331,15 +318,27 @@ class ClientPort:
         for that request alone when it is malformed or the store cannot read what it names."""
         try:
             if frame.kind == cp.PULL:
-                return self._pull(cp.decode_pull(frame.payload))
+                request = cp.decode_pull(frame.payload)
+                if self.answer_budget.exhausted:
+                    refusal = cp.PullResponse(cp.SERVICE_NOT_AVAILABLE, self._budget_spent(), request.queue_offset, 0, [])
+                    return cp.encode_pull_response(refusal)
+                return self._pull(request)
             if frame.kind == cp.READ:
-                return self._read(*cp.decode_read(frame.payload))
+                offset, size_max = cp.decode_read(frame.payload)
+                if self.answer_budget.exhausted:
+                    return cp.encode_simple_response(cp.SERVICE_NOT_AVAILABLE, self._budget_spent(), offset, b"")
+                return self._read(offset, size_max)
             return cp.encode_simple_response(cp.OK, "", json.dumps(self.status()).encode())
         except wire.ProtocolError as error:
             return error_response(frame, str(error))
         except ReadError as error:  # a queue unit naming bytes the log no longer has: that request fails, not the broker
             LOGGER.warning("%s request failed: %s", "PULL" if frame.kind == cp.PULL else "READ", error)
             return error_response(frame, f"read failed: {error}")
+
+    def _budget_spent(self) -> str:
+        self.answer_budget.refused += 1
+        return (f"answers queued on all connections reach client_answer_bytes_total_max "
+                f"({self.answer_budget.bytes_queued} of {self.answer_budget.bytes_max} bytes): retry later")
 
     def _pull(self, request: cp.PullRequest) -> bytes:
         queue = self.store.consume_queues.find(request.topic, request.queue_id)

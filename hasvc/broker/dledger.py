@@ -71,8 +71,9 @@ import trio
 from commitlog import record as rec
 from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.store import AppendResult, disk_used_ratio
+from hasvc import admission as port_admission
 from hasvc import transport
-from hasvc.broker.client_port import ClientPort, serve_listener
+from hasvc.broker.client_port import ClientPort
 from hasvc.broker.put_service import PutService, rebuild_producer_table
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
 from hasvc.protocol import raft as raft_wire
@@ -116,8 +117,13 @@ DISPATCH_INLINE_BYTES_MAX = 256 * 1024  # entries a commit dispatches inline; be
 # msync (~130 us here) and sat on the path of every put at one writer; more entries than this mean
 # puts keep arriving, and the thread lets the loop take them during the msync (group commit).
 SYNC_INLINE_ENTRIES_MAX = 2
-# Inbound Raft connections at once: two per peer is normal (a reconnect overlapping the old one).
-RAFT_CONNECTIONS_MAX = 64
+# Inbound Raft connections (hasvc/admission.py): members identified by their HELLO, two per peer
+# (a reconnect overlapping the old one), counted apart from the strangers -- connections still in
+# the preface or before their HELLO. A member needs a stranger's slot for a round trip or two, and
+# the oldest stranger makes room for a new connection; 3 s covers a preface and a HELLO on a loaded
+# loop and is shorter than any election timeout a member waits out before it tries again.
+RAFT_STRANGERS_MAX = 16
+RAFT_STRANGER_TIMEOUT_SECONDS = 3.0
 # TRANSFER_LEADER (``hasvc transfer-leader``) answers at the latest this long after it started:
 # the core aborts a transfer its target did not complete within election_timeout_min_seconds
 # (6.3 s by default, 1 s with etcd timing), so this is a backstop for a leader that steps down
@@ -279,6 +285,8 @@ class RaftDriver:
         self._inbound: dict[str, trio.CancelScope] = {}
         self.dropped_messages = 0
         self.refused_connections = 0
+        self.admission = port_admission.Admission(port_admission.AdmissionLimits(
+            RAFT_STRANGERS_MAX, RAFT_STRANGER_TIMEOUT_SECONDS, known_max=2 * len(group.peers)), "raft")  # fmt: skip
         self.connected: dict[str, bool] = {peer: False for peer in self._queues}
         self._links: dict[str, transport.Connection] = {}  # the senders' live connections (``_send_now``)
         self._transfer_wait: TransferWait | None = None
@@ -507,7 +515,7 @@ class RaftDriver:
         nursery.start_soon(self._checkpointer)
         for peer in self._queues:
             nursery.start_soon(self._sender, peer)
-        nursery.start_soon(functools.partial(serve_listener, listener, self._serve_peer, connections_max=RAFT_CONNECTIONS_MAX))
+        nursery.start_soon(port_admission.serve_admitted, listener, self._serve_peer, self.admission)
 
     async def _timer(self) -> None:
         """Tick the core at its deadline. ``drain`` wakes this task only when the core's
@@ -718,10 +726,11 @@ class RaftDriver:
                 await receive.receive()
                 self.dropped_messages += 1
 
-    async def _serve_peer(self, stream) -> None:
+    async def _serve_peer(self, stream, ticket: port_admission.Ticket | None = None) -> None:
         connection = transport.Connection(stream, transport.peer_name(stream))
         try:
             await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
+            self.admission.authenticated(ticket)
         except (transport.AuthenticationError, wire.ProtocolError, trio.TooSlowError, trio.BrokenResourceError,
                 EOFError, OSError) as error:  # fmt: skip
             self.refused_connections += 1
@@ -754,7 +763,7 @@ class RaftDriver:
                                 self.drain()
                             if isinstance(event, raft_wire.Hello):
                                 source = self._check_hello(event, connection.peer)
-                                if source is None:
+                                if source is None or not self.admission.identified(ticket):
                                     return
                                 old = self._inbound.get(source)
                                 if old is not None:
@@ -928,8 +937,8 @@ class DLedgerBroker:
         client_listener, client_socket = await transport.open_listener(self.config.listen, ssl_context=client_ssl)
         self.listen_address = transport.listener_address(client_socket)
         self.driver.client_address = self._announced_client_address()
-        nursery.start_soon(functools.partial(serve_listener, client_listener, self.client_port.serve_client,
-                                              connections_max=self.config.connections_max))
+        nursery.start_soon(port_admission.serve_admitted, client_listener, self.client_port.serve_client,
+                           self.client_port.admission)  # fmt: skip
         nursery.start_soon(self.client_port.append_task)
         nursery.start_soon(self.put_service.waiter_timer_task)
         nursery.start_soon(self._dispatcher)
@@ -1101,6 +1110,8 @@ class DLedgerBroker:
             "duplicate_sends": self.put_service.duplicate_sends,
             "raft_messages_dropped": self.driver.dropped_messages,
             "raft_connections_refused": self.driver.refused_connections,
+            **self.driver.admission.statistics(), **self.client_port.admission.statistics(),
+            **self.client_port.answer_budget.statistics(),
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
                              "behind_log_start": p.behind_log_start,

@@ -38,6 +38,7 @@ import trio
 from commitlog.commit_log import ReadError
 from commitlog.mapped_file import MappedFile
 from commitlog.store import MessageStore
+from hasvc import admission as port_admission
 from hasvc import transport
 from hasvc.config import BrokerConfig
 from hasvc.protocol import ha, wire
@@ -48,6 +49,14 @@ from hasvc.state.transfer import Heartbeat, Send, TransferCursor, WaitUntil, sta
 
 LOGGER = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
+# The HA port's connections (hasvc/admission.py): slaves past their handshake, counted apart from
+# strangers (still in the preface or the handshake), whose oldest makes room for a new connection:
+# idle or stalled connections cannot keep a slave from attaching. A preface and a handshake are
+# a few round trips; 5 s leaves a loaded master's loop room. 64 slaves is far more than a master
+# replicates to (RocketMQ runs one or two).
+HA_STRANGERS_MAX = 16
+HA_STRANGER_TIMEOUT_SECONDS = 5.0
+HA_SLAVES_MAX = 64
 # Bytes asked of the kernel per receive of reports (512 of them). Not transport.RECEIVE_SIZE:
 # each read of 8 bytes into a 256 KiB bytes object, shrunk after, cost glibc an mmap, an mremap
 # and a munmap (above its mmap threshold) once no failed read kept raising that threshold.
@@ -73,18 +82,25 @@ class HAService:
         self.role = role
         self.on_ack = on_ack
         self._ids = 0
+        self.admission = port_admission.Admission(
+            port_admission.AdmissionLimits(HA_STRANGERS_MAX, HA_STRANGER_TIMEOUT_SECONDS, HA_SLAVES_MAX), "ha")  # fmt: skip
         self._writers: set[SlaveWriter] = set()
         self._writers_changed: trio.Event | None = None  # made by wait_for_writers, set by attach_writer
         self._clock: trio.abc.Clock | None = None  # trio's clock, once a writer is attached (push reads it per put)
 
-    async def handle(self, stream) -> None:
+    async def handle(self, stream, ticket: port_admission.Ticket | None = None) -> None:
         connection = transport.Connection(stream, transport.peer_name(stream))
         self._ids += 1
         connection_id = self._ids
         try:
             await transport.server_preface(connection, port_kind=wire.PORT_KIND_HA, secret=self.config.secret)
+            self.admission.authenticated(ticket)
             hello = await self._handshake(connection)
             if hello is None:
+                return
+            if not self.admission.identified(ticket):
+                LOGGER.warning("refused slave %s from %s: %d slaves connected already (HA_SLAVES_MAX)", hello.slave_id,
+                               connection.peer, HA_SLAVES_MAX)  # fmt: skip
                 return
             progress = SlaveProgress(connection_id, hello.slave_id, hello.client_address or connection.peer, time.time(),
                                      caught_up_at=trio.current_time())  # lag counts from here until it catches up

@@ -1,17 +1,20 @@
 """Prometheus metrics for a broker (``--metrics-listen HOST:PORT``), with prometheus-client.
 
 Counters and the put latency histogram are updated on the put path; offsets, per-slave acks and
-lags are read from the broker when scraped. The HTTP endpoint is prometheus-client's own server
-on a daemon thread; it only reads integers the trio thread writes.
+lags are read from the broker when scraped. The HTTP endpoint is prometheus-client's WSGI server, bounded
+(``hasvc.metrics_http``), on a daemon thread; it only reads integers the trio thread writes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from commitlog.store import MessageStore
+from hasvc.metrics_http import start_metrics_server
 from hasvc.state.replication import ReplicaSet
 from hasvc.state.role import RoleState
 
@@ -23,8 +26,9 @@ class BrokerMetrics:
     the role), read when scraped."""
 
     def __init__(self, *, store: MessageStore, replicas: ReplicaSet, role: RoleState, registry: CollectorRegistry,
-                 clock: trio.abc.Clock) -> None:  # fmt: skip
+                 clock: trio.abc.Clock, port_statistics: Callable[[], dict[str, int]] = dict) -> None:  # fmt: skip
         self.store = store
+        self.port_statistics = port_statistics  # the ports' connections and queued bytes (STATUS's fields)
         self.replicas = replicas
         self.role = role
         # The broker's one clock (the replica set's times come from it), read from the scrape
@@ -61,6 +65,8 @@ class BrokerMetrics:
             ("hasvc_master_connected", int(self.role.master_connected), "Slave: connected to its master"),
         ):
             yield GaugeMetricFamily(name, text, value=value)
+        for name, value in self.port_statistics().items():
+            yield GaugeMetricFamily(f"hasvc_{name}", f"STATUS {name} (README, limits)", value=value)
         ack = GaugeMetricFamily("hasvc_slave_ack_offset", "Offset each slave acknowledged", labels=["slave"])
         lag = GaugeMetricFamily("hasvc_slave_lag_bytes", "Bytes each slave is behind", labels=["slave"])
         lag_seconds = GaugeMetricFamily("hasvc_slave_lag_seconds", "Seconds since each slave was caught up", labels=["slave"])
@@ -76,13 +82,13 @@ class BrokerMetrics:
 
 
 async def serve_metrics(address: tuple[str, int], *, store: MessageStore, replicas: ReplicaSet, role: RoleState,
-                        task_status=trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
+                        port_statistics: Callable[[], dict[str, int]] = dict, task_status=trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
     """Serve the metrics on ``address`` until cancelled; ``task_status.started`` gets
     (the BrokerMetrics the put path updates, the address served)."""
     registry = CollectorRegistry()
-    metrics = BrokerMetrics(store=store, replicas=replicas, role=role, registry=registry, clock=trio.lowlevel.current_clock())
-    host, port = address
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    metrics = BrokerMetrics(store=store, replicas=replicas, role=role, registry=registry, clock=trio.lowlevel.current_clock(),
+                            port_statistics=port_statistics)  # fmt: skip
+    server, _thread = start_metrics_server(address, registry)
     task_status.started((metrics, server.server_address[:2]))
     try:
         await trio.sleep_forever()

@@ -116,6 +116,8 @@ def outgoing(message, *, body_size_max: int) -> Outgoing | Refused:
                                          "timestamp (delay) and lite topic are not supported")  # fmt: skip
     if not system.message_id:
         return Refused(Code.ILLEGAL_MESSAGE_ID, "message id cannot be empty")
+    if _CONTROL.search(system.message_id):  # stored as the UNIQ_KEY property: 0x01/0x02 would forge others
+        return Refused(Code.ILLEGAL_MESSAGE_ID, f"message id {system.message_id[:80]!r} contains a control character")
     if len(message.body) == 0:
         return Refused(Code.MESSAGE_BODY_EMPTY, "message body cannot be empty")
     if len(message.body) > body_size_max:

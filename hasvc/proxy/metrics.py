@@ -7,10 +7,11 @@ the trio thread). The HTTP endpoint is prometheus-client's own server on a daemo
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hasvc.broker.metrics import LATENCY_BUCKETS
+from hasvc.metrics_http import start_metrics_server
 from hasvc.proxy.pb import definition
 
 
@@ -67,5 +68,5 @@ def serve_metrics(gate, servicer, address: tuple[str, int]) -> tuple[ProxyMetric
     """Start the HTTP endpoint; the metrics and the bound port."""
     registry = CollectorRegistry()
     metrics = ProxyMetrics(gate, servicer, registry)
-    server, _ = start_http_server(address[1], addr=address[0], registry=registry)
+    server, _ = start_metrics_server(address, registry)
     return metrics, server.server_port

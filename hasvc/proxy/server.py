@@ -35,7 +35,7 @@ import grpc.aio
 import trio
 
 from hasvc import client as hc
-from hasvc.proxy import convert, gateway
+from hasvc.proxy import convert, gateway, limits
 from hasvc.proxy.convert import Refused
 from hasvc.proxy.lane import SendLane
 from hasvc.proxy.pb import Code, definition, service, service_grpc
@@ -634,7 +634,7 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
         loop.add_signal_handler(signum, stop.set)
     with trio_thread(brokers, secret, tls_ca, config, loop) as (bridge, gate):
         interceptor = AclInterceptor(acl) if acl is not None else None
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", config.body_size_max + 1024 * 1024)],
+        server = grpc.aio.server(options=limits.server_options(config.body_size_max), maximum_concurrent_rpcs=limits.CALLS_MAX,
                                  interceptors=[interceptor] if interceptor is not None else None)  # fmt: skip
         servicer = Servicer(bridge, gate, listen, advertise)
         servicer.acl_interceptor = interceptor

@@ -11,7 +11,7 @@ import trio.testing
 from commitlog import record as rec
 from commitlog.commit_log import AppendResult
 from hasvc import transport
-from hasvc.broker.outbox import Outbox
+from hasvc.broker.outbox import AnswerBudget, Outbox
 from hasvc.broker.put_service import Appended, coalesce, split_appended
 from hasvc.config import BrokerRole
 from hasvc.protocol import client as cp
@@ -238,3 +238,63 @@ async def test_a_flushing_slave_reports_only_what_it_has_flushed():
     sent = _Sent()
     await plain.send_report(sent)
     assert ha.REPORT.unpack(sent.data) == (5000,)
+
+
+class _ChunkConnection:
+    """send_all takes one chunk each time the test lets it, recording the sizes."""
+
+    raw_fileno = -1
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self.go = trio.Semaphore(0)
+
+    async def send_all(self, data) -> None:
+        await self.go.acquire()
+        self.sizes.append(len(data))
+
+
+async def test_outbox_mutes_a_connection_above_its_bytes_and_unmutes_it_at_half():
+    connection = _ChunkConnection()
+    budget = AnswerBudget(64 * 1024 * 1024)
+    outbox = Outbox(connection, 100, bytes_max=3 * 1024 * 1024, budget=budget)
+    big = b"x" * (2 * 1024 * 1024)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        outbox.take_place()
+        outbox.respond_counted(cp.Frame(cp.READ, 1, b""), big)
+        assert not outbox.muted and not outbox.full
+        outbox.take_place()
+        outbox.respond_counted(cp.Frame(cp.READ, 2, b""), big)
+        assert outbox.muted and outbox.full  # above 3 MiB: no place for the next request, whatever in_flight is
+        assert budget.connections_muted == 1 and budget.bytes_queued == outbox.bytes_queued == 2 * (len(big) + 9)
+        outbox.flush()  # wakes the writer: the 4 MiB go in 1 MiB chunks
+        for _ in range(2):
+            connection.go.release()
+            await trio.testing.wait_all_tasks_blocked()
+        assert outbox.muted  # 2 MiB + 18 bytes left: above half of 3 MiB
+        connection.go.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not outbox.muted and budget.connections_muted == 0  # 1 MiB + 18 left: at most half
+        for _ in range(2):
+            connection.go.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert connection.sizes == [1024 * 1024] * 4 + [18]
+        assert outbox.bytes_queued == budget.bytes_queued == 0 and outbox.in_flight == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_outbox_muted_past_its_timeout_raises_and_gives_its_bytes_back(autojump_clock):
+    connection = _ChunkConnection()  # never lets a chunk go: a peer that does not read
+    budget = AnswerBudget(64 * 1024 * 1024)
+    outbox = Outbox(connection, 100, bytes_max=1024, budget=budget, muted_timeout_seconds=30.0)
+    outbox.take_place()
+    outbox.respond_counted(cp.Frame(cp.READ, 1, b""), b"x" * 2000)
+    assert outbox.muted
+    started = trio.current_time()
+    with pytest.raises(trio.TooSlowError, match="unread for 30 s"):
+        await outbox.wait_room()
+    assert trio.current_time() - started == pytest.approx(30.0)
+    assert budget.muted_closed == 1
+    outbox.discard()
+    assert budget.bytes_queued == 0 and budget.connections_muted == 0

@@ -171,6 +171,7 @@ class DLedgerMessageStore:
         self.checkpoint: StoreCheckpoint | None = None
         self.last_exit_ok = True
         self.dispatched_index = -1  # every committed entry <= it has its consume-queue unit
+        self.queues_rebuilt: tuple[tuple[str, int], ...] = ()  # (topic, queue id) recovery found cut by damage
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
         self._queue_table: dict[tuple[str, int], int] = {}
@@ -251,6 +252,17 @@ class DLedgerMessageStore:
             self.dispatched_index = min(
                 self.dispatched_index, self._first_index_at_or_after(entries.recovery.start_offset) - 1
             )
+        # Queues cut by damage in the middle (units follow the cut) are dispatched again from their
+        # new ends, as the classic store does: a gap would stop the dispatch.
+        rebuilt = [queue for queue in queues.queues.values() if queue.cut_in_recovery]
+        for queue in rebuilt:
+            unit = queue.last_unit()
+            if unit is None or unit[0] < self._dledger_start() or entries.last_index() < entries.first_index():
+                end = entries.first_index() - 1
+            else:
+                end = entries.get_by_pos(unit[0] - BODY_OFFSET).index
+            self.dispatched_index = min(self.dispatched_index, end)
+        self.queues_rebuilt = tuple(sorted((queue.topic, queue.queue_id) for queue in rebuilt))
         while self.dispatch():
             pass
         self._queue_table = queues.queue_offset_table()
@@ -278,6 +290,7 @@ class DLedgerMessageStore:
                 except ReadError:
                     pass
                 queue.drop_last_unit()
+                queue.cut_in_recovery = queue.cut_in_recovery or self.last_exit_ok  # a clean stop tore nothing
 
     def close(self, *, clean: bool = True) -> None:
         """Flush the entries, dispatch, flush the queues, write both checkpoints, remove ``abort``

@@ -675,3 +675,27 @@ def test_a_members_entry_files_take_the_stores_page_cache_keep_size(tmp_path):
         assert store.entries.config.data_file_size == config.commitlog_segment_size
     finally:
         store.close()
+
+
+def test_a_consume_queue_cut_in_the_middle_by_damage_is_rebuilt_at_open(tmp_path):
+    """A flipped bit in a unit's commit log offset breaks the queue's order: recovery cuts it there
+    and, since units follow the cut, dispatches that queue's entries again from its new end."""
+    store = open_store(tmp_path)
+    noop(store, 1)
+    for i in range(30):
+        lead(store, [message(i, i % 2, 100)])
+    before = pulled(store, 1)
+    unit_file = store.consume_queues.find("T", 1).mapped_file_queue.mapped_files[0].path
+    store.close()
+    with open(unit_file, "r+b") as file:
+        file.seek(7 * 20 + 4)
+        byte = file.read(1)[0]
+        file.seek(7 * 20 + 4)
+        file.write(bytes([byte ^ 0x40]))
+    store = open_store(tmp_path)
+    try:
+        assert store.queues_rebuilt == (("T", 1),)
+        assert pulled(store, 1) == before
+        assert pulled(store, 0) == [(i, bytes([2 * i]) * 100) for i in range(15)]
+    finally:
+        store.close()

@@ -16,6 +16,14 @@ runs beside flushes but never beside a truncation (which holds both).
 * dispatch: consume-queue units for what the put path's own pass (``after_appends``) left;
 * warm-up: the write area kept faulted in ahead of the writer;
 * housekeeping: consume-queue flush and checkpoint every second, retention every ten.
+
+No step ends the process on the disk's account (``_run_step``): a full disk (ENOSPC, a segment
+or consume-queue file that cannot be created) is logged at most once per
+DISK_FULL_LOG_INTERVAL_SECONDS a step, and the step runs again later (the warm-up after
+DISK_FULL_RETRY_SECONDS); the puts meanwhile answer DISK_FULL (``MessageStore.disk_full``). A
+sync that fails, or any other I/O error of a step, fails the store's writes
+(``MessageStore.fail_writes``: puts answer SERVICE_NOT_AVAILABLE, the group commit's waiters
+FLUSH_DISK_TIMEOUT, nothing is flushed again), logged once with the reason STATUS shows.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Protocol
 
 import trio
 
+from commitlog.mapped_file import StoreError, SyncFailedError, is_disk_full
 from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.config import BrokerRole
@@ -42,6 +51,13 @@ HOUSEKEEPING_INTERVAL_SECONDS = 1.0
 CLEAN_INTERVAL_SECONDS = 10.0
 WARM_INTERVAL_SECONDS = 0.002
 WARM_IDLE_SECONDS = 1.0
+# A full disk lasts: each step says so at most once per this long (one line, not one per try).
+DISK_FULL_LOG_INTERVAL_SECONDS = 30.0
+# The warm-up, having met a full disk, tries its spare segment again after this long rather than
+# at its own pace (every WARM_INTERVAL_SECONDS while writes go on): each try creates, fails to
+# preallocate and removes a whole segment file.
+DISK_FULL_RETRY_SECONDS = 1.0
+FAILED = object()  # what ``_run_step`` returns for a step that failed on the disk's account
 
 
 class FlushWaits(Protocol):
@@ -50,6 +66,8 @@ class FlushWaits(Protocol):
     async def wait_flush_requested(self) -> None: ...
 
     def flushed(self, offset: int) -> None: ...
+
+    def fail_flush_waits(self) -> None: ...
 
 
 class StoreTasks:
@@ -67,6 +85,7 @@ class StoreTasks:
         # msync, and a writer at 200 MB/s ran past its 16 MiB of warmed pages and faulted them
         # in itself: the kernel's page zeroing was 9 % of a busy master's main thread.
         self.warming = trio.Lock()
+        self._disk_full_logged_at: dict[str, float] = {}  # step -> when it last said the disk is full
 
     def start(self, nursery: trio.Nursery, flushes: FlushWaits) -> None:
         for task in (self.dispatch_task, self.warm_task, self.housekeeping_task):
@@ -99,12 +118,36 @@ class StoreTasks:
         if store.commit_log.mapped_file_queue.needs_warming(ahead):
             self._warm_wanted.set()
 
+    async def _run_step(self, name: str, function, *args):
+        """``function(*args)`` in a worker thread; FAILED when it failed on the disk's account (see
+        the module): a full disk logged (rate-limited), another I/O error failing the store's writes."""
+        try:
+            return await trio.to_thread.run_sync(function, *args)
+        except (StoreError, OSError) as error:
+            if is_disk_full(error):
+                now = trio.current_time()
+                if now >= self._disk_full_logged_at.get(name, -DISK_FULL_LOG_INTERVAL_SECONDS) + DISK_FULL_LOG_INTERVAL_SECONDS:
+                    self._disk_full_logged_at[name] = now
+                    LOGGER.warning("%s: the disk is full, tried again later (said at most every %.0f s): %s", name,
+                                   DISK_FULL_LOG_INTERVAL_SECONDS, error)  # fmt: skip
+                return FAILED
+            if not isinstance(error, (SyncFailedError, OSError)):
+                raise
+            if self.store.write_failure is None:
+                self.store.fail_writes(f"{name} failed, no more writes until a restart: {error}")
+                LOGGER.error("%s", self.store.write_failure)
+            return FAILED
+
     async def group_commit_task(self, flushes: FlushWaits) -> None:
-        """SYNC_FLUSH: one fdatasync for everything appended so far, then release its waiters."""
+        """SYNC_FLUSH: one fdatasync for everything appended so far, then release its waiters;
+        a failed sync fails them (and every later wait: the store never syncs again)."""
         while True:
             await flushes.wait_flush_requested()
             async with self.maintenance:
-                flushed = await trio.to_thread.run_sync(self.store.flush_commitlog, 0)
+                flushed = await self._run_step("flush", self.store.flush_commitlog, 0)
+            if flushed is FAILED:
+                flushes.fail_flush_waits()
+                continue
             flushes.flushed(flushed)
             self.new_data.notify()  # under SYNC_FLUSH dispatch follows the flushed offset
         raise AssertionError("unreachable")
@@ -119,7 +162,7 @@ class StoreTasks:
                 least_pages = 0
                 thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_seconds
             async with self.maintenance:
-                await trio.to_thread.run_sync(self.store.flush_commitlog, least_pages)
+                await self._run_step("flush", self.store.flush_commitlog, least_pages)
         raise AssertionError("unreachable")
 
     async def dispatch_task(self) -> None:
@@ -141,7 +184,9 @@ class StoreTasks:
             ahead = self.warm_ahead
             if self.store.commit_log.mapped_file_queue.needs_warming(ahead):
                 async with self.warming:
-                    await trio.to_thread.run_sync(self.store.warm_commitlog, ahead)
+                    done = await self._run_step("warm-up", self.store.warm_commitlog, ahead)
+                if done is FAILED:
+                    await trio.sleep(DISK_FULL_RETRY_SECONDS)
         raise AssertionError("unreachable")
 
     async def housekeeping_task(self) -> None:
@@ -150,13 +195,13 @@ class StoreTasks:
         while True:
             await trio.sleep(HOUSEKEEPING_INTERVAL_SECONDS)
             async with self.maintenance:
-                await trio.to_thread.run_sync(self.store.flush_consume_queues, store_config.flush_consume_queue_least_pages)
-                await trio.to_thread.run_sync(self.store.write_checkpoint)
+                await self._run_step("consume-queue flush", self.store.flush_consume_queues, store_config.flush_consume_queue_least_pages)
+                await self._run_step("checkpoint", self.store.write_checkpoint)
             if trio.current_time() >= clean_at:
                 clean_at = trio.current_time() + CLEAN_INTERVAL_SECONDS
                 async with self.maintenance:
                     clean = functools.partial(self.store.clean_expired, now_ms_value=time.time_ns() // 1_000_000)  # mtimes are wall-clock
-                    deleted = await trio.to_thread.run_sync(clean)
-                if deleted:
+                    deleted = await self._run_step("retention", clean)
+                if deleted and deleted is not FAILED:
                     LOGGER.info("retention deleted %d segment(s): %s", len(deleted), ", ".join(os.path.basename(p) for p in deleted))
         raise AssertionError("unreachable")

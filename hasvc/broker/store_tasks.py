@@ -86,6 +86,7 @@ class StoreTasks:
         # in itself: the kernel's page zeroing was 9 % of a busy master's main thread.
         self.warming = trio.Lock()
         self._disk_full_logged_at: dict[str, float] = {}  # step -> when it last said the disk is full
+        self._write_failure_logged = False
 
     def start(self, nursery: trio.Nursery, flushes: FlushWaits) -> None:
         for task in (self.dispatch_task, self.warm_task, self.housekeeping_task):
@@ -133,8 +134,9 @@ class StoreTasks:
                 return FAILED
             if not isinstance(error, (SyncFailedError, OSError)):
                 raise
-            if self.store.write_failure is None:
-                self.store.fail_writes(f"{name} failed, no more writes until a restart: {error}")
+            self.store.fail_writes(f"{name} failed, no more writes until a restart: {error}")  # unless failed already
+            if not self._write_failure_logged:
+                self._write_failure_logged = True
                 LOGGER.error("%s", self.store.write_failure)
             return FAILED
 

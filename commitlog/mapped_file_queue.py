@@ -254,6 +254,7 @@ class MappedFileQueue:
             else:
                 if self._spare is not None:
                     self._spare.destroy()
+                    self._spare = None  # not left behind, destroyed, when the next cannot be made
                 spare = self._spare = self._new_file(next_offset, None)
         if spare is not None and ahead > self.file_size:
             spare.populate(ahead - self.file_size)

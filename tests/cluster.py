@@ -7,6 +7,7 @@ stopped by its PID (SIGTERM, then SIGKILL) when the cluster closes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import trio
 
 from hasvc import client as hc
@@ -169,6 +171,22 @@ def self_signed_certificate(directory) -> tuple[str, str]:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
                     "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
     return key, cert
+
+
+@contextlib.contextmanager
+def small_tmpfs(directory, size: str):
+    """A tmpfs of ``size`` at ``directory``, unmounted afterwards; the test is skipped where this
+    cannot be done (not root, no mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    os.makedirs(directory, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield str(directory)
+    finally:
+        subprocess.run(["umount", str(directory)], check=False)
 
 
 def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):

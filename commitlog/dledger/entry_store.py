@@ -417,8 +417,8 @@ class DLedgerMmapFileStore:
         room for a file they need: DiskFullError, nothing written (``make_room``).
         Entries are written a data file at a time, straight into the mapping."""
         size_total, size_max = self._check_appendable(entries)
-        if entries:  # at most one file boundary more than the bytes: a blank record pads the file they leave
-            self.make_room(data_size=size_total + size_max, count=len(entries))
+        if entries:
+            self.make_room(data_size=self._data_size(size_total, size_max), count=len(entries))
         if _native_write_entries is not None and entries:
             chunks: list[bytes] = []  # packed index units
             start = 0
@@ -618,6 +618,15 @@ class DLedgerMmapFileStore:
         self.data_file_list.make_room(self.data_end() + data_size, start_offset=self._data_start_offset)
         index_start = (self._last_index + 1) * codec.INDEX_UNIT_SIZE
         self.index_file_list.make_room(index_start + count * codec.INDEX_UNIT_SIZE, start_offset=index_start)
+
+    def _data_size(self, size_total: int, size_max: int) -> int:
+        """The data-file bytes entries of ``size_total`` bytes (the largest ``size_max``) take from
+        the log's end: themselves when they fit the last data file (leaving room for a blank
+        record), else at most one entry's worth of blank padding more."""
+        last = self.data_file_list.last
+        if last is not None and last.wrote_position + size_total <= last.file_size - codec.MIN_BLANK_SIZE:
+            return size_total
+        return size_total + size_max + codec.MIN_BLANK_SIZE
 
     def make_room_for_run(self, run: EntryRun) -> None:
         """``make_room`` for the part of a leader's run past our end (its first entry's ``pos``

@@ -392,7 +392,7 @@ class RaftDriver:
         if store.disk_full():
             return AppendResult(rec.PutMessageStatus.DISK_FULL, reason=store.disk.reason)
         try:
-            store.entries.make_room(data_size=plan.offsets[-1] + len(plan.bodies[-1]) - store.entries.data_end(),
+            store.entries.make_room(data_size=plan.positions[-1] + plan.entry_sizes[-1] - store.entries.data_end(),
                                     count=plan.first_index + len(plan.bodies) - store.entries.last_index() - 1)  # fmt: skip
         except DiskFullError as error:
             store.disk.no_room(str(error))

@@ -3,38 +3,19 @@ process exits; puts answer DISK_FULL; reads go on; writes resume by themselves o
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import subprocess
 
-import pytest
 import trio
 
 from hasvc import client as hc
-from tests.cluster import Cluster, send_many, wait_until
+from tests.cluster import Cluster, send_many, small_tmpfs, wait_until
 
 MESSAGE_SIZE = 32 * 1024
 SEGMENT_SIZE = 8 * 1024 * 1024
 # Sends before a 64 MiB disk must have answered DISK_FULL (it holds ~2,000 of 32 KiB): a bound,
 # so a broker that never refuses fails the test instead of running forever.
 SENDS_MAX = 4000
-
-
-@contextlib.contextmanager
-def small_tmpfs(directory, size: str):
-    """A tmpfs of ``size`` at ``directory``, unmounted afterwards; the test is skipped where this
-    cannot be done (not root, no mount)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    os.makedirs(directory, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-    try:
-        yield str(directory)
-    finally:
-        subprocess.run(["umount", str(directory)], check=False)
 
 
 def fill_until_refused(client, *, topic: str = "T") -> tuple[int, object]:

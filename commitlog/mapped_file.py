@@ -75,7 +75,7 @@ def is_disk_full(error: BaseException) -> bool:
     return isinstance(error, DiskFullError) or (isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS)
 
 
-class _Created:
+class FilesCreated:
     """How many segments this process has created (``MappedFile(create=True)``, any queue): a
     store's disk check measures the disk again once this moves (``commitlog.store.DiskWatch``),
     since preallocated files change the disk's use only when one is made. Incremented from worker
@@ -136,11 +136,6 @@ SMALL_PAGES_MARGIN: Final = 8 * 1024 * 1024
 SMALL_PAGES_NORMAL_STEP: Final = 64 * 1024 * 1024
 
 
-def files_created() -> int:
-    """Segments created by this process so far (see ``_Created``)."""
-    return _Created.count
-
-
 def preallocate(fd: int, size: int, path: str = "") -> None:
     """Reserve ``size`` bytes of disk for ``fd``; raise DiskFullError when there is no room."""
     try:
@@ -193,7 +188,7 @@ class MappedFile:
                 raise DiskFullError(f"{path}: cannot create the segment: {error.strerror}") from error
             raise
         if create:
-            _Created.count += 1
+            FilesCreated.count += 1
         self._view = memoryview(self._mmap)
         self.write_buffer = write_buffer
         self._buffer_view = memoryview(write_buffer) if write_buffer is not None else None

@@ -49,7 +49,7 @@ from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
 from commitlog.epoch import EpochFile, truncate_suffix_by_offset
 from commitlog.scan import ScanCode, scan_segment
-from commitlog.mapped_file import DiskFullError, StoreError, SyncFailedError, files_created
+from commitlog.mapped_file import DiskFullError, FilesCreated, StoreError, SyncFailedError
 from commitlog.mapped_file_queue import MappedFileQueue
 
 from commitlog import native as _native
@@ -86,7 +86,7 @@ class TransientStorePool:
 class DiskWatch:
     """Whether appends must answer DISK_FULL. The disk's use is measured (``statvfs``) at most
     once per ``interval_seconds`` of the time given, and again as soon as this process has
-    created a file since (``files_created``): segments and consume-queue files are preallocated
+    created a file since (``FilesCreated``): segments and consume-queue files are preallocated
     whole, so the disk's use jumps when one is made and hardly moves between (a master filling a
     64 MiB disk at full speed filled it between two measurements a second apart and never
     answered DISK_FULL). Others' writes are seen within the interval. ``no_room``: a segment
@@ -100,16 +100,16 @@ class DiskWatch:
         self.ratio_max = ratio_max
         self.interval_seconds = interval_seconds
         self.due_at = float("-inf")  # the next measurement, in the caller's (monotonic) seconds
-        self.files_created = -1  # files_created() at the last measurement
+        self.files_created = -1  # FilesCreated.count at the last measurement
         self.used_ratio = 0.0
         self.full = False
         self.reason = ""
 
     def full_at(self, now: float) -> bool:
-        if now < self.due_at and self.files_created == files_created():
+        if now < self.due_at and self.files_created == FilesCreated.count:
             return self.full
         self.due_at = now + self.interval_seconds
-        self.files_created = files_created()
+        self.files_created = FilesCreated.count
         self.used_ratio = disk_used_ratio(self.path)
         self.full = self.used_ratio > self.ratio_max
         self.reason = (f"{self.path}: disk {self.used_ratio:.0%} used, above disk_max_used_space_ratio "
@@ -119,7 +119,7 @@ class DiskWatch:
     def no_room(self, reason: str) -> None:
         self.full = True
         self.reason = reason
-        self.files_created = files_created()
+        self.files_created = FilesCreated.count
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -247,11 +247,13 @@ class MessageStore:
         """Flush everything, write the checkpoint, remove ``abort`` (only if all is dispatched).
 
         ``clean=False`` lets go of the files as a killed process would: nothing flushed, ``abort``
-        left in place (what was written stays in the page cache, as after SIGKILL)."""
+        left in place (what was written stays in the page cache, as after SIGKILL). A store whose
+        writes failed (``write_failure``) closes so too: nothing it holds is known durable past
+        its last good sync, and the next open recovers as after a crash."""
         if not self._opened:
             return
         self._opened = False
-        if not clean:
+        if not clean or self.write_failure is not None:
             self.commit_log.close()
             self.consume_queues.close()
             self._lock.release()
@@ -358,7 +360,7 @@ class MessageStore:
         cost every caller a clock read of its own). ``DiskWatch.full_at``'s test written out."""
         now = time.monotonic()
         disk = self.disk
-        if now < disk.due_at and disk.files_created == files_created():
+        if now < disk.due_at and disk.files_created == FilesCreated.count:
             return disk.full
         return disk.full_at(now)
 

@@ -385,7 +385,7 @@ class RaftDriver:
         self.on_role()
         self._wakeup.set()
 
-    def room_refusal(self, plan) -> AppendResult | None:
+    def _room_refusal(self, plan) -> AppendResult | None:
         """DISK_FULL for a leader's proposal while the disk is above the ratio or the files its
         entries need cannot be made (``make_room``); None: propose."""
         store = self.store
@@ -545,7 +545,7 @@ class RaftDriver:
             plan = make_plan()
         except rec.MessageRejected as error:
             return AppendResult(error.status, reason=error.reason)
-        refusal = self.room_refusal(plan)
+        refusal = self._room_refusal(plan)
         if refusal is not None:
             return refusal
         result = self.node.propose(plan.bodies, trio.current_time())

@@ -159,7 +159,8 @@ def test_the_warm_up_thread_meets_a_full_disk_and_goes_on(tmp_path, small_config
 def test_a_failed_sync_is_never_retried_and_believed(tmp_path, small_config, failing_sync):
     """EIO from the sync: the flush raises SyncFailedError, nothing is counted flushed, the store
     refuses writes with the reason, and no later flush syncs again (a retried fsync after EIO
-    "succeeds" without the lost pages: PostgreSQL's fsyncgate). Reopened, the store recovers."""
+    "succeeds" without the lost pages: PostgreSQL's fsyncgate), not even a clean close, which
+    leaves the store to be recovered as after a crash."""
     with MessageStore.open(str(tmp_path), small_config) as store:
         assert put(store) is rec.PutMessageStatus.PUT_OK
         flushed = store.flush_commitlog(0)
@@ -178,10 +179,12 @@ def test_a_failed_sync_is_never_retried_and_believed(tmp_path, small_config, fai
             store.flush_commitlog(0)
         assert failing_sync.calls == 1  # not synced again
         assert store.commit_log.flushed_offset == flushed
-        store.close(clean=False)
+        store.close()  # no sync: closed as after a crash
+        assert failing_sync.calls == 1
+    assert os.path.exists(tmp_path / "abort")
     failing_sync.failing = False
     with MessageStore.open(str(tmp_path), small_config) as store:
-        assert store.write_failure is None
+        assert store.write_failure is None and not store.last_exit_ok
         assert put(store) is rec.PutMessageStatus.PUT_OK
 
 

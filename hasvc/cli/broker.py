@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from commitlog.mapped_file import StoreError
+from commitlog.mapped_file import StoreError, is_disk_full
 from hasvc.cli.common import start_busy_polling, tune_malloc
 
 
@@ -79,6 +79,7 @@ def _run_broker(config) -> None:
     import trio
 
     from hasvc.broker import Broker
+    from hasvc.transport import first_leaf
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hasvc").info("effective configuration: %s", json.dumps(config.describe()))
@@ -103,13 +104,18 @@ def _run_broker(config) -> None:
 
     try:
         trio.run(serve)
-    except (StoreError, OSError) as error:
+    except (StoreError, OSError, BaseExceptionGroup) as error:
+        leaf = first_leaf(error)  # the nursery wraps what the broker's start raised
+        if not isinstance(leaf, (StoreError, OSError)):
+            raise
         if ready:  # not a start-up failure: the log gets the whole story
             logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
-            raise click.ClickException(f"stopped: {type(error).__name__}: {error}") from None
-        if isinstance(error, StoreError):
-            raise click.ClickException(str(error)) from None
-        raise click.ClickException(f"cannot listen: {error}") from None
+            raise click.ClickException(f"stopped: {type(leaf).__name__}: {leaf}") from None
+        if isinstance(leaf, StoreError):
+            raise click.ClickException(str(leaf)) from None
+        if is_disk_full(leaf):  # a small file of the store (lock, abort, checkpoint) at start
+            raise click.ClickException(f"{leaf.filename or config.store}: the disk is full: {leaf.strerror}") from None
+        raise click.ClickException(f"cannot listen: {leaf}") from None
 
 
 @click.command()

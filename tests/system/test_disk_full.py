@@ -3,8 +3,11 @@ process exits; puts answer DISK_FULL; reads go on; writes resume by themselves o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import subprocess
+import sys
 
 import trio
 
@@ -87,3 +90,19 @@ def test_a_master_on_a_full_disk_never_exits_and_writes_again_once_space_frees(t
             assert master.stop() == 0
         finally:
             cluster.close()
+
+
+def test_a_master_on_a_disk_already_full_refuses_to_start_in_one_line(tmp_path):
+    with small_tmpfs(tmp_path / "disk", "16m") as disk:
+        with open(os.path.join(disk, "filler"), "wb") as file:
+            with contextlib.suppress(OSError):  # ENOSPC: the disk is full
+                while True:
+                    file.write(b"\0" * (1024 * 1024))
+                    file.flush()
+        done = subprocess.run([sys.executable, "-m", "hasvc.cli", "master", "--store", os.path.join(disk, "m"),
+                               "--listen", "127.0.0.1:0", "--ha-listen", "127.0.0.1:0"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode != 0
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
+        error = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+        assert len(error) == 1 and "full" in error[0] and disk in error[0], done.stderr[-2000:]

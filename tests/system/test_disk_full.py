@@ -12,7 +12,7 @@ import sys
 import trio
 
 from hasvc import client as hc
-from tests.cluster import Cluster, send_many, small_tmpfs, wait_until
+from tests.cluster import Cluster, send_many, small_tmpfs, status, wait_until
 
 MESSAGE_SIZE = 32 * 1024
 SEGMENT_SIZE = 8 * 1024 * 1024
@@ -65,14 +65,17 @@ def test_a_master_above_the_ratio_answers_disk_full_before_the_disk_is_full(tmp_
 
 def test_a_master_on_a_full_disk_never_exits_and_writes_again_once_space_frees(tmp_path):
     """No ratio (1.0): the disk really fills (no next segment, no consume-queue file, no spare
-    for the warm-up). The master answers DISK_FULL and stays up; a filler file deleted, puts
-    succeed again by themselves; a clean stop still works."""
+    for the warm-up). The master answers DISK_FULL and stays up, its slave (on another disk)
+    still gets everything stored; a filler file deleted, puts succeed again by themselves; a
+    clean stop still works."""
     with small_tmpfs(tmp_path / "disk", "64m") as disk:
         filler = os.path.join(disk, "filler")
         write_filler(filler, 24 * 1024 * 1024)
         cluster = Cluster(disk, segment_size=SEGMENT_SIZE)
+        elsewhere = Cluster(tmp_path, segment_size=SEGMENT_SIZE)  # the slave's store: not the full disk
         try:
             master = cluster.start_master(role="async", flush="sync")
+            slave = elsewhere.start_slave(master.ha_address)
             with hc.BlockingClient(master.address) as client:
                 stored, refusal = fill_until_refused(client)
                 assert refusal.status == "DISK_FULL", refusal
@@ -80,6 +83,8 @@ def test_a_master_on_a_full_disk_never_exits_and_writes_again_once_space_frees(t
                 for _ in range(20):  # refused again and again: still up
                     assert client.send("T", b"x" * MESSAGE_SIZE).status == "DISK_FULL"
                 assert client.pull("T", 0, 0, count_max=1).records
+                wait_until(lambda: status(slave)["max_offset"] == client.status()["max_offset"], timeout=30.0,
+                           message="the slave to have everything the master stored")  # fmt: skip
                 assert master.alive()
                 os.unlink(filler)
                 wait_until(lambda: client.send("T", b"again").status == "PUT_OK", timeout=30.0,
@@ -89,6 +94,7 @@ def test_a_master_on_a_full_disk_never_exits_and_writes_again_once_space_frees(t
             assert "Traceback" not in master.log()
             assert master.stop() == 0
         finally:
+            elsewhere.close()
             cluster.close()
 
 

@@ -186,8 +186,16 @@ class StoreServices:
             least_pages = config.flush_commitlog_least_pages
             if now - last_thorough >= thorough:
                 least_pages, last_thorough = 0, now
+            self._flush(least_pages)
+        self._flush(0)
+
+    def _flush(self, least_pages: int) -> None:
+        """ASYNC_FLUSH's flush; a failed sync stops nothing here (the store refuses writes from
+        then on, ``write_failure``, and every later flush raises at once without syncing)."""
+        try:
             self.store.flush_commitlog(least_pages)
-        self.store.flush_commitlog(0)
+        except SyncFailedError:
+            pass
 
     def _commit_loop(self) -> None:
         config = self.store.config

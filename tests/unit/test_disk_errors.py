@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
+import time
 
 import pytest
 
 from commitlog import mapped_file
 from commitlog import record as rec
+from commitlog.config import FlushDiskType
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig, Entry
 from commitlog.mapped_file import DiskFullError, SyncFailedError
 from commitlog.mapped_file_queue import MappedFileQueue
@@ -224,3 +227,28 @@ def test_an_entry_append_without_room_writes_nothing(tmp_path, no_room):
         assert store.last_index() == 69 and store.get(65).body == b"f" * 500
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("flush", [FlushDiskType.SYNC_FLUSH, FlushDiskType.ASYNC_FLUSH])
+def test_store_services_after_a_failed_sync_refuse_puts_and_keep_running(tmp_path, small_config, failing_sync, flush):
+    """StoreServices (threads): a put waiting for the failed group commit gets FLUSH_DISK_TIMEOUT
+    (never PUT_OK), later puts SERVICE_NOT_AVAILABLE; no thread dies of it."""
+    config = dataclasses.replace(small_config, flush_disk_type=flush, sync_flush_timeout_ms=600_000,
+                                 flush_interval_commitlog_ms=10, flush_commitlog_least_pages=0)  # fmt: skip
+    with MessageStore.open(str(tmp_path), config) as store:
+        with StoreServices(store) as services:
+            batch = rec.MessageBatch("T", [BODY], queue_id=0)
+            assert services.put_batch(batch).status is rec.PutMessageStatus.PUT_OK
+            failing_sync.failing = True
+            status = services.put_batch(batch).status
+            if flush is FlushDiskType.SYNC_FLUSH:
+                assert status is rec.PutMessageStatus.FLUSH_DISK_TIMEOUT
+            for _ in range(3000):  # ASYNC_FLUSH: the next flush (every 10 ms); a bound, not a timing
+                if store.write_failure is not None:
+                    break
+                time.sleep(0.01)
+            assert store.write_failure is not None
+            assert services.put_batch(batch).status is rec.PutMessageStatus.SERVICE_NOT_AVAILABLE
+            assert all(thread.is_alive() for thread in services._threads)
+        assert services.errors == []
+        assert failing_sync.calls == 1

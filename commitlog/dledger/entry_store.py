@@ -14,7 +14,10 @@ entry (``append``): ``pre_append`` finds where it lands — the data file's writ
 start of the next data file after padding this one with a blank record when ``size + 8`` does not
 fit (DLedger's ``MmapFileList.preAppend``) — then the entry is written there with its ``pos`` and
 its index unit at ``index * 32``. ``pos`` is a function of the log's prefix and the file size, so
-two stores holding the same entries hold the same bytes at the same offsets.
+two stores holding the same entries hold the same bytes at the same offsets. An append first makes
+the files it will need (``make_room``: the next data file, the next index file, as each queue's
+spare), so a full disk fails it with DiskFullError before any byte is written, never half-way
+between an entry and its index unit.
 
 Nothing is durable until ``flush`` (data, then index; DLedger's FlushDataService every 10 ms),
 which returns ``flushed_index``: entries at or below it survive a crash. ``truncate`` is durable
@@ -410,9 +413,12 @@ class DLedgerMmapFileStore:
 
     def append(self, entries: Sequence[Entry]) -> None:
         """Append ``entries`` (``entries[0].index == last_index() + 1``, consecutive, terms not
-        decreasing); not durable until ``flush``. Bad input: ValueError, nothing written.
+        decreasing); not durable until ``flush``. Bad input: ValueError, nothing written. No
+        room for a file they need: DiskFullError, nothing written (``make_room``).
         Entries are written a data file at a time, straight into the mapping."""
-        self._check_appendable(entries)
+        size_total, size_max = self._check_appendable(entries)
+        if entries:
+            self.make_room(data_size=self._data_size(size_total, size_max), count=len(entries))
         if _native_write_entries is not None and entries:
             chunks: list[bytes] = []  # packed index units
             start = 0
@@ -562,6 +568,7 @@ class DLedgerMmapFileStore:
         if first_pos != expected or expected % file_size + len(data) > file_size - codec.MIN_BLANK_SIZE:
             raise ValueError(f"run of {len(data)} bytes at pos {first_pos}: the next entry goes at {expected} "
                              f"in data files of {file_size} bytes")  # fmt: skip
+        self.make_room(data_size=first_pos + len(data) - self.data_end(), count=run.count)
         assert self.pre_append(first_size) == first_pos
         self.data_file_list.last.write_through(data)
         self._append_index_bytes(run.first_index, index_units(data, run.count))
@@ -602,8 +609,44 @@ class DLedgerMmapFileStore:
         chunks.append(units)
         return end
 
-    def _check_appendable(self, entries: Sequence[Entry]) -> None:
+    def make_room(self, *, data_size: int, count: int) -> None:
+        """Make the files that appending ``count`` entries taking ``data_size`` bytes of data files
+        from the log's end (blank padding included) will need, so that the append cannot meet a
+        full disk half-way (``MappedFileQueue.make_room``: one new file of each kind). DiskFullError
+        when one cannot be created; nothing else changes. A driver calls it before it lets the
+        Raft core take entries (a proposal, a leader's push); ``append`` calls it again."""
+        self.data_file_list.make_room(self.data_end() + data_size, start_offset=self._data_start_offset)
+        index_start = (self._last_index + 1) * codec.INDEX_UNIT_SIZE
+        self.index_file_list.make_room(index_start + count * codec.INDEX_UNIT_SIZE, start_offset=index_start)
+
+    def _data_size(self, size_total: int, size_max: int) -> int:
+        """The data-file bytes entries of ``size_total`` bytes (the largest ``size_max``) take from
+        the log's end: themselves when they fit the last data file (leaving room for a blank
+        record), else at most one entry's worth of blank padding more."""
+        last = self.data_file_list.last
+        if last is not None and last.wrote_position + size_total <= last.file_size - codec.MIN_BLANK_SIZE:
+            return size_total
+        return size_total + size_max + codec.MIN_BLANK_SIZE
+
+    def make_room_for_run(self, run: EntryRun) -> None:
+        """``make_room`` for the part of a leader's run past our end (its first entry's ``pos``
+        from its header; a run lies in one data file). A run too short to hold a header is
+        left to ``check_run`` to refuse."""
+        data = run.data
+        if data is None or len(data) < codec.BODY_OFFSET or run.last_index <= self._last_index:
+            return
+        first_pos = codec.ENTRY_HEADER.unpack_from(data, 0)[4]
+        self.make_room(data_size=max(0, first_pos + len(data) - self.data_end()), count=run.last_index - self._last_index)
+
+    def data_end(self) -> int:
+        """Where the data files' written bytes end (the next entry or blank record goes here)."""
+        last = self.data_file_list.last
+        return self._data_start_offset if last is None else last.file_from_offset + last.wrote_position
+
+    def _check_appendable(self, entries: Sequence[Entry]) -> tuple[int, int]:
+        """ValueError unless ``entries`` may follow the log; their total and largest size."""
         index, term = self._last_index, max(self._last_term, 0)
+        size_total = size_max = 0
         fit_max = min(self.config.data_file_size - codec.MIN_BLANK_SIZE, codec.ENTRY_SIZE_MAX)
         for entry in entries:  # no call per entry: a proposal of 32 entries checks 32
             if entry.index != index + 1:
@@ -615,6 +658,10 @@ class DLedgerMmapFileStore:
                 raise ValueError(f"entry {entry.index} of {size} bytes is larger than ENTRY_SIZE_MAX="
                                  f"{codec.ENTRY_SIZE_MAX} or a data file of {self.config.data_file_size} less 8")  # fmt: skip
             index, term = entry.index, entry.term
+            size_total += size
+            if size > size_max:
+                size_max = size
+        return size_total, size_max
 
     def pre_append(self, size: int) -> int:
         """Make room for an entry of ``size`` bytes and return its ``pos`` (MmapFileList.preAppend):

@@ -76,9 +76,10 @@ from commitlog.consume_queue import ConsumeQueueStore
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig
 from commitlog.dledger.upgrade import DividedLog, LogPart, dledger_directory, open_after_classic
-from commitlog.mapped_file import StoreError, fsync_directory
+from commitlog.mapped_file import DiskFullError, StoreError, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog.store import (
+    DiskWatch,
     _STOP_BLANK,
     _STOP_LIMIT,
     _STOP_MALFORMED,
@@ -178,9 +179,9 @@ class DLedgerMessageStore:
         self._pending: list[tuple[int, int, int]] = []  # (index, pos, entry size) accepted, not yet appended
         self._last_store_timestamp = 0
         self._lock: StoreLock | None = None
-        self._disk_checked_at = float("-inf")
-        self._disk_used_ratio = 0.0
-        self._disk_check_interval_seconds = self.config.disk_check_interval_seconds
+        self.disk = DiskWatch(path, ratio_max=self.config.disk_max_used_space_ratio,
+                              interval_seconds=self.config.disk_check_interval_seconds)  # fmt: skip
+        self.dispatch_blocked: str | None = None  # no room for a consume-queue file: dispatch runs again later
         self._opened = False
 
     # -- lifetime -------------------------------------------------------------------------
@@ -202,6 +203,7 @@ class DLedgerMessageStore:
     def _open(self, entry_options: dict[str, Any]) -> None:
         store_identity.check(self.path, self.opener)  # before anything is created or written
         os.makedirs(self.path, exist_ok=True)
+        self._check_disk_size()
         directory = dledger_directory(self.path, self.self_id)
         classic_directory = os.path.join(self.path, "commitlog")
         has_classic = bool(MappedFileQueue.segment_files(classic_directory))
@@ -228,6 +230,18 @@ class DLedgerMessageStore:
             self._release(clean=False)
             raise
         self._opened = True
+
+    def _check_disk_size(self) -> None:
+        """StoreError, before anything is written, when the disk could never hold one data file
+        and one index file (preallocated whole): the first append would fail, every term."""
+        stat = os.statvfs(self.path)
+        capacity = (stat.f_blocks - stat.f_bfree + stat.f_bavail) * stat.f_frsize  # used + available to us
+        needed = self.dledger_config.data_file_size + self.dledger_config.index_file_size
+        if capacity < needed:
+            raise StoreError(f"{self.path}: the disk holds {capacity} bytes, less than one data file "
+                             f"({self.dledger_config.data_file_size} bytes, commitlog_segment_size) and one index file "
+                             f"({self.dledger_config.index_file_size} bytes) need: use a larger disk or smaller "
+                             f"segments")  # fmt: skip
 
     def _open_classic(self, classic_directory: str, directory: str, entry_options: dict[str, Any]) -> None:
         self.classic = CommitLog(classic_directory, segment_size=self.config.commitlog_segment_size,
@@ -529,7 +543,12 @@ class DLedgerMessageStore:
             first = self.dispatched_index + 1
             last = min(entries.committed_index, first + DISPATCH_ENTRIES_MAX - 1)
             fitting, _, pos, end = entries.run_extent(first, last + 1, size_max=budget)  # the walk keeps to the budget
-            walked, size = self._dispatch_run(first, first + fitting - 1, pos, end)
+            try:
+                walked, size = self._dispatch_run(first, first + fitting - 1, pos, end)
+            except DiskFullError as error:  # a consume queue's next file: again later (put_run skips what it has)
+                self.dispatch_blocked = str(error)
+                break
+            self.dispatch_blocked = None
             count += walked
             budget -= size
             if self.dispatch_error is not None:
@@ -665,7 +684,7 @@ class DLedgerMessageStore:
             count += 1
         return queue.delete_first_files(count)
 
-    # MessageStore's disk check (every disk_check_interval_ms), on the same attributes.
+    # MessageStore's disk check (DiskWatch), on the same attribute.
     disk_full = MessageStore.disk_full
 
     # -- offsets ----------------------------------------------------------------------------

@@ -302,6 +302,7 @@ class Broker:
         status["damaged"] = [found.to_json() for found in store.damaged]
         if store.dispatch_error:
             status["dispatch_error"] = store.dispatch_error
+        status.update(store_condition(store))
         if role.fenced_by:
             status["fenced_by"] = role.fenced_by
         return status
@@ -314,6 +315,20 @@ class Broker:
         if service is not None:
             statistics.update(service.admission.statistics())
         return statistics
+
+
+def store_condition(store) -> dict:
+    """STATUS's one-line reasons a store takes no writes, or falls behind, when it does: a failed
+    sync (``write_failure``), a full disk (``disk_full``: what puts answer), a consume queue that
+    cannot grow (``dispatch_blocked``). Empty when all is well."""
+    condition = {}
+    if store.write_failure is not None:
+        condition["write_failure"] = store.write_failure
+    if store.disk.full:
+        condition["disk_full"] = store.disk.reason
+    if store.dispatch_blocked is not None:
+        condition["dispatch_blocked"] = store.dispatch_blocked
+    return condition
 
 
 def first_epoch() -> int:

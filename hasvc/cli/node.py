@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from commitlog.mapped_file import StoreError
+from commitlog.mapped_file import StoreError, is_disk_full
 from hasvc.cli.broker import _build_config, _typed
 from hasvc.cli.common import start_busy_polling, tune_malloc
 from hasvc.transport import first_leaf
@@ -157,6 +157,8 @@ def _run_node(config, group_config) -> None:
             raise click.ClickException(f"stopped: {type(leaf).__name__}: {leaf}") from None
         if isinstance(leaf, StoreError):
             raise click.ClickException(str(leaf)) from None
+        if is_disk_full(leaf):  # a small file of the store (lock, abort, checkpoint) at start
+            raise click.ClickException(f"{leaf.filename or config.store}: the disk is full: {leaf.strerror}") from None
         if isinstance(leaf, OSError):
             raise click.ClickException(f"cannot listen: {leaf.strerror or leaf}") from None
         raise

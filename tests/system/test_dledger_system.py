@@ -404,7 +404,7 @@ def _start_retention_group(tmp_path, extra_settings: tuple[str, ...] = ()) -> di
     nodes = {}
     for member in members:
         args = ["--store", str(tmp_path / member), "--listen", f"{LOOPBACK}:{free_port()}", "--group", "sys",
-                "--peers", peers, "--self", member]  # fmt: skip
+                "--peers", peers, "--self", member, "--set", "disk_max_used_space_ratio=1.0"]  # not the CI disk's fill  # fmt: skip
         for setting in (*ETCD_LIKE_SETTINGS, *RETENTION_SETTINGS, *extra_settings):
             args += ["--set", setting]
         nodes[member] = Node(str(tmp_path), member, args)

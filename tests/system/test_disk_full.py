@@ -57,7 +57,7 @@ def test_a_master_above_the_ratio_answers_disk_full_before_the_disk_is_full(tmp_
                 assert "disk_max_used_space_ratio" in found["disk_full"]
                 assert client.pull("T", 0, 0, count_max=1).records  # reads go on
                 assert client.send("T", b"more").status == "DISK_FULL"
-            assert master.alive()
+            assert master.alive
             assert master.stop() == 0
         finally:
             cluster.close()
@@ -85,12 +85,12 @@ def test_a_master_on_a_full_disk_never_exits_and_writes_again_once_space_frees(t
                 assert client.pull("T", 0, 0, count_max=1).records
                 wait_until(lambda: status(slave)["max_offset"] == client.status()["max_offset"], timeout=30.0,
                            message="the slave to have everything the master stored")  # fmt: skip
-                assert master.alive()
+                assert master.alive
                 os.unlink(filler)
                 wait_until(lambda: client.send("T", b"again").status == "PUT_OK", timeout=30.0,
                            message="a put to succeed once the filler is gone")  # fmt: skip
                 assert "disk_full" not in client.status()
-            assert master.alive()
+            assert master.alive
             assert "Traceback" not in master.log()
             assert master.stop() == 0
         finally:

@@ -1,0 +1,111 @@
+"""A DLedger member whose entries were damaged or lost rejoins by itself: real ``hasvc node``
+processes on loopback, a byte flipped in a stopped member's data file (an entry below the
+committed index), a member restarted with a shorter log than it acknowledged. Convergence is
+checked from the stores on disk once every member stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import trio
+from click.testing import CliRunner
+
+from hasvc.cli import main as cli_main
+from tests.cluster import start_dledger_group, wait_until
+from tests.system.test_dledger_system import _leader, _send, _status
+
+
+def _dump(path, member: str) -> list[dict]:
+    done = CliRunner().invoke(cli_main, ["store", "dump", str(path / member), "--member", member, "--json"])
+    assert done.exit_code == 0, done.output
+    return [json.loads(line) for line in done.output.splitlines()]
+
+
+def _verify(path, member: str) -> None:
+    done = CliRunner().invoke(cli_main, ["store", "verify", str(path / member), "--member", member, "--json"])
+    assert done.exit_code == 0 and json.loads(done.output)["ok"], done.output
+
+
+def _data_files(path, member: str) -> dict[str, bytes]:
+    directory = path / member / f"dledger-{member}" / "data"
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+def _caught_up(nodes, leader: str, member: str) -> bool:
+    leading, status = _status(nodes[leader]), _status(nodes[member])
+    end = leading["ledger_end_index"]
+    return (status["ledger_end_index"] == end and status["committed_index"] == end
+            and leading["peers"][member]["match_index"] == end and status["catch_up_index"] == -1)  # fmt: skip
+
+
+def _stop_all_and_compare(tmp_path, nodes, leader: str, member: str) -> None:
+    for name in sorted(nodes, key=lambda name: name == leader):  # the leader last: no election, no new entry
+        nodes[name].stop()
+    for name in nodes:
+        _verify(tmp_path, name)
+    assert _dump(tmp_path, member) == _dump(tmp_path, leader)
+    assert _data_files(tmp_path, member) == _data_files(tmp_path, leader)  # byte for byte
+
+
+def test_a_member_with_a_flipped_byte_below_the_committed_index_rejoins_and_ends_byte_identical(tmp_path) -> None:
+    nodes = start_dledger_group(tmp_path, 3, group="repair")
+    try:
+        addresses = [node.client_address for node in nodes.values()]
+        acked = trio.run(_send, addresses, 300, "r")
+        leader = _leader(nodes)
+        member = next(m for m in nodes if m != leader)
+        wait_until(lambda: _caught_up(nodes, leader, member), message="the member caught up")
+        committed = _status(nodes[member])["committed_index"]
+        nodes[member].stop()  # SIGTERM: a clean close
+        entry = next(d for d in _dump(tmp_path, member) if d["offset"] == acked[100])
+        assert entry["index"] < committed
+        data_file = tmp_path / member / f"dledger-{member}" / "data" / f"{0:020d}"
+        content = bytearray(data_file.read_bytes())
+        content[content.index(b"r100", entry["offset"])] ^= 0x01  # one bit of a body: its entry's bodyCrc fails
+        data_file.write_bytes(bytes(content))
+        nodes[member].start()  # it starts (before: refused, naming recovery_accept_lost_entries)
+        status = _status(nodes[member])
+        (damage,) = status["damaged"]
+        assert damage["index"] == entry["index"] and damage["from"] == entry["offset"] - 48, damage
+        assert "bodyCrc mismatch" in damage["reason"] and damage["file"].endswith(f"{0:020d}")
+        log = (tmp_path / f"{member}.log").read_text()
+        assert "ERROR" in log and "damaged entries cut" in log
+        more = trio.run(_send, addresses, 20, "s")
+        leader = _leader(nodes)
+        wait_until(lambda: _caught_up(nodes, leader, member), timeout=60, message="the damaged member caught up")
+        assert len(more) == 20
+    except BaseException:
+        for node in nodes.values():
+            node.kill()
+        raise
+    _stop_all_and_compare(tmp_path, nodes, leader, member)
+
+
+def test_a_member_restarted_with_a_shorter_log_than_it_acknowledged_is_caught_up(tmp_path) -> None:
+    nodes = start_dledger_group(tmp_path, 3, group="short")
+    try:
+        addresses = [node.client_address for node in nodes.values()]
+        acked = trio.run(_send, addresses, 200, "t")
+        leader = _leader(nodes)
+        member = next(m for m in nodes if m != leader)
+        wait_until(lambda: _caught_up(nodes, leader, member), message="the member caught up")
+        end = _status(nodes[member])["ledger_end_index"]
+        term = _status(nodes[leader])["term"]
+        nodes[member].kill()  # SIGKILL, then its unflushed pages are lost: its data file's tail zeroed
+        entry = next(d for d in _dump(tmp_path, member) if d["offset"] == acked[150])
+        data_file = tmp_path / member / f"dledger-{member}" / "data" / f"{0:020d}"
+        content = bytearray(data_file.read_bytes())
+        cut = entry["offset"] - 48
+        content[cut:] = bytes(len(content) - cut)
+        data_file.write_bytes(bytes(content))
+        nodes[member].start()
+        # Nothing new is proposed: the leader learns from a heartbeat that the member holds less.
+        wait_until(lambda: _caught_up(nodes, leader, member), timeout=60, message="the member was caught up")
+        assert _status(nodes[leader])["term"] == term  # in the same term: no election was needed
+        assert _status(nodes[member])["ledger_end_index"] == end
+    except BaseException:
+        for node in nodes.values():
+            node.kill()
+        raise
+    _stop_all_and_compare(tmp_path, nodes, leader, member)

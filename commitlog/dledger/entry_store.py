@@ -208,7 +208,8 @@ class DLedgerMmapFileStore:
         self._begin: tuple[int, int, int] | None = None  # (beginIndex, beginTerm, beginPos) on record
         self._hard_state = HardState(0, None, -1)
         self.recovery: RecoveryReport | None = None
-        self.damaged: list[DamagedRange] = []  # damage recovery found and cut (recovery_repair_from_peers)
+        # Damage recovery found and cut (recovery_repair_from_peers or recovery_accept_lost_entries).
+        self.damaged: list[DamagedRange] = []
 
     @classmethod
     def open(cls, directory: str, config: DLedgerStoreConfig | None = None, *, data_start_offset: int = 0,
@@ -1015,9 +1016,14 @@ class DLedgerMmapFileStore:
         if damage is not None and not accept and not repair:
             raise StoreError(self._refusal(scan, damage[0], damage[1]))
         lost = max(0, checkpoint_flushed - scan.last_index)
-        if damage is not None and not accept:
-            self._mark_damage(scan, damage[0], committed_hint, checkpoint_flushed)
-        elif accept and self._hard_state.catch_up_index >= 0:  # the operator accepts the loss: no mark
+        if damage is not None:
+            if not accept:
+                self._save_catch_up_mark(scan, committed_hint, checkpoint_flushed)
+            end = self.data_file_list.max_offset if self.data_file_list.mapped_files else scan.end_offset
+            self.damaged.append(DamagedRange(scan.stop_path or self.data_file_list.directory, scan.end_offset,
+                                             max(end, scan.end_offset), f"{scan.reason}: {damage[0]}",
+                                             scan.last_index + 1))  # fmt: skip
+        if accept and self._hard_state.catch_up_index >= 0:  # the operator accepts the loss: no mark
             saved = self._hard_state
             self.save_hard_state(HardState(saved.term, saved.voted_for, saved.committed_index))
         deleted = self._cut_data_after_scan(scan, cut_segments_max=None if damage is not None else
@@ -1068,10 +1074,10 @@ class DLedgerMmapFileStore:
                     f"recovery_cut_segments_max={self.config.recovery_cut_segments_max}", "recovery_cut_segments_max")
         return None
 
-    def _mark_damage(self, scan: DataScan, why: str, committed_hint: int, checkpoint_flushed: int) -> None:
-        """Before the cut: save the catch-up mark (the end the log had, as far as the index files,
-        the checkpoint and the commit hint tell: its term from the index unit, else the saved term,
-        an upper bound) and list the damage in ``damaged``."""
+    def _save_catch_up_mark(self, scan: DataScan, committed_hint: int, checkpoint_flushed: int) -> None:
+        """Before the cut: save the catch-up mark, the end the log had, as far as the index files,
+        the checkpoint and the commit hint tell (its term from the index unit, else the saved
+        term, an upper bound); an older mark stays if it is higher."""
         former_index, former_term = self._former_end(scan.last_index + 1)
         hard_term = self._hard_state.term
         candidates = [(former_term, former_index)]
@@ -1084,10 +1090,6 @@ class DLedgerMmapFileStore:
             mark_term, mark_index = saved.catch_up_term, saved.catch_up_index
         if mark_index > scan.last_index or saved.catch_up_index >= 0:
             self.save_hard_state(HardState(saved.term, saved.voted_for, saved.committed_index, mark_term, mark_index))
-        end = self.data_file_list.max_offset if self.data_file_list.mapped_files else scan.end_offset
-        self.damaged.append(DamagedRange(scan.stop_path or self.data_file_list.directory, scan.end_offset,
-                                         max(end, scan.end_offset), f"{scan.reason}: {why}",
-                                         scan.last_index + 1))  # fmt: skip
 
     def _former_end(self, first_lost: int) -> tuple[int, int]:
         """(index, term) of the last index unit that follows on from ``first_lost`` (units

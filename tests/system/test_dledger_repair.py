@@ -109,3 +109,66 @@ def test_a_member_restarted_with_a_shorter_log_than_it_acknowledged_is_caught_up
             node.kill()
         raise
     _stop_all_and_compare(tmp_path, nodes, leader, member)
+
+
+def _node_args(tmp_path, member: str = "n0", *extra: str) -> list[str]:
+    from hasvc.tools.partition import LOOPBACK, free_port
+
+    from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS
+
+    timing = [argument for setting in ETCD_LIKE_SETTINGS for argument in ("--set", setting)]
+    return ["--store", str(tmp_path / member), "--listen", f"{LOOPBACK}:0", "--group", "one",
+            "--peers", f"{member}-{LOOPBACK}:{free_port()}", "--self", member, *timing, *extra]  # fmt: skip
+
+
+def test_recovery_settings_are_checked_in_one_line_on_the_command_line_and_in_a_config_file(tmp_path) -> None:
+    runner = CliRunner()
+    done = runner.invoke(cli_main, ["node", *_node_args(tmp_path), "--set", "recovery_accept_lost_entries=maybe"])
+    assert done.exit_code == 2 and "recovery_accept_lost_entries='maybe': expected true or false" in done.output
+    done = runner.invoke(cli_main, ["node", *_node_args(tmp_path), "--set", "recovery_cut_segments_max=many"])
+    assert done.exit_code == 2 and "recovery_cut_segments_max='many': expected an integer" in done.output
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[broker]\nrecovery_accept_lost_entrys = true\n")
+    done = runner.invoke(cli_main, ["node", *_node_args(tmp_path), "--config", str(bad)])
+    assert done.exit_code == 2 and "unknown option(s) recovery_accept_lost_entrys" in done.output, done.output
+    assert "Traceback" not in done.output and done.exception is None or isinstance(done.exception, SystemExit)
+    bad.write_text("[broker]\nrecovery_accept_lost_entries = 'yes'\n")
+    done = runner.invoke(cli_main, ["node", *_node_args(tmp_path), "--config", str(bad)])
+    assert done.exit_code == 2 and "recovery_accept_lost_entries must be true or false" in done.output, done.output
+    bad.write_text("[broker\n")
+    done = runner.invoke(cli_main, ["node", *_node_args(tmp_path), "--config", str(bad)])
+    assert done.exit_code == 2 and f"--config {bad}:" in done.output, done.output
+
+
+def test_a_group_of_one_refuses_damage_in_one_line_and_takes_the_loss_when_told(tmp_path) -> None:
+    from hasvc.tools.drill_dledger import Node
+
+    args = _node_args(tmp_path)
+    node = Node(str(tmp_path), "n0", args)
+    node.start()
+    try:
+        acked = trio.run(_send, [node.client_address], 50, "u")
+    finally:
+        node.stop()
+    entry = next(d for d in _dump(tmp_path, "n0") if d["offset"] == acked[20])
+    data_file = tmp_path / "n0" / "dledger-n0" / "data" / f"{0:020d}"
+    content = bytearray(data_file.read_bytes())
+    content[content.index(b"u20", entry["offset"])] ^= 0x01
+    data_file.write_bytes(bytes(content))
+    done = CliRunner().invoke(cli_main, ["node", *args])  # no other copy: refused, nothing changed
+    assert done.exit_code == 1, done.output
+    (line,) = done.output.strip().splitlines()
+    assert f"offset {entry['offset'] - 48} ({data_file}: bodyCrc mismatch (entry index {entry['index']})" in line, line
+    assert "set recovery_accept_lost_entries=true (hasvc node --set)" in line
+    assert data_file.read_bytes() == bytes(content)
+    accept = tmp_path / "accept.toml"
+    accept.write_text("[broker]\nrecovery_accept_lost_entries = true\n")
+    node = Node(str(tmp_path), "n0", [*args, "--config", str(accept)])
+    node.start()
+    try:
+        status = _status(node)
+        assert status["ledger_end_index"] == entry["index"] - 1 and status["catch_up_index"] == -1
+        assert [d["index"] for d in status["damaged"]] == [entry["index"]]  # reported, accepted
+        assert trio.run(_send, [node.client_address], 1, "v")  # it leads and takes writes
+    finally:
+        node.stop()

@@ -1019,6 +1019,8 @@ class DLedgerMmapFileStore:
         if damage is not None:
             if not accept:
                 self._save_catch_up_mark(scan, committed_hint, checkpoint_flushed)
+            if scan.damaged:  # the last entry kept has the damaged term: it goes too
+                self._drop_last_scanned(scan)
             end = self.data_file_list.max_offset if self.data_file_list.mapped_files else scan.end_offset
             self.damaged.append(DamagedRange(scan.stop_path or self.data_file_list.directory, scan.end_offset,
                                              max(end, scan.end_offset), f"{scan.reason}: {damage[0]}",
@@ -1090,6 +1092,40 @@ class DLedgerMmapFileStore:
             mark_term, mark_index = saved.catch_up_term, saved.catch_up_index
         if mark_index > scan.last_index or saved.catch_up_index >= 0:
             self.save_hard_state(HardState(saved.term, saved.voted_for, saved.committed_index, mark_term, mark_index))
+
+    def _drop_last_scanned(self, scan: DataScan) -> None:
+        """End the scan before its last entry (whose term field is damaged: a whole entry with a
+        lower term follows it), where its index unit, written with it, says it lies."""
+        last = scan.last_index
+        unit = self._index_unit_or_none(last)
+        if unit is None or scan.count == 0:
+            raise StoreError(self._refusal(scan, f"entry {last} has a damaged term and no index unit to cut it by",
+                                           "recovery_accept_lost_entries"))  # fmt: skip
+        scan.end_offset, scan.last_index, scan.count = unit.pos, last - 1, scan.count - 1
+        if scan.count == 0:
+            scan.last_term = self._begin[1] if self._begin is not None and self._begin[0] == last else -1
+            scan.first_index = -1
+        else:
+            previous = self._index_unit_or_none(last - 1)
+            if previous is None:
+                raise StoreError(self._refusal(scan, f"entry {last - 1} has no index unit", "recovery_accept_lost_entries"))
+            scan.last_term = previous.term
+        mapped_file = self.data_file_list.find_mapped_file_by_offset(unit.pos)
+        scan.stop_path = mapped_file.path if mapped_file is not None else scan.stop_path
+        scan.reason = f"entry {last}: term damaged ({scan.reason})"
+        if scan.index_mismatch_from is not None and scan.index_mismatch_from > scan.last_index:
+            scan.index_mismatch_from, scan.index_mismatch_offset = None, -1
+
+    def _index_unit_or_none(self, index: int) -> codec.IndexUnit | None:
+        offset = index * codec.INDEX_UNIT_SIZE
+        mapped_file = self.index_file_list.find_mapped_file_by_offset(offset) if index >= 0 else None
+        if mapped_file is None:
+            return None
+        try:
+            unit = codec.decode_index_unit(mapped_file.view(), offset - mapped_file.file_from_offset)
+        except codec.EntryFormatError:
+            return None
+        return unit if unit.index == index else None
 
     def _former_end(self, first_lost: int) -> tuple[int, int]:
         """(index, term) of the last index unit that follows on from ``first_lost`` (units

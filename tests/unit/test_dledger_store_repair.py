@@ -96,3 +96,15 @@ def test_the_mark_and_a_plain_hard_state_round_trip(tmp_path):
     store = DLedgerMmapFileStore.open(str(tmp_path), SMALL)
     assert store.load_hard_state() == HardState(5, None, -1, 4, 30)
     store.close()
+
+
+def test_a_raised_term_goes_with_its_entry_when_repairing(tmp_path):
+    spans = closed_store(tmp_path, 20)
+    pos, _ = spans[8]
+    damage(tmp_path, pos + 16, (200).to_bytes(8, "big"))  # entry 8's term (under no CRC) 3 -> 200
+    store = open_store(tmp_path, REPAIR)
+    assert (store.last_index(), store.last_term()) == (7, 3)  # entry 8 went too: its term cannot be trusted
+    assert (store.load_hard_state().catch_up_term, store.load_hard_state().catch_up_index) == (3, 19)
+    (found,) = store.damaged
+    assert found.from_offset == pos and found.index == 8 and "term damaged" in found.reason
+    store.close()

@@ -12,6 +12,7 @@ only that kind.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from commitlog.dledger.entry_codec import BODY_OFFSET
@@ -157,8 +158,8 @@ class SimLog:
         self._first = reset.first_index
         self._term_before_first = reset.term_before_first
         self._flushed_index = reset.first_index - 1
-        self._hard_state = HardState(self._hard_state.term, self._hard_state.voted_for,
-                                     max(self._hard_state.committed_index, reset.first_index - 1))  # fmt: skip
+        self._hard_state = dataclasses.replace(
+            self._hard_state, committed_index=max(self._hard_state.committed_index, reset.first_index - 1))
 
     def flush(self) -> int:
         self.flush_count += 1

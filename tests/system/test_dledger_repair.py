@@ -71,6 +71,8 @@ def test_a_member_with_a_flipped_byte_below_the_committed_index_rejoins_and_ends
         assert "bodyCrc mismatch" in damage["reason"] and damage["file"].endswith(f"{0:020d}")
         log = (tmp_path / f"{member}.log").read_text()
         assert "ERROR" in log and "damaged entries cut" in log
+        shown = CliRunner().invoke(cli_main, ["status", nodes[member].client_address])
+        assert shown.exit_code == 0 and f"entry {entry['index']}: bodyCrc mismatch" in shown.output, shown.output
         more = trio.run(_send, addresses, 20, "s")
         leader = _leader(nodes)
         wait_until(lambda: _caught_up(nodes, leader, member), timeout=60, message="the damaged member caught up")

@@ -1114,7 +1114,8 @@ class RaftNode:
     def _after_event(self, now: float, *, push: bool = True) -> None:
         """What follows every event: a leader pushes (``push``: not after a proposal, whose
         entries go when the Ready is taken), commits and hands leadership over; invariants."""
-        self._maybe_caught_up()
+        if self._catch_up is not None:
+            self._maybe_caught_up()
         if self.role is Role.LEADER:
             if push:
                 _, last = self._push_all(now)

@@ -12,6 +12,7 @@ import trio
 from click.testing import CliRunner
 
 from hasvc.cli import main as cli_main
+from hasvc.tools.drill import queue_file_digests
 from tests.cluster import start_dledger_group, wait_until
 from tests.system.test_dledger_system import _leader, _send, _status
 
@@ -46,6 +47,7 @@ def _stop_all_and_compare(tmp_path, nodes, leader: str, member: str) -> None:
         _verify(tmp_path, name)
     assert _dump(tmp_path, member) == _dump(tmp_path, leader)
     assert _data_files(tmp_path, member) == _data_files(tmp_path, leader)  # byte for byte
+    assert queue_file_digests(str(tmp_path / member)) == queue_file_digests(str(tmp_path / leader))
 
 
 def test_a_member_with_a_flipped_byte_below_the_committed_index_rejoins_and_ends_byte_identical(tmp_path) -> None:

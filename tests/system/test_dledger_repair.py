@@ -73,6 +73,7 @@ def test_a_member_with_a_flipped_byte_below_the_committed_index_rejoins_and_ends
         assert "bodyCrc mismatch" in damage["reason"] and damage["file"].endswith(f"{0:020d}")
         log = (tmp_path / f"{member}.log").read_text()
         assert "ERROR" in log and "damaged entries cut" in log
+        assert f"entries up to {committed} (term" in log and "were lost here" in log  # its catch-up mark
         shown = CliRunner().invoke(cli_main, ["status", nodes[member].client_address])
         assert shown.exit_code == 0 and f"entry {entry['index']}: bodyCrc mismatch" in shown.output, shown.output
         more = trio.run(_send, addresses, 20, "s")
@@ -84,6 +85,8 @@ def test_a_member_with_a_flipped_byte_below_the_committed_index_rejoins_and_ends
             node.kill()
         raise
     _stop_all_and_compare(tmp_path, nodes, leader, member)
+    currterm = (tmp_path / member / f"dledger-{member}" / "currterm").read_text()
+    assert "catchUpIndex" not in currterm, currterm  # the mark was cleared on disk too
 
 
 def test_a_member_restarted_with_a_shorter_log_than_it_acknowledged_is_caught_up(tmp_path) -> None:

@@ -896,7 +896,7 @@ class DLedgerBroker:
         self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
             self.config.store, store_config, self_id=self.group.self_id, dledger=entry_config, entry_class=Entry,
             hard_state_class=HardState))  # fmt: skip
-        for damage in self.store.entries.damaged:
+        for damage in self.store.damaged:
             LOGGER.error("store %s: damaged entries cut, to be repaired from the leader: %s", self.config.store,
                          damage.describe())  # fmt: skip
         mark = self.store.entries.load_hard_state()
@@ -1103,7 +1103,7 @@ class DLedgerBroker:
             "raft_connections_refused": self.driver.refused_connections,
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
             "catch_up_index": raft.catch_up_index,
-            "damaged": [damage.to_json() for damage in self.store.entries.damaged],
+            "damaged": [damage.to_json() for damage in self.store.damaged],
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
                              "behind_log_start": p.behind_log_start,
                              "last_contact_seconds": None if p.last_contact_seconds == float("inf") else round(p.last_contact_seconds, 3),

@@ -10,7 +10,9 @@ order (hard state, truncate, append, send, then commit and the rest) -- telling 
 ``RaftChecker`` about each side effect first. Time jumps from event to event; nothing sleeps.
 
 ``crash(member)`` drops the core and whatever its log loses (``lose_unflushed``: a power loss,
-else a process kill); ``start(member)`` builds a new core from the log, as a restart does.
+else a process kill); ``crash_losing_tail(member, index)`` is a storage fault on top (the log
+comes back without its entries from ``index``, its catch-up mark saved, as a member's recovery
+cuts damage); ``start(member)`` builds a new core from the log, as a restart does.
 Scenario code (``hasvc.testing.raft_sim``, tests) decides when to propose, crash and partition,
 and calls ``run_until(t)`` in between.
 """

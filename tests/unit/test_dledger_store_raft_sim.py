@@ -3,7 +3,8 @@ DLedgerMmapFileStore as every member's log: real files, crashes that lose any un
 page. The simulator's checker (one leader a term, log matching, committed entries never change or
 vanish, acknowledged proposals committed once) must hold as it does over its in-memory SimLog,
 with retention deleting head data files below the cores' retention floors (or, forced, regardless
-of them: a stranded member's store is then RESET to the leader's first index and offset).
+of them: a stranded member's store is then RESET to the leader's first index and offset), and
+storage faults: a member's data damaged on disk, cut by its recovery with the catch-up mark saved.
 Skipped until the simulator is in the tree."""
 
 import os
@@ -19,7 +20,8 @@ storage = pytest.importorskip("hasvc.state.raft.storage")
 
 PAGE_SIZE = 4096
 # Small files, so that a seed's few hundred entries fill several and retention has whole files to delete.
-CONFIG = DLedgerStoreConfig(data_file_size=1024, index_file_size=32 * 64)
+# A member of a group: damage (the simulator's storage faults) is cut with the catch-up mark saved.
+CONFIG = DLedgerStoreConfig(data_file_size=1024, index_file_size=32 * 64, recovery_repair_from_peers=True)
 
 
 class StoreLog:
@@ -64,6 +66,24 @@ class StoreLog:
         self.store = self._open()
         return before - self.store.last_index()
 
+    def lose_from(self, index: int) -> None:
+        """SimLog.lose_from on the real store: everything is flushed and checkpointed, then one
+        byte of entry ``index``'s header (its magic code) is flipped on disk; reopening cuts
+        there and saves the catch-up mark itself (recovery_repair_from_peers)."""
+        self.store.flush()
+        self.store.persist_checkpoint()
+        pos, _ = self.store.entry_span(index)
+        self.store.abandon()
+        name = os.path.join(self.path, "data", f"{pos - pos % CONFIG.data_file_size:020d}")
+        with open(name, "r+b") as file:
+            file.seek(pos % CONFIG.data_file_size + 3)  # the low byte of the entry's magic code
+            byte = file.read(1)
+            file.seek(pos % CONFIG.data_file_size + 3)
+            file.write(bytes([byte[0] ^ 0x01]))
+        self.store = self._open()
+        assert self.store.last_index() == index - 1 and self.store.damaged, (index, self.store.last_index())
+        assert self.store.load_hard_state().catch_up_index >= index
+
     def _lose_pages(self, path: str, start: int, low: int, end: int) -> None:
         with open(path, "r+b") as file:
             for page in range(low - low % PAGE_SIZE, end, PAGE_SIZE):
@@ -73,7 +93,7 @@ class StoreLog:
                     file.write(bytes(hi - lo))
 
 
-@pytest.mark.parametrize(("nodes", "seeds"), [(3, range(8)), (5, range(3))])
+@pytest.mark.parametrize(("nodes", "seeds"), [(3, range(11)), (5, range(5))])
 def test_the_raft_simulator_stays_safe_and_live_on_the_dledger_store(tmp_path, monkeypatch, nodes, seeds):
     created = []
 
@@ -82,11 +102,14 @@ def test_the_raft_simulator_stays_safe_and_live_on_the_dledger_store(tmp_path, m
         return created[-1]
 
     monkeypatch.setattr(raft_cluster, "SimLog", store_log)
-    resets = 0
+    resets = lost_tails = 0
     for seed in seeds:
         print(f"replay: seed {seed}, {nodes} nodes")
-        resets += raft_sim.run_seed(seed, nodes).resets
+        report = raft_sim.run_seed(seed, nodes)
+        resets += report.resets
+        lost_tails += report.lost_tails
     assert len(created) == nodes * len(seeds)
-    if nodes == 3:  # (the three 5-member seeds fill too few files: a member down holds the floor back)
+    assert lost_tails > 0  # damaged stores were cut with their catch-up mark and caught up (lose_from)
+    if nodes == 3:  # (the five 5-member seeds fill too few files: a member down holds the floor back)
         assert any(log.store.first_index() > 0 for log in created)  # retention did delete head files
-        assert resets > 0  # and a forced clean stranded a member, whose store was reset (seeds 5 and 6)
+        assert resets > 0  # and a forced clean stranded a member, whose store was reset (seed 10)

@@ -69,10 +69,17 @@ class StoreLog:
     def lose_from(self, index: int) -> None:
         """SimLog.lose_from on the real store: everything is flushed and checkpointed, then one
         byte of entry ``index``'s header (its magic code) is flipped on disk; reopening cuts
-        there and saves the catch-up mark itself (recovery_repair_from_peers)."""
+        there and saves the catch-up mark itself (recovery_repair_from_peers). Recovery re-checks
+        only the last 3 data files: an entry before them is not damaged, the first one they
+        hold is (fewer entries lost than asked: the simulator's healthy-copy check covers it)."""
         self.store.flush()
         self.store.persist_checkpoint()
         pos, _ = self.store.entry_span(index)
+        files = self.store.data_file_list.mapped_files
+        scanned_from = files[max(0, len(files) - 3)].file_from_offset
+        if pos < scanned_from:  # recovery re-checks the last 3 data files only: damage the first entry it checks
+            pos = scanned_from
+            index = self.store.get_by_pos(pos).index
         self.store.abandon()
         name = os.path.join(self.path, "data", f"{pos - pos % CONFIG.data_file_size:020d}")
         with open(name, "r+b") as file:

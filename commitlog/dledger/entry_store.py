@@ -1173,7 +1173,11 @@ class DLedgerMmapFileStore:
 
     def _scan(self, files: list[MappedFile], start: int) -> DataScan:
         data_files = [DataFile(f.path, f.file_from_offset, f.view()) for f in files[start:]]
-        return scan_data_files(data_files, file_size=self.config.data_file_size, unit_matches=self._unit_matches)
+        first_index = None  # the log's first file: its first entry has the recorded begin's index, else 0
+        if start == 0 and files[0].file_from_offset == self._data_start_offset:
+            first_index = self._begin[0] if self._begin is not None else 0
+        return scan_data_files(data_files, file_size=self.config.data_file_size, unit_matches=self._unit_matches,
+                               first_index=first_index)  # fmt: skip
 
     def _cut_data_after_scan(self, scan: DataScan, *, cut_segments_max: int | None) -> tuple[str, ...]:
         """Cut the data files where the scan stopped (zeroing the rest of that file: bytes of a

@@ -108,3 +108,14 @@ def test_a_raised_term_goes_with_its_entry_when_repairing(tmp_path):
     (found,) = store.damaged
     assert found.from_offset == pos and found.index == 8 and "term damaged" in found.reason
     store.close()
+
+
+def test_a_damaged_index_in_the_logs_first_entry_is_damage_not_a_shorter_log(tmp_path):
+    closed_store(tmp_path, 20)
+    damage(tmp_path, 15, b"\x01")  # entry 0's index field (under no CRC) now says 1
+    with pytest.raises(StoreError, match=r"entry index 1, the log starts at 0"):
+        open_store(tmp_path)
+    store = open_store(tmp_path, REPAIR)
+    assert (store.first_index(), store.last_index()) == (0, -1)  # nothing kept: the leader sends it all again
+    assert store.load_hard_state().catch_up_index == 19
+    store.close()

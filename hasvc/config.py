@@ -73,6 +73,14 @@ class BrokerConfig:
     # (the classic broker's period is StoreTasks' CLEAN_INTERVAL_SECONDS).
     dledger_clean_interval_seconds: float = 10.0
     scrub_bytes_per_second: int = 16 * 1024 * 1024  # StoreConfig.scrub_bytes_per_second: the background re-check of log and queues (0: off)
+    # A DLedger member's recovery (commitlog/dledger/entry_store.py DLedgerStoreConfig has the reasons):
+    # recovery_cut_segments_max also bounds the classic log's cut (StoreConfig); damage below what the
+    # member knew durable is cut and repaired from the group's leader (recovery_repair_from_peers, a
+    # group of more than one), or refused (false), or accepted without a catch-up mark
+    # (recovery_accept_lost_entries, DLedger's own behaviour).
+    recovery_cut_segments_max: int = 1
+    recovery_accept_lost_entries: bool = False
+    recovery_repair_from_peers: bool = True
     page_cache_keep_size: int = 0  # StoreConfig.page_cache_keep_size (and a DLedger member's entry files): 0 keeps the page cache whole
     # StoreConfig.small_write_pages (commitlog/mapped_file.py SMALL_PAGES_MARGIN): "auto" turns it on
     # for a store that syncs each put (--flush sync; a DLedger member's --flush sync), "on"/"off" force it.
@@ -183,6 +191,7 @@ class BrokerConfig:
             page_cache_keep_size=self.page_cache_keep_size,
             scrub_bytes_per_second=self.scrub_bytes_per_second,
             small_write_pages=self.small_write_pages_for(self.flush is FlushDiskType.SYNC_FLUSH),
+            recovery_cut_segments_max=self.recovery_cut_segments_max,
             store_host=self.listen if _is_ip(self.listen[0]) else ("127.0.0.1", self.listen[1]),
         )
 
@@ -193,6 +202,9 @@ class BrokerConfig:
     def validate(self) -> BrokerConfig:
         if self.small_write_pages not in SMALL_WRITE_PAGES_CHOICES:
             raise ValueError(f"small_write_pages must be one of {', '.join(SMALL_WRITE_PAGES_CHOICES)}, got {self.small_write_pages!r}")
+        for name in ("recovery_accept_lost_entries", "recovery_repair_from_peers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not self.dledger_clean_interval_seconds > 0:
             raise ValueError(f"dledger_clean_interval_seconds must be positive, got {self.dledger_clean_interval_seconds}")
         if self.role is BrokerRole.SLAVE and self.master_ha is None:

@@ -74,6 +74,7 @@ from commitlog.commit_log import CommitLog, ReadError, now_ms
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import ConsumeQueueStore
 from commitlog.dledger import entry_codec as codec
+from commitlog.damage import DamagedRange
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig
 from commitlog.dledger.upgrade import DividedLog, LogPart, dledger_directory, open_after_classic
 from commitlog.mapped_file import DiskFullError, StoreError, fsync_directory
@@ -795,6 +796,11 @@ class DLedgerMessageStore:
                 _, _, _, queue_id, queue_offset, sysflag, _, _ = rec.decode_dispatch(view, start, limit)
                 if not _transactional(sysflag):
                     yield match, RecordPlace(pos + BODY_OFFSET, size - BODY_OFFSET, queue_id, queue_offset)
+
+    @property
+    def damaged(self) -> list[DamagedRange]:
+        """Damage the entry store's recovery found and cut (repaired from the Raft leader, or accepted)."""
+        return self.entries.damaged if self.entries is not None else []
 
     def statistics(self) -> StoreStatistics:
         classic_segments = len(self.classic.mapped_file_queue.mapped_files) if self.classic is not None else 0

@@ -75,6 +75,7 @@ import time
 import trio
 
 from commitlog import record as rec
+from commitlog.dledger.entry_store import DLedgerStoreConfig
 from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.mapped_file import DiskFullError, StoreError, is_disk_full
 from commitlog.store import AppendResult, disk_used_ratio
@@ -997,9 +998,26 @@ class DLedgerBroker:
         # A member syncs each append with --flush sync (the Raft config's), whatever the store's own flush says.
         store_config = dataclasses.replace(self.config.store_config(),
                                            small_write_pages=self.config.small_write_pages_for(self.group.raft.flush_sync))  # fmt: skip
+        # Damage below what this member knew durable is cut and repaired from the leader, unless
+        # it has no other copy (a group of one) or the settings say to refuse or to accept the loss.
+        entry_config = DLedgerStoreConfig(data_file_size=store_config.commitlog_segment_size,
+                                          page_cache_keep_size=store_config.page_cache_keep_size,
+                                          small_write_pages=store_config.small_write_pages,
+                                          recovery_cut_segments_max=self.config.recovery_cut_segments_max,
+                                          recovery_accept_lost_entries=self.config.recovery_accept_lost_entries,
+                                          recovery_repair_from_peers=self.config.recovery_repair_from_peers
+                                          and len(self.group.peers) > 1)  # fmt: skip
         self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
             self.config.store, store_config, self_id=self.group.self_id, group=self.group.group,
-            upgrade_classic=self.group.upgrade_classic, entry_class=Entry, hard_state_class=HardState))  # fmt: skip
+            upgrade_classic=self.group.upgrade_classic, dledger=entry_config, entry_class=Entry, hard_state_class=HardState))  # fmt: skip
+        for damage in self.store.damaged:
+            LOGGER.error("store %s: damaged entries cut, to be repaired from the leader: %s", self.config.store,
+                         damage.describe())  # fmt: skip
+        mark = self.store.entries.load_hard_state()
+        if mark.catch_up_index >= 0:
+            LOGGER.warning("store %s: entries up to %d (term %d) were lost here: this member neither votes as itself "
+                           "nor stands for election until the leader has caught it up to there", self.config.store,
+                           mark.catch_up_index, mark.catch_up_term)  # fmt: skip
         LOGGER.info("store %s: entries %d..%d, committed %d, dispatched %d", self.config.store,
                     self.store.entries.first_index(), self.store.entries.last_index(), self.store.entries.committed_index,
                     self.store.dispatched_index)  # fmt: skip
@@ -1218,6 +1236,8 @@ class DLedgerBroker:
             **self.client_port.answer_budget.statistics(),
             "appends_dropped_disk_full": self.driver.appends_dropped_disk_full,
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
+            "catch_up_index": raft.catch_up_index,
+            "damaged": [damage.to_json() for damage in self.store.damaged],
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
                              "behind_log_start": p.behind_log_start,
                              "last_contact_seconds": None if p.last_contact_seconds == float("inf") else round(p.last_contact_seconds, 3),

@@ -41,7 +41,10 @@ def _build_config(role_default, cli_values: dict, config_file, secret_file, sett
 
     from hasvc.config import BrokerConfig, convert, load_toml, read_secret
 
-    values = load_toml(config_file) if config_file else {}
+    try:
+        values = load_toml(config_file) if config_file else {}
+    except (OSError, ValueError) as error:  # tomllib.TOMLDecodeError is a ValueError
+        raise click.UsageError(f"--config {config_file}: {error}") from None
     fields = {f.name: f for f in dataclasses.fields(BrokerConfig)}
     for setting in settings:
         name, separator, raw = setting.partition("=")
@@ -79,11 +82,18 @@ def _check_tls_files(cert, key, ca) -> None:
 def _typed(raw: str, field):
     kind = str(field.type)
     if "bool" in kind:
+        if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise click.BadParameter(f"{field.name}={raw!r}: expected true or false", param_hint="--set")
         return raw.lower() in ("1", "true", "yes", "on")
     if "int" in kind and raw.lstrip("-").isdigit():
         return int(raw)
+    if kind == "int":
+        raise click.BadParameter(f"{field.name}={raw!r}: expected an integer", param_hint="--set")
     if "float" in kind:
-        return float(raw)
+        try:
+            return float(raw)
+        except ValueError:
+            raise click.BadParameter(f"{field.name}={raw!r}: expected a number", param_hint="--set") from None
     return raw
 
 

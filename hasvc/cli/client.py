@@ -171,6 +171,12 @@ def _echo_dledger_status(data: dict) -> None:
                f"{data['committed_index']}  flushed {data['flushed_index']}  retention keeps from "
                f"{data['retention_floor_index']}")  # fmt: skip
     click.echo(f"offsets      min {data['min_offset']}  max {data['max_offset']}  flushed {data['flushed_offset']}")
+    for item in data.get("damaged", ()):
+        index = f" entry {item['index']}" if "index" in item else ""
+        click.echo(f"damaged      {item['file']} [{item['from']}, {item['to']}){index}: {item['reason']} (cut at recovery)")
+    if data.get("catch_up_index", -1) >= 0:
+        click.echo(f"catch-up     lost entries up to {data['catch_up_index']}: no election, votes as if its log ended "
+                   "there, until the leader has caught it up")  # fmt: skip
     for peer, item in sorted(data["peers"].items()):
         behind = ("  BEHIND THE LOG START: being reset to this leader's first entry (retention deleted what it needs)"
                   if item.get("behind_log_start") else "")  # fmt: skip

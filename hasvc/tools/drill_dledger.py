@@ -260,7 +260,7 @@ class DLedgerDrill:
         try:
             await trio.to_thread.run_sync(node.start)
         except StartError as error:
-            refusal = [line for line in str(error).splitlines() if line.strip()][-1]
+            refusal = _refusal_line(node.log())
             self.echo(f"round {number}: {victim} refused to start after {damage}: {refusal}")
             return RoundReport(number, "corrupt", victim, len(self.acked), 0, 0, failover, 0, False, new_leader,
                                f"{damage}; refused: {refusal}")  # fmt: skip
@@ -342,6 +342,12 @@ class DLedgerDrill:
             node.stop()
         if not keep:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _refusal_line(log: str) -> str:
+    """The last line of a node's log that says something (not a traceback's frame or border)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip() and not line.strip().startswith(("|", "+", "^", "File "))]
+    return lines[-1] if lines else "(empty log)"
 
 
 def dledger_directory(store: str, member: str) -> str:
@@ -445,8 +451,10 @@ def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, se
     try:
         trio.run(main)
     finally:
-        drill.close(keep)
-    ok = len(reports) == rounds and all(r.ok for r in reports)
+        ok = len(reports) == rounds and all(r.ok for r in reports)
+        drill.close(keep or not ok)
+        if not ok:
+            echo(f"the stores and logs are kept under {drill.root}")
     failovers = [r.failover_seconds for r in reports if r.fault != "kill-follower" and r.failover_seconds > 0]
     if failovers:
         echo(f"failover (fault -> first PUT_OK on the new leader): p50 {statistics.median(failovers):.3f} s, "

@@ -32,8 +32,8 @@ def demo(producers, keep, dledger) -> None:
               default=None, help="The fault each round injects. dledger: kill-leader (the default), kill-follower, "
               "partition-leader, mixed, corrupt. sync: corrupt; without --fault, a failover round. corrupt: stop a "
               "replica, flip one bit in one file of its store, restart it under load (a classic broker that refuses "
-              "is repaired from its peer; a DLedger member must rejoin by itself). sync: disk-full (one replica's "
-              "store, on a tmpfs the drill mounts as root, filled and freed under load).")
+              "is repaired from its peer; a DLedger member must rejoin by itself). disk-full (sync or dledger): one "
+              "replica's store, on a tmpfs the drill mounts as root, filled and freed under load.")
 @click.option("--dledger-timing", is_flag=True, help="dledger: DLedger's election defaults instead of etcd-like ones.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds when and whom the fault hits.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
@@ -57,9 +57,9 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
     repaired from its peer (hasvc store repair); a DLedger member must rejoin by itself."""
     if (tls_cert or tls_key or tls_ca) and (mode != "dledger" or not (tls_cert and tls_key)):
         raise click.UsageError("--tls-cert/--tls-key (and --tls-ca) go together, with --mode dledger")
-    if fault == "disk-full":
+    if fault == "disk-full" and mode != "dledger":
         if mode != "sync":
-            raise click.UsageError("--fault disk-full runs with --mode sync")
+            raise click.UsageError("--fault disk-full runs with --mode sync or dledger")
         from hasvc.tools.drill_diskfull import run_diskfull_drill
 
         try:
@@ -76,9 +76,12 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
     elif mode == "dledger":
         from hasvc.tools.drill_dledger import run_dledger_drill
 
-        ok = run_dledger_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-leader", seed=seed,
-                               report_path=report_path, keep=keep, etcd_timing=not dledger_timing, echo=click.echo,
-                               tls=(tls_cert, tls_key, tls_ca) if tls_cert else None)  # fmt: skip
+        try:
+            ok = run_dledger_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-leader",
+                                   seed=seed, report_path=report_path, keep=keep, etcd_timing=not dledger_timing,
+                                   echo=click.echo, tls=(tls_cert, tls_key, tls_ca) if tls_cert else None)  # fmt: skip
+        except PermissionError as error:
+            raise click.UsageError(str(error)) from None
     else:
         if fault is not None:
             raise click.UsageError(f"--fault {fault} runs with --mode dledger")

@@ -75,7 +75,7 @@ class Broker:
         self.put_service = PutService(config=self.config, store=store, role=self.role_state, replicator=self.replicator,
                                       producers=self.producers, after_appends=self.store_tasks.after_appends)  # fmt: skip
         self.client_port = ClientPort(config=self.config, store=store, puts=self.put_service, status=self.status,
-                                      promote=self.promote, demote=self.demote)  # fmt: skip
+                                      promote=self.promote, demote=self.demote, fence=self.fence)  # fmt: skip
 
     @property
     def role(self) -> BrokerRole:
@@ -202,8 +202,9 @@ class Broker:
 
     def make_ha_service(self) -> HAService:
         """The HA service of this broker as a master (its store open)."""
+        client_address = format_address(self.listen_address) if self.listen_address is not None else ""
         return HAService(config=self.config, store=self.store, replicas=self.replicas, role=self.role_state,
-                         on_ack=self.replicator.on_report)  # fmt: skip
+                         on_ack=self.replicator.on_report, client_address=client_address)  # fmt: skip
 
     async def _start_ha_service(self, nursery: trio.Nursery, ssl_context) -> None:
         ha_listener, ha_socket = await transport.open_listener(self.config.effective_ha_listen, ssl_context=ssl_context)
@@ -227,6 +228,20 @@ class Broker:
         histories' consistent point."""
         await self._carry_out(self.role_state.demote(master_ha))
         LOGGER.warning("demoted: now a slave of %s", format_address(master_ha))
+
+    async def fence(self, fence: bool, reason: str) -> None:
+        """FENCE: refuse writes from now on (SERVICE_NOT_AVAILABLE naming ``reason``) while the
+        slaves go on replicating and acknowledging what was written (``hasvc switchover`` waits
+        for them), or lift a fence set with the same reason. ValueError on a slave, or to lift
+        another fence (a newer epoch's is lifted only by demote or promote)."""
+        if self.role_state.is_slave:
+            raise ValueError("a slave takes no writes to fence")
+        if fence:
+            self.role_state.fence(reason)
+            LOGGER.warning("fenced: %s", reason)
+        else:
+            self.role_state.lift_fence(reason)
+            LOGGER.warning("fence lifted: %s", reason)
 
     def _server_ssl(self):
         if self.config.tls_cert is None:
@@ -272,6 +287,7 @@ class Broker:
         if role.is_slave:
             status["master_ha"] = format_address(role.master_ha)
             status["master_connected"] = role.master_connected
+            status["master_client_address"] = role.master_client_address  # from its MASTER_HELLO; null before
         if store.dispatch_error:
             status["dispatch_error"] = store.dispatch_error
         if role.fenced_by:

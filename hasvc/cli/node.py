@@ -10,8 +10,7 @@ import click
 
 from commitlog.mapped_file import StoreError
 from hasvc.cli.broker import _build_config, _typed
-from hasvc.cli.common import start_busy_polling, tune_malloc
-from hasvc.transport import first_leaf
+from hasvc.cli.common import check_can_listen, start_busy_polling, tune_malloc
 
 RAFT_PRESETS = ("dledger", "etcd")
 
@@ -70,13 +69,19 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, conf
     from hasvc.broker.dledger import GroupConfig, parse_peers
     from hasvc.config import is_loopback
 
+    from hasvc.state.raft.config import RaftConfig
+
     raft, rest = _raft_config(settings, flush, preferred_leader)
-    config = _build_config("SYNC_MASTER", dict(store=store_dir, listen=listen, insecure=insecure), config_file, secret_file, rest)
+    raft_names = [field.name for field in dataclasses.fields(RaftConfig)] + ["raft_preset"]
+    config = _build_config("SYNC_MASTER", dict(store=store_dir, listen=listen, insecure=insecure), config_file, secret_file, rest,
+                           other_names=raft_names)  # fmt: skip
     try:
         members = parse_peers(peers)
         group_config = GroupConfig(group=group, self_id=self_id, peers=members, raft=raft).validate()
     except ValueError as error:
         raise click.UsageError(str(error)) from None
+    # before the store is opened (and created): a port in use leaves nothing behind
+    check_can_listen([members[self_id], config.listen, config.metrics_listen])
     exposed = [address for address in members.values() if not is_loopback(address[0])]
     if exposed and config.secret is None and not config.insecure:
         raise click.UsageError(f"refusing Raft traffic off loopback ({exposed[0][0]}) without a secret: give --secret-file "
@@ -91,6 +96,7 @@ def _run_node(config, group_config) -> None:
     import trio
 
     from hasvc.broker.dledger import DLedgerBroker
+    from hasvc.transport import first_leaf
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()

@@ -30,6 +30,8 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
     kind 8 TRANSFER_LEADER
                    request : string target member id (DLedger mode; 1..64 bytes)
                    response: status | reason | blob-32 (a JSON object: the outcome, docs/PROTOCOL.md §2)
+    kind 9 FENCE   request : u8 fence (1: refuse writes from now on, 0: lift that fence) | string reason
+                   response: as PROMOTE (a classic master; ``hasvc switchover``)
 
 ``properties blob-16`` is ``u16 length | name\\x01value\\x02...``. SEND statuses are RocketMQ's
 PutMessageStatus names; the others use OK, NOT_FOUND, OFFSET_ILLEGAL, SERVICE_NOT_AVAILABLE and
@@ -63,9 +65,10 @@ PROMOTE: Final = 5
 DEMOTE: Final = 6
 SEND_IDEMPOTENT: Final = 7
 TRANSFER_LEADER: Final = 8
-REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE, DEMOTE, SEND_IDEMPOTENT, TRANSFER_LEADER})
+FENCE: Final = 9
+REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE, DEMOTE, SEND_IDEMPOTENT, TRANSFER_LEADER, FENCE})
 # Requests answered from a task of their own (they wait for the store or for the group).
-ADMIN_KINDS: Final = frozenset({PROMOTE, DEMOTE, TRANSFER_LEADER})
+ADMIN_KINDS: Final = frozenset({PROMOTE, DEMOTE, TRANSFER_LEADER, FENCE})
 SEND_KINDS: Final = frozenset({SEND, SEND_IDEMPOTENT})
 RESPONSE_BIT: Final = 0x80
 
@@ -382,6 +385,27 @@ def decode_demote(payload: bytes) -> str:
     address = reader.text()
     reader.done()
     return address
+
+
+# A FENCE's reason: a line for STATUS ``fenced_by`` and the refusals, not a document.
+FENCE_REASON_SIZE_MAX: Final = 1024
+
+
+def encode_fence(fence: bool, reason: str) -> bytes:
+    return bytes([1 if fence else 0]) + Writer().text(reason).bytes()
+
+
+def decode_fence(payload: bytes) -> tuple[bool, str]:
+    """(fence, reason) of a FENCE request; ProtocolError for a flag other than 0 or 1 or an
+    empty or oversized reason."""
+    if len(payload) < 1 or payload[0] not in (0, 1):
+        raise ProtocolError("FENCE payload must start with one byte, 1 (fence) or 0 (lift the fence)")
+    reader = Reader(payload[1:])
+    reason = reader.text()
+    reader.done()
+    if not reason or len(reason.encode()) > FENCE_REASON_SIZE_MAX:
+        raise ProtocolError(f"FENCE reason must be 1..{FENCE_REASON_SIZE_MAX} bytes")
+    return payload[0] == 1, reason
 
 
 # A DLedger member id (``--self``, the ids of ``--peers``): short names such as n0; the bound

@@ -471,60 +471,18 @@ def switchover(master_address, slave_address, timeout_seconds, role, secret_file
     writes again (exit 1): nothing changed."""
     import trio
 
+    from hasvc.tools.switchover import SwitchoverError
+    from hasvc.tools.switchover import switchover as run_switchover
+
     _addresses(master_address, None), _addresses(slave_address, None)  # each one HOST:PORT, checked
     secret = client_secret(secret_file)
-    result = trio.run(_switchover, master_address, slave_address, timeout_seconds, role, secret, tls_ca)
-    click.echo(f"{slave_address}: {result['promoted']['role']} epoch {result['promoted']['epoch']} from offset "
-               f"{result['promoted']['max_offset']} (waited {result['wait_seconds']} s for the slave)")  # fmt: skip
-    click.echo(f"{master_address}: SLAVE of {result['demoted'].get('master_ha')}")
-
-
-async def _switchover(master_address: str, slave_address: str, timeout_seconds: float, role: str | None, secret, tls_ca) -> dict:
-    import trio
-
-    from hasvc.client import ClientError, connect
-    from hasvc.config import format_address, parse_address
-
-    async with connect(master_address, secret, tls_ca=tls_ca) as master, connect(slave_address, secret, tls_ca=tls_ca) as slave:
-        master_status, slave_status = await master.status(), await slave.status()
-        if master_status.get("mode") == "dledger":
-            raise CommandError("a DLedger group hands leadership over with hasvc transfer-leader", EXIT_FAILED)
-        if master_status["role"] == "SLAVE":
-            raise CommandError(f"{master_address} is a slave, not a master", EXIT_FAILED)
-        if master_status.get("fenced_by"):
-            raise CommandError(f"{master_address} is fenced already: {master_status['fenced_by']}", EXIT_FAILED)
-        if slave_status["role"] != "SLAVE":
-            raise CommandError(f"{slave_address} is a {slave_status['role']}, not a slave", EXIT_FAILED)
-        if format_address(parse_address(slave_status["master_ha"])) != format_address(parse_address(master_status["ha_listen"])):
-            raise CommandError(f"{slave_address} replicates from {slave_status['master_ha']}, not from {master_address} "
-                               f"(HA {master_status['ha_listen']})", EXIT_FAILED)  # fmt: skip
-        if not slave_status["master_connected"]:
-            raise CommandError(f"{slave_address} is not connected to its master: it would not catch up", EXIT_FAILED)
-        sync = (role or ("sync" if master_status["role"] == "SYNC_MASTER" else "async")) == "sync"
-        reason = f"switchover to {slave_address}"
-        await master.fence(reason)
-        started = trio.current_time()
-        caught_up = False
-        with trio.move_on_after(timeout_seconds):
-            while not caught_up:
-                status = await master.status()
-                entry = next((s for s in status["slaves"] if s["address"] == slave_status["listen"]), None)
-                caught_up = entry is not None and entry["ack_offset"] == status["max_offset"]
-                if not caught_up:
-                    await trio.sleep(SWITCHOVER_POLL_SECONDS)
-        if not caught_up:
-            await master.fence(reason, fence=False)
-            raise CommandError(f"{slave_address} did not acknowledge the master's log end within {timeout_seconds} s: "
-                               f"{master_address} takes writes again, nothing changed", EXIT_FAILED)  # fmt: skip
-        waited = round(trio.current_time() - started, 3)
-        try:
-            promoted = await slave.promote(sync=sync)
-        except ClientError as error:
-            await master.fence(reason, fence=False)
-            raise CommandError(f"promoting {slave_address} failed ({error}): {master_address} takes writes again", EXIT_FAILED) from None
-        try:
-            demoted = await master.demote(promoted["ha_listen"])
-        except ClientError as error:
-            raise CommandError(f"{slave_address} is master now but demoting {master_address} failed ({error}); it stays "
-                               f"fenced: run hasvc demote {master_address} --master-ha {promoted['ha_listen']}", EXIT_FAILED) from None  # fmt: skip
-        return {"promoted": promoted, "demoted": demoted, "wait_seconds": waited}
+    sync = None if role is None else role == "sync"
+    try:
+        result = trio.run(lambda: run_switchover(master_address, slave_address, secret=secret, tls_ca=tls_ca,
+                                                 timeout_seconds=timeout_seconds, sync=sync))  # fmt: skip
+    except SwitchoverError as error:
+        raise CommandError(str(error), EXIT_FAILED) from None
+    promoted = result.promoted
+    click.echo(f"{slave_address}: {promoted['role']} epoch {promoted['epoch']} from offset {promoted['max_offset']} "
+               f"(writes paused {result.fenced_seconds} s, {result.wait_seconds} s of it for the slave's last bytes)")  # fmt: skip
+    click.echo(f"{master_address}: SLAVE of {result.demoted.get('master_ha')}")

@@ -110,7 +110,7 @@ class RoleState:
             if self.master_client_address:
                 return f"this broker is a slave; send to its master at {self.master_client_address}"
             return (f"this broker is a slave of the master whose HA address is {format_address(self.master_ha)} "
-                    "(its client port is not known yet: hasvc status lists it)")  # fmt: skip
+                    "(its client port is known once replication connects)")  # fmt: skip
         if self.fenced_by is not None:
             return f"this broker is fenced: {self.fenced_by}"
         return None

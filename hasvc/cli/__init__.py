@@ -88,3 +88,4 @@ for command in (store, master, slave, node, send, read, promote, demote, status,
     main.add_command(command)
 main.add_command(transfer_leader)
 register_proxy(main, bench)  # hasvc proxy, hasvc bench proxy
+_add_exit_codes(main)  # commands added to groups after the groups were added (hasvc bench proxy)

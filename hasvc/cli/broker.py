@@ -8,8 +8,7 @@ import sys
 
 import click
 
-from commitlog.mapped_file import StoreError
-from hasvc.cli.common import check_can_listen, start_busy_polling, tune_malloc
+from hasvc.cli.common import EXIT_FAILED, CommandError, check_can_listen, explain, start_busy_polling, tune_malloc
 
 
 def _broker_options(function):
@@ -158,13 +157,11 @@ def _run_broker(config) -> None:
 
     try:
         trio.run(serve)
-    except (StoreError, OSError) as error:
+    except Exception as error:  # a start-up failure (groups included) is said by the boundary (hasvc.cli)
         if ready:  # not a start-up failure: the log gets the whole story
             logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
-            raise click.ClickException(f"stopped: {type(error).__name__}: {error}") from None
-        if isinstance(error, StoreError):
-            raise click.ClickException(str(error)) from None
-        raise click.ClickException(f"cannot listen: {error}") from None
+            raise CommandError(f"stopped: {explain(error)[0]}", EXIT_FAILED) from None
+        raise
 
 
 @click.command()

@@ -159,6 +159,8 @@ def explain(error: BaseException) -> tuple[str, int]:
         return f"{leaf.strerror or text}", EXIT_UNAVAILABLE
     if isinstance(leaf, ValueError):
         return text, EXIT_USAGE
+    if isinstance(leaf, ImportError):
+        return f"{text} (an optional part is not installed: pip install 'hasvc[spark]' or 'hasvc[proxy]')", EXIT_UNAVAILABLE
     name = type(leaf).__name__
     if name == "TooSlowError":
         return "timed out (is the address right and the broker running?)", EXIT_UNAVAILABLE

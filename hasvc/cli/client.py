@@ -332,7 +332,8 @@ def cluster_rows(statuses: list[tuple[str, dict | None, str]]) -> list[tuple]:
                 elif leader is not None:
                     lag = f"{leader['max_offset'] - data['max_offset']} B"
                 contact = "replicating" if data.get("master_connected") else "master not connected"
-        rows.append((address, role, epoch, end, lag, state, contact))
+        member = f"{address} ({data['self_id']})" if dledger and data.get("self_id") else address
+        rows.append((member, role, epoch, end, lag, state, contact))
     return rows
 
 

@@ -173,9 +173,10 @@ def debug_requested() -> bool:
     return os.environ.get(DEBUG_ENVIRONMENT, "") not in ("", "0")
 
 
-def check_can_listen(addresses) -> None:
+def check_can_listen(addresses, hints=None) -> None:
     """Bind each (host, port) and let it go before anything is created on disk: a port in use is
-    then one line naming the address, and no store directory is left behind. Port 0 always binds."""
+    then one line naming the address, and no store directory is left behind. Port 0 always binds.
+    ``hints``: address -> what to say when that one is in use (instead of the usual hint)."""
     import errno
     import socket
 
@@ -196,4 +197,5 @@ def check_can_listen(addresses) -> None:
                 probe.bind(where)
             except OSError as error:
                 hint = "another process has it: stop it or choose another port" if error.errno == errno.EADDRINUSE else "not an address of this host?"
+                hint = (hints or {}).get(address, hint)
                 raise CommandError(f"cannot listen on {format_address(address)}: {error.strerror} ({hint})", EXIT_UNAVAILABLE) from None

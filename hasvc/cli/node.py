@@ -8,9 +8,8 @@ import sys
 
 import click
 
-from commitlog.mapped_file import StoreError
 from hasvc.cli.broker import _build_config, _typed
-from hasvc.cli.common import check_can_listen, start_busy_polling, tune_malloc
+from hasvc.cli.common import EXIT_FAILED, CommandError, check_can_listen, explain, start_busy_polling, tune_malloc
 
 RAFT_PRESETS = ("dledger", "etcd")
 
@@ -81,7 +80,9 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, conf
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     # before the store is opened (and created): a port in use leaves nothing behind
-    check_can_listen([members[self_id], config.listen, config.metrics_listen])
+    own = members[self_id]
+    check_can_listen([own, config.listen, config.metrics_listen],
+                     hints={own: f"its entry in --peers: is a member with --self {self_id} running already? Two cannot run in one group"})  # fmt: skip
     exposed = [address for address in members.values() if not is_loopback(address[0])]
     if exposed and config.secret is None and not config.insecure:
         raise click.UsageError(f"refusing Raft traffic off loopback ({exposed[0][0]}) without a secret: give --secret-file "
@@ -96,7 +97,6 @@ def _run_node(config, group_config) -> None:
     import trio
 
     from hasvc.broker.dledger import DLedgerBroker
-    from hasvc.transport import first_leaf
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
@@ -121,13 +121,8 @@ def _run_node(config, group_config) -> None:
 
     try:
         trio.run(serve)
-    except (StoreError, OSError, BaseExceptionGroup) as error:
-        leaf = first_leaf(error)  # the nursery wraps what the node's start raised
+    except Exception as error:  # a start-up failure (groups included) is said by the boundary (hasvc.cli)
         if ready:  # not a start-up failure: the log gets the whole story
             logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
-            raise click.ClickException(f"stopped: {type(leaf).__name__}: {leaf}") from None
-        if isinstance(leaf, StoreError):
-            raise click.ClickException(str(leaf)) from None
-        if isinstance(leaf, OSError):
-            raise click.ClickException(f"cannot listen: {leaf.strerror or leaf}") from None
+            raise CommandError(f"stopped: {explain(error)[0]}", EXIT_FAILED) from None
         raise

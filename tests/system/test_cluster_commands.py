@@ -31,7 +31,7 @@ def _table(text: str) -> dict[str, str]:
     """The status table's rows by member address (the header dropped)."""
     lines = text.splitlines()
     assert lines[0].split()[:3] == ["MEMBER", "ROLE", "EPOCH/TERM"], text
-    return {line.split()[0]: line for line in lines[1:]}
+    return {line.split()[0]: line for line in lines[1:]}  # a DLedger member's address is followed by its id
 
 
 def test_a_classic_pair_taken_whole_before_and_after_a_failover(cluster):
@@ -71,6 +71,7 @@ def test_a_dledger_group_taken_whole_before_and_after_the_leader_dies(tmp_path):
         rows = _table(_ok("status", everyone))
         assert sum("LEADER" in row for row in rows.values()) == 1 and "LEADER" in rows[nodes[leader].client_address]
         assert all(" up" in row for row in rows.values())
+        assert all(f"({member})" in rows[node.client_address] for member, node in nodes.items())
         # to the member that leads: nothing to do, exit 0
         same = _cli("transfer-leader", everyone, "--to", leader)
         assert same.returncode == 0 and "nothing to do" in same.stdout, same.stdout + same.stderr

@@ -15,7 +15,8 @@ import sys
 
 import click
 
-from hasvc.cli.common import EXIT_FAILED, EXIT_UNAVAILABLE, CommandError, client_secret, record_json, secret_option, tls_option
+from hasvc.cli.common import (EXIT_FAILED, EXIT_UNAVAILABLE, CommandError, client_secret, meaningful_leaf, record_json, secret_option,
+                              tls_option)
 
 # A command given the cluster waits this long for a master or leader to exist (a DLedger group
 # elects within its election timeout, 6.3-7 s with DLedger's defaults), then gives up.
@@ -179,7 +180,11 @@ def read(address, topic, queue_id, from_offset, physical_offset, follow, as_json
                     return
                 await trio.sleep(0.2)
 
-    _client_call(addresses, secret_file, tls_ca, run)
+    try:
+        _client_call(addresses, secret_file, tls_ca, run)
+    except BaseException as error:  # Ctrl-C is how --follow ends: exit 0 (trio may wrap it in a group)
+        if not (follow and isinstance(meaningful_leaf(error), KeyboardInterrupt)):
+            raise
 
 
 def _one_call(address: str, secret_file, tls_ca, body):

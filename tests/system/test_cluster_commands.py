@@ -92,3 +92,17 @@ def test_a_dledger_group_taken_whole_before_and_after_the_leader_dies(tmp_path):
     finally:
         for node in nodes.values():
             node.kill()
+
+
+def test_demote_given_the_cluster_puts_every_older_master_under_the_newest(cluster):
+    master = cluster.start_master(role="async")
+    slave = cluster.start_slave(master.ha_address)
+    wait_until(lambda: slave_acking(master), message="the slave's first report")
+    _ok("send", master.address, "--topic", "T", "one")
+    wait_until(lambda: _status(slave.address)["max_offset"] == _status(master.address)["max_offset"], message="the slave caught up")
+    _ok("promote", slave.address, "--role", "async")  # by hand, the master still running: two masters
+    both = f"{master.address},{slave.address}"
+    demoted = _ok("demote", "--endpoints", both)
+    assert f"{master.address}: SLAVE of {_status(slave.address)['ha_listen']}" in demoted, demoted
+    assert _status(master.address)["role"] == "SLAVE" and _status(slave.address)["role"] == "ASYNC_MASTER"
+    assert "nothing to demote" in _ok("demote", "--endpoints", both)

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from hasvc.cli.common import EXIT_FAILED, CommandError, check_can_listen, explain, start_busy_polling, tune_malloc
+from hasvc.cli.common import EXIT_FAILED, CommandError, check_can_listen, check_store_free, explain, start_busy_polling, tune_malloc
 
 
 def _broker_options(function):
@@ -134,6 +134,7 @@ def _run_broker(config) -> None:
 
     # before the store is opened (and created): a port in use leaves nothing behind
     check_can_listen([config.listen, config.effective_ha_listen if config.is_master else None, config.metrics_listen])
+    check_store_free(config.store)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hasvc").info("effective configuration: %s", json.dumps(config.describe()))
     tune_malloc()

@@ -199,3 +199,16 @@ def check_can_listen(addresses, hints=None) -> None:
                 hint = "another process has it: stop it or choose another port" if error.errno == errno.EADDRINUSE else "not an address of this host?"
                 hint = (hints or {}).get(address, hint)
                 raise CommandError(f"cannot listen on {format_address(address)}: {error.strerror} ({hint})", EXIT_UNAVAILABLE) from None
+
+
+def check_store_free(store: str) -> None:
+    """A store already open in another process is refused before the broker starts (and logs
+    anything): the store's lock (``STORE/lock``, an exclusive flock) is taken and let go. Nothing
+    is created for a store that does not exist yet."""
+    import os
+
+    from commitlog.checkpoint import StoreLock
+
+    path = os.path.join(store, "lock")
+    if os.path.exists(path):
+        StoreLock(path).release()  # StoreError naming the file when another process holds it

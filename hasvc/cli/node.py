@@ -9,7 +9,7 @@ import sys
 import click
 
 from hasvc.cli.broker import _build_config, _typed
-from hasvc.cli.common import EXIT_FAILED, CommandError, check_can_listen, explain, start_busy_polling, tune_malloc
+from hasvc.cli.common import EXIT_FAILED, CommandError, check_can_listen, check_store_free, explain, start_busy_polling, tune_malloc
 
 RAFT_PRESETS = ("dledger", "etcd")
 
@@ -83,6 +83,7 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, conf
     own = members[self_id]
     check_can_listen([own, config.listen, config.metrics_listen],
                      hints={own: f"its entry in --peers: is a member with --self {self_id} running already? Two cannot run in one group"})  # fmt: skip
+    check_store_free(config.store)
     exposed = [address for address in members.values() if not is_loopback(address[0])]
     if exposed and config.secret is None and not config.insecure:
         raise click.UsageError(f"refusing Raft traffic off loopback ({exposed[0][0]}) without a secret: give --secret-file "

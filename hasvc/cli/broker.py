@@ -39,8 +39,6 @@ def _broker_options(function):
 def _build_config(role_default, cli_values: dict, config_file, secret_file, settings, other_names=()):
     """``other_names``: names a caller takes from --set before this (a node's Raft settings),
     offered as suggestions too."""
-    import dataclasses
-
     from hasvc.config import BrokerConfig, convert, load_toml, read_secret
 
     values = load_toml(config_file) if config_file else {}

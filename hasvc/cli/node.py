@@ -67,7 +67,6 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, conf
     the leader). Prints `READY {json}` on stdout when serving, exits cleanly on SIGTERM/SIGINT."""
     from hasvc.broker.dledger import GroupConfig, parse_peers
     from hasvc.config import is_loopback
-
     from hasvc.state.raft.config import RaftConfig
 
     raft, rest = _raft_config(settings, flush, preferred_leader)

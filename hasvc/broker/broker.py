@@ -152,9 +152,10 @@ class Broker:
         with self._ha_client_scope:
             await client.run()
 
-    async def promote(self, role: BrokerRole) -> None:
+    async def promote(self, role: BrokerRole, *, fence_reason: str = "") -> None:
         """Slave -> master: stop replicating, cut a partial last record, open a new epoch at the
-        log's end and persist it before taking any write, then serve producers and slaves."""
+        log's end and persist it before taking any write, then serve producers and slaves. With
+        ``fence_reason`` it is fenced from its first moment as master (no write comes between)."""
         promotion, effects = self.role_state.begin_promotion(role, local_epoch=self.store.epochs.last_epoch)
         await self._carry_out(effects)
         async with self.store_tasks.maintenance, self.store_tasks.warming:
@@ -165,7 +166,10 @@ class Broker:
             await trio.to_thread.run_sync(self.store.resume_queue_offsets)
             self.store.open_epoch(promotion.epoch)
             await self._rebuild_producer_table()
-        await self._carry_out(self.role_state.finish_promotion(promotion))
+        effects = self.role_state.finish_promotion(promotion)
+        if fence_reason:
+            self.role_state.fence(fence_reason)
+        await self._carry_out(effects)
         LOGGER.warning("promoted to %s: epoch %d from offset %d", role.value, promotion.epoch, self.store.commit_log.max_offset)
 
     async def _carry_out(self, effects: list[role_effects.Effect]) -> None:

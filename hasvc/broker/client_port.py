@@ -306,9 +306,9 @@ class ClientPort:
             return
         try:
             if frame.kind == cp.PROMOTE:
-                if bytes(frame.payload) not in (b"\x00", b"\x01"):
-                    raise ValueError(f"PROMOTE payload must be one byte, 0 (ASYNC_MASTER) or 1 (SYNC_MASTER), not {bytes(frame.payload)[:8]!r}")
-                await self.promote(BrokerRole.SYNC_MASTER if frame.payload[:1] == b"\x01" else BrokerRole.ASYNC_MASTER)
+                sync, fence_reason = cp.decode_promote(bytes(frame.payload))
+                role = BrokerRole.SYNC_MASTER if sync else BrokerRole.ASYNC_MASTER
+                await (self.promote(role, fence_reason=fence_reason) if fence_reason else self.promote(role))
             elif frame.kind == cp.FENCE:
                 if self.fence is None:
                     raise ValueError("a DLedger member is not fenced by hand: hasvc transfer-leader moves its leadership")

@@ -491,4 +491,5 @@ def switchover(master_address, slave_address, timeout_seconds, role, secret_file
     promoted = result.promoted
     click.echo(f"{slave_address}: {promoted['role']} epoch {promoted['epoch']} from offset {promoted['max_offset']} "
                f"(writes paused {result.fenced_seconds} s, {result.wait_seconds} s of it for the slave's last bytes)")  # fmt: skip
-    click.echo(f"{master_address}: SLAVE of {result.demoted.get('master_ha')}")
+    click.echo(f"{master_address}: SLAVE of {result.demoted.get('master_ha')}"
+               + ("" if result.rejoined else f" (it did not report within {timeout_seconds} s: the new master takes writes without it)"))

@@ -187,9 +187,10 @@ class Client:
             raise ClientError(f"offset {offset} is not a record boundary")
         return record
 
-    async def promote(self, *, sync: bool = True) -> dict:
-        """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after."""
-        status, reason, data = cp.decode_status_response(await self._request(cp.PROMOTE, b"\x01" if sync else b"\x00"))
+    async def promote(self, *, sync: bool = True, fence_reason: str = "") -> dict:
+        """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after.
+        With ``fence_reason`` it starts fenced (``fence(fence_reason, fence=False)`` lifts it)."""
+        status, reason, data = cp.decode_status_response(await self._request(cp.PROMOTE, cp.encode_promote(sync, fence_reason)))
         if status != cp.OK:
             raise ClientError(f"{status}: {reason}")
         return json.loads(data)

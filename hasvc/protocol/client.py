@@ -20,7 +20,7 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
                    response: status | reason | i64 offset | blob-32 (log bytes from offset)
     kind 4 STATUS  request : (empty)
                    response: status | reason | blob-32 (a JSON object, docs/PROTOCOL.md §2)
-    kind 5 PROMOTE request : u8 role (1 SYNC_MASTER, 0 ASYNC_MASTER)
+    kind 5 PROMOTE request : u8 role (1 SYNC_MASTER, 0 ASYNC_MASTER) [| string fence reason: start fenced]
                    response: status | reason | blob-32 (the STATUS JSON after the change)
     kind 6 DEMOTE  request : string new master's HA address (HOST:PORT)
                    response: as PROMOTE
@@ -389,6 +389,29 @@ def decode_demote(payload: bytes) -> str:
 
 # A FENCE's reason: a line for STATUS ``fenced_by`` and the refusals, not a document.
 FENCE_REASON_SIZE_MAX: Final = 1024
+
+
+def encode_promote(sync: bool, fence_reason: str = "") -> bytes:
+    """PROMOTE: the role byte, and a fence reason when the new master must start fenced (FENCE
+    lifts it; ``hasvc switchover`` waits so for its old master to rejoin as a slave)."""
+    return bytes([1 if sync else 0]) + (Writer().text(fence_reason).bytes() if fence_reason else b"")
+
+
+def decode_promote(payload: bytes) -> tuple[bool, str]:
+    """(sync, fence reason or "") of a PROMOTE request."""
+    if len(payload) < 1 or payload[0] not in (0, 1):
+        raise ProtocolError(f"PROMOTE payload must start with one byte, 0 (ASYNC_MASTER) or 1 (SYNC_MASTER), not {bytes(payload)[:8]!r}")
+    if len(payload) == 1:
+        return payload[0] == 1, ""
+    try:
+        reader = Reader(payload[1:])
+        reason = reader.text()
+        reader.done()
+    except ProtocolError as error:
+        raise ProtocolError(f"PROMOTE payload: after the role byte, a fence reason string: {error}") from None
+    if not reason or len(reason.encode()) > FENCE_REASON_SIZE_MAX:
+        raise ProtocolError(f"PROMOTE payload: the fence reason must be 1..{FENCE_REASON_SIZE_MAX} bytes")
+    return payload[0] == 1, reason
 
 
 def encode_fence(fence: bool, reason: str) -> bytes:

@@ -13,6 +13,7 @@ switches back.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import re
@@ -20,7 +21,7 @@ import re
 import trio
 
 from hasvc import client as hc
-from hasvc.tools.drill import Drill, Process, RoundReport
+from hasvc.tools.drill import DRILL_TOPIC, Drill, Process, RoundReport
 from hasvc.tools.switchover import switchover
 
 AFTER_SWITCH_SECONDS = 0.5  # writes go on against the new master before the round is checked
@@ -32,19 +33,41 @@ class SwitchoverRoundReport:
     paused_seconds: float  # writes refused: from the fence to the new master taking writes
     wait_seconds: float  # of which waiting for the slave's last bytes
     cut_bytes: int  # bytes the old master cut when it rejoined (must be 0)
+    rejoined: bool  # the old master reported as the new master's slave before the new master took writes
+    answers: dict  # the producers' answers this round, by status (a send that found no master: "no master")
     checks: RoundReport
 
     @property
     def ok(self) -> bool:
-        return self.checks.ok and self.cut_bytes == 0
+        return self.checks.ok and self.cut_bytes == 0 and self.rejoined
 
 
 class SwitchoverDrill(Drill):
     """A ``Drill`` whose rounds switch the pair over instead of killing the master."""
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.answers: collections.Counter = collections.Counter()
+
+    async def _producer(self, client: hc.FailoverClient) -> None:
+        """As ``Drill._producer``, counting every answer by status."""
+        while True:
+            number = self.next_number
+            self.next_number += 1
+            try:
+                result = await client.send(DRILL_TOPIC, f"m{number}:".encode() + b"d" * 200, queue_id=number % 4)
+            except hc.ClientError:
+                self.answers["no master"] += 1
+                await trio.sleep(0.05)  # no master within the failover timeout: this one is not acknowledged
+                continue
+            self.answers[result.status] += 1
+            if result.status == "PUT_OK":
+                self.acked[number] = result.offset
+
     def run_round(self, number: int, master: Process, slave: Process) -> tuple[SwitchoverRoundReport, Process, Process]:
         self._wait(lambda: any(s["ack_offset"] >= 0 for s in self._status(master)["slaves"]), "the slave's first report")
         cut_before = _cut_bytes(master.log())
+        self.answers.clear()
         delay = self.random.uniform(0.5, 2.0)
         found = {}
 
@@ -63,7 +86,8 @@ class SwitchoverDrill(Drill):
         self._wait(lambda: self._caught_up(slave, master), "the old master to catch up as a slave")
         checks = self.verify(number, slave, master, result.fenced_seconds, 0.0)
         checks.duplicates_answered = self._status(slave)["duplicate_sends"]
-        report = SwitchoverRoundReport(number, result.fenced_seconds, result.wait_seconds, _cut_bytes(master.log()) - cut_before, checks)
+        report = SwitchoverRoundReport(number, result.fenced_seconds, result.wait_seconds, _cut_bytes(master.log()) - cut_before,
+                                       result.rejoined, dict(self.answers), checks)  # fmt: skip
         return report, slave, master
 
 
@@ -84,8 +108,9 @@ def run_switchover_drill(*, rounds: int, producers: int, mode: str, seed: int, r
             report, master, slave = drill.run_round(number, master, slave)
             reports.append(report)
             checks = report.checks
+            others = ", ".join(f"{status} {count}" for status, count in sorted(report.answers.items()) if status != "PUT_OK") or "none"
             echo(f"round {number}: writes paused {report.paused_seconds:.3f} s ({report.wait_seconds:.3f} s for the slave), "
-                 f"acked {checks.acked}, lost {checks.lost}, dup {checks.duplicated}, retries answered {checks.duplicates_answered}, "
+                 f"answers other than PUT_OK: {others}, acked {checks.acked}, lost {checks.lost}, dup {checks.duplicated}, retries answered {checks.duplicates_answered}, "
                  f"cut {report.cut_bytes} B, identical {checks.identical}, epochs {checks.epochs_agree}, files "
                  f"{checks.files_agree}: {'ok' if report.ok else 'FAILED'}")  # fmt: skip
             if not report.ok:

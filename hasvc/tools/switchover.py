@@ -13,9 +13,15 @@ by ordering the steps (Redis FAILOVER, Patroni switchover):
 2. **Wait** until the slave has acknowledged the master's whole log: its ``ack_offset`` in the
    master's STATUS equals the master's ``max_offset`` (fenced, the log no longer grows, so that
    equality is final). Past ``timeout_seconds`` the fence is lifted and nothing has changed.
-3. **Promote** the slave: a new epoch at its log's end, which is the old master's end.
+3. **Promote** the slave, fenced from its first moment as master: a new epoch at its log's end,
+   which is the old master's end.
 4. **Demote** the old master under the new master's HA address: it becomes its slave; the two
    epoch histories agree up to its log's end, so nothing is cut.
+5. **Lift** the new master's fence once the old master has reported as its slave. A SYNC_MASTER
+   without a slave answers a put SLAVE_NOT_AVAILABLE (stored, not acknowledged): taking writes
+   before its slave is back gave producers dozens of those per switchover under load. Past
+   ``timeout_seconds`` the fence is lifted anyway (the pair is switched; puts meet what any
+   master without a slave answers) and the result says so.
 
 Every write acknowledged before the fence is in the slave's log before it is promoted (step 2),
 and no write is taken by the old master after the fence: none is lost. A refused send was not
@@ -47,6 +53,7 @@ class SwitchoverResult:
     demoted: dict  # the old master's STATUS after DEMOTE
     wait_seconds: float  # from the fence to the slave having every byte
     fenced_seconds: float  # from the fence to the new master taking writes
+    rejoined: bool = True  # the old master reported as the new master's slave before its fence was lifted
 
 
 def check_pair(master_address: str, master: dict, slave_address: str, slave: dict) -> None:
@@ -71,6 +78,20 @@ def slave_has_everything(master: dict, slave_listen: str) -> bool:
     return entry is not None and entry["ack_offset"] == master["max_offset"]
 
 
+def slave_reported(master: dict, slave_listen: str) -> bool:
+    """The master lists the slave and has had its first report (a SYNC_MASTER put can wait for it)."""
+    return any(item["address"] == slave_listen and item["ack_offset"] >= 0 for item in master["slaves"])
+
+
+async def _wait_for(client, predicate, timeout_seconds: float) -> bool:
+    """Ask ``client`` its STATUS every POLL_SECONDS until ``predicate(status)``; False on timeout."""
+    with trio.move_on_after(timeout_seconds):
+        while not predicate(await client.status()):
+            await trio.sleep(POLL_SECONDS)
+        return True
+    return False
+
+
 async def switchover(master_address: str, slave_address: str, *, secret=None, tls_ca: str | None = None,
                      timeout_seconds: float = TIMEOUT_SECONDS_DEFAULT, sync: bool | None = None) -> SwitchoverResult:  # fmt: skip
     """Make the slave at ``slave_address`` the master and the master at ``master_address`` its
@@ -83,26 +104,27 @@ async def switchover(master_address: str, slave_address: str, *, secret=None, tl
         reason = f"switchover to {slave_address}"
         await master.fence(reason)
         fenced = trio.current_time()
-        caught_up = False
-        with trio.move_on_after(timeout_seconds):
-            while not caught_up:
-                caught_up = slave_has_everything(await master.status(), slave_status["listen"])
-                if not caught_up:
-                    await trio.sleep(POLL_SECONDS)
+        caught_up = await _wait_for(master, lambda status: slave_has_everything(status, slave_status["listen"]), timeout_seconds)
         if not caught_up:
             await master.fence(reason, fence=False)
             raise SwitchoverError(f"{slave_address} did not acknowledge the master's log end within {timeout_seconds} s: "
                                   f"{master_address} takes writes again, nothing changed")  # fmt: skip
         waited = trio.current_time() - fenced
+        rejoin = f"switchover from {master_address}: until it reports as this master's slave"
         try:
-            promoted = await slave.promote(sync=sync)
+            promoted = await slave.promote(sync=sync, fence_reason=rejoin)
         except ClientError as error:
             await master.fence(reason, fence=False)
             raise SwitchoverError(f"promoting {slave_address} failed ({error}): {master_address} takes writes again") from None
-        taking_writes = trio.current_time() - fenced
         try:
-            demoted = await master.demote(promoted["ha_listen"])
-        except ClientError as error:
-            raise SwitchoverError(f"{slave_address} is the master now but demoting {master_address} failed ({error}); it "
-                                  f"stays fenced: run hasvc demote {master_address} --master-ha {promoted['ha_listen']}") from None  # fmt: skip
-        return SwitchoverResult(promoted, demoted, round(waited, 3), round(taking_writes, 3))
+            try:
+                demoted = await master.demote(promoted["ha_listen"])
+            except ClientError as error:
+                raise SwitchoverError(f"{slave_address} is the master now but demoting {master_address} failed ({error}); it "
+                                      f"stays fenced: run hasvc demote {master_address} --master-ha {promoted['ha_listen']}") from None  # fmt: skip
+            rejoined = await _wait_for(slave, lambda status: slave_reported(status, master_status["listen"]), timeout_seconds)
+        finally:
+            with trio.CancelScope(shield=True):  # the new master must not stay fenced, whatever happened
+                await slave.fence(rejoin, fence=False)
+        taking_writes = trio.current_time() - fenced
+        return SwitchoverResult(promoted, demoted, round(waited, 3), round(taking_writes, 3), rejoined)

@@ -366,7 +366,7 @@ def test_promote_and_demote_refusals_change_nothing(cluster):
     preface(to_master)
     for payload in (b"", b"\x02", b"\x01\x00"):
         state, reason, blob = role_request(to_slave, cp.PROMOTE, payload)
-        assert (state, blob) == ("ERROR", b"") and reason.startswith("PROMOTE payload must be one byte, 0 (ASYNC_MASTER) or 1")
+        assert (state, blob) == ("ERROR", b"") and reason.startswith("PROMOTE payload"), reason
     assert role_request(to_master, cp.PROMOTE, b"\x01") == ("ERROR", "already ASYNC_MASTER", b"")
     assert role_request(to_slave, cp.DEMOTE, cp.encode_demote(master.ha_address)) == ("ERROR", "already a slave", b"")
     assert role_request(to_master, cp.DEMOTE, cp.encode_demote("nowhere")) == ("ERROR", "address 'nowhere' is not HOST:PORT", b"")

@@ -30,7 +30,9 @@ def test_switchover_under_16_producers_loses_and_duplicates_nothing(tmp_path, mo
             checks = report.checks
             assert checks.acked > 0 and checks.lost == 0 and checks.duplicated == 0, report
             assert checks.identical and checks.epochs_agree and checks.files_agree, report
-            assert report.cut_bytes == 0, report
+            assert report.cut_bytes == 0 and report.rejoined, report
+            # the new master took writes only with its slave back: no put answered "stored, not replicated"
+            assert report.answers.get("SLAVE_NOT_AVAILABLE", 0) == 0 and report.answers["PUT_OK"] > 0, report
             assert status(master)["role"] != "SLAVE" and status(slave)["role"] == "SLAVE"
     finally:
         drill.close(keep=False)
@@ -60,6 +62,25 @@ def test_the_command_switches_the_pair_and_back(cluster):
     listed = json.loads(subprocess.run([sys.executable, "-m", "hasvc.cli", "status", f"{master.address},{slave.address}", "--json"],
                                        capture_output=True, text=True, check=True).stdout)  # fmt: skip
     assert [item["role"] for item in listed] == ["ASYNC_MASTER", "SLAVE"]
+
+
+def test_a_slave_promoted_fenced_takes_no_write_until_the_fence_is_lifted(cluster):
+    """The switchover's last step: the new master is fenced from its first moment as master
+    (PROMOTE with a fence reason) and takes writes only once FENCE lifts it."""
+    from hasvc import client as hc
+
+    master = cluster.start_master(role="async")
+    slave = cluster.start_slave(master.ha_address)
+    wait_until(lambda: slave_acking(master), message="the slave's first report")
+    with hc.BlockingClient(slave.address) as client:
+        promoted = client.promote(sync=False, fence_reason="until the old master rejoins")
+        assert promoted["role"] == "ASYNC_MASTER" and promoted["fenced_by"] == "until the old master rejoins"
+        refused = client.send("T", b"early")
+        assert refused.status == "SERVICE_NOT_AVAILABLE" and "until the old master rejoins" in refused.reason
+        with pytest.raises(hc.ClientError, match="not fenced by 'another reason'"):
+            client.fence("another reason", fence=False)
+        assert "fenced_by" not in client.fence("until the old master rejoins", fence=False)
+        assert client.send("T", b"after").status == "PUT_OK"
 
 
 MASTER = {"role": "SYNC_MASTER", "ha_listen": "127.0.0.1:10912", "max_offset": 500,

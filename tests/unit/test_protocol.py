@@ -327,6 +327,20 @@ def test_fence_decoder_raises_only_its_protocol_error(payload):
     assert payload[0] in (0, 1) and reason
 
 
+@given(st.booleans(), st.text(max_size=200))
+def test_promote_round_trips_with_and_without_a_fence_reason(sync, reason):
+    assert cp.decode_promote(cp.encode_promote(sync, reason)) == (sync, reason)
+    assert cp.encode_promote(sync) == (b"\x01" if sync else b"\x00")  # the one-byte form, as before
+
+
+@given(st.binary(max_size=64))
+def test_promote_decoder_raises_only_its_protocol_error(payload):
+    try:
+        cp.decode_promote(payload)
+    except wire.ProtocolError as error:
+        assert str(error).startswith("PROMOTE payload")
+
+
 def test_fence_refuses_a_bad_flag_and_an_empty_reason():
     with pytest.raises(wire.ProtocolError, match="one byte"):
         cp.decode_fence(b"\x02" + cp.Writer().text("x").bytes())

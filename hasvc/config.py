@@ -265,13 +265,20 @@ _ADDRESS_FIELDS = {"listen", "ha_listen", "master_ha", "metrics_listen"}
 
 def load_toml(path: str) -> dict[str, Any]:
     """Options from a TOML file's ``[broker]`` table (or its top level), converted to field types."""
+    import difflib
+
     with open(path, "rb") as file:
-        data = tomllib.load(file)
+        try:
+            data = tomllib.load(file)
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path}: not valid TOML: {error}") from None
     table = data.get("broker", data)
     known = {field.name for field in dataclasses.fields(BrokerConfig)}
     unknown = sorted(set(table) - known)
     if unknown:
-        raise ValueError(f"{path}: unknown option(s) {', '.join(unknown)}")
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"{path}: unknown option(s) {', '.join(unknown)}{hint}")
     return {name: convert(name, value) for name, value in table.items()}
 
 

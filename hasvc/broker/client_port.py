@@ -84,7 +84,8 @@ class ClientPort:
 
     def __init__(self, *, config: BrokerConfig, store: MessageStore, puts: PutService, status: Callable[[], dict],
                  promote: Callable[[BrokerRole], Awaitable[None]], demote: Callable[[Address], Awaitable[None]],
-                 transfer_leader: Callable[[str], Awaitable[tuple[str, str, dict]]] | None = None) -> None:  # fmt: skip
+                 transfer_leader: Callable[[str], Awaitable[tuple[str, str, dict]]] | None = None,
+                 fence: Callable[[bool, str], Awaitable[None]] | None = None) -> None:  # fmt: skip
         self.config = config
         self.store = store
         self.puts = puts
@@ -92,6 +93,7 @@ class ClientPort:
         self.promote = promote
         self.demote = demote
         self.transfer_leader = transfer_leader
+        self.fence = fence  # FENCE: a classic broker only
         # SENDs read and not yet put, in the order read: (outbox, frame, request).
         self._sends: list[tuple[Outbox, cp.Frame, cp.SendRequest]] = []
         self._sends_ready = trio.Event()
@@ -291,9 +293,13 @@ class ClientPort:
             return
         try:
             if frame.kind == cp.PROMOTE:
-                if bytes(frame.payload) not in (b"\x00", b"\x01"):
-                    raise ValueError(f"PROMOTE payload must be one byte, 0 (ASYNC_MASTER) or 1 (SYNC_MASTER), not {bytes(frame.payload)[:8]!r}")
-                await self.promote(BrokerRole.SYNC_MASTER if frame.payload[:1] == b"\x01" else BrokerRole.ASYNC_MASTER)
+                sync, fence_reason = cp.decode_promote(bytes(frame.payload))
+                role = BrokerRole.SYNC_MASTER if sync else BrokerRole.ASYNC_MASTER
+                await (self.promote(role, fence_reason=fence_reason) if fence_reason else self.promote(role))
+            elif frame.kind == cp.FENCE:
+                if self.fence is None:
+                    raise ValueError("a DLedger member is not fenced by hand: hasvc transfer-leader moves its leadership")
+                await self.fence(*cp.decode_fence(frame.payload))
             else:
                 await self.demote(parse_address(cp.decode_demote(frame.payload)))
         except (ValueError, wire.ProtocolError) as error:

@@ -69,6 +69,7 @@ import functools
 import json
 import logging
 import math
+import os
 import random
 import time
 
@@ -1123,8 +1124,9 @@ class DLedgerBroker:
         return format_address(self.listen_address) if self.listen_address is not None else None
 
     def addresses(self) -> dict:
-        return {"listen": format_address(self.listen_address), "raft_listen": format_address(self.raft_address),
-                "group": self.group.group, "self_id": self.group.self_id}  # fmt: skip
+        return {"role": self.role_state.role.name, "listen": format_address(self.listen_address),
+                "raft_listen": format_address(self.raft_address), "group": self.group.group,
+                "self_id": self.group.self_id, "pid": os.getpid(), "store": self.config.store}  # fmt: skip
 
     # -- commit, dispatch, role ----------------------------------------------------------
 
@@ -1228,6 +1230,7 @@ class DLedgerBroker:
             "min_offset": stats.min_offset, "max_offset": stats.max_offset, "committed_offset": stats.committed_offset,
             "dispatched_offset": stats.dispatched_offset, "flushed_offset": stats.flushed_offset,
             "listen": format_address(self.listen_address), "raft_listen": format_address(self.raft_address),
+            "pid": os.getpid(), "store": self.config.store,
             "uptime_seconds": round(time.time() - self.started_at, 3),
             "duplicate_sends": self.put_service.duplicate_sends,
             "raft_messages_dropped": self.driver.dropped_messages,

@@ -123,6 +123,7 @@ class HAClient:
             await connection.send_all(ha.encode_slave_hello(hello))
             master = await self._read_master_hello(connection)
             await self._reconcile(master)
+            role.master_client_address = master.client_address or role.master_client_address
             splice = transport.SPLICE_AVAILABLE and connection.raw_fileno >= 0
             self._state("connected", f"master {format_address(role.master_ha)}, its log [{master.min_offset}, {master.max_offset}), "
                                      f"ours ends at {store.commit_log.max_offset}; frames of {SPLICE_FRAME_MIN} bytes or more "

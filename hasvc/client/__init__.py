@@ -28,11 +28,11 @@ from hasvc.client.cluster import (
     connect_cluster,
 )
 from hasvc.client.connection import REQUEST_TIMEOUT_SECONDS, Client, connect
-from hasvc.client.results import ClientError, PullResult, SendResult, TransferResult, message_properties
+from hasvc.client.results import ClientError, ConnectError, PullResult, SendResult, TransferResult, message_properties
 
 __all__ = [
     "FAILOVER_BACKOFF_MAX_SECONDS", "FAILOVER_BACKOFF_MIN_SECONDS", "FAILOVER_TIMEOUT_SECONDS",
-    "REQUEST_TIMEOUT_SECONDS", "STATUS_TIMEOUT_SECONDS", "BlockingClient", "Client", "ClientError",
+    "REQUEST_TIMEOUT_SECONDS", "STATUS_TIMEOUT_SECONDS", "BlockingClient", "Client", "ClientError", "ConnectError",
     "FailoverClient", "PullResult", "SendResult", "TransferResult", "connect", "connect_cluster",
     "message_properties",
 ]  # fmt: skip

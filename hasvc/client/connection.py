@@ -10,13 +10,14 @@ import collections
 import contextlib
 import itertools
 import json
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import trio
 
 from commitlog import record as rec
 from hasvc import transport
-from hasvc.client.results import ClientError, PullResult, SendResult, TransferResult, message_properties, send_results
+from hasvc.client.results import ClientError, ConnectError, PullResult, SendResult, TransferResult, message_properties, send_results
 from hasvc.config import parse_address
 from hasvc.protocol import client as cp
 from hasvc.protocol import wire
@@ -186,9 +187,10 @@ class Client:
             raise ClientError(f"offset {offset} is not a record boundary")
         return record
 
-    async def promote(self, *, sync: bool = True) -> dict:
-        """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after."""
-        status, reason, data = cp.decode_status_response(await self._request(cp.PROMOTE, b"\x01" if sync else b"\x00"))
+    async def promote(self, *, sync: bool = True, fence_reason: str = "") -> dict:
+        """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after.
+        With ``fence_reason`` it starts fenced (``fence(fence_reason, fence=False)`` lifts it)."""
+        status, reason, data = cp.decode_status_response(await self._request(cp.PROMOTE, cp.encode_promote(sync, fence_reason)))
         if status != cp.OK:
             raise ClientError(f"{status}: {reason}")
         return json.loads(data)
@@ -198,6 +200,15 @@ class Client:
         status, reason, data = cp.decode_status_response(await self._request(cp.DEMOTE, cp.encode_demote(master_ha)))
         if status != cp.OK:
             raise ClientError(f"{status}: {reason}")
+        return json.loads(data)
+
+    async def fence(self, reason: str, *, fence: bool = True) -> dict:
+        """Make a classic master refuse writes (SERVICE_NOT_AVAILABLE, ``reason`` in STATUS
+        ``fenced_by``) while it keeps serving its slaves; ``fence=False`` lifts a fence set with
+        the same reason. Its status after."""
+        status, reason_text, data = cp.decode_status_response(await self._request(cp.FENCE, cp.encode_fence(fence, reason)))
+        if status != cp.OK:
+            raise ClientError(f"{status}: {reason_text}")
         return json.loads(data)
 
     async def transfer_leader(self, target: str) -> TransferResult:
@@ -231,16 +242,28 @@ async def connect(address: str, secret: bytes | str | None = None, *, tls_ca: st
         secret = secret.encode()
     ssl_context = transport.client_ssl_context(ca=tls_ca) if tls_ca else None
     try:
-        connection = await transport.connect(parse_address(address), ssl_context=ssl_context)
+        where = parse_address(address)
+    except ValueError as error:
+        raise ConnectError(f"{error} (give HOST:PORT, e.g. 127.0.0.1:10911)") from None
+    try:
+        connection = await transport.connect(where, ssl_context=ssl_context)
     except OSError as error:
-        raise ClientError(f"cannot connect to {address}: {error.strerror or error}") from None
+        # trio's "all attempts to connect to ... failed" has the reason in its cause
+        cause = error.__cause__.exceptions[0] if isinstance(error.__cause__, BaseExceptionGroup) else error.__cause__
+        if isinstance(cause, OSError) and cause.errno:
+            reason = os.strerror(cause.errno)
+        else:
+            reason = error.strerror or str(error)
+        raise ConnectError(f"cannot connect to {address}: {reason} (is a broker listening there?)") from None
     try:
         try:
             await transport.client_preface(connection, port_kind=wire.PORT_KIND_CLIENT, secret=secret)
         except (transport.AuthenticationError, wire.ProtocolError, EOFError, trio.TooSlowError) as error:
-            raise ClientError(f"{address}: {error}") from None
+            text = str(error) or type(error).__name__
+            # the preface's errors name the peer already: the address once
+            raise ConnectError(text if text.startswith(connection.peer) else f"{address}: {text}") from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
-            raise ClientError(f"{address}: connection failed during the preface: {transport.describe(error)}") from None
+            raise ConnectError(f"{address}: connection failed during the preface: {transport.describe(error)}") from None
         client = Client(connection)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client._receive_loop)

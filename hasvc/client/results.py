@@ -13,6 +13,11 @@ class ClientError(Exception):
     """The broker answered with an error, or the connection failed."""
 
 
+class ConnectError(ClientError):
+    """No session with the broker: it cannot be reached, or the preface failed (a wrong port,
+    a wrong secret). The message names the address."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SendResult:
     status: str

@@ -8,7 +8,9 @@ import sys
 
 import click
 
-from hasvc.cli.common import EXIT_FAILED, CommandError, check_can_listen, check_store_free, explain, start_busy_polling, tune_malloc
+from commitlog.mapped_file import is_disk_full
+from hasvc.cli.common import (EXIT_FAILED, EXIT_UNAVAILABLE, CommandError, check_can_listen, check_store_free, explain,
+                              meaningful_leaf, start_busy_polling, tune_malloc)
 
 
 def _broker_options(function):
@@ -176,6 +178,9 @@ def _run_broker(config) -> None:
         if ready:  # not a start-up failure: the log gets the whole story
             logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
             raise CommandError(f"stopped: {explain(error)[0]}", EXIT_FAILED) from None
+        leaf = meaningful_leaf(error)
+        if isinstance(leaf, OSError) and is_disk_full(leaf):  # a small file of the store (lock, abort, checkpoint) at start
+            raise CommandError(f"{leaf.filename or config.store}: the disk is full: {leaf.strerror}", EXIT_UNAVAILABLE) from None
         raise
 
 

@@ -203,12 +203,22 @@ def check_can_listen(addresses, hints=None) -> None:
 
 def check_store_free(store: str) -> None:
     """A store already open in another process is refused before the broker starts (and logs
-    anything): the store's lock (``STORE/lock``, an exclusive flock) is taken and let go. Nothing
-    is created for a store that does not exist yet."""
+    anything): the store's lock (``STORE/lock``, an exclusive flock) is taken and let go, without writing to
+    the file. Nothing is created for a store that does not exist yet."""
+    import fcntl
     import os
 
-    from commitlog.checkpoint import StoreLock
+    from commitlog.mapped_file import StoreError
 
     path = os.path.join(store, "lock")
-    if os.path.exists(path):
-        StoreLock(path).release()  # StoreError naming the file when another process holds it
+    if not os.path.exists(path):
+        return
+    fd = os.open(path, os.O_RDONLY)  # read-only: a refused start changes no byte of the store
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError(f"{path}: the store is already open in another process") from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -34,12 +34,14 @@ from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
 from commitlog.commit_log import AppendResult, CommitLog, ReadError, RecoveryReport
 from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
+from commitlog.damage import DamagedRange
 from commitlog.epoch import EpochFile, truncate_suffix_by_offset
 from commitlog.scan import ScanCode, scan_segment
 from commitlog.mapped_file import StoreError
 from commitlog.mapped_file_queue import MappedFileQueue
 
 from commitlog import native as _native
+from commitlog import read_check
 
 
 class TransientStorePool:
@@ -113,6 +115,7 @@ class MessageStore:
         self.reput_from_offset = 0
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
+        self.damaged: list[DamagedRange] = []  # damage found (by recovery, by reads): STATUS ``damaged``
         self._lock: StoreLock | None = None
         self._disk_checked_at = float("-inf")
         self._disk_check_interval_seconds = self.config.disk_check_interval_seconds  # read on every append
@@ -425,16 +428,51 @@ class MessageStore:
         return self.commit_log.min_offset
 
     def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
-        return self.commit_log.get_record(offset, crc_function=self.crc_function if check_crc else None)
+        """The record at ``offset``; with ``check_crc`` a body that fails its CRC raises
+        ``DamagedRecordError`` (and is added to ``damaged``)."""
+        record = self.commit_log.get_record(offset)
+        if check_crc and self.crc_function(record.body) & rec.CRC_MASK != record.body_crc:
+            damage = DamagedRange(self._segment_path(offset), offset, offset + record.size, "body CRC mismatch")
+            read_check.add_damage(self.damaged, damage)
+            raise read_check.DamagedRecordError(damage)
+        return record
 
     def read(self, offset: int, size_max: int) -> memoryview:
         return self.commit_log.read(offset, size_max)
 
+    def read_records(self, spans: Sequence[tuple[int, int]]) -> read_check.CheckedRead:
+        """The records at ``spans`` ((offset, size), from a consume queue), checked unless
+        ``check_crc_on_read`` is off (commitlog/read_check.py); damage found joins ``damaged``."""
+        if not self.config.check_crc_on_read:
+            return read_check.CheckedRead([self.read(offset, size) for offset, size in spans])
+        checked = read_check.read_records(self.read, self._segment_path, spans, crc_function=self.crc_function)
+        return read_check.noted(checked, self.damaged)
+
+    def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:
+        """``read`` for a reader that gets raw bytes (READ), checked as ``read_check.read_range`` says."""
+        if not self.config.check_crc_on_read:
+            return read_check.CheckedRead([self.read(offset, size_max)])
+        mapped_file = self.commit_log.transfer_span(offset, 0)[0]  # ReadError outside the log, as read
+        checked = read_check.read_range(self.read, self._segment_path, offset, size_max, crc_function=self.crc_function,
+                                        segment_end=mapped_file.file_from_offset + mapped_file.file_size)  # fmt: skip
+        return read_check.noted(checked, self.damaged)
+
+    def _segment_path(self, offset: int) -> str:
+        return self.commit_log.mapped_file_queue.find_mapped_file_by_offset(offset).path
+
     def pull(self, topic: str, queue_id: int, queue_offset: int, count_max: int) -> list[rec.Record]:
+        """Up to ``count_max`` records from the queue, checked (``read_records``): the records
+        before a damaged one; ``DamagedRecordError`` when the first one is damaged."""
         queue = self.consume_queues.find(topic, queue_id)
         if queue is None:
             return []
-        return [self.commit_log.get_record(offset) for offset, _size, _tags in queue.read(queue_offset, count_max)]
+        units = queue.read(queue_offset, count_max)
+        if not self.config.check_crc_on_read:
+            return [self.commit_log.get_record(offset) for offset, _size, _tags in units]
+        checked = self.read_records([(offset, size) for offset, size, _tags in units])
+        if checked.damage is not None and not checked.views:
+            raise read_check.DamagedRecordError(checked.damage)
+        return [rec.decode_record(view, crc_function=None) for view in checked.views]
 
     def truncate(self, offset: int) -> None:
         """Cut the log, the consume queues and the epoch history at ``offset`` (a record boundary;

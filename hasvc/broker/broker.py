@@ -112,6 +112,7 @@ class Broker:
                         serve_metrics, self.config.metrics_listen, store=self.store, replicas=self.replicas, role=self.role_state
                     ))  # fmt: skip
                     self.put_service.metrics = self.metrics
+                    self.client_port.metrics = self.metrics
                 task_status.started(self.addresses())
                 LOGGER.info("ready: %s", json.dumps(self.addresses()))
         finally:
@@ -267,6 +268,7 @@ class Broker:
             "producers": len(self.producers),
             "duplicate_sends": self.put_service.duplicate_sends,
             "uptime_seconds": round(time.time() - self.started_at, 1),
+            "damaged": [damage.to_json() for damage in store.damaged],
         }
         role = self.role_state
         if role.is_slave:

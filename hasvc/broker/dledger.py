@@ -1083,6 +1083,7 @@ class DLedgerBroker:
             "raft_messages_dropped": self.driver.dropped_messages,
             "raft_connections_refused": self.driver.refused_connections,
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
+            "damaged": [damage.to_json() for damage in self.store.damaged],
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
                              "behind_log_start": p.behind_log_start,
                              "last_contact_seconds": None if p.last_contact_seconds == float("inf") else round(p.last_contact_seconds, 3),

@@ -14,6 +14,7 @@ def _client_call(address, secret_file, tls_ca, body):
     """Run ``body(client)`` against ADDRESS; ClientError becomes a clean exit."""
     import trio
 
+    from hasvc import transport
     from hasvc.client import ClientError, connect
 
     async def run():
@@ -24,6 +25,11 @@ def _client_call(address, secret_file, tls_ca, body):
         return trio.run(run)
     except (ClientError, ValueError) as error:
         raise click.ClickException(str(error)) from None
+    except BaseExceptionGroup as group:  # connect's nursery wraps what the body raised (strict groups)
+        expected, rest = group.split((ClientError, ValueError))
+        if expected is None or rest is not None:
+            raise
+        raise click.ClickException(transport.describe(expected)) from None
 
 
 @click.command()

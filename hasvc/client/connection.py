@@ -13,6 +13,7 @@ import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import trio
+from crc32c import crc32c as _crc32c
 
 from commitlog import record as rec
 from hasvc import transport
@@ -166,7 +167,7 @@ class Client:
         response = cp.decode_pull_response(payload)
         if response.status not in (cp.OK, cp.NOT_FOUND, cp.OFFSET_ILLEGAL):
             raise ClientError(f"{response.status}: {response.reason}")
-        records = [rec.decode_record(data, crc_function=None) for data in response.records]
+        records = [_checked_record(data) for data in response.records]
         return PullResult(response.status, records, response.next_queue_offset, response.max_queue_offset)
 
     async def read(self, offset: int, *, size_max: int = 1024 * 1024) -> bytes:
@@ -184,7 +185,7 @@ class Client:
             raise ClientError(f"no record at offset {offset}: {error.reason}") from None
         if record.physical_offset != offset:
             raise ClientError(f"offset {offset} is not a record boundary")
-        return record
+        return _crc_checked(record)
 
     async def promote(self, *, sync: bool = True) -> dict:
         """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after."""
@@ -216,6 +217,24 @@ class Client:
         if status != cp.OK:
             raise ClientError(f"{status}: {reason}")
         return json.loads(data)
+
+
+def _checked_record(data) -> rec.Record:
+    """A record as a PULL or READ answer holds it, its body CRC checked here too (as Kafka's
+    consumers check ``check.crcs``): the broker checks every record before it serves it
+    (``check_crc_on_read``), this catches what changed after (memory, the wire) and a broker that
+    does not check. Stores a broker writes use CRC32C."""
+    try:
+        record = rec.decode_record(data, crc_function=None)
+    except rec.RecordError as error:
+        raise ClientError(f"the broker sent a record that does not decode: {error.reason}") from None
+    return _crc_checked(record)
+
+
+def _crc_checked(record: rec.Record) -> rec.Record:
+    if _crc32c(record.body) & rec.CRC_MASK != record.body_crc:
+        raise ClientError(f"record at offset {record.physical_offset} failed its body CRC on arrival: not handed out")
+    return record
 
 
 def _now_ms() -> int:

@@ -44,10 +44,14 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Final
 
+import crc32c as _crc32c
+
+from commitlog import native as _native
 from commitlog import record as rec
+from commitlog import scan
 from commitlog.commit_log import ReadError
 from commitlog.damage import DamagedRange
-from commitlog.scan import REASONS, ScanCode, scan_segment
+from commitlog.scan import REASONS, ScanCode, _scan_python, scan_segment
 
 # A record-start test for READ: TOTALSIZE, MAGIC at 0, PHYSICALOFFSET at 28.
 _HEAD = struct.Struct(">iI")
@@ -86,53 +90,71 @@ def noted(checked: CheckedRead, found: list[DamagedRange]) -> CheckedRead:
     return dataclasses.replace(checked, new=add_damage(found, checked.damage))
 
 
-def read_records(read: Callable[[int, int], memoryview], file_of: Callable[[int], str],
-                 spans: Sequence[tuple[int, int]], *, crc_function: rec.CrcFunction | None,
-                 native: bool | None = None) -> CheckedRead:  # fmt: skip
-    """The records at ``spans`` ((offset, size) each, as a consume queue names them), checked:
-    ``read(offset, size)`` gives bytes; runs of spans that lie end to end are read and walked in
-    one piece. ``crc_function=None`` still checks every other field (the walk costs next to
-    nothing; the CRC is the cost). ReadError when a span is not readable at all."""
+Segment = tuple[memoryview, int, str]  # a segment's readable bytes, its first offset, its file's path
+
+
+def read_records(segment_of: Callable[[int], Segment], spans: Sequence[tuple], *, crc_function: rec.CrcFunction | None,
+                 check: bool = True, native: bool | None = None) -> CheckedRead:  # fmt: skip
+    """The records at ``spans`` ((offset, size, ...) each: a consume queue's units as they are),
+    checked unless ``check`` is False: ``segment_of(offset)`` gives the segment holding
+    ``offset`` (ReadError outside the readable log), and every span in it is walked in one call
+    (native ``check_spans`` when built, else its twin). ``crc_function=None`` still checks every
+    other field. ReadError when a span runs past its segment's readable bytes."""
     views: list[memoryview] = []
-    index = 0
-    while index < len(spans):
-        first_offset, _ = spans[index]
-        end_offset = first_offset
-        last = index
-        while last < len(spans) and spans[last][0] == end_offset:
-            end_offset += spans[last][1]
-            last += 1
-        run = read(first_offset, end_offset - first_offset)
-        if len(run) < end_offset - first_offset:
-            # A span past a segment's end (two runs that touch across a segment boundary are
-            # only possible with a blank in between, so never) or past the readable end.
-            if last - index > 1:
-                last = index + 1  # read this span alone; the next ones start a run of their own
-                end_offset = first_offset + spans[index][1]
-                run = read(first_offset, spans[index][1])
-            if len(run) < end_offset - first_offset:
-                raise ReadError(f"record at offset {first_offset} ({spans[index][1]} bytes) runs past the readable log")
-        result = scan_segment(run, start=0, end=len(run), file_from_offset=first_offset, crc_function=crc_function,
-                              native=native)  # fmt: skip
-        if result.code is ScanCode.END_OF_DATA and result.position == len(run):
-            views.extend(run[offset - first_offset : offset - first_offset + size] for offset, size in spans[index:last])
-            index = last
+    index, count = 0, len(spans)
+    use_native = _native.check_spans is not None and crc_function in (None, _crc32c.crc32c) and (
+        scan._USE_NATIVE if native is None else native)  # fmt: skip
+    while index < count:
+        view, base, path = segment_of(spans[index][0])
+        if not check:
+            stop, code, position = _spans_in(view, spans, index, base), ScanCode.END_OF_DATA, 0
+        elif use_native:
+            stop, code, position = _native.check_spans(view, spans, index, base, crc_function is not None)
+        else:
+            stop, code, position = _check_spans_python(view, spans, index, base, crc_function)
+        views += [view[span[0] - base : span[0] - base + span[1]] for span in spans[index:stop]]
+        if stop == count or code == -1 and stop > index:  # all passed, or the rest lie in the next segment
+            index = stop
             continue
-        bad = first_offset + result.position
-        for offset, size in spans[index:last]:
-            if offset + size > bad:
-                damage = DamagedRange(file_of(offset), offset, offset + size, _reason(result.code, bad, offset))
-                return CheckedRead(views, damage)
-            views.append(run[offset - first_offset : offset - first_offset + size])
-        raise AssertionError(f"the walk stopped at {bad}, past the run [{first_offset}, {end_offset})")
+        offset, size = spans[stop][0], spans[stop][1]
+        if code == -1:
+            raise ReadError(f"record at offset {offset} ({size} bytes) runs past the readable log")
+        reason = _reason(ScanCode(code), base + position, offset)
+        return CheckedRead(views, DamagedRange(path, offset, offset + size, reason))
     return CheckedRead(views)
 
 
+def _spans_in(view: memoryview, spans: Sequence[tuple], start: int, base: int) -> int:
+    """The index of the first span from ``start`` that does not lie in ``view`` (or len(spans))."""
+    limit = base + len(view)
+    for index in range(start, len(spans)):
+        offset, size = spans[index][0], spans[index][1]
+        if offset < base or offset + size > limit:
+            return index
+    return len(spans)
+
+
+def _check_spans_python(view: memoryview, spans: Sequence[tuple], start: int, base: int,
+                        crc_function: rec.CrcFunction | None) -> tuple[int, int, int]:  # fmt: skip
+    """Twin of the native ``check_spans`` (see _scan.c; the tests compare them)."""
+    for index in range(start, len(spans)):
+        offset, size = spans[index][0], spans[index][1]
+        position = offset - base
+        if position < 0 or size < 0 or position > len(view) or size > len(view) - position:
+            return index, -1, max(position, 0)
+        result = _scan_python(view, start=position, end=position + size, file_from_offset=base, crc_function=crc_function)
+        if result.code is not ScanCode.END_OF_DATA or result.position != position + size or result.count != 1:
+            if result.count >= 1:  # the record passed and ends before its span
+                return index, ScanCode.END_OF_DATA, position + _HEAD.unpack_from(view, position)[0]
+            return index, result.code, result.position
+    return len(spans), ScanCode.END_OF_DATA, 0
+
+
 def _reason(code: ScanCode, stop: int, record_offset: int) -> str:
-    if code is ScanCode.END_OF_DATA or code is ScanCode.END_OF_SEGMENT:  # a size word shorter than the queue's unit
-        return "record shorter than its consume-queue unit"
     if stop != record_offset:
-        return f"{REASONS[code]} at offset {stop}, inside the record"
+        return "record shorter than its consume-queue unit"
+    if code.clean:
+        return f"no record where its consume-queue unit points ({REASONS[code]})"
     return REASONS[code]
 
 

@@ -440,12 +440,10 @@ class MessageStore:
     def read(self, offset: int, size_max: int) -> memoryview:
         return self.commit_log.read(offset, size_max)
 
-    def read_records(self, spans: Sequence[tuple[int, int]]) -> read_check.CheckedRead:
-        """The records at ``spans`` ((offset, size), from a consume queue), checked unless
+    def read_records(self, spans: Sequence[tuple]) -> read_check.CheckedRead:
+        """The records at ``spans`` ((offset, size, ...): a consume queue's units), checked unless
         ``check_crc_on_read`` is off (commitlog/read_check.py); damage found joins ``damaged``."""
-        if not self.config.check_crc_on_read:
-            return read_check.CheckedRead([self.read(offset, size) for offset, size in spans])
-        checked = read_check.read_records(self.read, self._segment_path, spans, crc_function=self.crc_function)
+        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read)
         return read_check.noted(checked, self.damaged)
 
     def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:
@@ -460,6 +458,10 @@ class MessageStore:
     def _segment_path(self, offset: int) -> str:
         return self.commit_log.mapped_file_queue.find_mapped_file_by_offset(offset).path
 
+    def _segment_of(self, offset: int) -> read_check.Segment:
+        mapped_file = self.commit_log.transfer_span(offset, 0)[0]  # ReadError outside the log
+        return mapped_file.view()[: mapped_file.read_position], mapped_file.file_from_offset, mapped_file.path
+
     def pull(self, topic: str, queue_id: int, queue_offset: int, count_max: int) -> list[rec.Record]:
         """Up to ``count_max`` records from the queue, checked (``read_records``): the records
         before a damaged one; ``DamagedRecordError`` when the first one is damaged."""
@@ -469,7 +471,7 @@ class MessageStore:
         units = queue.read(queue_offset, count_max)
         if not self.config.check_crc_on_read:
             return [self.commit_log.get_record(offset) for offset, _size, _tags in units]
-        checked = self.read_records([(offset, size) for offset, size, _tags in units])
+        checked = self.read_records(units)
         if checked.damage is not None and not checked.views:
             raise read_check.DamagedRecordError(checked.damage)
         return [rec.decode_record(view, crc_function=None) for view in checked.views]

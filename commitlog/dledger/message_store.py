@@ -717,17 +717,15 @@ class DLedgerMessageStore:
         if check_crc:  # the record's own checks first (the entry's CRC, below, names no record)
             head = self.read(offset, _SIZE_WORD.size)
             size = _SIZE_WORD.unpack(head)[0] if len(head) == _SIZE_WORD.size else 0
-            checked = read_check.noted(read_check.read_records(self.read, self._file_path, [(offset, max(size, 8))],
+            checked = read_check.noted(read_check.read_records(self._segment_of, [(offset, max(size, 8))],
                                                                crc_function=self.crc_function), self.damaged)  # fmt: skip
             if checked.damage is not None:
                 raise read_check.DamagedRecordError(checked.damage)
         return self._record_at(offset)
 
-    def read_records(self, spans: Sequence[tuple[int, int]]) -> read_check.CheckedRead:
+    def read_records(self, spans: Sequence[tuple]) -> read_check.CheckedRead:
         """MessageStore.read_records: one walk per record here (entry headers lie between them)."""
-        if not self.config.check_crc_on_read:
-            return read_check.CheckedRead([self.read(offset, size) for offset, size in spans])
-        checked = read_check.read_records(self.read, self._file_path, spans, crc_function=self.crc_function)
+        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read)
         return read_check.noted(checked, self.damaged)
 
     def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:
@@ -745,6 +743,19 @@ class DLedgerMessageStore:
         checked = read_check.read_range(self.read, self._file_path, offset, size_max, crc_function=self.crc_function,
                                         segment_end=segment_end, entry_header_size=header)  # fmt: skip
         return read_check.noted(checked, self.damaged)
+
+    def _segment_of(self, offset: int) -> read_check.Segment:
+        """The readable bytes of the file holding ``offset``: a classic segment's, or a data file's
+        up to the committed end."""
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            mapped_file = self.classic.transfer_span(offset, 0)[0]
+            return mapped_file.view()[: mapped_file.read_position], mapped_file.file_from_offset, mapped_file.path
+        start, end = self._dledger_start(), self.committed_end_offset()
+        if not start <= offset < end:
+            raise ReadError(f"offset {offset} outside the committed DLedger log [{start}, {end})")
+        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
+        limit = min(mapped_file.wrote_position, end - mapped_file.file_from_offset)
+        return mapped_file.view()[:limit], mapped_file.file_from_offset, mapped_file.path
 
     def _file_path(self, offset: int) -> str:
         if self.divided_log.part_of(offset) is LogPart.CLASSIC:
@@ -771,7 +782,7 @@ class DLedgerMessageStore:
         units = queue.read(queue_offset, count_max)
         if not self.config.check_crc_on_read:
             return [self.get_record(offset) for offset, _size, _tags in units]
-        checked = self.read_records([(offset, size) for offset, size, _tags in units])
+        checked = self.read_records(units)
         if checked.damage is not None and not checked.views:
             raise read_check.DamagedRecordError(checked.damage)
         return [rec.decode_record(view, crc_function=None) for view in checked.views]

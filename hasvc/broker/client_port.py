@@ -355,13 +355,13 @@ class ClientPort:
         # messages below the log's minimum offset. They count as removed (RocketMQ's correctMinOffset).
         expired = sum(1 for offset, _size, _tags in units if offset < self.store.min_offset)
         next_offset += expired
-        spans = []
-        for offset, size, _tags in units[expired:]:
+        end = expired
+        for _offset, size, _tags in units[expired:]:
             total += size
-            if spans and total > PULL_BYTES_MAX:
+            if end > expired and total > PULL_BYTES_MAX:
                 break
-            spans.append((offset, size))
-        checked = self._checked(self.store.read_records(spans), "PULL")
+            end += 1
+        checked = self._checked(self.store.read_records(units[expired:end]), "PULL")
         records = [bytes(view) for view in checked.views]
         if checked.damage is not None and not records:  # the next record is the damaged one
             return cp.encode_pull_response(cp.PullResponse(cp.DAMAGED, describe_for_reader(checked.damage), next_offset,

@@ -20,10 +20,10 @@ def test_a_pull_whose_record_cannot_be_read_is_answered_error(tmp_path, monkeypa
         pull = cp.Frame(cp.PULL, 1, cp.encode_pull(cp.PullRequest("T", 0, 0, 10)))
         assert len(cp.decode_pull_response(broker.client_port.answer(pull)).records) == 2
 
-        def gone(offset, size):
-            raise ReadError(f"offset {offset} outside the log [4096, 4096)")
+        def gone(units):
+            raise ReadError(f"offset {units[0][0]} outside the log [4096, 4096)")
 
-        monkeypatch.setattr(broker.store, "read", gone)
+        monkeypatch.setattr(broker.store, "read_records", gone)
         reader = cp.Reader(broker.client_port.answer(pull))
         assert (reader.text(), reader.text()) == ("ERROR", "read failed: offset 0 outside the log [4096, 4096)")
         reader.done()

@@ -99,3 +99,21 @@ def test_a_dledger_member_refuses_a_damaged_record_on_pull_and_read_and_reports_
     finally:
         for member in nodes.values():
             member.kill()
+
+
+def test_with_the_broker_check_off_the_client_library_still_refuses_a_damaged_record(tmp_path):
+    cluster = Cluster(tmp_path, segment_size=SEGMENT)
+    try:
+        master = cluster.start_master(role="async", check_crc_on_read="false")
+        results = trio.run(_send, master.address, 200)
+        damaged = results[150].offset
+        flip(os.path.join(cluster.store("master"), "commitlog", f"{damaged // SEGMENT * SEGMENT:020d}"), damaged % SEGMENT + 150)
+        read = hasvc("read", master.address, "--offset", str(damaged))
+        assert read.returncode == 1
+        assert f"record at offset {damaged} failed its body CRC on arrival" in read.stderr, read.stderr
+        queue = hasvc("read", master.address, "--topic", "T")
+        assert queue.returncode == 1 and queue.stdout == ""  # the PULL that held it is refused whole
+        with hc.BlockingClient(master.address) as client:
+            assert client.status()["damaged"] == []  # the broker did not look
+    finally:
+        cluster.close()

@@ -206,6 +206,11 @@ def test_add_damage_keeps_one_range_per_spot():
     assert len(found) == 3
 
 
+def _segment(buffer):
+    view = memoryview(bytes(buffer))
+    return lambda offset: (view, 0, "segment")
+
+
 def _reader(buffer):
     view = memoryview(bytes(buffer))
     return lambda offset, size: view[offset : offset + size]
@@ -232,7 +237,7 @@ def test_checked_reads_agree_native_and_python_and_never_hand_out_a_bad_record(m
                                            segment_end=len(buffer), native=use_native)  # fmt: skip
         except ReadError:
             ranged = None
-        recorded = read_check.read_records(read, lambda o: "segment", spans, crc_function=crc32c.crc32c, native=use_native)
+        recorded = read_check.read_records(_segment(buffer), spans, crc_function=crc32c.crc32c, native=use_native)
         answers.append(([bytes(v) for v in ranged.views] if ranged else None, ranged and ranged.damage,
                         [bytes(v) for v in recorded.views], recorded.damage))  # fmt: skip
         for view in recorded.views:  # every record handed out is whole and checks
@@ -258,9 +263,32 @@ def test_checked_reads_on_garbage_raise_read_error_only(data, offset, size_max):
         read_check.read_range(read, lambda o: "f", offset, size_max, crc_function=crc32c.crc32c, segment_end=len(data))
         read_check.read_range(read, lambda o: "f", offset, size_max, crc_function=crc32c.crc32c, segment_end=len(data),
                               entry_header_size=48)  # fmt: skip
-        read_check.read_records(read, lambda o: "f", [(offset, size_max)], crc_function=crc32c.crc32c)
     except ReadError:
         pass
+    for use_native in WALKS:
+        try:
+            read_check.read_records(_segment(data), [(offset, size_max)], crc_function=crc32c.crc32c, native=use_native)
+        except ReadError:
+            pass
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
+@given(st.lists(messages, min_size=1, max_size=8), st.lists(st.tuples(st.integers(0, 8191), st.integers(0, 255)), max_size=2),
+       st.lists(st.tuples(st.integers(-10, 9000), st.integers(-5, 2000)), max_size=3), st.integers(0, 3), st.booleans())  # fmt: skip
+def test_native_and_python_check_spans_agree(messages_list, flips, bogus, start, check_crc):
+    buffer, end = _log_of(messages_list, base=4096)
+    spans = []
+    position = 0
+    while position < end:
+        size = rec.decode_record(buffer, position).size
+        spans.append((4096 + position, size, 0))
+        position += size
+    for position, value in flips:
+        buffer[position] = value
+    spans[1:1] = bogus  # units that name no record, or bytes outside the buffer
+    view = memoryview(bytes(buffer))
+    python = read_check._check_spans_python(view, spans, start, 4096, crc32c.crc32c if check_crc else None)
+    assert native.check_spans(view, spans, start, 4096, check_crc) == tuple(int(v) for v in python)
 
 
 def test_the_damage_path_names_the_segment_file(tmp_path, small_config):

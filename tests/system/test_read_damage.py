@@ -117,3 +117,42 @@ def test_with_the_broker_check_off_the_client_library_still_refuses_a_damaged_re
             assert client.status()["damaged"] == []  # the broker did not look
     finally:
         cluster.close()
+
+
+def test_the_proxys_receive_refuses_a_damaged_record_naming_it(tmp_path):
+    """The gRPC gateway receives through the client library's PULL: the messages before the
+    damaged one are delivered, the receive that reaches it is answered INTERNAL_SERVER_ERROR
+    naming the offset (never the damaged body)."""
+    import pytest
+
+    pb = pytest.importorskip("hasvc.proxy.pb")
+    import grpc
+
+    from tests.cluster import BrokerProcess
+
+    cluster = Cluster(tmp_path, segment_size=SEGMENT)
+    try:
+        master = cluster.start_master(role="async")
+        with hc.BlockingClient(master.address) as client:
+            results = client.send_batch("Damaged", [b"body %d " % i * 30 for i in range(5)], queue_id=0)
+        damaged = results[2].offset
+        flip(os.path.join(cluster.store("master"), "commitlog", f"{damaged // SEGMENT * SEGMENT:020d}"), damaged % SEGMENT + 150)
+        proxy = BrokerProcess("proxy", [sys.executable, "-m", "hasvc.cli", "proxy", "--listen", "127.0.0.1:0",
+                                        "--brokers", master.address, "--queues", "1"], os.path.join(cluster.root, "proxy.log"))  # fmt: skip
+        cluster.brokers.append(proxy)
+        channel = grpc.insecure_channel(proxy.address)
+        messaging = pb.service_grpc.MessagingServiceStub(channel)
+        request = pb.service.ReceiveMessageRequest(group=pb.definition.Resource(name="G"), batch_size=32)
+        request.message_queue.topic.name = "Damaged"
+        request.long_polling_timeout.seconds = 1
+        request.invisible_duration.seconds = 30
+        metadata = (("x-mq-client-id", "test-client@1@0@DAMAGED"),)
+        first = list(messaging.ReceiveMessage(request, timeout=10, metadata=metadata))
+        assert [r.message.body for r in first if r.HasField("message")] == [b"body 0 " * 30, b"body 1 " * 30]
+        second = list(messaging.ReceiveMessage(request, timeout=10, metadata=metadata))
+        channel.close()
+        assert [r.status.code for r in second if r.HasField("status")] == [pb.Code.INTERNAL_SERVER_ERROR]
+        assert f"record at offset {damaged} is damaged" in second[0].status.message
+        assert not any(r.HasField("message") for r in second)
+    finally:
+        cluster.close()

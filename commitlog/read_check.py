@@ -33,6 +33,19 @@ status naming the offset). Each damage is a ``DamagedRange``: its file, ``from``
 offset), ``to`` (the record's end when its size word is believable, else the end of the bytes
 examined), and what failed.
 
+Where the check runs, path by path (broker or client, as Kafka's consumers check ``check.crcs``):
+
+* PULL (and ``MessageStore.pull``): the broker, always -- only the broker can report the damage
+  (log, STATUS, metrics) and have it repaired, and it checks in one native call per segment before
+  copying; the client library checks every record's CRC again as it decodes it (what changed in
+  memory or on the wire after the broker's check, and a broker running with the check off).
+* READ: the broker, for the whole records it can see start (above); the client library for every
+  record it decodes from the bytes (``read_record``).
+* The proxy's receive: through the client library's PULL, so both of the above.
+* The Spark source: it reads the segment files itself, no broker in between, so its decoder
+  checks every body (one native ``crc_ranges`` call per batch) and fails the query at a damaged
+  one unless asked to flag it (``commitlog/columnar.py``, option ``damaged``).
+
 This module is pure: no logging, no clock. The stores keep the damage found (``store.damaged``);
 the broker logs it and shows it in STATUS.
 """

@@ -167,7 +167,7 @@ static PyObject *check_spans(PyObject *self, PyObject *args) {
         return NULL;
     }
     const uint8_t *buf = (const uint8_t *)view.buf;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), i = start < 0 ? 0 : start, stop = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), i = start < 0 ? 0 : start > n ? n : start, stop = 0;
     PyObject **items = PySequence_Fast_ITEMS(fast);
     int code = END_OF_DATA;
     for (; i < n; i++) {

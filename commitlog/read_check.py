@@ -120,7 +120,8 @@ def read_records(segment_of: Callable[[int], Segment], spans: Sequence[tuple], *
     while index < count:
         view, base, path = segment_of(spans[index][0])
         if not check:
-            stop, code, position = _spans_in(view, spans, index, base), ScanCode.END_OF_DATA, 0
+            stop = _spans_in(view, spans, index, base)
+            code, position = (ScanCode.END_OF_DATA if stop == count else -1), 0
         elif use_native:
             stop, code, position = _native.check_spans(view, spans, index, base, crc_function is not None)
         else:
@@ -150,7 +151,7 @@ def _spans_in(view: memoryview, spans: Sequence[tuple], start: int, base: int) -
 def _check_spans_python(view: memoryview, spans: Sequence[tuple], start: int, base: int,
                         crc_function: rec.CrcFunction | None) -> tuple[int, int, int]:  # fmt: skip
     """Twin of the native ``check_spans`` (see _scan.c; the tests compare them)."""
-    for index in range(start, len(spans)):
+    for index in range(max(start, 0), len(spans)):
         offset, size = spans[index][0], spans[index][1]
         position = offset - base
         if position < 0 or size < 0 or position > len(view) or size > len(view) - position:

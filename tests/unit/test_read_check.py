@@ -121,6 +121,23 @@ def test_read_records_walks_a_run_of_adjacent_records_and_stops_at_the_damage(tm
         store.close()
 
 
+@pytest.mark.parametrize("check", [True, False])
+def test_read_records_follows_spans_across_segments(tmp_path, small_config, walk, check):
+    import dataclasses
+
+    store, places = filled(tmp_path, dataclasses.replace(small_config, check_crc_on_read=check), count=600)
+    try:
+        segments = {segment_of(store, offset) for offset, _ in places}
+        assert len(segments) >= 3
+        checked = store.read_records([(offset, size, 0) for offset, size in places])
+        assert checked.damage is None and [bytes(v) for v in checked.views] == [bytes(store.read(o, s)) for o, s in places]
+        assert [r.queue_offset for r in store.pull("T", 1, 0, 1000)] == list(range(300))
+        with pytest.raises(ReadError, match="runs past the readable log"):
+            store.read_records([places[-1][:1] + (places[-1][1] + 1,)])
+    finally:
+        store.close()
+
+
 def test_read_checked_serves_up_to_the_damage_and_refuses_at_it(tmp_path, small_config, walk):
     store, places = filled(tmp_path, small_config, count=40)
     try:

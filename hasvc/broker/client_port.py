@@ -347,7 +347,6 @@ class ClientPort:
         queue = self.store.consume_queues.find(request.topic, request.queue_id)
         if queue is None:
             return cp.encode_pull_response(cp.PullResponse(cp.NOT_FOUND, f"no queue {request.topic}/{request.queue_id}", request.queue_offset, 0, []))
-        records = []
         next_offset = max(request.queue_offset, queue.min_offset_in_queue)
         total = 0
         units = queue.read(next_offset, min(request.count_max, PULL_COUNT_MAX))

@@ -13,6 +13,15 @@ class ClientError(Exception):
     """The broker answered with an error, or the connection failed."""
 
 
+class DamagedRecordError(ClientError):
+    """A record that failed its check: the broker answered DAMAGED, or its body failed its CRC
+    on arrival. ``offset`` is its physical offset (-1 when the broker's reason did not parse)."""
+
+    def __init__(self, message: str, offset: int):
+        super().__init__(message)
+        self.offset = offset
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SendResult:
     status: str

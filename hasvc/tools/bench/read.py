@@ -2,10 +2,11 @@
 
 A store of ``size_gib`` GiB of 1 KiB records in 8 queues is built once (``--dir`` keeps it),
 written in runs of ``run_records`` records per queue: 1 (the default) interleaves the queues, so
-no two records of a PULL lie end to end and the check walks each record alone (its worst case, a
-DLedger member's only case); 1000 gives runs it walks in one call. It is read whole, queue by queue, in PULLs of
-``count_max`` records, with the check on and with it off, alternating (on/off, then off/on, ...),
-``pairs`` times. Two layers, each timed on its own:
+no two records of a PULL lie end to end (as in a DLedger member's log, where entry headers lie
+between them); 1000 lays a queue's records end to end. Either way the check is one native call per
+PULL and segment. The store is read whole, queue by queue, in PULLs of ``count_max`` records,
+with the check on and with it off, alternating (on/off, then off/on, ...), ``pairs`` times. Two
+layers, each timed on its own:
 
 * **store**: in this process, what the broker does for a PULL and nothing else: the consume
   queue's units, ``MessageStore.read_records`` (the check), and a copy of each record into bytes.

@@ -17,7 +17,7 @@ from commitlog.commit_log import ReadError
 from commitlog.damage import DamagedRange
 from commitlog.read_check import DamagedRecordError
 from commitlog.store import MessageStore
-from tests.unit.test_dledger_message_store import lead, message, open_store
+from tests.unit.test_dledger_message_store import lead, message, noop, open_store
 from tests.unit.test_record import _log_of, messages
 
 WALKS = [False, True] if native.AVAILABLE else [False]
@@ -190,23 +190,26 @@ def test_a_slave_log_ending_inside_a_record_is_not_damage(walk):
 def test_dledger_pull_read_and_get_record_refuse_a_damaged_entry_record(tmp_path, walk):
     store = open_store(tmp_path)
     try:
-        plan = lead(store, [message(i, size=300) for i in range(12)])
-        offsets = list(plan.offsets)
-        damaged = offsets[6]
+        first = lead(store, [message(i, size=100) for i in range(6)])
+        noop(store, 1)  # an entry without a record: READ's walk steps over it
+        second = lead(store, [message(i, size=100) for i in range(6, 12)])
+        offsets = list(first.offsets) + list(second.offsets)
+        damaged = offsets[8]
         path = store.entries.data_file_list.find_mapped_file_by_offset(damaged).path
         base = store.entries.data_file_list.find_mapped_file_by_offset(damaged).file_from_offset
         flip(path, damaged - base + 150)
-        assert [r.queue_offset for r in store.pull("T", 0, 0, 100)] == list(range(6))
+        assert [r.queue_offset for r in store.pull("T", 0, 0, 100)] == list(range(8))
         with pytest.raises(DamagedRecordError, match=f"record at offset {damaged} is damaged"):
-            store.pull("T", 0, 6, 100)
+            store.pull("T", 0, 8, 100)
         with pytest.raises(DamagedRecordError):
             store.get_record(damaged, check_crc=True)
         assert [d.from_offset for d in store.damaged] == [damaged] and store.damaged[0].file == path
         # READ: entries' records walked one by one, headers stepped over
         first_in_file = next(o for o in offsets if store.entries.data_file_list.find_mapped_file_by_offset(o).path == path)
+        assert first_in_file == offsets[0]  # the walk passes the no-op entry
         served = store.read_checked(first_in_file, 1 << 20)
         assert served.damage is not None and len(served.views[0]) == damaged - first_in_file
-        assert store.read_checked(offsets[7], 1 << 20).damage is None
+        assert store.read_checked(offsets[9], 1 << 20).damage is None
         refused = store.read_checked(damaged, 1 << 20)
         assert refused.damage.from_offset == damaged and len(refused.views[0]) == 0
     finally:

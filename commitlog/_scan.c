@@ -147,10 +147,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     return Py_BuildValue("nLin", position, count, code, last);
 }
 
-/* check_spans(buffer, spans, start, file_from, check_crc) -> (index, code, position): the read path's
+/* check_spans(buffer, spans, start, file_from, level) -> (index, code, position): the read path's
  * check (commitlog/read_check.py; twin: _check_spans_python). Each item of the sequence spans from
  * index start is a tuple (offset, size, ...) naming one whole record at buffer[offset - file_from:],
- * walked as scan walks (the same checks and codes). Stops at the first span that does not lie in
+ * walked as scan walks (the same checks and codes) at level 1, its body CRC checked too at level
+ * 2; level 0 only finds the first span that does not lie in buffer (the check turned off). Stops at the first span that does not lie in
  * buffer (code -1, position its start), or whose walk does not pass exactly one record ending at
  * its end: the walk's code and position (the span's start) when its record fails, END_OF_DATA and
  * the record's end when the record passes but is shorter than its span (positions in buffer). index is that span's; len(spans) with END_OF_DATA when all passed. */
@@ -159,8 +160,8 @@ static PyObject *check_spans(PyObject *self, PyObject *args) {
     PyObject *spans;
     Py_ssize_t start;
     long long file_from;
-    int check_crc;
-    if (!PyArg_ParseTuple(args, "y*OnLp", &view, &spans, &start, &file_from, &check_crc)) return NULL;
+    int level;
+    if (!PyArg_ParseTuple(args, "y*OnLi", &view, &spans, &start, &file_from, &level)) return NULL;
     PyObject *fast = PySequence_Fast(spans, "spans must be a sequence of (offset, size, ...) tuples");
     if (fast == NULL) {
         PyBuffer_Release(&view);
@@ -185,9 +186,10 @@ static PyObject *check_spans(PyObject *self, PyObject *args) {
             stop = (Py_ssize_t)(pos < 0 ? 0 : pos);
             break;
         }
+        if (level <= 0) continue;
         Py_ssize_t position, last;
         long long count;
-        int c = walk(buf, (Py_ssize_t)pos, (Py_ssize_t)(pos + size), (int64_t)file_from, check_crc, &position, &count, &last);
+        int c = walk(buf, (Py_ssize_t)pos, (Py_ssize_t)(pos + size), (int64_t)file_from, level >= 2, &position, &count, &last);
         if (c != END_OF_DATA || position != (Py_ssize_t)(pos + size) || count != 1) {
             /* a first record that passed but ends before the span does: END_OF_DATA at its end */
             code = count >= 1 ? END_OF_DATA : c;
@@ -1103,7 +1105,7 @@ static PyMethodDef methods[] = {
     {"dispatch_units", dispatch_units, METH_VARARGS, "parse records into per-queue runs of packed units"},
     {"walk_starts", walk_starts, METH_VARARGS, "walk_starts(buffer, start, stop, segment_end, out) -> (count, position, code)"},
     {"check_spans", check_spans, METH_VARARGS,
-     "check_spans(buffer, spans, start, file_from, check_crc) -> (index, code, position): each span one whole record"},
+     "check_spans(buffer, spans, start, file_from, level) -> (index, code, position): each span one whole record"},
     {"crc_ranges", crc_ranges, METH_VARARGS, "crc_ranges(buffer, starts, lengths, out): masked crc32c per range"},
     {"split_messages", split_messages, METH_VARARGS, "split_messages(payload, position, count) -> (properties, bodies, end)"},
     {"record_sizes", record_sizes, METH_VARARGS, "record_sizes(bodies, properties, fixed) -> (sizes, total, body_total, properties_size_max)"},

@@ -112,20 +112,19 @@ def read_records(segment_of: Callable[[int], Segment], spans: Sequence[tuple], *
     checked unless ``check`` is False: ``segment_of(offset)`` gives the segment holding
     ``offset`` (ReadError outside the readable log), and every span in it is walked in one call
     (native ``check_spans`` when built, else its twin). ``crc_function=None`` still checks every
-    other field. ReadError when a span runs past its segment's readable bytes."""
+    other field. ReadError when a span runs past its segment's readable bytes. With ``check``
+    False the same call only finds where each segment's spans end (what the bench compares with)."""
     views: list[memoryview] = []
     index, count = 0, len(spans)
     use_native = _native.check_spans is not None and crc_function in (None, _crc32c.crc32c) and (
         scan._USE_NATIVE if native is None else native)  # fmt: skip
+    level = (2 if crc_function is not None else 1) if check else 0
     while index < count:
         view, base, path = segment_of(spans[index][0])
-        if not check:
-            stop = _spans_in(view, spans, index, base)
-            code, position = (ScanCode.END_OF_DATA if stop == count else -1), 0
-        elif use_native:
-            stop, code, position = _native.check_spans(view, spans, index, base, crc_function is not None)
+        if use_native:
+            stop, code, position = _native.check_spans(view, spans, index, base, level)
         else:
-            stop, code, position = _check_spans_python(view, spans, index, base, crc_function)
+            stop, code, position = _check_spans_python(view, spans, index, base, crc_function, walk=check)
         views += [view[span[0] - base : span[0] - base + span[1]] for span in spans[index:stop]]
         if stop == count or code == -1 and stop > index:  # all passed, or the rest lie in the next segment
             index = stop
@@ -138,24 +137,17 @@ def read_records(segment_of: Callable[[int], Segment], spans: Sequence[tuple], *
     return CheckedRead(views)
 
 
-def _spans_in(view: memoryview, spans: Sequence[tuple], start: int, base: int) -> int:
-    """The index of the first span from ``start`` that does not lie in ``view`` (or len(spans))."""
-    limit = base + len(view)
-    for index in range(start, len(spans)):
-        offset, size = spans[index][0], spans[index][1]
-        if offset < base or offset + size > limit:
-            return index
-    return len(spans)
-
-
 def _check_spans_python(view: memoryview, spans: Sequence[tuple], start: int, base: int,
-                        crc_function: rec.CrcFunction | None) -> tuple[int, int, int]:  # fmt: skip
-    """Twin of the native ``check_spans`` (see _scan.c; the tests compare them)."""
+                        crc_function: rec.CrcFunction | None, *, walk: bool = True) -> tuple[int, int, int]:  # fmt: skip
+    """Twin of the native ``check_spans`` (see _scan.c; the tests compare them): level 0 is
+    ``walk=False``, level 1 ``crc_function=None``."""
     for index in range(max(start, 0), len(spans)):
         offset, size = spans[index][0], spans[index][1]
         position = offset - base
         if position < 0 or size < 0 or position > len(view) or size > len(view) - position:
             return index, -1, max(position, 0)
+        if not walk:
+            continue
         result = _scan_python(view, start=position, end=position + size, file_from_offset=base, crc_function=crc_function)
         if result.code is not ScanCode.END_OF_DATA or result.position != position + size or result.count != 1:
             if result.count >= 1:  # the record passed and ends before its span

@@ -294,8 +294,8 @@ def test_checked_reads_on_garbage_raise_read_error_only(data, offset, size_max):
 
 @pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
 @given(st.lists(messages, min_size=1, max_size=8), st.lists(st.tuples(st.integers(0, 8191), st.integers(0, 255)), max_size=2),
-       st.lists(st.tuples(st.integers(-10, 9000), st.integers(-5, 2000)), max_size=3), st.integers(0, 3), st.booleans())  # fmt: skip
-def test_native_and_python_check_spans_agree(messages_list, flips, bogus, start, check_crc):
+       st.lists(st.tuples(st.integers(-10, 9000), st.integers(-5, 2000)), max_size=3), st.integers(0, 3), st.sampled_from([0, 1, 2]))  # fmt: skip
+def test_native_and_python_check_spans_agree(messages_list, flips, bogus, start, level):
     buffer, end = _log_of(messages_list, base=4096)
     spans = []
     position = 0
@@ -307,8 +307,8 @@ def test_native_and_python_check_spans_agree(messages_list, flips, bogus, start,
         buffer[position] = value
     spans[1:1] = bogus  # units that name no record, or bytes outside the buffer
     view = memoryview(bytes(buffer))
-    python = read_check._check_spans_python(view, spans, start, 4096, crc32c.crc32c if check_crc else None)
-    assert native.check_spans(view, spans, start, 4096, check_crc) == tuple(int(v) for v in python)
+    python = read_check._check_spans_python(view, spans, start, 4096, crc32c.crc32c if level == 2 else None, walk=level > 0)
+    assert native.check_spans(view, spans, start, 4096, level) == tuple(int(v) for v in python)
 
 
 def test_the_damage_path_names_the_segment_file(tmp_path, small_config):

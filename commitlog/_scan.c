@@ -160,10 +160,16 @@ static PyObject *check_spans(PyObject *self, PyObject *args) {
     PyObject *spans;
     Py_ssize_t start;
     long long file_from;
-    int level;
-    if (!PyArg_ParseTuple(args, "y*OnLi", &view, &spans, &start, &file_from, &level)) return NULL;
+    int level, copy = 0;
+    if (!PyArg_ParseTuple(args, "y*OnLi|p", &view, &spans, &start, &file_from, &level, &copy)) return NULL;
     PyObject *fast = PySequence_Fast(spans, "spans must be a sequence of (offset, size, ...) tuples");
     if (fast == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    PyObject *copies = copy ? PyList_New(0) : NULL;
+    if (copy && copies == NULL) {
+        Py_DECREF(fast);
         PyBuffer_Release(&view);
         return NULL;
     }
@@ -186,21 +192,32 @@ static PyObject *check_spans(PyObject *self, PyObject *args) {
             stop = (Py_ssize_t)(pos < 0 ? 0 : pos);
             break;
         }
-        if (level <= 0) continue;
-        Py_ssize_t position, last;
-        long long count;
-        int c = walk(buf, (Py_ssize_t)pos, (Py_ssize_t)(pos + size), (int64_t)file_from, level >= 2, &position, &count, &last);
-        if (c != END_OF_DATA || position != (Py_ssize_t)(pos + size) || count != 1) {
-            /* a first record that passed but ends before the span does: END_OF_DATA at its end */
-            code = count >= 1 ? END_OF_DATA : c;
-            stop = count >= 1 ? (Py_ssize_t)pos + (Py_ssize_t)be32(buf + pos) : position;
-            break;
+        if (level > 0) {
+            Py_ssize_t position, last;
+            long long count;
+            int c = walk(buf, (Py_ssize_t)pos, (Py_ssize_t)(pos + size), (int64_t)file_from, level >= 2, &position, &count, &last);
+            if (c != END_OF_DATA || position != (Py_ssize_t)(pos + size) || count != 1) {
+                /* a first record that passed but ends before the span does: END_OF_DATA at its end */
+                code = count >= 1 ? END_OF_DATA : c;
+                stop = count >= 1 ? (Py_ssize_t)pos + (Py_ssize_t)be32(buf + pos) : position;
+                break;
+            }
+        }
+        if (copy) {  /* the record's bytes copied while the walk has them in the cache */
+            PyObject *record = PyBytes_FromStringAndSize((const char *)buf + pos, (Py_ssize_t)size);
+            if (record == NULL || PyList_Append(copies, record) < 0) {
+                Py_XDECREF(record);
+                goto fail;
+            }
+            Py_DECREF(record);
         }
     }
     Py_DECREF(fast);
     PyBuffer_Release(&view);
+    if (copy) return Py_BuildValue("ninN", i, code, stop, copies);
     return Py_BuildValue("nin", i, code, stop);
 fail:
+    Py_XDECREF(copies);
     Py_DECREF(fast);
     PyBuffer_Release(&view);
     return NULL;
@@ -1105,7 +1122,7 @@ static PyMethodDef methods[] = {
     {"dispatch_units", dispatch_units, METH_VARARGS, "parse records into per-queue runs of packed units"},
     {"walk_starts", walk_starts, METH_VARARGS, "walk_starts(buffer, start, stop, segment_end, out) -> (count, position, code)"},
     {"check_spans", check_spans, METH_VARARGS,
-     "check_spans(buffer, spans, start, file_from, level) -> (index, code, position): each span one whole record"},
+     "check_spans(buffer, spans, start, file_from, level[, copy]) -> (index, code, position[, copies]): each span one whole record"},
     {"crc_ranges", crc_ranges, METH_VARARGS, "crc_ranges(buffer, starts, lengths, out): masked crc32c per range"},
     {"split_messages", split_messages, METH_VARARGS, "split_messages(payload, position, count) -> (properties, bodies, end)"},
     {"record_sizes", record_sizes, METH_VARARGS, "record_sizes(bodies, properties, fixed) -> (sizes, total, body_total, properties_size_max)"},

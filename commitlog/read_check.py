@@ -88,10 +88,10 @@ def describe_for_reader(damage: DamagedRange) -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CheckedRead:
-    """What a checked read hands out: ``views`` (whole records, or READ's one byte range) up to
-    the first damaged record, and that damage (None when all was good)."""
+    """What a checked read hands out: ``views`` (whole records, or READ's one byte range; bytes
+    copies when asked for) up to the first damaged record, and that damage (None when all was good)."""
 
-    views: list[memoryview]
+    views: list[memoryview] | list[bytes]
     damage: DamagedRange | None = None
     new: bool = False  # the damage was not known before (the broker logs it once)
 
@@ -107,13 +107,15 @@ Segment = tuple[memoryview, int, str]  # a segment's readable bytes, its first o
 
 
 def read_records(segment_of: Callable[[int], Segment], spans: Sequence[tuple], *, crc_function: rec.CrcFunction | None,
-                 check: bool = True, native: bool | None = None) -> CheckedRead:  # fmt: skip
+                 check: bool = True, copy: bool = False, native: bool | None = None) -> CheckedRead:  # fmt: skip
     """The records at ``spans`` ((offset, size, ...) each: a consume queue's units as they are),
     checked unless ``check`` is False: ``segment_of(offset)`` gives the segment holding
     ``offset`` (ReadError outside the readable log), and every span in it is walked in one call
     (native ``check_spans`` when built, else its twin). ``crc_function=None`` still checks every
     other field. ReadError when a span runs past its segment's readable bytes. With ``check``
-    False the same call only finds where each segment's spans end (what the bench compares with)."""
+    False the same call only finds where each segment's spans end (what the bench compares with).
+    With ``copy`` the views are ``bytes``, each copied in the same call right after its check
+    (a broker sends copies: made while the check has the record in the cache, not read again)."""
     views: list[memoryview] = []
     index, count = 0, len(spans)
     use_native = _native.check_spans is not None and crc_function in (None, _crc32c.crc32c) and (
@@ -122,10 +124,13 @@ def read_records(segment_of: Callable[[int], Segment], spans: Sequence[tuple], *
     while index < count:
         view, base, path = segment_of(spans[index][0])
         if use_native:
-            stop, code, position = _native.check_spans(view, spans, index, base, level)
+            stop, code, position, *copies = _native.check_spans(view, spans, index, base, level, copy)
         else:
-            stop, code, position = _check_spans_python(view, spans, index, base, crc_function, walk=check)
-        views += [view[span[0] - base : span[0] - base + span[1]] for span in spans[index:stop]]
+            stop, code, position, *copies = _check_spans_python(view, spans, index, base, crc_function, walk=check, copy=copy)
+        if copy:
+            views += copies[0]
+        else:
+            views += [view[span[0] - base : span[0] - base + span[1]] for span in spans[index:stop]]
         if stop == count or code == -1 and stop > index:  # all passed, or the rest lie in the next segment
             index = stop
             continue
@@ -137,23 +142,27 @@ def read_records(segment_of: Callable[[int], Segment], spans: Sequence[tuple], *
     return CheckedRead(views)
 
 
-def _check_spans_python(view: memoryview, spans: Sequence[tuple], start: int, base: int,
-                        crc_function: rec.CrcFunction | None, *, walk: bool = True) -> tuple[int, int, int]:  # fmt: skip
+def _check_spans_python(view: memoryview, spans: Sequence[tuple], start: int, base: int, crc_function: rec.CrcFunction | None,
+                        *, walk: bool = True, copy: bool = False) -> tuple:  # fmt: skip
     """Twin of the native ``check_spans`` (see _scan.c; the tests compare them): level 0 is
-    ``walk=False``, level 1 ``crc_function=None``."""
+    ``walk=False``, level 1 ``crc_function=None``; with ``copy`` a fourth result, the bytes of
+    every span that passed."""
+    copies: list[bytes] = []
+    tail = (copies,) if copy else ()
     for index in range(max(start, 0), len(spans)):
         offset, size = spans[index][0], spans[index][1]
         position = offset - base
         if position < 0 or size < 0 or position > len(view) or size > len(view) - position:
-            return index, -1, max(position, 0)
-        if not walk:
-            continue
-        result = _scan_python(view, start=position, end=position + size, file_from_offset=base, crc_function=crc_function)
-        if result.code is not ScanCode.END_OF_DATA or result.position != position + size or result.count != 1:
-            if result.count >= 1:  # the record passed and ends before its span
-                return index, ScanCode.END_OF_DATA, position + _HEAD.unpack_from(view, position)[0]
-            return index, result.code, result.position
-    return len(spans), ScanCode.END_OF_DATA, 0
+            return index, -1, max(position, 0), *tail
+        if walk:
+            result = _scan_python(view, start=position, end=position + size, file_from_offset=base, crc_function=crc_function)
+            if result.code is not ScanCode.END_OF_DATA or result.position != position + size or result.count != 1:
+                if result.count >= 1:  # the record passed and ends before its span
+                    return index, ScanCode.END_OF_DATA, position + _HEAD.unpack_from(view, position)[0], *tail
+                return index, result.code, result.position, *tail
+        if copy:
+            copies.append(bytes(view[position : position + size]))
+    return len(spans), ScanCode.END_OF_DATA, 0, *tail
 
 
 def _reason(code: ScanCode, stop: int, record_offset: int) -> str:

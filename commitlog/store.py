@@ -440,10 +440,12 @@ class MessageStore:
     def read(self, offset: int, size_max: int) -> memoryview:
         return self.commit_log.read(offset, size_max)
 
-    def read_records(self, spans: Sequence[tuple]) -> read_check.CheckedRead:
+    def read_records(self, spans: Sequence[tuple], *, copy: bool = False) -> read_check.CheckedRead:
         """The records at ``spans`` ((offset, size, ...): a consume queue's units), checked unless
-        ``check_crc_on_read`` is off (commitlog/read_check.py); damage found joins ``damaged``."""
-        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read)
+        ``check_crc_on_read`` is off (commitlog/read_check.py); damage found joins ``damaged``.
+        ``copy``: bytes copies rather than views of the mapping."""
+        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read,
+                                          copy=copy)  # fmt: skip
         return read_check.noted(checked, self.damaged)
 
     def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:

@@ -723,9 +723,10 @@ class DLedgerMessageStore:
                 raise read_check.DamagedRecordError(checked.damage)
         return self._record_at(offset)
 
-    def read_records(self, spans: Sequence[tuple]) -> read_check.CheckedRead:
+    def read_records(self, spans: Sequence[tuple], *, copy: bool = False) -> read_check.CheckedRead:
         """MessageStore.read_records: one walk per record here (entry headers lie between them)."""
-        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read)
+        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read,
+                                          copy=copy)  # fmt: skip
         return read_check.noted(checked, self.damaged)
 
     def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:

@@ -360,8 +360,8 @@ class ClientPort:
             if end > expired and total > PULL_BYTES_MAX:
                 break
             end += 1
-        checked = self._checked(self.store.read_records(units[expired:end]), "PULL")
-        records = [bytes(view) for view in checked.views]
+        checked = self._checked(self.store.read_records(units[expired:end], copy=True), "PULL")
+        records = checked.views  # bytes, copied as they were checked
         if checked.damage is not None and not records:  # the next record is the damaged one
             return cp.encode_pull_response(cp.PullResponse(cp.DAMAGED, describe_for_reader(checked.damage), next_offset,
                                                            queue.max_offset_in_queue, []))  # fmt: skip

@@ -20,7 +20,7 @@ def test_a_pull_whose_record_cannot_be_read_is_answered_error(tmp_path, monkeypa
         pull = cp.Frame(cp.PULL, 1, cp.encode_pull(cp.PullRequest("T", 0, 0, 10)))
         assert len(cp.decode_pull_response(broker.client_port.answer(pull)).records) == 2
 
-        def gone(units):
+        def gone(units, **_):
             raise ReadError(f"offset {units[0][0]} outside the log [4096, 4096)")
 
         monkeypatch.setattr(broker.store, "read_records", gone)

@@ -114,6 +114,7 @@ def test_read_records_walks_a_run_of_adjacent_records_and_stops_at_the_damage(tm
         flip_body(store, places[25][0])
         checked = store.read_records(places[10:35])
         assert [bytes(view) for view in checked.views] == [bytes(store.read(o, s)) for o, s in places[10:25]]
+        assert store.read_records(places[10:35], copy=True).views == [bytes(store.read(o, s)) for o, s in places[10:25]]
         assert checked.damage.from_offset == places[25][0] and checked.new
         assert not store.read_records(places[20:30]).new  # the same damage again: not new
         assert store.read_records(places[:25]).damage is None
@@ -131,6 +132,7 @@ def test_read_records_follows_spans_across_segments(tmp_path, small_config, walk
         assert len(segments) >= 3
         checked = store.read_records([(offset, size, 0) for offset, size in places])
         assert checked.damage is None and [bytes(v) for v in checked.views] == [bytes(store.read(o, s)) for o, s in places]
+        assert store.read_records([(offset, size, 0) for offset, size in places], copy=True).views == [bytes(v) for v in checked.views]
         assert [r.queue_offset for r in store.pull("T", 1, 0, 1000)] == list(range(300))
         with pytest.raises(ReadError, match="runs past the readable log"):
             store.read_records([places[-1][:1] + (places[-1][1] + 1,)])
@@ -309,6 +311,10 @@ def test_native_and_python_check_spans_agree(messages_list, flips, bogus, start,
     view = memoryview(bytes(buffer))
     python = read_check._check_spans_python(view, spans, start, 4096, crc32c.crc32c if level == 2 else None, walk=level > 0)
     assert native.check_spans(view, spans, start, 4096, level) == tuple(int(v) for v in python)
+    *python, copies = read_check._check_spans_python(view, spans, start, 4096, crc32c.crc32c if level == 2 else None,
+                                                     walk=level > 0, copy=True)  # fmt: skip
+    assert native.check_spans(view, spans, start, 4096, level, True) == (*(int(v) for v in python), copies)
+    assert copies == [bytes(view[o - 4096 : o - 4096 + s]) for o, s, *_ in spans[start : python[0]]]
 
 
 def test_the_damage_path_names_the_segment_file(tmp_path, small_config):

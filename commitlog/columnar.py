@@ -48,6 +48,8 @@ import pyarrow.compute as pc
 
 from commitlog import native as _native
 from commitlog import record as rec
+from commitlog.damage import DamagedRange
+from commitlog.read_check import DamagedRecordError
 from commitlog.scan import REASONS, ScanCode
 
 # Rows per Arrow batch: large enough that per-batch costs vanish, small enough that a batch of
@@ -273,6 +275,9 @@ class Options:
     topics: frozenset[str] | None = None
     crc: str | None = "crc32c"
     columns: tuple[str, ...] = COLUMN_NAMES
+    # A record whose body fails its CRC: "flag" returns it as a row with crc_ok false; "fail"
+    # raises DamagedRecordError naming it (every body is then checked, crc_ok asked for or not).
+    damaged: str = "flag"
 
 
 def decode_range(
@@ -284,10 +289,11 @@ def decode_range(
     file_from_offset: int,
     store: str = "",
     options: Options = Options(),
+    path: str = "",
 ) -> tuple[list[pa.RecordBatch], RangeEnd]:
     """Decode the records whose start lies in ``[start, stop)`` of one segment (``buffer`` holds
-    the whole segment; ``start`` must be a record start). Returns Arrow batches with
-    ``options.columns`` in that order, and where and why decoding stopped."""
+    the whole segment, the file at ``path``; ``start`` must be a record start). Returns Arrow
+    batches with ``options.columns`` in that order, and where and why decoding stopped."""
     unknown = set(options.columns) - set(COLUMN_NAMES)
     if unknown:
         raise ValueError(f"unknown columns {sorted(unknown)}; the decoder builds {list(COLUMN_NAMES)}")
@@ -310,7 +316,7 @@ def decode_range(
     while chunk_start < total:
         chunk_end = _chunk_end(fields, chunk_start)
         chunk = fields.select(slice(chunk_start, chunk_end))
-        batches.append(_build(base, buffer, chunk, file_from_offset, store, options, crc_function))
+        batches.append(_build(base, buffer, chunk, file_from_offset, store, options, crc_function, path))
         chunk_start = chunk_end
     return batches, end
 
@@ -356,7 +362,7 @@ def _slices(base: pa.Buffer, spans: Sequence[tuple[np.ndarray, np.ndarray]]) -> 
     return result
 
 
-def _build(base, buffer, fields: _Fields, file_from_offset, store, options: Options, crc_function) -> pa.RecordBatch:
+def _build(base, buffer, fields: _Fields, file_from_offset, store, options: Options, crc_function, path: str) -> pa.RecordBatch:
     wanted = set(options.columns)
     count = len(fields.starts)
     prefix = fields.prefix
@@ -396,8 +402,10 @@ def _build(base, buffer, fields: _Fields, file_from_offset, store, options: Opti
     columns["body_size"] = pa.array(fields.body_size.astype(np.int32))
     if body is not None:
         columns["body"] = body
-    if "crc_ok" in wanted:
+    if "crc_ok" in wanted or options.damaged == "fail" and crc_function is not None:
         columns["crc_ok"] = _crc_ok(buffer, fields, body_crc, crc_function)
+        if options.damaged == "fail" and crc_function is not None:
+            _fail_on_damage(columns["crc_ok"], fields, file_from_offset, path)
     return pa.RecordBatch.from_arrays(
         [columns[name] for name in options.columns],
         schema=pa.schema([ARROW_SCHEMA.field(name) for name in options.columns]),
@@ -486,6 +494,16 @@ def _crc_ok(buffer, fields: _Fields, stored: np.ndarray, crc_function, *, native
         count=len(fields.starts),
     )
     return pa.array(computed == stored)
+
+
+def _fail_on_damage(crc_ok: pa.Array, fields: _Fields, file_from_offset: int, path: str) -> None:
+    """Raise DamagedRecordError for the first record of the chunk whose body fails its CRC."""
+    if pc.all(crc_ok).as_py():
+        return
+    first = int(np.argmin(crc_ok.to_numpy(zero_copy_only=False)))
+    offset = file_from_offset + int(fields.starts[first])
+    size = int(fields.prefix["size"][first])
+    raise DamagedRecordError(DamagedRange(path, offset, offset + size, "body CRC mismatch"))
 
 
 def host_text(host: rec.Host) -> str:

@@ -43,7 +43,6 @@ import re
 import struct
 import time
 from collections.abc import Iterator, Sequence
-from typing import Final
 
 from commitlog import identity as store_identity
 from commitlog import record as rec
@@ -58,11 +57,7 @@ from commitlog.mapped_file import DiskFullError, FilesCreated, StoreError, SyncF
 from commitlog.mapped_file_queue import MappedFileQueue
 
 from commitlog import native as _native
-
-
-# STATUS lists at most this many damaged ranges: a disk that has gone bad everywhere is one fact,
-# not ten thousand lines (the count and the log keep the rest).
-DAMAGED_RECORDED_MAX: Final = 100
+from commitlog import read_check
 
 
 class TransientStorePool:
@@ -176,10 +171,9 @@ class MessageStore:
         self.last_exit_ok = True
         self.reput_from_offset = 0
         self.queues_rebuilt: tuple[tuple[str, int], ...] = ()  # (topic, queue id) recovery found cut by damage
-        # Damage found in the log while serving (scrub, reads): reported in STATUS until repaired.
-        self.damaged: list[DamagedRange] = []
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
+        self.damaged: list[DamagedRange] = []  # damage found (by recovery, reads, the scrub): STATUS ``damaged``
         self._lock: StoreLock | None = None
         self.disk = DiskWatch(path, ratio_max=self.config.disk_max_used_space_ratio,
                               interval_seconds=self.config.disk_check_interval_seconds)  # fmt: skip
@@ -283,13 +277,9 @@ class MessageStore:
                 queue.cut_in_recovery = queue.cut_in_recovery or self.last_exit_ok  # a clean stop tore nothing
 
     def record_damage(self, found: DamagedRange) -> bool:
-        """Remember damage found in the log (once per range; at most ``DAMAGED_RECORDED_MAX``);
-        True when it is new."""
-        if any(d.file == found.file and d.from_offset == found.from_offset for d in self.damaged):
-            return False
-        if len(self.damaged) < DAMAGED_RECORDED_MAX:
-            self.damaged.append(found)
-        return True
+        """Remember damage found in the log (once per spot: a range overlapping one known is not
+        added); True when it is new."""
+        return read_check.add_damage(self.damaged, found)
 
     def close(self, *, clean: bool = True) -> None:
         """Flush everything, write the checkpoint, remove ``abort`` (only if all is dispatched).
@@ -552,16 +542,55 @@ class MessageStore:
         return self.commit_log.min_offset
 
     def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
-        return self.commit_log.get_record(offset, crc_function=self.crc_function if check_crc else None)
+        """The record at ``offset``; with ``check_crc`` a body that fails its CRC raises
+        ``DamagedRecordError`` (and is added to ``damaged``)."""
+        record = self.commit_log.get_record(offset)
+        if check_crc and self.crc_function(record.body) & rec.CRC_MASK != record.body_crc:
+            damage = DamagedRange(self._segment_path(offset), offset, offset + record.size, "body CRC mismatch")
+            read_check.add_damage(self.damaged, damage)
+            raise read_check.DamagedRecordError(damage)
+        return record
 
     def read(self, offset: int, size_max: int) -> memoryview:
         return self.commit_log.read(offset, size_max)
 
+    def read_records(self, spans: Sequence[tuple], *, copy: bool = False) -> read_check.CheckedRead:
+        """The records at ``spans`` ((offset, size, ...): a consume queue's units), checked unless
+        ``check_crc_on_read`` is off (commitlog/read_check.py); damage found joins ``damaged``.
+        ``copy``: bytes copies rather than views of the mapping."""
+        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read,
+                                          copy=copy)  # fmt: skip
+        return read_check.noted(checked, self.damaged)
+
+    def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:
+        """``read`` for a reader that gets raw bytes (READ), checked as ``read_check.read_range`` says."""
+        if not self.config.check_crc_on_read:
+            return read_check.CheckedRead([self.read(offset, size_max)])
+        mapped_file = self.commit_log.transfer_span(offset, 0)[0]  # ReadError outside the log, as read
+        checked = read_check.read_range(self.read, self._segment_path, offset, size_max, crc_function=self.crc_function,
+                                        segment_end=mapped_file.file_from_offset + mapped_file.file_size)  # fmt: skip
+        return read_check.noted(checked, self.damaged)
+
+    def _segment_path(self, offset: int) -> str:
+        return self.commit_log.mapped_file_queue.find_mapped_file_by_offset(offset).path
+
+    def _segment_of(self, offset: int) -> read_check.Segment:
+        mapped_file = self.commit_log.transfer_span(offset, 0)[0]  # ReadError outside the log
+        return mapped_file.view()[: mapped_file.read_position], mapped_file.file_from_offset, mapped_file.path
+
     def pull(self, topic: str, queue_id: int, queue_offset: int, count_max: int) -> list[rec.Record]:
+        """Up to ``count_max`` records from the queue, checked (``read_records``): the records
+        before a damaged one; ``DamagedRecordError`` when the first one is damaged."""
         queue = self.consume_queues.find(topic, queue_id)
         if queue is None:
             return []
-        return [self.commit_log.get_record(offset) for offset, _size, _tags in queue.read(queue_offset, count_max)]
+        units = queue.read(queue_offset, count_max)
+        if not self.config.check_crc_on_read:
+            return [self.commit_log.get_record(offset) for offset, _size, _tags in units]
+        checked = self.read_records(units)
+        if checked.damage is not None and not checked.views:
+            raise read_check.DamagedRecordError(checked.damage)
+        return [rec.decode_record(view, crc_function=None) for view in checked.views]
 
     def truncate(self, offset: int) -> None:
         """Cut the log, the consume queues and the epoch history at ``offset`` (a record boundary;

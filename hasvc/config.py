@@ -85,6 +85,7 @@ class BrokerConfig:
     # StoreConfig.small_write_pages (commitlog/mapped_file.py SMALL_PAGES_MARGIN): "auto" turns it on
     # for a store that syncs each put (--flush sync; a DLedger member's --flush sync), "on"/"off" force it.
     small_write_pages: str = "auto"
+    check_crc_on_read: bool = True  # StoreConfig.check_crc_on_read: every record a PULL or READ serves is checked first
     # Replication (MessageStoreConfig): haSendHeartbeatInterval, haHousekeepingInterval,
     # haMaxGapNotInSync, slaveTimeout, inSyncReplicas, syncFromLastFile.
     ha_send_heartbeat_interval_ms: int = 5000
@@ -192,6 +193,7 @@ class BrokerConfig:
             scrub_bytes_per_second=self.scrub_bytes_per_second,
             small_write_pages=self.small_write_pages_for(self.flush is FlushDiskType.SYNC_FLUSH),
             recovery_cut_segments_max=self.recovery_cut_segments_max,
+            check_crc_on_read=self.check_crc_on_read,
             store_host=self.listen if _is_ip(self.listen[0]) else ("127.0.0.1", self.listen[1]),
         )
 

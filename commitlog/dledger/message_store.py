@@ -73,12 +73,13 @@ from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
 from commitlog.commit_log import CommitLog, ReadError, now_ms
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import ConsumeQueueStore
-from commitlog.dledger import entry_codec as codec
 from commitlog.damage import DamagedRange
+from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig
 from commitlog.dledger.upgrade import DividedLog, LogPart, dledger_directory, open_after_classic
 from commitlog.mapped_file import DiskFullError, StoreError, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
+from commitlog import read_check
 from commitlog.store import (
     DiskWatch,
     _STOP_BLANK,
@@ -97,6 +98,7 @@ from commitlog.store import (
 
 BODY_OFFSET = codec.BODY_OFFSET  # PHYSICALOFFSET = entry pos + 48 (DLedgerCommitLog's BODY_OFFSET)
 _PHYSICAL_OFFSET = struct.Struct(">q")  # a record's PHYSICALOFFSET field (rec.PHYSICAL_OFFSET_POSITION)
+_SIZE_WORD = struct.Struct(">i")  # a record's TOTALSIZE
 DISCARDED_SUFFIX = ".discarded"  # consume queues a reset renamed away, deleted after (and at the next open)
 
 
@@ -176,6 +178,7 @@ class DLedgerMessageStore:
         self.queues_rebuilt: tuple[tuple[str, int], ...] = ()  # (topic, queue id) recovery found cut by damage
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
+        self.damaged: list[DamagedRange] = []  # damage found (by recovery, by reads): STATUS ``damaged``
         self._queue_table: dict[tuple[str, int], int] = {}
         self._pending: list[tuple[int, int, int]] = []  # (index, pos, entry size) accepted, not yet appended
         self._last_store_timestamp = 0
@@ -752,8 +755,56 @@ class DLedgerMessageStore:
         return record
 
     def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
-        """The committed message whose commit-log offset is ``offset``; ReadError otherwise."""
-        return self._record_at(offset, crc_function=self.crc_function if check_crc else None)
+        """The committed message whose commit-log offset is ``offset``; ReadError otherwise (with
+        ``check_crc``, ``DamagedRecordError`` for a body that fails its CRC, added to ``damaged``)."""
+        if check_crc:  # the record's own checks first (the entry's CRC, below, names no record)
+            head = self.read(offset, _SIZE_WORD.size)
+            size = _SIZE_WORD.unpack(head)[0] if len(head) == _SIZE_WORD.size else 0
+            checked = read_check.noted(read_check.read_records(self._segment_of, [(offset, max(size, 8))],
+                                                               crc_function=self.crc_function), self.damaged)  # fmt: skip
+            if checked.damage is not None:
+                raise read_check.DamagedRecordError(checked.damage)
+        return self._record_at(offset)
+
+    def read_records(self, spans: Sequence[tuple], *, copy: bool = False) -> read_check.CheckedRead:
+        """MessageStore.read_records: one walk per record here (entry headers lie between them)."""
+        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read,
+                                          copy=copy)  # fmt: skip
+        return read_check.noted(checked, self.damaged)
+
+    def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:
+        """MessageStore.read_checked: in the DLedger part each entry's record is walked alone."""
+        if not self.config.check_crc_on_read:
+            return read_check.CheckedRead([self.read(offset, size_max)])
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            mapped_file = self.classic.transfer_span(offset, 0)[0]
+            segment_end, header = mapped_file.file_from_offset + mapped_file.file_size, 0
+        else:
+            self.read(offset, 0)  # ReadError outside the committed log, as read
+            mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
+            segment_end = min(mapped_file.file_from_offset + mapped_file.file_size, self.committed_end_offset())
+            header = BODY_OFFSET
+        checked = read_check.read_range(self.read, self._file_path, offset, size_max, crc_function=self.crc_function,
+                                        segment_end=segment_end, entry_header_size=header)  # fmt: skip
+        return read_check.noted(checked, self.damaged)
+
+    def _segment_of(self, offset: int) -> read_check.Segment:
+        """The readable bytes of the file holding ``offset``: a classic segment's, or a data file's
+        up to the committed end."""
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            mapped_file = self.classic.transfer_span(offset, 0)[0]
+            return mapped_file.view()[: mapped_file.read_position], mapped_file.file_from_offset, mapped_file.path
+        start, end = self._dledger_start(), self.committed_end_offset()
+        if not start <= offset < end:
+            raise ReadError(f"offset {offset} outside the committed DLedger log [{start}, {end})")
+        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
+        limit = min(mapped_file.wrote_position, end - mapped_file.file_from_offset)
+        return mapped_file.view()[:limit], mapped_file.file_from_offset, mapped_file.path
+
+    def _file_path(self, offset: int) -> str:
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            return self.classic.mapped_file_queue.find_mapped_file_by_offset(offset).path
+        return self.entries.data_file_list.find_mapped_file_by_offset(offset).path
 
     def read(self, offset: int, size_max: int) -> memoryview:
         """Zero-copy bytes from ``offset``: up to ``size_max``, never past a file's end nor, in the
@@ -772,7 +823,13 @@ class DLedgerMessageStore:
         queue = self.consume_queues.find(topic, queue_id)
         if queue is None:
             return []
-        return [self.get_record(offset) for offset, _size, _tags in queue.read(queue_offset, count_max)]
+        units = queue.read(queue_offset, count_max)
+        if not self.config.check_crc_on_read:
+            return [self.get_record(offset) for offset, _size, _tags in units]
+        checked = self.read_records(units)
+        if checked.damage is not None and not checked.views:
+            raise read_check.DamagedRecordError(checked.damage)
+        return [rec.decode_record(view, crc_function=None) for view in checked.views]
 
     def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern) -> Iterator[tuple[re.Match, RecordPlace]]:
         """Matches of ``pattern`` ending exactly where a record ends (its properties), in the

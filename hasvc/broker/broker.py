@@ -123,6 +123,7 @@ class Broker:
                         port_statistics=self.port_statistics,
                     ))  # fmt: skip
                     self.put_service.metrics = self.metrics
+                    self.client_port.metrics = self.metrics
                 task_status.started(self.addresses())
                 LOGGER.info("ready: %s", json.dumps(self.addresses()))
         finally:

@@ -14,10 +14,20 @@ import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import trio
+from crc32c import crc32c as _crc32c
 
 from commitlog import record as rec
 from hasvc import transport
-from hasvc.client.results import ClientError, ConnectError, PullResult, SendResult, TransferResult, message_properties, send_results
+from hasvc.client.results import (
+    ClientError,
+    ConnectError,
+    DamagedRecordError,
+    PullResult,
+    SendResult,
+    TransferResult,
+    message_properties,
+    send_results,
+)
 from hasvc.config import parse_address
 from hasvc.protocol import client as cp
 from hasvc.protocol import wire
@@ -165,14 +175,18 @@ class Client:
     async def pull(self, topic: str, queue_id: int, queue_offset: int, *, count_max: int = 32) -> PullResult:
         payload = await self._request(cp.PULL, cp.encode_pull(cp.PullRequest(topic, queue_id, queue_offset, count_max)))
         response = cp.decode_pull_response(payload)
+        if response.status == cp.DAMAGED:
+            raise _damaged(response.reason)
         if response.status not in (cp.OK, cp.NOT_FOUND, cp.OFFSET_ILLEGAL):
             raise ClientError(f"{response.status}: {response.reason}")
-        records = [rec.decode_record(data, crc_function=None) for data in response.records]
+        records = [_checked_record(data) for data in response.records]
         return PullResult(response.status, records, response.next_queue_offset, response.max_queue_offset)
 
     async def read(self, offset: int, *, size_max: int = 1024 * 1024) -> bytes:
         """Raw log bytes from ``offset`` (up to the end of its segment or ``size_max``)."""
         status, reason, _, data = cp.decode_read_response(await self._request(cp.READ, cp.encode_read(offset, size_max)))
+        if status == cp.DAMAGED:
+            raise _damaged(reason)
         if status != cp.OK:
             raise ClientError(f"{status}: {reason}")
         return data
@@ -185,7 +199,7 @@ class Client:
             raise ClientError(f"no record at offset {offset}: {error.reason}") from None
         if record.physical_offset != offset:
             raise ClientError(f"offset {offset} is not a record boundary")
-        return record
+        return _crc_checked(record)
 
     async def promote(self, *, sync: bool = True, fence_reason: str = "") -> dict:
         """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after.
@@ -227,6 +241,32 @@ class Client:
         if status != cp.OK:
             raise ClientError(f"{status}: {reason}")
         return json.loads(data)
+
+
+def _checked_record(data) -> rec.Record:
+    """A record as a PULL or READ answer holds it, its body CRC checked here too (as Kafka's
+    consumers check ``check.crcs``): the broker checks every record before it serves it
+    (``check_crc_on_read``), this catches what changed after (memory, the wire) and a broker that
+    does not check. Stores a broker writes use CRC32C."""
+    try:
+        record = rec.decode_record(data, crc_function=None)
+    except rec.RecordError as error:
+        raise ClientError(f"the broker sent a record that does not decode: {error.reason}") from None
+    return _crc_checked(record)
+
+
+def _crc_checked(record: rec.Record) -> rec.Record:
+    if _crc32c(record.body) & rec.CRC_MASK != record.body_crc:
+        raise DamagedRecordError(f"record at offset {record.physical_offset} failed its body CRC on arrival: not handed out",
+                                 record.physical_offset)  # fmt: skip
+    return record
+
+
+def _damaged(reason: str) -> DamagedRecordError:
+    """The error for a DAMAGED answer, whose reason starts ``record at offset N is damaged``."""
+    words = reason.split(" ", 4)
+    offset = int(words[3]) if len(words) > 3 and words[:3] == ["record", "at", "offset"] and words[3].isdigit() else -1
+    return DamagedRecordError(f"{cp.DAMAGED}: {reason}", offset)
 
 
 def _now_ms() -> int:

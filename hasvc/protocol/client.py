@@ -34,8 +34,8 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
                    response: as PROMOTE (a classic master; ``hasvc switchover``)
 
 ``properties blob-16`` is ``u16 length | name\\x01value\\x02...``. SEND statuses are RocketMQ's
-PutMessageStatus names; the others use OK, NOT_FOUND, OFFSET_ILLEGAL, SERVICE_NOT_AVAILABLE and
-ERROR. A frame over ``frame_size_max`` or of an unknown kind closes the connection.
+PutMessageStatus names; the others use OK, NOT_FOUND, OFFSET_ILLEGAL, SERVICE_NOT_AVAILABLE,
+DAMAGED and ERROR. A frame over ``frame_size_max`` or of an unknown kind closes the connection.
 """
 
 from __future__ import annotations
@@ -77,6 +77,9 @@ NOT_FOUND: Final = "NOT_FOUND"
 OFFSET_ILLEGAL: Final = "OFFSET_ILLEGAL"
 SERVICE_NOT_AVAILABLE: Final = "SERVICE_NOT_AVAILABLE"
 ERROR: Final = "ERROR"
+# PULL/READ: the record at the requested offset failed its check on the way out (the reason names
+# its offset and file; STATUS ``damaged`` lists it). Nothing at or past it is in the response.
+DAMAGED: Final = "DAMAGED"
 
 
 class Frame(NamedTuple):  # a tuple: built for every request a broker reads

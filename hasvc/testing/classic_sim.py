@@ -15,6 +15,17 @@ is cut off; when the master dies, ``hasvc.state.succession.choose_successor`` de
 ``hasvc status`` showed who takes over: the old master restarted (it opens a new epoch, as
 ``Broker.run`` does after an abnormal exit) or the most advanced slave, and only a broker whose
 log reaches the end of the highest acknowledged write and knows the newest epoch qualifies.
+Storage faults, in half the seeds (their own generator: the other seeds replay as before): a
+stop is sometimes clean (SIGTERM: flushed, no abort file, a master then keeps its epoch); while a
+broker is down its disk may flip a bit in a flushed record or lose flushed bytes from a record on;
+a running broker's disk may be full for a while (DISK_FULL, nothing stored) or fail a write or
+an fsync with EIO (it acknowledges nothing more). The operator restarts a broker whose I/O
+failed (unflushed bytes may be gone); a store that refuses to start for damage is repaired from
+a running peer whose log holds the range under the same epoch history, and only when none does is
+the loss accepted (cut at the damage); succession then uses the positions after the repair, and a
+master that keeps its epoch is not restarted below a slave holding more of it. Acknowledged puts
+lost to an accepted loss are counted apart (``accepted``).
+
 A put acknowledged under ASYNC_FLUSH can still be lost when every copy's unflushed tail goes
 (a slave's power loss, then the master's before the slave caught up again): the checker counts
 those as ``forgiven`` and seeds with flush before ack must forgive none.

@@ -37,6 +37,11 @@ def test_seeded_fault_schedules_keep_classic_ha_safe():
     assert any(r.truncations for r in reports)
     assert any(r.restart_epochs for r in reports)
     assert any(r.in_sync_replicas == 2 and r.acked for r in reports)  # seeds that wait for both slaves
+    faults = {kind for r in reports for kind in r.storage_faults}
+    assert faults == {"flip", "lost-writes", "enospc", "eio-write", "eio-fsync"}
+    assert sum(r.repairs for r in reports) > count / 10
+    assert any(r.accepted_losses for r in reports)
+    assert sum(r.outcomes.get("DISK_FULL", 0) for r in reports) > 0
 
 
 def _cluster(mutation: str = "") -> ClassicCluster:
@@ -80,3 +85,13 @@ def test_old_master_unreplicated_tail_is_cut_on_rejoin():
 def test_checker_catches_a_broken_core_rule(mutation):
     with pytest.raises(AssertionError, match="replay: python -m hasvc.testing.classic_sim --seed"):
         run_seeds(0, 200, mutation=mutation)
+
+
+@pytest.mark.parametrize("mutation", ["restart-shrunk-master", "slave-follows-shrunk-master"])
+def test_checker_catches_a_broken_storage_rule(mutation):
+    """A master that stopped cleanly, lost flushed writes and accepted the loss keeps its epoch; a
+    slave holds more of it. Restarting that master (and, in the second mutation, letting the
+    slave follow it) must be caught. Seeds from 1100: seed 1218 meets that shape (it is how the
+    rule in ``succession.choose_successor`` was found)."""
+    with pytest.raises(AssertionError, match="replay: python -m hasvc.testing.classic_sim --seed"):
+        run_seeds(1100, 200, mutation=mutation)

@@ -564,9 +564,6 @@ class ClassicCluster:
         answer = handshake.reconcile(slave.view(), slave.log.max_wrote_offset, hello)
         if answer.master_epoch:
             slave.role.epoch_seen(answer.master_epoch)
-        if answer.master_shrank and self.mutation == "slave-follows-shrunk-master":
-            answer = handshake.Reconciliation(truncate_to=hello.max_offset, epochs=tuple(EpochEntry(e, o) for e, o in hello.epochs),
-                                              master_epoch=answer.master_epoch)  # fmt: skip
         if answer.refusal:
             self.shrunk_refusals += answer.master_shrank
             slave.session = None

@@ -257,9 +257,12 @@ def run_seed(seed: int, *, mutation: str = "") -> SeedReport:
 
 
 # Mutations of the storage rules (every seed runs storage faults under them): the operator restarts
-# a master that lost bytes of its epoch a slave holds (``succession.choose_successor``'s rule);
-# and with it, the slave follows that master, cut to its end (``handshake.reconcile``'s rule).
-STORAGE_MUTATIONS = ("restart-shrunk-master", "slave-follows-shrunk-master")
+# a master that stopped cleanly and then lost bytes of its epoch that a slave holds
+# (``succession.choose_successor``'s ``opens_epoch`` rule). ``handshake.reconcile``'s refusal of
+# such a master is no defence alone: the restarted master writes other bytes at the offsets the
+# slave holds, and once it has written past the slave's end the two logs look like one history
+# (seed 1218 under this mutation); the rule must hold before the master takes a write.
+STORAGE_MUTATIONS = ("restart-shrunk-master",)
 MUTATIONS = ("ack-before-report", "ack-one-of-two", "skip-truncate") + STORAGE_MUTATIONS
 
 

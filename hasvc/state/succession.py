@@ -86,9 +86,9 @@ def choose_successor(dead_master: Candidate | None, slaves: Sequence[Candidate],
     newest = max(c.last_epoch for c in candidates)
     good = [c for c in slaves if qualifies(c, confirmed_offset=confirmed_offset, newest_epoch=newest)]
     master_good = dead_master is not None and qualifies(dead_master, confirmed_offset=confirmed_offset, newest_epoch=newest)
-    if master_good and not opens_epoch and any(s.last_epoch == dead_master.last_epoch and s.max_offset > dead_master.max_offset
-                                               for s in slaves):  # fmt: skip
-        master_good = False
+    if master_good and not opens_epoch:
+        master_good = not any(s.last_epoch == dead_master.last_epoch and s.max_offset > dead_master.max_offset
+                              for s in slaves)  # fmt: skip
     if master_good and (prefer_restart or not good):
         return Succession(dead_master.name, restart=True, keeps_all=True)
     if good:

@@ -239,16 +239,17 @@ class ClassicChecker:
                     and not any(_holds(b.log, offset, data) for b in brokers):  # fmt: skip
                 self.accepted.add(put_id)
 
-    def slave_cut(self, slave: Broker, truncate_to: int, master: Broker) -> None:
-        """A slave cuts its log to ``truncate_to`` to follow ``master``: never bytes of the
-        master's current epoch that the master's log no longer reaches."""
-        if not master.epochs or slave.log.max_offset <= master.log.max_offset:
+    def slave_cut(self, slave: Broker, truncate_to: int, hello: ha.MasterHello) -> None:
+        """A slave cuts its log to ``truncate_to`` to follow the master that answered ``hello``
+        (judged by what that answer said: a master may have died since it sent it): never bytes
+        of the master's current epoch that the master's log no longer reaches."""
+        if not hello.epochs or slave.log.max_offset <= hello.max_offset:
             return
-        current = master.epochs[-1]
-        held = [e for e in slave.epochs if e.epoch == current.epoch and e.start_offset == current.start_offset]
-        if held and truncate_to >= current.start_offset:
-            raise SafetyViolation(f"slave {slave.name} cut to {truncate_to}, inside master {master.name}'s epoch "
-                                  f"{current.epoch}, to match the master's shorter log (end {master.log.max_offset}, "
+        epoch, start = hello.epochs[-1]
+        held = any(e.epoch == epoch and e.start_offset == start for e in slave.epochs)
+        if held and truncate_to >= start:
+            raise SafetyViolation(f"slave {slave.name} cut to {truncate_to}, inside master {slave.master}'s epoch "
+                                  f"{epoch}, to match the master's shorter log (end {hello.max_offset}, "
                                   f"ours {slave.log.max_offset})")  # fmt: skip
 
     def check(self, brokers: list[Broker]) -> None:
@@ -569,7 +570,7 @@ class ClassicCluster:
             slave.session = None
             return
         if answer.truncate_to is not None and self.mutation != "skip-truncate":
-            self.checker.slave_cut(slave, answer.truncate_to, self.brokers[slave.master])
+            self.checker.slave_cut(slave, answer.truncate_to, hello)
             slave.log.truncate(answer.truncate_to)
             self.truncations += 1
         if answer.epochs is not None:
@@ -655,7 +656,8 @@ class ClassicCluster:
             raise SafetyViolation(f"{name} started on a damaged store: {broker.damage.reason}")
         broker.start(role, master)
         if role is not BrokerRole.SLAVE:
-            epoch = succession.epoch_on_start(broker.last_epoch if broker.epochs else None, clean_exit=broker.clean_stop)
+            last = broker.last_epoch if broker.epochs else None
+            epoch = succession.epoch_on_start(last, clean_exit=broker.clean_stop)
             if epoch is not None:
                 broker.epochs = truncate_suffix_by_offset(broker.epochs, broker.log.max_offset + 1)
                 broker.epochs.append(EpochEntry(epoch, broker.log.max_offset))
@@ -712,7 +714,8 @@ class ClassicCluster:
         if not self.records:
             return []
         picks = [self.records[rng.randrange(len(self.records))] for _ in range(tries)]
-        return [(o, d) for o, d in picks if broker.log.min_offset <= o and o + len(d) <= below and _holds(broker.log, o, d)]
+        return [(offset, data) for offset, data in picks
+                if broker.log.min_offset <= offset and offset + len(data) <= below and _holds(broker.log, offset, data)]
 
     def flip_bit(self, name: str, rng: random.Random) -> bool:
         """A stopped broker's disk flips one bit in a record below its flushed offset (what a
@@ -743,7 +746,8 @@ class ClassicCluster:
         truth = _read(broker.log, start, flushed)
         claimed = broker.log.max_offset
         broker.log.lose_flushed(start)
-        broker.damage = Damage(start, flushed, f"lost writes: the log ends at {start}, flushed to {flushed}", truth, claimed)
+        reason = f"lost writes: the log ends at {start}, flushed to {flushed}"
+        broker.damage = Damage(start, flushed, reason, truth, claimed)
         self._fault("lost-writes")
         return True
 

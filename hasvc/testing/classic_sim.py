@@ -203,9 +203,10 @@ class Schedule:
         if self.down_was_master and master is None:
             dead = cluster.brokers[name]
             slaves = [_candidate(b) for b in cluster.brokers.values() if b.up and b.role.is_slave]
-            choice = succession.choose_successor(_candidate(dead), slaves,
-                                                 confirmed_offset=self.confirmed_offset, prefer_restart=rng.random() < 0.4,
-                                                 opens_epoch=not dead.clean_stop or cluster.mutation in STORAGE_MUTATIONS)  # fmt: skip
+            opens_epoch = succession.epoch_on_start(dead.last_epoch, clean_exit=dead.clean_stop) is not None \
+                or cluster.mutation in STORAGE_MUTATIONS  # fmt: skip
+            choice = succession.choose_successor(_candidate(dead), slaves, confirmed_offset=self.confirmed_offset,
+                                                 prefer_restart=rng.random() < 0.4, opens_epoch=opens_epoch)  # fmt: skip
             cluster.successions[choice.keeps_all] += 1
             if choice.restart:
                 cluster.restart(name, cluster.master_role, None)
@@ -216,7 +217,8 @@ class Schedule:
 
 
 def _candidate(broker) -> succession.Candidate:
-    return succession.Candidate.of(broker.name, [(e.epoch, e.start_offset) for e in broker.epochs], broker.log.max_offset)
+    epochs = [(entry.epoch, entry.start_offset) for entry in broker.epochs]
+    return succession.Candidate.of(broker.name, epochs, broker.log.max_offset)
 
 
 def run_seed(seed: int, *, mutation: str = "") -> SeedReport:

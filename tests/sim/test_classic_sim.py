@@ -11,6 +11,7 @@ import pytest
 
 from commitlog.epoch import EpochEntry
 from hasvc.config import BrokerRole
+from hasvc.protocol import ha
 from hasvc.testing.classic_cluster import ClassicCluster, SafetyViolation
 from hasvc.testing.classic_sim import run_seeds
 from hasvc.testing.network import NetworkConfig
@@ -118,5 +119,6 @@ def test_a_slave_keeps_its_bytes_when_its_master_lost_bytes_of_its_own_epoch():
     cluster.run_until(0.6)
     assert cluster.shrunk_refusals > 0
     assert slave.log.max_offset == end
+    told = ha.MasterHello(ha.STATUS_OK, master.log.max_offset, 0, master.log.segment_size, ((1, 0),), "")
     with pytest.raises(SafetyViolation, match="to match the master's shorter log"):
-        cluster.checker.slave_cut(slave, cut, master)
+        cluster.checker.slave_cut(slave, cut, told)

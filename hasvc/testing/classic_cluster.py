@@ -218,8 +218,10 @@ class ClassicChecker:
         self.highest_epoch = max(self.highest_epoch, epoch)
 
     def after_crash(self, brokers: list[Broker]) -> None:
+        """Also after flushed bytes were lost: what went past the flushed offset with them went
+        as a power loss takes it (what went below it is in the damage, repaired or accepted)."""
         for put_id, (offset, data) in self.acked.items():
-            if put_id not in self.forgiven and not any(_holds(b.log, offset, data) for b in brokers):
+            if put_id not in self.forgiven and not any(_held(b, offset, data) for b in brokers):
                 self.forgiven.add(put_id)
 
     def repaired(self, broker: Broker, damage: Damage) -> None:
@@ -748,6 +750,7 @@ class ClassicCluster:
         broker.log.lose_flushed(start)
         reason = f"lost writes: the log ends at {start}, flushed to {flushed}"
         broker.damage = Damage(start, flushed, reason, truth, claimed)
+        self.checker.after_crash(list(self.brokers.values()))  # the unflushed tail went too
         self._fault("lost-writes")
         return True
 

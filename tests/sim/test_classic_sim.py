@@ -1,6 +1,7 @@
 """Deterministic simulation of classic master/slave HA on the real pure cores (see
 ``hasvc.testing.classic_sim``): seeded network faults, kills and power losses, promotions and
-rejoins with epoch truncation, ``ClassicChecker`` after every step. The range starts at seed 0
+rejoins with epoch truncation, storage faults (flipped bits, lost writes, ENOSPC, EIO) with repair
+or an accepted loss, ``ClassicChecker`` after every step. The range starts at seed 0
 (printed, and any failure gives the command that replays it); ``HASVC_CLASSIC_SIM_FIRST_SEED`` moves
 it (``random`` for a random start) and ``HASVC_CLASSIC_SIM_SEEDS`` scales the count."""
 

@@ -138,6 +138,8 @@ class DLedgerDrill:
         args = ["--store", os.path.join(self.root, member), "--listen", f"{LOOPBACK}:{self.client_ports[member]}", "--group", GROUP,
                 "--peers", self.relay.peers_for(member), "--self", member,
                 "--set", f"commitlog_segment_size={self.segment_size}", "--set", "disk_clean_ratio=1.0"]  # fmt: skip
+        if not self.mounts:  # the stores are throwaway: the host disk's fill is not what a drill tests
+            args += ["--set", "disk_max_used_space_ratio=1.0"]  # (the disk-full fault fills a tmpfs of their own)
         for setting in self.settings:
             args += ["--set", setting]
         if self.tls is not None:

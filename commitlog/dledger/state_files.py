@@ -28,7 +28,11 @@ DLedger replaces them by writing ``<name>.tmp``, copying the old one to ``<name>
 renaming, with no fsync. hasvc writes ``<name>.tmp``, fsyncs it, renames it over ``<name>``
 (atomic) and fsyncs the directory: when ``write_properties`` returns the new content survives a
 crash, and a reader finds either the old or the new file whole, never a mix. A left-over
-``.tmp`` is ignored.
+``.tmp`` is ignored. hasvc also ends each file with ``crc32c=<CRC32C of the lines before it>``
+(DLedger ignores a key it does not know) and writes the same content to ``<name>.bak`` first: a
+file whose line does not match is damaged, and its copy is read instead. A damaged ``currterm``
+read as if it were whole could forget a vote and let the member vote twice in one term: with
+both copies damaged the member refuses to start, naming both.
 """
 
 from __future__ import annotations
@@ -51,28 +55,72 @@ TERM_KEY = "currTerm"
 VOTE_FOR_KEY = "voteLeader"
 CATCH_UP_TERM_KEY = "catchUpTerm"  # hasvc only: the catch-up mark (see the module)
 CATCH_UP_INDEX_KEY = "catchUpIndex"
+CRC_KEY = "crc32c"  # hasvc only: the CRC32C of every line before it (DLedger ignores the key)
+BACKUP_SUFFIX = ".bak"  # the second copy, written first (DLedger keeps a .bak too, of the previous content)
 # A properties file larger than this is not one of ours: a few keys and 64-bit numbers.
 PROPERTIES_FILE_SIZE_MAX = 64 * 1024
 
 
 def write_properties(path: str, values: Mapping[str, object]) -> None:
-    """Replace ``path`` with ``key=value`` lines, durably (temp file, fsync, rename, directory fsync)."""
+    """Replace ``path`` with ``key=value`` lines and a ``crc32c`` line over them, durably (temp
+    file, fsync, rename, directory fsync): first its copy ``path.bak``, then ``path`` itself. A
+    reader takes ``path`` when it checks, else the copy: one damaged file is survived, and a crash
+    between the two writes leaves ``path`` at the last write that completed."""
     text = "".join(f"{key}={'' if value is None else value}\n" for key, value in values.items())
-    temporary = path + ".tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        data = text.encode("utf-8")
-        written = 0
-        while written < len(data):
-            written += os.write(fd, data[written:])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
+    data = text.encode("utf-8")
+    data += f"{CRC_KEY}={_crc(data)}\n".encode()
+    for target in (path + BACKUP_SUFFIX, path):
+        temporary = target + ".tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, target)
     fsync_directory(os.path.dirname(path))
 
 
 def read_properties(path: str) -> dict[str, str] | None:
+    """The ``key=value`` pairs of ``path`` (its ``crc32c`` line checked and left out), or of its
+    copy ``path.bak`` when ``path`` is damaged or gone; None when neither exists. A file with no
+    ``crc32c`` line (DLedger's, an older hasvc's) is read unchecked. Both unreadable: StoreError
+    naming both."""
+    try:
+        return _read_checked(path)
+    except StoreError as damage:
+        try:
+            copy = _read_checked(path + BACKUP_SUFFIX)
+        except StoreError as also:
+            raise StoreError(f"{damage}; its copy too: {also}") from None
+        if copy is None:
+            raise
+        return copy
+
+
+def _crc(data: bytes) -> int:
+    """CRC32C, imported when first needed: the crc32c package pulls importlib.metadata (email,
+    socket) in with it, which the Raft core's import-purity test keeps out of its imports."""
+    import crc32c  # noqa: PLC0415
+
+    return crc32c.crc32c(data)
+
+
+def _read_checked(path: str) -> dict[str, str] | None:
+    values = _read_plain(path)
+    if values is None or CRC_KEY not in values:
+        return values
+    with open(path, "rb") as file:
+        data = file.read(PROPERTIES_FILE_SIZE_MAX + 1)
+    body, _, _ = data.rpartition(f"{CRC_KEY}=".encode())
+    if values.pop(CRC_KEY) != str(_crc(body)):
+        raise StoreError(f"{path}: its crc32c line does not match its content (damaged)")
+    return values
+
+
+def _read_plain(path: str) -> dict[str, str] | None:
     """The ``key=value`` pairs of ``path``; None when it does not exist. Lines starting with
     ``#`` or ``!`` are comments (Java Properties); ``:`` also separates. Anything else: StoreError."""
     try:

@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 
+import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
@@ -98,3 +99,33 @@ def recover_damaged(checkpoint, damages, config):
         return last, state
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# -- checkpoint and currterm: a CRC line and a copy -------------------------------------------------
+
+def test_a_damaged_state_file_is_read_from_its_copy_and_both_damaged_refused_naming_both(tmp_path):
+    from commitlog.dledger import state_files
+
+    path = str(tmp_path / "currterm")
+    state_files.write_properties(path, {"currTerm": 7, "voteLeader": "n1"})
+    assert state_files.read_properties(path) == {"currTerm": "7", "voteLeader": "n1"}
+    with open(path, "r+b") as file:  # the vote's member id damaged: still text, still key=value
+        file.seek(len(b"currTerm=7\nvoteLeader=n"))
+        file.write(b"2")
+    assert state_files.read_properties(path) == {"currTerm": "7", "voteLeader": "n1"}  # from the copy
+    with open(path + ".bak", "r+b") as file:
+        file.seek(len(b"currTerm="))
+        file.write(b"\xf4")
+    with pytest.raises(StoreError) as caught:
+        state_files.read_properties(path)
+    assert "crc32c line does not match" in str(caught.value) and "its copy too" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_state_file_without_a_crc_line_reads_as_before(tmp_path):
+    """DLedger's, or an older hasvc's."""
+    from commitlog.dledger import state_files
+
+    path = tmp_path / "checkpoint"
+    path.write_text("endIndex=5\ncommittedIndex=4\n")
+    assert state_files.read_properties(str(path)) == {"endIndex": "5", "committedIndex": "4"}

@@ -17,8 +17,11 @@ On disk (``STORE/epoch``), RocketMQ's CheckpointFile text format::
     <count>\\n<crc>\\n<epoch>-<start offset>\\n...
 
 where ``crc`` is ``zlib.crc32`` of the entry lines, masked ``& 0x7FFFFFFF``. It is replaced
-atomically (write a temporary file, fsync, rename, fsync the directory); the previous version is
-kept as ``epoch.bak`` and read when the main file is damaged.
+atomically (write a temporary file, fsync, rename, fsync the directory), and the same content is
+written to ``epoch.bak`` first, which is read when the main file is damaged. (RocketMQ keeps the
+previous version there; a history one epoch short would put the newest epoch's bytes in the one
+before it, and a first file would have no copy at all. A crash between the two writes leaves
+``epoch`` at the last history that was completely written.)
 """
 
 from __future__ import annotations
@@ -108,14 +111,13 @@ class EpochFile:
             raise ValueError(f"more than {EPOCH_ENTRIES_MAX} epochs")
         lines = "".join(f"{e.epoch}-{e.start_offset}\n" for e in entries)
         text = f"{len(entries)}\n{zlib.crc32(lines.encode()) & 0x7FFFFFFF}\n{lines}"
-        if os.path.exists(self.path):
-            os.replace(self.path, self.path + ".bak")
-        temporary = self.path + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
+        for target in (self.path + ".bak", self.path):  # the copy first: see the module
+            temporary = target + ".tmp"
+            with open(temporary, "w", encoding="utf-8") as file:
+                file.write(text)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, target)
         directory = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
         try:
             os.fsync(directory)

@@ -81,7 +81,7 @@ def test_epoch_file_round_trips_and_survives_a_damaged_main_file(tmp_path):
     raw = (tmp_path / "epoch").read_text()
     assert raw.splitlines()[:1] == ["2"] and raw.endswith("1-0\n2-4096\n")
     (tmp_path / "epoch").write_text(raw.replace("4096", "4097"))  # checksum no longer matches
-    assert EpochFile.open(str(tmp_path)).entries == history((1, 0))  # the previous version, from .bak
+    assert EpochFile.open(str(tmp_path)).entries == history((1, 0), (2, 4096))  # the whole history, from .bak
     (tmp_path / "epoch.bak").write_text("garbage")
     with pytest.raises(StoreError, match="checksum mismatch"):
         EpochFile.open(str(tmp_path))

@@ -17,7 +17,7 @@
 
 enum { END_OF_DATA = 0, END_OF_SEGMENT = 1, BAD_MAGIC = 2, SIZE_OUT_OF_BOUNDS = 3,
        FIELDS_DO_NOT_ADD_UP = 4, BODY_CRC_MISMATCH = 5, PHYSICAL_OFFSET_MISMATCH = 6,
-       BAD_BLANK = 7, TRUNCATED = 8 };
+       BAD_BLANK = 7, TRUNCATED = 8, RECORD_CRC_MISMATCH = 9 };
 
 #define MAGIC_V1 0xDAA320A7u
 #define MAGIC_V2 0xDAA320ABu
@@ -67,6 +67,40 @@ static inline int64_t be64(const uint8_t *p) {
 }
 static inline int16_t be16(const uint8_t *p) { return (int16_t)(((uint16_t)p[0] << 8) | p[1]); }
 
+/* The record CRC tail (commitlog/record.py): "__CRC32#" 0x01, ten ASCII digits least significant
+ * first, 0x02, the last 20 bytes of the properties. */
+#define TAIL_SIZE 20
+#define TAIL_PREFIX "__CRC32#\x01"
+#define TAIL_PREFIX_SIZE 9
+#define TAIL_DIGITS 10
+#define TAIL_NONE (-2)
+#define TAIL_DAMAGED (-1)
+
+/* record_crc_state: the CRC the tail of the record ending at `end` holds; TAIL_NONE without a tail;
+ * TAIL_DAMAGED when its 20 bytes are one byte off the tail's shape. Twin: record.stored_record_crc. */
+static int64_t record_crc_state(const uint8_t *end, int properties_size) {
+    if (properties_size < TAIL_SIZE) return TAIL_NONE;
+    const uint8_t *t = end - TAIL_SIZE;
+    int off = t[TAIL_SIZE - 1] != 0x02;
+    for (int i = 0; i < TAIL_PREFIX_SIZE; i++) off += t[i] != (uint8_t)TAIL_PREFIX[i];
+    int64_t value = 0;
+    for (int i = TAIL_PREFIX_SIZE + TAIL_DIGITS - 1; i >= TAIL_PREFIX_SIZE; i--) {
+        if (t[i] < '0' || t[i] > '9') off++;
+        else value = value * 10 + (t[i] - '0');
+    }
+    if (off == 0) return value;
+    return off == 1 ? TAIL_DAMAGED : TAIL_NONE;
+}
+
+/* Write the tail of the record at p (size bytes): the masked CRC32C of its bytes before the tail. */
+static void seal_record(uint8_t *p, Py_ssize_t size) {
+    uint32_t crc = crc32c(p, (size_t)(size - TAIL_SIZE)) & 0x7FFFFFFFu;
+    uint8_t *t = p + size - TAIL_SIZE;
+    memcpy(t, TAIL_PREFIX, TAIL_PREFIX_SIZE);
+    for (int i = 0; i < TAIL_DIGITS; i++) { t[TAIL_PREFIX_SIZE + i] = (uint8_t)('0' + crc % 10); crc /= 10; }
+    t[TAIL_SIZE - 1] = 0x02;
+}
+
 static int walk(const uint8_t *buf, Py_ssize_t start, Py_ssize_t end, int64_t file_from,
                 int check_crc, Py_ssize_t *position_out, long long *count_out, Py_ssize_t *last_out) {
     Py_ssize_t pos = start, last = -1;
@@ -113,8 +147,15 @@ static int walk(const uint8_t *buf, Py_ssize_t start, Py_ssize_t end, int64_t fi
         }
         if (be64(buf + pos + 28) != file_from + (int64_t)pos) { code = PHYSICAL_OFFSET_MISMATCH; break; }
         if (check_crc) {
-            uint32_t crc = crc32c(buf + body_length_at + 4, (size_t)body_size) & 0x7FFFFFFFu;
-            if (crc != be32(buf + pos + 8)) { code = BODY_CRC_MISMATCH; break; }
+            /* With a tail, one CRC over the record checks it all but the tail (the body among it);
+             * the body's own CRC is computed only to name what failed. */
+            int64_t stored = record_crc_state(buf + record_end, properties_size);
+            if (stored == TAIL_NONE || stored == TAIL_DAMAGED
+                || stored != (int64_t)(crc32c(buf + pos, (size_t)(size - TAIL_SIZE)) & 0x7FFFFFFFu)) {
+                uint32_t crc = crc32c(buf + body_length_at + 4, (size_t)body_size) & 0x7FFFFFFFu;
+                if (crc != be32(buf + pos + 8)) { code = BODY_CRC_MISMATCH; break; }
+                if (stored != TAIL_NONE) { code = RECORD_CRC_MISMATCH; break; }
+            }
         }
         last = pos;
         pos = record_end;
@@ -239,19 +280,23 @@ static inline void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)(v >> 32))
 static inline void put16(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = v; }
 
 /* write_batch(target, position, physical_base, queue_offset_first, store_timestamp, topic, queue_id,
- *             flag, sysflag, born_timestamp, born_ip, born_port, store_ip, store_port, bodies, properties)
+ *             flag, sysflag, born_timestamp, born_ip, born_port, store_ip, store_port, bodies, properties
+ *             [, record_crc])
  * Encodes len(bodies) records at target[position:]; properties is one bytes object shared by all
- * records or a sequence with one per body. Returns the bytes written. The caller has checked that
- * they fit; this checks again and writes nothing if not. */
+ * records or a sequence with one per body. With record_crc each record's properties get the CRC tail
+ * (and a 0x02 before it when they do not end with one), sealed as soon as the record is written.
+ * Returns the bytes written. The caller has checked that they fit; this checks again and writes
+ * nothing if not. */
 static PyObject *write_batch(PyObject *self, PyObject *args) {
     Py_buffer target, topic, born_ip, store_ip;
     Py_ssize_t position;
     long long physical_base, queue_offset_first, store_ts, born_ts;
     int queue_id, flag, sysflag, born_port, store_port;
     PyObject *bodies, *properties;
-    if (!PyArg_ParseTuple(args, "w*nLLLy*iiiLy*iy*iOO", &target, &position, &physical_base, &queue_offset_first,
+    int record_crc = 0;
+    if (!PyArg_ParseTuple(args, "w*nLLLy*iiiLy*iy*iOO|p", &target, &position, &physical_base, &queue_offset_first,
                           &store_ts, &topic, &queue_id, &flag, &sysflag, &born_ts, &born_ip, &born_port,
-                          &store_ip, &store_port, &bodies, &properties))
+                          &store_ip, &store_port, &bodies, &properties, &record_crc))
         return NULL;
     PyObject *result = NULL;
     PyObject *body_seq = NULL, *prop_seq = NULL;
@@ -284,14 +329,19 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
     for (; done_props < prop_count; done_props++) {
         PyObject *item = shared_props ? properties : PySequence_Fast_GET_ITEM(prop_seq, done_props);
         if (PyObject_GetBuffer(item, &prop_views[done_props], PyBUF_SIMPLE) < 0) goto done;
-        if (prop_views[done_props].len > 32767) { done_props++; PyErr_SetString(PyExc_ValueError, "properties too long"); goto done; }
+        Py_buffer *prop = &prop_views[done_props];
+        Py_ssize_t tail = record_crc ? TAIL_SIZE + (prop->len > 0 && ((const uint8_t *)prop->buf)[prop->len - 1] != 0x02) : 0;
+        if (prop->len + tail > 32767) { done_props++; PyErr_SetString(PyExc_ValueError, "properties too long"); goto done; }
     }
     int born_v6 = born_ip.len == 16, store_v6 = store_ip.len == 16, v2 = topic.len > 127;
     Py_ssize_t born_size = born_v6 ? 20 : 8, store_size = store_v6 ? 20 : 8;
     Py_ssize_t fixed = 48 + born_size + 8 + store_size + 12 + 4 + (v2 ? 2 : 1) + topic.len + 2;
     Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < count; i++)
-        total += fixed + body_views[i].len + prop_views[shared_props ? 0 : i].len;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_buffer *prop = &prop_views[shared_props ? 0 : i];
+        total += fixed + body_views[i].len + prop->len;
+        if (record_crc) total += TAIL_SIZE + (prop->len > 0 && ((const uint8_t *)prop->buf)[prop->len - 1] != 0x02);
+    }
     if (position < 0 || position + total > target.len) {
         PyErr_Format(PyExc_ValueError, "batch of %zd bytes does not fit at %zd in %zd", total, position, target.len);
         goto done;
@@ -302,7 +352,9 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
     uint32_t magic = v2 ? MAGIC_V2 : MAGIC_V1;
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_buffer *body = &body_views[i], *prop = &prop_views[shared_props ? 0 : i];
-        Py_ssize_t size = fixed + body->len + prop->len;
+        Py_ssize_t separator = record_crc && prop->len > 0 && ((const uint8_t *)prop->buf)[prop->len - 1] != 0x02;
+        Py_ssize_t tail = record_crc ? TAIL_SIZE + separator : 0;
+        Py_ssize_t size = fixed + body->len + prop->len + tail;
         uint8_t *p = out + written;
         put32(p, (uint32_t)size);
         put32(p + 4, magic);
@@ -323,8 +375,12 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
         memcpy(q, body->buf, body->len); q += body->len;
         if (v2) { put16(q, (uint16_t)topic.len); q += 2; } else { *q++ = (uint8_t)topic.len; }
         memcpy(q, topic.buf, topic.len); q += topic.len;
-        put16(q, (uint16_t)prop->len); q += 2;
+        put16(q, (uint16_t)(prop->len + tail)); q += 2;
         memcpy(q, prop->buf, prop->len); q += prop->len;
+        if (record_crc) {
+            if (separator) *q++ = 0x02;
+            seal_record(p, size);  /* every other field is in place: offsets, store timestamp */
+        }
         written += size;
     }
     result = PyLong_FromSsize_t(written);
@@ -642,13 +698,17 @@ done:
 static PyObject *record_sizes(PyObject *self, PyObject *args) {
     PyObject *bodies, *properties, *body_seq = NULL, *prop_seq = NULL, *sizes = NULL, *result = NULL;
     Py_ssize_t fixed;
-    if (!PyArg_ParseTuple(args, "OOn", &bodies, &properties, &fixed)) return NULL;
+    int record_crc = 0;
+    if (!PyArg_ParseTuple(args, "OOn|p", &bodies, &properties, &fixed, &record_crc)) return NULL;
     int shared = PyBytes_Check(properties);
     body_seq = PySequence_Fast(bodies, "bodies must be a sequence");
     if (!body_seq) goto done;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(body_seq), shared_size = 0, properties_max = 0, body_total = 0, total = 0;
     if (shared) {
         properties_max = shared_size = PyBytes_GET_SIZE(properties);
+        if (record_crc) {
+            properties_max = shared_size += TAIL_SIZE + (shared_size > 0 && (uint8_t)PyBytes_AS_STRING(properties)[shared_size - 1] != 0x02);
+        }
     } else {
         prop_seq = PySequence_Fast(properties, "properties must be bytes or a sequence");
         if (!prop_seq) goto done;
@@ -661,8 +721,16 @@ static PyObject *record_sizes(PyObject *self, PyObject *args) {
         if (body_size < 0) goto done;
         Py_ssize_t property_size = shared_size;
         if (!shared) {
-            property_size = PyObject_Length(PySequence_Fast_GET_ITEM(prop_seq, i));
-            if (property_size < 0) goto done;
+            PyObject *entry = PySequence_Fast_GET_ITEM(prop_seq, i);
+            if (record_crc) {
+                Py_buffer prop;
+                if (PyObject_GetBuffer(entry, &prop, PyBUF_SIMPLE) < 0) goto done;
+                property_size = prop.len + TAIL_SIZE + (prop.len > 0 && ((const uint8_t *)prop.buf)[prop.len - 1] != 0x02);
+                PyBuffer_Release(&prop);
+            } else {
+                property_size = PyObject_Length(entry);
+                if (property_size < 0) goto done;
+            }
             if (property_size > properties_max) properties_max = property_size;
         }
         body_total += body_size;
@@ -1047,7 +1115,7 @@ static PyMethodDef methods[] = {
     {"walk_starts", walk_starts, METH_VARARGS, "walk_starts(buffer, start, stop, segment_end, out) -> (count, position, code)"},
     {"crc_ranges", crc_ranges, METH_VARARGS, "crc_ranges(buffer, starts, lengths, out): masked crc32c per range"},
     {"split_messages", split_messages, METH_VARARGS, "split_messages(payload, position, count) -> (properties, bodies, end)"},
-    {"record_sizes", record_sizes, METH_VARARGS, "record_sizes(bodies, properties, fixed) -> (sizes, total, body_total, properties_size_max)"},
+    {"record_sizes", record_sizes, METH_VARARGS, "record_sizes(bodies, properties, fixed[, record_crc]) -> (sizes, total, body_total, properties_size_max)"},
     {"record_offsets", record_offsets, METH_VARARGS, "record_offsets(sizes, start) -> tuple of record starts"},
     {"pack_offset_pairs", pack_offset_pairs, METH_VARARGS, "pack_offset_pairs(offsets, queue_offsets) -> bytes: >qq pairs"},
     {"check_entries", check_entries, METH_VARARGS,
@@ -1064,7 +1132,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 5
+#define NATIVE_VERSION 6
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();

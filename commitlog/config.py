@@ -27,6 +27,12 @@ class StoreConfig:
     # Body checksum: CRC32C for stores we write (hardware-accelerated); "crc32" reads RocketMQ's.
     crc: str = "crc32c"
     check_crc_on_recover: bool = True
+    # RocketMQ's enabledAppendPropCRC (default false there): each record's properties end with a
+    # 20-byte tail holding the CRC (the ``crc`` function) of every byte before it, so that a flipped
+    # bit in the header (queue id, offsets, sysflag, timestamps, hosts, topic, properties), which
+    # the body CRC does not cover, is found wherever records are checked. On here: it costs one
+    # CRC over the record instead of over the body, at write and at every check (docs/FORMAT.md).
+    append_record_crc: bool = True
     # Recovery refuses (rather than cuts) when the first invalid record would make it delete more
     # than this many later segments holding data: a torn tail spans at most the newest segment and
     # its predecessor; more is damage in the middle of the log (DLedger's recovery has this rule).

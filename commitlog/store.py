@@ -276,7 +276,9 @@ class MessageStore:
         """Validate and pre-encode (outside any lock). Raises MessageRejected."""
         body_size_max = self.config.max_message_size
         prepared = [
-            rec.prepare_message(message, crc_function=self.crc_function, body_size_max=body_size_max)
+            rec.prepare_message(
+                message, crc_function=self.crc_function, body_size_max=body_size_max, record_crc=self.config.append_record_crc
+            )
             for message in messages
         ]
         if len(prepared) > 1:
@@ -323,8 +325,9 @@ class MessageStore:
         """Validate and append a batch sharing topic and queue (the fast path)."""
         try:
             prepared = rec.prepare_batch(
-                batch, body_size_max=self.config.max_message_size, store_v6=self.commit_log.store_v6
-            )
+                batch, body_size_max=self.config.max_message_size, store_v6=self.commit_log.store_v6,
+                record_crc=self.config.append_record_crc,
+            )  # fmt: skip
         except rec.MessageRejected as error:
             return AppendResult(error.status, reason=error.reason)
         if self.disk_full():
@@ -544,8 +547,8 @@ class MessageStore:
         return mapped_file.file_from_offset + position
 
     def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern) -> Iterator[tuple[re.Match, RecordPlace]]:
-        """Matches of ``pattern`` that end exactly where a record ends (so they lie in its
-        properties, the record's last field, never in its body), in the last ``span_bytes`` of
+        """Matches of ``pattern`` that end exactly where a record ends, or where its CRC tail
+        starts (so they lie in its properties, the record's last field, never in its body), in the last ``span_bytes`` of
         the log, with where that record is. Fast: the regex engine finds candidates and the
         dispatch parser (native when built) locates records; no record is decoded in Python."""
         log = self.commit_log
@@ -562,6 +565,9 @@ class MessageStore:
                           for offset, size, queue_id, queue_offset in _record_places(view, start, limit, base)}  # fmt: skip
                 for match in matches:
                     place = places.get(match.end())
+                    if place is None and view[match.end() : match.end() + len(rec.RECORD_CRC_TAIL_PREFIX)] == rec.RECORD_CRC_TAIL_PREFIX:
+                        # The record CRC tail follows the last property (it never follows a body).
+                        place = places.get(match.end() + rec.RECORD_CRC_TAIL_SIZE)
                     if place is not None:
                         yield match, RecordPlace(*place)
             offset = base + log.segment_size

@@ -73,6 +73,7 @@ class BrokerConfig:
     # (the classic broker's period is StoreTasks' CLEAN_INTERVAL_SECONDS).
     dledger_clean_interval_seconds: float = 10.0
     scrub_bytes_per_second: int = 16 * 1024 * 1024  # StoreConfig.scrub_bytes_per_second: the background re-check of log and queues (0: off)
+    append_record_crc: bool = True  # StoreConfig.append_record_crc: the record CRC tail (a classic store's; a DLedger entry's CRC covers its record)
     page_cache_keep_size: int = 0  # StoreConfig.page_cache_keep_size (and a DLedger member's entry files): 0 keeps the page cache whole
     # StoreConfig.small_write_pages (commitlog/mapped_file.py SMALL_PAGES_MARGIN): "auto" turns it on
     # for a store that syncs each put (--flush sync; a DLedger member's --flush sync), "on"/"off" force it.
@@ -182,6 +183,7 @@ class BrokerConfig:
             flush_disk_type=self.flush,
             page_cache_keep_size=self.page_cache_keep_size,
             scrub_bytes_per_second=self.scrub_bytes_per_second,
+            append_record_crc=self.append_record_crc,
             small_write_pages=self.small_write_pages_for(self.flush is FlushDiskType.SYNC_FLUSH),
             store_host=self.listen if _is_ip(self.listen[0]) else ("127.0.0.1", self.listen[1]),
         )

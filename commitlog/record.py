@@ -672,7 +672,9 @@ class Record:
     prepared_transaction_offset: int
     body: memoryview
     topic: str
-    properties: dict[str, str]
+    properties: dict[str, str]  # without the record CRC tail
+    # What the record CRC tail holds (``stored_record_crc``); None: the record has no tail.
+    record_crc: int | None = None
 
     @property
     def tags(self) -> str | None:
@@ -787,7 +789,19 @@ def decode_record(
         body=body,
         topic=topic_text,
         properties=decode_properties(properties),
+        record_crc=stored,
     )
+
+
+def crcs_ok(buffer, position: int, record: Record, crc_function: CrcFunction) -> bool:
+    """The body CRC of ``record`` (decoded at ``position`` of ``buffer``) matches, and so does its
+    record CRC when it has a tail."""
+    if crc_function(record.body) & CRC_MASK != record.body_crc:
+        return False
+    if record.record_crc is None:
+        return True
+    tail_at = position + record.size - RECORD_CRC_TAIL_SIZE
+    return record.record_crc == crc_function(memoryview(buffer)[position:tail_at]) & CRC_MASK
 
 
 def peek_blank(buffer: bytes | bytearray | memoryview, position: int) -> int | None:

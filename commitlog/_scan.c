@@ -188,6 +188,82 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     return Py_BuildValue("nLin", position, count, code, last);
 }
 
+/* check_spans(buffer, spans, start, file_from, level) -> (index, code, position): the read path's
+ * check (commitlog/read_check.py; twin: _check_spans_python). Each item of the sequence spans from
+ * index start is a tuple (offset, size, ...) naming one whole record at buffer[offset - file_from:],
+ * walked as scan walks (the same checks and codes) at level 1, its CRCs checked too at level 2
+ * (the body CRC, and the record CRC of a record with the tail: walk's check); level 0 only finds the first span that does not lie in buffer (the check turned off). Stops at the first span that does not lie in
+ * buffer (code -1, position its start), or whose walk does not pass exactly one record ending at
+ * its end: the walk's code and position (the span's start) when its record fails, END_OF_DATA and
+ * the record's end when the record passes but is shorter than its span (positions in buffer). index is that span's; len(spans) with END_OF_DATA when all passed. */
+static PyObject *check_spans(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    PyObject *spans;
+    Py_ssize_t start;
+    long long file_from;
+    int level, copy = 0;
+    if (!PyArg_ParseTuple(args, "y*OnLi|p", &view, &spans, &start, &file_from, &level, &copy)) return NULL;
+    PyObject *fast = PySequence_Fast(spans, "spans must be a sequence of (offset, size, ...) tuples");
+    if (fast == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    PyObject *copies = copy ? PyList_New(0) : NULL;
+    if (copy && copies == NULL) {
+        Py_DECREF(fast);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), i = start < 0 ? 0 : start > n ? n : start, stop = 0;
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    int code = END_OF_DATA;
+    for (; i < n; i++) {
+        PyObject *item = items[i];
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 2) {
+            PyErr_SetString(PyExc_TypeError, "spans must be a sequence of (offset, size, ...) tuples");
+            goto fail;
+        }
+        long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0));
+        long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1));
+        if (PyErr_Occurred()) goto fail;
+        long long pos = offset - file_from;
+        if (pos < 0 || size < 0 || pos > (long long)view.len || size > (long long)view.len - pos) {
+            code = -1;
+            stop = (Py_ssize_t)(pos < 0 ? 0 : pos);
+            break;
+        }
+        if (level > 0) {
+            Py_ssize_t position, last;
+            long long count;
+            int c = walk(buf, (Py_ssize_t)pos, (Py_ssize_t)(pos + size), (int64_t)file_from, level >= 2, &position, &count, &last);
+            if (c != END_OF_DATA || position != (Py_ssize_t)(pos + size) || count != 1) {
+                /* a first record that passed but ends before the span does: END_OF_DATA at its end */
+                code = count >= 1 ? END_OF_DATA : c;
+                stop = count >= 1 ? (Py_ssize_t)pos + (Py_ssize_t)be32(buf + pos) : position;
+                break;
+            }
+        }
+        if (copy) {  /* the record's bytes copied while the walk has them in the cache */
+            PyObject *record = PyBytes_FromStringAndSize((const char *)buf + pos, (Py_ssize_t)size);
+            if (record == NULL || PyList_Append(copies, record) < 0) {
+                Py_XDECREF(record);
+                goto fail;
+            }
+            Py_DECREF(record);
+        }
+    }
+    Py_DECREF(fast);
+    PyBuffer_Release(&view);
+    if (copy) return Py_BuildValue("ninN", i, code, stop, copies);
+    return Py_BuildValue("nin", i, code, stop);
+fail:
+    Py_XDECREF(copies);
+    Py_DECREF(fast);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     Py_buffer view;
     if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
@@ -1113,6 +1189,8 @@ static PyMethodDef methods[] = {
     {"sync_range", sync_range, METH_VARARGS, "msync(MS_SYNC) the pages of mapping[start:end] (GIL released)"},
     {"dispatch_units", dispatch_units, METH_VARARGS, "parse records into per-queue runs of packed units"},
     {"walk_starts", walk_starts, METH_VARARGS, "walk_starts(buffer, start, stop, segment_end, out) -> (count, position, code)"},
+    {"check_spans", check_spans, METH_VARARGS,
+     "check_spans(buffer, spans, start, file_from, level[, copy]) -> (index, code, position[, copies]): each span one whole record"},
     {"crc_ranges", crc_ranges, METH_VARARGS, "crc_ranges(buffer, starts, lengths, out): masked crc32c per range"},
     {"split_messages", split_messages, METH_VARARGS, "split_messages(payload, position, count) -> (properties, bodies, end)"},
     {"record_sizes", record_sizes, METH_VARARGS, "record_sizes(bodies, properties, fixed[, record_crc]) -> (sizes, total, body_total, properties_size_max)"},
@@ -1132,7 +1210,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 6
+#define NATIVE_VERSION 7
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();

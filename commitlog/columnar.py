@@ -50,6 +50,8 @@ import pyarrow.compute as pc
 
 from commitlog import native as _native
 from commitlog import record as rec
+from commitlog.damage import DamagedRange
+from commitlog.read_check import DamagedRecordError
 from commitlog.scan import REASONS, ScanCode
 
 # Rows per Arrow batch: large enough that per-batch costs vanish, small enough that a batch of
@@ -275,6 +277,9 @@ class Options:
     topics: frozenset[str] | None = None
     crc: str | None = "crc32c"
     columns: tuple[str, ...] = COLUMN_NAMES
+    # A record whose body fails its CRC: "flag" returns it as a row with crc_ok false; "fail"
+    # raises DamagedRecordError naming it (every body is then checked, crc_ok asked for or not).
+    damaged: str = "flag"
 
 
 def decode_range(
@@ -286,10 +291,11 @@ def decode_range(
     file_from_offset: int,
     store: str = "",
     options: Options = Options(),
+    path: str = "",
 ) -> tuple[list[pa.RecordBatch], RangeEnd]:
     """Decode the records whose start lies in ``[start, stop)`` of one segment (``buffer`` holds
-    the whole segment; ``start`` must be a record start). Returns Arrow batches with
-    ``options.columns`` in that order, and where and why decoding stopped."""
+    the whole segment, the file at ``path``; ``start`` must be a record start). Returns Arrow
+    batches with ``options.columns`` in that order, and where and why decoding stopped."""
     unknown = set(options.columns) - set(COLUMN_NAMES)
     if unknown:
         raise ValueError(f"unknown columns {sorted(unknown)}; the decoder builds {list(COLUMN_NAMES)}")
@@ -312,7 +318,7 @@ def decode_range(
     while chunk_start < total:
         chunk_end = _chunk_end(fields, chunk_start)
         chunk = fields.select(slice(chunk_start, chunk_end))
-        batches.append(_build(base, buffer, chunk, file_from_offset, store, options, crc_function))
+        batches.append(_build(base, buffer, chunk, file_from_offset, store, options, crc_function, path))
         chunk_start = chunk_end
     return batches, end
 
@@ -358,7 +364,7 @@ def _slices(base: pa.Buffer, spans: Sequence[tuple[np.ndarray, np.ndarray]]) -> 
     return result
 
 
-def _build(base, buffer, fields: _Fields, file_from_offset, store, options: Options, crc_function) -> pa.RecordBatch:
+def _build(base, buffer, fields: _Fields, file_from_offset, store, options: Options, crc_function, path: str) -> pa.RecordBatch:
     wanted = set(options.columns)
     count = len(fields.starts)
     prefix = fields.prefix
@@ -398,8 +404,10 @@ def _build(base, buffer, fields: _Fields, file_from_offset, store, options: Opti
     columns["body_size"] = pa.array(fields.body_size.astype(np.int32))
     if body is not None:
         columns["body"] = body
-    if "crc_ok" in wanted:
+    if "crc_ok" in wanted or options.damaged == "fail" and crc_function is not None:
         columns["crc_ok"] = _crc_ok(buffer, fields, body_crc, crc_function)
+        if options.damaged == "fail" and crc_function is not None:
+            _fail_on_damage(columns["crc_ok"], fields, file_from_offset, path, buffer, crc_function)
     return pa.RecordBatch.from_arrays(
         [columns[name] for name in options.columns],
         schema=pa.schema([ARROW_SCHEMA.field(name) for name in options.columns]),
@@ -518,6 +526,20 @@ def _crcs(buffer, starts: np.ndarray, lengths: np.ndarray, crc_function, native:
         dtype=np.int64,
         count=len(starts),
     )
+
+
+def _fail_on_damage(crc_ok: pa.Array, fields: _Fields, file_from_offset: int, path: str, buffer, crc_function) -> None:
+    """Raise DamagedRecordError for the first record of the chunk that fails its body CRC or its
+    record CRC (the reason says which)."""
+    if pc.all(crc_ok).as_py():
+        return
+    first = int(np.argmin(crc_ok.to_numpy(zero_copy_only=False)))
+    offset = file_from_offset + int(fields.starts[first])
+    size = int(fields.prefix["size"][first])
+    body_at = int(fields.body_at[first])
+    body_ok = crc_function(memoryview(buffer)[body_at : body_at + int(fields.body_size[first])]) & rec.CRC_MASK \
+        == int(fields.prefix["body_crc"][first])  # fmt: skip
+    raise DamagedRecordError(DamagedRange(path, offset, offset + size, "record CRC mismatch" if body_ok else "body CRC mismatch"))
 
 
 def host_text(host: rec.Host) -> str:

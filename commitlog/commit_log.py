@@ -258,8 +258,8 @@ class CommitLog:
         with self.put_lock:
             try:
                 mapped_file = self._segment_for(total)
-            except DiskFullError as error:
-                return AppendResult(rec.PutMessageStatus.CREATE_MAPPED_FILE_FAILED, reason=str(error))
+            except DiskFullError as error:  # no next segment: nothing written past the current one's blank end
+                return AppendResult(rec.PutMessageStatus.DISK_FULL, reason=str(error))
             store_timestamp = max(now_ms(), self.last_store_timestamp)
             self.last_store_timestamp = store_timestamp
             start = mapped_file.wrote_position

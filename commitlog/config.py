@@ -33,6 +33,10 @@ class StoreConfig:
     # the body CRC does not cover, is found wherever records are checked. On here: it costs one
     # CRC over the record instead of over the body, at write and at every check (docs/FORMAT.md).
     append_record_crc: bool = True
+    # Every record a read hands out (PULL, READ, MessageStore.pull) is walked and its body CRC
+    # checked first, batched (commitlog/read_check.py); off hands out bytes unchecked. On: its cost
+    # on the read path is in docs/benchmarks.md ("Checking records on the way out").
+    check_crc_on_read: bool = True
     # Recovery refuses (rather than cuts) when the first invalid record would make it delete more
     # than this many later segments holding data: a torn tail spans at most the newest segment and
     # its predecessor; more is damage in the middle of the log (DLedger's recovery has this rule).

@@ -5,7 +5,11 @@ Theory of operation
 A segment is a file of exactly ``file_size`` bytes named by the global offset of its first byte
 (``file_from_offset``, 20 zero-padded digits). It is preallocated with ``posix_fallocate`` so that
 a write through the mapping can never hit a full disk (which would kill the process with SIGBUS):
-a full disk shows up when the *next* segment is created, as an error the store reports.
+a full disk shows up when the *next* segment is created, as a ``DiskFullError`` naming the file
+(nothing is left behind: the half-made file is removed). A sync that fails (``SyncFailedError``)
+leaves ``flushed_position`` where it was: after a failed ``fdatasync``/``msync`` the kernel may
+have dropped the dirty pages and a second sync would "succeed" without writing them (PostgreSQL's
+fsyncgate), so the owner must never flush the segment again and believe it.
 
 Three positions, all relative to the segment start, describe how far bytes have travelled:
 
@@ -54,6 +58,30 @@ class StoreError(Exception):
 
 class DiskFullError(StoreError):
     """No space left to create or extend a segment."""
+
+
+class SyncFailedError(StoreError):
+    """A sync (``fdatasync``/``msync``) failed: what was written may not be on disk, and a later
+    sync cannot tell (the kernel marks the failed pages clean). The message names the file."""
+
+
+# Errors that mean "no room" (the filesystem, or the user's quota): answered DISK_FULL, retried later.
+DISK_FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` says the disk (or a quota) has no room: DiskFullError, or an OSError
+    with ENOSPC/EDQUOT (from writing a small file, making a directory, a directory fsync)."""
+    return isinstance(error, DiskFullError) or (isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS)
+
+
+class FilesCreated:
+    """How many segments this process has created (``MappedFile(create=True)``, any queue): a
+    store's disk check measures the disk again once this moves (``commitlog.store.DiskWatch``),
+    since preallocated files change the disk's use only when one is made. Incremented from worker
+    threads without a lock: a lost increment delays a measurement to the next file or interval."""
+
+    count = 0
 
 
 def segment_name(file_from_offset: int) -> str:
@@ -108,13 +136,13 @@ SMALL_PAGES_MARGIN: Final = 8 * 1024 * 1024
 SMALL_PAGES_NORMAL_STEP: Final = 64 * 1024 * 1024
 
 
-def preallocate(fd: int, size: int) -> None:
+def preallocate(fd: int, size: int, path: str = "") -> None:
     """Reserve ``size`` bytes of disk for ``fd``; raise DiskFullError when there is no room."""
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as error:
-        if error.errno == errno.ENOSPC:
-            raise DiskFullError(f"no space left to preallocate {size} bytes") from error
+        if error.errno in DISK_FULL_ERRNOS:
+            raise DiskFullError(f"{path or 'a segment'}: no space left to preallocate {size} bytes") from error
         if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
         os.ftruncate(fd, size)  # a filesystem without fallocate: a sparse file
@@ -136,10 +164,15 @@ class MappedFile:
         self.file_size = file_size
         self.file_from_offset = file_from_offset
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        self._fd = os.open(path, flags, 0o644)
+        try:
+            self._fd = os.open(path, flags, 0o644)
+        except OSError as error:
+            if create and error.errno in DISK_FULL_ERRNOS:
+                raise DiskFullError(f"{path}: cannot create the segment: {error.strerror}") from error
+            raise
         try:
             if create:
-                preallocate(self._fd, file_size)
+                preallocate(self._fd, file_size, path)
                 if sync_directory:
                     fsync_directory(os.path.dirname(path))
             else:
@@ -147,11 +180,15 @@ class MappedFile:
                 if actual != file_size:
                     raise StoreError(f"{path}: {actual} bytes, expected the segment size {file_size}")
             self._mmap = mmap.mmap(self._fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
+        except BaseException as error:
             os.close(self._fd)
             if create:
                 os.unlink(path)
+            if create and isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+                raise DiskFullError(f"{path}: cannot create the segment: {error.strerror}") from error
             raise
+        if create:
+            FilesCreated.count += 1
         self._view = memoryview(self._mmap)
         self.write_buffer = write_buffer
         self._buffer_view = memoryview(write_buffer) if write_buffer is not None else None
@@ -300,10 +337,14 @@ class MappedFile:
         it. Without the native module: ``fdatasync``."""
         target = self.read_position
         if target > self.flushed_position and self._enough_pages(target, self.flushed_position, least_pages):
-            if _native_sync_range is not None:
-                _native_sync_range(self._view, self.flushed_position, target)
-            else:
-                os.fdatasync(self._fd)
+            try:
+                if _native_sync_range is not None:
+                    _native_sync_range(self._view, self.flushed_position, target)
+                else:
+                    os.fdatasync(self._fd)
+            except OSError as error:  # flushed_position stays: see the module (fsyncgate)
+                raise SyncFailedError(f"{self.path}: sync of bytes [{self.flushed_position}, {target}) failed: "
+                                      f"{error.strerror or error}") from error  # fmt: skip
             self.flushed_position = target
             self._check()
             if self.small_pages:

@@ -20,7 +20,16 @@ import os
 import threading
 from collections.abc import Callable
 
-from commitlog.mapped_file import MappedFile, StoreError, fsync_directory, parse_segment_name, segment_name
+from commitlog.mapped_file import (
+    DiskFullError,
+    MappedFile,
+    StoreError,
+    SyncFailedError,
+    fsync_directory,
+    is_disk_full,
+    parse_segment_name,
+    segment_name,
+)
 
 WriteBufferSource = Callable[[], bytearray | None]
 
@@ -191,12 +200,41 @@ class MappedFileQueue:
         return mapped_file
 
     def _new_file(self, file_from_offset: int, write_buffer: bytearray | None) -> MappedFile:
-        os.makedirs(self.directory, exist_ok=True)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as error:
+            if is_disk_full(error):
+                raise DiskFullError(f"{self.directory}: cannot create the directory: {error.strerror}") from error
+            raise
         path = os.path.join(self.directory, segment_name(file_from_offset))
         mapped_file = MappedFile(path, file_size=self.file_size, create=True, write_buffer=write_buffer,
                                  sync_directory=self._sync_directory_on_create, small_pages=self._small_pages)  # fmt: skip
         self._directory_unsynced = self._directory_unsynced or not self._sync_directory_on_create
         return mapped_file
+
+    def make_room(self, end_offset: int, *, start_offset: int = 0) -> None:
+        """Create now, as the spare, the segment that writing up to ``end_offset`` needs next (an
+        empty queue's first starts at ``start_offset``'s segment), so that the write itself cannot
+        meet a full disk half-way: a write of several parts (a DLedger member's entries, then their
+        index units) either finds its files or fails here with DiskFullError, nothing written.
+        Covers one new segment: a write needing two more (segments smaller than one write, never
+        the defaults) may still meet a full disk at its second."""
+        last = self.last
+        if last is None:
+            next_offset = start_offset - start_offset % self.file_size
+        elif last.wrote_position < last.file_size and end_offset <= last.file_from_offset + self.file_size:
+            return
+        else:
+            next_offset = last.file_from_offset + self.file_size
+        if end_offset <= next_offset:
+            return
+        with self._spare_lock:
+            if self._spare is not None and self._spare.file_from_offset == next_offset:
+                return
+            if self._spare is not None:
+                self._spare.destroy()
+                self._spare = None
+            self._spare = self._new_file(next_offset, None)
 
     def warm_ahead(self, size: int) -> None:
         """Fault in ``size`` bytes ahead of the writer; once the last segment is half full
@@ -216,6 +254,7 @@ class MappedFileQueue:
             else:
                 if self._spare is not None:
                     self._spare.destroy()
+                    self._spare = None  # not left behind, destroyed, when the next cannot be made
                 spare = self._spare = self._new_file(next_offset, None)
         if spare is not None and ahead > self.file_size:
             spare.populate(ahead - self.file_size)
@@ -251,8 +290,11 @@ class MappedFileQueue:
         ``keep_cached``, then drop the flushed pages more than that many bytes behind it from
         the page cache (``MappedFile.drop_cached``)."""
         if self._directory_unsynced:
+            try:
+                fsync_directory(self.directory)
+            except OSError as error:
+                raise SyncFailedError(f"{self.directory}: directory sync failed: {error.strerror or error}") from error
             self._directory_unsynced = False
-            fsync_directory(self.directory)
         for mapped_file in self._files_from(self.flushed_where):
             position = mapped_file.flush(least_pages)
             self.flushed_where = max(self.flushed_where, mapped_file.offset_of(position))

@@ -12,7 +12,7 @@ import warnings
 
 # The VERSION of _scan.c this code calls (its functions and their arguments): a build left in
 # place by an older checkout is not used (and a warning says to rebuild), never called wrongly.
-NATIVE_VERSION = 6
+NATIVE_VERSION = 7
 
 if os.environ.get("HASVC_NO_NATIVE") == "1":
     module = None
@@ -33,6 +33,7 @@ populate = module.populate if module else None
 sync_range = module.sync_range if module else None
 dispatch_units = module.dispatch_units if module else None
 crc_ranges = module.crc_ranges if module else None
+check_spans = module.check_spans if module else None
 walk_starts = module.walk_starts if module else None
 split_messages = module.split_messages if module else None
 check_entries = module.check_entries if module else None

@@ -13,6 +13,11 @@ ReputMessageService as threads; these are the same loops over ``MessageStore``'s
 * warm: keeps ``warm_ahead_size`` bytes ahead of the writer faulted in, and the next segment ready.
 * housekeeping: consume queue flushes, the checkpoint, retention.
 
+A full disk stops no thread: a step that meets it (``is_disk_full``) is tried again after
+DISK_FULL_RETRY_SECONDS, the last such error kept in ``disk_full_error``; the puts meanwhile answer
+DISK_FULL. A failed sync of the log fails the store's writes (``MessageStore.write_failure``) and
+every waiting SYNC_FLUSH put (FLUSH_DISK_TIMEOUT); the loop goes on failing later waiters.
+
 The broker does not use this module: it drives the same steps from trio tasks.
 """
 
@@ -25,6 +30,7 @@ from collections.abc import Sequence
 
 from commitlog import record as rec
 from commitlog.commit_log import AppendResult
+from commitlog.mapped_file import StoreError, SyncFailedError, is_disk_full
 from commitlog.store import MessageStore
 from commitlog.waiters import OffsetWaiters, WaitersFull
 
@@ -34,6 +40,9 @@ CLEAN_INTERVAL_SECONDS = 10.0
 # the idle time when nothing wakes it.
 DISPATCH_INTERVAL_SECONDS = 0.001
 DISPATCH_IDLE_SECONDS = 0.1
+# A step that met a full disk runs again after this long (the warm-up would otherwise create and
+# remove a whole segment every warm_interval_ms).
+DISK_FULL_RETRY_SECONDS = 1.0
 
 
 class _Waiter:
@@ -54,6 +63,7 @@ class StoreServices:
         self._waiters: OffsetWaiters[_Waiter] = OffsetWaiters(waiters_max=config.group_commit_waiters_max)
         self._threads: list[threading.Thread] = []
         self.errors: list[BaseException] = []
+        self.disk_full_error: BaseException | None = None  # the last step that met a full disk
 
     def start(self) -> StoreServices:
         targets = [self._flush_loop, self._dispatch_loop, self._housekeeping_loop, self._warm_loop]
@@ -128,6 +138,18 @@ class StoreServices:
 
     # -- loops ----------------------------------------------------------------------------
 
+    def _step(self, function, *args, **kwargs) -> bool:
+        """``function(*args, **kwargs)``; False, after DISK_FULL_RETRY_SECONDS, when it met a full disk."""
+        try:
+            function(*args, **kwargs)
+        except (StoreError, OSError) as error:
+            if not is_disk_full(error):
+                raise
+            self.disk_full_error = error
+            self._stopping.wait(DISK_FULL_RETRY_SECONDS)
+            return False
+        return True
+
     def _flush_loop(self) -> None:
         if self.store.sync_flush:
             self._group_commit_loop()
@@ -139,7 +161,13 @@ class StoreServices:
             with self._flush_wakeup:
                 if not len(self._waiters):
                     self._flush_wakeup.wait(0.01)
-            flushed = self.store.flush_commitlog(0)
+            try:
+                flushed = self.store.flush_commitlog(0)
+            except SyncFailedError:  # never flushed again (write_failure): every waiter fails
+                flushed = -1
+                with self._flush_wakeup:
+                    for waiter in self._waiters.drain():
+                        waiter.event.set()
             self._dispatch_wakeup.set()
             with self._flush_wakeup:
                 for waiter in self._waiters.release(flushed):
@@ -158,8 +186,16 @@ class StoreServices:
             least_pages = config.flush_commitlog_least_pages
             if now - last_thorough >= thorough:
                 least_pages, last_thorough = 0, now
+            self._flush(least_pages)
+        self._flush(0)
+
+    def _flush(self, least_pages: int) -> None:
+        """ASYNC_FLUSH's flush; a failed sync stops nothing here (the store refuses writes from
+        then on, ``write_failure``, and every later flush raises at once without syncing)."""
+        try:
             self.store.flush_commitlog(least_pages)
-        self.store.flush_commitlog(0)
+        except SyncFailedError:
+            pass
 
     def _commit_loop(self) -> None:
         config = self.store.config
@@ -181,7 +217,7 @@ class StoreServices:
     def _warm_loop(self) -> None:
         interval = self.store.config.warm_interval_seconds
         while not self._stopping.wait(interval):
-            self.store.warm_commitlog()
+            self._step(self.store.warm_commitlog)
 
     def _housekeeping_loop(self) -> None:
         config = self.store.config
@@ -192,11 +228,11 @@ class StoreServices:
             least_pages = config.flush_consume_queue_least_pages
             if now - last_thorough >= thorough:
                 least_pages, last_thorough = 0, now
-            self.store.flush_consume_queues(least_pages)
-            self.store.write_checkpoint()
+            self._step(self.store.flush_consume_queues, least_pages)
+            self._step(self.store.write_checkpoint)
             if now - last_clean >= CLEAN_INTERVAL_SECONDS:
                 last_clean = now
-                self.store.clean_expired(now_ms_value=time.time_ns() // 1_000_000)
+                self._step(self.store.clean_expired, now_ms_value=time.time_ns() // 1_000_000)
 
 
 def _with_status(result: AppendResult, status: rec.PutMessageStatus) -> AppendResult:

@@ -19,6 +19,19 @@ Recovery (RocketMQ's ``DefaultMessageStore.recover``):
 
 Nothing here runs by itself: flushing, committing, dispatching and cleaning are step methods that a
 driver calls — ``commitlog.services.StoreServices`` (threads) or the broker (trio tasks).
+
+A full disk and a failed sync
+-----------------------------
+Appends answer DISK_FULL while the disk is above ``disk_max_used_space_ratio`` (``DiskWatch``:
+measured again after every file this process creates, and at least every
+``disk_check_interval_ms``) and while no next segment can be created (``DiskWatch.no_room``:
+until the next measurement is due). A step that meets a full disk (dispatch growing a consume
+queue, the warm-up's spare segment, retention, the checkpoint) raises or returns without having
+changed what it had not finished, and the driver runs it again later: none of them is fatal.
+A failed sync of the log (``SyncFailedError``) is: the store keeps the reason in
+``write_failure``, refuses every append from then on (SERVICE_NOT_AVAILABLE) and never flushes
+the log again, so that nothing is counted durable that a failed sync may have lost (PostgreSQL's
+fsyncgate). Reopening the store (a restart) recovers from what is on disk.
 """
 
 from __future__ import annotations
@@ -30,7 +43,6 @@ import re
 import struct
 import time
 from collections.abc import Iterator, Sequence
-from typing import Final
 
 from commitlog import identity as store_identity
 from commitlog import record as rec
@@ -41,15 +53,11 @@ from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
 from commitlog.damage import DamagedRange
 from commitlog.epoch import EpochFile, truncate_suffix_by_offset
 from commitlog.scan import ScanCode, scan_segment
-from commitlog.mapped_file import StoreError
+from commitlog.mapped_file import DiskFullError, FilesCreated, StoreError, SyncFailedError
 from commitlog.mapped_file_queue import MappedFileQueue
 
 from commitlog import native as _native
-
-
-# STATUS lists at most this many damaged ranges: a disk that has gone bad everywhere is one fact,
-# not ten thousand lines (the count and the log keep the rest).
-DAMAGED_RECORDED_MAX: Final = 100
+from commitlog import read_check
 
 
 class TransientStorePool:
@@ -78,6 +86,45 @@ class TransientStorePool:
     @property
     def available(self) -> int:
         return len(self._free) + self.buffers_max - self._created
+
+
+class DiskWatch:
+    """Whether appends must answer DISK_FULL. The disk's use is measured (``statvfs``) at most
+    once per ``interval_seconds`` of the time given, and again as soon as this process has
+    created a file since (``FilesCreated``): segments and consume-queue files are preallocated
+    whole, so the disk's use jumps when one is made and hardly moves between (a master filling a
+    64 MiB disk at full speed filled it between two measurements a second apart and never
+    answered DISK_FULL). Others' writes are seen within the interval. ``no_room``: a segment
+    could not be created: full until the next measurement is due (the append just before had
+    the disk measured, or trusted a measurement, less than an interval ago)."""
+
+    __slots__ = ("path", "ratio_max", "interval_seconds", "due_at", "files_created", "used_ratio", "full", "reason")
+
+    def __init__(self, path: str, *, ratio_max: float, interval_seconds: float) -> None:
+        self.path = path
+        self.ratio_max = ratio_max
+        self.interval_seconds = interval_seconds
+        self.due_at = float("-inf")  # the next measurement, in the caller's (monotonic) seconds
+        self.files_created = -1  # FilesCreated.count at the last measurement
+        self.used_ratio = 0.0
+        self.full = False
+        self.reason = ""
+
+    def full_at(self, now: float) -> bool:
+        if now < self.due_at and self.files_created == FilesCreated.count:
+            return self.full
+        self.due_at = now + self.interval_seconds
+        self.files_created = FilesCreated.count
+        self.used_ratio = disk_used_ratio(self.path)
+        self.full = self.used_ratio > self.ratio_max
+        self.reason = (f"{self.path}: disk {self.used_ratio:.0%} used, above disk_max_used_space_ratio "
+                       f"{self.ratio_max:.0%}" if self.full else "")  # fmt: skip
+        return self.full
+
+    def no_room(self, reason: str) -> None:
+        self.full = True
+        self.reason = reason
+        self.files_created = FilesCreated.count
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,14 +171,16 @@ class MessageStore:
         self.last_exit_ok = True
         self.reput_from_offset = 0
         self.queues_rebuilt: tuple[tuple[str, int], ...] = ()  # (topic, queue id) recovery found cut by damage
-        # Damage found in the log while serving (scrub, reads): reported in STATUS until repaired.
-        self.damaged: list[DamagedRange] = []
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
+        self.damaged: list[DamagedRange] = []  # damage found (by recovery, reads, the scrub): STATUS ``damaged``
         self._lock: StoreLock | None = None
-        self._disk_checked_at = float("-inf")
-        self._disk_check_interval_seconds = self.config.disk_check_interval_seconds  # read on every append
-        self._disk_used_ratio = 0.0
+        self.disk = DiskWatch(path, ratio_max=self.config.disk_max_used_space_ratio,
+                              interval_seconds=self.config.disk_check_interval_seconds)  # fmt: skip
+        # Why the store takes no more writes (a failed sync of the log), or None: see the module.
+        self.write_failure: str | None = None
+        # Why dispatch stopped short (no room for a consume-queue file), or None; it runs again later.
+        self.dispatch_blocked: str | None = None
         self._opened = False
 
     # -- lifetime -------------------------------------------------------------------------
@@ -228,23 +277,21 @@ class MessageStore:
                 queue.cut_in_recovery = queue.cut_in_recovery or self.last_exit_ok  # a clean stop tore nothing
 
     def record_damage(self, found: DamagedRange) -> bool:
-        """Remember damage found in the log (once per range; at most ``DAMAGED_RECORDED_MAX``);
-        True when it is new."""
-        if any(d.file == found.file and d.from_offset == found.from_offset for d in self.damaged):
-            return False
-        if len(self.damaged) < DAMAGED_RECORDED_MAX:
-            self.damaged.append(found)
-        return True
+        """Remember damage found in the log (once per spot: a range overlapping one known is not
+        added); True when it is new."""
+        return read_check.add_damage(self.damaged, found)
 
     def close(self, *, clean: bool = True) -> None:
         """Flush everything, write the checkpoint, remove ``abort`` (only if all is dispatched).
 
         ``clean=False`` lets go of the files as a killed process would: nothing flushed, ``abort``
-        left in place (what was written stays in the page cache, as after SIGKILL)."""
+        left in place (what was written stays in the page cache, as after SIGKILL). A store whose
+        writes failed (``write_failure``) closes so too: nothing it holds is known durable past
+        its last good sync, and the next open recovers as after a crash."""
         if not self._opened:
             return
         self._opened = False
-        if not clean:
+        if not clean or self.write_failure is not None:
             self.commit_log.close()
             self.consume_queues.close()
             self._lock.release()
@@ -308,18 +355,25 @@ class MessageStore:
         return self.append_prepared(prepared)
 
     def append_prepared(self, prepared: Sequence[rec.PreparedMessage]) -> AppendResult:
-        if self.disk_full():
-            return self._disk_full_result()
-        return self.commit_log.append(prepared)
+        if self.write_failure is not None or self.disk_full():
+            return self._refusal()
+        return self._noted(self.commit_log.append(prepared))
 
-    def _disk_full_result(self) -> AppendResult:
-        return AppendResult(
-            rec.PutMessageStatus.DISK_FULL,
-            reason=(
-                f"disk {self._disk_used_ratio:.0%} used, above disk_max_used_space_ratio "
-                f"{self.config.disk_max_used_space_ratio:.0%}"
-            ),
-        )
+    def _refusal(self) -> AppendResult:
+        if self.write_failure is not None:
+            return AppendResult(rec.PutMessageStatus.SERVICE_NOT_AVAILABLE, reason=self.write_failure)
+        return AppendResult(rec.PutMessageStatus.DISK_FULL, reason=self.disk.reason)
+
+    def _noted(self, result: AppendResult) -> AppendResult:
+        """A DISK_FULL from the log (no next segment) holds until the next measurement."""
+        if result.status is rec.PutMessageStatus.DISK_FULL:
+            self.disk.no_room(result.reason)
+        return result
+
+    def fail_writes(self, reason: str) -> None:
+        """Take no more writes (a sync failed, here or in a driver's step): see the module."""
+        if self.write_failure is None:
+            self.write_failure = reason
 
     def append_batch(self, batch: rec.MessageBatch) -> AppendResult:
         """Validate and append a batch sharing topic and queue (the fast path)."""
@@ -330,28 +384,30 @@ class MessageStore:
             )  # fmt: skip
         except rec.MessageRejected as error:
             return AppendResult(error.status, reason=error.reason)
-        if self.disk_full():
-            return self._disk_full_result()
-        return self.commit_log.append_batch(prepared, crc_function=self.crc_function)
+        if self.write_failure is not None or self.disk_full():
+            return self._refusal()
+        result = self.commit_log.append_batch(prepared, crc_function=self.crc_function)
+        if result.status is rec.PutMessageStatus.DISK_FULL:  # _noted, written out (a put's one pass)
+            self.disk.no_room(result.reason)
+        return result
 
     def append_replicated(self, offset: int, data) -> None:
+        if self.write_failure is not None:
+            raise StoreError(self.write_failure)
         self.commit_log.append_replicated(offset, data)
 
     def disk_full(self) -> bool:
         """``disk_full_at`` now: the append path's one clock read (an argument per append would
-        cost every caller a clock read of its own)."""
+        cost every caller a clock read of its own). ``DiskWatch.full_at``'s test written out."""
         now = time.monotonic()
-        if now - self._disk_checked_at < self._disk_check_interval_seconds:  # measured lately: disk_full_at's answer
-            return self._disk_used_ratio > self.config.disk_max_used_space_ratio
-        return MessageStore.disk_full_at(self, now)  # by name: DLedgerMessageStore borrows disk_full
+        disk = self.disk
+        if now < disk.due_at and disk.files_created == FilesCreated.count:
+            return disk.full
+        return disk.full_at(now)
 
     def disk_full_at(self, now: float) -> bool:
-        """Whether the disk is above ``disk_max_used_space_ratio``, measured at most once per
-        ``disk_check_interval_seconds`` of ``now`` (monotonic seconds) and cached between."""
-        if now - self._disk_checked_at >= self._disk_check_interval_seconds:
-            self._disk_checked_at = now
-            self._disk_used_ratio = disk_used_ratio(self.path)
-        return self._disk_used_ratio > self.config.disk_max_used_space_ratio
+        """Whether appends answer DISK_FULL at ``now`` (monotonic seconds): see ``DiskWatch``."""
+        return self.disk.full_at(now)
 
     # -- driver steps ---------------------------------------------------------------------
 
@@ -366,9 +422,17 @@ class MessageStore:
         return committed
 
     def flush_commitlog(self, least_pages: int = 0) -> int:
-        """Commit and flush the commit log; record what is durable in the checkpoint fields."""
+        """Commit and flush the commit log; record what is durable in the checkpoint fields.
+        A sync that fails (SyncFailedError, raised) fails the store's writes, and every later
+        call raises it again without syncing: see the module."""
+        if self.write_failure is not None:
+            raise SyncFailedError(self.write_failure)
         store_timestamp = self.commit_log.mapped_file_queue.store_timestamp
-        flushed = self.commit_log.flush(least_pages, keep_cached=self.config.page_cache_keep_size)
+        try:
+            flushed = self.commit_log.flush(least_pages, keep_cached=self.config.page_cache_keep_size)
+        except SyncFailedError as error:
+            self.fail_writes(f"the log's sync failed, no more writes until a restart: {error}")
+            raise
         self._return_write_buffers()
         if flushed >= self.commit_log.max_wrote_offset and store_timestamp:
             self.checkpoint.physic_msg_timestamp = store_timestamp
@@ -411,11 +475,16 @@ class MessageStore:
             limit = min(mapped_file.read_position, end - base)
             view = mapped_file.view()
             position, stop, records, runs = dispatch_units(view, start, limit, base, DISPATCH_RECORDS_PER_CALL)
-            if stop == _STOP_SLOW:  # one record the native parser leaves to Python
+            try:
+                if stop == _STOP_SLOW:  # one record the native parser leaves to Python
+                    self._put_runs(runs)
+                    count += records
+                    position, stop, records, runs = _dispatch_units_python(view, position, limit, base, records_max=1)
                 self._put_runs(runs)
-                count += records
-                position, stop, records, runs = _dispatch_units_python(view, position, limit, base, records_max=1)
-            self._put_runs(runs)
+            except DiskFullError as error:  # a consume queue's next file: again later from here (put_run skips what it has)
+                self.dispatch_blocked = str(error)
+                return count
+            self.dispatch_blocked = None
             count += records
             if stop == _STOP_MALFORMED:
                 self.dispatch_error = f"record at offset {base + position} cannot be dispatched (malformed)"
@@ -476,16 +545,57 @@ class MessageStore:
         return self.commit_log.min_offset
 
     def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
-        return self.commit_log.get_record(offset, crc_function=self.crc_function if check_crc else None)
+        """The record at ``offset``; with ``check_crc`` a record that fails its body CRC, or its
+        record CRC when it has the tail, raises ``DamagedRecordError`` (and is added to ``damaged``)."""
+        record = self.commit_log.get_record(offset)
+        if check_crc and not rec.crcs_ok(self.commit_log.read(offset, record.size), 0, record, self.crc_function):
+            body_ok = self.crc_function(record.body) & rec.CRC_MASK == record.body_crc
+            reason = "record CRC mismatch" if body_ok else "body CRC mismatch"
+            damage = DamagedRange(self._segment_path(offset), offset, offset + record.size, reason)
+            read_check.add_damage(self.damaged, damage)
+            raise read_check.DamagedRecordError(damage)
+        return record
 
     def read(self, offset: int, size_max: int) -> memoryview:
         return self.commit_log.read(offset, size_max)
 
+    def read_records(self, spans: Sequence[tuple], *, copy: bool = False) -> read_check.CheckedRead:
+        """The records at ``spans`` ((offset, size, ...): a consume queue's units), checked unless
+        ``check_crc_on_read`` is off (commitlog/read_check.py); damage found joins ``damaged``.
+        ``copy``: bytes copies rather than views of the mapping."""
+        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read,
+                                          copy=copy)  # fmt: skip
+        return read_check.noted(checked, self.damaged)
+
+    def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:
+        """``read`` for a reader that gets raw bytes (READ), checked as ``read_check.read_range`` says."""
+        if not self.config.check_crc_on_read:
+            return read_check.CheckedRead([self.read(offset, size_max)])
+        mapped_file = self.commit_log.transfer_span(offset, 0)[0]  # ReadError outside the log, as read
+        checked = read_check.read_range(self.read, self._segment_path, offset, size_max, crc_function=self.crc_function,
+                                        segment_end=mapped_file.file_from_offset + mapped_file.file_size)  # fmt: skip
+        return read_check.noted(checked, self.damaged)
+
+    def _segment_path(self, offset: int) -> str:
+        return self.commit_log.mapped_file_queue.find_mapped_file_by_offset(offset).path
+
+    def _segment_of(self, offset: int) -> read_check.Segment:
+        mapped_file = self.commit_log.transfer_span(offset, 0)[0]  # ReadError outside the log
+        return mapped_file.view()[: mapped_file.read_position], mapped_file.file_from_offset, mapped_file.path
+
     def pull(self, topic: str, queue_id: int, queue_offset: int, count_max: int) -> list[rec.Record]:
+        """Up to ``count_max`` records from the queue, checked (``read_records``): the records
+        before a damaged one; ``DamagedRecordError`` when the first one is damaged."""
         queue = self.consume_queues.find(topic, queue_id)
         if queue is None:
             return []
-        return [self.commit_log.get_record(offset) for offset, _size, _tags in queue.read(queue_offset, count_max)]
+        units = queue.read(queue_offset, count_max)
+        if not self.config.check_crc_on_read:
+            return [self.commit_log.get_record(offset) for offset, _size, _tags in units]
+        checked = self.read_records(units)
+        if checked.damage is not None and not checked.views:
+            raise read_check.DamagedRecordError(checked.damage)
+        return [rec.decode_record(view, crc_function=None) for view in checked.views]
 
     def truncate(self, offset: int) -> None:
         """Cut the log, the consume queues and the epoch history at ``offset`` (a record boundary;

@@ -74,10 +74,19 @@ class BrokerConfig:
     dledger_clean_interval_seconds: float = 10.0
     scrub_bytes_per_second: int = 16 * 1024 * 1024  # StoreConfig.scrub_bytes_per_second: the background re-check of log and queues (0: off)
     append_record_crc: bool = True  # StoreConfig.append_record_crc: the record CRC tail (a classic store's; a DLedger entry's CRC covers its record)
+    # A DLedger member's recovery (commitlog/dledger/entry_store.py DLedgerStoreConfig has the reasons):
+    # recovery_cut_segments_max also bounds the classic log's cut (StoreConfig); damage below what the
+    # member knew durable is cut and repaired from the group's leader (recovery_repair_from_peers, a
+    # group of more than one), or refused (false), or accepted without a catch-up mark
+    # (recovery_accept_lost_entries, DLedger's own behaviour).
+    recovery_cut_segments_max: int = 1
+    recovery_accept_lost_entries: bool = False
+    recovery_repair_from_peers: bool = True
     page_cache_keep_size: int = 0  # StoreConfig.page_cache_keep_size (and a DLedger member's entry files): 0 keeps the page cache whole
     # StoreConfig.small_write_pages (commitlog/mapped_file.py SMALL_PAGES_MARGIN): "auto" turns it on
     # for a store that syncs each put (--flush sync; a DLedger member's --flush sync), "on"/"off" force it.
     small_write_pages: str = "auto"
+    check_crc_on_read: bool = True  # StoreConfig.check_crc_on_read: every record a PULL or READ serves is checked first
     # Replication (MessageStoreConfig): haSendHeartbeatInterval, haHousekeepingInterval,
     # haMaxGapNotInSync, slaveTimeout, inSyncReplicas, syncFromLastFile.
     ha_send_heartbeat_interval_ms: int = 5000
@@ -185,6 +194,8 @@ class BrokerConfig:
             scrub_bytes_per_second=self.scrub_bytes_per_second,
             append_record_crc=self.append_record_crc,
             small_write_pages=self.small_write_pages_for(self.flush is FlushDiskType.SYNC_FLUSH),
+            recovery_cut_segments_max=self.recovery_cut_segments_max,
+            check_crc_on_read=self.check_crc_on_read,
             store_host=self.listen if _is_ip(self.listen[0]) else ("127.0.0.1", self.listen[1]),
         )
 
@@ -195,6 +206,9 @@ class BrokerConfig:
     def validate(self) -> BrokerConfig:
         if self.small_write_pages not in SMALL_WRITE_PAGES_CHOICES:
             raise ValueError(f"small_write_pages must be one of {', '.join(SMALL_WRITE_PAGES_CHOICES)}, got {self.small_write_pages!r}")
+        for name in ("recovery_accept_lost_entries", "recovery_repair_from_peers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not self.dledger_clean_interval_seconds > 0:
             raise ValueError(f"dledger_clean_interval_seconds must be positive, got {self.dledger_clean_interval_seconds}")
         if self.role is BrokerRole.SLAVE and self.master_ha is None:
@@ -255,13 +269,20 @@ _ADDRESS_FIELDS = {"listen", "ha_listen", "master_ha", "metrics_listen"}
 
 def load_toml(path: str) -> dict[str, Any]:
     """Options from a TOML file's ``[broker]`` table (or its top level), converted to field types."""
+    import difflib
+
     with open(path, "rb") as file:
-        data = tomllib.load(file)
+        try:
+            data = tomllib.load(file)
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path}: not valid TOML: {error}") from None
     table = data.get("broker", data)
     known = {field.name for field in dataclasses.fields(BrokerConfig)}
     unknown = sorted(set(table) - known)
     if unknown:
-        raise ValueError(f"{path}: unknown option(s) {', '.join(unknown)}")
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"{path}: unknown option(s) {', '.join(unknown)}{hint}")
     return {name: convert(name, value) for name, value in table.items()}
 
 

@@ -7,11 +7,13 @@ stopped by its PID (SIGTERM, then SIGKILL) when the cluster closes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 
+import pytest
 import trio
 
 from hasvc import client as hc
@@ -93,7 +95,8 @@ def start_dledger_group(root, size: int, *, group: str, segment_size: int = 1024
     nodes = {}
     for member in members:
         args = ["--store", os.path.join(root, member), "--listen", f"{LOOPBACK}:{free_port()}", "--group", group,
-                "--peers", peers, "--self", member, "--set", f"commitlog_segment_size={segment_size}", *extra_args]  # fmt: skip
+                "--peers", peers, "--self", member, "--set", f"commitlog_segment_size={segment_size}",
+                "--set", "disk_max_used_space_ratio=1.0", *extra_args]  # a leader refuses writes above it: not the CI disk's fill  # fmt: skip
         for setting in ETCD_LIKE_SETTINGS:
             args += ["--set", setting]
         if member_args is not None:
@@ -131,6 +134,22 @@ def certificate_authority(directory, names) -> tuple[str, dict[str, tuple[str, s
             "-extfile", extensions)  # fmt: skip
         issued[name] = (key, cert)
     return ca_cert, issued
+
+
+@contextlib.contextmanager
+def small_tmpfs(directory, size: str):
+    """A tmpfs of ``size`` at ``directory``, unmounted afterwards; the test is skipped where this
+    cannot be done (not root, no mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    os.makedirs(directory, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield str(directory)
+    finally:
+        subprocess.run(["umount", str(directory)], check=False)
 
 
 def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):

@@ -14,7 +14,10 @@ entry (``append``): ``pre_append`` finds where it lands — the data file's writ
 start of the next data file after padding this one with a blank record when ``size + 8`` does not
 fit (DLedger's ``MmapFileList.preAppend``) — then the entry is written there with its ``pos`` and
 its index unit at ``index * 32``. ``pos`` is a function of the log's prefix and the file size, so
-two stores holding the same entries hold the same bytes at the same offsets.
+two stores holding the same entries hold the same bytes at the same offsets. An append first makes
+the files it will need (``make_room``: the next data file, the next index file, as each queue's
+spare), so a full disk fails it with DiskFullError before any byte is written, never half-way
+between an entry and its index unit.
 
 Nothing is durable until ``flush`` (data, then index; DLedger's FlushDataService every 10 ms),
 which returns ``flushed_index``: entries at or below it survive a crash. ``truncate`` is durable
@@ -66,6 +69,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from commitlog.damage import DamagedRange
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger import state_files
 from commitlog.dledger.entry_run import EntryRun, check_run, index_units
@@ -101,6 +105,8 @@ class HardState:
     term: int  # current term (DLedger: currTerm)
     voted_for: str | None  # member id voted for in `term` (DLedger: voteLeader)
     committed_index: int  # -1 when nothing committed (a hint; the core re-derives it)
+    catch_up_term: int = -1  # the catch-up mark (state_files: catchUpTerm/catchUpIndex); -1: none
+    catch_up_index: int = -1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,6 +137,12 @@ class DLedgerStoreConfig:
     # Recovery refuses to end below the checkpoint's flushedIndex (entries known durable are
     # gone) unless this is set — as DLedger, which recovers to whatever is left, always does.
     recovery_accept_lost_entries: bool = False
+    # A member of a group with other members (the node sets it; a group of one has no other copy):
+    # what recovery would refuse as damage -- an end below the checkpoint's flushedIndex, a term
+    # going down, a cut deleting more than recovery_cut_segments_max files -- is cut instead, after
+    # the catch-up mark (the end it had: currterm's catchUpTerm/catchUpIndex) is saved, and the
+    # damage is listed in ``damaged``; the Raft leader then catches the member up. Off: refused.
+    recovery_repair_from_peers: bool = False
     # The commit log's page_cache_keep_size (0: off): after each sync of the data files, their
     # flushed pages more than this many bytes behind the flushed end are dropped from the page
     # cache. On a guest that hands free memory back to its host (virtio-balloon free page
@@ -199,6 +211,8 @@ class DLedgerMmapFileStore:
         self._begin: tuple[int, int, int] | None = None  # (beginIndex, beginTerm, beginPos) on record
         self._hard_state = HardState(0, None, -1)
         self.recovery: RecoveryReport | None = None
+        # Damage recovery found and cut (recovery_repair_from_peers or recovery_accept_lost_entries).
+        self.damaged: list[DamagedRange] = []
 
     @classmethod
     def open(cls, directory: str, config: DLedgerStoreConfig | None = None, *, data_start_offset: int = 0,
@@ -410,9 +424,12 @@ class DLedgerMmapFileStore:
 
     def append(self, entries: Sequence[Entry]) -> None:
         """Append ``entries`` (``entries[0].index == last_index() + 1``, consecutive, terms not
-        decreasing); not durable until ``flush``. Bad input: ValueError, nothing written.
+        decreasing); not durable until ``flush``. Bad input: ValueError, nothing written. No
+        room for a file they need: DiskFullError, nothing written (``make_room``).
         Entries are written a data file at a time, straight into the mapping."""
-        self._check_appendable(entries)
+        size_total, size_max = self._check_appendable(entries)
+        if entries:
+            self.make_room(data_size=self._data_size(size_total, size_max), count=len(entries))
         if _native_write_entries is not None and entries:
             chunks: list[bytes] = []  # packed index units
             start = 0
@@ -562,6 +579,7 @@ class DLedgerMmapFileStore:
         if first_pos != expected or expected % file_size + len(data) > file_size - codec.MIN_BLANK_SIZE:
             raise ValueError(f"run of {len(data)} bytes at pos {first_pos}: the next entry goes at {expected} "
                              f"in data files of {file_size} bytes")  # fmt: skip
+        self.make_room(data_size=first_pos + len(data) - self.data_end(), count=run.count)
         assert self.pre_append(first_size) == first_pos
         self.data_file_list.last.write_through(data)
         self._append_index_bytes(run.first_index, index_units(data, run.count))
@@ -602,8 +620,44 @@ class DLedgerMmapFileStore:
         chunks.append(units)
         return end
 
-    def _check_appendable(self, entries: Sequence[Entry]) -> None:
+    def make_room(self, *, data_size: int, count: int) -> None:
+        """Make the files that appending ``count`` entries taking ``data_size`` bytes of data files
+        from the log's end (blank padding included) will need, so that the append cannot meet a
+        full disk half-way (``MappedFileQueue.make_room``: one new file of each kind). DiskFullError
+        when one cannot be created; nothing else changes. A driver calls it before it lets the
+        Raft core take entries (a proposal, a leader's push); ``append`` calls it again."""
+        self.data_file_list.make_room(self.data_end() + data_size, start_offset=self._data_start_offset)
+        index_start = (self._last_index + 1) * codec.INDEX_UNIT_SIZE
+        self.index_file_list.make_room(index_start + count * codec.INDEX_UNIT_SIZE, start_offset=index_start)
+
+    def _data_size(self, size_total: int, size_max: int) -> int:
+        """The data-file bytes entries of ``size_total`` bytes (the largest ``size_max``) take from
+        the log's end: themselves when they fit the last data file (leaving room for a blank
+        record), else at most one entry's worth of blank padding more."""
+        last = self.data_file_list.last
+        if last is not None and last.wrote_position + size_total <= last.file_size - codec.MIN_BLANK_SIZE:
+            return size_total
+        return size_total + size_max + codec.MIN_BLANK_SIZE
+
+    def make_room_for_run(self, run: EntryRun) -> None:
+        """``make_room`` for the part of a leader's run past our end (its first entry's ``pos``
+        from its header; a run lies in one data file). A run too short to hold a header is
+        left to ``check_run`` to refuse."""
+        data = run.data
+        if data is None or len(data) < codec.BODY_OFFSET or run.last_index <= self._last_index:
+            return
+        first_pos = codec.ENTRY_HEADER.unpack_from(data, 0)[4]
+        self.make_room(data_size=max(0, first_pos + len(data) - self.data_end()), count=run.last_index - self._last_index)
+
+    def data_end(self) -> int:
+        """Where the data files' written bytes end (the next entry or blank record goes here)."""
+        last = self.data_file_list.last
+        return self._data_start_offset if last is None else last.file_from_offset + last.wrote_position
+
+    def _check_appendable(self, entries: Sequence[Entry]) -> tuple[int, int]:
+        """ValueError unless ``entries`` may follow the log; their total and largest size."""
         index, term = self._last_index, max(self._last_term, 0)
+        size_total = size_max = 0
         fit_max = min(self.config.data_file_size - codec.MIN_BLANK_SIZE, codec.ENTRY_SIZE_MAX)
         for entry in entries:  # no call per entry: a proposal of 32 entries checks 32
             if entry.index != index + 1:
@@ -615,6 +669,10 @@ class DLedgerMmapFileStore:
                 raise ValueError(f"entry {entry.index} of {size} bytes is larger than ENTRY_SIZE_MAX="
                                  f"{codec.ENTRY_SIZE_MAX} or a data file of {self.config.data_file_size} less 8")  # fmt: skip
             index, term = entry.index, entry.term
+            size_total += size
+            if size > size_max:
+                size_max = size
+        return size_total, size_max
 
     def pre_append(self, size: int) -> int:
         """Make room for an entry of ``size`` bytes and return its ``pos`` (MmapFileList.preAppend):
@@ -920,6 +978,9 @@ class DLedgerMmapFileStore:
     def load_hard_state(self) -> Any:
         """The saved term and vote; the committed index known now (HardState(0, None, -1) fresh)."""
         saved = self._hard_state
+        if saved.catch_up_index >= 0:
+            return self._hard_state_class(saved.term, saved.voted_for, self._committed_index, saved.catch_up_term,
+                                          saved.catch_up_index)  # fmt: skip
         return self._hard_state_class(saved.term, saved.voted_for, self._committed_index)
 
     def save_hard_state(self, state: HardState) -> None:
@@ -930,12 +991,16 @@ class DLedgerMmapFileStore:
             raise ValueError(f"member id {state.voted_for!r} cannot be stored (whitespace, = : # ! \\ or too long)")
         if state.committed_index < -1:
             raise ValueError(f"committed_index {state.committed_index} < -1")
-        state_files.write_properties(self._term_path, {
+        values: dict[str, object] = {
             state_files.TERM_KEY: state.term,
             state_files.VOTE_FOR_KEY: state.voted_for or "",
             state_files.COMMITTED_INDEX_KEY: state.committed_index,
-        })  # fmt: skip
-        self._hard_state = state
+        }
+        mark = (getattr(state, "catch_up_term", -1), getattr(state, "catch_up_index", -1))
+        if mark[1] >= 0:
+            values[state_files.CATCH_UP_TERM_KEY], values[state_files.CATCH_UP_INDEX_KEY] = mark
+        state_files.write_properties(self._term_path, values)
+        self._hard_state = HardState(state.term, state.voted_for, state.committed_index, *mark)
         self.update_committed_index(state.committed_index)
 
     def _load_state_files(self) -> tuple[int, int, bool]:
@@ -947,7 +1012,9 @@ class DLedgerMmapFileStore:
             term = state_files.int_property(values, state_files.TERM_KEY, path=self._term_path, default=0)
             vote = values.get(state_files.VOTE_FOR_KEY, "") or None
             hint = state_files.int_property(values, state_files.COMMITTED_INDEX_KEY, path=self._term_path, default=-1)
-            self._hard_state = HardState(max(term, 0), vote, hint)
+            mark = [state_files.int_property(values, key, path=self._term_path, default=-1)
+                    for key in (state_files.CATCH_UP_TERM_KEY, state_files.CATCH_UP_INDEX_KEY)]  # fmt: skip
+            self._hard_state = HardState(max(term, 0), vote, hint, *mark)
         flushed = -1
         values = state_files.read_properties(self._checkpoint_path)
         if values is not None:
@@ -991,16 +1058,25 @@ class DLedgerMmapFileStore:
             scan = self._scan(files, start_number)
         if scan.last_index < 0 and self._begin is not None:  # empty at the recorded begin (a reset)
             scan.last_index, scan.last_term = self._begin[0] - 1, self._begin[1]
-        if scan.damaged and not self.config.recovery_accept_lost_entries:
-            raise StoreError(self._refusal(scan, "a whole entry follows with a lower term: the log is damaged in the "
-                                                 "middle (an entry's term is under no CRC), not torn at its tail; ending it "
-                                                 "here would drop what follows and keep a damaged entry",
-                                           "recovery_accept_lost_entries"))  # fmt: skip
+        accept, repair = self.config.recovery_accept_lost_entries, self.config.recovery_repair_from_peers
+        damage = self._damage_found(scan, checkpoint_flushed)
+        if damage is not None and not accept and not repair:
+            raise StoreError(self._refusal(scan, damage[0], damage[1]))
         lost = max(0, checkpoint_flushed - scan.last_index)
-        if lost and not self.config.recovery_accept_lost_entries:
-            raise StoreError(self._refusal(scan, f"the checkpoint says entries up to {checkpoint_flushed} were "
-                                                 f"flushed; {lost} of them are gone", "recovery_accept_lost_entries"))
-        deleted = self._cut_data_after_scan(scan)
+        if damage is not None:
+            if not accept:
+                self._save_catch_up_mark(scan, committed_hint, checkpoint_flushed)
+            if scan.damaged:  # the last entry kept has the damaged term: it goes too
+                self._drop_last_scanned(scan)
+            end = self.data_file_list.max_offset if self.data_file_list.mapped_files else scan.end_offset
+            self.damaged.append(DamagedRange(scan.stop_path or self.data_file_list.directory, scan.end_offset,
+                                             max(end, scan.end_offset), f"{scan.reason}: {damage[0]}",
+                                             scan.last_index + 1))  # fmt: skip
+        if accept and self._hard_state.catch_up_index >= 0:  # the operator accepts the loss: no mark
+            saved = self._hard_state
+            self.save_hard_state(HardState(saved.term, saved.voted_for, saved.committed_index))
+        deleted = self._cut_data_after_scan(scan, cut_segments_max=None if damage is not None else
+                                            self.config.recovery_cut_segments_max)  # fmt: skip
         self._cut_index_after_scan(scan)
         # What the scan read may have been only in the page cache (the process was killed, the
         # machine was not): sync it before calling it flushed.
@@ -1024,8 +1100,99 @@ class DLedgerMmapFileStore:
 
     def _refusal(self, scan: DataScan, why: str, setting: str) -> str:
         where = scan.stop_path or self.data_file_list.directory
-        return (f"recovery refuses to end the log at offset {scan.end_offset} ({where}: {scan.reason}): {why}. "
-                f"Inspect the files; set {setting} to accept the loss.")  # fmt: skip
+        value = "true" if setting == "recovery_accept_lost_entries" else "N"
+        return (f"recovery refuses to end the log at offset {scan.end_offset} ({where}: {scan.reason}; the log "
+                f"would end at entry {scan.last_index}): {why}. Inspect the files; set {setting}={value} (hasvc node "
+                "--set) to accept the loss.")  # fmt: skip
+
+    def _damage_found(self, scan: DataScan, checkpoint_flushed: int) -> tuple[str, str] | None:
+        """Why ending the log where the scan stopped is damage, not a torn tail, and the setting
+        that would accept it (None: a torn tail, or no cut at all)."""
+        if scan.damaged:
+            return ("a whole entry follows with a lower term: the log is damaged in the middle (an entry's term "
+                    "is under no CRC), not torn at its tail; ending it here would drop what follows and keep a "
+                    "damaged entry", "recovery_accept_lost_entries")  # fmt: skip
+        lost = checkpoint_flushed - scan.last_index
+        if lost > 0:
+            return (f"the checkpoint says entries up to {checkpoint_flushed} were flushed; {lost} of them are gone",
+                    "recovery_accept_lost_entries")  # fmt: skip
+        later = [f for f in self.data_file_list.mapped_files if f.file_from_offset > scan.end_offset]
+        holding_data = sum(1 for f in later if any(f.view()[: codec.MIN_BLANK_SIZE]))
+        if holding_data > self.config.recovery_cut_segments_max:
+            return (f"that would delete {holding_data} later data files holding data, more than "
+                    f"recovery_cut_segments_max={self.config.recovery_cut_segments_max}", "recovery_cut_segments_max")
+        return None
+
+    def _save_catch_up_mark(self, scan: DataScan, committed_hint: int, checkpoint_flushed: int) -> None:
+        """Before the cut: save the catch-up mark, the end the log had, as far as the index files,
+        the checkpoint and the commit hint tell (its term from the index unit, else the saved
+        term, an upper bound); an older mark stays if it is higher."""
+        former_index, former_term = self._former_end(scan.last_index + 1)
+        hard_term = self._hard_state.term
+        candidates = [(former_term, former_index)]
+        for index in (committed_hint, checkpoint_flushed, scan.last_index):
+            if index > former_index:
+                candidates.append((hard_term, index))
+        mark_term, mark_index = max(candidates)
+        saved = self._hard_state
+        if (saved.catch_up_term, saved.catch_up_index) > (mark_term, mark_index):
+            mark_term, mark_index = saved.catch_up_term, saved.catch_up_index
+        if mark_index > scan.last_index or saved.catch_up_index >= 0:
+            self.save_hard_state(HardState(saved.term, saved.voted_for, saved.committed_index, mark_term, mark_index))
+
+    def _drop_last_scanned(self, scan: DataScan) -> None:
+        """End the scan before its last entry (whose term field is damaged: a whole entry with a
+        lower term follows it), where its index unit, written with it, says it lies."""
+        last = scan.last_index
+        unit = self._index_unit_or_none(last)
+        if unit is None or scan.count == 0:
+            raise StoreError(self._refusal(scan, f"entry {last} has a damaged term and no index unit to cut it by",
+                                           "recovery_accept_lost_entries"))  # fmt: skip
+        scan.end_offset, scan.last_index, scan.count = unit.pos, last - 1, scan.count - 1
+        if scan.count == 0:
+            scan.last_term = self._begin[1] if self._begin is not None and self._begin[0] == last else -1
+            scan.first_index = -1
+        else:
+            previous = self._index_unit_or_none(last - 1)
+            if previous is None:
+                raise StoreError(self._refusal(scan, f"entry {last - 1} has no index unit", "recovery_accept_lost_entries"))
+            scan.last_term = previous.term
+        mapped_file = self.data_file_list.find_mapped_file_by_offset(unit.pos)
+        scan.stop_path = mapped_file.path if mapped_file is not None else scan.stop_path
+        scan.reason = f"entry {last}: term damaged ({scan.reason})"
+        if scan.index_mismatch_from is not None and scan.index_mismatch_from > scan.last_index:
+            scan.index_mismatch_from, scan.index_mismatch_offset = None, -1
+
+    def _index_unit_or_none(self, index: int) -> codec.IndexUnit | None:
+        offset = index * codec.INDEX_UNIT_SIZE
+        mapped_file = self.index_file_list.find_mapped_file_by_offset(offset) if index >= 0 else None
+        if mapped_file is None:
+            return None
+        try:
+            unit = codec.decode_index_unit(mapped_file.view(), offset - mapped_file.file_from_offset)
+        except codec.EntryFormatError:
+            return None
+        return unit if unit.index == index else None
+
+    def _former_end(self, first_lost: int) -> tuple[int, int]:
+        """(index, term) of the last index unit that follows on from ``first_lost`` (units
+        index, index + 1, ... in order): where the log ended before the damage; (-1, -1): none."""
+        queue = self.index_file_list
+        found = (-1, -1)
+        index = max(first_lost, 0)
+        while True:
+            offset = index * codec.INDEX_UNIT_SIZE
+            mapped_file = queue.find_mapped_file_by_offset(offset)
+            if mapped_file is None:
+                return found
+            try:
+                unit = codec.decode_index_unit(mapped_file.view(), offset - mapped_file.file_from_offset)
+            except codec.EntryFormatError:
+                return found
+            if unit.index != index or unit.term < found[1]:
+                return found
+            found = (index, unit.term)
+            index += 1
 
     def _recovery_start(self, files: list[MappedFile]) -> int:
         """From file max(0, n - 3) back: the first whose first entry is whole, at the file's
@@ -1053,15 +1220,20 @@ class DLedgerMmapFileStore:
 
     def _scan(self, files: list[MappedFile], start: int) -> DataScan:
         data_files = [DataFile(f.path, f.file_from_offset, f.view()) for f in files[start:]]
-        return scan_data_files(data_files, file_size=self.config.data_file_size, unit_matches=self._unit_matches)
+        first_index = None  # the log's first file: its first entry has the recorded begin's index, else 0
+        if start == 0 and files[0].file_from_offset == self._data_start_offset:
+            first_index = self._begin[0] if self._begin is not None else 0
+        return scan_data_files(data_files, file_size=self.config.data_file_size, unit_matches=self._unit_matches,
+                               first_index=first_index)  # fmt: skip
 
-    def _cut_data_after_scan(self, scan: DataScan) -> tuple[str, ...]:
+    def _cut_data_after_scan(self, scan: DataScan, *, cut_segments_max: int | None) -> tuple[str, ...]:
         """Cut the data files where the scan stopped (zeroing the rest of that file: bytes of a
-        torn tail must not be read back after the next crash); refuse when that deletes too much."""
+        torn tail must not be read back after the next crash); refuse when that deletes more
+        than ``cut_segments_max`` files holding data (None: damage being repaired, no limit)."""
         queue = self.data_file_list
         later = [f for f in queue.mapped_files if f.file_from_offset > scan.end_offset]
         holding_data = [f for f in later if any(f.view()[: codec.MIN_BLANK_SIZE])]
-        if len(holding_data) > self.config.recovery_cut_segments_max:
+        if cut_segments_max is not None and len(holding_data) > cut_segments_max:
             raise StoreError(self._refusal(scan, f"that would delete {len(holding_data)} later data files holding data, "
                                                  f"more than recovery_cut_segments_max="
                                                  f"{self.config.recovery_cut_segments_max}",

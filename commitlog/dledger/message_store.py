@@ -73,12 +73,15 @@ from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
 from commitlog.commit_log import CommitLog, ReadError, now_ms
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import ConsumeQueueStore
+from commitlog.damage import DamagedRange
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig
 from commitlog.dledger.upgrade import DividedLog, LogPart, dledger_directory, open_after_classic
-from commitlog.mapped_file import StoreError, fsync_directory
+from commitlog.mapped_file import DiskFullError, StoreError, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
+from commitlog import read_check
 from commitlog.store import (
+    DiskWatch,
     _STOP_BLANK,
     _STOP_LIMIT,
     _STOP_MALFORMED,
@@ -95,6 +98,7 @@ from commitlog.store import (
 
 BODY_OFFSET = codec.BODY_OFFSET  # PHYSICALOFFSET = entry pos + 48 (DLedgerCommitLog's BODY_OFFSET)
 _PHYSICAL_OFFSET = struct.Struct(">q")  # a record's PHYSICALOFFSET field (rec.PHYSICAL_OFFSET_POSITION)
+_SIZE_WORD = struct.Struct(">i")  # a record's TOTALSIZE
 DISCARDED_SUFFIX = ".discarded"  # consume queues a reset renamed away, deleted after (and at the next open)
 
 
@@ -174,13 +178,14 @@ class DLedgerMessageStore:
         self.queues_rebuilt: tuple[tuple[str, int], ...] = ()  # (topic, queue id) recovery found cut by damage
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
+        self.damaged: list[DamagedRange] = []  # damage found (by recovery, by reads): STATUS ``damaged``
         self._queue_table: dict[tuple[str, int], int] = {}
         self._pending: list[tuple[int, int, int]] = []  # (index, pos, entry size) accepted, not yet appended
         self._last_store_timestamp = 0
         self._lock: StoreLock | None = None
-        self._disk_checked_at = float("-inf")
-        self._disk_used_ratio = 0.0
-        self._disk_check_interval_seconds = self.config.disk_check_interval_seconds
+        self.disk = DiskWatch(path, ratio_max=self.config.disk_max_used_space_ratio,
+                              interval_seconds=self.config.disk_check_interval_seconds)  # fmt: skip
+        self.dispatch_blocked: str | None = None  # no room for a consume-queue file: dispatch runs again later
         self._opened = False
 
     # -- lifetime -------------------------------------------------------------------------
@@ -202,6 +207,7 @@ class DLedgerMessageStore:
     def _open(self, entry_options: dict[str, Any]) -> None:
         store_identity.check(self.path, self.opener)  # before anything is created or written
         os.makedirs(self.path, exist_ok=True)
+        self._check_disk_size()
         directory = dledger_directory(self.path, self.self_id)
         classic_directory = os.path.join(self.path, "commitlog")
         has_classic = bool(MappedFileQueue.segment_files(classic_directory))
@@ -228,6 +234,18 @@ class DLedgerMessageStore:
             self._release(clean=False)
             raise
         self._opened = True
+
+    def _check_disk_size(self) -> None:
+        """StoreError, before anything is written, when the disk could never hold one data file
+        and one index file (preallocated whole): the first append would fail, every term."""
+        stat = os.statvfs(self.path)
+        capacity = (stat.f_blocks - stat.f_bfree + stat.f_bavail) * stat.f_frsize  # used + available to us
+        needed = self.dledger_config.data_file_size + self.dledger_config.index_file_size
+        if capacity < needed:
+            raise StoreError(f"{self.path}: the disk holds {capacity} bytes, less than one data file "
+                             f"({self.dledger_config.data_file_size} bytes, commitlog_segment_size) and one index file "
+                             f"({self.dledger_config.index_file_size} bytes) need: use a larger disk or smaller "
+                             f"segments")  # fmt: skip
 
     def _open_classic(self, classic_directory: str, directory: str, entry_options: dict[str, Any]) -> None:
         self.classic = CommitLog(classic_directory, segment_size=self.config.commitlog_segment_size,
@@ -531,7 +549,12 @@ class DLedgerMessageStore:
             first = self.dispatched_index + 1
             last = min(entries.committed_index, first + DISPATCH_ENTRIES_MAX - 1)
             fitting, _, pos, end = entries.run_extent(first, last + 1, size_max=budget)  # the walk keeps to the budget
-            walked, size = self._dispatch_run(first, first + fitting - 1, pos, end)
+            try:
+                walked, size = self._dispatch_run(first, first + fitting - 1, pos, end)
+            except DiskFullError as error:  # a consume queue's next file: again later (put_run skips what it has)
+                self.dispatch_blocked = str(error)
+                break
+            self.dispatch_blocked = None
             count += walked
             budget -= size
             if self.dispatch_error is not None:
@@ -667,7 +690,7 @@ class DLedgerMessageStore:
             count += 1
         return queue.delete_first_files(count)
 
-    # MessageStore's disk check (every disk_check_interval_ms), on the same attributes.
+    # MessageStore's disk check (DiskWatch), on the same attribute.
     disk_full = MessageStore.disk_full
 
     # -- offsets ----------------------------------------------------------------------------
@@ -734,8 +757,56 @@ class DLedgerMessageStore:
         return record
 
     def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
-        """The committed message whose commit-log offset is ``offset``; ReadError otherwise."""
-        return self._record_at(offset, crc_function=self.crc_function if check_crc else None)
+        """The committed message whose commit-log offset is ``offset``; ReadError otherwise (with
+        ``check_crc``, ``DamagedRecordError`` for a body that fails its CRC, added to ``damaged``)."""
+        if check_crc:  # the record's own checks first (the entry's CRC, below, names no record)
+            head = self.read(offset, _SIZE_WORD.size)
+            size = _SIZE_WORD.unpack(head)[0] if len(head) == _SIZE_WORD.size else 0
+            checked = read_check.noted(read_check.read_records(self._segment_of, [(offset, max(size, 8))],
+                                                               crc_function=self.crc_function), self.damaged)  # fmt: skip
+            if checked.damage is not None:
+                raise read_check.DamagedRecordError(checked.damage)
+        return self._record_at(offset)
+
+    def read_records(self, spans: Sequence[tuple], *, copy: bool = False) -> read_check.CheckedRead:
+        """MessageStore.read_records: one walk per record here (entry headers lie between them)."""
+        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read,
+                                          copy=copy)  # fmt: skip
+        return read_check.noted(checked, self.damaged)
+
+    def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:
+        """MessageStore.read_checked: in the DLedger part each entry's record is walked alone."""
+        if not self.config.check_crc_on_read:
+            return read_check.CheckedRead([self.read(offset, size_max)])
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            mapped_file = self.classic.transfer_span(offset, 0)[0]
+            segment_end, header = mapped_file.file_from_offset + mapped_file.file_size, 0
+        else:
+            self.read(offset, 0)  # ReadError outside the committed log, as read
+            mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
+            segment_end = min(mapped_file.file_from_offset + mapped_file.file_size, self.committed_end_offset())
+            header = BODY_OFFSET
+        checked = read_check.read_range(self.read, self._file_path, offset, size_max, crc_function=self.crc_function,
+                                        segment_end=segment_end, entry_header_size=header)  # fmt: skip
+        return read_check.noted(checked, self.damaged)
+
+    def _segment_of(self, offset: int) -> read_check.Segment:
+        """The readable bytes of the file holding ``offset``: a classic segment's, or a data file's
+        up to the committed end."""
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            mapped_file = self.classic.transfer_span(offset, 0)[0]
+            return mapped_file.view()[: mapped_file.read_position], mapped_file.file_from_offset, mapped_file.path
+        start, end = self._dledger_start(), self.committed_end_offset()
+        if not start <= offset < end:
+            raise ReadError(f"offset {offset} outside the committed DLedger log [{start}, {end})")
+        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
+        limit = min(mapped_file.wrote_position, end - mapped_file.file_from_offset)
+        return mapped_file.view()[:limit], mapped_file.file_from_offset, mapped_file.path
+
+    def _file_path(self, offset: int) -> str:
+        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
+            return self.classic.mapped_file_queue.find_mapped_file_by_offset(offset).path
+        return self.entries.data_file_list.find_mapped_file_by_offset(offset).path
 
     def read(self, offset: int, size_max: int) -> memoryview:
         """Zero-copy bytes from ``offset``: up to ``size_max``, never past a file's end nor, in the
@@ -754,7 +825,13 @@ class DLedgerMessageStore:
         queue = self.consume_queues.find(topic, queue_id)
         if queue is None:
             return []
-        return [self.get_record(offset) for offset, _size, _tags in queue.read(queue_offset, count_max)]
+        units = queue.read(queue_offset, count_max)
+        if not self.config.check_crc_on_read:
+            return [self.get_record(offset) for offset, _size, _tags in units]
+        checked = self.read_records(units)
+        if checked.damage is not None and not checked.views:
+            raise read_check.DamagedRecordError(checked.damage)
+        return [rec.decode_record(view, crc_function=None) for view in checked.views]
 
     def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern) -> Iterator[tuple[re.Match, RecordPlace]]:
         """Matches of ``pattern`` ending exactly where a record ends (its properties), in the
@@ -778,6 +855,11 @@ class DLedgerMessageStore:
                 _, _, _, queue_id, queue_offset, sysflag, _, _ = rec.decode_dispatch(view, start, limit)
                 if not _transactional(sysflag):
                     yield match, RecordPlace(pos + BODY_OFFSET, size - BODY_OFFSET, queue_id, queue_offset)
+
+    @property
+    def damaged(self) -> list[DamagedRange]:
+        """Damage the entry store's recovery found and cut (repaired from the Raft leader, or accepted)."""
+        return self.entries.damaged if self.entries is not None else []
 
     def statistics(self) -> StoreStatistics:
         classic_segments = len(self.classic.mapped_file_queue.mapped_files) if self.classic is not None else 0

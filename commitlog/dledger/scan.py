@@ -38,6 +38,7 @@ class DataScan:
     # write makes that (a torn tail is zeros or a partial entry). The term is under no CRC in
     # DLedger's format, so a damaged byte there looks like this: damage in the middle of the log.
     damaged: bool = False
+    first_index_expected: int | None = None  # the index the first entry scanned must have (None: any)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +49,13 @@ class DataFile:
 
 
 def scan_data_files(files: Sequence[DataFile], *, file_size: int,
-                    unit_matches: Callable[[codec.EntryHeader], bool]) -> DataScan:  # fmt: skip
-    """Scan ``files`` (contiguous data files, non-empty) from the first one's start."""
+                    unit_matches: Callable[[codec.EntryHeader], bool],
+                    first_index: int | None = None) -> DataScan:  # fmt: skip
+    """Scan ``files`` (contiguous data files, non-empty) from the first one's start.
+    ``first_index``: the index the first entry must have (the log's first file: its index is
+    under no CRC, and nothing before it would tell a damaged one); None: any."""
     scan = DataScan(end_offset=files[0].file_from_offset)
+    scan.first_index_expected = first_index
     for data_file in files:
         scan.stop_path = data_file.path
         if not _scan_file(data_file, file_size, scan, unit_matches):
@@ -105,6 +110,8 @@ def _misplaced(header: codec.EntryHeader, scan: DataScan, offset: int) -> str | 
         return f"entry {header.index} says pos {header.pos}, lies at {offset}"
     if scan.last_index >= 0 and header.index != scan.last_index + 1:
         return f"entry index {header.index} does not follow {scan.last_index}"
+    if scan.last_index < 0 and scan.first_index_expected not in (None, header.index):
+        return f"entry index {header.index}, the log starts at {scan.first_index_expected}"
     if header.term < scan.last_term:
         return f"entry {header.index} has term {header.term}, below the previous {scan.last_term}"
     return None

@@ -18,6 +18,11 @@ the order of the lines):
     currterm     currTerm=<int64>          (MemberState.TERM_PERSIST_KEY_TERM)
                  voteLeader=<member id>    (TERM_PERSIST_KEY_VOTE_FOR; empty = voted for nobody)
                  committedIndex=<int64>    (hasvc only: the hard state's commit hint; DLedger ignores it)
+                 catchUpTerm=<int64>       (hasvc only, with the next: the catch-up mark. Recovery cut
+                 catchUpIndex=<int64>       entries this member may have acknowledged; its log ended at
+                                            (catchUpTerm, catchUpIndex) before. Until a leader caught it
+                                            up to there it votes as if its log still ended there and
+                                            stands for no election. Absent or -1: none)
 
 DLedger replaces them by writing ``<name>.tmp``, copying the old one to ``<name>.bak`` and
 renaming, with no fsync. hasvc writes ``<name>.tmp``, fsyncs it, renames it over ``<name>``
@@ -44,6 +49,8 @@ RESETTING_KEY = "resetting"  # hasvc only: 1 while a reset is under way
 TERM_FILE = "currterm"  # MemberState.TERM_PERSIST_FILE
 TERM_KEY = "currTerm"
 VOTE_FOR_KEY = "voteLeader"
+CATCH_UP_TERM_KEY = "catchUpTerm"  # hasvc only: the catch-up mark (see the module)
+CATCH_UP_INDEX_KEY = "catchUpIndex"
 # A properties file larger than this is not one of ours: a few keys and 64-bit numbers.
 PROPERTIES_FILE_SIZE_MAX = 64 * 1024
 

@@ -78,7 +78,7 @@ class Broker:
         self.put_service = PutService(config=self.config, store=store, role=self.role_state, replicator=self.replicator,
                                       producers=self.producers, after_appends=self.store_tasks.after_appends)  # fmt: skip
         self.client_port = ClientPort(config=self.config, store=store, puts=self.put_service, status=self.status,
-                                      promote=self.promote, demote=self.demote)  # fmt: skip
+                                      promote=self.promote, demote=self.demote, fence=self.fence)  # fmt: skip
 
     @property
     def role(self) -> BrokerRole:
@@ -123,6 +123,7 @@ class Broker:
                         port_statistics=self.port_statistics,
                     ))  # fmt: skip
                     self.put_service.metrics = self.metrics
+                    self.client_port.metrics = self.metrics
                 task_status.started(self.addresses())
                 LOGGER.info("ready: %s", json.dumps(self.addresses()))
         finally:
@@ -172,9 +173,10 @@ class Broker:
         with self._ha_client_scope:
             await client.run()
 
-    async def promote(self, role: BrokerRole) -> None:
+    async def promote(self, role: BrokerRole, *, fence_reason: str = "") -> None:
         """Slave -> master: stop replicating, cut a partial last record, open a new epoch at the
-        log's end and persist it before taking any write, then serve producers and slaves."""
+        log's end and persist it before taking any write, then serve producers and slaves. With
+        ``fence_reason`` it is fenced from its first moment as master (no write comes between)."""
         promotion, effects = self.role_state.begin_promotion(role, local_epoch=self.store.epochs.last_epoch)
         await self._carry_out(effects)
         async with self.store_tasks.maintenance, self.store_tasks.warming:
@@ -185,7 +187,10 @@ class Broker:
             await trio.to_thread.run_sync(self.store.resume_queue_offsets)
             self.store.open_epoch(promotion.epoch)
             await self._rebuild_producer_table()
-        await self._carry_out(self.role_state.finish_promotion(promotion))
+        effects = self.role_state.finish_promotion(promotion)
+        if fence_reason:
+            self.role_state.fence(fence_reason)
+        await self._carry_out(effects)
         LOGGER.warning("promoted to %s: epoch %d from offset %d", role.value, promotion.epoch, self.store.commit_log.max_offset)
 
     async def _carry_out(self, effects: list[role_effects.Effect]) -> None:
@@ -222,8 +227,9 @@ class Broker:
 
     def make_ha_service(self) -> HAService:
         """The HA service of this broker as a master (its store open)."""
+        client_address = format_address(self.listen_address) if self.listen_address is not None else ""
         return HAService(config=self.config, store=self.store, replicas=self.replicas, role=self.role_state,
-                         on_ack=self.replicator.on_report)  # fmt: skip
+                         on_ack=self.replicator.on_report, client_address=client_address)  # fmt: skip
 
     async def _start_ha_service(self, nursery: trio.Nursery, ssl_context) -> None:
         if ssl_context is not None and self.config.tls_ca is not None:
@@ -250,6 +256,20 @@ class Broker:
         histories' consistent point."""
         await self._carry_out(self.role_state.demote(master_ha))
         LOGGER.warning("demoted: now a slave of %s", format_address(master_ha))
+
+    async def fence(self, fence: bool, reason: str) -> None:
+        """FENCE: refuse writes from now on (SERVICE_NOT_AVAILABLE naming ``reason``) while the
+        slaves go on replicating and acknowledging what was written (``hasvc switchover`` waits
+        for them), or lift a fence set with the same reason. ValueError on a slave, or to lift
+        another fence (a newer epoch's is lifted only by demote or promote)."""
+        if self.role_state.is_slave:
+            raise ValueError("a slave takes no writes to fence")
+        if fence:
+            self.role_state.fence(reason)
+            LOGGER.warning("fenced: %s", reason)
+        else:
+            self.role_state.lift_fence(reason)
+            LOGGER.warning("fence lifted: %s", reason)
 
     def _server_ssl(self):
         if self.config.tls_cert is None:
@@ -296,12 +316,14 @@ class Broker:
         if role.is_slave:
             status["master_ha"] = format_address(role.master_ha)
             status["master_connected"] = role.master_connected
+            status["master_client_address"] = role.master_client_address  # from its MASTER_HELLO; null before
             if role.replication_refused:
                 status["replication_refused"] = role.replication_refused
         status["scrub"] = self.store_tasks.scrubber.statistics.to_json()
         status["damaged"] = [found.to_json() for found in store.damaged]
         if store.dispatch_error:
             status["dispatch_error"] = store.dispatch_error
+        status.update(store_condition(store))
         if role.fenced_by:
             status["fenced_by"] = role.fenced_by
         return status
@@ -314,6 +336,20 @@ class Broker:
         if service is not None:
             statistics.update(service.admission.statistics())
         return statistics
+
+
+def store_condition(store) -> dict:
+    """STATUS's one-line reasons a store takes no writes, or falls behind, when it does: a failed
+    sync (``write_failure``), a full disk (``disk_full``: what puts answer), a consume queue that
+    cannot grow (``dispatch_blocked``). Empty when all is well."""
+    condition = {}
+    if store.write_failure is not None:
+        condition["write_failure"] = store.write_failure
+    if store.disk.full:
+        condition["disk_full"] = store.disk.reason
+    if store.dispatch_blocked is not None:
+        condition["dispatch_blocked"] = store.dispatch_blocked
+    return condition
 
 
 def first_epoch() -> int:

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from commitlog.commit_log import ReadError
+from commitlog.read_check import CheckedRead, describe_for_reader
 from commitlog.store import MessageStore
 from hasvc import admission as port_admission
 from hasvc import transport
@@ -84,7 +85,8 @@ class ClientPort:
 
     def __init__(self, *, config: BrokerConfig, store: MessageStore, puts: PutService, status: Callable[[], dict],
                  promote: Callable[[BrokerRole], Awaitable[None]], demote: Callable[[Address], Awaitable[None]],
-                 transfer_leader: Callable[[str], Awaitable[tuple[str, str, dict]]] | None = None) -> None:  # fmt: skip
+                 transfer_leader: Callable[[str], Awaitable[tuple[str, str, dict]]] | None = None,
+                 fence: Callable[[bool, str], Awaitable[None]] | None = None) -> None:  # fmt: skip
         self.config = config
         self.store = store
         self.puts = puts
@@ -92,6 +94,8 @@ class ClientPort:
         self.promote = promote
         self.demote = demote
         self.transfer_leader = transfer_leader
+        self.fence = fence  # FENCE: a classic broker only
+        self.metrics = None  # BrokerMetrics when served: counts reads that met damage
         # SENDs read and not yet put, in the order read: (outbox, frame, request).
         self._sends: list[tuple[Outbox, cp.Frame, cp.SendRequest]] = []
         self._sends_ready = trio.Event()
@@ -291,9 +295,13 @@ class ClientPort:
             return
         try:
             if frame.kind == cp.PROMOTE:
-                if bytes(frame.payload) not in (b"\x00", b"\x01"):
-                    raise ValueError(f"PROMOTE payload must be one byte, 0 (ASYNC_MASTER) or 1 (SYNC_MASTER), not {bytes(frame.payload)[:8]!r}")
-                await self.promote(BrokerRole.SYNC_MASTER if frame.payload[:1] == b"\x01" else BrokerRole.ASYNC_MASTER)
+                sync, fence_reason = cp.decode_promote(bytes(frame.payload))
+                role = BrokerRole.SYNC_MASTER if sync else BrokerRole.ASYNC_MASTER
+                await (self.promote(role, fence_reason=fence_reason) if fence_reason else self.promote(role))
+            elif frame.kind == cp.FENCE:
+                if self.fence is None:
+                    raise ValueError("a DLedger member is not fenced by hand: hasvc transfer-leader moves its leadership")
+                await self.fence(*cp.decode_fence(frame.payload))
             else:
                 await self.demote(parse_address(cp.decode_demote(frame.payload)))
         except (ValueError, wire.ProtocolError) as error:
@@ -344,7 +352,6 @@ class ClientPort:
         queue = self.store.consume_queues.find(request.topic, request.queue_id)
         if queue is None:
             return cp.encode_pull_response(cp.PullResponse(cp.NOT_FOUND, f"no queue {request.topic}/{request.queue_id}", request.queue_offset, 0, []))
-        records = []
         next_offset = max(request.queue_offset, queue.min_offset_in_queue)
         total = 0
         units = queue.read(next_offset, min(request.count_max, PULL_COUNT_MAX))
@@ -352,18 +359,40 @@ class ClientPort:
         # messages below the log's minimum offset. They count as removed (RocketMQ's correctMinOffset).
         expired = sum(1 for offset, _size, _tags in units if offset < self.store.min_offset)
         next_offset += expired
-        for offset, size, _tags in units[expired:]:
+        end = expired
+        for _offset, size, _tags in units[expired:]:
             total += size
-            if records and total > PULL_BYTES_MAX:
+            if end > expired and total > PULL_BYTES_MAX:
                 break
-            records.append(bytes(self.store.read(offset, size)))
+            end += 1
+        checked = self._checked(self.store.read_records(units[expired:end], copy=True), "PULL")
+        records = checked.views  # bytes, copied as they were checked
+        if checked.damage is not None and not records:  # the next record is the damaged one
+            return cp.encode_pull_response(cp.PullResponse(cp.DAMAGED, describe_for_reader(checked.damage), next_offset,
+                                                           queue.max_offset_in_queue, []))  # fmt: skip
         next_offset += len(records)
         status = cp.OK if records or request.queue_offset <= queue.max_offset_in_queue else cp.OFFSET_ILLEGAL
         return cp.encode_pull_response(cp.PullResponse(status, "", next_offset, queue.max_offset_in_queue, records))
 
     def _read(self, offset: int, size_max: int) -> bytes:
         try:
-            data = bytes(self.store.read(offset, min(size_max, READ_SIZE_MAX)))
+            checked = self._checked(self.store.read_checked(offset, min(size_max, READ_SIZE_MAX)), "READ")
         except ReadError as error:
             return cp.encode_simple_response(cp.OFFSET_ILLEGAL, str(error), offset, b"")
+        data = bytes(checked.views[0])
+        if checked.damage is not None and not data:
+            return cp.encode_simple_response(cp.DAMAGED, describe_for_reader(checked.damage), offset, b"")
         return cp.encode_simple_response(cp.OK, "", offset, data)
+
+    def _checked(self, checked: CheckedRead, kind: str) -> CheckedRead:
+        """Report damage a read found: one ERROR line the first time (the store keeps it in
+        ``damaged``, STATUS shows it), and the count of reads that met it. The reader gets
+        what lies before the damage, or DAMAGED when the damage is where it asked to start."""
+        damage = checked.damage
+        if damage is not None:
+            if checked.new:
+                LOGGER.error("damaged record found by a %s: %s bytes [%d, %d): %s; not served (STATUS damaged lists it)",
+                             kind, damage.file, damage.from_offset, damage.to_offset, damage.reason)  # fmt: skip
+            if self.metrics is not None:
+                self.metrics.read_met_damage(kind)
+        return checked

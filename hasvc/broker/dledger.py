@@ -46,7 +46,13 @@ rebuilds the index units that do not match them, so the index files are synced a
 index unit not yet synced costs a longer recovery scan after a crash, never an entry). One sync runs at
 a time, in a worker thread started from the loop (``_start_sync``: by an append with
 ``--flush sync``, by the end of the previous sync, and every FLUSH_INTERVAL_SECONDS), its end
-handled by a callback. A truncate (a TRUNCATE push from the leader) and retention cut and delete
+handled by a callback. A full disk ends no task and no process: a leader answers puts DISK_FULL
+(the disk above ``disk_max_used_space_ratio``, or no room for the files the proposal's entries
+need: ``make_room`` before the core takes them), a follower drops an APPEND it has no room for
+(the leader sends it again), the warm-up and the checkpoint try again later; an append that
+still fails (the term-start no-op) is rolled back whole by the store and the core starts over as
+a follower from the stored log (``_append_failed``). A leader does not step down for a full disk
+(no member knows the others' room). A truncate (a TRUNCATE push from the leader) and retention cut and delete
 files, so they hold the files quiet (``files_quiet``): they wait for the sync in flight, and none
 starts until they are done. A reset (a RESET from the leader: this member needs entries the group
 deleted) deletes every entry and consume-queue file (``DLedgerMessageStore.reset_log``) before its
@@ -63,13 +69,16 @@ import functools
 import json
 import logging
 import math
+import os
 import random
 import time
 
 import trio
 
 from commitlog import record as rec
+from commitlog.dledger.entry_store import DLedgerStoreConfig
 from commitlog.dledger.message_store import DLedgerMessageStore
+from commitlog.mapped_file import DiskFullError, StoreError, is_disk_full
 from commitlog.store import AppendResult, disk_used_ratio
 from hasvc import admission as port_admission
 from hasvc import transport
@@ -132,6 +141,11 @@ TRANSFER_LEADER_WAIT_SECONDS = 10.0
 # keep_from_index of a forced clean (disk above disk_clean_ratio): no member's need holds it back;
 # the store's own limits (committed, flushed, dispatched, the file being written) still do.
 RETAIN_NOTHING_INDEX = 1 << 62
+# A full disk lasts: each kind of failure (no room for an APPEND, the warm-up, the checkpoint) is
+# logged at most once per this long, and the warm-up and a blocked dispatch try again after
+# DISK_FULL_RETRY_SECONDS (each warm-up try creates and removes a whole file).
+DISK_FULL_LOG_INTERVAL_SECONDS = 30.0
+DISK_FULL_RETRY_SECONDS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,6 +320,18 @@ class RaftDriver:
         self.client_address = ""  # this member's client port, sent in every HELLO (set before run)
         self.peer_client_addresses: dict[str, str] = {}  # what each peer's HELLO said
         self.peer_ssl_context = None  # TLS to the peers' Raft ports (--tls-cert; verified with --tls-ca), set before run
+        self.appends_dropped_disk_full = 0  # APPEND pushes dropped: no room for their files
+        self._disk_full_logged_at: dict[str, float] = {}  # kind -> when it was last logged
+        self._warm_failure: BaseException | None = None  # the warm-up's thread met a full disk
+        self._warm_retry_at = -math.inf
+
+    def _log_disk_full(self, kind: str, error: BaseException) -> None:
+        """One line per kind per DISK_FULL_LOG_INTERVAL_SECONDS."""
+        now = trio.current_time()
+        if now >= self._disk_full_logged_at.get(kind, -math.inf) + DISK_FULL_LOG_INTERVAL_SECONDS:
+            self._disk_full_logged_at[kind] = now
+            LOGGER.warning("raft: %s: the disk is full (said at most every %.0f s): %s", kind,
+                           DISK_FULL_LOG_INTERVAL_SECONDS, error)  # fmt: skip
 
     # -- carrying a Ready out ------------------------------------------------------------
 
@@ -324,11 +350,15 @@ class RaftDriver:
         if ready.truncate_after is not None:
             assert self._quiet_holds and not self._syncing, "truncate outside files_quiet"
             entries.truncate(after_index=ready.truncate_after)
-        if ready.entries:
-            entries.append(ready.entries)
-        if ready.runs:
-            for run in ready.runs:  # a leader's stored bytes, checked by the core's step (check_run)
-                entries.append_run(run)
+        try:
+            if ready.entries:
+                entries.append(ready.entries)
+            if ready.runs:
+                for run in ready.runs:  # a leader's stored bytes, checked by the core's step (check_run)
+                    entries.append_run(run)
+        except DiskFullError as error:  # nothing of the failed append written (make_room)
+            self._append_failed(error)
+            return
         appended = bool(ready.entries or ready.runs)
         for reason in ready.refused_runs:
             LOGGER.warning("raft: refused an APPEND (answered INCONSISTENT_STATE, the leader compares again): %s", reason)
@@ -347,6 +377,39 @@ class RaftDriver:
             self._wakeup.set()
         if appended and self.group.raft.flush_sync:
             self._sync_after_append()
+
+    def _append_failed(self, error: DiskFullError) -> None:
+        """The Ready's entries could not be stored (a full disk the driver did not see coming:
+        the leader's term-start no-op, a file boundary ``make_room`` did not cover): the core
+        believes it holds them, so it starts over from what the store holds, as after a
+        restart without losing anything (its hard state was saved first): a follower of its
+        term, which the broker sees as a role change (waiting puts fail). The Ready's messages
+        are dropped, which Raft survives. The process goes on."""
+        self._log_disk_full("append", error)
+        self.store.discard_plans()
+        old = self.node
+        self.node = RaftNode(self_id=old.self_id, members=old.members, log=self.store.entries, config=old.config,
+                             rng=random.Random(), now=trio.current_time())  # fmt: skip
+        if self._transfer_wait is not None:
+            self._transfer_wait.status, self._transfer_wait.reason = "TRANSFER_FAILED", f"no room to append: {error}"
+            self._transfer_wait.done.set()
+            self._transfer_wait = None
+        self.on_role()
+        self._wakeup.set()
+
+    def _room_refusal(self, plan) -> AppendResult | None:
+        """DISK_FULL for a leader's proposal while the disk is above the ratio or the files its
+        entries need cannot be made (``make_room``); None: propose."""
+        store = self.store
+        if store.disk_full():
+            return AppendResult(rec.PutMessageStatus.DISK_FULL, reason=store.disk.reason)
+        try:
+            store.entries.make_room(data_size=plan.positions[-1] + plan.entry_sizes[-1] - store.entries.data_end(),
+                                    count=plan.first_index + len(plan.bodies) - store.entries.last_index() - 1)  # fmt: skip
+        except DiskFullError as error:
+            store.disk.no_room(str(error))
+            return AppendResult(rec.PutMessageStatus.DISK_FULL, reason=str(error))
+        return None
 
     def _sync_after_append(self) -> None:
         """With flush_sync, after a drain appended entries and sent its messages (the pushes
@@ -494,6 +557,9 @@ class RaftDriver:
             plan = make_plan()
         except rec.MessageRejected as error:
             return AppendResult(error.status, reason=error.reason)
+        refusal = self._room_refusal(plan)
+        if refusal is not None:
+            return refusal
         result = self.node.propose(plan.bodies, trio.current_time())
         if not isinstance(result, Proposed):
             return AppendResult(rec.PutMessageStatus.SERVICE_NOT_AVAILABLE,
@@ -550,7 +616,8 @@ class RaftDriver:
             job, done = entries.sync_data_files, functools.partial(self._data_synced, entries.flush_target())
         elif entries.index_unsynced() and trio.current_time() >= self._index_synced_at + INDEX_FLUSH_INTERVAL_SECONDS:
             job, done = entries.sync_index_files, self._index_synced
-        elif self.node.role is Role.LEADER and self.store.commit_log.mapped_file_queue.needs_warming(self.store.config.warm_ahead_size):
+        elif (self.node.role is Role.LEADER and trio.current_time() >= self._warm_retry_at
+              and self.store.commit_log.mapped_file_queue.needs_warming(self.store.config.warm_ahead_size)):  # fmt: skip
             # The write area faulted in ahead of the appends, as a classic broker's warm-up task
             # does (StoreTasks.warm_task): without it every fourth 1 KiB entry's first write to a
             # page was a page fault on the loop (a sixth of a leader's main thread at 64
@@ -559,7 +626,7 @@ class RaftDriver:
             # follower stores pushes with pwrite (DLedgerMmapFileStore.append_run), for which
             # pages faulted in ahead were zeroed for nothing (its worker threads 1.0-2.3 ->
             # 0.7-1.1 us a message at 64 x 1, docs/design/put-path.md).
-            job, done = self.store.warm_commitlog, _nothing
+            job, done = self._warm, self._warmed
         else:
             return
         self._syncing = True
@@ -586,6 +653,22 @@ class RaftDriver:
         flushed = self.store.entries.flushed_to(target)
         self.node.persisted(flushed, trio.current_time())
         self.drain()
+
+    def _warm(self) -> None:
+        """The warm-up, in the worker thread: a full disk (the next file cannot be made) is
+        kept for ``_warmed`` to log, not raised (it would stop the member)."""
+        try:
+            self.store.warm_commitlog()
+        except (StoreError, OSError) as error:
+            if not is_disk_full(error):
+                raise
+            self._warm_failure = error
+
+    def _warmed(self) -> None:
+        if self._warm_failure is not None:
+            self._log_disk_full("warm-up", self._warm_failure)
+            self._warm_failure = None
+            self._warm_retry_at = trio.current_time() + DISK_FULL_RETRY_SECONDS
 
     def _index_synced(self) -> None:
         self._index_synced_at = trio.current_time()
@@ -625,7 +708,12 @@ class RaftDriver:
     async def _checkpointer(self) -> None:
         while True:
             await trio.sleep(CHECKPOINT_INTERVAL_SECONDS)
-            self.store.write_checkpoint()
+            try:
+                self.store.write_checkpoint()
+            except (StoreError, OSError) as error:  # the entries' checkpoint is written to a new file, renamed
+                if not is_disk_full(error):
+                    raise
+                self._log_disk_full("checkpoint", error)
 
     async def _sender(self, peer: str) -> None:
         """Keep a connection to ``peer`` and send it what the core addresses to it; while there
@@ -800,7 +888,10 @@ class RaftDriver:
         drains later, before it steps anything but another acknowledgement -- which changes no
         log, so the core may take several before one Ready). A message no member could send
         (the core's ValueError: an APPEND whose entries do not start at its index, a RESET in a
-        PUSH frame, ...) is a protocol error: that connection is closed, the member goes on."""
+        PUSH frame, ...) is a protocol error: that connection is closed, the member goes on. An
+        APPEND whose files this member has no room for is dropped (the leader sends it again)."""
+        if type(message) is Push and message.type is PushType.APPEND and not self._room_for(message):
+            return
         try:
             self.node.step(message, trio.current_time() if now is None else now)
         except ValueError as error:
@@ -808,6 +899,20 @@ class RaftDriver:
             raise wire.ProtocolError(f"{type(message).__name__} refused: {error}") from None
         if drain:
             self.drain()
+
+    def _room_for(self, push: Push) -> bool:
+        """Whether the files an APPEND's run needs exist or can be made (``make_room``; a run
+        lies in one data file, from the next entry's pos, or overlaps what we hold: then at
+        most its size past our end)."""
+        if push.index > self.store.entries.last_index() + 1:
+            return True  # not a run we could append (the core answers it)
+        try:
+            self.store.entries.make_room_for_run(push.entries)
+        except DiskFullError as error:
+            self.appends_dropped_disk_full += 1
+            self._log_disk_full(f"an APPEND from {push.source} dropped", error)
+            return False
+        return True
 
     def _peer_gone(self, source: str | None, scope: trio.CancelScope) -> None:
         """The connection from ``source`` ended by itself (not replaced by a newer one): tell the
@@ -894,9 +999,26 @@ class DLedgerBroker:
         # A member syncs each append with --flush sync (the Raft config's), whatever the store's own flush says.
         store_config = dataclasses.replace(self.config.store_config(),
                                            small_write_pages=self.config.small_write_pages_for(self.group.raft.flush_sync))  # fmt: skip
+        # Damage below what this member knew durable is cut and repaired from the leader, unless
+        # it has no other copy (a group of one) or the settings say to refuse or to accept the loss.
+        entry_config = DLedgerStoreConfig(data_file_size=store_config.commitlog_segment_size,
+                                          page_cache_keep_size=store_config.page_cache_keep_size,
+                                          small_write_pages=store_config.small_write_pages,
+                                          recovery_cut_segments_max=self.config.recovery_cut_segments_max,
+                                          recovery_accept_lost_entries=self.config.recovery_accept_lost_entries,
+                                          recovery_repair_from_peers=self.config.recovery_repair_from_peers
+                                          and len(self.group.peers) > 1)  # fmt: skip
         self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
             self.config.store, store_config, self_id=self.group.self_id, group=self.group.group,
-            upgrade_classic=self.group.upgrade_classic, entry_class=Entry, hard_state_class=HardState))  # fmt: skip
+            upgrade_classic=self.group.upgrade_classic, dledger=entry_config, entry_class=Entry, hard_state_class=HardState))  # fmt: skip
+        for damage in self.store.damaged:
+            LOGGER.error("store %s: damaged entries cut, to be repaired from the leader: %s", self.config.store,
+                         damage.describe())  # fmt: skip
+        mark = self.store.entries.load_hard_state()
+        if mark.catch_up_index >= 0:
+            LOGGER.warning("store %s: entries up to %d (term %d) were lost here: this member neither votes as itself "
+                           "nor stands for election until the leader has caught it up to there", self.config.store,
+                           mark.catch_up_index, mark.catch_up_term)  # fmt: skip
         LOGGER.info("store %s: entries %d..%d, committed %d, dispatched %d", self.config.store,
                     self.store.entries.first_index(), self.store.entries.last_index(), self.store.entries.committed_index,
                     self.store.dispatched_index)  # fmt: skip
@@ -1002,8 +1124,9 @@ class DLedgerBroker:
         return format_address(self.listen_address) if self.listen_address is not None else None
 
     def addresses(self) -> dict:
-        return {"listen": format_address(self.listen_address), "raft_listen": format_address(self.raft_address),
-                "group": self.group.group, "self_id": self.group.self_id}  # fmt: skip
+        return {"role": self.role_state.role.name, "listen": format_address(self.listen_address),
+                "raft_listen": format_address(self.raft_address), "group": self.group.group,
+                "self_id": self.group.self_id, "pid": os.getpid(), "store": self.config.store}  # fmt: skip
 
     # -- commit, dispatch, role ----------------------------------------------------------
 
@@ -1021,7 +1144,8 @@ class DLedgerBroker:
 
     async def _dispatcher(self) -> None:
         while True:
-            await self._dispatch_wakeup.wait()
+            with trio.move_on_after(DISK_FULL_RETRY_SECONDS if self.store.dispatch_blocked else math.inf):
+                await self._dispatch_wakeup.wait()
             self._dispatch_wakeup = trio.Event()
             while self.store.dispatch():
                 await trio.lowlevel.checkpoint()
@@ -1106,17 +1230,25 @@ class DLedgerBroker:
             "min_offset": stats.min_offset, "max_offset": stats.max_offset, "committed_offset": stats.committed_offset,
             "dispatched_offset": stats.dispatched_offset, "flushed_offset": stats.flushed_offset,
             "listen": format_address(self.listen_address), "raft_listen": format_address(self.raft_address),
+            "pid": os.getpid(), "store": self.config.store,
             "uptime_seconds": round(time.time() - self.started_at, 3),
             "duplicate_sends": self.put_service.duplicate_sends,
             "raft_messages_dropped": self.driver.dropped_messages,
             "raft_connections_refused": self.driver.refused_connections,
             **self.driver.admission.statistics(), **self.client_port.admission.statistics(),
             **self.client_port.answer_budget.statistics(),
+            "appends_dropped_disk_full": self.driver.appends_dropped_disk_full,
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
+            "catch_up_index": raft.catch_up_index,
+            "damaged": [damage.to_json() for damage in self.store.damaged],
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
                              "behind_log_start": p.behind_log_start,
                              "last_contact_seconds": None if p.last_contact_seconds == float("inf") else round(p.last_contact_seconds, 3),
                              "connected": self.driver.connected.get(peer, False)}
                       for peer, p in raft.peers.items()},
         }  # fmt: skip
+        if self.store.disk.full:
+            status["disk_full"] = self.store.disk.reason
+        if self.store.dispatch_blocked is not None:
+            status["dispatch_blocked"] = self.store.dispatch_blocked
         return status

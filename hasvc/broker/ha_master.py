@@ -28,6 +28,7 @@ handshake with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -75,8 +76,9 @@ class HAService:
     it) and ``on_ack``, called after every report (it releases the puts the report covers)."""
 
     def __init__(self, *, config: BrokerConfig, store: MessageStore, replicas: ReplicaSet, role: RoleState,
-                 on_ack: Callable[[], None]) -> None:  # fmt: skip
+                 on_ack: Callable[[], None], client_address: str = "") -> None:  # fmt: skip
         self.config = config
+        self.client_address = client_address  # told to slaves in MASTER_HELLO (where a refused SEND should go)
         self.store = store
         self.replicas = replicas
         self.role = role
@@ -146,7 +148,8 @@ class HAService:
             if self.role.fence(admission.fence_reason):
                 LOGGER.warning("fenced, refusing writes: %s", admission.fence_reason)
         reason = admission.refusal
-        await connection.send_all(ha.encode_master_hello(admission.master_hello(view)))
+        answer = dataclasses.replace(admission.master_hello(view), client_address=self.client_address)
+        await connection.send_all(ha.encode_master_hello(answer))
         if reason:
             LOGGER.warning("refused slave %s from %s: %s", hello.slave_id, connection.peer, reason)
             return None

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from commitlog.commit_log import ReplicationOffsetError
+from commitlog.mapped_file import DiskFullError, SyncFailedError
 from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.config import Address, BrokerConfig, format_address
@@ -46,9 +47,12 @@ SPLICE_FRAME_MIN = 64 * 1024
 # 1 MiB frames keep splicing all but ~nothing).
 HEAD_AHEAD_SIZE = SPLICE_FRAME_MIN
 # What ends one replication session (then: back off and reconnect); anything else is our bug.
+# A full disk (no next segment) or a failed sync ends the session too: the slave reports nothing
+# more, says why once, and tries again with backoff (space may free; a failed sync keeps failing
+# until a restart, so the slave never acknowledges what it may have lost).
 SESSION_ERRORS = (
     transport.AuthenticationError, OSError, EOFError, wire.ProtocolError, ReplicationOffsetError,
-    trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError,
+    trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, DiskFullError, SyncFailedError,
 )  # fmt: skip
 
 
@@ -119,6 +123,7 @@ class HAClient:
             await connection.send_all(ha.encode_slave_hello(hello))
             master = await self._read_master_hello(connection)
             await self._reconcile(master)
+            role.master_client_address = master.client_address or role.master_client_address
             splice = transport.SPLICE_AVAILABLE and connection.raw_fileno >= 0
             self._state("connected", f"master {format_address(role.master_ha)}, its log [{master.min_offset}, {master.max_offset}), "
                                      f"ours ends at {store.commit_log.max_offset}; frames of {SPLICE_FRAME_MIN} bytes or more "
@@ -235,6 +240,8 @@ class HAClient:
                 raise wire.ProtocolError(refusal)
             if header.size == 0:
                 continue  # heartbeat; our heartbeat task reports
+            if store.write_failure is not None:  # a sync failed: acknowledge nothing more (see SESSION_ERRORS)
+                raise SyncFailedError(store.write_failure)
             room = 0 if last is None else last.file_size - last.wrote_position
             if room == 0:  # a new segment: fallocate and a directory fsync, off the loop
                 room = await trio.to_thread.run_sync(store.commit_log.prepare_replication, header.offset)

@@ -38,7 +38,12 @@ class BrokerMetrics:
         self.appended_messages = Counter("hasvc_appended_messages", "Messages appended to the commit log", registry=registry)
         self.put_latency = Histogram("hasvc_put_latency_seconds", "Put latency after the append, by final status",
                                      ["status"], buckets=LATENCY_BUCKETS, registry=registry)  # fmt: skip
+        self.damaged_reads = Counter("hasvc_damaged_reads", "PULL and READ requests that met a damaged record (not served)",
+                                     ["kind"], registry=registry)  # fmt: skip
         registry.register(self)
+
+    def read_met_damage(self, kind: str) -> None:
+        self.damaged_reads.labels(kind).inc()
 
     def appended(self, result) -> None:
         self.appended_bytes.inc(result.wrote_bytes)
@@ -63,6 +68,7 @@ class BrokerMetrics:
             ("hasvc_dispatched_offset", store.reput_from_offset, "Commit log offset indexed in consume queues"),
             ("hasvc_slave_connections", len(replicas.slaves), "Connected slaves"),
             ("hasvc_master_connected", int(self.role.master_connected), "Slave: connected to its master"),
+            ("hasvc_damaged_ranges", len(store.damaged), "Damaged ranges the store has found (STATUS damaged)"),
         ):
             yield GaugeMetricFamily(name, text, value=value)
         for name, value in self.port_statistics().items():

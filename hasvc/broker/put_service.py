@@ -541,6 +541,12 @@ class PutService:
         if len(self._flush_waiters):
             self._flush_requested.set()
 
+    def fail_flush_waits(self) -> None:
+        """End every flush wait as not flushed (the log's sync failed: ``StoreTasks``); those
+        puts are answered FLUSH_DISK_TIMEOUT, never PUT_OK."""
+        for wait in self._flush_waiters.drain():
+            wait.finish(False)
+
     def fail_ack_waits(self) -> None:
         """End every ack wait as not replicated (a master demoted)."""
         for wait in self._ack_waiters.drain():

@@ -20,6 +20,14 @@ runs beside flushes but never beside a truncation (which holds both).
   (``commitlog.scrub``), under ``maintenance`` (never beside retention or a truncation); a
   consume queue unit that no longer matches its record is rewritten from it; damage in the log
   is logged at ERROR with its place and listed in STATUS (``damaged``), never cut.
+
+No step ends the process on the disk's account (``_run_step``): a full disk (ENOSPC, a segment
+or consume-queue file that cannot be created) is logged at most once per
+DISK_FULL_LOG_INTERVAL_SECONDS a step, and the step runs again later (the warm-up after
+DISK_FULL_RETRY_SECONDS); the puts meanwhile answer DISK_FULL (``MessageStore.disk_full``). A
+sync that fails, or any other I/O error of a step, fails the store's writes
+(``MessageStore.fail_writes``: puts answer SERVICE_NOT_AVAILABLE, the group commit's waiters
+FLUSH_DISK_TIMEOUT, nothing is flushed again), logged once with the reason STATUS shows.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Protocol
 import trio
 
 from commitlog.scrub import Scrubber
+from commitlog.mapped_file import StoreError, SyncFailedError, is_disk_full
 from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.config import BrokerRole
@@ -51,6 +60,13 @@ WARM_IDLE_SECONDS = 1.0
 # store would otherwise be re-read many times a second, however slow the rate).
 SCRUB_PASS_PAUSE_SECONDS = 10.0
 SCRUB_STEP_PAUSE_MIN_SECONDS = 0.001  # between two steps at least (a step that found nothing to walk)
+# A full disk lasts: each step says so at most once per this long (one line, not one per try).
+DISK_FULL_LOG_INTERVAL_SECONDS = 30.0
+# The warm-up, having met a full disk, tries its spare segment again after this long rather than
+# at its own pace (every WARM_INTERVAL_SECONDS while writes go on): each try creates, fails to
+# preallocate and removes a whole segment file.
+DISK_FULL_RETRY_SECONDS = 1.0
+FAILED = object()  # what ``_run_step`` returns for a step that failed on the disk's account
 
 
 class FlushWaits(Protocol):
@@ -59,6 +75,8 @@ class FlushWaits(Protocol):
     async def wait_flush_requested(self) -> None: ...
 
     def flushed(self, offset: int) -> None: ...
+
+    def fail_flush_waits(self) -> None: ...
 
 
 class StoreTasks:
@@ -77,6 +95,8 @@ class StoreTasks:
         # in itself: the kernel's page zeroing was 9 % of a busy master's main thread.
         self.warming = trio.Lock()
         self.scrubber = Scrubber(store, crc_function=store.crc_function)
+        self._disk_full_logged_at: dict[str, float] = {}  # step -> when it last said the disk is full
+        self._write_failure_logged = False
 
     def start(self, nursery: trio.Nursery, flushes: FlushWaits) -> None:
         for task in (self.dispatch_task, self.warm_task, self.housekeeping_task, self.scrub_task):
@@ -109,12 +129,37 @@ class StoreTasks:
         if store.commit_log.mapped_file_queue.needs_warming(ahead):
             self._warm_wanted.set()
 
+    async def _run_step(self, name: str, function, *args):
+        """``function(*args)`` in a worker thread; FAILED when it failed on the disk's account (see
+        the module): a full disk logged (rate-limited), another I/O error failing the store's writes."""
+        try:
+            return await trio.to_thread.run_sync(function, *args)
+        except (StoreError, OSError) as error:
+            if is_disk_full(error):
+                now = trio.current_time()
+                if now >= self._disk_full_logged_at.get(name, -DISK_FULL_LOG_INTERVAL_SECONDS) + DISK_FULL_LOG_INTERVAL_SECONDS:
+                    self._disk_full_logged_at[name] = now
+                    LOGGER.warning("%s: the disk is full, tried again later (said at most every %.0f s): %s", name,
+                                   DISK_FULL_LOG_INTERVAL_SECONDS, error)  # fmt: skip
+                return FAILED
+            if not isinstance(error, (SyncFailedError, OSError)):
+                raise
+            self.store.fail_writes(f"{name} failed, no more writes until a restart: {error}")  # unless failed already
+            if not self._write_failure_logged:
+                self._write_failure_logged = True
+                LOGGER.error("%s", self.store.write_failure)
+            return FAILED
+
     async def group_commit_task(self, flushes: FlushWaits) -> None:
-        """SYNC_FLUSH: one fdatasync for everything appended so far, then release its waiters."""
+        """SYNC_FLUSH: one fdatasync for everything appended so far, then release its waiters;
+        a failed sync fails them (and every later wait: the store never syncs again)."""
         while True:
             await flushes.wait_flush_requested()
             async with self.maintenance:
-                flushed = await trio.to_thread.run_sync(self.store.flush_commitlog, 0)
+                flushed = await self._run_step("flush", self.store.flush_commitlog, 0)
+            if flushed is FAILED:
+                flushes.fail_flush_waits()
+                continue
             flushes.flushed(flushed)
             self.new_data.notify()  # under SYNC_FLUSH dispatch follows the flushed offset
         raise AssertionError("unreachable")
@@ -129,7 +174,7 @@ class StoreTasks:
                 least_pages = 0
                 thorough_at = trio.current_time() + store_config.flush_commitlog_thorough_interval_seconds
             async with self.maintenance:
-                await trio.to_thread.run_sync(self.store.flush_commitlog, least_pages)
+                await self._run_step("flush", self.store.flush_commitlog, least_pages)
         raise AssertionError("unreachable")
 
     async def dispatch_task(self) -> None:
@@ -151,7 +196,9 @@ class StoreTasks:
             ahead = self.warm_ahead
             if self.store.commit_log.mapped_file_queue.needs_warming(ahead):
                 async with self.warming:
-                    await trio.to_thread.run_sync(self.store.warm_commitlog, ahead)
+                    done = await self._run_step("warm-up", self.store.warm_commitlog, ahead)
+                if done is FAILED:
+                    await trio.sleep(DISK_FULL_RETRY_SECONDS)
         raise AssertionError("unreachable")
 
     async def housekeeping_task(self) -> None:
@@ -160,14 +207,14 @@ class StoreTasks:
         while True:
             await trio.sleep(HOUSEKEEPING_INTERVAL_SECONDS)
             async with self.maintenance:
-                await trio.to_thread.run_sync(self.store.flush_consume_queues, store_config.flush_consume_queue_least_pages)
-                await trio.to_thread.run_sync(self.store.write_checkpoint)
+                await self._run_step("consume-queue flush", self.store.flush_consume_queues, store_config.flush_consume_queue_least_pages)
+                await self._run_step("checkpoint", self.store.write_checkpoint)
             if trio.current_time() >= clean_at:
                 clean_at = trio.current_time() + CLEAN_INTERVAL_SECONDS
                 async with self.maintenance:
                     clean = functools.partial(self.store.clean_expired, now_ms_value=time.time_ns() // 1_000_000)  # mtimes are wall-clock
-                    deleted = await trio.to_thread.run_sync(clean)
-                if deleted:
+                    deleted = await self._run_step("retention", clean)
+                if deleted and deleted is not FAILED:
                     LOGGER.info("retention deleted %d segment(s): %s", len(deleted), ", ".join(os.path.basename(p) for p in deleted))
         raise AssertionError("unreachable")
 
@@ -178,7 +225,10 @@ class StoreTasks:
         step_bytes = self.store.config.scrub_step_bytes
         while True:
             async with self.maintenance:
-                step = await trio.to_thread.run_sync(self.scrubber.step, step_bytes)
+                step = await self._run_step("scrub", self.scrubber.step, step_bytes)
+            if step is FAILED:
+                await trio.sleep(SCRUB_PASS_PAUSE_SECONDS)
+                continue
             for found in step.damaged:
                 if self.store.record_damage(found):
                     LOGGER.error("scrub: damage in the log at %s; repair it from a healthy copy "

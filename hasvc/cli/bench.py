@@ -53,6 +53,26 @@ def bench_recover(size_mb, body_size, segment_size_mb, runs, json_path) -> None:
     write_json(json_path, data)
 
 
+@bench.command("read")
+@click.option("--size-gib", type=float, default=0.5, show_default=True, help="Log size to read (1 KiB records, 8 queues).")
+@click.option("--segment-mib", type=int, default=64, show_default=True)
+@click.option("--count-max", type=int, default=32, show_default=True, help="Records per PULL (hasvc read asks 256).")
+@click.option("--run-records", type=int, default=1, show_default=True,
+              help="Records written to one queue before the next (1: no two records of a PULL adjacent, the check's worst case).")
+@click.option("--pairs", type=int, default=3, show_default=True, help="Check on/off pairs, alternating which goes first.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="Build (or reuse) the store here instead of a temporary directory.")
+@click.option("--keep", is_flag=True, help="Keep the temporary directory.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
+def bench_read(size_gib, segment_mib, count_max, run_records, pairs, directory, keep, json_path) -> None:
+    """What check_crc_on_read costs the read path: PULLs with the check on and off, in the store and from a broker."""
+    from hasvc.tools.bench.read import bench_read as run
+    from hasvc.tools.bench.store import write_json
+
+    write_json(json_path, run(size_gib=size_gib, segment_mib=segment_mib, count_max=count_max, run_records=run_records,
+                              pairs=pairs, directory=directory, keep=keep, echo=click.echo))  # fmt: skip
+
+
 @bench.command("sync-write")
 @click.option("--producers", type=int, default=64, show_default=True, help="Concurrent producers, one request in flight each.")
 @click.option("--connections", type=int, default=1, show_default=True, help="Connections the producers share.")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
 import click
 
-from commitlog.mapped_file import StoreError
-from hasvc.cli.common import start_busy_polling, tune_malloc
+from commitlog.mapped_file import is_disk_full
+from hasvc.cli.common import (EXIT_FAILED, EXIT_UNAVAILABLE, CommandError, check_can_listen, check_store_free, explain,
+                              meaningful_leaf, start_busy_polling, tune_malloc)
 
 
 def _broker_options(function):
@@ -36,21 +38,35 @@ def _broker_options(function):
     return function
 
 
-def _build_config(role_default, cli_values: dict, config_file, secret_file, settings):
-    import dataclasses
-
+def _build_config(role_default, cli_values: dict, config_file, secret_file, settings, other_names=()):
+    """``other_names``: names a caller takes from --set before this (a node's Raft settings),
+    offered as suggestions too."""
     from hasvc.config import BrokerConfig, convert, load_toml, read_secret
 
-    values = load_toml(config_file) if config_file else {}
+    try:
+        values = load_toml(config_file) if config_file else {}
+    except (OSError, ValueError) as error:  # tomllib.TOMLDecodeError is a ValueError
+        raise click.UsageError(f"--config {config_file}: {error}") from None
     fields = {f.name: f for f in dataclasses.fields(BrokerConfig)}
+    for name, value in values.items():
+        _check_type(name, value, fields[name], where=config_file)
     for setting in settings:
         name, separator, raw = setting.partition("=")
-        if not separator or name not in fields:
-            raise click.BadParameter(f"{setting!r}: expected NAME=VALUE with a known option name", param_hint="--set")
-        values[name] = convert(name, _typed(raw, fields[name]))
+        if not separator:
+            raise click.BadParameter(f"{setting!r}: expected NAME=VALUE", param_hint="--set")
+        if name not in fields:
+            raise click.BadParameter(f"unknown setting {name!r}{_suggest(name, [*fields, *other_names])}", param_hint="--set")
+        try:
+            values[name] = convert(name, _typed(raw, fields[name]))
+        except (KeyError, ValueError) as error:
+            raise click.BadParameter(f"{name}={raw!r}: {_reason(error)}", param_hint="--set") from None
     for name, value in cli_values.items():
         if value is not None:
-            values[name] = convert(name, value)
+            try:
+                values[name] = convert(name, value)
+            except (KeyError, ValueError) as error:
+                hint = f" (give HOST:PORT, e.g. 127.0.0.1:{value if str(value).isdigit() else 10911})" if "listen" in name or name == "master_ha" else ""
+                raise click.BadParameter(f"{_reason(error)}{hint}", param_hint=f"--{name.replace('_', '-')}") from None
     values.setdefault("role", convert("role", role_default))
     secret = read_secret(secret_file)
     if secret is not None:
@@ -76,15 +92,52 @@ def _check_tls_files(cert, key, ca) -> None:
         raise click.ClickException(str(error)) from None
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
+def _kind(field) -> str:
+    """A field's plain type (int, float, bool, str, ...), ``| None`` dropped (the annotations are strings)."""
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    return kind.replace(" ", "").removesuffix("|None")
+
+
 def _typed(raw: str, field):
-    kind = str(field.type)
-    if "bool" in kind:
-        return raw.lower() in ("1", "true", "yes", "on")
-    if "int" in kind and raw.lstrip("-").isdigit():
-        return int(raw)
-    if "float" in kind:
-        return float(raw)
+    """A --set value parsed as its field's type; ValueError (one line, the type and the
+    default as an example) when it is not one."""
+    kind = _kind(field)
+    try:
+        if kind == "bool":
+            if raw.lower() not in _TRUE + _FALSE:
+                raise ValueError
+            return raw.lower() in _TRUE
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        example = f", e.g. {field.name}={field.default}" if field.default is not dataclasses.MISSING else ""
+        raise click.BadParameter(f"{field.name}={raw!r}: expected {_KINDS[kind]}{example}", param_hint="--set") from None
     return raw
+
+
+def _check_type(name: str, value, field, *, where) -> None:
+    """A TOML value of the wrong type, said in one line (not a comparison failing later)."""
+    kind = _kind(field)
+    wanted = {"int": int, "float": (int, float), "bool": bool}.get(kind)
+    if wanted is not None and (not isinstance(value, wanted) or (kind != "bool" and isinstance(value, bool))):
+        raise click.BadParameter(f"{where}: {name} = {value!r}: expected {_KINDS[kind]}", param_hint="--config")
+
+
+def _suggest(name: str, names) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(names), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else " (hasvc master -h lists the options; the settings are BrokerConfig's fields)"
+
+
+def _reason(error: BaseException) -> str:
+    return str(error).strip("'\"") if isinstance(error, KeyError) else str(error)
 
 
 def _run_broker(config) -> None:
@@ -94,8 +147,10 @@ def _run_broker(config) -> None:
     import trio
 
     from hasvc.broker import Broker
-    from hasvc.transport import first_leaf
 
+    # before the store is opened (and created): a port in use leaves nothing behind
+    check_can_listen([config.listen, config.effective_ha_listen if config.is_master else None, config.metrics_listen])
+    check_store_free(config.store)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hasvc").info("effective configuration: %s", json.dumps(config.describe()))
     tune_malloc()
@@ -119,15 +174,13 @@ def _run_broker(config) -> None:
 
     try:
         trio.run(serve)
-    except (StoreError, OSError, BaseExceptionGroup) as error:
-        leaf = first_leaf(error)  # the nursery wraps what the broker's start raised (hasvc node does the same)
+    except Exception as error:  # a start-up failure (groups included) is said by the boundary (hasvc.cli)
         if ready:  # not a start-up failure: the log gets the whole story
             logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
-            raise click.ClickException(f"stopped: {type(leaf).__name__}: {leaf}") from None
-        if isinstance(leaf, StoreError):
-            raise click.ClickException(str(leaf)) from None
-        if isinstance(leaf, OSError):
-            raise click.ClickException(f"cannot listen: {leaf}") from None
+            raise CommandError(f"stopped: {explain(error)[0]}", EXIT_FAILED) from None
+        leaf = meaningful_leaf(error)
+        if isinstance(leaf, OSError) and is_disk_full(leaf):  # a small file of the store (lock, abort, checkpoint) at start
+            raise CommandError(f"{leaf.filename or config.store}: the disk is full: {leaf.strerror}", EXIT_UNAVAILABLE) from None
         raise
 
 

@@ -28,12 +28,14 @@ def demo(producers, keep, dledger) -> None:
 @click.option("--mode", type=click.Choice(["sync", "async", "dledger"]), default="sync", show_default=True,
               help="sync/async: a master and a slave, failover by promote; dledger: a Raft group, no promote.")
 @click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True, help="dledger: group size.")
-@click.option("--fault", type=click.Choice(["kill-leader", "kill-follower", "partition-leader", "mixed", "corrupt", "disk-full"]),
+@click.option("--fault", type=click.Choice(["kill-leader", "kill-follower", "partition-leader", "mixed", "corrupt", "disk-full",
+                                            "switchover"]),
               default=None, help="The fault each round injects. dledger: kill-leader (the default), kill-follower, "
-              "partition-leader, mixed, corrupt. sync: corrupt; without --fault, a failover round. corrupt: stop a "
-              "replica, flip one bit in one file of its store, restart it under load (a classic broker that refuses "
-              "is repaired from its peer; a DLedger member must rejoin by itself). sync: disk-full (one replica's "
-              "store, on a tmpfs the drill mounts as root, filled and freed under load).")
+              "partition-leader, mixed, corrupt, disk-full. sync: corrupt, disk-full, switchover; without --fault, a "
+              "failover round. corrupt: stop a replica, flip one bit in one file of its store, restart it under load "
+              "(a classic broker that refuses is repaired from its peer; a DLedger member must rejoin by itself). "
+              "disk-full: one replica's store, on a tmpfs the drill mounts as root, filled and freed under load. "
+              "switchover (sync or async): a planned hasvc switchover under load each round, back and forth.")
 @click.option("--dledger-timing", is_flag=True, help="dledger: DLedger's election defaults instead of etcd-like ones.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds when and whom the fault hits.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
@@ -52,14 +54,18 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
     SIGKILLs or partitions a member and the group elects by itself; no acknowledged write lost or
     duplicated, committed logs and consume queues identical; failover time p50/p99.
 
+    --fault switchover: each round a planned switchover of the pair under load (fence, wait for the
+    slave's last byte, promote, demote); no acknowledged write lost or duplicated, nothing cut,
+    logs identical.
+
     --fault corrupt: a replica is stopped, one bit of one file of its store flipped, and it is
     restarted under load; the same checks. A classic broker that refuses to open its store is
     repaired from its peer (hasvc store repair); a DLedger member must rejoin by itself."""
     if (tls_cert or tls_key or tls_ca) and (mode != "dledger" or not (tls_cert and tls_key)):
         raise click.UsageError("--tls-cert/--tls-key (and --tls-ca) go together, with --mode dledger")
-    if fault == "disk-full":
+    if fault == "disk-full" and mode != "dledger":
         if mode != "sync":
-            raise click.UsageError("--fault disk-full runs with --mode sync")
+            raise click.UsageError("--fault disk-full runs with --mode sync or dledger")
         from hasvc.tools.drill_diskfull import run_diskfull_drill
 
         try:
@@ -67,6 +73,13 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
                                     echo=click.echo)  # fmt: skip
         except PermissionError as error:
             raise click.UsageError(str(error)) from None
+    elif fault == "switchover":
+        if mode == "dledger":
+            raise click.UsageError("--fault switchover runs with --mode sync or async (a DLedger group: hasvc transfer-leader)")
+        from hasvc.tools.drill_switchover import run_switchover_drill
+
+        ok = run_switchover_drill(rounds=rounds, producers=producers, mode=mode, seed=seed, report_path=report_path, keep=keep,
+                                  echo=click.echo)  # fmt: skip
     elif fault == "corrupt" and mode != "dledger":
         if mode != "sync":
             raise click.UsageError("--fault corrupt runs with --mode sync or dledger")
@@ -76,9 +89,12 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
     elif mode == "dledger":
         from hasvc.tools.drill_dledger import run_dledger_drill
 
-        ok = run_dledger_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-leader", seed=seed,
-                               report_path=report_path, keep=keep, etcd_timing=not dledger_timing, echo=click.echo,
-                               tls=(tls_cert, tls_key, tls_ca) if tls_cert else None)  # fmt: skip
+        try:
+            ok = run_dledger_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-leader",
+                                   seed=seed, report_path=report_path, keep=keep, etcd_timing=not dledger_timing,
+                                   echo=click.echo, tls=(tls_cert, tls_key, tls_ca) if tls_cert else None)  # fmt: skip
+        except PermissionError as error:
+            raise click.UsageError(str(error)) from None
     else:
         if fault is not None:
             raise click.UsageError(f"--fault {fault} runs with --mode dledger")

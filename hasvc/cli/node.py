@@ -8,10 +8,10 @@ import sys
 
 import click
 
-from commitlog.mapped_file import StoreError
 from hasvc.cli.broker import _build_config, _typed
-from hasvc.cli.common import start_busy_polling, tune_malloc
-from hasvc.transport import first_leaf
+from commitlog.mapped_file import is_disk_full
+from hasvc.cli.common import (EXIT_FAILED, EXIT_UNAVAILABLE, CommandError, check_can_listen, check_store_free, explain,
+                              meaningful_leaf, start_busy_polling, tune_malloc)
 
 RAFT_PRESETS = ("dledger", "etcd")
 
@@ -83,10 +83,13 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
     the leader). Prints `READY {json}` on stdout when serving, exits cleanly on SIGTERM/SIGINT."""
     from hasvc.broker.dledger import GroupConfig, parse_peers
     from hasvc.config import is_loopback
+    from hasvc.state.raft.config import RaftConfig
 
     raft, rest = _raft_config(settings, flush, preferred_leader)
+    raft_names = [field.name for field in dataclasses.fields(RaftConfig)] + ["raft_preset"]
     config = _build_config("SYNC_MASTER", dict(store=store_dir, listen=listen, insecure=insecure, tls_cert=tls_cert,
-                                               tls_key=tls_key, tls_ca=tls_ca), config_file, secret_file, rest)  # fmt: skip
+                                               tls_key=tls_key, tls_ca=tls_ca), config_file, secret_file, rest,
+                           other_names=raft_names)  # fmt: skip
     _refuse_unapplied(config)
     try:
         members = parse_peers(peers)
@@ -94,6 +97,11 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
                                    upgrade_classic=upgrade_classic).validate()
     except ValueError as error:
         raise click.UsageError(str(error)) from None
+    # before the store is opened (and created): a port in use leaves nothing behind
+    own = members[self_id]
+    check_can_listen([own, config.listen, config.metrics_listen],
+                     hints={own: f"its entry in --peers: is a member with --self {self_id} running already? Two cannot run in one group"})  # fmt: skip
+    check_store_free(config.store)
     exposed = [address for address in members.values() if not is_loopback(address[0])]
     if exposed and config.secret is None and not config.insecure:
         raise click.UsageError(f"refusing Raft traffic off loopback ({exposed[0][0]}) without a secret: anyone who reaches "
@@ -152,13 +160,11 @@ def _run_node(config, group_config) -> None:
 
     try:
         trio.run(serve)
-    except (StoreError, OSError, BaseExceptionGroup) as error:
-        leaf = first_leaf(error)  # the nursery wraps what the node's start raised
+    except Exception as error:  # a start-up failure (groups included) is said by the boundary (hasvc.cli)
         if ready:  # not a start-up failure: the log gets the whole story
             logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
-            raise click.ClickException(f"stopped: {type(leaf).__name__}: {leaf}") from None
-        if isinstance(leaf, StoreError):
-            raise click.ClickException(str(leaf)) from None
-        if isinstance(leaf, OSError):
-            raise click.ClickException(f"cannot listen: {leaf.strerror or leaf}") from None
+            raise CommandError(f"stopped: {explain(error)[0]}", EXIT_FAILED) from None
+        leaf = meaningful_leaf(error)
+        if isinstance(leaf, OSError) and is_disk_full(leaf):  # a small file of the store (lock, abort, checkpoint) at start
+            raise CommandError(f"{leaf.filename or config.store}: the disk is full: {leaf.strerror}", EXIT_UNAVAILABLE) from None
         raise

@@ -19,7 +19,7 @@ import click
 from commitlog.inspect import iter_records, verify
 from commitlog.mapped_file import StoreError
 from commitlog.record import CRC_FUNCTIONS, RecordError
-from hasvc.cli.common import client_secret, record_json, secret_option, tls_option
+from hasvc.cli.common import EXIT_USAGE, CommandError, client_secret, record_json, secret_option, tls_option
 
 
 @click.group()
@@ -45,10 +45,10 @@ def _check_member(directory: str, member: str | None) -> dict:
     members = _members(directory)
     if member is None:
         if members and not os.path.isdir(os.path.join(directory, "commitlog")):
-            raise click.ClickException(f"{directory} is a DLedger member's store: give --member ({', '.join(members)})")
+            raise CommandError(f"{directory} is a DLedger member's store: give --member ({', '.join(members)})", EXIT_USAGE)
     elif member not in members:
         found = f"members here: {', '.join(members)}" if members else "no dledger-* directory here"
-        raise click.ClickException(f"{directory}/dledger-{member}: no such directory ({found})")
+        raise CommandError(f"{directory}/dledger-{member}: no such directory ({found})", EXIT_USAGE)
     return identity
 
 
@@ -129,7 +129,7 @@ def store_verify(directory: str, crc: str, member: str | None, as_json: bool) ->
     try:
         report = verify(directory, crc=crc)
     except StoreError as error:
-        raise click.ClickException(str(error)) from None
+        raise CommandError(str(error), EXIT_USAGE) from None  # cannot be read at all: 2
     if as_json:
         click.echo(json.dumps({**report.as_json(), **identity}))
     else:
@@ -155,7 +155,7 @@ def _verify_member(directory: str, member: str, crc: str, as_json: bool, identit
     try:
         report = verify_member(directory, member, crc=crc)
     except StoreError as error:
-        raise click.ClickException(str(error)) from None
+        raise CommandError(str(error), EXIT_USAGE) from None
     if as_json:
         click.echo(json.dumps({**report.as_json(), **identity}))
     else:

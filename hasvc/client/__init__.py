@@ -9,7 +9,7 @@
 
 The package, one module per concern (every name is importable from ``hasvc.client``):
 
-    results      ClientError, SendResult, PullResult, TransferResult, message_properties
+    results      ClientError, DamagedRecordError, SendResult, PullResult, TransferResult, message_properties
     connection   connect and Client: one connection to one broker
     cluster      connect_cluster and FailoverClient: follows the master among several brokers
     blocking     BlockingClient: the same calls, blocking, on a private trio thread
@@ -28,11 +28,11 @@ from hasvc.client.cluster import (
     connect_cluster,
 )
 from hasvc.client.connection import REQUEST_TIMEOUT_SECONDS, Client, connect
-from hasvc.client.results import ClientError, PullResult, SendResult, TransferResult, message_properties
+from hasvc.client.results import ClientError, ConnectError, DamagedRecordError, PullResult, SendResult, TransferResult, message_properties
 
 __all__ = [
     "FAILOVER_BACKOFF_MAX_SECONDS", "FAILOVER_BACKOFF_MIN_SECONDS", "FAILOVER_TIMEOUT_SECONDS",
-    "REQUEST_TIMEOUT_SECONDS", "STATUS_TIMEOUT_SECONDS", "BlockingClient", "Client", "ClientError",
+    "REQUEST_TIMEOUT_SECONDS", "STATUS_TIMEOUT_SECONDS", "BlockingClient", "Client", "ClientError", "ConnectError", "DamagedRecordError",
     "FailoverClient", "PullResult", "SendResult", "TransferResult", "connect", "connect_cluster",
     "message_properties",
 ]  # fmt: skip

@@ -66,6 +66,9 @@ class BlockingClient:
     def demote(self, master_ha: str) -> dict:
         return self._call("demote", master_ha)
 
+    def fence(self, reason: str, *, fence: bool = True) -> dict:
+        return self._call("fence", reason, fence=fence)
+
     def transfer_leader(self, target: str) -> TransferResult:
         return self._call("transfer_leader", target)
 

@@ -11,7 +11,7 @@ import trio
 
 from commitlog import record as rec
 from hasvc.client.connection import Client, connect
-from hasvc.client.results import ClientError, PullResult, SendResult
+from hasvc.client.results import ClientError, ConnectError, PullResult, SendResult
 from hasvc.state import failover
 
 
@@ -87,7 +87,7 @@ class FailoverClient:
                 continue
             pause = backoff.next_pause(now=trio.current_time(), deadline=deadline)
             if pause is None:
-                raise ClientError(f"no master among {', '.join(self.addresses)} within {self.failover_timeout:.0f} s")
+                raise ConnectError(f"no master among {', '.join(self.addresses)} within {self.failover_timeout:.0f} s")
             await trio.sleep(pause)
 
     async def _current(self, failed_generation: int | None = None, deadline: float | None = None) -> tuple[Client, int]:

@@ -10,13 +10,24 @@ import collections
 import contextlib
 import itertools
 import json
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import trio
+from crc32c import crc32c as _crc32c
 
 from commitlog import record as rec
 from hasvc import transport
-from hasvc.client.results import ClientError, PullResult, SendResult, TransferResult, message_properties, send_results
+from hasvc.client.results import (
+    ClientError,
+    ConnectError,
+    DamagedRecordError,
+    PullResult,
+    SendResult,
+    TransferResult,
+    message_properties,
+    send_results,
+)
 from hasvc.config import parse_address
 from hasvc.protocol import client as cp
 from hasvc.protocol import wire
@@ -164,14 +175,18 @@ class Client:
     async def pull(self, topic: str, queue_id: int, queue_offset: int, *, count_max: int = 32) -> PullResult:
         payload = await self._request(cp.PULL, cp.encode_pull(cp.PullRequest(topic, queue_id, queue_offset, count_max)))
         response = cp.decode_pull_response(payload)
+        if response.status == cp.DAMAGED:
+            raise _damaged(response.reason)
         if response.status not in (cp.OK, cp.NOT_FOUND, cp.OFFSET_ILLEGAL):
             raise ClientError(f"{response.status}: {response.reason}")
-        records = [rec.decode_record(data, crc_function=None) for data in response.records]
+        records = [_checked_record(data) for data in response.records]
         return PullResult(response.status, records, response.next_queue_offset, response.max_queue_offset)
 
     async def read(self, offset: int, *, size_max: int = 1024 * 1024) -> bytes:
         """Raw log bytes from ``offset`` (up to the end of its segment or ``size_max``)."""
         status, reason, _, data = cp.decode_read_response(await self._request(cp.READ, cp.encode_read(offset, size_max)))
+        if status == cp.DAMAGED:
+            raise _damaged(reason)
         if status != cp.OK:
             raise ClientError(f"{status}: {reason}")
         return data
@@ -184,11 +199,12 @@ class Client:
             raise ClientError(f"no record at offset {offset}: {error.reason}") from None
         if record.physical_offset != offset:
             raise ClientError(f"offset {offset} is not a record boundary")
-        return record
+        return _crc_checked(data, record)
 
-    async def promote(self, *, sync: bool = True) -> dict:
-        """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after."""
-        status, reason, data = cp.decode_status_response(await self._request(cp.PROMOTE, b"\x01" if sync else b"\x00"))
+    async def promote(self, *, sync: bool = True, fence_reason: str = "") -> dict:
+        """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after.
+        With ``fence_reason`` it starts fenced (``fence(fence_reason, fence=False)`` lifts it)."""
+        status, reason, data = cp.decode_status_response(await self._request(cp.PROMOTE, cp.encode_promote(sync, fence_reason)))
         if status != cp.OK:
             raise ClientError(f"{status}: {reason}")
         return json.loads(data)
@@ -198,6 +214,15 @@ class Client:
         status, reason, data = cp.decode_status_response(await self._request(cp.DEMOTE, cp.encode_demote(master_ha)))
         if status != cp.OK:
             raise ClientError(f"{status}: {reason}")
+        return json.loads(data)
+
+    async def fence(self, reason: str, *, fence: bool = True) -> dict:
+        """Make a classic master refuse writes (SERVICE_NOT_AVAILABLE, ``reason`` in STATUS
+        ``fenced_by``) while it keeps serving its slaves; ``fence=False`` lifts a fence set with
+        the same reason. Its status after."""
+        status, reason_text, data = cp.decode_status_response(await self._request(cp.FENCE, cp.encode_fence(fence, reason)))
+        if status != cp.OK:
+            raise ClientError(f"{status}: {reason_text}")
         return json.loads(data)
 
     async def transfer_leader(self, target: str) -> TransferResult:
@@ -218,6 +243,36 @@ class Client:
         return json.loads(data)
 
 
+def _checked_record(data) -> rec.Record:
+    """A record as a PULL or READ answer holds it, its body CRC checked here too (as Kafka's
+    consumers check ``check.crcs``): the broker checks every record before it serves it
+    (``check_crc_on_read``), this catches what changed after (memory, the wire) and a broker that
+    does not check. Stores a broker writes use CRC32C; a record with the CRC tail
+    (``append_record_crc``) has its record CRC checked too."""
+    try:
+        record = rec.decode_record(data, crc_function=None)
+    except rec.RecordError as error:
+        raise ClientError(f"the broker sent a record that does not decode: {error.reason}") from None
+    return _crc_checked(data, record)
+
+
+def _crc_checked(data, record: rec.Record) -> rec.Record:
+    """``record`` (decoded at the start of ``data``) if its body CRC and record CRC (when it has
+    the tail) match; DamagedRecordError naming the one that failed otherwise."""
+    if not rec.crcs_ok(data, 0, record, _crc32c):
+        which = "body" if _crc32c(record.body) & rec.CRC_MASK != record.body_crc else "record"
+        raise DamagedRecordError(f"record at offset {record.physical_offset} failed its {which} CRC on arrival: not handed out",
+                                 record.physical_offset)  # fmt: skip
+    return record
+
+
+def _damaged(reason: str) -> DamagedRecordError:
+    """The error for a DAMAGED answer, whose reason starts ``record at offset N is damaged``."""
+    words = reason.split(" ", 4)
+    offset = int(words[3]) if len(words) > 3 and words[:3] == ["record", "at", "offset"] and words[3].isdigit() else -1
+    return DamagedRecordError(f"{cp.DAMAGED}: {reason}", offset)
+
+
 def _now_ms() -> int:
     import time
 
@@ -231,16 +286,28 @@ async def connect(address: str, secret: bytes | str | None = None, *, tls_ca: st
         secret = secret.encode()
     ssl_context = transport.client_ssl_context(ca=tls_ca) if tls_ca else None
     try:
-        connection = await transport.connect(parse_address(address), ssl_context=ssl_context)
+        where = parse_address(address)
+    except ValueError as error:
+        raise ConnectError(f"{error} (give HOST:PORT, e.g. 127.0.0.1:10911)") from None
+    try:
+        connection = await transport.connect(where, ssl_context=ssl_context)
     except OSError as error:
-        raise ClientError(f"cannot connect to {address}: {error.strerror or error}") from None
+        # trio's "all attempts to connect to ... failed" has the reason in its cause
+        cause = error.__cause__.exceptions[0] if isinstance(error.__cause__, BaseExceptionGroup) else error.__cause__
+        if isinstance(cause, OSError) and cause.errno:
+            reason = os.strerror(cause.errno)
+        else:
+            reason = error.strerror or str(error)
+        raise ConnectError(f"cannot connect to {address}: {reason} (is a broker listening there?)") from None
     try:
         try:
             await transport.client_preface(connection, port_kind=wire.PORT_KIND_CLIENT, secret=secret)
         except (transport.AuthenticationError, wire.ProtocolError, EOFError, trio.TooSlowError) as error:
-            raise ClientError(f"{address}: {error}") from None
+            text = str(error) or type(error).__name__
+            # the preface's errors name the peer already: the address once
+            raise ConnectError(text if text.startswith(connection.peer) else f"{address}: {text}") from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
-            raise ClientError(f"{address}: connection failed during the preface: {transport.describe(error)}") from None
+            raise ConnectError(f"{address}: connection failed during the preface: {transport.describe(error)}") from None
         client = Client(connection)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client._receive_loop)

@@ -13,6 +13,20 @@ class ClientError(Exception):
     """The broker answered with an error, or the connection failed."""
 
 
+class ConnectError(ClientError):
+    """No session with the broker: it cannot be reached, or the preface failed (a wrong port,
+    a wrong secret). The message names the address."""
+
+
+class DamagedRecordError(ClientError):
+    """A record that failed its check: the broker answered DAMAGED, or its body failed its CRC
+    on arrival. ``offset`` is its physical offset (-1 when the broker's reason did not parse)."""
+
+    def __init__(self, message: str, offset: int):
+        super().__init__(message)
+        self.offset = offset
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SendResult:
     status: str

@@ -20,7 +20,7 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
                    response: status | reason | i64 offset | blob-32 (log bytes from offset)
     kind 4 STATUS  request : (empty)
                    response: status | reason | blob-32 (a JSON object, docs/PROTOCOL.md §2)
-    kind 5 PROMOTE request : u8 role (1 SYNC_MASTER, 0 ASYNC_MASTER)
+    kind 5 PROMOTE request : u8 role (1 SYNC_MASTER, 0 ASYNC_MASTER) [| string fence reason: start fenced]
                    response: status | reason | blob-32 (the STATUS JSON after the change)
     kind 6 DEMOTE  request : string new master's HA address (HOST:PORT)
                    response: as PROMOTE
@@ -30,10 +30,12 @@ payload starts with ``status`` (string) and ``reason`` (string, empty on success
     kind 8 TRANSFER_LEADER
                    request : string target member id (DLedger mode; 1..64 bytes)
                    response: status | reason | blob-32 (a JSON object: the outcome, docs/PROTOCOL.md §2)
+    kind 9 FENCE   request : u8 fence (1: refuse writes from now on, 0: lift that fence) | string reason
+                   response: as PROMOTE (a classic master; ``hasvc switchover``)
 
 ``properties blob-16`` is ``u16 length | name\\x01value\\x02...``. SEND statuses are RocketMQ's
-PutMessageStatus names; the others use OK, NOT_FOUND, OFFSET_ILLEGAL, SERVICE_NOT_AVAILABLE and
-ERROR. A frame over ``frame_size_max`` or of an unknown kind closes the connection.
+PutMessageStatus names; the others use OK, NOT_FOUND, OFFSET_ILLEGAL, SERVICE_NOT_AVAILABLE,
+DAMAGED and ERROR. A frame over ``frame_size_max`` or of an unknown kind closes the connection.
 """
 
 from __future__ import annotations
@@ -63,9 +65,10 @@ PROMOTE: Final = 5
 DEMOTE: Final = 6
 SEND_IDEMPOTENT: Final = 7
 TRANSFER_LEADER: Final = 8
-REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE, DEMOTE, SEND_IDEMPOTENT, TRANSFER_LEADER})
+FENCE: Final = 9
+REQUEST_KINDS: Final = frozenset({SEND, PULL, READ, STATUS, PROMOTE, DEMOTE, SEND_IDEMPOTENT, TRANSFER_LEADER, FENCE})
 # Requests answered from a task of their own (they wait for the store or for the group).
-ADMIN_KINDS: Final = frozenset({PROMOTE, DEMOTE, TRANSFER_LEADER})
+ADMIN_KINDS: Final = frozenset({PROMOTE, DEMOTE, TRANSFER_LEADER, FENCE})
 SEND_KINDS: Final = frozenset({SEND, SEND_IDEMPOTENT})
 RESPONSE_BIT: Final = 0x80
 
@@ -74,6 +77,9 @@ NOT_FOUND: Final = "NOT_FOUND"
 OFFSET_ILLEGAL: Final = "OFFSET_ILLEGAL"
 SERVICE_NOT_AVAILABLE: Final = "SERVICE_NOT_AVAILABLE"
 ERROR: Final = "ERROR"
+# PULL/READ: the record at the requested offset failed its check on the way out (the reason names
+# its offset and file; STATUS ``damaged`` lists it). Nothing at or past it is in the response.
+DAMAGED: Final = "DAMAGED"
 
 
 class Frame(NamedTuple):  # a tuple: built for every request a broker reads
@@ -382,6 +388,50 @@ def decode_demote(payload: bytes) -> str:
     address = reader.text()
     reader.done()
     return address
+
+
+# A FENCE's reason: a line for STATUS ``fenced_by`` and the refusals, not a document.
+FENCE_REASON_SIZE_MAX: Final = 1024
+
+
+def encode_promote(sync: bool, fence_reason: str = "") -> bytes:
+    """PROMOTE: the role byte, and a fence reason when the new master must start fenced (FENCE
+    lifts it; ``hasvc switchover`` waits so for its old master to rejoin as a slave)."""
+    return bytes([1 if sync else 0]) + (Writer().text(fence_reason).bytes() if fence_reason else b"")
+
+
+def decode_promote(payload: bytes) -> tuple[bool, str]:
+    """(sync, fence reason or "") of a PROMOTE request."""
+    if len(payload) < 1 or payload[0] not in (0, 1):
+        raise ProtocolError(f"PROMOTE payload must start with one byte, 0 (ASYNC_MASTER) or 1 (SYNC_MASTER), not {bytes(payload)[:8]!r}")
+    if len(payload) == 1:
+        return payload[0] == 1, ""
+    try:
+        reader = Reader(payload[1:])
+        reason = reader.text()
+        reader.done()
+    except ProtocolError as error:
+        raise ProtocolError(f"PROMOTE payload: after the role byte, a fence reason string: {error}") from None
+    if not reason or len(reason.encode()) > FENCE_REASON_SIZE_MAX:
+        raise ProtocolError(f"PROMOTE payload: the fence reason must be 1..{FENCE_REASON_SIZE_MAX} bytes")
+    return payload[0] == 1, reason
+
+
+def encode_fence(fence: bool, reason: str) -> bytes:
+    return bytes([1 if fence else 0]) + Writer().text(reason).bytes()
+
+
+def decode_fence(payload: bytes) -> tuple[bool, str]:
+    """(fence, reason) of a FENCE request; ProtocolError for a flag other than 0 or 1 or an
+    empty or oversized reason."""
+    if len(payload) < 1 or payload[0] not in (0, 1):
+        raise ProtocolError("FENCE payload must start with one byte, 1 (fence) or 0 (lift the fence)")
+    reader = Reader(payload[1:])
+    reason = reader.text()
+    reader.done()
+    if not reason or len(reason.encode()) > FENCE_REASON_SIZE_MAX:
+        raise ProtocolError(f"FENCE reason must be 1..{FENCE_REASON_SIZE_MAX} bytes")
+    return payload[0] == 1, reason
 
 
 # A DLedger member id (``--self``, the ids of ``--peers``): short names such as n0; the bound

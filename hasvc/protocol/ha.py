@@ -11,9 +11,12 @@ exchange, each side a length-prefixed frame:
     master -> slave   MASTER_HELLO  u32 length | u8 status | i64 master max offset | i64 master min offset
                                     | u64 segment size | u32 k | k x (i32 epoch, i64 start offset)
                                     | u16 r | reason (r bytes UTF-8, empty when status is 0)
+                                    | u16 c | master client address (c bytes UTF-8, HOST:PORT; may be absent)
 
 flags bit 0: sync from the master's last segment only (RocketMQ's syncFromLastFile). Status 0
-accepts; anything else refuses with the reason and closes.
+accepts; anything else refuses with the reason and closes. The master's client address lets a
+slave refuse a SEND naming where to send instead; a hello that ends after the reason (an older
+master) leaves it unknown.
 
 Then the data phase is RocketMQ's (HAConnection / HAClient), byte for byte:
 
@@ -69,6 +72,7 @@ class MasterHello:
     segment_size: int
     epochs: EpochEntries = ()
     reason: str = ""
+    client_address: str = ""  # the master's client port, HOST:PORT ("" unknown)
 
 
 def _text(value: str) -> bytes:
@@ -107,6 +111,7 @@ def encode_master_hello(hello: MasterHello) -> bytes:
         + struct.pack(">Q", hello.segment_size)
         + _epochs(hello.epochs)
         + _text(hello.reason)
+        + _text(hello.client_address)
     )
 
 
@@ -180,10 +185,11 @@ def decode_master_hello(body: bytes) -> MasterHello:
     (segment_size,) = reader.unpack(">Q")
     epochs = reader.epochs()
     reason = reader.text()
+    client_address = reader.text() if reader.position < len(reader.data) else ""
     reader.done()
     if min(max_offset, min_offset) < 0 or min_offset > max_offset:
         raise ProtocolError(f"master offsets [{min_offset}, {max_offset}) are impossible")
-    return MasterHello(status, max_offset, min_offset, segment_size, epochs, reason)
+    return MasterHello(status, max_offset, min_offset, segment_size, epochs, reason, client_address)
 
 
 REPORTS_BUFFERED_MAX = 1024 * 1024  # RocketMQ's read buffer for reports: 1 MiB

@@ -585,7 +585,15 @@ class Gateway:
                     self.table = ProgressTable()
         offset = start
         while True:
-            pulled = await self.cluster.pull(PROGRESS_TOPIC, EVENTS_QUEUE, offset, count_max=PULL_PAGE)
+            try:
+                pulled = await self.cluster.pull(PROGRESS_TOPIC, EVENTS_QUEUE, offset, count_max=PULL_PAGE)
+            except hc.DamagedRecordError:
+                try:  # the page held a damaged record: is it the first one?
+                    pulled = await self.cluster.pull(PROGRESS_TOPIC, EVENTS_QUEUE, offset, count_max=1)
+                except hc.DamagedRecordError as error:  # skipped as a garbage record is
+                    log.error("progress event record at queue offset %d skipped: %s", offset, error)
+                    offset += 1
+                    continue
             if not pulled.records:
                 break
             for record in pulled.records:

@@ -14,7 +14,10 @@ A range ends where recovery would end it: at the zero tail, a blank record, or t
 whose fields do not add up (a torn tail); records after that are not returned. The ``segments``
 view (``.option("view", "segments")``) returns one row per range saying where and why it ended, so
 a torn tail is reported rather than silently shortening the log. A record whose body does not
-match its CRC is returned with ``crc_ok = false``.
+match its CRC fails the task with a ``DamagedRecordError`` naming its offset and file, or, with
+``damaged=flag``, is returned with ``crc_ok = false``: the CRC is checked on the executors in
+one native ``crc_ranges`` call per batch, the way a broker checks what it serves (the data source
+reads the files directly; no broker is asked).
 
 Options (all strings, as Spark passes them):
 
@@ -25,6 +28,8 @@ from_offset     0              only records starting at or after this physical o
 to_offset       (none)         only records starting before this physical offset
 topics          (all)          comma-separated topic names; other records are skipped while decoding
 crc             crc32c         body checksum: crc32c (hasvc), crc32 (RocketMQ stores), none (skip)
+damaged         fail           a body that fails its CRC: fail (the task fails naming its offset and
+                               file) or flag (a row with crc_ok = false)
 include_body    true           false drops the body column (less to move from Python to the JVM)
 split_size      268435456      segments above this many bytes are split (256 MiB, see the notes)
 view            records        records, or segments (one row per range: where it ended and why)
@@ -57,6 +62,9 @@ from commitlog.record import CRC_FUNCTIONS
 
 NAME = "hasvc"
 SPLIT_SIZE_DEFAULT = 256 * 1024 * 1024  # below this, splitting costs more than it gains (pyspark notes §2)
+# A record whose body fails its CRC: fail the task naming it (the default: a query never reads a
+# damaged body silently), or flag it (a row with crc_ok = false: stats and compare count them).
+DAMAGED_CHOICES = ("fail", "flag")
 
 _SPARK_TYPES = {
     "store": StringType(),
@@ -115,6 +123,9 @@ class ReadOptions:
         crc = options.get("crc", "crc32c").lower()
         if crc not in (*CRC_FUNCTIONS, "none"):
             raise OptionError(f"hasvc: crc must be one of {sorted(CRC_FUNCTIONS)} or none, not {crc!r}")
+        damaged = options.get("damaged", "fail").lower()
+        if damaged not in DAMAGED_CHOICES:
+            raise OptionError(f"hasvc: damaged must be one of {', '.join(DAMAGED_CHOICES)}, not {damaged!r}")
         topics = options.get("topics")
         view = options.get("view", "records").lower()
         if view not in ("records", "segments"):
@@ -127,6 +138,7 @@ class ReadOptions:
             topics=frozenset(t.strip() for t in topics.split(",") if t.strip()) if topics else None,
             crc=None if crc == "none" else crc,
             columns=columns,
+            damaged=damaged,
         )
         split_size = _integer(options, "split_size", SPLIT_SIZE_DEFAULT)
         if split_size < 1024 * 1024:
@@ -226,6 +238,7 @@ def read_range(part: SegmentRange, options: ReadOptions):
             file_from_offset=part.file_from_offset,
             store=part.store,
             options=decode,
+            path=part.path,
         )
         if options.view == "segments":
             yield (

@@ -113,7 +113,7 @@ PERCENTILES = [0.5, 0.99]
 def stats(spark: SparkSession, stores: str | Sequence[str], *, by: Sequence[str] = ("topic", "minute"), **options) -> DataFrame:
     """Per topic and per minute (of store_ts, UTC): messages, bytes, body size p50/p99/max,
     distinct producer hosts, and store latency (store_ts - born_ts) p50/p99/max in ms."""
-    df = read(spark, stores, include_body=False, **options)
+    df = read(spark, stores, include_body=False, **{"damaged": "flag", **options})  # crc_failures counts them
     if "minute" in by:
         df = df.withColumn("minute", F.date_trunc("minute", "store_ts"))
     latency = F.unix_millis("store_ts") - F.unix_millis("born_ts")
@@ -182,7 +182,7 @@ class AuditReport:
 
 
 def _record_keys(spark, store: str, crc: str) -> DataFrame:
-    df = read(spark, store, crc=crc)
+    df = read(spark, store, crc=crc, damaged="flag")  # a damaged record is a difference to report
     entries = F.map_entries("properties")
     digest = F.xxhash64(*_RECORD_FIELDS, entries)
     return df.select("phy_offset", (F.col("phy_offset") + F.col("size")).alias("end"), digest.alias("digest"), "crc_ok")

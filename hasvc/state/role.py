@@ -15,7 +15,8 @@ port) or a slave (it replicates from ``master_ha`` and refuses writes, naming it
   the puts waiting for slave acks (stored here, not known replicated), forget the producer table
   (rebuilt on a later promotion), start replicating.
 * ``fence``: a peer showed a newer epoch, so a newer master exists; a fenced master refuses writes
-  until it is demoted (and so rejoins the newer history) or promoted again.
+  until it is demoted (and so rejoins the newer history) or promoted again. A FENCE request
+  (``hasvc switchover``) fences too, and ``lift_fence`` with the same reason undoes only that one.
 * ``epoch_seen`` remembers the newest epoch a peer showed (a master's hello, a slave's hello): a
   later promotion opens an epoch above it.
 
@@ -74,7 +75,8 @@ class Promotion:
 
 
 class RoleState:
-    __slots__ = ("role", "master_ha", "fenced_by", "peer_epoch", "master_connected", "replication_refused")
+    __slots__ = ("role", "master_ha", "fenced_by", "peer_epoch", "master_connected", "replication_refused",
+                 "master_client_address")
 
     def __init__(self, role: BrokerRole, master_ha: Address | None) -> None:
         self.role = role
@@ -86,6 +88,7 @@ class RoleState:
         # A slave that will not follow its master, and why (its log ends short inside its own
         # epoch: handshake.reconcile); None when it follows.
         self.replication_refused: str | None = None
+        self.master_client_address: str | None = None  # the master's client port, as its MASTER_HELLO said
         self.check_invariants()
 
     def check_invariants(self) -> None:
@@ -108,7 +111,10 @@ class RoleState:
     def write_refusal(self) -> str | None:
         """Why this broker refuses a write now (SERVICE_NOT_AVAILABLE), or None."""
         if self.role is BrokerRole.SLAVE:
-            return f"this broker is a slave; its master's HA address is {format_address(self.master_ha)}"
+            if self.master_client_address:
+                return f"this broker is a slave; send to its master at {self.master_client_address}"
+            return (f"this broker is a slave of the master whose HA address is {format_address(self.master_ha)} "
+                    "(its client port is known once replication connects)")  # fmt: skip
         if self.fenced_by is not None:
             return f"this broker is fenced: {self.fenced_by}"
         return None
@@ -130,6 +136,14 @@ class RoleState:
         self.fenced_by = reason
         self.check_invariants()
         return newly
+
+    def lift_fence(self, reason: str) -> None:
+        """Take writes again after ``fence(reason)`` (a switchover given up); ValueError when not
+        fenced, or fenced for another reason (a newer epoch's fence ends only by demote or promote)."""
+        if self.fenced_by != reason:
+            raise ValueError(f"not fenced by {reason!r}" + (f" but: {self.fenced_by}" if self.fenced_by else ""))
+        self.fenced_by = None
+        self.check_invariants()
 
     def set_master_connected(self, connected: bool) -> None:
         assert not connected or self.role is BrokerRole.SLAVE
@@ -153,6 +167,7 @@ class RoleState:
         assert self.role is BrokerRole.SLAVE, "one promotion at a time"
         self.role = promotion.role
         self.master_ha = None
+        self.master_client_address = None
         self.fenced_by = None
         self.check_invariants()
         return [StartHAService()]
@@ -163,6 +178,7 @@ class RoleState:
             raise ValueError("already a slave")
         self.role = BrokerRole.SLAVE
         self.master_ha = master_ha
+        self.master_client_address = None
         self.fenced_by = None
         self.check_invariants()
         return [ClearProducers(), StopHAService(), FailAckWaits(), StartReplicating(master_ha)]

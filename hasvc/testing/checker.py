@@ -101,14 +101,16 @@ class RaftChecker:
                    forced: bool = False) -> None:  # fmt: skip
         """Retention moved ``node``'s first index to ``first_index``: every entry it deleted was
         committed and (unless ``forced``: a full disk) is held or was deleted too by every member,
-        so no member needs it again. A forced clean may strand a member: it is RESET."""
+        so no member needs it again. A forced clean may strand a member: it is RESET. So may a
+        member whose storage lost entries (it holds a catch-up mark): the floor the leader
+        announced may count what it held before, until its first answer says otherwise."""
         _require(first_index <= len(self.committed), f"{node} deletes entries up to {first_index - 1}, "
                                                      f"the cluster committed only {len(self.committed) - 1}")  # fmt: skip
         if forced:
             return
         for member, other in logs.items():
             index = first_index - 1
-            if index >= other.first_index():
+            if index >= other.first_index() and other.load_hard_state().catch_up_index < 0:
                 _require(index <= other.last_index() and other.entry_at(index) == self.committed[index],
                          f"{node} deletes up to {index}, which {member} does not hold")  # fmt: skip
 
@@ -172,9 +174,37 @@ class RaftChecker:
         for index in range(max(lost_from, 0), len(self.committed)):
             entry = self.committed[index]
             # An entry retention deleted counts as held: every member had it (``on_compact``).
-            holders = sum(1 for log in logs.values()
-                          if index < log.first_index() or (index <= log.last_index() and log.entry_at(index) == entry))  # fmt: skip
+            # A member whose storage lost it (a storage fault) counts if its catch-up mark covers it:
+            # the fault took that copy, not the crash; a healthy one must remain all the same.
+            holders = healthy = 0
+            for log in logs.values():
+                held = index < log.first_index() or (index <= log.last_index() and log.entry_at(index) == entry)
+                healthy += held
+                holders += held or log.load_hard_state().catch_up_index >= index
             _require(holders >= self.quorum, f"committed {entry} survives on {holders} logs, quorum is {self.quorum}")
+            _require(healthy >= 1, f"committed {entry} survives on no log")
+
+    def healthy_copy_holds(self, logs: Mapping[str, SimLog], damaged: str, lost_from: int) -> bool:
+        """Whether every committed entry at or above ``lost_from`` is held by a member other than
+        ``damaged`` (the storage fault that takes them from ``damaged`` leaves a healthy copy)."""
+        for index in range(max(lost_from, 0), len(self.committed)):
+            entry = self.committed[index]
+            if not any(index < log.first_index() or (index <= log.last_index() and log.entry_at(index) == entry)
+                       for member, log in logs.items() if member != damaged):  # fmt: skip
+                return False
+        return True
+
+    def on_vote_granted(self, node: str, candidate: str, candidate_end: tuple[int, int],
+                        acknowledged: Mapping[int, int]) -> None:  # fmt: skip
+        """``node`` grants ``candidate`` (pre-)vote, whose log ends at (term, index) ``candidate_end``:
+        no committed entry ``node`` ever acknowledged ((term -> highest index) ``acknowledged``)
+        may be missing from a log that ends there (Raft's up-to-date order; Alagappan et al.:
+        a member that lost entries must not vote for a log without them)."""
+        for term, index in acknowledged.items():
+            if index < len(self.committed) and self.committed[index].term == term:
+                _require(candidate_end >= (term, index),
+                         f"{node} grants {candidate} (log ending at {candidate_end}) a vote, but acknowledged "
+                         f"committed entry {self.committed[index]}")  # fmt: skip
 
     def final(self) -> None:
         for body, index in self.acked.items():

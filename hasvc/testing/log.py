@@ -12,6 +12,7 @@ only that kind.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from commitlog.dledger.entry_codec import BODY_OFFSET
@@ -157,8 +158,8 @@ class SimLog:
         self._first = reset.first_index
         self._term_before_first = reset.term_before_first
         self._flushed_index = reset.first_index - 1
-        self._hard_state = HardState(self._hard_state.term, self._hard_state.voted_for,
-                                     max(self._hard_state.committed_index, reset.first_index - 1))  # fmt: skip
+        self._hard_state = dataclasses.replace(
+            self._hard_state, committed_index=max(self._hard_state.committed_index, reset.first_index - 1))
 
     def flush(self) -> int:
         self.flush_count += 1
@@ -173,6 +174,18 @@ class SimLog:
 
     def save_hard_state(self, state: HardState) -> None:
         self._hard_state = state
+
+    def lose_from(self, index: int) -> None:
+        """Storage damage found at a restart: entries from ``index`` on are gone (flushed or not,
+        committed or not), and recovery saves the catch-up mark -- the end the log had -- in the
+        hard state before it cuts (``DLedgerMmapFileStore`` with recovery_repair_from_peers)."""
+        if not self._first <= index <= self.last_index():
+            raise ValueError(f"lose_from({index}) outside [{self._first}, {self.last_index()}]")
+        saved = self._hard_state
+        mark = max((self.last_term(), self.last_index()), (saved.catch_up_term, saved.catch_up_index))
+        self._hard_state = HardState(saved.term, saved.voted_for, min(saved.committed_index, index - 1), *mark)
+        self._cut(index - 1)
+        self._flushed_index = min(self._flushed_index, index - 1)
 
     def crash(self, *, lose_unflushed: bool = True) -> int:
         """Lose what a crash loses; returns how many entries were lost."""

@@ -10,7 +10,9 @@ order (hard state, truncate, append, send, then commit and the rest) -- telling 
 ``RaftChecker`` about each side effect first. Time jumps from event to event; nothing sleeps.
 
 ``crash(member)`` drops the core and whatever its log loses (``lose_unflushed``: a power loss,
-else a process kill); ``start(member)`` builds a new core from the log, as a restart does.
+else a process kill); ``crash_losing_tail(member, index)`` is a storage fault on top (the log
+comes back without its entries from ``index``, its catch-up mark saved, as a member's recovery
+cuts damage); ``start(member)`` builds a new core from the log, as a restart does.
 Scenario code (``hasvc.testing.raft_sim``, tests) decides when to propose, crash and partition,
 and calls ``run_until(t)`` in between.
 """
@@ -24,7 +26,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from hasvc.state.raft.config import RaftConfig
-from hasvc.state.raft.messages import Message, Push, PushResponse, PushType
+from hasvc.state.raft.messages import Message, Push, PushResponse, PushType, VoteRequest, VoteResponse, VoteResult
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.storage import Entry, EntryRun
 from hasvc.state.raft.ready import BecameLeader, ProposalStatus, Proposed, Refused, Role
@@ -126,6 +128,11 @@ class SimCluster:
         self.acked_count = 0
         self.refused_runs = 0  # APPEND runs a follower's check refused (corrupted on the way)
         self.resets = 0
+        self.lost_tails = 0  # storage faults: a member restarted without its tail (``crash_losing_tail``)
+        # What each member acknowledged (term of the entry -> highest index) and the vote requests
+        # it was asked: the checker's "never votes for a log missing what it acknowledged".
+        self._acknowledged: dict[str, dict[int, int]] = {member: {} for member in self.members}
+        self._vote_requests: dict[tuple[str, str, int, bool], tuple[int, int]] = {}
         self.outcomes: dict[ProposalStatus, int] = {status: 0 for status in ProposalStatus}
         self._incarnation = {member: 0 for member in self.members}
         self._flush_at = {member: math.inf for member in self.members}
@@ -174,6 +181,26 @@ class SimCluster:
         log.crash(lose_unflushed=self.lose_unflushed)
         if log.last_index() < before:
             self.checker.after_crash(self.logs, log.last_index() + 1)
+
+    def crash_losing_tail(self, member: str, lost_from: int) -> bool:
+        """``member`` crashes and its store comes back without entries ``lost_from``.. (damage
+        its recovery cut, the catch-up mark saved: ``SimLog.lose_from``) -- only if every
+        committed entry it loses has a healthy copy on another member and no other member is
+        still marked (one damaged disk at a time: two members that both lost entries beyond any
+        leader's log would each wait for the other to lead); False: nothing done."""
+        log = self.logs[member]
+        if not log.first_index() <= lost_from <= log.last_index():
+            return False
+        if any(self.logs[m].load_hard_state().catch_up_index >= 0 for m in self.members if m != member):
+            return False
+        if not self.checker.healthy_copy_holds(self.logs, member, lost_from):
+            return False
+        self.crash(member)
+        if lost_from > log.last_index():  # the crash took it already (an unflushed tail)
+            return True
+        log.lose_from(lost_from)
+        self.lost_tails += 1
+        return True
 
     def compact(self, member: str, *, forced: bool = False) -> int:
         """Retention on ``member``: drop the entries below its core's ``retention_floor`` (as the
@@ -290,7 +317,11 @@ class SimCluster:
                 if isinstance(delivery.message, ConnectionEnded):
                     self.node(delivery.target).peer_unreachable(delivery.message.peer, now)
                 else:
-                    self.node(delivery.target).step(delivery.message, now)
+                    message = delivery.message
+                    if isinstance(message, VoteRequest):
+                        key = (message.target, message.source, message.term, message.pre_vote)
+                        self._vote_requests[key] = (message.ledger_end_term, message.ledger_end_index)
+                    self.node(delivery.target).step(message, now)
                     if self.coalesce_acknowledgements and isinstance(delivery.message, PushResponse):
                         target = delivery.target
 
@@ -313,6 +344,17 @@ class SimCluster:
                 self.node(member).tick(now)
                 self._drain(member)
                 return
+
+    def _check_vote_or_acknowledgement(self, member: str, message: Message, log: SimLog) -> None:
+        """Remember what ``member`` acknowledges; check each vote it grants against that."""
+        if isinstance(message, PushResponse) and message.ack_index >= log.first_index():
+            term = log.term_at(message.ack_index)
+            acknowledged = self._acknowledged[member]
+            acknowledged[term] = max(acknowledged.get(term, -1), message.ack_index)
+        elif isinstance(message, VoteResponse) and message.result is VoteResult.ACCEPT:
+            request = self._vote_requests.get((member, message.target, message.term, message.pre_vote))
+            assert request is not None, ("a vote granted without a request", member, message)
+            self.checker.on_vote_granted(member, message.target, request, self._acknowledged[member])
 
     def _drain(self, member: str) -> None:
         """Carry one Ready out, in the contract's order."""
@@ -340,6 +382,7 @@ class SimCluster:
         if log.flushed_index() < log.last_index() and self._flush_at[member] == math.inf:
             self._flush_at[member] = self.now + self.rng.uniform(*self.flush_delay_seconds)
         for message in ready.messages:
+            self._check_vote_or_acknowledgement(member, message, log)
             for wire_message in with_stored_runs(message, log):  # the sender's read of its log
                 if self.corrupt_run_probability and self._corrupt_rng.random() < self.corrupt_run_probability:
                     wire_message = _corrupted(wire_message, self._corrupt_rng)

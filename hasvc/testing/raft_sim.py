@@ -9,7 +9,11 @@ the faults (crashes that lose unflushed entries and end their connections, resta
 that come and go, connections reset between running members, leadership transfers) and retention
 (a member drops the entries below its core's ``retention_floor``, or -- a clean forced by a full
 disk -- every committed and flushed entry whatever the others need, which strands members that
-the leader then RESETs to its first index). A chaos phase of ``chaos_seconds`` is followed by a settle phase: the network heals,
+the leader then RESETs to its first index), and in half the seeds storage faults: a member
+crashes and comes back without the tail of its log from a random index, committed entries
+included, its catch-up mark saved (damage its recovery cut; only while every committed entry it
+loses is held by another member). The checker also requires that no member ever grants a vote
+to a log that ends below a committed entry it acknowledged. A chaos phase of ``chaos_seconds`` is followed by a settle phase: the network heals,
 every member restarts, and within ``settle_seconds_max`` a leader must commit a final proposal and
 every member must hold the same committed log. The ``RaftChecker`` runs after every step. A
 failure prints the one command that replays it.
@@ -36,6 +40,7 @@ SETTLE_SECONDS_MAX = 20.0
 PROGRESS_EVERY = 1000  # seeds between progress lines on stderr
 COMPACT_PROBABILITY = 0.5  # a fault event also runs retention on a live member this often
 FORCED_COMPACT_PROBABILITY = 0.3  # ... and that retention is a forced clean (disk full) this often
+LOSE_TAIL_PROBABILITY = 0.2  # in a seed with storage faults, a fault event also loses a member's tail this often
 
 
 class LivenessFailure(AssertionError):
@@ -63,6 +68,7 @@ class SeedReport:
     resets: int  # logs reset to a leader's first index (members stranded by a forced clean)
     outcomes: dict[str, int]
     refused_runs: int = 0  # APPEND runs corrupted on the way and refused by a follower's check
+    lost_tails: int = 0  # storage faults: a member restarted without its log's tail (catch-up mark saved)
 
 
 def settings_for(rng: random.Random) -> SeedSettings:
@@ -142,6 +148,17 @@ def _fault(cluster: SimCluster, rng: random.Random) -> None:
         cluster.transfer_leadership(cluster.leader(), rng.choice(cluster.members))
 
 
+def _lose_tail(cluster: SimCluster, rng: random.Random) -> None:
+    """A live member crashes and restarts later without its log's tail from a random index (if a
+    healthy copy of every committed entry it loses remains)."""
+    candidates = [m for m in cluster.alive() if cluster.logs[m].last_index() >= cluster.logs[m].first_index()]
+    if not candidates:
+        return
+    member = rng.choice(candidates)
+    log = cluster.logs[member]
+    cluster.crash_losing_tail(member, rng.randint(log.first_index(), log.last_index()))
+
+
 def _settle(cluster: SimCluster) -> None:
     """Heal, restart everyone; a leader must commit a last proposal and all logs must agree."""
     cluster.network.heal()
@@ -182,6 +199,9 @@ def run_seed(seed: int, nodes: int = 3, *, log_factory: Callable[[str], object] 
     corrupt = random.Random(f"raft-sim-corrupt-{nodes}-{seed}").choice([0.0, 0.0, 0.02])
     # Acknowledgements due together stepped before one Ready (the driver's reads) in half the seeds, drawn apart too.
     coalesce = random.Random(f"raft-sim-coalesce-{nodes}-{seed}").random() < 0.5
+    # Storage faults (a member loses its log's tail) in half the seeds, drawn apart too.
+    lose = random.Random(f"raft-sim-lose-{nodes}-{seed}").choice([0.0, LOSE_TAIL_PROBABILITY])
+    lose_rng = random.Random(f"raft-sim-lose-faults-{nodes}-{seed}")
     cluster = SimCluster(seed=f"{nodes}-{seed}", members=members, config=settings.config, network=settings.network,
                          flush_delay_seconds=settings.flush_delay_seconds, corrupt_run_probability=corrupt,
                          coalesce_acknowledgements=coalesce, log_factory=log_factory)  # fmt: skip
@@ -198,13 +218,15 @@ def run_seed(seed: int, nodes: int = 3, *, log_factory: Callable[[str], object] 
             next_client += rng.expovariate(1 / settings.client_interval_seconds)
         else:
             _fault(cluster, rng)
+            if lose and lose_rng.random() < lose:
+                _lose_tail(cluster, lose_rng)
             next_fault += rng.expovariate(1 / settings.fault_interval_seconds)
     cluster.run_until(CHAOS_SECONDS)
     _settle(cluster)
     cluster.checker.final()
     return SeedReport(seed, nodes, cluster.events, cluster.crashes, cluster.acked_count, len(cluster.checker.committed),
                       len(cluster.checker.leaders), cluster.resets, {s.value: n for s, n in cluster.outcomes.items()},
-                      cluster.refused_runs)  # fmt: skip
+                      cluster.refused_runs, cluster.lost_tails)  # fmt: skip
 
 
 def replay_command(seed: int, nodes: int) -> str:
@@ -235,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         print(run_seed(args.seed, args.nodes))
         return 0
     started = time.monotonic()
-    events = acked = refused = resets = 0
+    events = acked = refused = resets = lost_tails = 0
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         try:
             report = run_seed(seed, args.nodes)
@@ -247,12 +269,14 @@ def main(argv: list[str] | None = None) -> int:
         acked += report.acked
         refused += report.refused_runs
         resets += report.resets
+        lost_tails += report.lost_tails
         done = seed - args.first_seed + 1
         if done % PROGRESS_EVERY == 0:
             print(f"... {done} seeds, {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     elapsed = time.monotonic() - started
     print(f"OK {args.seeds} seeds ({args.first_seed}..{args.first_seed + args.seeds - 1}), {args.nodes} nodes, "
           f"{events} events, {acked} acknowledged entries, {resets} resets, {refused} corrupted runs refused, "
+          f"{lost_tails} tails lost, "
           f"{elapsed:.1f} s")  # fmt: skip
     return 0
 

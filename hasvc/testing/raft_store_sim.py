@@ -10,8 +10,11 @@ file's flushed point, loses each 4 KiB page of unflushed data with probability 1
 that wrote some pages and not others: torn entries, torn index units), and reopens it: the
 store's recovery must find the end the core may rely on. Retention deletes whole head data files
 below the core's retention floor (or, forced, regardless of it: a stranded member is then RESET).
-The checker (one leader a term, log matching, committed entries never change or vanish,
-acknowledged proposals committed once) runs after every step, as over the in-memory SimLog.
+Storage faults: a member's data damaged on disk (a flipped byte in an entry's header), cut by its
+recovery with the catch-up mark saved, then caught up by the leader. The checker (one leader a
+term, log matching, committed entries never change or vanish, acknowledged proposals committed
+once, no vote for a log missing an entry the voter acknowledged) runs after every step, as over
+the in-memory SimLog.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from hasvc.testing import raft_sim
 
 PAGE_SIZE = 4096
 # Small files, so that a seed's few hundred entries fill several and retention has whole files to delete.
-STORE_CONFIG = DLedgerStoreConfig(data_file_size=1024, index_file_size=32 * 64)
+# A member of a group: damage (the simulator's storage faults) is cut with the catch-up mark saved.
+STORE_CONFIG = DLedgerStoreConfig(data_file_size=1024, index_file_size=32 * 64, recovery_repair_from_peers=True)
 
 
 class StoreLog:
@@ -73,6 +77,32 @@ class StoreLog:
                     self._lose_pages(path, start, max(flushed, start), end)
         self.store = self._open()
         return before - self.store.last_index()
+
+    def lose_from(self, index: int) -> None:
+        """SimLog.lose_from on the real store: everything is flushed and checkpointed, then one
+        byte of entry ``index``'s header (its magic code) is flipped on disk; reopening cuts
+        there and saves the catch-up mark itself (recovery_repair_from_peers). Recovery re-checks
+        only the last 3 data files: an entry before them is not damaged, the first one they
+        hold is (fewer entries lost than asked: the simulator's healthy-copy check covers it)."""
+        self.store.flush()
+        self.store.persist_checkpoint()
+        pos, _ = self.store.entry_span(index)
+        files = self.store.data_file_list.mapped_files
+        scanned_from = files[max(0, len(files) - 3)].file_from_offset
+        if pos < scanned_from:  # recovery re-checks the last 3 data files only: damage the first entry it checks
+            pos = scanned_from
+            index = self.store.get_by_pos(pos).index
+        self.store.abandon()
+        size = STORE_CONFIG.data_file_size
+        name = os.path.join(self.path, "data", f"{pos - pos % size:020d}")
+        with open(name, "r+b") as file:
+            file.seek(pos % size + 3)  # the low byte of the entry's magic code
+            byte = file.read(1)
+            file.seek(pos % size + 3)
+            file.write(bytes([byte[0] ^ 0x01]))
+        self.store = self._open()
+        assert self.store.last_index() == index - 1 and self.store.damaged, (index, self.store.last_index())
+        assert self.store.load_hard_state().catch_up_index >= index
 
     def _lose_pages(self, path: str, start: int, low: int, end: int) -> None:
         with open(path, "r+b") as file:

@@ -64,6 +64,15 @@ class CorruptDrill(Drill):
         self.processes.append(replacement)
         return replacement
 
+    def _repair(self, victim: Process, peer: Process) -> str:
+        """``hasvc store repair STORE --from PEER`` on a stopped replica; the failure, or ""."""
+        repair = subprocess.run([sys.executable, "-m", "hasvc.cli", "store", "repair", victim.store, "--from",
+                                 peer.ready["listen"], *(["--secret-file", self.secret_file] if self.secret_file else [])],
+                                capture_output=True, text=True, timeout=REPAIR_TIMEOUT_SECONDS)  # fmt: skip
+        if repair.returncode != 0:
+            return f"repair exited {repair.returncode}: {_last_line(repair.stderr or repair.stdout)}"
+        return ""
+
     def run_round(self, number: int, master: Process, slave: Process) -> tuple[CorruptRoundReport, Process, Process]:
         self._wait(lambda: any(s["ack_offset"] >= 0 for s in self._status(master)["slaves"]), "the slave's first report")
         rng = self.fault_random
@@ -86,11 +95,9 @@ class CorruptDrill(Drill):
                 found["outcome"] = "started"
             except StartError as error:
                 found["refusal"] = _last_line(str(error))
-                repair = subprocess.run([sys.executable, "-m", "hasvc.cli", "store", "repair", victim.store, "--from",
-                                         peer.ready["listen"], *(["--secret-file", self.secret_file] if self.secret_file else [])],
-                                        capture_output=True, text=True, timeout=REPAIR_TIMEOUT_SECONDS)  # fmt: skip
-                if repair.returncode != 0:
-                    found["outcome"] = f"failed: repair exited {repair.returncode}: {_last_line(repair.stderr or repair.stdout)}"
+                failure = self._repair(victim, peer)
+                if failure:
+                    found["outcome"] = f"failed: {failure}"
                     return
                 found["process"] = self.restart(victim, master_ha=master_ha)
                 found["outcome"] = "repaired"
@@ -117,6 +124,22 @@ class CorruptDrill(Drill):
         self._wait(lambda: self._caught_up(master, slave), "the replicas to converge")
         restarted = found["process"]
         self._wait(lambda: self._status(restarted)["scrub"]["passes"] >= 1, "a scrub pass of the restarted replica")
+        damaged = self._status(restarted)["damaged"]
+        if damaged:  # found while serving (the scrub): stop it, repair from the peer, start it again
+            peer = slave if restarted is master else master
+            where = ", ".join(f"[{d['from']}, {d['to']}) {d['reason']}" for d in damaged)
+            restarted.stop()
+            error = self._repair(restarted, peer)
+            if error:
+                report.outcome = f"failed: the scrub found {where}; {error}"
+                return report, master, slave
+            replacement = self.restart(restarted, master_ha=None if restarted is master else master.ready["ha_listen"])
+            if restarted is master:
+                master = replacement
+            else:
+                slave = replacement
+            report.outcome = f"scrub found {where}; repaired"
+            self._wait(lambda: self._caught_up(master, slave), "the replicas to converge after the repair")
         report.checks = self.verify(number, master, slave, 0.0, 0.0)
         if not report.checks.identical:
             report.outcome += "; differs: " + self.differences(master, slave)
@@ -179,9 +202,9 @@ def run_corrupt_drill(*, rounds: int, producers: int, seed: int, report_path: st
         if not ok:
             echo(f"the stores and logs are kept under {drill.root}")
     lost = sum(r.checks.lost for r in reports if r.checks)
-    refused = sum(r.outcome == "repaired" for r in reports)
-    echo(f"summary: {len(reports)} round(s), {len(drill.acked)} acknowledged writes, {lost} lost, {refused} refused at start "
-         f"and repaired from the peer: {'OK' if ok else 'FAILED'}")  # fmt: skip
+    refused = sum("repaired" in r.outcome for r in reports)
+    echo(f"summary: {len(reports)} round(s), {len(drill.acked)} acknowledged writes, {lost} lost, {refused} damaged copies "
+         f"(refused at start, or found by the scrub) repaired from the peer: {'OK' if ok else 'FAILED'}")  # fmt: skip
     if report_path:
         with open(report_path, "w") as file:
             json.dump({"fault": "corrupt", "seed": seed, "producers": producers, "acknowledged": len(drill.acked), "lost": lost,

@@ -52,6 +52,7 @@ SETTLE_SECONDS = 0.5  # producers run this long before each fault
 DRILL_TOPIC = "DLedgerDrill"
 GROUP = "drill"
 FAULTS = ("kill-leader", "kill-follower", "partition-leader")
+DLEDGER_TMPFS_SIZE_MIB = 320  # disk-full: each member's file system
 # Comparable to etcd's defaults (--heartbeat-interval 100 --election-timeout 1000), as the issue's
 # failover target asks; names as `hasvc node --help` documents them.
 ETCD_LIKE_SETTINGS = ("heartbeat_interval_seconds=0.1", "election_timeout_min_seconds=1.0",
@@ -121,6 +122,17 @@ class DLedgerDrill:
         self.paused = False  # producers hold off while a round's checks run (logs must stand still)
         self.sends_in_flight = 0  # sends started before a pause may still commit: the checks wait for them
         self.unprovoked_lead_changes = 0  # rounds whose leader changed before the fault (reported)
+        self.mounts: list[str] = []  # disk-full: each member's store on a tmpfs of its own
+
+    def mount_stores(self) -> None:
+        """Each member's store on a small tmpfs (the disk-full fault fills one): room for a data file,
+        the 160 MiB index file every member preallocates, and the drill's entries."""
+        from hasvc.tools.drill_diskfull import mount_tmpfs  # noqa: PLC0415
+
+        for member in self.members:
+            path = os.path.join(self.root, member)
+            mount_tmpfs(path, DLEDGER_TMPFS_SIZE_MIB)
+            self.mounts.append(path)
 
     def node_args(self, member: str) -> list[str]:
         args = ["--store", os.path.join(self.root, member), "--listen", f"{LOOPBACK}:{self.client_ports[member]}", "--group", GROUP,
@@ -217,6 +229,8 @@ class DLedgerDrill:
         victim = current if fault != "kill-follower" else self.random.choice([m for m in self.members if m != current])
         if fault == "corrupt":
             return await self._corrupt_round(number, current)
+        if fault == "disk-full":
+            return await self._disk_full_round(number)
         if fault == "partition-leader":
             moment = time.monotonic()
             self.relay.isolate(victim)
@@ -259,8 +273,8 @@ class DLedgerDrill:
         damage = fault.describe(self.root) if fault else "no file held data"
         try:
             await trio.to_thread.run_sync(node.start)
-        except StartError as error:
-            refusal = [line for line in str(error).splitlines() if line.strip()][-1]
+        except StartError:
+            refusal = _refusal_line(node.log())
             self.echo(f"round {number}: {victim} refused to start after {damage}: {refusal}")
             return RoundReport(number, "corrupt", victim, len(self.acked), 0, 0, failover, 0, False, new_leader,
                                f"{damage}; refused: {refusal}")  # fmt: skip
@@ -278,6 +292,33 @@ class DLedgerDrill:
         finally:
             self.paused = False
         report.damage = damage
+        return report
+
+    async def _disk_full_round(self, number: int) -> RoundReport:
+        """Fill the file system of a member drawn at random (each store is on a tmpfs of its own)
+        for DISK_FULL_SECONDS under load, free it, and check that no member exited, that writes
+        went on or came back by themselves, and the usual checks once all caught up."""
+        from hasvc.tools.drill_diskfull import FULL_SECONDS, fill  # noqa: PLC0415 (one drill's helpers)
+
+        victim = self.fault_random.choice(self.members)
+        filler = await trio.to_thread.run_sync(fill, self.nodes[victim].store)
+        await trio.sleep(FULL_SECONDS)
+        os.unlink(filler)
+        freed = time.monotonic()
+        resumed = await self.first_ok_after(freed)
+        exited = [member for member, node in self.nodes.items() if not node.alive]
+        new_leader = await self.leader()
+        if exited:
+            return RoundReport(number, "disk-full", victim, len(self.acked), 0, 0, resumed, 0, False, new_leader,
+                               f"{victim}'s disk full {FULL_SECONDS:.0f} s; exited: {', '.join(exited)}")  # fmt: skip
+        self.paused = True
+        try:
+            await self.wait_sends_finished()
+            await self.wait_caught_up()
+            report = await trio.to_thread.run_sync(self.verify, number, "disk-full", victim, resumed, {}, new_leader)
+        finally:
+            self.paused = False
+        report.damage = f"{victim}'s disk full {FULL_SECONDS:.0f} s; writes resumed {resumed:.2f} s after it was freed; no exit"
         return report
 
     async def wait_sends_finished(self) -> None:
@@ -338,10 +379,20 @@ class DLedgerDrill:
         )
 
     def close(self, keep: bool) -> None:
+        from hasvc.tools.drill_diskfull import unmount  # noqa: PLC0415
+
         for node in self.nodes.values():
             node.stop()
+        for path in self.mounts:
+            unmount(path)
         if not keep:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _refusal_line(log: str) -> str:
+    """The last line of a node's log that says something (not a traceback's frame or border)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip() and not line.strip().startswith(("|", "+", "^", "File "))]
+    return lines[-1] if lines else "(empty log)"
 
 
 def dledger_directory(store: str, member: str) -> str:
@@ -411,6 +462,10 @@ def percentile(values: list[float], q: float) -> float:
 def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, seed: int, report_path: str | None,
                       keep: bool, etcd_timing: bool = True, echo=print, tls: tuple[str, str, str | None] | None = None) -> bool:  # fmt: skip
     drill = DLedgerDrill(nodes=nodes, producers=producers, seed=seed, etcd_timing=etcd_timing, echo=echo, tls=tls)
+    if fault == "disk-full":
+        if os.geteuid() != 0:
+            raise PermissionError("--fault disk-full mounts a small tmpfs for each store: run it as root")
+        drill.mount_stores()
     reports: list[RoundReport] = []
     timing = "etcd-like (heartbeat 100 ms, election timeout 1-2 s)" if etcd_timing else "DLedger's defaults"
     echo(f"drill: DLedger group of {nodes}, {rounds} round(s), fault {fault}, {producers} producers, seed {seed}, "
@@ -437,7 +492,7 @@ def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, se
                          f"{report.duplicated:>4} {report.failover_seconds:>10.3f} {report.truncated_entries:>9} "
                          f"{str(report.identical):>9} {report.new_leader:>6}"
                          + (f"  {report.damage}" if report.damage else ""))  # fmt: skip
-                    if not report.ok and report.fault == "corrupt":
+                    if not report.ok and report.fault in ("corrupt", "disk-full"):
                         break  # a member that did not rejoin leaves nothing to drill on
                 producers_nursery.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
@@ -445,9 +500,12 @@ def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, se
     try:
         trio.run(main)
     finally:
-        drill.close(keep)
-    ok = len(reports) == rounds and all(r.ok for r in reports)
-    failovers = [r.failover_seconds for r in reports if r.fault != "kill-follower" and r.failover_seconds > 0]
+        ok = len(reports) == rounds and all(r.ok for r in reports)
+        drill.close(keep or not ok)
+        if not ok:
+            echo(f"the stores and logs are kept under {drill.root}")
+    failovers = [r.failover_seconds for r in reports
+                 if r.fault in ("kill-leader", "partition-leader") or (r.fault == "corrupt" and r.failover_seconds > 0)]
     if failovers:
         echo(f"failover (fault -> first PUT_OK on the new leader): p50 {statistics.median(failovers):.3f} s, "
              f"p99 {percentile(failovers, 0.99):.3f} s over {len(failovers)} round(s)")  # fmt: skip

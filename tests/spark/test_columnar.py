@@ -14,6 +14,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from commitlog import columnar  # noqa: E402
 from commitlog import record as rec  # noqa: E402
+from commitlog.damage import DamagedRange  # noqa: E402
+from commitlog.read_check import DamagedRecordError  # noqa: E402
 from commitlog.scan import ScanCode, scan_segment  # noqa: E402
 
 SEGMENT = 64 * 1024
@@ -161,6 +163,25 @@ def test_a_bit_flip_in_a_body_is_a_row_with_crc_ok_false():
     assert len(rows) == len(starts) and not any(row["crc_ok"] for row in rows)
     rows, _ = decode(buffer, crc=None)
     assert {row["crc_ok"] for row in rows} == {None}
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_with_damaged_fail_a_bit_flip_raises_naming_the_record(native, monkeypatch):
+    if native and columnar._native.crc_ranges is None:
+        pytest.skip("native module not built")
+    if not native:
+        monkeypatch.setattr(columnar._native, "crc_ranges", None)
+    buffer, starts = sample_segment()
+    buffer[starts[5] + 100] ^= 0x10  # inside the body
+    size = rec.decode_record(buffer, starts[5], crc_function=None).size
+    for columns in (columnar.COLUMN_NAMES, ("phy_offset",)):  # checked whether crc_ok is asked for or not
+        with pytest.raises(DamagedRecordError) as error:
+            columnar.decode_range(buffer, start=0, stop=SEGMENT, segment_end=SEGMENT, file_from_offset=0, path="seg",
+                                  options=columnar.Options(columns=columns, damaged="fail"))  # fmt: skip
+        assert error.value.damage == DamagedRange("seg", starts[5], starts[5] + size, "body CRC mismatch")
+    batches, _ = columnar.decode_range(buffer, start=0, stop=starts[5], segment_end=SEGMENT, file_from_offset=0,
+                                       options=columnar.Options(damaged="fail"))  # fmt: skip
+    assert sum(len(b) for b in batches) == 5  # the records before it decode
 
 
 def test_split_ranges_yield_every_record_once():

@@ -124,7 +124,7 @@ def test_a_torn_tail_ends_the_segment_and_is_reported(spark, store, tmp_path):
     assert report.valid_end == last_offset and "do not add up" in report.stop_reason
 
 
-def test_a_bit_flip_is_a_row_with_crc_ok_false(spark, store, tmp_path):
+def test_a_bit_flip_fails_the_query_or_with_damaged_flag_is_a_row_with_crc_ok_false(spark, store, tmp_path):
     path, written = store
     offset, (message, size, _) = record_at(written, -10)
 
@@ -135,9 +135,14 @@ def test_a_bit_flip_is_a_row_with_crc_ok_false(spark, store, tmp_path):
         file.write(bytes([byte[0] ^ 0x04]))
 
     flipped = damaged_copy(path, str(tmp_path / "flipped"), flip)
-    bad = hs.read(spark, flipped).where(~F.col("crc_ok")).select("phy_offset").collect()
+    bad = hs.read(spark, flipped, damaged="flag").where(~F.col("crc_ok")).select("phy_offset").collect()
     assert [r.phy_offset for r in bad] == [offset]
-    assert hs.read(spark, flipped).count() == 6000
+    assert hs.read(spark, flipped, damaged="flag").count() == 6000
+    # by default the damaged body is never handed out: the query fails naming it, whatever it selects
+    segment = os.path.join(flipped, "commitlog", f"{offset // SEGMENT * SEGMENT:020d}")
+    with pytest.raises(Exception, match=f"record at offset {offset} is damaged .body CRC mismatch; {segment}"):
+        hs.read(spark, flipped).select("body").collect()
+    assert hs.read(spark, flipped, crc="none").count() == 6000  # crc=none checks nothing
 
 
 def test_a_missing_store_is_a_clear_error(spark, store, tmp_path):
@@ -148,6 +153,8 @@ def test_a_missing_store_is_a_clear_error(spark, store, tmp_path):
         hs.read(spark, str(tmp_path / "empty")).count()
     with pytest.raises(Exception, match="crc must be one of"):
         hs.read(spark, store[0], crc="md5").count()
+    with pytest.raises(Exception, match="damaged must be one of fail, flag"):
+        hs.read(spark, store[0], damaged="skip").count()
 
 
 def test_audit_of_an_identical_copy_passes(spark, store, tmp_path):

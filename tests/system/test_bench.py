@@ -74,6 +74,23 @@ def test_bench_sync_write_reports_every_run_its_statuses_and_every_process(tmp_p
     assert data["statuses"] == {"PUT_OK": sum(run["statuses"]["PUT_OK"] for run in data["runs"])}
 
 
+def test_bench_read_alternates_the_check_and_reads_every_record_in_both_layers(tmp_path):
+    report = tmp_path / "read.json"
+    done = subprocess.run([*HASVC, "bench", "read", "--size-gib", "0.005", "--pairs", "2", "--dir", str(tmp_path / "b"),
+                           "--json", str(report)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(report.read_text())
+    records = int(0.005 * (1 << 30)) // 1024
+    runs = data["runs"]
+    assert [(r["pair"], r["check"], r["layer"]) for r in runs] == [
+        (0, True, "store"), (0, True, "broker"), (0, False, "store"), (0, False, "broker"),
+        (1, False, "store"), (1, False, "broker"), (1, True, "store"), (1, True, "broker")]  # fmt: skip
+    assert all(r["records"] == records and r["cpu_us_per_record"] > 0 for r in runs)
+    assert len(data["summary"]["broker_cpu_us_per_record"]["on_over_off_per_pair"]) == 2
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert leftover == []
+
+
 def test_bench_append_and_recover_share_the_family_shape(tmp_path):
     data, _ = run_bench(tmp_path, "append", "--sizes", "1024", "--batch", "1", "--flush", "async", "--runs", "2", "--seconds", "0.3")
     (result,) = data["results"]

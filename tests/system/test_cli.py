@@ -90,7 +90,7 @@ def test_dump_json_fields_and_from_offset(store_dir):
 
 def test_verify_missing_directory_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(main, ["store", "verify", str(tmp_path / "nope")])
-    assert result.exit_code == 1 and "no such directory" in result.output
+    assert result.exit_code == 2 and "no such directory" in result.output  # the help: 2 when it cannot be read at all
 
 
 def test_verify_with_crc32_reads_a_rocketmq_written_store(tmp_path):

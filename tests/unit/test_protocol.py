@@ -72,13 +72,22 @@ def test_slave_hello_round_trips(slave_id, address, max_offset, entries, last_fi
     assert buffer.take_all() == b"trailing"
 
 
-@given(st.integers(0, 1), st.integers(0, 2**40), st.integers(0, 2**40), st.integers(1, 2**40), epochs, texts)
-def test_master_hello_round_trips(status, a, b, segment, entries, reason):
+@given(st.integers(0, 1), st.integers(0, 2**40), st.integers(0, 2**40), st.integers(1, 2**40), epochs, texts, texts)
+def test_master_hello_round_trips(status, a, b, segment, entries, reason, client_address):
     low, high = min(a, b), max(a, b)
-    hello = ha.MasterHello(status, high, low, segment, entries, reason)
+    hello = ha.MasterHello(status, high, low, segment, entries, reason, client_address)
     buffer = wire.Buffer(size_max=1 << 20)
     buffer.feed(ha.encode_master_hello(hello))
     assert ha.decode_master_hello(ha.take_handshake_frame(buffer)) == hello
+
+
+def test_a_master_hello_without_the_client_address_leaves_it_unknown():
+    """An older master's hello ends after the reason: the slave does not know where to send."""
+    hello = ha.MasterHello(ha.STATUS_OK, 100, 0, 1024, ((1, 0),), "", "127.0.0.1:10911")
+    body = ha.encode_master_hello(hello)[4:]
+    older = body[: -len(b"\x00\x0f127.0.0.1:10911")]
+    assert ha.decode_master_hello(older).client_address == ""
+    assert ha.decode_master_hello(body).client_address == "127.0.0.1:10911"
 
 
 @given(st.binary(max_size=300))
@@ -304,10 +313,45 @@ def test_transfer_leader_targets_are_member_ids():
     assert decoder.next_frame() == (cp.TRANSFER_LEADER, 7, b"\x00\x02n1")
 
 
+@given(st.booleans(), st.text(min_size=1, max_size=200))
+def test_fence_round_trips(fence, reason):
+    assert cp.decode_fence(cp.encode_fence(fence, reason)) == (fence, reason)
+
+
+@given(st.binary(max_size=64))
+def test_fence_decoder_raises_only_its_protocol_error(payload):
+    try:
+        fence, reason = cp.decode_fence(payload)
+    except wire.ProtocolError:
+        return
+    assert payload[0] in (0, 1) and reason
+
+
+@given(st.booleans(), st.text(max_size=200))
+def test_promote_round_trips_with_and_without_a_fence_reason(sync, reason):
+    assert cp.decode_promote(cp.encode_promote(sync, reason)) == (sync, reason)
+    assert cp.encode_promote(sync) == (b"\x01" if sync else b"\x00")  # the one-byte form, as before
+
+
+@given(st.binary(max_size=64))
+def test_promote_decoder_raises_only_its_protocol_error(payload):
+    try:
+        cp.decode_promote(payload)
+    except wire.ProtocolError as error:
+        assert str(error).startswith("PROMOTE payload")
+
+
+def test_fence_refuses_a_bad_flag_and_an_empty_reason():
+    with pytest.raises(wire.ProtocolError, match="one byte"):
+        cp.decode_fence(b"\x02" + cp.Writer().text("x").bytes())
+    with pytest.raises(wire.ProtocolError, match="1..1024"):
+        cp.decode_fence(b"\x01" + cp.Writer().text("").bytes())
+
+
 def test_unknown_kinds_and_oversize_frames_are_refused():
     decoder = cp.FrameDecoder(frame_size_max=100, responses=False)
-    decoder.receive_data(cp.FRAME_HEADER.pack(10, 9, 1))
-    with pytest.raises(wire.ProtocolError, match="unknown frame kind 9"):
+    decoder.receive_data(cp.FRAME_HEADER.pack(10, 10, 1))
+    with pytest.raises(wire.ProtocolError, match="unknown frame kind 10"):
         decoder.next_frame()
     decoder = cp.FrameDecoder(frame_size_max=100, responses=False)
     decoder.receive_data(cp.FRAME_HEADER.pack(101, cp.SEND, 1))

@@ -70,6 +70,30 @@ def test_replay_applies_events_and_skips_what_it_cannot_read():
     assert (progress.committed, sorted(progress.inflight)) == (1, [1])  # the gap at 7 skipped, the next event applied
 
 
+def test_a_damaged_progress_record_is_skipped_as_a_garbage_one_is():
+    """A progress event record the broker refuses as DAMAGED (or that fails its CRC on arrival)
+    is skipped with an ERROR line; the records before and after it are replayed."""
+    import trio
+
+    from hasvc import client as hc
+
+    events = {offset: json.dumps([["d", "G", "T", offset, 0, 5, 100, 1]]).encode() for offset in range(6)}  # queue = offset
+    damaged = 3
+
+    class Cluster:
+        async def pull(self, topic, queue_id, offset, *, count_max):
+            if queue_id == gateway.SNAPSHOT_QUEUE:
+                return hc.PullResult("OK", [], offset, 0)
+            if offset <= damaged < offset + count_max:
+                raise hc.DamagedRecordError(f"DAMAGED: record at offset {1000 + damaged} is damaged", 1000 + damaged)
+            taken = [record(events[o], o) for o in range(offset, min(offset + count_max, len(events)))]
+            return hc.PullResult("OK", taken, offset + len(taken), len(events))
+
+    gate = gateway.Gateway(Cluster(), gateway.GatewayConfig())
+    trio.run(gate.replay)
+    assert sorted(queue for _, _, queue in gate.table.queues) == [0, 1, 2, 4, 5]
+
+
 @given(st.binary(max_size=200))
 def test_garbage_progress_records_never_stop_a_replay(data):
     gate = gateway.Gateway(None, gateway.GatewayConfig())

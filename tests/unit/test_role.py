@@ -16,9 +16,25 @@ from hasvc.state.role import (
 MASTER_HA = ("127.0.0.1", 10912)
 
 
-def test_a_slave_refuses_writes_naming_its_master_and_a_master_takes_them():
-    assert RoleState(BrokerRole.SLAVE, MASTER_HA).write_refusal() == "this broker is a slave; its master's HA address is 127.0.0.1:10912"
+def test_a_slave_refuses_writes_naming_its_masters_client_port_and_a_master_takes_them():
+    role = RoleState(BrokerRole.SLAVE, MASTER_HA)
+    assert "HA address is 127.0.0.1:10912" in role.write_refusal()  # before the MASTER_HELLO: only the HA address
+    role.master_client_address = "127.0.0.1:10911"
+    assert role.write_refusal() == "this broker is a slave; send to its master at 127.0.0.1:10911"
     assert RoleState(BrokerRole.SYNC_MASTER, None).write_refusal() is None
+
+
+def test_a_fence_set_by_hand_is_lifted_only_with_its_reason():
+    role = RoleState(BrokerRole.SYNC_MASTER, None)
+    role.fence("switchover to B")
+    assert role.write_refusal() == "this broker is fenced: switchover to B"
+    with pytest.raises(ValueError, match="not fenced by 'other'"):
+        role.lift_fence("other")
+    role.lift_fence("switchover to B")
+    assert role.write_refusal() is None
+    role.fence("met epoch 9, newer than ours")
+    with pytest.raises(ValueError):
+        role.lift_fence("switchover to B")
 
 
 def test_a_masters_configured_master_address_is_not_kept():

@@ -86,6 +86,36 @@ from X (the follower takes X - 1 as matching, being below its first index). The 
 because its store records the term of the entry before its first when retention deletes (a store
 that does not know it, ``term_before_first() == -1``, cannot reset: the follower stays
 ``behind_log_start`` and is not pushed to).
+
+Lost entries ("Protocol-Aware Recovery", Alagappan et al., FAST 2018). A member's log can come
+back shorter than what it acknowledged: recovery cut a damaged entry and everything after it, or
+(``--flush async``) a crash took unflushed entries it had acknowledged. Two things then matter.
+
+* The leader's view. A response whose ``end_index`` is below the member's match index (an
+  OUT_OF_ORDER from the member's end, or any other) means it lost entries (or is a stale
+  response: lowering is safe either way): the match index goes down to that end -- the entries
+  up to it are a prefix of what it acknowledged in this term, so they still match -- and the
+  progress goes back to COMPARE from there, as etcd's rejected ``MsgAppResp`` with a hint does.
+  A leader never counts a member for more than it last said it holds. A restarted member whose
+  leader still believes it holds more would not hear an APPEND while nothing new is proposed:
+  a heartbeat whose commit index (capped at the leader's match index for it) passes its log's
+  end makes it answer OUT_OF_ORDER with its end at once. OUT_OF_ORDER is answered once per end
+  index, and again after each heartbeat (an answer lost on the way is not the end of it).
+* Its vote. A committed entry survives because every quorum that could elect a leader holds a
+  member that has it and votes only for logs at least as up to date as its own. A member that
+  lost entries would break that. Its store records a catch-up mark in the hard state, durably
+  and before recovery cuts anything: the (term, index) its log ended at before (the term may
+  be an upper bound: the saved term). While its flushed log is below the mark, the member votes
+  (and pre-votes) as if its log still ended at the mark -- exactly the votes it would have
+  given before the loss, which standard Raft shows safe -- and stands for no election (its own
+  log would be the one a vote checks), not even when a leader hands over. Once its flushed log
+  is at or above the mark (a leader caught it up: its entries up to there match a leader's,
+  so it again holds every committed entry it acknowledged), the mark is cleared in the next
+  hard state. Acknowledgements are not held back: a member acknowledges only entries its log
+  holds and that match the leader's, and the leader counts no more than that (above); the
+  mark is what keeps a quorum of voters from electing a log that lacks a committed entry. The
+  cost is availability, never safety: with the member's healthy peers down, the rest of the
+  group may not elect a leader until one returns.
 """
 
 from __future__ import annotations
@@ -199,6 +229,10 @@ class RaftNode:
         # committed entries only: they are committed, whatever the (stale) saved hint says.
         self.committed_index = max(-1, min(state.committed_index, self._log.last_index()), self._log.first_index() - 1)
         self.flushed_index = min(log.flushed_index(), self._log.last_index())
+        # (term, index) the flushed log must reach before this member votes as itself (see "Lost entries").
+        self._catch_up: tuple[int, int] | None = None
+        if state.catch_up_index >= 0:
+            self._catch_up = (state.catch_up_term, state.catch_up_index)
         self.role = Role.FOLLOWER
         self.leader_id: str | None = None
         self._campaign: Campaign | None = None
@@ -226,6 +260,7 @@ class RaftNode:
         # Invariant floors.
         self._term_floor = self.term
         self._committed_floor = self.committed_index
+        self._maybe_caught_up()
         self._check_invariants()
 
     # ------------------------------------------------------------------ events
@@ -235,7 +270,10 @@ class RaftNode:
         if self.role is Role.LEADER:
             self._tick_leader(now)
         elif now >= self._election_deadline:
-            self._campaign_start(now, pre_vote=self.config.pre_vote)
+            if self._catch_up is None:
+                self._campaign_start(now, pre_vote=self.config.pre_vote)
+            else:  # lost entries: it stands for no election until a leader caught it up
+                self._election_deadline = now + self._election_timeout()
         self._after_event(now)
 
     def step(self, message: Message, now: float) -> None:
@@ -333,7 +371,8 @@ class RaftNode:
             committed = self._committed_reported = self.committed_index
         hard_state = None
         if self._hard_state_changed:
-            hard_state = HardState(self.term, self.voted_for, self.committed_index)
+            mark = self._catch_up or (-1, -1)
+            hard_state = HardState(self.term, self.voted_for, self.committed_index, mark[0], mark[1])
             self._hard_state_changed = False
         ready = Ready(hard_state=hard_state, reset=reset, truncate_after=truncate_after, entries=entries, runs=runs,
                       messages=tuple(self._messages), committed_index=committed,
@@ -382,7 +421,8 @@ class RaftNode:
             for peer, p in self._progress.items()
         }
         return RaftStatus(self.self_id, self.role, self.term, self.leader_id, last, self.committed_index,
-                          self.flushed_index, self._pending_count, peers)  # fmt: skip
+                          self.flushed_index, self._pending_count, peers,
+                          -1 if self._catch_up is None else self._catch_up[1])  # fmt: skip
 
     def retention_floor(self) -> int:
         """The lowest index some member may still need from this member's log: retention keeps
@@ -493,6 +533,7 @@ class RaftNode:
 
     def _become_leader(self, now: float) -> None:
         assert self.role is Role.CANDIDATE and self.voted_for == self.self_id
+        assert self._catch_up is None, ("a member that lost entries won an election", self._catch_up)
         self.role = Role.LEADER
         self.leader_id = self.self_id
         self._campaign = None
@@ -552,9 +593,11 @@ class RaftNode:
             return VoteResult.REJECT_UNKNOWN_LEADER
         if m.source == self.self_id:
             return VoteResult.REJECT_UNEXPECTED_LEADER
-        if m.ledger_end_term < self._log.last_term():
+        # Lost entries: compared as if our log still ended at the catch-up mark.
+        end_term, end_index = max((self._log.last_term(), self._log.last_index()), self._catch_up or (-1, -1))
+        if m.ledger_end_term < end_term:
             return VoteResult.REJECT_EXPIRED_LEDGER_TERM
-        if m.ledger_end_term == self._log.last_term() and m.ledger_end_index < self._log.last_index():
+        if m.ledger_end_term == end_term and m.ledger_end_index < end_index:
             return VoteResult.REJECT_SMALL_LEDGER_END_INDEX
         if m.term < self.term:
             return VoteResult.REJECT_EXPIRED_VOTE_TERM
@@ -620,7 +663,7 @@ class RaftNode:
         self._campaign_check(now)
 
     def _on_timeout_now(self, m: TimeoutNow, now: float) -> None:
-        if m.term == self.term and self.role is Role.FOLLOWER and self.leader_id == m.source:
+        if m.term == self.term and self.role is Role.FOLLOWER and self.leader_id == m.source and self._catch_up is None:
             self._campaign_start(now, pre_vote=False, transfer=True)
 
     # ------------------------------------------------------------------ follower side of replication
@@ -640,9 +683,16 @@ class RaftNode:
         result = self._accept_leader(m.source, m.term, now)
         if result is HeartbeatResult.SUCCESS:
             # The leader vouches that our entries up to m.commit_index equal its own.
-            self._matched_index = max(self._matched_index, min(m.commit_index, self._log.last_index()))
+            last = self._log.last_index()
+            self._matched_index = max(self._matched_index, min(m.commit_index, last))
             self._follow_commit(m.commit_index)
             self._retain_from_index = max(self._retain_from_index, m.retain_from_index)
+            self._gap_reported_end = -2  # OUT_OF_ORDER may be answered again (the last one may be lost)
+            if m.commit_index > last:
+                # Capped at our match index there: the leader believes we hold entries we lost
+                # (see "Lost entries"). Say where our log ends, or it would wait for a proposal.
+                self._gap_reported_end = last
+                self._send_push_response(m.source, PushType.APPEND, PushResult.OUT_OF_ORDER, -1)
         self._messages.append(HeartbeatResponse(self.self_id, m.source, self.term, result))
 
     def _follow_commit(self, leader_commit: int) -> None:
@@ -816,6 +866,13 @@ class RaftNode:
         last = self._log.last_index()
         if m.ack_index > last:
             raise ValueError(f"{m.source} acknowledges {m.ack_index} beyond the leader's last index {last}")
+        if m.end_index < progress.match_index:
+            # It lost entries it acknowledged (or the response is stale): count no more than it
+            # holds, and find where it matches from its end (see "Lost entries").
+            progress.match_index = m.end_index
+            progress.sent_at = None
+            self._start_compare(progress, m.end_index)
+            return
         if m.ack_index > progress.match_index:
             progress.match_index = m.ack_index
             progress.sent_at = now if progress.state is PushType.APPEND else progress.sent_at
@@ -1039,9 +1096,26 @@ class RaftNode:
             self._push(peer, progress, now, first, last)
         return first, last
 
+    def _maybe_caught_up(self) -> None:
+        """Clear the catch-up mark once the flushed log reached it (see "Lost entries")."""
+        if self._catch_up is None:
+            return
+        flushed = self.flushed_index
+        if flushed >= self._log.first_index():
+            term = self._log.term_at(flushed)
+        elif flushed == self._log.first_index() - 1:
+            term = self._log.term_before_first() if flushed >= 0 else -1
+        else:
+            return
+        if (term, flushed) >= self._catch_up:
+            self._catch_up = None
+            self._hard_state_changed = True
+
     def _after_event(self, now: float, *, push: bool = True) -> None:
         """What follows every event: a leader pushes (``push``: not after a proposal, whose
         entries go when the Ready is taken), commits and hands leadership over; invariants."""
+        if self._catch_up is not None:
+            self._maybe_caught_up()
         if self.role is Role.LEADER:
             if push:
                 _, last = self._push_all(now)

@@ -130,3 +130,6 @@ class RaftStatus:
     flushed_index: int
     pending_count: int
     peers: dict[str, PeerStatus]  # leader only; empty otherwise
+    # The catch-up mark's index: this member lost entries and neither votes as itself nor stands
+    # for election until its flushed log reaches it again (-1: none; node's "Lost entries").
+    catch_up_index: int = -1

@@ -47,6 +47,11 @@ class HardState:
     term: int  # current term (DLedger: currTerm)
     voted_for: str | None  # member id voted for in `term` (DLedger: voteLeader)
     committed_index: int  # -1 when nothing committed (a hint; the core re-derives it)
+    # The catch-up mark (``node``: "Lost entries"): a member whose recovery cut entries it may have
+    # acknowledged records the (term, index) its log ended at before; until its flushed log reaches
+    # it again it votes as if its log still ended there and stands for no election. -1: none.
+    catch_up_term: int = -1
+    catch_up_index: int = -1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

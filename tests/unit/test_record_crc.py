@@ -392,3 +392,62 @@ def test_a_store_of_records_without_the_tail_opens_verifies_and_reads_as_before(
     assert report.corrupt_offset is None and report.records == 120
     with MessageStore.open(str(tmp_path), small_config) as store:
         assert store.commit_log.max_offset == new[-1].next_offset
+
+
+# -- the read check (commitlog/read_check.py) --------------------------------------------------
+
+
+@settings(max_examples=200)
+@given(st.lists(messages, min_size=2, max_size=6), st.data())
+def test_the_read_check_refuses_a_header_flip_native_and_python_alike(messages_list, data):
+    from commitlog import read_check
+
+    buffer, starts, end = _log_of(messages_list)
+    spans = [(start, struct.unpack_from(">i", buffer, start)[0], 0) for start in starts]
+    index = data.draw(st.integers(0, len(starts) - 1))
+    start, size, _ = spans[index]
+    at = data.draw(st.sampled_from([*range(12, 28), *range(40, 84)]))  # header fields only the tail covers (IPv4 or not)
+    buffer[start + at] ^= 1 << data.draw(st.integers(0, 7))
+    view = memoryview(bytes(buffer))
+    python = read_check._check_spans_python(view, spans, 0, 0, crc32c.crc32c)
+    if native.AVAILABLE:
+        assert native.check_spans(view, spans, 0, 0, 2) == tuple(int(v) for v in python)
+    for use_native in {False, native.AVAILABLE}:
+        checked = read_check.read_records(lambda offset: (view, 0, "segment"), spans, crc_function=crc32c.crc32c,
+                                          native=use_native)  # fmt: skip
+        assert [bytes(v) for v in checked.views] == [bytes(view[s : s + n]) for s, n, _ in spans[:index]]
+        assert checked.damage is not None and (checked.damage.from_offset, checked.damage.to_offset) == (start, start + size)
+        assert checked.damage.reason != "body CRC mismatch"  # the header's damage, not the body's
+        ranged = read_check.read_range(lambda o, n: view[o : o + n], lambda o: "segment", 0, len(view),
+                                       crc_function=crc32c.crc32c, segment_end=len(view), native=use_native)  # fmt: skip
+        assert ranged.damage is not None and ranged.damage.from_offset == start
+
+
+def test_a_store_read_serves_the_records_before_a_header_flip_and_refuses_at_it(tmp_path, small_config):
+    from commitlog.read_check import DamagedRecordError
+
+    with MessageStore.open(str(tmp_path), small_config) as store:
+        results = _fill(store, 40)
+        store.dispatch()
+        victim = results[20]
+        segment = store.commit_log.mapped_file_queue.find_mapped_file_by_offset(victim.wrote_offset)
+        segment.view()[victim.wrote_offset - segment.file_from_offset + 20 + 7] ^= 0x01  # its queue offset
+        spans = [(r.wrote_offset, r.wrote_bytes) for r in results[18:23]]
+        checked = store.read_records(spans)
+        assert [bytes(v) for v in checked.views] == [bytes(store.read(o, n)) for o, n in spans[:2]]
+        assert checked.damage.from_offset == victim.wrote_offset and checked.damage.reason.startswith("record CRC mismatch")
+        assert store.read_checked(victim.wrote_offset, 1 << 16).damage.reason.startswith("record CRC mismatch")
+        with pytest.raises(DamagedRecordError, match=f"record at offset {victim.wrote_offset} is damaged \\(record CRC mismatch"):
+            store.get_record(victim.wrote_offset, check_crc=True)
+        assert [d.from_offset for d in store.damaged] == [victim.wrote_offset]
+
+
+def test_the_client_library_refuses_a_header_flip_on_arrival():
+    from hasvc.client.connection import _checked_record
+    from hasvc.client.results import DamagedRecordError as ClientDamagedRecordError
+
+    data = bytearray(encode(rec.Message("T", b"body", properties={"TAGS": "a"}), offset=4096))
+    assert _checked_record(bytes(data)).properties == {"TAGS": "a"}
+    data[72 + 3] ^= 0x01  # RECONSUMETIMES
+    with pytest.raises(ClientDamagedRecordError, match="record at offset 4096 failed its record CRC on arrival"):
+        _checked_record(bytes(data))

@@ -41,10 +41,85 @@ static uint32_t crc32c_table(const uint8_t *p, size_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
+/* Three streams at once (Mark Adler's crc32c.c, zlib licence, the method): the crc32 instruction
+ * takes 3 cycles and issues one a cycle, so one chain over a buffer runs at a third of the
+ * instruction's rate. Blocks of 3 x CRC_SHORT bytes (3 x CRC_LONG for long buffers) are walked as
+ * three chains in one loop and joined by "shift a CRC over n zero bytes" (a 32x32 GF(2) matrix,
+ * applied by four table lookups): CRC(A B) = shift(CRC(A), |B|) ^ CRC0(B). A 1 KiB record's CRC
+ * costs about half of what one chain costs; the tests compare it with the crc32c package. */
+#define CRC_LONG 8192
+#define CRC_SHORT 256
+static uint32_t crc_long_shift[4][256], crc_short_shift[4][256];
+
+static uint32_t gf2_matrix_times(const uint32_t *mat, uint32_t vec) {
+    uint32_t sum = 0;
+    while (vec) { if (vec & 1) sum ^= *mat; vec >>= 1; mat++; }
+    return sum;
+}
+
+static void gf2_matrix_square(uint32_t *square, const uint32_t *mat) {
+    for (int n = 0; n < 32; n++) square[n] = gf2_matrix_times(mat, mat[n]);
+}
+
+/* The operator that appends len zero bytes to a CRC (len a power of two). */
+static void crc32c_zeros_op(uint32_t *even, size_t len) {
+    uint32_t odd[32], row = 1;
+    odd[0] = 0x82F63B78u;  /* one zero bit */
+    for (int n = 1; n < 32; n++) { odd[n] = row; row <<= 1; }
+    gf2_matrix_square(even, odd);  /* two zero bits */
+    gf2_matrix_square(odd, even);  /* four */
+    do {  /* one zero byte in even, two in odd, ... until len is used up */
+        gf2_matrix_square(even, odd);
+        len >>= 1;
+        if (len == 0) return;
+        gf2_matrix_square(odd, even);
+        len >>= 1;
+    } while (len);
+    for (int n = 0; n < 32; n++) even[n] = odd[n];
+}
+
+static void crc32c_zeros(uint32_t zeros[4][256], size_t len) {
+    uint32_t op[32];
+    crc32c_zeros_op(op, len);
+    for (uint32_t n = 0; n < 256; n++) {
+        zeros[0][n] = gf2_matrix_times(op, n);
+        zeros[1][n] = gf2_matrix_times(op, n << 8);
+        zeros[2][n] = gf2_matrix_times(op, n << 16);
+        zeros[3][n] = gf2_matrix_times(op, n << 24);
+    }
+}
+
+static inline uint32_t crc32c_shift(uint32_t zeros[4][256], uint32_t crc) {
+    return zeros[0][crc & 0xFF] ^ zeros[1][(crc >> 8) & 0xFF] ^ zeros[2][(crc >> 16) & 0xFF] ^ zeros[3][crc >> 24];
+}
+
 #ifdef HAVE_X86
+__attribute__((target("sse4.2")))
+static uint64_t crc32c_three(uint64_t c0, const uint8_t **next, size_t *n, size_t block, uint32_t zeros[4][256]) {
+    const uint8_t *p = *next;
+    while (*n >= 3 * block) {
+        uint64_t c1 = 0, c2 = 0;
+        const uint8_t *end = p + block;
+        do {
+            uint64_t v0, v1, v2;
+            memcpy(&v0, p, 8); memcpy(&v1, p + block, 8); memcpy(&v2, p + 2 * block, 8);
+            c0 = _mm_crc32_u64(c0, v0); c1 = _mm_crc32_u64(c1, v1); c2 = _mm_crc32_u64(c2, v2);
+            p += 8;
+        } while (p < end);
+        c0 = crc32c_shift(zeros, (uint32_t)c0) ^ (uint32_t)c1;
+        c0 = crc32c_shift(zeros, (uint32_t)c0) ^ (uint32_t)c2;
+        p += 2 * block;
+        *n -= 3 * block;
+    }
+    *next = p;
+    return c0;
+}
+
 __attribute__((target("sse4.2")))
 static uint32_t crc32c_hw(const uint8_t *p, size_t n) {
     uint64_t c = 0xFFFFFFFFu;
+    c = crc32c_three(c, &p, &n, CRC_LONG, crc_long_shift);
+    c = crc32c_three(c, &p, &n, CRC_SHORT, crc_short_shift);
     while (n >= 8) { uint64_t v; memcpy(&v, p, 8); c = _mm_crc32_u64(c, v); p += 8; n -= 8; }
     uint32_t c32 = (uint32_t)c;
     while (n--) c32 = _mm_crc32_u8(c32, *p++);
@@ -1214,6 +1289,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native reco
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();
+    crc32c_zeros(crc_long_shift, CRC_LONG);
+    crc32c_zeros(crc_short_shift, CRC_SHORT);
     crc32_tables_init();
     str_index = PyUnicode_InternFromString("index");
     str_term = PyUnicode_InternFromString("term");

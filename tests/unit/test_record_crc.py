@@ -451,3 +451,12 @@ def test_the_client_library_refuses_a_header_flip_on_arrival():
     data[72 + 3] ^= 0x01  # RECONSUMETIMES
     with pytest.raises(ClientDamagedRecordError, match="record at offset 4096 failed its record CRC on arrival"):
         _checked_record(bytes(data))
+
+
+@pytest.mark.skipif(native.module is None, reason="native module not built")
+@given(st.integers(0, 3 * 8192 + 3 * 256 + 64), st.integers(0, 7), st.randoms(use_true_random=False))
+def test_the_native_crc32c_in_three_streams_matches_the_package(size, skip, random):
+    """The native CRC32C walks blocks of 3 x 256 and 3 x 8192 bytes as three chains joined by a
+    shift: every length around those blocks, at every alignment, gives the package's CRC."""
+    data = random.randbytes(size + skip)[skip:]
+    assert native.module.crc32c(data) == crc32c.crc32c(data)

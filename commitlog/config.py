@@ -35,7 +35,7 @@ class StoreConfig:
     append_record_crc: bool = True
     # Every record a read hands out (PULL, READ, MessageStore.pull) is walked and its body CRC
     # checked first, batched (commitlog/read_check.py); off hands out bytes unchecked. On: its cost
-    # on the read path is in docs/benchmarks.md ("Checking records on the way out").
+    # on the read path is in docs/design/read-check.md.
     check_crc_on_read: bool = True
     # Recovery refuses (rather than cuts) when the first invalid record would make it delete more
     # than this many later segments holding data: a torn tail spans at most the newest segment and

@@ -33,7 +33,7 @@ from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock
 from commitlog.commit_log import CommitLog, RecoveryReport
 from commitlog.damage import DamagedRange
-from commitlog.mapped_file import StoreError, nonzero_extent
+from commitlog.mapped_file import StoreError, fsync_directory, nonzero_extent
 from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog.scan import ScanCode, scan_segment
 
@@ -199,6 +199,36 @@ def repair_from(directory: str, fetch: Fetch, *, crc: str = "crc32c") -> RepairR
     raise RepairError(f"{directory}: still damaged after {REPAIR_ROUNDS_MAX} repair rounds")
 
 
+LOSS_MARKER = "loss-accepted"  # STORE/loss-accepted: "cut_offset=N" after accept_loss cut the log
+
+
+def write_loss_marker(directory: str, cut: int) -> None:
+    """Say on disk that this store gave up its bytes from ``cut`` on: it must not serve as a
+    master again (a slave may hold more of the same epoch, and a master that kept the epoch and
+    wrote on would fork it) until the operator says so (removes the file), or it has followed a
+    master as a slave. Written whole (tmp, fsync, rename, directory fsync)."""
+    path = os.path.join(directory, LOSS_MARKER)
+    with open(path + ".tmp", "w") as file:
+        file.write(f"cut_offset={cut}\n")
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(path + ".tmp", path)
+    fsync_directory(directory)
+
+
+def read_loss_marker(directory: str) -> int | None:
+    """The offset ``accept_loss`` cut at, when the store carries the mark; None otherwise."""
+    try:
+        with open(os.path.join(directory, LOSS_MARKER)) as file:
+            text = file.read().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        return int(text.partition("=")[2])
+    except ValueError:
+        return -1  # a damaged mark still says a loss was accepted
+
+
 def accept_loss(directory: str, *, crc: str = "crc32c") -> LossReport:
     """Cut the log at its first damaged range (the old recovery), zeroing what follows and deleting
     later segments; the checkpoint's flushed offset comes down to the cut."""
@@ -217,6 +247,7 @@ def accept_loss(directory: str, *, crc: str = "crc32c") -> LossReport:
         size = opened.log.segment_size
         dropped = sum(nonzero_extent(f.view(), max(0, cut - f.file_from_offset), size)
                       for f in files if f.file_from_offset + size > cut)  # fmt: skip
+        write_loss_marker(directory, cut)  # first: a cut that stops half-way still leaves the mark
         report = opened.recover(crc_function, accept_loss=True)
         assert report.end_offset == cut, (report.end_offset, cut)
         if opened.checkpoint.master_flushed_offset > cut:
@@ -227,4 +258,4 @@ def accept_loss(directory: str, *, crc: str = "crc32c") -> LossReport:
     return LossReport(cut, dropped, found.records_past_damage, found.damaged)
 
 
-__all__ = ["FETCH_SIZE_MAX", "LossReport", "RepairError", "RepairReport", "accept_loss", "check_fetched", "repair_from"]
+__all__ = ["LOSS_MARKER", "read_loss_marker", "write_loss_marker", "FETCH_SIZE_MAX", "LossReport", "RepairError", "RepairReport", "accept_loss", "check_fetched", "repair_from"]

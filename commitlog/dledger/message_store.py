@@ -178,7 +178,7 @@ class DLedgerMessageStore:
         self.queues_rebuilt: tuple[tuple[str, int], ...] = ()  # (topic, queue id) recovery found cut by damage
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
-        self.damaged: list[DamagedRange] = []  # damage found (by recovery, by reads): STATUS ``damaged``
+        self.read_damaged: list[DamagedRange] = []  # damage reads found (recovery's is the entry store's)
         self._queue_table: dict[tuple[str, int], int] = {}
         self._pending: list[tuple[int, int, int]] = []  # (index, pos, entry size) accepted, not yet appended
         self._last_store_timestamp = 0
@@ -763,7 +763,7 @@ class DLedgerMessageStore:
             head = self.read(offset, _SIZE_WORD.size)
             size = _SIZE_WORD.unpack(head)[0] if len(head) == _SIZE_WORD.size else 0
             checked = read_check.noted(read_check.read_records(self._segment_of, [(offset, max(size, 8))],
-                                                               crc_function=self.crc_function), self.damaged)  # fmt: skip
+                                                               crc_function=self.crc_function), self.read_damaged)  # fmt: skip
             if checked.damage is not None:
                 raise read_check.DamagedRecordError(checked.damage)
         return self._record_at(offset)
@@ -772,7 +772,7 @@ class DLedgerMessageStore:
         """MessageStore.read_records: one walk per record here (entry headers lie between them)."""
         checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read,
                                           copy=copy)  # fmt: skip
-        return read_check.noted(checked, self.damaged)
+        return read_check.noted(checked, self.read_damaged)
 
     def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:
         """MessageStore.read_checked: in the DLedger part each entry's record is walked alone."""
@@ -788,7 +788,7 @@ class DLedgerMessageStore:
             header = BODY_OFFSET
         checked = read_check.read_range(self.read, self._file_path, offset, size_max, crc_function=self.crc_function,
                                         segment_end=segment_end, entry_header_size=header)  # fmt: skip
-        return read_check.noted(checked, self.damaged)
+        return read_check.noted(checked, self.read_damaged)
 
     def _segment_of(self, offset: int) -> read_check.Segment:
         """The readable bytes of the file holding ``offset``: a classic segment's, or a data file's
@@ -858,8 +858,9 @@ class DLedgerMessageStore:
 
     @property
     def damaged(self) -> list[DamagedRange]:
-        """Damage the entry store's recovery found and cut (repaired from the Raft leader, or accepted)."""
-        return self.entries.damaged if self.entries is not None else []
+        """Damage the entry store's recovery found and cut (repaired from the Raft leader, or
+        accepted), then what reads found since (STATUS ``damaged``)."""
+        return (self.entries.damaged if self.entries is not None else []) + self.read_damaged
 
     def statistics(self) -> StoreStatistics:
         classic_segments = len(self.classic.mapped_file_queue.mapped_files) if self.classic is not None else 0

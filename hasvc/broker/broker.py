@@ -25,7 +25,9 @@ import time
 
 import trio
 
+from commitlog import repair
 from commitlog.commit_log import DamagedLogError
+from commitlog.mapped_file import StoreError
 from commitlog.store import MessageStore
 from hasvc import transport
 from hasvc.admission import serve_admitted
@@ -136,6 +138,7 @@ class Broker:
         """The store, open; a master whose store is damaged first repairs it from a slave
         (``repairing``), or refuses with the store's one line."""
         open_store = functools.partial(MessageStore.open, self.config.store, self.config.store_config())
+        self._check_loss_marker()
         try:
             return await trio.to_thread.run_sync(open_store)
         except DamagedLogError as damage:
@@ -143,6 +146,24 @@ class Broker:
                 raise
             await repair_from_a_slave(self.config, damage, ssl_context=self._server_ssl())
         return await trio.to_thread.run_sync(open_store)
+
+    def _check_loss_marker(self) -> None:
+        """A store that accepted a loss (``hasvc store repair --accept-loss``) does not serve as a
+        master: a slave may hold more of the epoch it cut, and a master that kept that epoch and
+        wrote on would fork it. As a slave it follows its master (whose history then decides) and
+        the mark goes."""
+        cut = repair.read_loss_marker(self.config.store)
+        if cut is None:
+            return
+        path = os.path.join(self.config.store, repair.LOSS_MARKER)
+        if not self.role_state.is_slave:
+            raise StoreError(
+                f"{path}: this store gave up its log from offset {cut} (store repair --accept-loss), so a slave may hold "
+                f"more of that epoch: promote the replica that holds the most and start this one as its slave; if no other "
+                f"copy exists, remove {path} to serve from this store as master"
+            )
+        os.unlink(path)
+        LOGGER.warning("%s: this store gave up its log from offset %d; it follows its master now", path, cut)
 
     def _open_start_epoch(self) -> None:
         """A master's epoch as it starts: a new store draws its first; after an abnormal exit a

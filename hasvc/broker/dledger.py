@@ -79,11 +79,13 @@ from commitlog import record as rec
 from commitlog.dledger.entry_store import DLedgerStoreConfig
 from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.mapped_file import DiskFullError, StoreError, is_disk_full
+from commitlog.scrub import EntryQueueScrubber
 from commitlog.store import AppendResult, disk_used_ratio
 from hasvc import admission as port_admission
 from hasvc import transport
 from hasvc.broker.client_port import ClientPort
 from hasvc.broker.put_service import PutService, rebuild_producer_table
+from hasvc.broker.store_tasks import SCRUB_PASS_PAUSE_SECONDS, SCRUB_STEP_PAUSE_MIN_SECONDS
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
 from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
@@ -121,6 +123,9 @@ INDEX_FLUSH_INTERVAL_SECONDS = 1.0
 CHECKPOINT_INTERVAL_SECONDS = 3.0
 CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS = 1.0
 DISPATCH_INLINE_BYTES_MAX = 256 * 1024  # entries a commit dispatches inline; beyond, the dispatcher task
+# The consume queues' scrub walks at most this many entry bytes a step, on the trio thread (a
+# native walk and a comparison of the units: well under a millisecond a step here).
+DLEDGER_SCRUB_STEP_BYTES = 256 * 1024
 # With --flush sync, a flush of at most this many unflushed entries runs in the loop rather than in
 # the worker thread: the thread's hand-off (start, wake-up byte, a loop pass) cost more than the
 # msync (~130 us here) and sat on the path of every put at one writer; more entries than this mean
@@ -991,6 +996,7 @@ class DLedgerBroker:
         self._dispatch_wakeup = trio.Event()
         self._taking_writes = False
         self.retention_passes = 0  # retention passes done (status: lets a test wait for one)
+        self.scrubber: EntryQueueScrubber | None = None  # the consume queues' background check, once running
         # Held while a worker thread flushes the consume queues (StoreTasks.maintenance's role)
         # and while retention deletes files (consume queue files among them).
         self.maintenance = trio.Lock()
@@ -1066,6 +1072,7 @@ class DLedgerBroker:
         nursery.start_soon(self._dispatcher)
         nursery.start_soon(self._consume_queue_flusher)
         nursery.start_soon(self._retention)
+        nursery.start_soon(self._scrub)
         await self.driver.run(nursery, raft_listener)
         task_status.started(self.addresses())
         LOGGER.info("ready: %s", json.dumps(self.addresses()))
@@ -1184,6 +1191,28 @@ class DLedgerBroker:
                                " (disk above disk_clean_ratio: regardless of the members' needs)" if over_ratio else "",
                                store.entries.first_index(), store.min_offset)  # fmt: skip
 
+    async def _scrub(self) -> None:
+        """The consume queues re-checked against the committed entries in the background
+        (``commitlog.scrub.EntryQueueScrubber``), ``scrub_bytes_per_second`` (0: off): a unit
+        that no longer matches its record is rewritten from it. On the trio thread, a step of at
+        most DLEDGER_SCRUB_STEP_BYTES at a time with ``maintenance`` held, as retention runs (the
+        entry files are never reset or deleted under it)."""
+        rate = self.store.config.scrub_bytes_per_second
+        if rate <= 0:
+            return
+        self.scrubber = EntryQueueScrubber(self.store)
+        while True:
+            async with self.maintenance:
+                step = self.scrubber.step(DLEDGER_SCRUB_STEP_BYTES)
+            for topic, queue_id, queue_offset in step.units_repaired:
+                LOGGER.warning("scrub: consume queue %s/%d unit %d did not match its record: rewritten from it",
+                               topic, queue_id, queue_offset)  # fmt: skip
+            if step.pass_completed:
+                await trio.sleep(SCRUB_PASS_PAUSE_SECONDS)
+            else:
+                await trio.sleep(max((step.checked_to - step.checked_from) / rate, SCRUB_STEP_PAUSE_MIN_SECONDS))
+        raise AssertionError("unreachable")
+
     def _on_role(self) -> None:
         """Play SYNC_MASTER while leading with every entry committed and dispatched, else SLAVE."""
         node = self.driver.node
@@ -1239,6 +1268,7 @@ class DLedgerBroker:
             **self.client_port.answer_budget.statistics(),
             "appends_dropped_disk_full": self.driver.appends_dropped_disk_full,
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
+            "scrub": self.scrubber.statistics.to_json() if self.scrubber is not None else None,
             "catch_up_index": raft.catch_up_index,
             "damaged": [damage.to_json() for damage in self.store.damaged],
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,

@@ -305,6 +305,8 @@ def store_repair(directory: str, peer: str | None, accept_loss: bool, crc: str, 
                 click.echo(f"{directory}: cut the log at offset {loss.cut_offset} ({loss.damaged[0].describe()}): "
                            f"dropped {loss.dropped_bytes} bytes, the damaged records and {loss.dropped_records} "
                            f"valid records after them")  # fmt: skip
+                click.echo(f"{directory}: it starts as a slave from now on (a replica may hold more of its epoch: promote "
+                           f"the one that holds the most); to serve from it as master, remove {directory}/{repair.LOSS_MARKER}")  # fmt: skip
             return
         report = _repair_from(directory, peer, crc, secret_file, tls_ca)
     except StoreError as error:

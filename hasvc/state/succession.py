@@ -34,7 +34,8 @@ from collections.abc import Sequence
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Candidate:
-    """A broker as ``hasvc status`` shows it: its newest epoch and where its log ends."""
+    """A broker as ``hasvc status`` shows it: the newest epoch its log reaches and where its log
+    ends (``of``: from its epoch table)."""
 
     name: str
     last_epoch: int
@@ -43,6 +44,18 @@ class Candidate:
     @property
     def position(self) -> tuple[int, int]:
         return (self.last_epoch, self.max_offset)
+
+    @classmethod
+    def of(cls, name: str, epochs: Sequence[tuple[int, int]], max_offset: int) -> Candidate:
+        """The candidate whose epoch table is ``epochs`` ((epoch, start offset) pairs, oldest
+        first) and whose log ends at ``max_offset``: its epoch is the newest one starting at or
+        below that end. A slave adopts its master's whole table at the handshake, before it has
+        caught up: entries past its end name epochs of which it holds no byte, and ranking it by
+        them would put a log that stops in epoch 1 above one that holds epoch 3 (the classic
+        simulation found that when a slave that lost most of its log rejoined just before its
+        master died)."""
+        reached = [epoch for epoch, start in epochs if start <= max_offset]
+        return cls(name, reached[-1] if reached else 0, max_offset)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,15 +73,22 @@ def qualifies(candidate: Candidate, *, confirmed_offset: int, newest_epoch: int)
 
 
 def choose_successor(dead_master: Candidate | None, slaves: Sequence[Candidate], *, confirmed_offset: int,
-                     prefer_restart: bool) -> Succession:  # fmt: skip
+                     prefer_restart: bool, opens_epoch: bool = True) -> Succession:  # fmt: skip
     """The broker to take over (see the module). ``dead_master`` None: it cannot come back.
-    ``prefer_restart``: restart the old master when it qualifies, even if a slave does too."""
+    ``prefer_restart``: restart the old master when it qualifies, even if a slave does too.
+    ``opens_epoch``: the dead master opens a new epoch as it starts (``epoch_on_start``); when it
+    would not (a clean stop, then its log lost bytes: a loss accepted) and a slave holds more of
+    its epoch, it is not restarted: it would write other bytes at offsets that slave holds in
+    the same epoch, and that slave refuses to follow it (``handshake.reconcile``)."""
     candidates = ([dead_master] if dead_master is not None else []) + list(slaves)
     if not candidates:
         raise ValueError("no broker can take over: the dead master cannot restart and no slave runs")
     newest = max(c.last_epoch for c in candidates)
     good = [c for c in slaves if qualifies(c, confirmed_offset=confirmed_offset, newest_epoch=newest)]
     master_good = dead_master is not None and qualifies(dead_master, confirmed_offset=confirmed_offset, newest_epoch=newest)
+    if master_good and not opens_epoch:
+        master_good = not any(s.last_epoch == dead_master.last_epoch and s.max_offset > dead_master.max_offset
+                              for s in slaves)  # fmt: skip
     if master_good and (prefer_restart or not good):
         return Succession(dead_master.name, restart=True, keeps_all=True)
     if good:

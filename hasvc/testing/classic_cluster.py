@@ -15,6 +15,16 @@ bytes: a heartbeat) and ``("report", s, offset)``. A lost, duplicated or reorder
 at the slave as an offset refusal, which ends the session as a broken TCP stream would; the slave
 says hello again.
 
+Storage faults (``FaultyLog``, the faults' switches on ``Broker``): a full disk refuses appends
+(the master answers DISK_FULL and stores nothing; a slave takes no frame and reports nothing, its
+session breaks as a refused write closes the connection) until space frees; an I/O error on a
+write or an fsync leaves the broker ``io_failed``: it never retries and believes -- a master
+answers its waits and new puts with errors, a slave takes and reports nothing more -- until the
+operator restarts it (a crash: what was not flushed may be gone). Damage done to a stopped
+broker's disk (a flipped bit in a record, or flushed bytes gone) is found when it starts:
+``damage`` holds the range; the operator repairs it from a peer or accepts the loss
+(``repair``, ``accept_loss``) before ``restart``, which refuses a damaged store.
+
 ``ClassicChecker`` (see its docstring) is called after every delivery and every tick.
 """
 
@@ -23,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from commitlog.epoch import EpochEntry, truncate_suffix_by_offset, validate
+from commitlog.epoch import EpochEntry, find_consistent_point, truncate_suffix_by_offset, validate
 from commitlog.memory_log import MemoryLog
 from commitlog.record import PutMessageStatus
 from hasvc.config import BrokerRole
@@ -50,6 +60,43 @@ class SafetyViolation(AssertionError):
     """The simulated cluster broke a property the cores promise."""
 
 
+class FaultyLog(MemoryLog):
+    """``MemoryLog`` with the disk's faults: bytes changed in place (a flipped bit, a repair
+    writing a range back) and bytes lost below the flushed offset. Each bumps ``generation`` so
+    that the checker compares the log again in full."""
+
+    def flip(self, offset: int, bit: int) -> None:
+        self._data[offset - self.min_offset] ^= 1 << bit
+        self.generation += 1
+
+    def write_back(self, offset: int, data: bytes) -> None:
+        """A repair: ``data`` over ``[offset, offset + len(data))``, which may run past the end
+        (flushed bytes that were lost come back); flushed, as the repair fsyncs."""
+        start = offset - self.min_offset
+        assert 0 <= start <= len(self._data), (offset, self.min_offset, self.max_offset)
+        self._data[start : start + len(data)] = data
+        self.generation += 1
+        self.flush()
+
+    def lose_flushed(self, offset: int) -> None:
+        """Everything from ``offset`` on is gone, flushed or not (a disk that lied about an fsync,
+        a lost segment file)."""
+        self.truncate(offset)
+
+
+@dataclasses.dataclass(frozen=True)
+class Damage:
+    """What recovery finds on a stopped broker's disk: ``[start, end)`` holds other bytes than
+    ``truth`` (a flipped bit: the record that holds it), or is gone (lost writes: from where the
+    log now ends to the checkpoint's flushed offset). ``claimed_end``: where the log ended before."""
+
+    start: int
+    end: int
+    reason: str
+    truth: bytes
+    claimed_end: int
+
+
 @dataclasses.dataclass
 class Session:
     number: int
@@ -72,9 +119,14 @@ class Broker:
 
     def __init__(self, name: str, role: BrokerRole, master: str | None) -> None:
         self.name = name
-        self.log = MemoryLog(segment_size=SEGMENT_SIZE)
+        self.log = FaultyLog(segment_size=SEGMENT_SIZE)
         self.epochs: list[EpochEntry] = []
         self.up = False
+        self.clean_stop = False  # the last stop was clean (no abort file): a master keeps its epoch
+        self.damage: Damage | None = None  # found by recovery: the store refuses to start
+        self.disk_full_until = -1.0  # appends fail with ENOSPC before this time
+        self.fail_next_write = False  # the next append fails with EIO
+        self.fail_next_fsync = False  # the next fsync fails with EIO
         self.start(role, master)
 
     def start(self, role: BrokerRole, master: str | None) -> None:
@@ -88,6 +140,7 @@ class Broker:
         self.session: Session | None = None  # slave: its session with the master
         self.hello_at = -1.0
         self.flush_at = 0.0
+        self.io_failed = ""  # why a write or an fsync failed: nothing acknowledged until a restart
 
     def view(self) -> handshake.LogView:
         return handshake.LogView(tuple(self.epochs), self.log.min_offset, self.log.max_offset, SEGMENT_SIZE)
@@ -109,7 +162,12 @@ class ClassicChecker:
       byte, up to its own end (so a rejoined log matches);
     * the highest acknowledged end never decreases within one master epoch;
     * no put is stored while its master is fenced or a slave;
-    * every epoch table strictly increases (a promotion reusing an epoch is counted: ``epoch_reuses``).
+    * every epoch table strictly increases (a promotion reusing an epoch is counted: ``epoch_reuses``);
+    * storage damage: a repair writes back exactly the bytes that were there (``repaired``); a loss
+      is accepted only when no other log holds the damaged bytes, and the acknowledged puts no log
+      holds after it are counted apart as ``accepted`` (``accepted_loss``), never silently; a slave
+      is never cut inside its master's current epoch to match a master whose log ends shorter
+      there (``slave_cut``: a healthy copy is never cut to match a damaged or shorter one).
 
     Incremental: a ``MemoryLog`` only grows between two changes of its ``generation`` (a
     truncation or a lossy crash), so the checker remembers what it has compared -- the acknowledged
@@ -122,6 +180,7 @@ class ClassicChecker:
     def __init__(self) -> None:
         self.acked: dict[int, tuple[int, bytes]] = {}  # put id -> (offset, bytes), in ack order
         self.forgiven: set[int] = set()
+        self.accepted: set[int] = set()  # lost to a loss the operator accepted (no healthy copy)
         self.acked_to: dict[tuple[str, int], int] = {}
         self.highest_epoch = 0
         self.epoch_reuses = 0
@@ -141,7 +200,7 @@ class ClassicChecker:
         """SYNC_MASTER's promise, checked as it is made: the bytes are on another broker. ``excused``:
         a slave acknowledged them from its page cache and has lost bytes since (a power loss; without
         flush before ack that is allowed, as in RocketMQ: the ack was already on its way)."""
-        holders = sum(1 for b in brokers if b is not broker and _holds(b.log, offset, data))
+        holders = sum(1 for b in brokers if b is not broker and _held(b, offset, data))
         if not excused and holders < self.in_sync_replicas:
             raise SafetyViolation(f"{broker.name} acknowledged put {put_id} at {offset} under SYNC_MASTER, "
                                   f"but {holders} other broker(s) hold it, in_sync_replicas is {self.in_sync_replicas}")  # fmt: skip
@@ -159,9 +218,41 @@ class ClassicChecker:
         self.highest_epoch = max(self.highest_epoch, epoch)
 
     def after_crash(self, brokers: list[Broker]) -> None:
+        """Also after flushed bytes were lost: what went past the flushed offset with them went
+        as a power loss takes it (what went below it is in the damage, repaired or accepted)."""
         for put_id, (offset, data) in self.acked.items():
-            if put_id not in self.forgiven and not any(_holds(b.log, offset, data) for b in brokers):
+            if put_id not in self.forgiven and not any(_held(b, offset, data) for b in brokers):
                 self.forgiven.add(put_id)
+
+    def repaired(self, broker: Broker, damage: Damage) -> None:
+        if _read(broker.log, damage.start, damage.end) != damage.truth:
+            raise SafetyViolation(f"{broker.name}'s repair of [{damage.start}, {damage.end}) ({damage.reason}) "
+                                  f"wrote other bytes than it had held")  # fmt: skip
+
+    def accepted_loss(self, broker: Broker, damage: Damage, brokers: list[Broker]) -> None:
+        """The operator cut ``broker``'s log at ``damage.start``: no other log may hold the damaged
+        bytes (a healthy copy existed); the acknowledged puts now held nowhere are counted apart."""
+        for other in brokers:
+            if other is not broker and _holds(other.log, damage.start, damage.truth):
+                raise SafetyViolation(f"{broker.name} accepted the loss of [{damage.start}, {damage.end}) "
+                                      f"({damage.reason}) while {other.name} holds those bytes")  # fmt: skip
+        for put_id, (offset, data) in self.acked.items():
+            if put_id not in self.forgiven and put_id not in self.accepted \
+                    and not any(_holds(b.log, offset, data) for b in brokers):  # fmt: skip
+                self.accepted.add(put_id)
+
+    def slave_cut(self, slave: Broker, truncate_to: int, hello: ha.MasterHello) -> None:
+        """A slave cuts its log to ``truncate_to`` to follow the master that answered ``hello``
+        (judged by what that answer said: a master may have died since it sent it): never bytes
+        of the master's current epoch that the master's log no longer reaches."""
+        if not hello.epochs or slave.log.max_offset <= hello.max_offset:
+            return
+        epoch, start = hello.epochs[-1]
+        held = any(e.epoch == epoch and e.start_offset == start for e in slave.epochs)
+        if held and truncate_to >= start:
+            raise SafetyViolation(f"slave {slave.name} cut to {truncate_to}, inside master {slave.master}'s epoch "
+                                  f"{epoch}, to match the master's shorter log (end {hello.max_offset}, "
+                                  f"ours {slave.log.max_offset})")  # fmt: skip
 
     def check(self, brokers: list[Broker]) -> None:
         for broker in brokers:
@@ -179,7 +270,7 @@ class ClassicChecker:
             self.full_checks += 1
         for put_id in self._acked_order[self._acked_checked :]:
             offset, data = self.acked[put_id]
-            if put_id not in self.forgiven and not _holds(master.log, offset, data):
+            if put_id not in self.forgiven and put_id not in self.accepted and not _holds(master.log, offset, data):
                 raise SafetyViolation(f"put {put_id} acknowledged at {offset} under SYNC_MASTER is not in "
                                       f"master {master.name}'s log (end {master.log.max_offset})")  # fmt: skip
         self._acked_checked = len(self._acked_order)
@@ -217,6 +308,20 @@ def _holds(log: MemoryLog, offset: int, data: bytes) -> bool:
     return _read(log, offset, offset + len(data)) == data
 
 
+def _held(broker: Broker, offset: int, data: bytes) -> bool:
+    """``broker`` held these bytes before its disk damaged them (a stopped broker's report still in
+    flight acknowledges them: damage done later is a fault of its own, judged at repair)."""
+    if _holds(broker.log, offset, data):
+        return True
+    damage = broker.damage
+    if damage is None or not damage.start <= offset < damage.end:
+        return False
+    if offset + len(data) <= damage.end:
+        return damage.truth[offset - damage.start : offset - damage.start + len(data)] == data
+    head = damage.end - offset  # a record that runs past the damaged range: the rest is on the log
+    return damage.truth[offset - damage.start :] == data[:head] and _holds(broker.log, damage.end, data[head:])
+
+
 class ClassicCluster:
     """``names[0]`` starts as master (epoch 1), the others as its slaves."""
 
@@ -248,6 +353,11 @@ class ClassicCluster:
         self.promotion_epoch_cuts = 0
         self.restart_epochs = 0  # masters that opened a new epoch as they restarted after a crash
         self.successions = {True: 0, False: 0}  # the operator's choices, by whether they kept every ack
+        self.records: list[tuple[int, bytes]] = []  # every put any master stored: (offset, bytes)
+        self.storage_faults: dict[str, int] = {}  # by kind: what the disks did
+        self.repairs = 0
+        self.accepted_losses = 0  # damage cut because no peer held the range
+        self.shrunk_refusals = 0  # a slave refused a master that lost bytes of its own epoch
         # Mutation switches for the hand check of the checker (never set by the simulation).
         self.mutation = ""
 
@@ -296,9 +406,23 @@ class ClassicCluster:
                 self._expire(broker)
 
     def _flush(self, broker: Broker) -> None:
+        if broker.io_failed:
+            return  # never retried: what it wrote may be gone from the page cache
+        if broker.fail_next_fsync and broker.log.flushed_offset < broker.log.max_offset:
+            self._io_failed(broker, "EIO on an fsync")
+            return
         broker.log.flush()
         if broker.session and broker.session.reports:
             broker.session.reports.flushed_to(broker.log.flushed_offset)
+
+    def _io_failed(self, broker: Broker, reason: str) -> None:
+        """A write or an fsync failed: the broker acknowledges nothing more until it restarts. A
+        master answers its waits with errors; a slave takes and reports nothing more."""
+        broker.io_failed = f"{reason} at {self.now:.3f}"
+        broker.fail_next_write = broker.fail_next_fsync = False
+        for _wait in broker.pending:
+            self._outcome(PutMessageStatus.UNKNOWN_ERROR.value)
+        broker.pending = []
 
     def _send(self, source: str, target: str, message: tuple) -> None:
         self.network.send(source, target, message, self.now)
@@ -315,14 +439,24 @@ class ClassicCluster:
             master_max_offset=master.log.max_offset, max_gap=MAX_GAP))  # fmt: skip
         if refusal is not None:
             return self._outcome(refusal.status.value)
+        if master.io_failed:  # a write or fsync failed: it never retries and believes
+            return self._outcome(PutMessageStatus.SERVICE_NOT_AVAILABLE.value)
+        if self.now < master.disk_full_until:  # ENOSPC: nothing stored, nothing acknowledged
+            return self._outcome(PutMessageStatus.DISK_FULL.value)
+        if master.fail_next_write:  # EIO on the write: nothing stored
+            self._io_failed(master, "EIO on a write")
+            return self._outcome(PutMessageStatus.UNKNOWN_ERROR.value)
         self.checker.stored(master)
         offset = master.log.max_offset
         if offset + len(data) > offset - offset % SEGMENT_SIZE + SEGMENT_SIZE:  # a record never crosses a segment
             offset = offset - offset % SEGMENT_SIZE + SEGMENT_SIZE
             master.log.append_replicated(master.log.max_offset, b"\0" * (offset - master.log.max_offset))
         master.log.append_replicated(offset, data)
+        self.records.append((offset, data))
         if self.tracker.sync_flush:
             self._flush(master)
+            if master.io_failed:
+                return self._outcome(PutMessageStatus.UNKNOWN_ERROR.value)
         end = offset + len(data)
         watermark = self._watermark(master)
         if self.mutation == "ack-before-report":
@@ -353,6 +487,8 @@ class ClassicCluster:
         return master.replicas.ack_watermark(needed)
 
     def _release(self, master: Broker) -> None:
+        if master.io_failed:
+            return
         watermark = self._watermark(master)
         for wait in [w for w in master.pending if w.end <= watermark]:
             master.pending.remove(wait)
@@ -414,6 +550,8 @@ class ClassicCluster:
     # ------------------------------------------------------------------ slave side
 
     def _hello(self, slave: Broker) -> None:
+        if slave.io_failed:
+            return
         self.session_counter += 1
         slave.session = Session(self.session_counter)
         slave.hello_at = self.now + HELLO_RETRY_SECONDS
@@ -424,13 +562,17 @@ class ClassicCluster:
     def _on_master_hello(self, slave: Broker, session: int, hello: ha.MasterHello) -> None:
         if slave.session is None or slave.session.number != session or slave.session.established:
             return
+        if slave.io_failed:
+            return
         answer = handshake.reconcile(slave.view(), slave.log.max_wrote_offset, hello)
         if answer.master_epoch:
             slave.role.epoch_seen(answer.master_epoch)
         if answer.refusal:
+            self.shrunk_refusals += answer.master_shrank
             slave.session = None
             return
         if answer.truncate_to is not None and self.mutation != "skip-truncate":
+            self.checker.slave_cut(slave, answer.truncate_to, hello)
             slave.log.truncate(answer.truncate_to)
             self.truncations += 1
         if answer.epochs is not None:
@@ -442,18 +584,27 @@ class ClassicCluster:
         self._report(slave)
 
     def _report(self, slave: Broker) -> None:
+        if slave.io_failed:
+            return  # nothing past what it knew flushed: it reports nothing more
         offset = slave.session.reports.report(log_end=slave.log.max_offset)
         self._send(slave.name, slave.master, ("report", slave.session.number, offset))
 
     def _on_frame(self, slave: Broker, session: int, offset: int, data: bytes) -> None:
         if slave.session is None or slave.session.number != session or not slave.session.established:
             return
+        if slave.io_failed:
+            return  # takes and reports nothing: the master sees it fall behind
         refusal = follower.offset_refusal(offset, log_end=slave.log.max_offset, log_started=True)
         if refusal is None and data:
             room = SEGMENT_SIZE - offset % SEGMENT_SIZE
             refusal = follower.room_refusal(offset, len(data), room=room)
+        if refusal is None and data and self.now < slave.disk_full_until:
+            refusal = "ENOSPC"  # the append is refused: no report, the connection closes
         if refusal is not None:
             slave.session = None  # the stream broke: say hello again
+            return
+        if data and slave.fail_next_write:
+            self._io_failed(slave, "EIO on a write")
             return
         slave.hello_at = self.now  # last heard from the master
         if data:
@@ -479,10 +630,15 @@ class ClassicCluster:
 
     # ------------------------------------------------------------------ faults
 
-    def crash(self, name: str, *, power_loss: bool) -> None:
+    def crash(self, name: str, *, power_loss: bool, clean: bool = False) -> None:
+        """A kill or a power loss; ``clean``: a SIGTERM stop (flushed first, no abort file)."""
         broker = self.brokers[name]
         assert broker.up
+        if clean:
+            self._flush(broker)  # a failed fsync leaves it unclean: the abort file stays
+            clean = not broker.io_failed
         broker.up = False
+        broker.clean_stop = clean
         for _wait in broker.pending:  # the clients see the connection close: no answer
             self._outcome("NO_ANSWER")
         broker.pending = []
@@ -493,13 +649,17 @@ class ClassicCluster:
         self.checker.after_crash(list(self.brokers.values()))
 
     def restart(self, name: str, role: BrokerRole, master: str | None) -> None:
-        """Start a crashed broker again; as a master it opens a new epoch at its recovered end
-        (``succession.epoch_on_start``: every start here follows a crash)."""
+        """Start a stopped broker again; as a master after a crash it opens a new epoch at its
+        recovered end (``succession.epoch_on_start``). A damaged store refuses to start: the
+        operator repairs it or accepts the loss first."""
         broker = self.brokers[name]
         assert not broker.up
+        if broker.damage is not None:
+            raise SafetyViolation(f"{name} started on a damaged store: {broker.damage.reason}")
         broker.start(role, master)
         if role is not BrokerRole.SLAVE:
-            epoch = succession.epoch_on_start(broker.last_epoch if broker.epochs else None, clean_exit=False)
+            last = broker.last_epoch if broker.epochs else None
+            epoch = succession.epoch_on_start(last, clean_exit=broker.clean_stop)
             if epoch is not None:
                 broker.epochs = truncate_suffix_by_offset(broker.epochs, broker.log.max_offset + 1)
                 broker.epochs.append(EpochEntry(epoch, broker.log.max_offset))
@@ -533,3 +693,93 @@ class ClassicCluster:
                 other.master = name
                 other.role.master_ha = (name, 0)
                 other.session = None
+
+    # ------------------------------------------------------------------ storage faults and the operator's repair
+
+    def _fault(self, kind: str) -> None:
+        self.storage_faults[kind] = self.storage_faults.get(kind, 0) + 1
+
+    def disk_full(self, name: str, seconds: float) -> None:
+        self.brokers[name].disk_full_until = self.now + seconds
+        self._fault("enospc")
+
+    def fail_write(self, name: str) -> None:
+        self.brokers[name].fail_next_write = True
+        self._fault("eio-write")
+
+    def fail_fsync(self, name: str) -> None:
+        self.brokers[name].fail_next_fsync = True
+        self._fault("eio-fsync")
+
+    def _held_records(self, broker: Broker, rng: random.Random, below: int, tries: int = 24) -> list[tuple[int, bytes]]:
+        """Some records ``broker``'s log holds whole below ``below`` (sampled: the list is long)."""
+        if not self.records:
+            return []
+        picks = [self.records[rng.randrange(len(self.records))] for _ in range(tries)]
+        return [(offset, data) for offset, data in picks
+                if broker.log.min_offset <= offset and offset + len(data) <= below and _holds(broker.log, offset, data)]
+
+    def flip_bit(self, name: str, rng: random.Random) -> bool:
+        """A stopped broker's disk flips one bit in a record below its flushed offset (what a
+        restart then finds as damage, not a torn tail)."""
+        broker = self.brokers[name]
+        assert not broker.up and broker.damage is None
+        held = self._held_records(broker, rng, broker.log.flushed_offset)
+        if not held:
+            return False
+        offset, data = held[0]
+        where = offset + rng.randrange(len(data))
+        broker.log.flip(where, rng.randrange(8))
+        broker.damage = Damage(offset, offset + len(data), f"body CRC mismatch at {offset} (bit flipped at {where})",
+                               data, broker.log.max_offset)  # fmt: skip
+        self._fault("flip")
+        return True
+
+    def lose_writes(self, name: str, rng: random.Random) -> bool:
+        """A stopped broker's log ends below its checkpoint's flushed offset: flushed bytes gone
+        from a record's start on (the disk lied about an fsync, or a segment file went)."""
+        broker = self.brokers[name]
+        assert not broker.up and broker.damage is None
+        flushed = broker.log.flushed_offset
+        held = self._held_records(broker, rng, flushed)
+        if not held:
+            return False
+        start = held[0][0]
+        truth = _read(broker.log, start, flushed)
+        claimed = broker.log.max_offset
+        broker.log.lose_flushed(start)
+        reason = f"lost writes: the log ends at {start}, flushed to {flushed}"
+        broker.damage = Damage(start, flushed, reason, truth, claimed)
+        self.checker.after_crash(list(self.brokers.values()))  # the unflushed tail went too
+        self._fault("lost-writes")
+        return True
+
+    def repair_source(self, name: str) -> Broker | None:
+        """A running peer that holds the damaged range under the same epoch history (the logs
+        are byte-identical there), or None."""
+        broker = self.brokers[name]
+        damage = broker.damage
+        for peer in self.brokers.values():
+            if peer is broker or not peer.up or peer.log.min_offset > damage.start or peer.log.max_offset < damage.end:
+                continue
+            if broker.epochs and peer.epochs and find_consistent_point(
+                    broker.epochs, damage.claimed_end, peer.epochs, peer.log.max_offset) >= damage.end:  # fmt: skip
+                return peer
+        return None
+
+    def repair(self, name: str, source: str) -> None:
+        """``hasvc store repair DIR --from PEER``: the damaged range copied back from the peer."""
+        broker, damage = self.brokers[name], self.brokers[name].damage
+        broker.log.write_back(damage.start, _read(self.brokers[source].log, damage.start, damage.end))
+        broker.damage = None
+        self.repairs += 1
+        self.checker.repaired(broker, damage)
+
+    def accept_loss(self, name: str) -> None:
+        """``hasvc store repair DIR --accept-loss``: cut at the damage (no peer holds the range)."""
+        broker, damage = self.brokers[name], self.brokers[name].damage
+        broker.log.truncate(min(damage.start, broker.log.max_offset))
+        broker.epochs = truncate_suffix_by_offset(broker.epochs, broker.log.max_offset + 1)
+        broker.damage = None
+        self.accepted_losses += 1
+        self.checker.accepted_loss(broker, damage, list(self.brokers.values()))

@@ -7,7 +7,8 @@
     python -m hasvc.testing.sim SIM --random-start      # explore from a random first seed (printed)
 
 ``classic``: the classic master/slave cores (``hasvc.testing.classic_sim``): network faults,
-kills and power losses, promotions, rejoins with epoch truncation. ``raft``: the Raft core
+kills and power losses, promotions, rejoins with epoch truncation, storage faults (flipped bits,
+lost writes, ENOSPC, EIO) with repair from a peer or an accepted loss. ``raft``: the Raft core
 (``hasvc.testing.raft_sim``) over in-memory logs. ``raft-store``: the same schedules over real
 DLedger entry stores (``hasvc.testing.raft_store_sim``), torn pages on every crash.
 
@@ -62,8 +63,9 @@ def run_range(simulator: str, first: int, count: int, nodes: int, *, echo=print)
     where = "" if simulator == "classic" else f", {nodes} members"
     acked = sum(getattr(r, "acked", 0) for r in reports)
     crashes = sum(getattr(r, "crashes", 0) for r in reports)
+    storage = f", {classic_sim.storage_summary(reports)}" if simulator == "classic" else ""
     echo(f"OK {simulator}{where}: {count} seeds ({first}..{first + count - 1}), {crashes} crashes, "
-         f"{acked} acknowledged, {time.monotonic() - started:.1f} s")  # fmt: skip
+         f"{acked} acknowledged{storage}, {time.monotonic() - started:.1f} s")  # fmt: skip
     return 0
 
 

@@ -76,6 +76,7 @@ def fill(directory: str) -> str:
 
 
 class DiskFullDrill(Drill):
+    host_disk_ratio_off = False  # the full disk is the point
     def __init__(self, **kwargs):
         super().__init__(mode="sync", segment_size=SEGMENT_SIZE, **kwargs)
         self.fault_random = random.Random(f"disk-full-{kwargs.get('seed', 0)}")

@@ -138,6 +138,8 @@ class DLedgerDrill:
         args = ["--store", os.path.join(self.root, member), "--listen", f"{LOOPBACK}:{self.client_ports[member]}", "--group", GROUP,
                 "--peers", self.relay.peers_for(member), "--self", member,
                 "--set", f"commitlog_segment_size={self.segment_size}", "--set", "disk_clean_ratio=1.0"]  # fmt: skip
+        if not self.mounts:  # the stores are throwaway: the host disk's fill is not what a drill tests
+            args += ["--set", "disk_max_used_space_ratio=1.0"]  # (the disk-full fault fills a tmpfs of their own)
         for setting in self.settings:
             args += ["--set", setting]
         if self.tls is not None:
@@ -284,6 +286,7 @@ class DLedgerDrill:
             await self.wait_sends_finished()
             try:
                 await self.wait_caught_up()
+                await self.wait_scrubbed(node)
             except RuntimeError as error:  # the damaged member never converged: this round's finding
                 self.echo(f"round {number}: {error} after {damage}")
                 return RoundReport(number, "corrupt", victim, len(self.acked), 0, 0, failover, 0, False, new_leader,
@@ -320,6 +323,16 @@ class DLedgerDrill:
             self.paused = False
         report.damage = f"{victim}'s disk full {FULL_SECONDS:.0f} s; writes resumed {resumed:.2f} s after it was freed; no exit"
         return report
+
+    async def wait_scrubbed(self, node: Node) -> None:
+        """Until the member's consume-queue scrub has made a whole pass (STATUS ``scrub``)."""
+        deadline = trio.current_time() + CATCH_UP_TIMEOUT_SECONDS
+        while trio.current_time() < deadline:
+            status = await self.status(node)
+            if status and (status.get("scrub") or {}).get("passes", 0) >= 1:
+                return
+            await trio.sleep(0.1)
+        raise RuntimeError(f"{node.member}'s scrub made no pass")
 
     async def wait_sends_finished(self) -> None:
         """No send is in flight: one started before the pause (a failover client's retry, on a

@@ -38,7 +38,7 @@ def test_proxy_cpu_consumer_mode_drains_its_backlog_with_each_official_consumer(
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, os.path.join(root, "scripts", "proxy_cpu.py"), "consumer", "96", "60"],
+    done = subprocess.run([sys.executable, os.path.join(root, "scripts", "dev", "proxy_cpu.py"), "consumer", "96", "60"],
                           env={**os.environ, "HOME": str(tmp_path)}, cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     row, stopping = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])

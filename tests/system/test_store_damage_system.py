@@ -103,6 +103,13 @@ def test_after_accept_loss_the_slave_keeps_its_bytes_and_refuses_the_shorter_mas
     assert cut.returncode == 0, cut.stderr
     assert f"cut the log at offset {victim}" in cut.stdout and "199 valid records after them" in cut.stdout
 
+    # Marked: it does not serve as a master again until the operator says so (no other copy: here, one is
+    # left on purpose, to show that the slave keeps its bytes even then).
+    with pytest.raises(RuntimeError, match="did not start"):
+        _restart(cluster, master)
+    line = [line for line in master.log().splitlines() if "loss-accepted" in line][-1]
+    assert "promote the replica that holds the most" in line
+    os.unlink(os.path.join(cluster.store("master"), "loss-accepted"))
     master = _restart(cluster, master)
     assert status(master)["max_offset"] == victim
     refused = wait_until(lambda: status(slave).get("replication_refused"), message="the slave refusing its master")

@@ -699,3 +699,33 @@ def test_a_consume_queue_cut_in_the_middle_by_damage_is_rebuilt_at_open(tmp_path
         assert pulled(store, 0) == [(i, bytes([2 * i]) * 100) for i in range(15)]
     finally:
         store.close()
+
+
+def test_the_consume_queue_scrub_rewrites_a_unit_recovery_cannot_see(tmp_path):
+    """A flipped bit in a unit's tags code keeps the queue's order: recovery keeps it; the scrub
+    (EntryQueueScrubber) finds the unit that no longer matches its record and rewrites it."""
+    from commitlog.scrub import EntryQueueScrubber
+
+    store = open_store(tmp_path)
+    noop(store, 1)
+    for i in range(40):
+        lead(store, [message(i, i % 2, 100)])
+    queue_file = store.consume_queues.find("T", 0).mapped_file_queue.mapped_files[0].path
+    before = store.consume_queues.find("T", 0).units_at(0, 20)
+    store.close()
+    with open(queue_file, "r+b") as file:
+        file.seek(11 * 20 + 12)  # unit 11's tags code, first byte
+        file.write(b"\x10")
+    store = open_store(tmp_path)
+    try:
+        queue = store.consume_queues.find("T", 0)
+        assert store.queues_rebuilt == () and queue.units_at(0, 20) != before
+        scrubber = EntryQueueScrubber(store)
+        repaired = []
+        while not (step := scrubber.step(700)).pass_completed:
+            repaired += step.units_repaired
+        assert repaired == [("T", 0, 11)]
+        assert queue.units_at(0, 20) == before
+        assert scrubber.statistics.passes == 1 and scrubber.statistics.units_repaired == 1
+    finally:
+        store.close()

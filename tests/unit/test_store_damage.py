@@ -251,8 +251,9 @@ def test_the_repair_command_wants_one_way_out_and_says_what_it_cut(tmp_path, sma
     assert runner.invoke(store, ["repair", str(tmp_path), "--accept-loss", "--from", "127.0.0.1:1"]).exit_code == 2
     done = runner.invoke(store, ["repair", str(tmp_path), "--accept-loss"])
     assert done.exit_code == 0, done.output
-    [line] = done.output.splitlines()
+    line, marked = done.output.splitlines()
     assert f"cut the log at offset {victim.wrote_offset}" in line and "149 valid records after them" in line
+    assert "starts as a slave from now on" in marked and os.path.exists(tmp_path / "loss-accepted")
     again = runner.invoke(store, ["repair", str(tmp_path), "--accept-loss"])
     assert again.exit_code == 0 and "no damage found" in again.output
 

@@ -61,3 +61,25 @@ def test_a_master_opens_a_new_epoch_only_after_an_abnormal_exit():
     assert epoch_on_start(None, clean_exit=False) is None  # a new store: the first epoch is drawn
     assert epoch_on_start(7, clean_exit=True) is None
     assert epoch_on_start(7, clean_exit=False) == 8
+
+
+def test_a_dead_master_that_keeps_its_epoch_is_not_restarted_below_a_slave_of_that_epoch():
+    # A clean stop, then the log lost flushed bytes and the loss was accepted: restarted in the
+    # same epoch it would write other bytes where the slave holds that epoch's.
+    dead, slave = Candidate("m", 3, 700), Candidate("s", 3, 900)
+    kept = choose_successor(dead, [slave], confirmed_offset=600, prefer_restart=True, opens_epoch=False)
+    assert (kept.name, kept.restart, kept.keeps_all) == ("s", False, True)
+    # After a crash it opens a new epoch at its end, and the slave cuts what it alone held.
+    assert choose_successor(dead, [slave], confirmed_offset=600, prefer_restart=True).restart
+    # A slave of an older epoch does not stop it.
+    assert choose_successor(dead, [Candidate("s", 2, 900)], confirmed_offset=600, prefer_restart=True,
+                            opens_epoch=False).restart  # fmt: skip
+
+
+def test_a_candidate_reaches_only_the_epochs_its_log_holds():
+    # a slave that adopted its master's table at the handshake but holds bytes of epoch 1 only
+    assert Candidate.of("s", [(1, 0), (2, 2468), (4, 2993)], 280).position == (1, 280)
+    assert Candidate.of("m", [(1, 0), (5, 280)], 280).position == (5, 280)  # a new epoch opened at its end
+    assert Candidate.of("new", [], 0).position == (0, 0)
+    behind, ahead = Candidate.of("b", [(1, 0), (4, 2993)], 280), Candidate.of("a", [(1, 0), (3, 2529)], 2874)
+    assert choose_successor(ahead, [behind], confirmed_offset=2993, prefer_restart=False).name == "a"

@@ -24,11 +24,13 @@ for field against ``decode_record`` and stop for stop against ``commitlog.scan``
    ``[body start, body end, topic start, topic end, properties start, properties end]`` over the
    segment bytes (zero copy); taking every other element in C++ yields each column.
 4. **Check the body CRC** per record (``crc_ok``; all of a batch's bodies in one native
-   ``crc_ranges`` call with the GIL released when built): a bit flip becomes a row with
-   ``crc_ok = false``, not a failed job.
+   ``crc_ranges`` call with the GIL released when built), and for a record with the CRC tail
+   (``append_record_crc``) the record CRC over its bytes before the tail as well: a bit flip, in
+   the body or in the header, becomes a row with ``crc_ok = false``, not a failed job.
 
 Properties become a ``map<string,string>`` by splitting on the separators in C++ with the
-upstream rule (``name\\x01value\\x02``; pairs with an empty name or value are skipped). A record
+upstream rule (``name\\x01value\\x02``; pairs with an empty name or value are skipped); the
+record CRC tail (``__CRC32#``) is left out, as ``decode_properties`` leaves it out. A record
 that repeats a property name keeps every pair in the map; ``tags`` and ``keys`` take the last one,
 as RocketMQ's decoder does. Bytes that are not UTF-8 in a topic or properties are replaced
 (U+FFFD), as ``decode_properties`` does.
@@ -405,7 +407,7 @@ def _build(base, buffer, fields: _Fields, file_from_offset, store, options: Opti
     if "crc_ok" in wanted or options.damaged == "fail" and crc_function is not None:
         columns["crc_ok"] = _crc_ok(buffer, fields, body_crc, crc_function)
         if options.damaged == "fail" and crc_function is not None:
-            _fail_on_damage(columns["crc_ok"], fields, file_from_offset, path)
+            _fail_on_damage(columns["crc_ok"], fields, file_from_offset, path, buffer, crc_function)
     return pa.RecordBatch.from_arrays(
         [columns[name] for name in options.columns],
         schema=pa.schema([ARROW_SCHEMA.field(name) for name in options.columns]),
@@ -442,6 +444,7 @@ def _properties(encoded: pa.Array) -> pa.Array:
     at = pc.find_substring(flat, rec.PROPERTY_NAME_VALUE_SEPARATOR).to_numpy()
     lengths = pc.binary_length(flat).to_numpy()
     keep = (at > 0) & (at < lengths - 1)
+    keep &= ~pc.starts_with(flat, _TAIL_NAME).to_numpy(zero_copy_only=False)  # not a user property
     kept = flat.filter(pa.array(keep))
     split = pc.split_pattern(kept, rec.PROPERTY_NAME_VALUE_SEPARATOR, max_splits=1)
     keys = pc.list_element(split, 0)
@@ -476,34 +479,67 @@ def _host_text(raw: bytes) -> str:
     return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
 
 
+_TAIL_NAME: Final = rec.RECORD_CRC_TAIL_PREFIX.decode()
+_TAIL_TEMPLATE: Final = np.frombuffer(rec.RECORD_CRC_TAIL_PREFIX, dtype=np.uint8)
+_DIGIT_WEIGHTS: Final = 10 ** np.arange(rec.RECORD_CRC_DIGITS, dtype=np.int64)  # least significant first
+
+
+def _record_tails(data: np.ndarray, fields: _Fields) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per record: has a CRC tail, has a tail one byte off its shape (damaged), the CRC the tail
+    holds (``record.stored_record_crc`` for a whole batch)."""
+    count = len(fields.starts)
+    ends = fields.properties_at + fields.properties_size
+    possible = fields.properties_size >= rec.RECORD_CRC_TAIL_SIZE
+    at = np.where(possible, ends - rec.RECORD_CRC_TAIL_SIZE, 0)
+    tails = data[at[:, None] + np.arange(rec.RECORD_CRC_TAIL_SIZE)] if count else np.zeros((0, 20), np.uint8)
+    prefix_size = len(_TAIL_TEMPLATE)
+    digits = tails[:, prefix_size:-1].astype(np.int64) - ord("0")
+    off = (tails[:, :prefix_size] != _TAIL_TEMPLATE).sum(axis=1)
+    off += ((digits < 0) | (digits > 9)).sum(axis=1) + (tails[:, -1] != ord(rec.PROPERTY_SEPARATOR))
+    value = (np.clip(digits, 0, 9) * _DIGIT_WEIGHTS).sum(axis=1)
+    return possible & (off == 0), possible & (off == 1), value
+
+
 def _crc_ok(buffer, fields: _Fields, stored: np.ndarray, crc_function, *, native: bool | None = None) -> pa.Array:
     if crc_function is None:
         return pa.nulls(len(fields.starts), pa.bool_())
     if native is None:
         native = _native.crc_ranges is not None
+    tailed, damaged, tail_crc = _record_tails(np.frombuffer(buffer, dtype=np.uint8), fields)
+    record_length = np.where(tailed, fields.prefix["size"].astype(np.int64) - rec.RECORD_CRC_TAIL_SIZE, 0)
+    body_crc = _crcs(buffer, fields.body_at, fields.body_size, crc_function, native)
+    record_crc = _crcs(buffer, fields.starts, record_length, crc_function, native) if tailed.any() else tail_crc
+    return pa.array((body_crc == stored) & ~damaged & (~tailed | (record_crc == tail_crc)))
+
+
+def _crcs(buffer, starts: np.ndarray, lengths: np.ndarray, crc_function, native: bool) -> np.ndarray:
+    """The masked CRC of each range ``[starts[i], starts[i] + lengths[i])``."""
     if native and crc_function is rec.CRC_FUNCTIONS["crc32c"]:  # one C call for the whole chunk
-        computed = np.empty(len(fields.starts), dtype=np.int64)
-        _native.crc_ranges(buffer, np.ascontiguousarray(fields.body_at, dtype=np.int64),
-                           np.ascontiguousarray(fields.body_size, dtype=np.int64), computed)  # fmt: skip
-        return pa.array(computed == stored)
+        computed = np.empty(len(starts), dtype=np.int64)
+        _native.crc_ranges(buffer, np.ascontiguousarray(starts, dtype=np.int64),
+                           np.ascontiguousarray(lengths, dtype=np.int64), computed)  # fmt: skip
+        return computed
     view = memoryview(buffer)
     mask = rec.CRC_MASK
-    computed = np.fromiter(
-        (crc_function(view[a:b]) & mask for a, b in zip(fields.body_at.tolist(), (fields.body_at + fields.body_size).tolist())),
+    return np.fromiter(
+        (crc_function(view[a:b]) & mask for a, b in zip(starts.tolist(), (starts + lengths).tolist())),
         dtype=np.int64,
-        count=len(fields.starts),
+        count=len(starts),
     )
-    return pa.array(computed == stored)
 
 
-def _fail_on_damage(crc_ok: pa.Array, fields: _Fields, file_from_offset: int, path: str) -> None:
-    """Raise DamagedRecordError for the first record of the chunk whose body fails its CRC."""
+def _fail_on_damage(crc_ok: pa.Array, fields: _Fields, file_from_offset: int, path: str, buffer, crc_function) -> None:
+    """Raise DamagedRecordError for the first record of the chunk that fails its body CRC or its
+    record CRC (the reason says which)."""
     if pc.all(crc_ok).as_py():
         return
     first = int(np.argmin(crc_ok.to_numpy(zero_copy_only=False)))
     offset = file_from_offset + int(fields.starts[first])
     size = int(fields.prefix["size"][first])
-    raise DamagedRecordError(DamagedRange(path, offset, offset + size, "body CRC mismatch"))
+    body_at = int(fields.body_at[first])
+    body_ok = crc_function(memoryview(buffer)[body_at : body_at + int(fields.body_size[first])]) & rec.CRC_MASK \
+        == int(fields.prefix["body_crc"][first])  # fmt: skip
+    raise DamagedRecordError(DamagedRange(path, offset, offset + size, "record CRC mismatch" if body_ok else "body CRC mismatch"))
 
 
 def host_text(host: rec.Host) -> str:

@@ -175,7 +175,7 @@ def iter_records(
                 record = rec.decode_record(view, position, crc_function=None)
                 if record.physical_offset != offset:
                     raise rec.RecordError(f"the bytes there name offset {record.physical_offset}")
-                crc_ok = crc_function(record.body) & rec.CRC_MASK == record.body_crc
+                crc_ok = rec.crcs_ok(view, position, record, crc_function)
                 record = dataclasses.replace(record, body=memoryview(bytes(record.body)))
             except rec.RecordError as error:
                 what = "is not a record boundary" if first else "holds an invalid record"

@@ -7,7 +7,8 @@ segments): a byte flipped in an older segment is found by the first read of it, 
 read a broker answers goes through here first (``StoreConfig.check_crc_on_read``, on by default).
 The check is ``commitlog.scan``'s walk, the recovery scan itself: magic, a size word in bounds,
 variable-length fields that add up to it, PHYSICALOFFSET naming the record's own offset, and the
-body CRC. It runs in batches: records that lie end to end in one segment (a PULL of a queue written
+CRCs: the body CRC, and for a record with the CRC tail (``append_record_crc``) the record CRC over
+all its bytes before the tail, so a flipped header bit is damage here too. It runs in batches: records that lie end to end in one segment (a PULL of a queue written
 by one producer: usually all of them) are one ``scan`` call, native when built (CRC32C with the
 SSE4.2 instruction, the GIL released); its pure-Python twin gives the same answer.
 

@@ -24,6 +24,12 @@ A commit log is a sequence of records laid end to end. Every integer is big-endi
     88+n   1+t  TOPIC                V1: signed byte length; V2: int16 length
     ..     2+p  PROPERTIES           int16 length, then name\\x01value\\x02 pairs (UTF-8)
 
+With ``append_record_crc`` (RocketMQ's ``enabledAppendPropCRC``) the properties end with a
+20-byte tail ``"__CRC32#" 0x01 <10 ASCII digits> 0x02`` (a 0x02 separator is added before it when
+the properties do not end with one): the digits, least significant first, are the masked CRC of
+the record's bytes ``[0, TOTALSIZE - 20)``, written after the queue offset, physical offset and
+store timestamp are filled. The body CRC covers only the body; the tail covers the header too.
+
 A segment that cannot hold the next record plus 8 bytes ends with a blank record
 ``[int32 remaining][int32 0xCBD43194]``; the rest of the segment is zero. Records never span
 segments.
@@ -69,6 +75,13 @@ PROPERTY_NAME_VALUE_SEPARATOR: Final = "\x01"
 PROPERTY_SEPARATOR: Final = "\x02"
 PROPERTY_TAGS: Final = "TAGS"
 PROPERTY_KEYS: Final = "KEYS"
+# The record CRC tail (RocketMQ's MessageConst.PROPERTY_CRC32 and CommitLog.CRC32_RESERVED_LEN):
+# a system property, never shown as a user property.
+PROPERTY_RECORD_CRC: Final = "__CRC32#"
+RECORD_CRC_TAIL_PREFIX: Final = b"__CRC32#\x01"
+RECORD_CRC_DIGITS: Final = 10  # a masked CRC is below 2**31: at most 10 decimal digits
+RECORD_CRC_TAIL_SIZE: Final = len(RECORD_CRC_TAIL_PREFIX) + RECORD_CRC_DIGITS + 1
+assert RECORD_CRC_TAIL_SIZE == 20
 
 # Limits. Bodies follow RocketMQ's maxMessageSize (4 MiB); topics longer than 127 bytes switch to
 # the V2 magic (RocketMQ's autoMessageVersionOnTopicLen) and we cap them at 255 bytes so that a
@@ -194,6 +207,62 @@ def crc_function_by_name(name: str) -> CrcFunction:
         raise ValueError(f"unknown checksum {name!r}; choose one of {sorted(CRC_FUNCTIONS)}") from None
 
 
+# -- the record CRC tail ---------------------------------------------------------------------
+
+_DIGIT_ZERO: Final = ord("0")
+_TAIL_SEPARATOR: Final = ord(PROPERTY_SEPARATOR)
+RECORD_CRC_DAMAGED: Final = -1  # what stored_record_crc says of a tail one byte off its shape
+
+
+def record_crc_tail(crc: int) -> bytes:
+    """The 20-byte tail holding the masked CRC ``crc``: ten digits, least significant first, as
+    RocketMQ's ``MessageDecoder.createCrc32`` writes them."""
+    assert 0 <= crc <= CRC_MASK, crc
+    digits = bytearray(RECORD_CRC_DIGITS)
+    for index in range(RECORD_CRC_DIGITS):
+        crc, digit = divmod(crc, 10)
+        digits[index] = _DIGIT_ZERO + digit
+    return RECORD_CRC_TAIL_PREFIX + bytes(digits) + PROPERTY_SEPARATOR.encode()
+
+
+def record_crc_properties(properties: bytes) -> bytes:
+    """The properties a record with the tail stores, the tail's digits still zero: a 0x02 first
+    when the properties do not end with one (RocketMQ's needAppendLastPropertySeparator)."""
+    separator = PROPERTY_SEPARATOR.encode() if properties and properties[-1] != _TAIL_SEPARATOR else b""
+    return properties + separator + record_crc_tail(0)
+
+
+def record_crc_extra_size(properties: bytes) -> int:
+    """The bytes the tail adds to a record with these properties (20, or 21 with a separator)."""
+    return RECORD_CRC_TAIL_SIZE + (1 if properties and properties[-1] != _TAIL_SEPARATOR else 0)
+
+
+def seal_record(buffer, position: int, size: int, crc_function: CrcFunction) -> None:
+    """Write the tail of the record at ``position``: the CRC of its bytes before the tail. Called
+    once every other field is in place (queue offset, physical offset, store timestamp)."""
+    end = position + size
+    tail_at = end - RECORD_CRC_TAIL_SIZE
+    buffer[tail_at:end] = record_crc_tail(crc_function(memoryview(buffer)[position:tail_at]) & CRC_MASK)
+
+
+def stored_record_crc(view, end: int, properties_size: int) -> int | None:
+    """The CRC the tail of the record ending at ``end`` holds; None when the record has no tail
+    (written without one, by an older store or RocketMQ); ``RECORD_CRC_DAMAGED`` when the last 20
+    bytes are one byte off the tail's shape (a flipped bit in the tail's name, a digit or its
+    separator: the name is not covered by the CRC, so it is recognised by its shape).
+    ``commitlog/_scan.c`` (``record_crc_state``) is its twin."""
+    if properties_size < RECORD_CRC_TAIL_SIZE:
+        return None
+    tail = bytes(view[end - RECORD_CRC_TAIL_SIZE : end])
+    prefix_size = len(RECORD_CRC_TAIL_PREFIX)
+    digits = tail[prefix_size:-1]
+    if tail[-1] == _TAIL_SEPARATOR and digits.isdigit() and tail.startswith(RECORD_CRC_TAIL_PREFIX):
+        return int(digits[::-1])
+    off = sum(a != b for a, b in zip(tail, RECORD_CRC_TAIL_PREFIX))
+    off += sum(not _DIGIT_ZERO <= c <= _DIGIT_ZERO + 9 for c in digits) + (tail[-1] != _TAIL_SEPARATOR)
+    return RECORD_CRC_DAMAGED if off == 1 else None
+
+
 # -- properties and tags ---------------------------------------------------------------------
 
 
@@ -214,6 +283,7 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
         index = segment.find(PROPERTY_NAME_VALUE_SEPARATOR)
         if len(segment) >= 3 and 0 < index < len(segment) - 1:
             properties[segment[:index]] = segment[index + 1 :]
+    properties.pop(PROPERTY_RECORD_CRC, None)  # the record CRC tail is not a user property
     return properties
 
 
@@ -286,6 +356,8 @@ class PreparedMessage:
     size: int
     v2: bool
     tags_code: int
+    # The CRC that seals the record's tail (``properties`` then end with the tail); None: no tail.
+    record_crc: CrcFunction | None = None
 
 
 def prepare_message(
@@ -293,8 +365,10 @@ def prepare_message(
     *,
     crc_function: CrcFunction = _crc32c.crc32c,
     body_size_max: int = BODY_SIZE_MAX_DEFAULT,
+    record_crc: bool = False,
 ) -> PreparedMessage:
-    """Validate and pre-encode; raise ``MessageRejected`` with the status the producer sees."""
+    """Validate and pre-encode; raise ``MessageRejected`` with the status the producer sees.
+    ``record_crc``: the record gets the CRC tail (sealed by ``write_record``)."""
     topic = message.topic.encode()
     if not topic or len(topic) > TOPIC_SIZE_MAX or not TOPIC_PATTERN.fullmatch(message.topic):
         raise MessageRejected(
@@ -310,6 +384,8 @@ def prepare_message(
     if not 0 <= message.queue_id < 1 << 31:
         raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {message.queue_id} out of range")
     properties = encode_properties(message.properties)
+    if record_crc:
+        properties = record_crc_properties(properties)
     if len(properties) > PROPERTIES_SIZE_MAX:
         raise MessageRejected(
             PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
@@ -337,6 +413,7 @@ def prepare_message(
         size=size,
         v2=v2,
         tags_code=tags_code(message.properties),
+        record_crc=crc_function if record_crc else None,
     )
 
 
@@ -362,12 +439,15 @@ def write_record(
     """Write one record at ``position``; return its size. The store host family must match
     ``with_store_host``."""
     message = prepared.message
-    return _write_one(
+    size = _write_one(
         buffer, position, prepared.size, prepared.v2, prepared.body_crc, message.queue_id, message.flag,
         queue_offset, physical_offset, prepared.sysflag, message.born_timestamp, prepared.born_ip,
         prepared.born_port, store_timestamp, store_ip, store_port, message.reconsume_times,
         message.prepared_transaction_offset, message.body, prepared.topic, prepared.properties,
     )  # fmt: skip
+    if prepared.record_crc is not None:
+        seal_record(buffer, position, size, prepared.record_crc)
+    return size
 
 
 def _write_one(
@@ -428,15 +508,19 @@ class PreparedBatch:
     born_port: int
     sizes: list[int]
     total: int
+    record_crc: bool = False  # every record gets the CRC tail (``properties`` are without it)
 
     @property
     def count(self) -> int:
         return len(self.sizes)
 
 
-def prepare_batch(batch: MessageBatch, *, body_size_max: int = BODY_SIZE_MAX_DEFAULT, store_v6: bool = False) -> PreparedBatch:
+def prepare_batch(
+    batch: MessageBatch, *, body_size_max: int = BODY_SIZE_MAX_DEFAULT, store_v6: bool = False, record_crc: bool = False
+) -> PreparedBatch:
     """Validate and size a batch; raise ``MessageRejected``. Bodies are limited one by one and in
-    total by ``body_size_max`` (RocketMQ checks a batch's whole body against maxMessageSize)."""
+    total by ``body_size_max`` (RocketMQ checks a batch's whole body against maxMessageSize).
+    ``record_crc``: every record gets the CRC tail (its size counts it; ``write_batch`` seals it)."""
     if not batch.bodies:
         raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL, "empty batch")
     topic, born_ip, born_port, sysflag, v2 = _batch_shape(batch.topic, batch.queue_id, batch.born_host, batch.sysflag)
@@ -452,12 +536,12 @@ def prepare_batch(batch: MessageBatch, *, body_size_max: int = BODY_SIZE_MAX_DEF
     sysflag |= SYSFLAG_STOREHOST_V6 if store_v6 else 0
     fixed = _fixed_record_size(len(topic), sysflag, v2)
     # Per-message work in one C loop: batches are the hot path.
-    sizes, total, body_total, properties_size_max = record_sizes(batch.bodies, properties, fixed)
+    sizes, total, body_total, properties_size_max = record_sizes(batch.bodies, properties, fixed, record_crc)
     if body_total > body_size_max:
         _check_body_total(body_total, body_size_max)
     if properties_size_max > PROPERTIES_SIZE_MAX:
         raise MessageRejected(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, f"properties over {PROPERTIES_SIZE_MAX} bytes")
-    return PreparedBatch(batch, topic, properties, sysflag, born_ip, born_port, sizes, total)
+    return PreparedBatch(batch, topic, properties, sysflag, born_ip, born_port, sizes, total, record_crc)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -474,17 +558,24 @@ def _check_body_total(body_total: int, body_size_max: int) -> None:
         )
 
 
-def record_sizes_python(bodies, properties: bytes | list[bytes], fixed: int) -> tuple[list[int], int, int, int]:
+def record_sizes_python(
+    bodies, properties: bytes | list[bytes], fixed: int, record_crc: bool = False
+) -> tuple[list[int], int, int, int]:
     """(record sizes, their total, the bodies' total, the largest properties size) of a batch whose records
     have ``fixed`` bytes besides body and properties; ``properties`` one bytes for all or one per
-    body. The native twin (commitlog/_scan.c ``record_sizes``) does the same in one C loop."""
+    body; with ``record_crc`` the properties sizes count the CRC tail (and its separator). The native
+    twin (commitlog/_scan.c ``record_sizes``) does the same in one C loop."""
     body_sizes = list(map(len, bodies))
     if type(properties) is bytes:
-        sizes = list(map((fixed + len(properties)).__add__, body_sizes))
-        return sizes, sum(sizes), sum(body_sizes), len(properties)
+        properties_size = len(properties) + (record_crc_extra_size(properties) if record_crc else 0)
+        sizes = list(map((fixed + properties_size).__add__, body_sizes))
+        return sizes, sum(sizes), sum(body_sizes), properties_size
     if len(properties) != len(body_sizes):
         raise ValueError("one properties entry per body")
-    property_sizes = list(map(len, properties))
+    if record_crc:
+        property_sizes = [len(entry) + record_crc_extra_size(entry) for entry in properties]
+    else:
+        property_sizes = list(map(len, properties))
     sizes = list(map(operator.add, map(fixed.__add__, body_sizes), property_sizes))
     return sizes, sum(sizes), sum(body_sizes), max(property_sizes, default=0)
 
@@ -520,7 +611,9 @@ def write_batch(
     native: bool | None = None,
 ) -> int:
     """Write a prepared batch at ``position`` (``physical_base`` is the segment's start offset);
-    return the bytes written. Native when available (CRC32C only), else the same bytes from Python."""
+    return the bytes written. Native when available (CRC32C only), else the same bytes from Python.
+    With ``prepared.record_crc`` each record's tail is sealed as it is written (the native call
+    does that in its one loop too)."""
     batch = prepared.batch
     if native is None:
         native = _native_write is not None
@@ -528,19 +621,26 @@ def write_batch(
         return _native_write(
             buffer, position, physical_base, queue_offset_first, store_timestamp, prepared.topic, batch.queue_id,
             batch.flag, prepared.sysflag, batch.born_timestamp, prepared.born_ip, prepared.born_port, store_ip,
-            store_port, batch.bodies, prepared.properties,
+            store_port, batch.bodies, prepared.properties, prepared.record_crc,
         )  # fmt: skip
     shared = isinstance(prepared.properties, bytes)
+    sealed = prepared.record_crc
+    properties = prepared.properties
+    if sealed:
+        properties = record_crc_properties(properties) if shared else [record_crc_properties(p) for p in properties]
     transactional = prepared.sysflag & SYSFLAG_TRANSACTION_MASK in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
     v2 = len(prepared.topic) > TOPIC_SIZE_MAX_V1
     start = position
     for index, (body, size) in enumerate(zip(batch.bodies, prepared.sizes)):
-        position += _write_one(
+        _write_one(
             buffer, position, size, v2, crc_function(body) & CRC_MASK, batch.queue_id, batch.flag,
             0 if transactional else queue_offset_first + index, physical_base + position, prepared.sysflag,
             batch.born_timestamp, prepared.born_ip, prepared.born_port, store_timestamp, store_ip, store_port, 0, 0,
-            body, prepared.topic, prepared.properties if shared else prepared.properties[index],
+            body, prepared.topic, properties if shared else properties[index],
         )  # fmt: skip
+        if sealed:
+            seal_record(buffer, position, size, crc_function)
+        position += size
     return position - start
 
 
@@ -572,7 +672,9 @@ class Record:
     prepared_transaction_offset: int
     body: memoryview
     topic: str
-    properties: dict[str, str]
+    properties: dict[str, str]  # without the record CRC tail
+    # What the record CRC tail holds (``stored_record_crc``); None: the record has no tail.
+    record_crc: int | None = None
 
     @property
     def tags(self) -> str | None:
@@ -652,8 +754,17 @@ def decode_record(
     )
     if expected != total_size:
         raise RecordError(f"total size {total_size} but fields add up to {expected}", position=position)
-    if crc_function is not None and crc_function(body) & CRC_MASK != body_crc:
-        raise RecordError("body CRC mismatch", position=position)
+    stored = stored_record_crc(view, end, properties_size)
+    if stored is not None:
+        properties = properties[: properties_size - RECORD_CRC_TAIL_SIZE]  # not a user property
+    if crc_function is not None:
+        # With a tail, one CRC over the record checks everything but the tail (the body among it);
+        # the body's own CRC is computed only to name what failed.
+        if stored is None or stored != crc_function(view[position : end - RECORD_CRC_TAIL_SIZE]) & CRC_MASK:
+            if crc_function(body) & CRC_MASK != body_crc:
+                raise RecordError("body CRC mismatch", position=position)
+            if stored is not None:
+                raise RecordError("record CRC mismatch", position=position)
     try:
         topic_text = topic.decode(errors=errors)
         born_host = decode_host(born_ip, born_port)
@@ -678,7 +789,19 @@ def decode_record(
         body=body,
         topic=topic_text,
         properties=decode_properties(properties),
+        record_crc=stored,
     )
+
+
+def crcs_ok(buffer, position: int, record: Record, crc_function: CrcFunction) -> bool:
+    """The body CRC of ``record`` (decoded at ``position`` of ``buffer``) matches, and so does its
+    record CRC when it has a tail."""
+    if crc_function(record.body) & CRC_MASK != record.body_crc:
+        return False
+    if record.record_crc is None:
+        return True
+    tail_at = position + record.size - RECORD_CRC_TAIL_SIZE
+    return record.record_crc == crc_function(memoryview(buffer)[position:tail_at]) & CRC_MASK
 
 
 def peek_blank(buffer: bytes | bytearray | memoryview, position: int) -> int | None:

@@ -6,7 +6,10 @@ Recovery walks a segment record by record from a known-good position and stops a
 record that is not valid (RocketMQ's ``checkMessageAndReturnSize``). Valid means: the size word
 is within bounds, the magic is V1 or V2, the variable-length fields add up to the size word
 (``calMsgLength``), the PHYSICALOFFSET field names the record's own offset, and (optionally) the
-body CRC matches. The walk ends cleanly at a zero word (the preallocated, never-written tail) or at
+CRCs match: the body CRC, and for a record written with ``append_record_crc`` the CRC tail at the
+end of its properties, which covers every byte before it (header, body, topic, properties). A
+record with a tail costs one CRC over the record instead of one over the body; the body's CRC is
+computed only when the record CRC fails, to name what failed. The walk ends cleanly at a zero word (the preallocated, never-written tail) or at
 a blank record that fills the segment exactly.
 
 ``scan_segment`` returns a ``ScanResult`` with a numeric ``code`` and a position; the reasons are
@@ -45,6 +48,7 @@ class ScanCode(enum.IntEnum):
     PHYSICAL_OFFSET_MISMATCH = 6
     BAD_BLANK = 7
     TRUNCATED = 8
+    RECORD_CRC_MISMATCH = 9  # the record's CRC tail (append_record_crc) does not match its bytes
 
     @property
     def clean(self) -> bool:
@@ -61,6 +65,7 @@ REASONS = {
     ScanCode.PHYSICAL_OFFSET_MISMATCH: "PHYSICALOFFSET field does not match the record's position",
     ScanCode.BAD_BLANK: "blank record does not fill the rest of the segment",
     ScanCode.TRUNCATED: "fewer than 8 bytes left and not zero",
+    ScanCode.RECORD_CRC_MISMATCH: "record CRC mismatch (a header or properties byte differs from what was written)",
 }
 
 NATIVE_AVAILABLE = _native.AVAILABLE
@@ -113,6 +118,7 @@ def _scan_python(buffer, *, start, end, file_from_offset, crc_function) -> ScanR
     int16 = _PROPERTIES_LENGTH.unpack_from
     v1, v2, blank = rec.MAGIC_V1, rec.MAGIC_V2, rec.BLANK_MAGIC
     mask = rec.CRC_MASK
+    tail_crc, tail_size = rec.stored_record_crc, rec.RECORD_CRC_TAIL_SIZE
     position = start
     count = 0
     last = -1
@@ -161,9 +167,13 @@ def _scan_python(buffer, *, start, end, file_from_offset, crc_function) -> ScanR
         if phys(view, position + 28)[0] != file_from_offset + position:
             return stop(ScanCode.PHYSICAL_OFFSET_MISMATCH)
         if crc_function is not None:
-            body = view[body_length_at + 4 : topic_length_at]
-            if crc_function(body) & mask != int32(view, position + 8)[0]:
-                return stop(ScanCode.BODY_CRC_MISMATCH)
+            stored = tail_crc(view, record_end, properties_size)
+            if stored is None or stored != crc_function(view[position : record_end - tail_size]) & mask:
+                body = view[body_length_at + 4 : topic_length_at]
+                if crc_function(body) & mask != int32(view, position + 8)[0]:
+                    return stop(ScanCode.BODY_CRC_MISMATCH)
+                if stored is not None:
+                    return stop(ScanCode.RECORD_CRC_MISMATCH)
         last = position
         position = record_end
         count += 1

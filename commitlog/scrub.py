@@ -7,7 +7,7 @@ they hand out. Damage anywhere else -- a flipped bit in an old segment, a consum
 no longer points at its record -- would wait, silent, until someone reads it. The scrubber walks
 the whole log in the background, as a RAID or Ceph scrub walks its disks, and then starts again:
 
-* **The log**: every record's checks (size, magic, field lengths, PHYSICALOFFSET, body CRC) by the
+* **The log**: every record's checks (size, magic, field lengths, PHYSICALOFFSET, body CRC, record CRC) by the
   same walk recovery uses (``commitlog.scan``). A record that fails is damage: a ``DamagedRange``
   (segment, byte range, reason) is returned for the broker to report and repair from a healthy
   copy; the scrubber never cuts or rewrites log bytes. The rest of that segment is left for the
@@ -223,7 +223,7 @@ def _rewrite_differing(store, topic: str | None, queue_id: int, first: int, unit
 def _damage(code: ScanCode) -> bool:
     """Codes that mean the bytes are wrong whatever follows (not a walk cut short by its end)."""
     return code in (ScanCode.BAD_MAGIC, ScanCode.FIELDS_DO_NOT_ADD_UP, ScanCode.BODY_CRC_MISMATCH,
-                    ScanCode.PHYSICAL_OFFSET_MISMATCH)  # fmt: skip
+                    ScanCode.PHYSICAL_OFFSET_MISMATCH, ScanCode.RECORD_CRC_MISMATCH)  # fmt: skip
 
 
 def _expected_units(view, start: int, limit: int, base: int):

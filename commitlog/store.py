@@ -323,7 +323,9 @@ class MessageStore:
         """Validate and pre-encode (outside any lock). Raises MessageRejected."""
         body_size_max = self.config.max_message_size
         prepared = [
-            rec.prepare_message(message, crc_function=self.crc_function, body_size_max=body_size_max)
+            rec.prepare_message(
+                message, crc_function=self.crc_function, body_size_max=body_size_max, record_crc=self.config.append_record_crc
+            )
             for message in messages
         ]
         if len(prepared) > 1:
@@ -377,8 +379,9 @@ class MessageStore:
         """Validate and append a batch sharing topic and queue (the fast path)."""
         try:
             prepared = rec.prepare_batch(
-                batch, body_size_max=self.config.max_message_size, store_v6=self.commit_log.store_v6
-            )
+                batch, body_size_max=self.config.max_message_size, store_v6=self.commit_log.store_v6,
+                record_crc=self.config.append_record_crc,
+            )  # fmt: skip
         except rec.MessageRejected as error:
             return AppendResult(error.status, reason=error.reason)
         if self.write_failure is not None or self.disk_full():
@@ -542,11 +545,13 @@ class MessageStore:
         return self.commit_log.min_offset
 
     def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
-        """The record at ``offset``; with ``check_crc`` a body that fails its CRC raises
-        ``DamagedRecordError`` (and is added to ``damaged``)."""
+        """The record at ``offset``; with ``check_crc`` a record that fails its body CRC, or its
+        record CRC when it has the tail, raises ``DamagedRecordError`` (and is added to ``damaged``)."""
         record = self.commit_log.get_record(offset)
-        if check_crc and self.crc_function(record.body) & rec.CRC_MASK != record.body_crc:
-            damage = DamagedRange(self._segment_path(offset), offset, offset + record.size, "body CRC mismatch")
+        if check_crc and not rec.crcs_ok(self.commit_log.read(offset, record.size), 0, record, self.crc_function):
+            body_ok = self.crc_function(record.body) & rec.CRC_MASK == record.body_crc
+            reason = "record CRC mismatch" if body_ok else "body CRC mismatch"
+            damage = DamagedRange(self._segment_path(offset), offset, offset + record.size, reason)
             read_check.add_damage(self.damaged, damage)
             raise read_check.DamagedRecordError(damage)
         return record
@@ -652,8 +657,8 @@ class MessageStore:
         return mapped_file.file_from_offset + position
 
     def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern) -> Iterator[tuple[re.Match, RecordPlace]]:
-        """Matches of ``pattern`` that end exactly where a record ends (so they lie in its
-        properties, the record's last field, never in its body), in the last ``span_bytes`` of
+        """Matches of ``pattern`` that end exactly where a record ends, or where its CRC tail
+        starts (so they lie in its properties, the record's last field, never in its body), in the last ``span_bytes`` of
         the log, with where that record is. Fast: the regex engine finds candidates and the
         dispatch parser (native when built) locates records; no record is decoded in Python."""
         log = self.commit_log
@@ -670,6 +675,9 @@ class MessageStore:
                           for offset, size, queue_id, queue_offset in _record_places(view, start, limit, base)}  # fmt: skip
                 for match in matches:
                     place = places.get(match.end())
+                    if place is None and view[match.end() : match.end() + len(rec.RECORD_CRC_TAIL_PREFIX)] == rec.RECORD_CRC_TAIL_PREFIX:
+                        # The record CRC tail follows the last property (it never follows a body).
+                        place = places.get(match.end() + rec.RECORD_CRC_TAIL_SIZE)
                     if place is not None:
                         yield match, RecordPlace(*place)
             offset = base + log.segment_size

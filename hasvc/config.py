@@ -73,6 +73,7 @@ class BrokerConfig:
     # (the classic broker's period is StoreTasks' CLEAN_INTERVAL_SECONDS).
     dledger_clean_interval_seconds: float = 10.0
     scrub_bytes_per_second: int = 16 * 1024 * 1024  # StoreConfig.scrub_bytes_per_second: the background re-check of log and queues (0: off)
+    append_record_crc: bool = True  # StoreConfig.append_record_crc: the record CRC tail (a classic store's; a DLedger entry's CRC covers its record)
     # A DLedger member's recovery (commitlog/dledger/entry_store.py DLedgerStoreConfig has the reasons):
     # recovery_cut_segments_max also bounds the classic log's cut (StoreConfig); damage below what the
     # member knew durable is cut and repaired from the group's leader (recovery_repair_from_peers, a
@@ -191,6 +192,7 @@ class BrokerConfig:
             flush_disk_type=self.flush,
             page_cache_keep_size=self.page_cache_keep_size,
             scrub_bytes_per_second=self.scrub_bytes_per_second,
+            append_record_crc=self.append_record_crc,
             small_write_pages=self.small_write_pages_for(self.flush is FlushDiskType.SYNC_FLUSH),
             recovery_cut_segments_max=self.recovery_cut_segments_max,
             check_crc_on_read=self.check_crc_on_read,

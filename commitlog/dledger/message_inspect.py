@@ -142,5 +142,5 @@ def iter_messages(store_root: str, self_id: str, *, from_offset: int | None = No
         if reason is not None:
             raise rec.RecordError(f"offset {offset} (entry {header.index}): {reason}")
         record = rec.decode_record(body, 0, crc_function=None, limit=len(body))
-        crc_ok = crc_function(record.body) & rec.CRC_MASK == record.body_crc
+        crc_ok = rec.crcs_ok(body, 0, record, crc_function)
         yield MessageAt(LogPart.DLEDGER, offset, record, crc_ok, header.index, header.term)

@@ -355,6 +355,8 @@ class DLedgerMessageStore:
         """Entry bodies for ``messages`` (one record each) at the next indexes; mutates nothing.
         Raises ``rec.MessageRejected`` for a bad or oversize message (nothing planned)."""
         body_size_max = self.config.max_message_size
+        # No record CRC tail (StoreConfig.append_record_crc is the classic log's): the entry's body
+        # CRC covers the whole record, and PHYSICALOFFSET is set after encoding (cut_records).
         prepared = [rec.prepare_message(message, crc_function=self.crc_function, body_size_max=body_size_max)
                     for message in messages]  # fmt: skip
         if not prepared:

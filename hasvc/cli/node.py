@@ -109,12 +109,14 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
     _run_node(config, group_config)
 
 
-# BrokerConfig's settings a DLedger member has no use for (the classic HA port and its slave, and
-# a metrics port it does not serve): given one, the node refuses to start rather than run without it.
+# BrokerConfig's settings a DLedger member has no use for (the classic HA port and its slave, a
+# metrics port it does not serve, and the classic log's record CRC tail: an entry's CRC covers its
+# whole record): given one, the node refuses to start rather than run without it.
 NODE_UNAPPLIED_SETTINGS = ("ha_listen", "master_ha", "ha_send_heartbeat_interval_ms", "ha_housekeeping_interval_ms",
                            "ha_transfer_batch_size", "ha_frame_size_max", "ha_transfer_readahead_size",
                            "ha_max_gap_not_in_sync", "sync_from_last_file", "flush_before_ack",
-                           "ha_reconnect_backoff_min_ms", "ha_reconnect_backoff_max_ms", "slave_id", "metrics_listen")  # fmt: skip
+                           "ha_reconnect_backoff_min_ms", "ha_reconnect_backoff_max_ms", "slave_id", "metrics_listen",
+                           "append_record_crc")  # fmt: skip
 
 
 def _refuse_unapplied(config) -> None:

@@ -199,7 +199,7 @@ class Client:
             raise ClientError(f"no record at offset {offset}: {error.reason}") from None
         if record.physical_offset != offset:
             raise ClientError(f"offset {offset} is not a record boundary")
-        return _crc_checked(record)
+        return _crc_checked(data, record)
 
     async def promote(self, *, sync: bool = True, fence_reason: str = "") -> dict:
         """Make a slave the master (SYNC_MASTER unless ``sync`` is False); its status after.
@@ -247,17 +247,21 @@ def _checked_record(data) -> rec.Record:
     """A record as a PULL or READ answer holds it, its body CRC checked here too (as Kafka's
     consumers check ``check.crcs``): the broker checks every record before it serves it
     (``check_crc_on_read``), this catches what changed after (memory, the wire) and a broker that
-    does not check. Stores a broker writes use CRC32C."""
+    does not check. Stores a broker writes use CRC32C; a record with the CRC tail
+    (``append_record_crc``) has its record CRC checked too."""
     try:
         record = rec.decode_record(data, crc_function=None)
     except rec.RecordError as error:
         raise ClientError(f"the broker sent a record that does not decode: {error.reason}") from None
-    return _crc_checked(record)
+    return _crc_checked(data, record)
 
 
-def _crc_checked(record: rec.Record) -> rec.Record:
-    if _crc32c(record.body) & rec.CRC_MASK != record.body_crc:
-        raise DamagedRecordError(f"record at offset {record.physical_offset} failed its body CRC on arrival: not handed out",
+def _crc_checked(data, record: rec.Record) -> rec.Record:
+    """``record`` (decoded at the start of ``data``) if its body CRC and record CRC (when it has
+    the tail) match; DamagedRecordError naming the one that failed otherwise."""
+    if not rec.crcs_ok(data, 0, record, _crc32c):
+        which = "body" if _crc32c(record.body) & rec.CRC_MASK != record.body_crc else "record"
+        raise DamagedRecordError(f"record at offset {record.physical_offset} failed its {which} CRC on arrival: not handed out",
                                  record.physical_offset)  # fmt: skip
     return record
 

@@ -38,14 +38,15 @@ messages = st.builds(
 )
 
 
-def build_segment(message_list, *, store_host=("10.9.8.7", 10911), base=0, blank=True) -> tuple[bytearray, list[int]]:
-    """Records laid end to end in a SEGMENT-byte buffer, ended by a blank record when ``blank``."""
+def build_segment(message_list, *, store_host=("10.9.8.7", 10911), base=0, blank=True, sealed=False) -> tuple[bytearray, list[int]]:
+    """Records laid end to end in a SEGMENT-byte buffer, ended by a blank record when ``blank``;
+    with the record CRC tail when ``sealed``."""
     buffer = bytearray(SEGMENT)
     store_ip, store_port, store_v6 = rec.encode_host(store_host)
     position = 0
     starts = []
     for index, message in enumerate(message_list):
-        prepared = rec.prepare_message(message)
+        prepared = rec.prepare_message(message, record_crc=sealed)
         size = rec.with_store_host(prepared, store_v6=store_v6)
         if position + size + rec.BLANK_SIZE > SEGMENT:
             break
@@ -94,7 +95,7 @@ def expected_row(buffer, position, base=0):
         "body_size": len(record.body),
         "properties": record.properties,
         "body": bytes(record.body),
-        "crc_ok": rec.crc_function_by_name("crc32c")(record.body) & rec.CRC_MASK == record.body_crc,
+        "crc_ok": rec.crcs_ok(buffer, position, record, rec.crc_function_by_name("crc32c")),
     }
 
 
@@ -110,9 +111,9 @@ def comparable(row):
     return row
 
 
-@given(st.lists(messages, min_size=1, max_size=40), hosts)
-def test_every_field_matches_the_record_decoder(message_list, store_host):
-    buffer, starts = build_segment(message_list, store_host=store_host, base=SEGMENT * 3)
+@given(st.lists(messages, min_size=1, max_size=40), hosts, st.booleans())
+def test_every_field_matches_the_record_decoder(message_list, store_host, sealed):
+    buffer, starts = build_segment(message_list, store_host=store_host, base=SEGMENT * 3, sealed=sealed)
     rows, end = decode(buffer, base=SEGMENT * 3)
     assert end.code is ScanCode.END_OF_SEGMENT and end.records == len(starts)
     assert [comparable(row) for row in rows] == [expected_row(buffer, s, base=SEGMENT * 3) for s in starts]
@@ -226,6 +227,26 @@ def test_batches_are_bounded(monkeypatch):
     buffer, starts = sample_segment()
     batches, _ = columnar.decode_range(buffer, start=0, stop=SEGMENT, segment_end=SEGMENT, file_from_offset=0)
     assert max(len(b) for b in batches) == 7 and sum(len(b) for b in batches) == len(starts)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_header_flip_in_a_sealed_record_is_a_row_with_crc_ok_false_and_the_tail_is_no_property(native, monkeypatch):
+    if native and columnar._native.crc_ranges is None:
+        pytest.skip("native module not built")
+    if not native:
+        monkeypatch.setattr(columnar._native, "crc_ranges", None)
+    buffer, starts = build_segment(
+        [rec.Message("T", os.urandom(60), queue_id=i % 4, properties={"TAGS": f"g{i % 2}"}) for i in range(20)], sealed=True
+    )  # fmt: skip
+    rows, _ = decode(buffer)
+    assert all(row["crc_ok"] for row in rows)
+    assert all(dict(row["properties"]) == {"TAGS": row["tags"]} for row in rows)  # no __CRC32#
+    buffer[starts[4] + 12 + 3] ^= 0x01  # the queue id: not covered by the body CRC
+    buffer[starts[9] + 56 + 7] ^= 0x01  # the store timestamp
+    buffer[starts[13] + rec.decode_record(buffer, starts[13], crc_function=None).size - 5] ^= 0x01  # a tail digit
+    rows, end = decode(buffer)
+    assert len(rows) == len(starts) and end.code is ScanCode.END_OF_SEGMENT
+    assert [row["phy_offset"] for row in rows if not row["crc_ok"]] == [starts[4], starts[9], starts[13]]
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -194,3 +194,13 @@ def test_any_stored_record_becomes_a_message_a_client_can_parse(properties, time
     message = convert.delivered_message(record, receipt_handle="h", attempt=1, invisible_ms=30_000)
     parsed = definition.Message.FromString(message.SerializeToString())
     assert parsed.body == body and parsed.system_properties.message_id == convert.message_id_of(record)
+
+
+def test_a_sealed_record_reaches_a_client_without_the_record_crc_tail():
+    prepared = rec.prepare_message(rec.Message("T", b"body", properties={"TAGS": "a", "U": "v"}), record_crc=True)
+    buffer = bytearray(prepared.size)
+    rec.write_record(buffer, 0, prepared, queue_offset=0, physical_offset=0, store_timestamp=1,
+                     store_ip=bytes([127, 0, 0, 1]), store_port=1)  # fmt: skip
+    assert b"__CRC32#" in buffer
+    message = convert.delivered_message(rec.decode_record(buffer), receipt_handle="h", attempt=1, invisible_ms=30_000)
+    assert dict(message.user_properties) == {"U": "v"} and message.system_properties.tag == "a"

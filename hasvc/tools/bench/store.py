@@ -24,7 +24,7 @@ import crc32c
 from commitlog import scan
 from commitlog.commit_log import CommitLog
 from commitlog.config import FlushDiskType, StoreConfig
-from commitlog.record import Message, MessageBatch, PutMessageStatus, calc_record_size
+from commitlog.record import RECORD_CRC_TAIL_SIZE, Message, MessageBatch, PutMessageStatus, calc_record_size
 from commitlog.services import StoreServices
 from commitlog.store import MessageStore
 
@@ -82,7 +82,9 @@ class Summary:
 
 
 def _record_size(body_size: int) -> int:
-    return calc_record_size(body_size=body_size, topic_size=len("BenchTopic"), properties_size=len("TAGS\x01bench\x02"))
+    """The bytes a bench record takes in the log (the record CRC tail counted when the store writes it)."""
+    tail = RECORD_CRC_TAIL_SIZE if StoreConfig().append_record_crc else 0
+    return calc_record_size(body_size=body_size, topic_size=len("BenchTopic"), properties_size=len("TAGS\x01bench\x02") + tail)
 
 
 def append_run(
@@ -290,7 +292,8 @@ BENCH_PROPERTIES = {"TAGS": "bench", "KEYS": "k"}
 
 
 def _bench_body_size() -> int:
-    properties = len("TAGS\x01bench\x02KEYS\x01k\x02")
+    """The body that makes a bench record RECORD_SIZE bytes in the log (its CRC tail counted)."""
+    properties = len("TAGS\x01bench\x02KEYS\x01k\x02") + (RECORD_CRC_TAIL_SIZE if StoreConfig().append_record_crc else 0)
     return RECORD_SIZE - calc_record_size(body_size=0, topic_size=len(BENCH_TOPIC), properties_size=properties)
 
 

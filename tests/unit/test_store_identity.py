@@ -30,7 +30,7 @@ def open_member(path, self_id="n0", group=None, **options):
 
 def classic_store(path, count=5):
     with MessageStore.open(str(path), CONFIG) as store:
-        for i in range(count):
+        for _ in range(count):
             assert store.append([rec.Message("T", b"x" * 700)]).status is rec.PutMessageStatus.PUT_OK
 
 

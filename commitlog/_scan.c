@@ -152,19 +152,23 @@ static inline int16_t be16(const uint8_t *p) { return (int16_t)(((uint16_t)p[0] 
 #define TAIL_DAMAGED (-1)
 
 /* record_crc_state: the CRC the tail of the record ending at `end` holds; TAIL_NONE without a tail;
- * TAIL_DAMAGED when its 20 bytes are one byte off the tail's shape. Twin: record.stored_record_crc. */
+ * TAIL_DAMAGED when its name is there and the rest is not in shape, or its name is one byte off and
+ * the rest is. Twin: record.stored_record_crc. */
 static int64_t record_crc_state(const uint8_t *end, int properties_size) {
     if (properties_size < TAIL_SIZE) return TAIL_NONE;
     const uint8_t *t = end - TAIL_SIZE;
-    int off = t[TAIL_SIZE - 1] != 0x02;
-    for (int i = 0; i < TAIL_PREFIX_SIZE; i++) off += t[i] != (uint8_t)TAIL_PREFIX[i];
+    int prefix_off = 0, rest_off = t[TAIL_SIZE - 1] != 0x02;
+    for (int i = 0; i < TAIL_PREFIX_SIZE; i++) prefix_off += t[i] != (uint8_t)TAIL_PREFIX[i];
     int64_t value = 0;
     for (int i = TAIL_PREFIX_SIZE + TAIL_DIGITS - 1; i >= TAIL_PREFIX_SIZE; i--) {
-        if (t[i] < '0' || t[i] > '9') off++;
+        if (t[i] < '0' || t[i] > '9') rest_off++;
         else value = value * 10 + (t[i] - '0');
     }
-    if (off == 0) return value;
-    return off == 1 ? TAIL_DAMAGED : TAIL_NONE;
+    if (prefix_off == 0 && rest_off == 0) return value;
+    /* the name intact: the record was sealed (no producer may send that name), so any digit or
+       separator wrong is damage; the name one byte off with the rest in shape: damage too */
+    if (prefix_off == 0 || (prefix_off == 1 && rest_off == 0)) return TAIL_DAMAGED;
+    return TAIL_NONE;
 }
 
 /* Write the tail of the record at p (size bytes): the masked CRC32C of its bytes before the tail. */
@@ -1285,7 +1289,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 7
+#define NATIVE_VERSION 8
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();

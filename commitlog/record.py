@@ -211,7 +211,7 @@ def crc_function_by_name(name: str) -> CrcFunction:
 
 _DIGIT_ZERO: Final = ord("0")
 _TAIL_SEPARATOR: Final = ord(PROPERTY_SEPARATOR)
-RECORD_CRC_DAMAGED: Final = -1  # what stored_record_crc says of a tail one byte off its shape
+RECORD_CRC_DAMAGED: Final = -1  # what stored_record_crc says of a tail out of its shape
 
 
 def record_crc_tail(crc: int) -> bytes:
@@ -247,9 +247,9 @@ def seal_record(buffer, position: int, size: int, crc_function: CrcFunction) -> 
 
 def stored_record_crc(view, end: int, properties_size: int) -> int | None:
     """The CRC the tail of the record ending at ``end`` holds; None when the record has no tail
-    (written without one, by an older store or RocketMQ); ``RECORD_CRC_DAMAGED`` when the last 20
-    bytes are one byte off the tail's shape (a flipped bit in the tail's name, a digit or its
-    separator: the name is not covered by the CRC, so it is recognised by its shape).
+    (written without one, by an older store or RocketMQ); ``RECORD_CRC_DAMAGED`` when the tail's
+    name is there and its digits or separator are not, or the name is one byte off and the rest
+    is in shape (the name is not covered by the CRC, so it is recognised by its shape).
     ``commitlog/_scan.c`` (``record_crc_state``) is its twin."""
     if properties_size < RECORD_CRC_TAIL_SIZE:
         return None
@@ -258,9 +258,14 @@ def stored_record_crc(view, end: int, properties_size: int) -> int | None:
     digits = tail[prefix_size:-1]
     if tail[-1] == _TAIL_SEPARATOR and digits.isdigit() and tail.startswith(RECORD_CRC_TAIL_PREFIX):
         return int(digits[::-1])
-    off = sum(a != b for a, b in zip(tail, RECORD_CRC_TAIL_PREFIX))
-    off += sum(not _DIGIT_ZERO <= c <= _DIGIT_ZERO + 9 for c in digits) + (tail[-1] != _TAIL_SEPARATOR)
-    return RECORD_CRC_DAMAGED if off == 1 else None
+    prefix_off = sum(a != b for a, b in zip(tail, RECORD_CRC_TAIL_PREFIX))
+    rest_off = sum(not _DIGIT_ZERO <= c <= _DIGIT_ZERO + 9 for c in digits) + (tail[-1] != _TAIL_SEPARATOR)
+    # The name intact: the record was sealed (no producer may send that name), so any digit or
+    # separator wrong is damage (zeros where a torn or lost write left them, too); the name one
+    # byte off with the rest in shape: damage as well.
+    if prefix_off == 0 or (prefix_off == 1 and rest_off == 0):
+        return RECORD_CRC_DAMAGED
+    return None
 
 
 # -- properties and tags ---------------------------------------------------------------------
@@ -384,6 +389,9 @@ def prepare_message(
     if not 0 <= message.queue_id < 1 << 31:
         raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {message.queue_id} out of range")
     properties = encode_properties(message.properties)
+    if RECORD_CRC_TAIL_PREFIX in properties:
+        raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL,
+                              f"the property {PROPERTY_RECORD_CRC} is the store's own (the record CRC tail)")  # fmt: skip
     if record_crc:
         properties = record_crc_properties(properties)
     if len(properties) > PROPERTIES_SIZE_MAX:
@@ -533,6 +541,9 @@ def prepare_batch(
             _check_body_total(sum(map(len, batch.bodies)), body_size_max)  # reported first, as it always was
             raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL, "one properties entry per body, or one for all")
         properties = [_encoded(entry) for entry in batch.properties]
+    if RECORD_CRC_TAIL_PREFIX in properties if type(properties) is bytes else any(RECORD_CRC_TAIL_PREFIX in p for p in properties):
+        raise MessageRejected(PutMessageStatus.MESSAGE_ILLEGAL,
+                              f"the property {PROPERTY_RECORD_CRC} is the store's own (the record CRC tail)")  # fmt: skip
     sysflag |= SYSFLAG_STOREHOST_V6 if store_v6 else 0
     fixed = _fixed_record_size(len(topic), sysflag, v2)
     # Per-message work in one C loop: batches are the hot path.

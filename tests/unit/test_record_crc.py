@@ -460,3 +460,24 @@ def test_the_native_crc32c_in_three_streams_matches_the_package(size, skip, rand
     shift: every length around those blocks, at every alignment, gives the package's CRC."""
     data = random.randbytes(size + skip)[skip:]
     assert native.module.crc32c(data) == crc32c.crc32c(data)
+
+
+@pytest.mark.parametrize("lost", [1, 2, 11])
+def test_a_tail_whose_digits_a_lost_write_zeroed_is_damage(lost):
+    """The tail's name intact and its last bytes zero (a write that never reached the disk): the
+    record was sealed, so it is damaged, not a record without a tail (both walks)."""
+    buffer, starts, end = _log_of([rec.Message("T", b"a" * 50, properties={"TAGS": "x"})] * 2)
+    buffer[end - lost : end] = bytes(lost)
+    result = _both_scans(buffer)
+    assert (result.code, result.position) == (ScanCode.RECORD_CRC_MISMATCH, starts[1])
+
+
+@pytest.mark.parametrize("as_batch", [False, True])
+def test_a_producer_cannot_send_the_tails_property(as_batch):
+    """The name is the store's own: a producer's property of that name is refused (a value shaped
+    like a tail could otherwise pass for a damaged one and make a store refuse to open)."""
+    with pytest.raises(rec.MessageRejected, match="__CRC32#"):
+        if as_batch:
+            rec.prepare_batch(rec.MessageBatch("T", [b"x", b"y"], properties=b"__CRC32#\x01123456789X\x02"))
+        else:
+            rec.prepare_message(rec.Message("T", b"x", properties={"__CRC32#": "123456789X"}))

@@ -366,7 +366,14 @@ class DLedgerDrill:
     def verify(
         self, number: int, fault: str, victim: str, failover: float, before: dict[int, int], new_leader: str
     ) -> RoundReport:
-        logs = {member: committed_entries(self.nodes[member].store, member) for member in self.members}
+        logs = {}
+        for member in self.members:
+            try:
+                logs[member] = committed_entries(self.nodes[member].store, member)
+            except EntryFormatError as error:  # damage the member kept (not found, not cut, not repaired)
+                self.echo(f"round {number}: {member} keeps a damaged entry: {error}")
+                return RoundReport(number, fault, victim, len(self.acked), 0, 0, failover, 0, False, new_leader,
+                                   f"{member} keeps a damaged entry: {error}")  # fmt: skip
         reference = logs[new_leader]
         at_offset: dict[int, int] = {}
         seen: set[int] = set()

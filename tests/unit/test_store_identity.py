@@ -108,7 +108,7 @@ def test_the_marker_is_replaced_atomically(tmp_path, monkeypatch):
     monkeypatch.undo()
     store_identity.write_identity(str(tmp_path), second)
     assert store_identity.read_identity(str(tmp_path)) == second
-    assert sorted(os.listdir(tmp_path)) == ["identity"]
+    assert sorted(os.listdir(tmp_path)) == ["identity", "identity.bak"]  # the marker and its copy, no temporary left
 
 
 # -- refusals: one line, nothing written --------------------------------------------------------
@@ -177,11 +177,21 @@ def test_a_member_store_without_a_group_records_the_first_one_given(tmp_path):
     ],
 )
 def test_a_corrupt_marker_is_refused_in_one_line_naming_the_file(tmp_path, content, match):
+    """The marker and its copy (``identity.bak``, written first) both corrupt."""
     classic_store(tmp_path)
     (tmp_path / "identity").write_bytes(content)
+    (tmp_path / "identity.bak").write_bytes(content)
     message = refused(tmp_path, lambda: MessageStore.open(str(tmp_path), CONFIG), match)
     assert message.startswith(f"{tmp_path}/identity: ")
     refused(tmp_path, lambda: open_member(tmp_path, "n0", "g"), match)
+
+
+def test_a_damaged_marker_is_read_from_its_copy(tmp_path):
+    classic_store(tmp_path)
+    whole = (tmp_path / "identity").read_bytes()
+    (tmp_path / "identity").write_bytes(whole.replace(b"kind=classic", b"kind=classiC"))  # its CRC line no longer matches
+    MessageStore.open(str(tmp_path), CONFIG).close()
+    assert (tmp_path / "identity").read_bytes() == whole or (tmp_path / "identity.bak").read_bytes() == whole
 
 
 @given(st.binary(max_size=300))

@@ -74,6 +74,7 @@ class EpochFile:
     def __init__(self, directory: str):
         self.path = os.path.join(directory, EPOCH_FILE_NAME)
         self.entries: list[EpochEntry] = []
+        self.damaged = ""  # what did not read at open (the file or its copy): ``heal`` rewrites both
 
     @classmethod
     def open(cls, directory: str) -> EpochFile:
@@ -83,14 +84,31 @@ class EpochFile:
         return epoch_file
 
     def _read(self) -> list[EpochEntry]:
+        """The history from ``epoch``, or from its copy when ``epoch`` is damaged; ``damaged``
+        says which of the two did not read (``heal`` writes both anew)."""
         errors = []
+        found = None
         for path in (self.path, self.path + ".bak"):
             try:
                 with open(path, encoding="utf-8") as file:
-                    return _parse(file.read(), path)
+                    entries = _parse(file.read(), path)
             except (OSError, ValueError) as error:
                 errors.append(f"{path}: {error}")
-        raise StoreError("cannot read the epoch file: " + "; ".join(errors))
+                continue
+            if found is None:
+                found = entries
+        self.damaged = "; ".join(errors)
+        if found is None:
+            raise StoreError("cannot read the epoch file: " + "; ".join(errors))
+        return found
+
+    def heal(self) -> str:
+        """Write both copies anew when one did not read at open (a store opened for writing calls
+        it); what was wrong, or "" when nothing was."""
+        damaged, self.damaged = self.damaged, ""
+        if damaged:
+            self.replace(self.entries)
+        return damaged
 
     @property
     def last(self) -> EpochEntry | None:

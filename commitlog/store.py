@@ -170,6 +170,7 @@ class MessageStore:
         self.recovery: RecoveryReport | None = None
         self.last_exit_ok = True
         self.reput_from_offset = 0
+        self.epoch_damage = ""  # what was wrong with the epoch file or its copy at open (both rewritten)
         self.queues_rebuilt: tuple[tuple[str, int], ...] = ()  # (topic, queue id) recovery found cut by damage
         self.dispatch_error: str | None = None
         self.dispatch_skipped = 0  # records whose topic cannot name a consume queue
@@ -209,6 +210,7 @@ class MessageStore:
             self.last_exit_ok = not os.path.exists(abort_path)
             self.checkpoint = StoreCheckpoint.open(os.path.join(self.path, "checkpoint"))
             self.epochs = EpochFile.open(self.path)
+            self.epoch_damage = self.epochs.heal()  # one copy damaged: both written anew from the other
             self.commit_log.load()
             self.consume_queues.load()
             self._recover()

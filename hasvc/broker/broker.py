@@ -100,6 +100,9 @@ class Broker:
                          self.store.checkpoint.damage,
                          "the other copy was used" if self.store.checkpoint.trusted else
                          "no copy checked: recovery cut nothing by itself")  # fmt: skip
+        if self.store.epoch_damage:
+            LOGGER.error("the epoch file or its copy was damaged (%s): both written anew from the one that read",
+                         self.store.epoch_damage)  # fmt: skip
         for topic, queue_id in self.store.queues_rebuilt:
             LOGGER.error("consume queue %s/%d was damaged in the middle: rebuilt from the log", topic, queue_id)
         try:

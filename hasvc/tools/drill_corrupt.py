@@ -99,7 +99,11 @@ class CorruptDrill(Drill):
                 if failure:
                     found["outcome"] = f"failed: {failure}"
                     return
-                found["process"] = self.restart(victim, master_ha=master_ha)
+                try:
+                    found["process"] = self.restart(victim, master_ha=master_ha)
+                except StartError as again:
+                    found["outcome"] = f"failed: refused again after the repair: {_last_line(str(again))}"
+                    return
                 found["outcome"] = "repaired"
 
         async def run() -> None:

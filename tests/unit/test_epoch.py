@@ -112,3 +112,18 @@ def test_drill_file_check_catches_an_epoch_inside_a_record_and_an_overclaiming_c
     assert files_agree_with_log(str(tmp_path), status)
     assert not files_agree_with_log(str(tmp_path), {**status, "epochs": [[1, 0], [2, first.next_offset + 1]]})
     assert not files_agree_with_log(str(tmp_path), {**status, "max_offset": first.next_offset})  # checkpoint claims more
+
+
+def test_a_damaged_copy_is_written_anew_when_a_store_opens(tmp_path):
+    """One copy damaged while the other reads: heal() writes both again, so that a later damage
+    to the other is still survived (a drill found a damaged copy left as it was, then the main
+    file damaged too: no history left)."""
+    epoch_file = EpochFile.open(str(tmp_path))
+    epoch_file.append(1, 0)
+    epoch_file.append(2, 4096)
+    (tmp_path / "epoch.bak").write_text("garbage")
+    reopened = EpochFile.open(str(tmp_path))
+    assert reopened.entries == history((1, 0), (2, 4096)) and "epoch.bak" in reopened.damaged
+    assert "epoch.bak" in reopened.heal() and reopened.heal() == ""
+    (tmp_path / "epoch").write_text("garbage")  # now the main file: the rewritten copy holds the history
+    assert EpochFile.open(str(tmp_path)).entries == history((1, 0), (2, 4096))

@@ -24,7 +24,7 @@ import trio
 from hasvc import client as hc
 from hasvc.tools.drill import Drill, Process, RoundReport
 
-TMPFS_SIZE_MIB = 96  # each replica's file system: room for the drill's log with the 8 MiB segments below
+TMPFS_SIZE_MIB = 512  # each replica's file system: room for 20 rounds of the drill's writes at 8 producers with the 8 MiB segments below (96 MiB filled up by round 7 and the master then rightly answered DISK_FULL for good)
 SEGMENT_SIZE = 8 * 1024 * 1024
 FULL_SECONDS = 3.0  # the producers write against the full disk this long
 RESUME_TIMEOUT_SECONDS = 60.0  # no PUT_OK this long after the space was freed: the round fails

@@ -20,6 +20,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import trio
 
@@ -29,6 +30,7 @@ from hasvc.tools.drill import Drill, Process, RoundReport, log_digest, queue_fil
 from hasvc.tools.faults import flip_random_byte
 
 REPAIR_TIMEOUT_SECONDS = 120.0
+SETTLE_SECONDS = 0.5  # the master's end must stand still this long before the copies are compared
 
 
 @dataclasses.dataclass
@@ -63,6 +65,17 @@ class CorruptDrill(Drill):
         replacement.store = process.store
         self.processes.append(replacement)
         return replacement
+
+    def _settle(self, master: Process, slave: Process) -> None:
+        """Until the master's end stands still and the slave holds it: sends the producers had in
+        flight when they were cancelled are still answered (and replicated) for a moment, and a
+        check taken meanwhile compares a moving end."""
+        while True:
+            end = self._status(master)["max_offset"]
+            time.sleep(SETTLE_SECONDS)
+            self._wait(lambda: self._caught_up(master, slave), "the replicas to converge")
+            if self._status(master)["max_offset"] == end:
+                return
 
     def _repair(self, victim: Process, peer: Process) -> str:
         """``hasvc store repair STORE --from PEER`` on a stopped replica; the failure, or ""."""
@@ -144,6 +157,7 @@ class CorruptDrill(Drill):
                 slave = replacement
             report.outcome = f"scrub found {where}; repaired"
             self._wait(lambda: self._caught_up(master, slave), "the replicas to converge after the repair")
+        self._settle(master, slave)
         report.checks = self.verify(number, master, slave, 0.0, 0.0)
         if not report.checks.identical:
             report.outcome += "; differs: " + self.differences(master, slave)

@@ -161,6 +161,7 @@ class MessageStore:
             store_host=self.config.store_host,
             write_buffer_source=self.pool.borrow if self.pool else None,
             small_pages=self.config.small_write_pages,
+            preallocate_step_size=self.config.preallocate_step_size,
         )
         self.consume_queues = ConsumeQueueStore(
             os.path.join(path, "consumequeue"), units_per_file=self.config.consume_queue_units_per_file

@@ -83,6 +83,8 @@ class BrokerConfig:
     recovery_accept_lost_entries: bool = False
     recovery_repair_from_peers: bool = True
     page_cache_keep_size: int = 0  # StoreConfig.page_cache_keep_size (and a DLedger member's entry files): 0 keeps the page cache whole
+    # StoreConfig.preallocate_step_size: disk a segment reserves ahead of its writer (0: whole segments at creation).
+    preallocate_step_size: int = 64 * 1024 * 1024
     # StoreConfig.small_write_pages (commitlog/mapped_file.py SMALL_PAGES_MARGIN): "auto" turns it on
     # for a store that syncs each put (--flush sync; a DLedger member's --flush sync), "on"/"off" force it.
     small_write_pages: str = "auto"
@@ -191,6 +193,7 @@ class BrokerConfig:
             file_reserved_time_hours=self.file_reserved_time_hours,
             flush_disk_type=self.flush,
             page_cache_keep_size=self.page_cache_keep_size,
+            preallocate_step_size=self.preallocate_step_size,
             scrub_bytes_per_second=self.scrub_bytes_per_second,
             append_record_crc=self.append_record_crc,
             small_write_pages=self.small_write_pages_for(self.flush is FlushDiskType.SYNC_FLUSH),

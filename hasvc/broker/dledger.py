@@ -1009,6 +1009,7 @@ class DLedgerBroker:
         # it has no other copy (a group of one) or the settings say to refuse or to accept the loss.
         entry_config = DLedgerStoreConfig(data_file_size=store_config.commitlog_segment_size,
                                           page_cache_keep_size=store_config.page_cache_keep_size,
+                                          preallocate_step_size=store_config.preallocate_step_size,
                                           small_write_pages=store_config.small_write_pages,
                                           recovery_cut_segments_max=self.config.recovery_cut_segments_max,
                                           recovery_accept_lost_entries=self.config.recovery_accept_lost_entries,

@@ -83,6 +83,7 @@ from commitlog.scrub import EntryQueueScrubber
 from commitlog.store import AppendResult, disk_used_ratio
 from hasvc import admission as port_admission
 from hasvc import transport
+from hasvc.broker.raft_metrics import serve_raft_metrics
 from hasvc.broker.client_port import ClientPort
 from hasvc.broker.put_service import PutService, rebuild_producer_table
 from hasvc.broker.store_tasks import SCRUB_PASS_PAUSE_SECONDS, SCRUB_STEP_PAUSE_MIN_SECONDS
@@ -992,6 +993,8 @@ class DLedgerBroker:
         self.client_port: ClientPort | None = None
         self.listen_address: Address | None = None
         self.raft_address: Address | None = None
+        self.metrics = None  # RaftMetrics, with --metrics-listen
+        self.metrics_address: Address | None = None
         self.started_at = time.time()
         self._dispatch_wakeup = trio.Event()
         self._taking_writes = False
@@ -1075,6 +1078,10 @@ class DLedgerBroker:
         nursery.start_soon(self._retention)
         nursery.start_soon(self._scrub)
         await self.driver.run(nursery, raft_listener)
+        if self.config.metrics_listen is not None:  # after the driver runs: a scrape reads STATUS
+            self.metrics, self.metrics_address = await nursery.start(
+                functools.partial(serve_raft_metrics, self.config.metrics_listen, status=self.status))
+            self.put_service.metrics = self.client_port.metrics = self.metrics
         task_status.started(self.addresses())
         LOGGER.info("ready: %s", json.dumps(self.addresses()))
 
@@ -1134,7 +1141,8 @@ class DLedgerBroker:
     def addresses(self) -> dict:
         return {"role": self.role_state.role.name, "listen": format_address(self.listen_address),
                 "raft_listen": format_address(self.raft_address), "group": self.group.group,
-                "self_id": self.group.self_id, "pid": os.getpid(), "store": self.config.store}  # fmt: skip
+                "self_id": self.group.self_id, "pid": os.getpid(), "store": self.config.store,
+                **({"metrics_listen": format_address(self.metrics_address)} if self.metrics_address else {})}  # fmt: skip
 
     # -- commit, dispatch, role ----------------------------------------------------------
 

@@ -284,6 +284,12 @@ class MessageStore:
         added); True when it is new."""
         return read_check.add_damage(self.damaged, found)
 
+    def clear_damage(self, *, from_offset: int, to_offset: int) -> None:
+        """Forget the damage lying within ``[from_offset, to_offset)``: those bytes were rewritten
+        and check clean."""
+        self.damaged[:] = [found for found in self.damaged
+                           if not (from_offset <= found.from_offset and found.to_offset <= to_offset)]  # fmt: skip
+
     def close(self, *, clean: bool = True) -> None:
         """Flush everything, write the checkpoint, remove ``abort`` (only if all is dispatched).
 

@@ -276,14 +276,3 @@ def test_a_hello_with_a_negative_data_start_is_refused():
     data = data[:-8] + (-4).to_bytes(8, "big", signed=True)
     with pytest.raises(ProtocolError, match="negative data start"):
         decode_all(data)
-
-
-def test_the_append_example_of_protocol_md():
-    from commitlog.dledger.entry_codec import encode_entry
-
-    entry = encode_entry(index=7, term=3, pos=4096, body=b"abc")
-    data = rp.encode(Push("n0", "n1", 4, PushType.APPEND, 7, 2, 6, EntryRun(7, 1, 3, entry)))
-    q = lambda value: value.to_bytes(8, "big")  # noqa: E731
-    assert data == (b"\x00\x00\x00\x60\x08" + q(4) + q(7) + q(2) + q(6) + b"\x00\x00\x00\x01" + q(3)
-                    + b"\x00\x00\x00\x01\x00\x00\x00\x33" + q(7) + q(3) + q(4096) + bytes(8)
-                    + bytes.fromhex("352441c2") + b"\x00\x00\x00\x03abc")  # fmt: skip

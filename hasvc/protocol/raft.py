@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-After the preface (``wire.py``), each side sends one HELLO (group, its own id, the id it means
-to reach) -- the driver checks the group and both ids against its configuration -- and then
-message frames, whose source and target are those of the sender's HELLO. Every frame is
+After the preface (``wire.py``), the dialling side sends one HELLO (group, its own id, the id it
+means to reach, its client address, where its log starts, its data-file size) -- the accepting
+driver checks them against its configuration -- and then message frames, whose source and target
+are those of the HELLO; the accepting side sends nothing on that connection. Every frame is
 
     u32 length (of what follows) | u8 kind | body
 

@@ -697,6 +697,11 @@ class DLedgerMmapFileStore:
         """Where the log's first entry lies or will lie (0, or a smooth upgrade's divide)."""
         return self.data_file_list.min_offset if self.data_file_list.mapped_files else self._data_start_offset
 
+    @property
+    def data_file_size(self) -> int:
+        """Bytes per data file: with the entries it decides every pos and blank record."""
+        return self.config.data_file_size
+
     def start_at(self, offset: int) -> None:
         """Make an empty log's first entry land at data offset ``offset`` (a data-file boundary):
         a follower joining a group whose log starts at a smooth upgrade's divide learns it from

@@ -440,9 +440,9 @@ class RaftDriver:
     def _send_messages(self, messages) -> None:
         """Send a Ready's messages, each peer's in their order: written from here in one
         ``writev`` a peer (``_send_now``), else queued for its sender (one more than fits is
-        dropped, which Raft survives). A pass of puts at 64 producers x 32 messages makes a
-        push per 64 KiB (push_batch_size_max) to each follower: a write each was a system call
-        and a wake-up of the follower per push."""
+        dropped, which Raft survives). A pass of puts at 64 producers x 32 messages makes
+        several pushes to each follower (up to push_batch_size_max, 1 MiB, each): a write each
+        was a system call and a wake-up of the follower per push."""
         if len(messages) == 1:
             by_peer = {messages[0].target: messages}
         else:
@@ -732,7 +732,8 @@ class RaftDriver:
                 connection = await transport.connect(address, ssl_context=self.peer_ssl_context)
                 await transport.client_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
                 hello = raft_wire.Hello(self.group.group, self.group.self_id, peer, client_address=self.client_address,
-                                        data_start_offset=self._announced_data_start())  # fmt: skip
+                                        data_start_offset=self._announced_data_start(),
+                                        data_file_size=self.store.entries.data_file_size)  # fmt: skip
                 await connection.send_all(raft_wire.encode_hello(hello))
             except (OSError, trio.BrokenResourceError, trio.TooSlowError, transport.AuthenticationError, EOFError) as error:
                 LOGGER.debug("raft: cannot reach %s at %s: %s", peer, format_address(address), error)
@@ -936,6 +937,10 @@ class RaftDriver:
             why = f"meant for member {hello.target!r}, this is {self.group.self_id!r}"
         elif hello.source not in self._queues:
             why = f"unknown member {hello.source!r} (members: {', '.join(self.group.peers)})"
+        elif hello.data_file_size and hello.data_file_size != self.store.entries.data_file_size:
+            # Every entry's pos and blank record depend on it: the logs could not be byte-identical.
+            why = (f"{hello.source}'s data files are {hello.data_file_size} bytes, this member's "
+                   f"{self.store.entries.data_file_size} (commitlog_segment_size must be equal on every member)")
         if why is not None:
             self.refused_connections += 1
             LOGGER.warning("raft: %s refused: %s", peer, why)

@@ -75,7 +75,9 @@ def _raft_config(settings: tuple[str, ...], flush: str | None, preferred_leader:
 @click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
               help="Any broker option by its config name, a Raft setting (heartbeat_interval_seconds, "
                    "election_timeout_min_seconds, election_timeout_max_seconds, quorum_ack_timeout_seconds, ...), "
-                   "or raft_preset=etcd (heartbeat 100 ms, election timeout 1-2 s) / dledger (the default: 2 s, 6.3-7 s).")
+                   "or raft_preset=etcd (heartbeat 100 ms, election timeout 1-2 s) / dledger (the default: 2 s, 6.3-7 s). "
+                   "commitlog_segment_size is the size of the Raft data files (default 1 GiB): every member of a "
+                   "group must have the same (a member refuses a peer with another at its HELLO).")
 def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgrade_classic, config_file, secret_file,
          insecure, tls_cert, tls_key, tls_ca, metrics_listen, settings) -> None:  # fmt: skip
     """Run a DLedger member: the group elects its leader by Raft and keeps taking writes while a

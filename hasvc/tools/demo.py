@@ -5,6 +5,7 @@ Everything it starts is stopped by PID before it returns."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 import time
@@ -15,6 +16,18 @@ from hasvc import client as hc
 from hasvc.tools.drill import Drill
 
 WRITE_SECONDS = 5.0
+
+
+def _disk_used_mb(root: str) -> float:
+    """The disk the files under ``root`` take (segments are sparse until written: not their size)."""
+    used = 0
+    for directory, _, names in os.walk(root):
+        for name in names:
+            try:
+                used += os.stat(os.path.join(directory, name)).st_blocks * 512
+            except OSError:
+                pass
+    return used / 1e6
 
 
 def run_demo(*, producers: int = 16, keep: bool = True, echo=print) -> bool:
@@ -46,7 +59,8 @@ def run_demo(*, producers: int = 16, keep: bool = True, echo=print) -> bool:
     finally:
         drill.close(keep)
     if keep:
-        echo(f"stores kept in {drill.root}: `hasvc store verify {drill.root}/a` checks one")
+        echo(f"stores kept in {drill.root} ({_disk_used_mb(drill.root):,.0f} MB on disk; remove the directory when done, "
+             f"or run with --no-keep): `hasvc store verify {drill.root}/a` checks one")  # fmt: skip
     return ok
 
 
@@ -127,7 +141,8 @@ def run_dledger_demo(*, producers: int = 16, keep: bool = True, echo=print) -> b
         drill.close(keep)
     echo(f"summary: {'OK — every acknowledged write survived the loss of the leader, with no human in the loop' if ok else 'FAILED'}")
     if keep:
-        echo(f"stores kept in {drill.root}: `hasvc store verify {drill.root}/n0 --member n0` checks one")
+        echo(f"stores kept in {drill.root} ({_disk_used_mb(drill.root):,.0f} MB on disk; remove the directory when done, "
+             f"or run with --no-keep): `hasvc store verify {drill.root}/n0 --member n0` checks one")  # fmt: skip
     return ok
 
 

@@ -133,7 +133,7 @@ def _suggest(name: str, names) -> str:
     import difflib
 
     close = difflib.get_close_matches(name, list(names), n=3, cutoff=0.6)
-    return f" (did you mean {' or '.join(close)}?)" if close else " (hasvc master -h lists the options; the settings are BrokerConfig's fields)"
+    return f" (did you mean {' or '.join(close)}?)" if close else " ('hasvc config list' shows every setting)"
 
 
 def _reason(error: BaseException) -> str:

@@ -15,6 +15,7 @@ import tomllib
 from typing import Any
 
 from commitlog.config import FlushDiskType, StoreConfig
+from commitlog.setting import setting
 from hasvc.busy_poll import BUSY_POLL_US_MAX
 
 
@@ -52,20 +53,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def setting(default: Any = dataclasses.MISSING, reason: str = "", *, unit: str | None = None,
-            processes: tuple[str, ...] | None = None, choices: tuple[str, ...] | None = None,
-            shown_default: str | None = None, repr: bool = True) -> Any:
-    """A configuration dataclass's field with what ``hasvc config list`` shows of it
-    (hasvc/settings.py): ``reason``, why it has its default and what it does; ``unit`` where the
-    name's suffix does not say it; ``processes`` where not every process of its dataclass reads
-    it; ``choices`` for a text field; ``shown_default`` for a default computed at start."""
-    metadata: dict[str, Any] = {"reason": reason}
-    for key, value in (("unit", unit), ("processes", processes), ("choices", choices), ("shown_default", shown_default)):
-        if value is not None:
-            metadata[key] = value
-    return dataclasses.field(default=default, metadata=metadata, repr=repr)
 
 
 CLASSIC = ("master", "slave")  # the processes of a classic pair (hasvc master, hasvc slave)
@@ -167,8 +154,8 @@ class BrokerConfig:
     min_in_sync_replicas: int = setting(0, "RocketMQ's minInSyncReplicas: with fewer slaves in sync, puts are refused "
                                         "IN_SYNC_REPLICAS_NOT_ENOUGH, nothing stored (0: off).", unit="slaves")  # fmt: skip
     sync_from_last_file: bool = setting(False, "RocketMQ's syncFromLastFile: an empty slave starts from the master's last "
-                                        "segment instead of its first (RocketMQ's behaviour for an empty slave, issues "
-                                        "#3388/#3661 there).", processes=CLASSIC)  # fmt: skip
+                                        "segment instead of its oldest (off: an empty slave copies the master's whole "
+                                        "retained log).", processes=CLASSIC)  # fmt: skip
     flush_before_ack: bool = setting(False, "A slave fsyncs received bytes before acknowledging them: a SYNC_MASTER put is "
                                      "then on two disks before PUT_OK.", processes=CLASSIC)  # fmt: skip
     repair_wait_seconds: float = setting(

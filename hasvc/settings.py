@@ -3,7 +3,7 @@
 default -- read from the configuration dataclasses themselves, so there is no second list to keep.
 
 Each field of a dataclass in ``SOURCES`` is one setting. Its description is the field's metadata,
-written next to the default with ``hasvc.config.setting(default, reason, ...)``: ``reason`` (why
+written next to the default with ``setting(default, reason, ...)`` (commitlog/setting.py): ``reason`` (why
 the default, what the setting does), and where needed ``unit`` (else read from the name's suffix:
 ``_ms``, ``_seconds``, ``_size``, ``_bytes``, ``_ratio``, ...), ``processes`` (else those of the
 dataclass), ``choices`` and ``shown_default``. ``EXTRA`` holds the few settings that are not a
@@ -17,7 +17,7 @@ those processes take its names in ``--set`` (as ``hasvc/cli/node.py`` does for `
 and regenerate docs/configuration.md. ``hasvc config list`` and the tests pick it up from there.
 
 Imports: the dataclasses' modules are imported when the table is first asked for, so that they
-can import ``hasvc.config.setting`` without a cycle.
+can be imported by it without a cycle.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Setting:
 
 EXTRA = (
     Setting("raft_preset", "dledger|etcd", "dledger", "", ("node",),
-            "A node's Raft timings at once, before its other Raft settings: dledger (DLedger's defaults: heartbeat 2 s, "
+            "A node's Raft timings at once (its other Raft settings apply on top): dledger (DLedger's defaults: heartbeat 2 s, "
             "election timeout 6.3-7 s) or etcd (heartbeat 100 ms, election timeout 1-2 s, randomised as etcd-raft does: "
             "failover measured beside etcd).", ""),  # fmt: skip
 )
@@ -83,11 +83,24 @@ EXTRA = (
 @functools.cache
 def all_settings() -> tuple[Setting, ...]:
     """Every setting, in the order of ``SOURCES`` and of each dataclass's fields, then ``EXTRA``."""
-    found = []
+    found: list[Setting] = []
     for module, name, processes in SOURCES:
-        cls = getattr(importlib.import_module(module), name)
-        found += [_from_field(field, cls, processes) for field in dataclasses.fields(cls)]
+        found += settings_of(getattr(importlib.import_module(module), name), processes)
     return (*found, *EXTRA)
+
+
+def settings_of(cls: type, processes: tuple[str, ...]) -> list[Setting]:
+    """The settings of one configuration dataclass, read by ``processes`` unless a field says otherwise."""
+    return [_from_field(field, cls, processes) for field in dataclasses.fields(cls)]
+
+
+def undocumented(settings: tuple[Setting, ...] | list[Setting]) -> list[str]:
+    """Problems of settings whose description is incomplete: no reason, or a process no command is."""
+    problems = [f"{s.source}.{s.name}: no reason (give it with setting(default, reason): commitlog/setting.py)"
+                for s in settings if len(s.reason.strip()) < 10]  # fmt: skip
+    problems += [f"{s.name}: processes {s.processes} (known: {', '.join(PROCESSES)})"
+                 for s in settings if not s.processes or set(s.processes) - set(PROCESSES)]  # fmt: skip
+    return problems
 
 
 def by_name() -> dict[str, Setting]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hasvc.config import setting
+from commitlog.setting import setting
 from hasvc.protocol import client as client_protocol
 
 STREAMS_PER_CONNECTION_MAX_DEFAULT = 1024

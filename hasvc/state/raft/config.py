@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Final
 
-from hasvc.config import setting
+from commitlog.setting import setting
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -130,3 +130,13 @@ def test_config_show_prints_one_setting_whole_and_suggests_for_a_misspelt_name()
     wrong = _hasvc("config", "show", "slave_timeout")
     assert wrong.exit_code == 2
     assert "did you mean slave_timeout_ms" in wrong.output and "Traceback" not in wrong.output
+
+
+def test_a_setting_of_another_process_given_to_a_broker_says_which_reads_it(tmp_path):
+    store = tmp_path / "never-created"
+    result = _hasvc("master", "--store", str(store), "--set", "heartbeat_interval_seconds=1")
+    assert result.exit_code == 2
+    assert "only hasvc node reads it" in result.output
+    result = _hasvc("master", "--store", str(store), "--set", "slave_timeout=1")
+    assert result.exit_code == 2 and "did you mean slave_timeout_ms" in result.output
+    assert not store.exists()

@@ -72,25 +72,25 @@ class BrokerConfig:
     flush: FlushDiskType = setting(FlushDiskType.ASYNC_FLUSH, "RocketMQ's flushDiskType (--flush sync|async): SYNC_FLUSH "
                                    "answers a put once it is fsynced (group commit), ASYNC_FLUSH flushes every 500 ms.")  # fmt: skip
     commitlog_segment_size: int = setting(1024 * 1024 * 1024, "RocketMQ's mappedFileSizeCommitLog: the size of each commit "
-                                          "log segment (a DLedger member's data file).")  # fmt: skip
+                                          "log segment (a DLedger member's data file).", minimum=4096, maximum=2**35 - 1)  # fmt: skip
     consume_queue_units_per_file: int = setting(300_000, "RocketMQ's mappedFileSizeConsumeQueue / 20: the 20-byte units of one "
-                                                "consume queue file.", unit="units")  # fmt: skip
+                                                "consume queue file.", unit="units", above=0)  # fmt: skip
     max_message_size: int = setting(4 * 1024 * 1024, "RocketMQ's maxMessageSize, a body limit; a batch's bodies share it "
-                                    "(MESSAGE_ILLEGAL beyond).")  # fmt: skip
+                                    "(MESSAGE_ILLEGAL beyond).", above=0)  # fmt: skip
     # The store's (StoreConfig's, through store_config()): disk, retention, checks, recovery.
     disk_max_used_space_ratio: float = setting(0.85, "Above this share of the disk in use, puts are refused DISK_FULL "
-                                               "(DLedger's 0.85; RocketMQ's diskSpaceWarningLevelRatio is 0.90).")  # fmt: skip
+                                               "(DLedger's 0.85; RocketMQ's diskSpaceWarningLevelRatio is 0.90).", above=0, maximum=1)  # fmt: skip
     disk_clean_ratio: float = setting(0.75, "RocketMQ's diskMaxUsedSpaceRatio: above this share of the disk in use, "
-                                      "retention deletes the oldest segments whatever their age.")  # fmt: skip
+                                      "retention deletes the oldest segments whatever their age.", above=0, maximum=1)  # fmt: skip
     file_reserved_time_hours: float = setting(72.0, "RocketMQ's fileReservedTime: segments older than this are deleted by "
                                               "retention.")  # fmt: skip
     dledger_clean_interval_seconds: float = setting(10.0, "How often a DLedger member's retention pass runs: RocketMQ's "
                                                     "CleanCommitLogService runs every 10 s (the classic broker's period is "
-                                                    "fixed, StoreTasks' CLEAN_INTERVAL_SECONDS).", processes=("node",))  # fmt: skip
+                                                    "fixed, StoreTasks' CLEAN_INTERVAL_SECONDS).", processes=("node",), above=0)  # fmt: skip
     scrub_bytes_per_second: int = setting(
         16 * 1024 * 1024, "The broker re-checks its whole log and consume queues in the background at this rate (0: off): "
         "16 MiB/s re-reads 1 GiB in ~64 s, costs well under 1 % of a core for the CRC walk, and keeps its disk reads a "
-        "small share of a disk's bandwidth. Damage found is logged and listed in STATUS damaged.")  # fmt: skip
+        "small share of a disk's bandwidth. Damage found is logged and listed in STATUS damaged.", minimum=0)  # fmt: skip
     append_record_crc: bool = setting(
         True, "RocketMQ's enabledAppendPropCRC (false there): each record's properties end with a 20-byte tail holding "
         "the CRC of every byte before it, so a flipped bit in the header, which the body CRC does not cover, is found "
@@ -116,7 +116,7 @@ class BrokerConfig:
         0, "Flushed log pages more than this many bytes behind the flushed end are dropped from the page cache (0 keeps "
         "them all, as RocketMQ and Kafka do). A write into a page the cache never held costs ~4x the CPU of one into a "
         "page it freed lately: a pair under 64 x 32 load fell from ~230k to ~125k acked/s within 30 s, and held "
-        "200-250k with 256 MiB kept. Reads further back come from the disk.")  # fmt: skip
+        "200-250k with 256 MiB kept. Reads further back come from the disk.", minimum=0)  # fmt: skip
     # StoreConfig.small_write_pages (commitlog/mapped_file.py SMALL_PAGES_MARGIN), resolved by small_write_pages_for().
     small_write_pages: str = setting(
         "auto", "The log's segments fault single pages, not read-ahead folios, ahead of the writer: for a store that "
@@ -129,13 +129,13 @@ class BrokerConfig:
     # Replication (MessageStoreConfig): haSendHeartbeatInterval, haHousekeepingInterval,
     # haMaxGapNotInSync, slaveTimeout, inSyncReplicas, syncFromLastFile.
     ha_send_heartbeat_interval_ms: int = setting(5000, "RocketMQ's haSendHeartbeatInterval: a slave reports its offset at "
-                                                 "least this often.", processes=CLASSIC)  # fmt: skip
+                                                 "least this often.", processes=CLASSIC, above=0)  # fmt: skip
     ha_housekeeping_interval_ms: int = setting(20_000, "RocketMQ's haHousekeepingInterval: a replication connection silent "
-                                               "this long is closed.", processes=CLASSIC)  # fmt: skip
+                                               "this long is closed.", processes=CLASSIC, above=0)  # fmt: skip
     ha_transfer_batch_size: int = setting(
         1024 * 1024, "RocketMQ's haTransferBatchSize is 32 KiB. Each frame costs a fixed ~20 us of Python here, so "
         "catch-up at 32 KiB frames would be capped near 1.5 GB/s in theory and far less on a slow VM; 1 MiB frames "
-        "amortise it. Must not exceed the slave's ha_frame_size_max.", processes=CLASSIC)  # fmt: skip
+        "amortise it. Must not exceed the slave's ha_frame_size_max.", processes=CLASSIC, above=0)  # fmt: skip
     ha_frame_size_max: int = setting(4 * 1024 * 1024, "The largest replication frame a slave reads (the slave's read "
                                      "buffer in RocketMQ: 4 MiB).", processes=CLASSIC)  # fmt: skip
     ha_transfer_readahead_size: int = setting(
@@ -143,16 +143,16 @@ class BrokerConfig:
         "asks the kernel to read this far ahead (fadvise WILLNEED) and reads the frame before sendfile, so the event loop "
         "never waits for the disk. 2 GiB catch-ups from a dropped cache: the loop's time in block I/O 1.5-2.1 s -> 0, "
         "median 626 -> 749 MB/s, and a producer writing to the master meanwhile 3,128 -> 4,721 puts/s. 0: the frame "
-        "only.", processes=CLASSIC)  # fmt: skip
+        "only.", processes=CLASSIC, minimum=0)  # fmt: skip
     ha_max_gap_not_in_sync: int = setting(256 * 1024 * 1024, "RocketMQ's haMaxGapNotInSync: a slave further behind than "
                                           "this is not in sync (min_in_sync_replicas counts the others).",
                                           unit="bytes", processes=CLASSIC)  # fmt: skip
     slave_timeout_ms: int = setting(3000, "RocketMQ's slaveTimeout: a SYNC_MASTER put (a DLedger put: its quorum) not "
-                                    "acknowledged within this is answered FLUSH_SLAVE_TIMEOUT.")  # fmt: skip
+                                    "acknowledged within this is answered FLUSH_SLAVE_TIMEOUT.", above=0)  # fmt: skip
     in_sync_replicas: int = setting(1, "Slaves that must acknowledge a SYNC_MASTER put (RocketMQ 4.x: one slave).",
-                                    unit="slaves")  # fmt: skip
+                                    unit="slaves", minimum=0)  # fmt: skip
     min_in_sync_replicas: int = setting(0, "RocketMQ's minInSyncReplicas: with fewer slaves in sync, puts are refused "
-                                        "IN_SYNC_REPLICAS_NOT_ENOUGH, nothing stored (0: off).", unit="slaves")  # fmt: skip
+                                        "IN_SYNC_REPLICAS_NOT_ENOUGH, nothing stored (0: off).", unit="slaves", minimum=0)  # fmt: skip
     sync_from_last_file: bool = setting(False, "RocketMQ's syncFromLastFile: an empty slave starts from the master's last "
                                         "segment instead of its oldest (off: an empty slave copies the master's whole "
                                         "retained log).", processes=CLASSIC)  # fmt: skip
@@ -161,37 +161,37 @@ class BrokerConfig:
     repair_wait_seconds: float = setting(
         60.0, "A master whose store recovery found damage waits this long on its HA port for a slave to repair it from "
         "before it refuses to start: a slave's reconnect back-off (ha_reconnect_backoff_max_ms, 5 s) several times "
-        "over. 0: refuse at once.", processes=("master",))  # fmt: skip
+        "over. 0: refuse at once.", processes=("master",), minimum=0)  # fmt: skip
     ha_reconnect_backoff_min_ms: int = setting(1000, "A slave's first wait before it reconnects to its master; doubled up "
                                                "to ha_reconnect_backoff_max_ms.", processes=CLASSIC)  # fmt: skip
     ha_reconnect_backoff_max_ms: int = setting(5000, "RocketMQ's HAClient waits 5 s before reconnecting.",
                                                processes=CLASSIC)  # fmt: skip
     slave_id: str = setting("", "A slave's name in its master's STATUS (empty: its address).", processes=CLASSIC)
     # Client connections: RocketMQ's remoting frameMaxLength is 16 MiB.
-    frame_size_max: int = setting(16 * 1024 * 1024, "The largest client request frame: RocketMQ's remoting frameMaxLength.")
+    frame_size_max: int = setting(16 * 1024 * 1024, "The largest client request frame: RocketMQ's remoting frameMaxLength.", above=0)
     requests_in_flight_max: int = setting(4096, "Requests one client connection may have unanswered; beyond, the "
-                                          "connection is not read until answers go out.", unit="requests")  # fmt: skip
+                                          "connection is not read until answers go out.", unit="requests", above=0)  # fmt: skip
     connections_max: int = setting(10_000, "Client connections past the preface; beyond, a new client is refused (one log "
-                                   "line). Connections in their preface have their own limit.", unit="connections")  # fmt: skip
+                                   "line). Connections in their preface have their own limit.", unit="connections", above=0)  # fmt: skip
     client_answer_bytes_max: int = setting(
         16 * 1024 * 1024, "Answers queued on one client connection and not yet taken by the kernel (its peer reads them "
         "too slowly, or not at all): above, the connection is no longer read until they drain to half (Netty's "
         "write-buffer watermarks, Kafka's muted channels). Four of the largest READ or PULL answers (4 MiB each): a "
-        "consumer's pipelined reads are never held back by it.")  # fmt: skip
+        "consumer's pipelined reads are never held back by it.", above=0)  # fmt: skip
     client_answer_bytes_total_max: int = setting(
         256 * 1024 * 1024, "The same on every client connection together (Kafka's queued.max.request.bytes): beyond, READ "
         "and PULL are refused with SERVICE_NOT_AVAILABLE (retry) instead of read. 16 connections muted at once; with the "
-        "store's own memory well under 512 MiB of RSS.")  # fmt: skip
+        "store's own memory well under 512 MiB of RSS.", above=0)  # fmt: skip
     client_muted_timeout_seconds: float = setting(
         30.0, "A connection muted this long on end is closed: its peer is not reading (draining 8 MiB in this time takes "
-        "280 KB/s; a reading client, even on a slow link, does better).")  # fmt: skip
+        "280 KB/s; a reading client, even on a slow link, does better).", above=0)  # fmt: skip
     # Idempotent sends (hasvc/state/dedupe.py): sequences remembered per producer, producers remembered,
     # and how much of the log's end a broker becoming master reads to rebuild the table (a retry
     # reaches the new master within the client's failover timeout, so the end of the log holds it).
     producer_sequence_window: int = setting(4096, "Idempotent sends: sequences remembered per producer, so that a retry is "
-                                            "recognised (Kafka keeps 5 batches per producer).", unit="sequences")  # fmt: skip
+                                            "recognised (Kafka keeps 5 batches per producer).", unit="sequences", above=0)  # fmt: skip
     producers_max: int = setting(65_536, "Idempotent sends: producers remembered (the least recently seen forgotten "
-                                 "first).", unit="producers")  # fmt: skip
+                                 "first).", unit="producers", above=0)  # fmt: skip
     producer_table_rebuild_bytes: int = setting(
         16 * 1024 * 1024, "How much of the log's end a broker becoming master reads to rebuild its producer table: a retry "
         "reaches the new master within the client's failover timeout, so the end of the log holds it.")  # fmt: skip
@@ -211,7 +211,7 @@ class BrokerConfig:
         0, "No RocketMQ name (Linux's net.core.busy_poll): the event loop polls this long for ready sockets before it "
         "sleeps. Waking a halted CPU is most of a lone put's latency on a VM: one writer's p50 ~270 -> ~150 us at 200 us. "
         "It spends CPU: with the cores saturated throughput fell by up to half, so use it where cores are spare. 0: "
-        "off.")  # fmt: skip
+        "off.", minimum=0, maximum=BUSY_POLL_US_MAX)  # fmt: skip
 
     # Durations are seconds inside; the ``_ms`` fields keep RocketMQ's names at the TOML/CLI edge.
     @property

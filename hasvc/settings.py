@@ -1,12 +1,13 @@
 """The settings table: every setting a user can give (``--set NAME=VALUE``, a TOML file's
-``[broker]`` table), with its type, default, unit, the processes that read it and why it has its
-default -- read from the configuration dataclasses themselves, so there is no second list to keep.
+``[broker]`` table), with its type, default, unit, range, the processes that read it and why it
+has its default -- read from the configuration dataclasses themselves, so there is no second list to keep.
 
 Each field of a dataclass in ``SOURCES`` is one setting. Its description is the field's metadata,
 written next to the default with ``setting(default, reason, ...)`` (commitlog/setting.py): ``reason`` (why
 the default, what the setting does), and where needed ``unit`` (else read from the name's suffix:
 ``_ms``, ``_seconds``, ``_size``, ``_bytes``, ``_ratio``, ...), ``processes`` (else those of the
-dataclass), ``choices`` and ``shown_default``. ``EXTRA`` holds the few settings that are not a
+dataclass), ``choices``, ``shown_default``, and the range its ``validate()`` enforces
+(``minimum``, ``above``, ``maximum``). ``EXTRA`` holds the few settings that are not a
 field (a node's ``raft_preset``). ``tests/unit/test_settings.py`` fails for a field without a
 reason, and for docs/configuration.md out of date (``scripts/dev/gen_configuration.py`` writes
 its generated block from ``markdown_table()``).
@@ -49,6 +50,28 @@ class Setting:
     reason: str
     source: str  # module.Class the field belongs to ("" for EXTRA)
     shown_default: str | None = None  # a default computed at start ("listen port + 1")
+    minimum: float | None = None  # the range validate() enforces: minimum and maximum included,
+    above: float | None = None  # above excluded (None: no bound on that side, or not a number)
+    maximum: float | None = None
+
+    def range_text(self) -> str:
+        """The range as a person reads it, without spaces: >0, >=0, 0..1,000,000, (0,1]; "" for none."""
+
+        def shown(bound: float) -> str:
+            if isinstance(bound, int) and self.unit in ("bytes", "bytes/s"):
+                return _bytes_text(bound).replace(" ", "")
+            return f"{bound:,}" if isinstance(bound, int) else f"{bound:g}"
+
+        low = None
+        if self.above is not None:
+            low = f"({shown(self.above)},"
+        elif self.minimum is not None:
+            low = f"{shown(self.minimum)}.."
+        if self.maximum is not None:
+            return f"{low}{shown(self.maximum)}]" if self.above is not None else f"{low or '<='}{shown(self.maximum)}"
+        if self.above is not None:
+            return f">{shown(self.above)}"
+        return f">={shown(self.minimum)}" if self.minimum is not None else ""
 
     def default_text(self) -> str:
         """The default as a person reads it: 1 GiB, 3,000, none, listen port + 1."""
@@ -69,7 +92,8 @@ class Setting:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.type, "default": self.default, "unit": self.unit,
-                "processes": list(self.processes), "reason": self.reason, "source": self.source}  # fmt: skip
+                "range": self.range_text(), "processes": list(self.processes), "reason": self.reason,
+                "source": self.source}  # fmt: skip
 
 
 EXTRA = (
@@ -134,7 +158,8 @@ def _from_field(field: dataclasses.Field, cls: type, processes: tuple[str, ...])
     unit = "" if kind == "file" else meta.get("unit", _unit(field.name, kind))
     return Setting(name=field.name, type=kind, default=_json_value(default), unit=unit,
                    processes=tuple(meta.get("processes", processes)), reason=meta.get("reason", ""),
-                   source=f"{cls.__module__}.{cls.__qualname__}", shown_default=meta.get("shown_default"))  # fmt: skip
+                   source=f"{cls.__module__}.{cls.__qualname__}", shown_default=meta.get("shown_default"),
+                   minimum=meta.get("minimum"), above=meta.get("above"), maximum=meta.get("maximum"))  # fmt: skip
 
 
 def _type_text(field: dataclasses.Field, default: Any) -> str:
@@ -181,8 +206,8 @@ def _bytes_text(value: int) -> str:
 
 def text_table(settings: tuple[Setting, ...]) -> str:
     """One line a setting: name, type, default, unit, processes (``hasvc config list``)."""
-    rows = [("NAME", "TYPE", "DEFAULT", "UNIT", "PROCESSES")]
-    rows += [(s.name, s.type, s.default_text(), s.unit, ",".join(s.processes)) for s in settings]
+    rows = [("NAME", "TYPE", "DEFAULT", "UNIT", "RANGE", "PROCESSES")]
+    rows += [(s.name, s.type, s.default_text(), s.unit, s.range_text(), ",".join(s.processes)) for s in settings]
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1]
                      for row in rows).rstrip() + "\n"  # fmt: skip
@@ -193,6 +218,8 @@ def text_whole(setting: Setting) -> str:
     lines = [setting.name, f"  type       {setting.type}", f"  default    {setting.default_text()}"]
     if setting.unit:
         lines.append(f"  unit       {setting.unit}")
+    if setting.range_text():
+        lines.append(f"  range      {setting.range_text()}")
     lines.append(f"  processes  {', '.join(setting.processes)}")
     if setting.source:
         lines.append(f"  field of   {setting.source}")
@@ -220,11 +247,13 @@ def markdown_table() -> str:
         out += [f"### {titles.get(source, f'`{source}`')}", ""]
         if source:
             out += [f"Fields of `{source}`.", ""]
-        out += ["| setting | type | default | unit | processes | what it does, and why this default |", "|---|---|---|---|---|---|"]
+        out += ["| setting | type | default | unit | range | processes | what it does, and why this default |",
+                "|---|---|---|---|---|---|---|"]  # fmt: skip
         for s in members:
             reason = s.reason.replace("|", "\\|")
             kind = s.type.replace("|", " \\| ")
-            out.append(f"| `{s.name}` | {kind} | {s.default_text()} | {s.unit} | {', '.join(s.processes)} | {reason} |")
+            cells = (f"`{s.name}`", kind, s.default_text(), s.unit, s.range_text(), ", ".join(s.processes), reason)
+            out.append("| " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
 

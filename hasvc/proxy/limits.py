@@ -25,28 +25,28 @@ class ProxyLimits:
     handshake_timeout_seconds: float = setting(
         5.0, "A connection that has not finished its TLS and HTTP/2 handshake by then is closed (grpc core's default is "
         "120 s: 500 one-byte connections were still held after 12 s). The official clients connect over the brokers' "
-        "network: a handshake is two or three round trips.")  # fmt: skip
+        "network: a handshake is two or three round trips.", above=0)  # fmt: skip
     connection_idle_seconds: float = setting(
         300.0, "A connection with no call in progress for this long is closed (GOAWAY; a client reconnects when it next "
         "calls). The official clients keep a Telemetry stream open for their whole life, so a live client is never "
-        "idle; 5 minutes is Kafka's connections.max.idle.ms (9 min) halved.")  # fmt: skip
+        "idle; 5 minutes is Kafka's connections.max.idle.ms (9 min) halved.", above=0)  # fmt: skip
     keepalive_seconds: float = setting(
         60.0, "The proxy pings a connection silent this long, and closes it if the ping is not answered in "
-        "ping_timeout_seconds: a client that vanished without a FIN does not hold its streams for ever.")  # fmt: skip
+        "ping_timeout_seconds: a client that vanished without a FIN does not hold its streams for ever.", above=0)  # fmt: skip
     ping_timeout_seconds: float = setting(20.0, "How long a keepalive ping may go unanswered before the connection is "
-                                          "closed (keepalive_seconds).")  # fmt: skip
+                                          "closed (keepalive_seconds).", above=0)  # fmt: skip
     streams_per_connection_max: int = setting(
         STREAMS_PER_CONNECTION_MAX_DEFAULT, "Streams one connection may have open at once (HTTP/2 "
         "SETTINGS_MAX_CONCURRENT_STREAMS; grpc's default is unbounded). A client's producer sends and its consumers' "
         "long-polling receives share one channel: 1,024 is 16x the 64 concurrent sends the load generator keeps in "
-        "flight.", unit="streams")  # fmt: skip
+        "flight.", unit="streams", above=0)  # fmt: skip
     calls_max: int = setting(
         10 * STREAMS_PER_CONNECTION_MAX_DEFAULT, "Calls the whole process serves at once; beyond, a call is refused "
         "RESOURCE_EXHAUSTED (grpc's maximum_concurrent_rpcs): 10 connections' worth of full streams.",
-        unit="calls")  # fmt: skip
+        unit="calls", above=0)  # fmt: skip
     message_overhead_max: int = setting(
         1024 * 1024, "What a message may carry beyond its body (properties, system properties, the envelope): a "
-        "received message may be this much larger than the body limit.", unit="bytes")  # fmt: skip
+        "received message may be this much larger than the body limit.", unit="bytes", above=0)  # fmt: skip
 
     def validate(self) -> ProxyLimits:
         for field in dataclasses.fields(self):

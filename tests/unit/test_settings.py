@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 
+import pytest
 from click.testing import CliRunner
 
 from hasvc import settings
@@ -71,6 +72,32 @@ def test_each_default_given_back_with_set_parses_to_the_default():
                 assert _typed(text, field) == field.default, field.name
 
 
+def _instance(cls, **values):
+    return cls(store="data", **values) if cls is BrokerConfig else cls(**values)
+
+
+def test_each_range_shown_is_the_one_validate_enforces():
+    """A value just past each bound the table shows is refused by its class's validate(), naming
+    the setting; a value on an included bound is taken."""
+    classes = {f"{cls.__module__}.{cls.__qualname__}": cls for cls in (BrokerConfig, RaftConfig, ProxyLimits)}
+    checked = 0
+    for shown in settings.all_settings():
+        if not shown.range_text():
+            continue
+        cls = classes[shown.source]
+        step = 1 if shown.type == "integer" else 0.001
+        past = [value for value in (None if shown.minimum is None else shown.minimum - step, shown.above,
+                                    None if shown.maximum is None else shown.maximum + step) if value is not None]  # fmt: skip
+        for value in past:
+            with pytest.raises(ValueError, match=shown.name):
+                _instance(cls, **{shown.name: value}).validate()
+        for value in (shown.minimum, shown.maximum):
+            if value is not None:
+                _instance(cls, **{shown.name: value}).validate()
+        checked += 1
+    assert checked >= 30
+
+
 def test_a_dledger_member_refuses_only_settings_the_table_says_it_does_not_read():
     from hasvc.cli.node import NODE_UNAPPLIED_SETTINGS
 
@@ -107,10 +134,10 @@ def test_config_list_prints_every_setting_with_type_and_default():
     result = _hasvc("config", "list")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split() == ["NAME", "TYPE", "DEFAULT", "UNIT", "PROCESSES"]
+    assert lines[0].split() == ["NAME", "TYPE", "DEFAULT", "UNIT", "RANGE", "PROCESSES"]
     assert {line.split()[0] for line in lines[1:]} == set(settings.by_name())
     row = next(line for line in lines if line.startswith("slave_timeout_ms "))
-    assert row.split()[1:5] == ["integer", "3,000", "ms", "master,slave,node"]
+    assert row.split()[1:6] == ["integer", "3,000", "ms", ">0", "master,slave,node"]
 
 
 def test_config_list_for_one_process_and_as_json():

@@ -16,6 +16,7 @@ To add a dataclass of settings (a new mode's, say): write its fields with ``sett
 one line to ``SOURCES`` (module, class name, the processes that read it), make the command of
 those processes take its names in ``--set`` (as ``hasvc/cli/node.py`` does for ``RaftConfig``),
 and regenerate docs/configuration.md. ``hasvc config list`` and the tests pick it up from there.
+A new kind of process (a controller, say) is one more name in ``PROCESSES``.
 
 Imports: the dataclasses' modules are imported when the table is first asked for, so that they
 can be imported by it without a cycle.

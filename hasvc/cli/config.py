@@ -6,8 +6,7 @@ from __future__ import annotations
 import click
 
 from hasvc.cli.common import EXIT_USAGE, CommandError
-
-PROCESSES = ("master", "slave", "node", "proxy")  # hasvc.settings.PROCESSES (not imported here: --help stays cheap)
+from hasvc.settings import PROCESSES  # the standard library only, until a table is asked for
 
 
 @click.group()

@@ -1,8 +1,10 @@
 """BrokerConfig: everything a broker process is told, in one frozen dataclass.
 
-Defaults follow RocketMQ (notes §6.1) unless the comment says why not. Options come from the
-command line and from a TOML file (``--config FILE``, a ``[broker]`` table with these field
-names); the command line wins. ``validate()`` refuses impossible combinations.
+Defaults follow RocketMQ (notes §6.1) unless the field's reason says why not. Options come from
+the command line and from a TOML file (``--config FILE``, a ``[broker]`` table with these field
+names); the command line wins. ``validate()`` refuses impossible combinations. Each field is a
+``setting(default, reason, ...)`` (commitlog/setting.py): the settings table (hasvc/settings.py,
+``hasvc config list``, docs/configuration.md) reads its reason, unit, range and processes there.
 """
 
 from __future__ import annotations

@@ -48,3 +48,40 @@ def show(name, output_format) -> None:
     click.echo(json.dumps(setting.to_json(), indent=2) if output_format == "json" else settings.text_whole(setting), nl=False)
     if output_format == "json":
         click.echo()
+
+
+@config.command("check")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
+@click.option("--process", type=click.Choice(("master", "slave", "node")), default="master", show_default=True,
+              help="The process the file is for: each takes the settings it reads.")
+@click.option("--secret-file", type=click.Path(dir_okay=False, exists=True),
+              help="The secret the process would be started with (or HASVC_SECRET): an address off loopback needs one.")
+def check(file, process, secret_file) -> None:
+    """Check a TOML file of settings (its [broker] table) as 'hasvc PROCESS --config FILE' would
+    at start, starting nothing: unknown names (with the nearest), types, ranges, combinations,
+    the TLS files it names. Options given on the command line at start (--store, a slave's
+    --master-ha) are assumed when the file has none. Exit 0 when a process could start with it,
+    2 with one line saying what is wrong otherwise."""
+    import dataclasses
+
+    from hasvc.cli.broker import _build_config
+    from hasvc.config import BrokerConfig, load_toml
+
+    try:
+        given = load_toml(file)
+    except (OSError, ValueError) as error:
+        raise CommandError(str(error), EXIT_USAGE) from None
+    assumed = {"store": "STORE"} if "store" not in given else {}
+    if process == "slave" and "master_ha" not in given:
+        assumed["master_ha"] = "127.0.0.1:10912"
+    role = {"master": "ASYNC_MASTER", "slave": "SLAVE", "node": "SYNC_MASTER"}[process]
+    config = _build_config(role, assumed, file, secret_file, ())
+    if process == "node":
+        from hasvc.cli.node import _refuse_unapplied
+
+        _refuse_unapplied(config)
+    defaults = {field.name: field.default for field in dataclasses.fields(BrokerConfig)}
+    changed = sorted(name for name in given if given[name] != defaults.get(name))
+    note = f"; assumed {', '.join(f'{name}={value}' for name, value in assumed.items())}" if assumed else ""
+    count = f"{len(given)} setting{'' if len(given) == 1 else 's'}"
+    click.echo(f"{file}: OK for hasvc {process} ({count}, {len(changed)} not the default{note})")

@@ -167,3 +167,26 @@ def test_a_setting_of_another_process_given_to_a_broker_says_which_reads_it(tmp_
     result = _hasvc("master", "--store", str(store), "--set", "slave_timeout=1")
     assert result.exit_code == 2 and "did you mean slave_timeout_ms" in result.output
     assert not store.exists()
+
+
+def test_config_check_takes_a_good_file_and_says_what_is_wrong_with_a_bad_one(tmp_path):
+    def check(text, *extra):
+        path = tmp_path / "broker.toml"
+        path.write_text(text)
+        return _hasvc("config", "check", str(path), *extra)
+
+    good = check('[broker]\nstore = "data/m"\nrole = "sync"\nslave_timeout_ms = 2000\n')
+    assert good.exit_code == 0 and "OK for hasvc master" in good.output, good.output
+    assert check("[broker]\nslave_timeout_ms = 2000\n", "--process", "slave").exit_code == 0  # --store, --master-ha assumed
+    for text, process, said in [
+        ("[broker]\nslave_timout_ms = 1\n", "master", "did you mean slave_timeout_ms"),
+        ("[broker]\nslave_timeout_ms = 'soon'\n", "master", "expected an integer"),
+        ("[broker]\nslave_timeout_ms = -1\n", "master", "slave_timeout_ms must be positive"),
+        ("[broker]\ndisk_clean_ratio = 1.5\n", "master", "disk_clean_ratio must be in (0, 1]"),
+        ("[broker]\nha_listen = '127.0.0.1:5'\n", "node", "ha_listen is not used by a DLedger member"),
+        ("[broker]\nlisten = '10.1.2.3:10911'\n", "master", "without a secret"),
+        ("[broker\n", "master", "not valid TOML"),
+    ]:  # fmt: skip
+        result = check(text, "--process", process)
+        assert result.exit_code == 2, (text, result.output)
+        assert said in result.output and "Traceback" not in result.output, (text, result.output)

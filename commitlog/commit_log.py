@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from commitlog import native
 from commitlog import record as rec
-from commitlog.mapped_file import DiskFullError, MappedFile, StoreError, nonzero_extent, segment_name
+from commitlog.mapped_file import PREALLOCATE_STEP_SIZE, DiskFullError, MappedFile, StoreError, nonzero_extent, segment_name
 from commitlog.damage import DamagedRange
 from commitlog.mapped_file_queue import MappedFileQueue, WriteBufferSource
 from commitlog.scan import ScanCode, find_next_record, scan_segment
@@ -149,9 +149,11 @@ class CommitLog:
         store_host: rec.Host = ("127.0.0.1", 10911),
         write_buffer_source: WriteBufferSource | None = None,
         small_pages: bool = False,
+        preallocate_step_size: int = PREALLOCATE_STEP_SIZE,
     ):
         self.mapped_file_queue = MappedFileQueue(
-            directory, file_size=segment_size, write_buffer_source=write_buffer_source, small_pages=small_pages
+            directory, file_size=segment_size, write_buffer_source=write_buffer_source, small_pages=small_pages,
+            preallocate_step_size=preallocate_step_size,
         )
         self.segment_size = segment_size
         self.store_ip, self.store_port, self.store_v6 = rec.encode_host(store_host)
@@ -258,7 +260,9 @@ class CommitLog:
         with self.put_lock:
             try:
                 mapped_file = self._segment_for(total)
-            except DiskFullError as error:  # no next segment: nothing written past the current one's blank end
+                if mapped_file.wrote_position + total > mapped_file.allocated_position:
+                    mapped_file.ensure_allocated(mapped_file.wrote_position + total)
+            except DiskFullError as error:  # no next segment or no room in this one: nothing written but a blank end
                 return AppendResult(rec.PutMessageStatus.DISK_FULL, reason=str(error))
             store_timestamp = max(now_ms(), self.last_store_timestamp)
             self.last_store_timestamp = store_timestamp
@@ -283,6 +287,7 @@ class CommitLog:
         mapped_file = queue.get_last_mapped_file(0)
         if size + rec.BLANK_SIZE > mapped_file.file_size - mapped_file.wrote_position:  # remaining
             remaining = mapped_file.remaining
+            mapped_file.ensure_allocated(mapped_file.wrote_position + rec.BLANK_SIZE)
             rec.write_blank(mapped_file.writable_view(), mapped_file.wrote_position, remaining)
             mapped_file.advance(remaining)
             mapped_file = queue.get_last_mapped_file(0)

@@ -65,6 +65,12 @@ class StoreConfig:
     # next segment before it is needed (RocketMQ: warmMapedFileEnable + AllocateMappedFileService).
     # A first write to a page costs a page fault that is ~10x the copy on this machine.
     warm_ahead_size: int = 16 * 1024 * 1024
+    # Disk each segment (commit log, DLedger data and index files) reserves ahead of its writer at
+    # a time (posix_fallocate, commitlog/mapped_file.py PREALLOCATE_STEP_SIZE): a segment is sparse
+    # until reserved, so a store holding a few messages takes tens of MiB, not a whole 1 GiB
+    # segment; the warm-up reserves ahead, so the put path does not. 0 reserves whole segments
+    # at creation (RocketMQ's behaviour).
+    preallocate_step_size: int = 64 * 1024 * 1024
     warm_interval_ms: int = 2
     # Page cache: once flushed, commit log pages more than this many bytes behind the flushed
     # end are dropped from the page cache (madvise + fadvise DONTNEED); 0 keeps them all, as
@@ -126,6 +132,8 @@ class StoreConfig:
     def validate(self) -> StoreConfig:
         if self.page_cache_keep_size < 0:
             raise ValueError(f"page_cache_keep_size must be >= 0, got {self.page_cache_keep_size}")
+        if self.preallocate_step_size < 0:
+            raise ValueError(f"preallocate_step_size must be >= 0 (0: whole segments), got {self.preallocate_step_size}")
         if self.commitlog_segment_size < 4096:
             raise ValueError(f"commitlog_segment_size must be at least 4096, got {self.commitlog_segment_size}")
         if self.commitlog_segment_size >= 2**31 * 16:

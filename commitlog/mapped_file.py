@@ -3,10 +3,13 @@
 Theory of operation
 -------------------
 A segment is a file of exactly ``file_size`` bytes named by the global offset of its first byte
-(``file_from_offset``, 20 zero-padded digits). It is preallocated with ``posix_fallocate`` so that
-a write through the mapping can never hit a full disk (which would kill the process with SIGBUS):
-a full disk shows up when the *next* segment is created, as a ``DiskFullError`` naming the file
-(nothing is left behind: the half-made file is removed). A sync that fails (``SyncFailedError``)
+(``file_from_offset``, 20 zero-padded digits). It is created sparse at that size and reserves disk
+with ``posix_fallocate`` a step at a time (``preallocate_step_size``, 64 MiB by default; the
+warm-up reserves ahead of the writer), and every writer reserves before it writes
+(``ensure_allocated``), so that a write through the mapping can never hit a full disk (which
+would kill the process with SIGBUS): a full disk shows up as a ``DiskFullError`` naming the file
+before anything is written, when a step or the next segment cannot be reserved (nothing is left
+behind: a half-made file is removed). A sync that fails (``SyncFailedError``)
 leaves ``flushed_position`` where it was: after a failed ``fdatasync``/``msync`` the kernel may
 have dropped the dirty pages and a second sync would "succeed" without writing them (PostgreSQL's
 fsyncgate), so the owner must never flush the segment again and believe it.
@@ -136,16 +139,27 @@ SMALL_PAGES_MARGIN: Final = 8 * 1024 * 1024
 SMALL_PAGES_NORMAL_STEP: Final = 64 * 1024 * 1024
 
 
-def preallocate(fd: int, size: int, path: str = "") -> None:
-    """Reserve ``size`` bytes of disk for ``fd``; raise DiskFullError when there is no room."""
+# How much disk a segment reserves ahead of its writer at a time (``posix_fallocate``), unless its
+# queue says otherwise (``preallocate_step_size``). A segment is created sparse at its full size and
+# reserves its first step at once; the warm-up reserves further steps ahead of the writer, and every
+# write checks it lands in reserved bytes first (``ensure_allocated``). Reserving whole 1 GiB
+# segments at creation (as before) made a store holding five messages take 1.1 GB of disk.
+# 0 reserves the whole segment at creation.
+PREALLOCATE_STEP_SIZE: Final = 64 * 1024 * 1024
+
+
+def preallocate(fd: int, size: int, path: str = "", *, start: int = 0) -> bool:
+    """Reserve ``[start, start + size)`` of ``fd`` on disk; raise DiskFullError when there is no
+    room. False when the filesystem cannot reserve (no fallocate): writes then allocate as they go."""
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.posix_fallocate(fd, start, size)
     except OSError as error:
         if error.errno in DISK_FULL_ERRNOS:
-            raise DiskFullError(f"{path or 'a segment'}: no space left to preallocate {size} bytes") from error
+            raise DiskFullError(f"{path or 'a segment'}: no space left to reserve {size} bytes at {start}") from error
         if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
-        os.ftruncate(fd, size)  # a filesystem without fallocate: a sparse file
+        return False
+    return True
 
 
 class MappedFile:
@@ -153,7 +167,8 @@ class MappedFile:
     them); flush and commit may run in another thread, they only read ``wrote_position``."""
 
     def __init__(self, path: str, *, file_size: int, create: bool, write_buffer: bytearray | None = None,
-                 sync_directory: bool = True, small_pages: bool = False):  # fmt: skip
+                 sync_directory: bool = True, small_pages: bool = False,
+                 preallocate_step_size: int = PREALLOCATE_STEP_SIZE):  # fmt: skip
         name = os.path.basename(path)
         file_from_offset = parse_segment_name(name)
         if file_from_offset is None:
@@ -170,9 +185,16 @@ class MappedFile:
             if create and error.errno in DISK_FULL_ERRNOS:
                 raise DiskFullError(f"{path}: cannot create the segment: {error.strerror}") from error
             raise
+        # Reserved on disk below ``allocated_position`` (``ensure_allocated``); with a write buffer
+        # (whose commits pwrite anywhere) the whole segment. An opened segment reserves again from 0
+        # (a no-op over bytes already reserved) before its first write.
+        self.preallocate_step_size = file_size if preallocate_step_size <= 0 or write_buffer is not None else preallocate_step_size
+        self.allocated_position = 0
         try:
             if create:
-                preallocate(self._fd, file_size, path)
+                os.ftruncate(self._fd, file_size)  # sparse at its full size: the mapping covers it
+                first = min(self.preallocate_step_size, file_size)
+                self.allocated_position = first if preallocate(self._fd, first, path) else file_size
                 if sync_directory:
                     fsync_directory(os.path.dirname(path))
             else:
@@ -235,6 +257,22 @@ class MappedFile:
 
     # -- writing --------------------------------------------------------------------------
 
+    def ensure_allocated(self, end: int) -> None:
+        """Reserve disk for every byte below ``end`` (a writer calls it before it writes there
+        through the mapping, where a full disk would be SIGBUS): from ``allocated_position`` up to
+        ``end`` plus a step, within the segment. DiskFullError when there is no room (nothing is
+        reserved or written then). Safe beside a concurrent caller (the warm-up thread)."""
+        if end <= self.allocated_position:
+            return
+        start = self.allocated_position
+        target = min(self.file_size, end + self.preallocate_step_size)
+        if self._fd < 0:
+            return
+        if not preallocate(self._fd, target - start, self.path, start=start):
+            target = self.file_size  # a filesystem without fallocate: writes allocate as they go
+        if target > self.allocated_position:
+            self.allocated_position = target
+
     def writable_view(self) -> memoryview:
         """Where appends go: the write buffer when there is one, else the mapping. Write at
         ``wrote_position`` and then call ``advance``."""
@@ -252,6 +290,8 @@ class MappedFile:
         if size > self.file_size - position:  # remaining
             return False
         if size:
+            if position + size > self.allocated_position:
+                self.ensure_allocated(position + size)
             view = self._buffer_view if self._buffer_view is not None else self._view  # writable_view
             view[position : position + size] = data
             self.advance(size)
@@ -268,6 +308,8 @@ class MappedFile:
             self.append(data)
             return
         position = self.wrote_position
+        if position + size > self.allocated_position:
+            self.ensure_allocated(position + size)  # a pwrite into a hole would meet ENOSPC, not DiskFullError
         with memoryview(data) as view:
             written = 0
             while written < size:
@@ -302,6 +344,8 @@ class MappedFile:
             self.append(data)
             return
         position = self.wrote_position
+        if position + size > self.allocated_position:
+            self.ensure_allocated(position + size)
         moved = 0
         while moved < size:
             count = os.splice(pipe_fd, self._fd, size - moved, offset_dst=position + moved)
@@ -426,10 +470,8 @@ class MappedFile:
     def _zero(self, start: int, end: int) -> None:
         if end - start >= PUNCH_HOLE_SIZE_MIN and _FALLOCATE is not None:
             if _FALLOCATE(self._fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, start, end - start) == 0:
-                try:  # reserve the blocks again so that later writes cannot meet a full disk
-                    os.posix_fallocate(self._fd, start, end - start)
-                except OSError:
-                    pass  # the next append's disk check reports a full disk
+                # Unreserved again from ``start``: the next write reserves before it writes.
+                self.allocated_position = min(self.allocated_position, start)
                 return
         zeros = bytes(min(ZERO_CHUNK_SIZE, end - start))
         for chunk_start in range(start, end, ZERO_CHUNK_SIZE):
@@ -440,6 +482,8 @@ class MappedFile:
 
     def attach_write_buffer(self, write_buffer: bytearray) -> None:
         assert self.write_buffer is None and self.wrote_position == 0
+        self.preallocate_step_size = self.file_size  # commits pwrite anywhere in the segment
+        self.ensure_allocated(self.file_size)
         self.write_buffer = write_buffer
         self._buffer_view = memoryview(write_buffer)
 
@@ -451,6 +495,12 @@ class MappedFile:
         start = max(self.populated_position, self.wrote_position)
         if _native_populate is None or self.write_buffer is not None or end <= start or self._fd < 0:
             return
+        try:  # faulting a page in for writing allocates it: only reserved pages
+            self.ensure_allocated(end)
+        except DiskFullError:  # the writer's own ensure_allocated reports it (DISK_FULL)
+            end = min(end, self.allocated_position)
+            if end <= start:
+                return
         _native_populate(self._view, start, end)
         self.populated_position = end
 

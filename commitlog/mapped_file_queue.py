@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 
 from commitlog.mapped_file import (
+    PREALLOCATE_STEP_SIZE,
     DiskFullError,
     MappedFile,
     StoreError,
@@ -53,7 +54,8 @@ DROP_CACHED_ALIGN = 2 * 1024 * 1024
 
 class MappedFileQueue:
     def __init__(self, directory: str, *, file_size: int, write_buffer_source: WriteBufferSource | None = None,
-                 sync_directory_on_create: bool = True, small_pages: bool = False):  # fmt: skip
+                 sync_directory_on_create: bool = True, small_pages: bool = False,
+                 preallocate_step_size: int = PREALLOCATE_STEP_SIZE):  # fmt: skip
         """``sync_directory_on_create`` off: a new segment's directory entry is made durable by the
         next ``flush`` instead of at creation. Consume queues use it: they are created by the
         dispatch, in line with the event loop, and a directory fsync there waited behind the
@@ -65,6 +67,7 @@ class MappedFileQueue:
         self.directory = directory
         self._sync_directory_on_create = sync_directory_on_create
         self._small_pages = small_pages
+        self._preallocate_step_size = preallocate_step_size  # MappedFile's: disk reserved ahead of the writer at a time
         self._directory_unsynced = False
         self.file_size = file_size
         self._write_buffer_source = write_buffer_source
@@ -115,7 +118,8 @@ class MappedFileQueue:
             for start, path in files:
                 if start != expected:
                     raise StoreError(f"{path}: expected the segment starting at {expected} next (missing or misnamed file)")
-                loaded.append(MappedFile(path, file_size=self.file_size, create=False, small_pages=self._small_pages))
+                loaded.append(MappedFile(path, file_size=self.file_size, create=False, small_pages=self._small_pages,
+                                         preallocate_step_size=self._preallocate_step_size))  # fmt: skip
                 expected = start + self.file_size
         except BaseException:
             for mapped_file in loaded:
@@ -208,7 +212,8 @@ class MappedFileQueue:
             raise
         path = os.path.join(self.directory, segment_name(file_from_offset))
         mapped_file = MappedFile(path, file_size=self.file_size, create=True, write_buffer=write_buffer,
-                                 sync_directory=self._sync_directory_on_create, small_pages=self._small_pages)  # fmt: skip
+                                 sync_directory=self._sync_directory_on_create, small_pages=self._small_pages,
+                                 preallocate_step_size=self._preallocate_step_size)  # fmt: skip
         self._directory_unsynced = self._directory_unsynced or not self._sync_directory_on_create
         return mapped_file
 
@@ -218,23 +223,27 @@ class MappedFileQueue:
         meet a full disk half-way: a write of several parts (a DLedger member's entries, then their
         index units) either finds its files or fails here with DiskFullError, nothing written.
         Covers one new segment: a write needing two more (segments smaller than one write, never
-        the defaults) may still meet a full disk at its second."""
+        the defaults) may still meet a full disk at its second. Reserves the disk the write needs
+        in the last segment (all of its rest when the write goes past it: a blank record fills
+        it) and in the next (``MappedFile.ensure_allocated``)."""
         last = self.last
         if last is None:
             next_offset = start_offset - start_offset % self.file_size
         elif last.wrote_position < last.file_size and end_offset <= last.file_from_offset + self.file_size:
+            last.ensure_allocated(end_offset - last.file_from_offset)
             return
         else:
             next_offset = last.file_from_offset + self.file_size
+            last.ensure_allocated(self.file_size)
         if end_offset <= next_offset:
             return
         with self._spare_lock:
-            if self._spare is not None and self._spare.file_from_offset == next_offset:
-                return
-            if self._spare is not None:
-                self._spare.destroy()
-                self._spare = None
-            self._spare = self._new_file(next_offset, None)
+            if self._spare is None or self._spare.file_from_offset != next_offset:
+                if self._spare is not None:
+                    self._spare.destroy()
+                    self._spare = None
+                self._spare = self._new_file(next_offset, None)
+            self._spare.ensure_allocated(min(end_offset - next_offset, self.file_size))
 
     def warm_ahead(self, size: int) -> None:
         """Fault in ``size`` bytes ahead of the writer; once the last segment is half full

@@ -161,6 +161,7 @@ class MessageStore:
             store_host=self.config.store_host,
             write_buffer_source=self.pool.borrow if self.pool else None,
             small_pages=self.config.small_write_pages,
+            preallocate_step_size=self.config.preallocate_step_size,
         )
         self.consume_queues = ConsumeQueueStore(
             os.path.join(path, "consumequeue"), units_per_file=self.config.consume_queue_units_per_file
@@ -282,6 +283,12 @@ class MessageStore:
         """Remember damage found in the log (once per spot: a range overlapping one known is not
         added); True when it is new."""
         return read_check.add_damage(self.damaged, found)
+
+    def clear_damage(self, *, from_offset: int, to_offset: int) -> None:
+        """Forget the damage lying within ``[from_offset, to_offset)``: those bytes were rewritten
+        and check clean."""
+        self.damaged[:] = [found for found in self.damaged
+                           if not (from_offset <= found.from_offset and found.to_offset <= to_offset)]  # fmt: skip
 
     def close(self, *, clean: bool = True) -> None:
         """Flush everything, write the checkpoint, remove ``abort`` (only if all is dispatched).

@@ -74,7 +74,10 @@ class BrokerConfig:
     flush: FlushDiskType = setting(FlushDiskType.ASYNC_FLUSH, "RocketMQ's flushDiskType (--flush sync|async): SYNC_FLUSH "
                                    "answers a put once it is fsynced (group commit), ASYNC_FLUSH flushes every 500 ms.")  # fmt: skip
     commitlog_segment_size: int = setting(1024 * 1024 * 1024, "RocketMQ's mappedFileSizeCommitLog: the size of each commit "
-                                          "log segment (a DLedger member's data file).", minimum=4096, maximum=2**35 - 1)  # fmt: skip
+                                          "log segment. In DLedger mode also the size of the Raft data files (DLedger's "
+                                          "mappedFileSizeForEntryData), which decides every entry's pos: every member of "
+                                          "a group must have the same, and a member refuses a peer with another at its "
+                                          "HELLO.", minimum=4096, maximum=2**35 - 1)  # fmt: skip
     consume_queue_units_per_file: int = setting(300_000, "RocketMQ's mappedFileSizeConsumeQueue / 20: the 20-byte units of one "
                                                 "consume queue file.", unit="units", above=0)  # fmt: skip
     max_message_size: int = setting(4 * 1024 * 1024, "RocketMQ's maxMessageSize, a body limit; a batch's bodies share it "
@@ -119,6 +122,11 @@ class BrokerConfig:
         "them all, as RocketMQ and Kafka do). A write into a page the cache never held costs ~4x the CPU of one into a "
         "page it freed lately: a pair under 64 x 32 load fell from ~230k to ~125k acked/s within 30 s, and held "
         "200-250k with 256 MiB kept. Reads further back come from the disk.", minimum=0)  # fmt: skip
+    preallocate_step_size: int = setting(
+        64 * 1024 * 1024, "Disk each segment (commit log, DLedger data and index files) reserves ahead of its writer at "
+        "a time (posix_fallocate): a segment is sparse until reserved, so a store holding a few messages takes tens of "
+        "MiB, not a whole 1 GiB segment; the warm-up reserves ahead, so the put path does not. 0 reserves whole "
+        "segments at creation (RocketMQ's behaviour).", minimum=0)  # fmt: skip
     # StoreConfig.small_write_pages (commitlog/mapped_file.py SMALL_PAGES_MARGIN), resolved by small_write_pages_for().
     small_write_pages: str = setting(
         "auto", "The log's segments fault single pages, not read-ahead folios, ahead of the writer: for a store that "
@@ -207,8 +215,8 @@ class BrokerConfig:
     tls_key: str | None = setting(None, "PEM private key of tls_cert.", unit="file")
     tls_ca: str | None = setting(None, "A CA: a slave verifies its master's certificate with it, and DLedger members each "
                                  "other's (mutual TLS on the Raft port).", unit="file")  # fmt: skip
-    metrics_listen: Address | None = setting(None, "Serve Prometheus metrics on HOST:PORT (a DLedger member has none).",
-                                             processes=CLASSIC)  # fmt: skip
+    metrics_listen: Address | None = setting(None, "Serve Prometheus metrics on HOST:PORT (--metrics-listen): STATUS's "
+                                             "numbers, and a DLedger member's per-peer gauges.")  # fmt: skip
     busy_poll_us: int = setting(
         0, "No RocketMQ name (Linux's net.core.busy_poll): the event loop polls this long for ready sockets before it "
         "sleeps. Waking a halted CPU is most of a lone put's latency on a VM: one writer's p50 ~270 -> ~150 us at 200 us. "
@@ -257,6 +265,7 @@ class BrokerConfig:
             file_reserved_time_hours=self.file_reserved_time_hours,
             flush_disk_type=self.flush,
             page_cache_keep_size=self.page_cache_keep_size,
+            preallocate_step_size=self.preallocate_step_size,
             scrub_bytes_per_second=self.scrub_bytes_per_second,
             append_record_crc=self.append_record_crc,
             small_write_pages=self.small_write_pages_for(self.flush is FlushDiskType.SYNC_FLUSH),

@@ -75,7 +75,7 @@ from commitlog.dledger import state_files
 from commitlog.dledger.entry_run import EntryRun, check_run, index_units
 from commitlog.native import write_entries as _native_write_entries
 from commitlog.dledger.scan import DataFile, DataScan, scan_data_files, unit_matches
-from commitlog.mapped_file import OS_PAGE_SIZE, MappedFile, StoreError, fsync_directory
+from commitlog.mapped_file import OS_PAGE_SIZE, PREALLOCATE_STEP_SIZE, MappedFile, StoreError, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
 
 DATA_DIRECTORY = "data"
@@ -127,6 +127,8 @@ class DLedgerStoreConfig:
     data_file_size: int = 1024 * 1024 * 1024
     # mappedFileSizeForEntryIndex: 5 Mi units of 32 bytes = 160 MiB.
     index_file_size: int = codec.INDEX_UNIT_SIZE * 5 * 1024 * 1024
+    # StoreConfig.preallocate_step_size: disk the data and index files reserve ahead of the writer.
+    preallocate_step_size: int = PREALLOCATE_STEP_SIZE
     # flushFileInterval (10 ms) and checkPointInterval (3 s): for the driver that calls flush()
     # and persist_checkpoint(); the store itself reads no clock.
     flush_interval_seconds: float = 0.010
@@ -196,9 +198,10 @@ class DLedgerMmapFileStore:
         self.config = config
         self._data_start_offset = data_start_offset
         self.data_file_list = MappedFileQueue(os.path.join(directory, DATA_DIRECTORY), file_size=config.data_file_size,
-                                              small_pages=config.small_write_pages)  # fmt: skip
-        self.index_file_list = MappedFileQueue(os.path.join(directory, INDEX_DIRECTORY),
-                                               file_size=config.index_file_size)  # fmt: skip
+                                              small_pages=config.small_write_pages,
+                                              preallocate_step_size=config.preallocate_step_size)  # fmt: skip
+        self.index_file_list = MappedFileQueue(os.path.join(directory, INDEX_DIRECTORY), file_size=config.index_file_size,
+                                               preallocate_step_size=config.preallocate_step_size)  # fmt: skip
         self._checkpoint_path = os.path.join(directory, state_files.CHECKPOINT_FILE)
         self._term_path = os.path.join(directory, state_files.TERM_FILE)
         self._first_index = 0
@@ -693,6 +696,11 @@ class DLedgerMmapFileStore:
     def data_start_offset(self) -> int:
         """Where the log's first entry lies or will lie (0, or a smooth upgrade's divide)."""
         return self.data_file_list.min_offset if self.data_file_list.mapped_files else self._data_start_offset
+
+    @property
+    def data_file_size(self) -> int:
+        """Bytes per data file: with the entries it decides every pos and blank record."""
+        return self.config.data_file_size
 
     def start_at(self, offset: int) -> None:
         """Make an empty log's first entry land at data offset ``offset`` (a data-file boundary):

@@ -164,6 +164,7 @@ class DLedgerMessageStore:
         self.identity: store_identity.StoreIdentity | None = None
         self.dledger_config = dledger or DLedgerStoreConfig(data_file_size=self.config.commitlog_segment_size,
                                                             page_cache_keep_size=self.config.page_cache_keep_size,
+                                                            preallocate_step_size=self.config.preallocate_step_size,
                                                             small_write_pages=self.config.small_write_pages)  # fmt: skip
         self.crc_function = self.config.crc_function
         self.classic: CommitLog | None = None  # the sealed classic part (None: no classic segments)

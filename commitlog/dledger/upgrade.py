@@ -61,6 +61,7 @@ def seal_classic_commit_log(commit_log: CommitLog) -> int:
     if remaining:
         assert remaining >= rec.BLANK_SIZE, remaining  # a record never comes closer than 8 bytes to the end
         if rec.peek_blank(last.view(), position) != remaining:
+            last.ensure_allocated(position + rec.BLANK_SIZE)
             rec.write_blank(last.writable_view(), position, remaining)
         last.advance(remaining)
         queue.commit()

@@ -34,6 +34,7 @@ from hasvc.admission import serve_admitted
 from hasvc.broker.client_port import ClientPort
 from hasvc.broker.ha_master import HAService
 from hasvc.broker.ha_slave import HAClient
+from hasvc.broker.online_repair import OnlineRepair, repair_sources
 from hasvc.broker.metrics import BrokerMetrics, serve_metrics
 from hasvc.broker.put_service import PutService, rebuild_producer_table
 from hasvc.broker.repairing import repair_from_a_slave
@@ -81,6 +82,15 @@ class Broker:
                                       producers=self.producers, after_appends=self.store_tasks.after_appends)  # fmt: skip
         self.client_port = ClientPort(config=self.config, store=store, puts=self.put_service, status=self.status,
                                       promote=self.promote, demote=self.demote, fence=self.fence)  # fmt: skip
+        self.online_repair = OnlineRepair(store=store, maintenance=self.store_tasks.maintenance, sources=self._repair_sources,
+                                          secret=self.config.secret, tls_ca=self.config.tls_ca)  # fmt: skip
+        self.store_tasks.on_damage = self.online_repair.wake
+
+    def _repair_sources(self, damage) -> list[str]:
+        """Where damage found while serving is fetched from (``online_repair.repair_sources``)."""
+        role = self.role_state
+        return repair_sources(damage, is_slave=role.is_slave, master_client_address=role.master_client_address,
+                              slaves=list(self.replicas.slaves.values()))  # fmt: skip
 
     @property
     def role(self) -> BrokerRole:
@@ -122,6 +132,7 @@ class Broker:
                 nursery.start_soon(self.client_port.append_task)
                 nursery.start_soon(self.put_service.waiter_timer_task)
                 self.store_tasks.start(nursery, self.put_service)
+                nursery.start_soon(self.online_repair.run)
                 if self.config.metrics_listen is not None:
                     self.metrics, self.metrics_address = await nursery.start(functools.partial(
                         serve_metrics, self.config.metrics_listen, store=self.store, replicas=self.replicas, role=self.role_state,
@@ -345,6 +356,7 @@ class Broker:
                 status["replication_refused"] = role.replication_refused
         status["scrub"] = self.store_tasks.scrubber.statistics.to_json()
         status["damaged"] = [found.to_json() for found in store.damaged]
+        status["repair"] = self.online_repair.statistics.to_json()
         if store.dispatch_error:
             status["dispatch_error"] = store.dispatch_error
         status.update(store_condition(store))

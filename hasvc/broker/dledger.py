@@ -83,6 +83,7 @@ from commitlog.scrub import EntryQueueScrubber
 from commitlog.store import AppendResult, disk_used_ratio
 from hasvc import admission as port_admission
 from hasvc import transport
+from hasvc.broker.raft_metrics import serve_raft_metrics
 from hasvc.broker.client_port import ClientPort
 from hasvc.broker.put_service import PutService, rebuild_producer_table
 from hasvc.broker.store_tasks import SCRUB_PASS_PAUSE_SECONDS, SCRUB_STEP_PAUSE_MIN_SECONDS
@@ -439,9 +440,9 @@ class RaftDriver:
     def _send_messages(self, messages) -> None:
         """Send a Ready's messages, each peer's in their order: written from here in one
         ``writev`` a peer (``_send_now``), else queued for its sender (one more than fits is
-        dropped, which Raft survives). A pass of puts at 64 producers x 32 messages makes a
-        push per 64 KiB (push_batch_size_max) to each follower: a write each was a system call
-        and a wake-up of the follower per push."""
+        dropped, which Raft survives). A pass of puts at 64 producers x 32 messages makes
+        several pushes to each follower (up to push_batch_size_max, 1 MiB, each): a write each
+        was a system call and a wake-up of the follower per push."""
         if len(messages) == 1:
             by_peer = {messages[0].target: messages}
         else:
@@ -731,7 +732,8 @@ class RaftDriver:
                 connection = await transport.connect(address, ssl_context=self.peer_ssl_context)
                 await transport.client_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=self.secret)
                 hello = raft_wire.Hello(self.group.group, self.group.self_id, peer, client_address=self.client_address,
-                                        data_start_offset=self._announced_data_start())  # fmt: skip
+                                        data_start_offset=self._announced_data_start(),
+                                        data_file_size=self.store.entries.data_file_size)  # fmt: skip
                 await connection.send_all(raft_wire.encode_hello(hello))
             except (OSError, trio.BrokenResourceError, trio.TooSlowError, transport.AuthenticationError, EOFError) as error:
                 LOGGER.debug("raft: cannot reach %s at %s: %s", peer, format_address(address), error)
@@ -935,6 +937,10 @@ class RaftDriver:
             why = f"meant for member {hello.target!r}, this is {self.group.self_id!r}"
         elif hello.source not in self._queues:
             why = f"unknown member {hello.source!r} (members: {', '.join(self.group.peers)})"
+        elif hello.data_file_size and hello.data_file_size != self.store.entries.data_file_size:
+            # Every entry's pos and blank record depend on it: the logs could not be byte-identical.
+            why = (f"{hello.source}'s data files are {hello.data_file_size} bytes, this member's "
+                   f"{self.store.entries.data_file_size} (commitlog_segment_size must be equal on every member)")
         if why is not None:
             self.refused_connections += 1
             LOGGER.warning("raft: %s refused: %s", peer, why)
@@ -992,6 +998,8 @@ class DLedgerBroker:
         self.client_port: ClientPort | None = None
         self.listen_address: Address | None = None
         self.raft_address: Address | None = None
+        self.metrics = None  # RaftMetrics, with --metrics-listen
+        self.metrics_address: Address | None = None
         self.started_at = time.time()
         self._dispatch_wakeup = trio.Event()
         self._taking_writes = False
@@ -1009,6 +1017,7 @@ class DLedgerBroker:
         # it has no other copy (a group of one) or the settings say to refuse or to accept the loss.
         entry_config = DLedgerStoreConfig(data_file_size=store_config.commitlog_segment_size,
                                           page_cache_keep_size=store_config.page_cache_keep_size,
+                                          preallocate_step_size=store_config.preallocate_step_size,
                                           small_write_pages=store_config.small_write_pages,
                                           recovery_cut_segments_max=self.config.recovery_cut_segments_max,
                                           recovery_accept_lost_entries=self.config.recovery_accept_lost_entries,
@@ -1074,6 +1083,10 @@ class DLedgerBroker:
         nursery.start_soon(self._retention)
         nursery.start_soon(self._scrub)
         await self.driver.run(nursery, raft_listener)
+        if self.config.metrics_listen is not None:  # after the driver runs: a scrape reads STATUS
+            self.metrics, self.metrics_address = await nursery.start(
+                functools.partial(serve_raft_metrics, self.config.metrics_listen, status=self.status))
+            self.put_service.metrics = self.client_port.metrics = self.metrics
         task_status.started(self.addresses())
         LOGGER.info("ready: %s", json.dumps(self.addresses()))
 
@@ -1133,7 +1146,8 @@ class DLedgerBroker:
     def addresses(self) -> dict:
         return {"role": self.role_state.role.name, "listen": format_address(self.listen_address),
                 "raft_listen": format_address(self.raft_address), "group": self.group.group,
-                "self_id": self.group.self_id, "pid": os.getpid(), "store": self.config.store}  # fmt: skip
+                "self_id": self.group.self_id, "pid": os.getpid(), "store": self.config.store,
+                **({"metrics_listen": format_address(self.metrics_address)} if self.metrics_address else {})}  # fmt: skip
 
     # -- commit, dispatch, role ----------------------------------------------------------
 

@@ -21,26 +21,17 @@ from hasvc.state.role import RoleState
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
-class BrokerMetrics:
-    """The metrics of one broker: what it needs is passed in (the open store, the replica set,
-    the role), read when scraped."""
+class PutMetrics:
+    """What the put path and the client port update, in either mode: bytes and messages
+    appended, put latency by final status, reads that met damage."""
 
-    def __init__(self, *, store: MessageStore, replicas: ReplicaSet, role: RoleState, registry: CollectorRegistry,
-                 clock: trio.abc.Clock, port_statistics: Callable[[], dict[str, int]] = dict) -> None:  # fmt: skip
-        self.store = store
-        self.port_statistics = port_statistics  # the ports' connections and queued bytes (STATUS's fields)
-        self.replicas = replicas
-        self.role = role
-        # The broker's one clock (the replica set's times come from it), read from the scrape
-        # thread: trio's clocks compute their time and may be read from any thread.
-        self.clock = clock
+    def __init__(self, *, registry: CollectorRegistry) -> None:
         self.appended_bytes = Counter("hasvc_appended_bytes", "Bytes appended to the commit log", registry=registry)
         self.appended_messages = Counter("hasvc_appended_messages", "Messages appended to the commit log", registry=registry)
         self.put_latency = Histogram("hasvc_put_latency_seconds", "Put latency after the append, by final status",
                                      ["status"], buckets=LATENCY_BUCKETS, registry=registry)  # fmt: skip
         self.damaged_reads = Counter("hasvc_damaged_reads", "PULL and READ requests that met a damaged record (not served)",
                                      ["kind"], registry=registry)  # fmt: skip
-        registry.register(self)
 
     def read_met_damage(self, kind: str) -> None:
         self.damaged_reads.labels(kind).inc()
@@ -57,6 +48,23 @@ class BrokerMetrics:
         histogram = self.put_latency.labels(status)
         for _ in range(count):
             histogram.observe(seconds)
+
+
+class BrokerMetrics(PutMetrics):
+    """The metrics of one broker: what it needs is passed in (the open store, the replica set,
+    the role), read when scraped."""
+
+    def __init__(self, *, store: MessageStore, replicas: ReplicaSet, role: RoleState, registry: CollectorRegistry,
+                 clock: trio.abc.Clock, port_statistics: Callable[[], dict[str, int]] = dict) -> None:  # fmt: skip
+        super().__init__(registry=registry)
+        self.store = store
+        self.port_statistics = port_statistics  # the ports' connections and queued bytes (STATUS's fields)
+        self.replicas = replicas
+        self.role = role
+        # The broker's one clock (the replica set's times come from it), read from the scrape
+        # thread: trio's clocks compute their time and may be read from any thread.
+        self.clock = clock
+        registry.register(self)
 
     def collect(self):
         store, replicas = self.store, self.replicas

@@ -36,6 +36,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import trio
@@ -95,6 +96,7 @@ class StoreTasks:
         # in itself: the kernel's page zeroing was 9 % of a busy master's main thread.
         self.warming = trio.Lock()
         self.scrubber = Scrubber(store, crc_function=store.crc_function)
+        self.on_damage: Callable[[], None] = lambda: None  # new damage found: the broker's online repair looks
         self._disk_full_logged_at: dict[str, float] = {}  # step -> when it last said the disk is full
         self._write_failure_logged = False
 
@@ -231,8 +233,9 @@ class StoreTasks:
                 continue
             for found in step.damaged:
                 if self.store.record_damage(found):
-                    LOGGER.error("scrub: damage in the log at %s; repair it from a healthy copy "
-                                 "(hasvc store repair STORE --from ADDR, with the broker stopped)", found.describe())  # fmt: skip
+                    LOGGER.error("scrub: damage in the log at %s; reads of it are refused until it is repaired "
+                                 "from a peer", found.describe())  # fmt: skip
+                    self.on_damage()
             for topic, queue_id, queue_offset in step.units_repaired:
                 LOGGER.warning("scrub: consume queue %s/%d unit %d did not match its record: rewritten from it",
                                topic, queue_id, queue_offset)  # fmt: skip

@@ -71,12 +71,15 @@ def _raft_config(settings: tuple[str, ...], flush: str | None, preferred_leader:
               help="Mutual TLS between members: the CA that signed every member's certificate; each member verifies "
                    "the others' (both ways) on the Raft port. Without it Raft traffic is encrypted but certificates "
                    "are not checked (the secret authenticates members).")
+@click.option("--metrics-listen", help="Serve Prometheus metrics on HOST:PORT (STATUS's numbers, per-peer gauges, put latency).")
 @click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
               help="Any broker option by its config name, a Raft setting (heartbeat_interval_seconds, "
                    "election_timeout_min_seconds, election_timeout_max_seconds, quorum_ack_timeout_seconds, ...), "
-                   "or raft_preset=etcd (heartbeat 100 ms, election timeout 1-2 s) / dledger (the default: 2 s, 6.3-7 s).")
+                   "or raft_preset=etcd (heartbeat 100 ms, election timeout 1-2 s) / dledger (the default: 2 s, 6.3-7 s). "
+                   "commitlog_segment_size is the size of the Raft data files (default 1 GiB): every member of a "
+                   "group must have the same (a member refuses a peer with another at its HELLO).")
 def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgrade_classic, config_file, secret_file,
-         insecure, tls_cert, tls_key, tls_ca, settings) -> None:  # fmt: skip
+         insecure, tls_cert, tls_key, tls_ca, metrics_listen, settings) -> None:  # fmt: skip
     """Run a DLedger member: the group elects its leader by Raft and keeps taking writes while a
     majority of it runs; no promote. The leader plays SYNC_MASTER once caught up (a put is
     PUT_OK once a quorum has its entry), the others SLAVE (committed reads; writes refused naming
@@ -88,7 +91,8 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
     raft, rest = _raft_config(settings, flush, preferred_leader)
     raft_names = [field.name for field in dataclasses.fields(RaftConfig)] + ["raft_preset"]
     config = _build_config("SYNC_MASTER", dict(store=store_dir, listen=listen, insecure=insecure, tls_cert=tls_cert,
-                                               tls_key=tls_key, tls_ca=tls_ca), config_file, secret_file, rest,
+                                               tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen),
+                           config_file, secret_file, rest,
                            other_names=raft_names)  # fmt: skip
     _refuse_unapplied(config)
     try:
@@ -109,13 +113,13 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
     _run_node(config, group_config)
 
 
-# BrokerConfig's settings a DLedger member has no use for (the classic HA port and its slave, a
-# metrics port it does not serve, and the classic log's record CRC tail: an entry's CRC covers its
+# BrokerConfig's settings a DLedger member has no use for (the classic HA port and its slave, and
+# the classic log's record CRC tail: an entry's CRC covers its
 # whole record): given one, the node refuses to start rather than run without it.
 NODE_UNAPPLIED_SETTINGS = ("ha_listen", "master_ha", "ha_send_heartbeat_interval_ms", "ha_housekeeping_interval_ms",
                            "ha_transfer_batch_size", "ha_frame_size_max", "ha_transfer_readahead_size",
                            "ha_max_gap_not_in_sync", "sync_from_last_file", "flush_before_ack",
-                           "ha_reconnect_backoff_min_ms", "ha_reconnect_backoff_max_ms", "slave_id", "metrics_listen",
+                           "ha_reconnect_backoff_min_ms", "ha_reconnect_backoff_max_ms", "slave_id",
                            "append_record_crc")  # fmt: skip
 
 

@@ -154,7 +154,10 @@ def _run_loop(loop_name: str, main):
 @click.option("--seconds", type=float, default=10.0, show_default=True, help="Per producer run.")
 @click.option("--size", type=int, default=1024, show_default=True, help="Body bytes.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the runs as JSON here.")
-def bench_proxy(senders, seconds, size, json_path) -> None:
+@click.option("--acl-pairs", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Instead: the proxy with --acl (every call signed and checked) against the proxy without, in this "
+                   "many alternating pairs of producer runs per number of senders; prints medians and the on/off ratio.")
+def bench_proxy(senders, seconds, size, json_path, acl_pairs) -> None:
     """The official Python client through hasvc proxy beside hasvc's own client, on loopback.
 
     Starts a SYNC_MASTER master and a slave, the proxy, and a proxy that stores nothing (the
@@ -168,6 +171,11 @@ def bench_proxy(senders, seconds, size, json_path) -> None:
         counts = [int(n) for n in senders.split(",") if n.strip()]
     except ValueError:
         raise click.ClickException(f"--senders must be comma-separated numbers, got {senders!r}") from None
+    if acl_pairs:
+        from hasvc.tools.bench.proxy import run_acl_bench
+
+        run_acl_bench(senders=counts, seconds=seconds, size=size, pairs=acl_pairs, json_path=json_path, echo=click.echo)
+        return
     run_bench(senders=counts, seconds=seconds, size=size, json_path=json_path, echo=click.echo)
 
 

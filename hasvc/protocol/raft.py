@@ -2,15 +2,16 @@
 
 Theory of operation
 -------------------
-After the preface (``wire.py``), each side sends one HELLO (group, its own id, the id it means
-to reach) -- the driver checks the group and both ids against its configuration -- and then
-message frames, whose source and target are those of the sender's HELLO. Every frame is
+After the preface (``wire.py``), the dialling side sends one HELLO (group, its own id, the id it
+means to reach, its client address, where its log starts, its data-file size) -- the accepting
+driver checks them against its configuration -- and then message frames, whose source and target
+are those of the HELLO; the accepting side sends nothing on that connection. Every frame is
 
     u32 length (of what follows) | u8 kind | body
 
     kind 0 HELLO              u8 version | u8 g | group (g bytes UTF-8) | u8 s | source id | u8 t | target id
                               [| u8 c | the sender's client address, HOST:PORT (c may be 0)
-                               [| i64 data start offset]]
+                               [| i64 data start offset [| i64 data file size (>= 1)]]]
     kind 1 VOTE_REQUEST       i64 term | i64 ledger end index | i64 ledger end term | u8 flags
                               (flags bit 0: pre-vote, bit 1: transfer)
     kind 2 VOTE_RESPONSE      i64 term | u8 result (VoteResult) | u8 flags (bit 0: pre-vote)
@@ -94,7 +95,8 @@ APPEND = struct.Struct(">qqqqIq")  # term, first index, previous term, commit in
 assert APPEND.size == 44
 RESET = struct.Struct(">qqqqqq")  # term, index, previous term, first term, pos, commit index
 assert RESET.size == 48
-DATA_START = struct.Struct(">q")  # HELLO's optional last field
+DATA_START = struct.Struct(">q")  # HELLO's optional field after the client address
+DATA_FILE_SIZE = struct.Struct(">q")  # HELLO's optional last field: every member's must be equal
 HELLO_HEAD = struct.Struct(">B")  # version (then three u8-length-prefixed ids)
 assert HELLO_HEAD.size == 1
 
@@ -122,6 +124,9 @@ class Hello:
     version: int = RAFT_PROTOCOL_VERSION
     client_address: str = ""  # the sender's client port, HOST:PORT ("" unknown; absent before 2026-11-24)
     data_start_offset: int = 0  # where the sender's log starts: 0, or a smooth upgrade's divide
+    # The sender's data-file size (commitlog_segment_size): it decides every entry's pos and every
+    # blank record, so members of one group must agree on it; 0: not said (sent from 2026-11-28).
+    data_file_size: int = 0
 
 
 def _id(value: str) -> bytes:
@@ -139,8 +144,11 @@ def encode_hello(hello: Hello) -> bytes:
     address = hello.client_address.encode()
     if len(address) > ID_SIZE_MAX:
         raise ValueError(f"client address {hello.client_address!r} is longer than {ID_SIZE_MAX} bytes")
+    if hello.data_file_size < 0:
+        raise ValueError(f"data file size {hello.data_file_size} is negative")
+    size = DATA_FILE_SIZE.pack(hello.data_file_size) if hello.data_file_size else b""
     return _frame(HELLO, HELLO_HEAD.pack(hello.version) + _id(hello.group) + _id(hello.source) + _id(hello.target)
-                  + bytes([len(address)]) + address + DATA_START.pack(hello.data_start_offset))  # fmt: skip
+                  + bytes([len(address)]) + address + DATA_START.pack(hello.data_start_offset) + size)  # fmt: skip
 
 
 def encode_append_header(push: Push) -> bytes:
@@ -404,5 +412,10 @@ class RaftDecoder:
         (start,) = body.unpack(DATA_START) if body.position < len(body.data) else (0,)
         if start < 0:
             raise ProtocolError(f"negative data start offset {start}")
-        self.hello = Hello(group, source, target, version, address, start)
+        file_size = 0  # optional: members before 2026-11-28 end the HELLO at the data start offset
+        if body.position < len(body.data):
+            (file_size,) = body.unpack(DATA_FILE_SIZE)
+            if file_size < 1:
+                raise ProtocolError(f"data file size {file_size} (at least 1 when present)")
+        self.hello = Hello(group, source, target, version, address, start, file_size)
         return self.hello

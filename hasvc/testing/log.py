@@ -25,6 +25,8 @@ _POS_LIMIT = 1 << 62
 
 
 class SimLog:
+    data_file_size = 0  # one endless data file: a driver's HELLO says no size (0), and checks none
+
     def __init__(self) -> None:
         self.entries: list[Entry] = []  # entries[i] is entry first_index() + i
         self._positions: list[int] = []  # the pos of entries[i]

@@ -108,8 +108,8 @@ async def _n0_sending_to_a_reading_n1(nursery: trio.Nursery, received: list, cou
 
 
 async def test_the_messages_of_one_ready_for_a_peer_go_in_one_write():
-    """A Ready's messages for one peer -- a pass of puts at 64 producers x 32 messages makes a
-    push per 64 KiB to each follower -- are written with one ``writev`` from the driver while the
+    """A Ready's messages for one peer -- a pass of puts at 64 producers x 32 messages makes
+    several pushes to each follower -- are written with one ``writev`` from the driver while the
     peer's sender is idle (a write each was a system call and a wake-up of the peer per push),
     and arrive whole and in their order."""
     received: list = []

@@ -569,3 +569,32 @@ def test_a_member_stranded_by_a_forced_clean_is_reset_and_converges(tmp_path) ->
     for member in nodes:
         done = CliRunner().invoke(cli_main, ["store", "verify", str(tmp_path / member), "--member", member, "--json"])
         assert done.exit_code == 0 and json.loads(done.output)["ok"], done.output
+
+
+def test_a_member_serves_prometheus_metrics_from_its_status(tmp_path) -> None:
+    """``hasvc node --metrics-listen``: STATUS's numbers as gauges, the role, per-peer gauges and
+    the put path's counters, on every member; READY names the address."""
+    import urllib.request
+
+    nodes = start_dledger_group(tmp_path, 3, group="metrics",
+                                member_args=lambda member: ["--metrics-listen", f"{LOOPBACK}:{free_port()}"])  # fmt: skip
+    try:
+        leader = _leader(nodes)
+        trio.run(_send, [node.client_address for node in nodes.values()], 5, "m")
+
+        def scrape(member: str) -> str:
+            address = nodes[member].ready["metrics_listen"]
+            return urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+
+        text = scrape(leader)
+        assert 'hasvc_raft_role{role="LEADER"} 1.0' in text
+        assert "hasvc_appended_messages_total 5.0" in text
+        assert 'hasvc_put_latency_seconds_count{status="PUT_OK"} 5.0' in text
+        for line in ("hasvc_term ", "hasvc_committed_index ", "hasvc_raft_strangers_evicted ", "hasvc_client_bytes_queued "):
+            assert line in text, line
+        followers = [member for member in nodes if member != leader]
+        assert all(f'hasvc_peer_match_index{{peer="{member}"}}' in text for member in followers)
+        assert 'hasvc_raft_role{role="FOLLOWER"} 1.0' in scrape(followers[0])
+    finally:
+        for node in nodes.values():
+            node.kill()

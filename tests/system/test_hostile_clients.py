@@ -203,27 +203,27 @@ class Swarm:
                             socket.create_connection((LOOPBACK, port), timeout=2).close()
 
 
-def _member_status(node) -> dict:
-    with hc.BlockingClient(node.client_address) as client:
+def _member_status(node, secret: bytes | None = None) -> dict:
+    with hc.BlockingClient(node.client_address, secret) as client:
         return client.status()
 
 
-def _group_caught_up(nodes: dict) -> str | None:
+def _group_caught_up(nodes: dict, secret: bytes | None = None) -> str | None:
     """The leader's id once every member follows it with its whole log matched, else None."""
     for member, node in nodes.items():
-        shown = _member_status(node)
+        shown = _member_status(node, secret)
         if shown["raft_role"] != "LEADER":
             continue
         end = shown["ledger_end_index"]
         if all(peer["connected"] and peer["match_index"] >= end for peer in shown["peers"].values()) and all(
-            _member_status(other)["raft_role"] == "FOLLOWER" for name, other in nodes.items() if name != member
+            _member_status(other, secret)["raft_role"] == "FOLLOWER" for name, other in nodes.items() if name != member
         ):
             return member
     return None
 
 
-async def _send_through_group(nodes: dict, count: int) -> None:
-    async with hc.connect_cluster([node.client_address for node in nodes.values()], retry_sends=True) as client:
+async def _send_through_group(nodes: dict, count: int, secret: bytes | None = None) -> None:
+    async with hc.connect_cluster([node.client_address for node in nodes.values()], secret, retry_sends=True) as client:
         for number in range(count):
             assert (await client.send("DL", b"m%d" % number)).status == "PUT_OK"
 
@@ -248,6 +248,35 @@ def test_a_leader_restarted_while_strangers_hold_every_raft_port_rejoins(tmp_pat
             shown = _member_status(nodes[leader])
             assert shown["raft_strangers_evicted"] + shown["raft_strangers_timed_out"] > 0  # the strangers were there
         trio.run(_send_through_group, nodes, 10)
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
+def test_with_a_secret_a_member_restarted_while_500_strangers_hold_every_raft_port_rejoins(tmp_path) -> None:
+    """The issue's own scenario: with a secret, 500 idle connections held on each Raft port (none
+    can finish the preface) and a member SIGKILLed and restarted: it rejoins, follows and catches up
+    while they are held (they used to keep it a candidate for as long as the attack lasted)."""
+    secret = b"raft-lockout-secret"
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(secret)
+    nodes = start_dledger_group(tmp_path, 3, group="hostile-secret", extra_args=["--secret-file", str(secret_file)])
+    try:
+        trio.run(_send_through_group, nodes, 20, secret)
+        leader = wait_until(lambda: _group_caught_up(nodes, secret), message="a leader and two followers")
+        ports = [int(node.ready["raft_listen"].rsplit(":", 1)[1]) for node in nodes.values()]
+        with Swarm(ports, wire.PORT_KIND_RAFT, idle=500, prefaced=0, flood=False) as swarm:
+            wait_until(lambda: swarm.held() >= 1200, message="the strangers holding the Raft ports")
+            nodes[leader].kill()
+            trio.run(_send_through_group, nodes, 10, secret)
+            restarted = time.monotonic()
+            nodes[leader].start()
+            wait_until(lambda: _group_caught_up(nodes, secret), message="the restarted member following, caught up")
+            print(f"restarted member rejoined and caught up {time.monotonic() - restarted:.2f} s after its start, "
+                  f"{swarm.held()} strangers held")  # fmt: skip
+            shown = _member_status(nodes[leader], secret)
+            assert shown["raft_strangers_evicted"] + shown["raft_strangers_timed_out"] > 0  # the strangers were there
+        trio.run(_send_through_group, nodes, 10, secret)
     finally:
         for node in nodes.values():
             node.kill()

@@ -28,6 +28,18 @@ def test_bench_proxy_runs_and_consumers_drain_what_was_produced(tmp_path):
     assert lines[0] == f"proxy on {result['gateway']['loop']}, send lane on" and result["gateway"]["send_lane"] is True
 
 
+def test_bench_proxy_acl_pairs_sends_signed_calls_through_the_acl_proxy(tmp_path):
+    """``--acl-pairs``: the official client's signed sends are stored through the proxy with
+    --acl (a refusal would count no message), beside the proxy without it."""
+    from hasvc.tools.bench.proxy import run_acl_bench
+
+    lines = []
+    result = run_acl_bench(senders=[2], seconds=0.5, size=1024, pairs=1, json_path=str(tmp_path / "acl.json"), echo=lines.append)
+    (row,) = result["runs"]
+    assert row["acl_off"][0] > 0 and row["acl_on"][0] > 0, row
+    assert row["ratio_median"] > 0 and "on/off per pair" in lines[-1]
+
+
 def test_proxy_cpu_consumer_mode_drains_its_backlog_with_each_official_consumer(tmp_path):
     """``scripts/dev/proxy_cpu.py consumer``: each official consumer (SimpleConsumer, PushConsumer, and
     the SimpleConsumer acking one message at a time) acknowledges the whole backlog once, with the

@@ -13,7 +13,7 @@ import trio
 
 from hasvc import client as hc
 from hasvc.tools.partition import LOOPBACK, free_port
-from tests.cluster import Cluster, start_dledger_group, wait_until
+from tests.cluster import Cluster, slave_acking, start_dledger_group, wait_until
 
 SEGMENT = 64 * 1024  # small segments: the damaged record lies many segments below the log's end
 
@@ -156,5 +156,72 @@ def test_the_proxys_receive_refuses_a_damaged_record_naming_it(tmp_path):
         assert [r.status.code for r in second if r.HasField("status")] == [pb.Code.INTERNAL_SERVER_ERROR]
         assert f"record at offset {damaged} is damaged" in second[0].status.message
         assert not any(r.HasField("message") for r in second)
+    finally:
+        cluster.close()
+
+
+def _segment_bytes(store: str, segment: int) -> bytes:
+    with open(os.path.join(store, "commitlog", f"{segment:020d}"), "rb") as file:
+        return file.read()
+
+
+def _repaired(address: str) -> bool:
+    with hc.BlockingClient(address) as client:
+        status = client.status()
+    return status["damaged"] == [] and status["repair"]["repaired_ranges"] >= 1
+
+
+def _slave_caught_up(master, slave, end: int) -> bool:
+    with hc.BlockingClient(slave.address) as client:
+        return client.status()["max_offset"] >= end
+
+
+def test_damage_found_in_a_serving_master_is_repaired_from_its_slave(tmp_path):
+    """A read meets the damage on the master: refused (DAMAGED) and listed; the master fetches the
+    range from the slave that holds it, checks it, rewrites it in place and serves the record
+    again; the two logs are byte-identical, and nothing was cut."""
+    cluster = Cluster(tmp_path, segment_size=SEGMENT)
+    try:
+        master = cluster.start_master(role="sync")
+        slave = cluster.start_slave(master.ha_address)
+        wait_until(lambda: slave_acking(master), message="the slave acking")
+        results = trio.run(_send, master.address, 1000)
+        assert all(r.status == "PUT_OK" for r in results)
+        end = results[-1].offset + (results[-1].offset - results[-2].offset)
+        wait_until(lambda: _slave_caught_up(master, slave, end), message="the slave holding everything")
+        damaged = results[100].offset
+        segment = damaged // SEGMENT * SEGMENT
+        flip(os.path.join(cluster.store("master"), "commitlog", f"{segment:020d}"), damaged % SEGMENT + 150)
+        read = hasvc("read", master.address, "--offset", str(damaged))
+        assert read.returncode == 1 and "DAMAGED" in read.stderr, read.stderr
+        wait_until(lambda: _repaired(master.address), timeout=60, message="the master repaired from its slave")
+        with hc.BlockingClient(master.address) as client:
+            assert client.read_record(damaged).queue_offset == 100
+            assert client.status()["max_offset"] == end  # nothing cut
+        assert _segment_bytes(cluster.store("master"), segment) == _segment_bytes(cluster.store("slave"), segment)
+        assert "repaired " in master.log() and "checked clean" in master.log()
+    finally:
+        cluster.close()
+
+
+def test_damage_the_scrub_finds_on_a_slave_is_repaired_from_its_master(tmp_path):
+    """No reader at all: the slave's scrub finds the flipped byte, and the slave repairs the range
+    from its master while it goes on replicating."""
+    cluster = Cluster(tmp_path, segment_size=SEGMENT)
+    try:
+        master = cluster.start_master(role="sync")
+        slave = cluster.start_slave(master.ha_address, scrub_bytes_per_second=str(64 * 1024 * 1024))
+        wait_until(lambda: slave_acking(master), message="the slave acking")
+        results = trio.run(_send, master.address, 1000)
+        assert all(r.status == "PUT_OK" for r in results)
+        end = results[-1].offset + (results[-1].offset - results[-2].offset)
+        wait_until(lambda: _slave_caught_up(master, slave, end), message="the slave holding everything")
+        damaged = results[300].offset
+        segment = damaged // SEGMENT * SEGMENT
+        flip(os.path.join(cluster.store("slave"), "commitlog", f"{segment:020d}"), damaged % SEGMENT + 150)
+        wait_until(lambda: _repaired(slave.address), timeout=90, message="the slave's scrub finding it, and the repair")
+        assert "scrub: damage in the log" in slave.log()
+        assert _segment_bytes(cluster.store("master"), segment) == _segment_bytes(cluster.store("slave"), segment)
+        assert all(r.status == "PUT_OK" for r in trio.run(_send, master.address, 100))  # replication goes on
     finally:
         cluster.close()

@@ -132,9 +132,9 @@ def test_a_bad_certificate_or_key_is_one_line_at_start(tmp_path, command):
 
 def test_a_node_refuses_a_setting_it_would_not_apply(tmp_path):
     done = _run("node", "--store", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--group", "g", "--peers", "n0-127.0.0.1:0",
-                "--self", "n0", "--set", "metrics_listen=127.0.0.1:0")  # fmt: skip
+                "--self", "n0", "--set", "ha_listen=127.0.0.1:0")  # fmt: skip
     assert done.returncode == 2
-    assert "metrics_listen is not used by a DLedger member" in done.stderr
+    assert "ha_listen is not used by a DLedger member" in done.stderr
 
 
 def test_a_node_refuses_a_missing_certificate_given_as_a_setting(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from commitlog import mapped_file
 from commitlog import record as rec
-from commitlog.config import FlushDiskType
+from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig, Entry
 from commitlog.mapped_file import DiskFullError, SyncFailedError
 from commitlog.mapped_file_queue import MappedFileQueue
@@ -252,3 +252,84 @@ def test_store_services_after_a_failed_sync_refuse_puts_and_keep_running(tmp_pat
             assert all(thread.is_alive() for thread in services._threads)
         assert services.errors == []
         assert failing_sync.calls == 1
+
+
+def _disk_used(directory) -> int:
+    """Bytes of disk the files under ``directory`` take (not their apparent size)."""
+    return sum(os.stat(os.path.join(root, name)).st_blocks * 512 for root, _, names in os.walk(directory) for name in names)
+
+
+def test_a_store_of_one_message_takes_a_step_of_disk_not_a_whole_segment(tmp_path):
+    """Default settings (1 GiB segments): the segment is 1 GiB long but only its first
+    preallocate_step_size is reserved; with 0 the whole segment is, as before."""
+    config = dataclasses.replace(StoreConfig(), disk_max_used_space_ratio=1.0, disk_clean_ratio=1.0)
+    with MessageStore.open(str(tmp_path / "s"), config) as store:
+        assert put(store) is rec.PutMessageStatus.PUT_OK
+    segment = tmp_path / "s" / "commitlog" / mapped_file.segment_name(0)
+    assert os.path.getsize(segment) == config.commitlog_segment_size
+    assert _disk_used(tmp_path / "s") < 2 * config.preallocate_step_size
+    whole = dataclasses.replace(config, preallocate_step_size=0)
+    with MessageStore.open(str(tmp_path / "w"), whole) as store:
+        assert put(store) is rec.PutMessageStatus.PUT_OK
+    assert _disk_used(tmp_path / "w" / "commitlog") >= config.commitlog_segment_size
+
+
+def test_a_segment_reserves_ahead_as_it_fills_and_a_full_disk_mid_segment_is_disk_full(tmp_path, small_config, no_room):
+    """Step 8 KiB in a larger segment: every byte written lies in reserved disk; when the next
+    step cannot be reserved the put is DISK_FULL with nothing written (no SIGBUS, no partial
+    record), reads go on, and with room again puts go on in the same segment."""
+    step = 8192
+    config = dataclasses.replace(small_config, preallocate_step_size=step)
+    with MessageStore.open(str(tmp_path), config) as store:
+        last = store.commit_log.mapped_file_queue.last
+        for _ in range(20):
+            assert put(store) is rec.PutMessageStatus.PUT_OK
+            last = store.commit_log.mapped_file_queue.last
+            assert last.wrote_position <= last.allocated_position <= last.file_size
+            assert os.stat(last.path).st_blocks * 512 >= last.wrote_position
+        assert last.allocated_position < last.file_size  # reserved a step at a time, not whole
+        while last.wrote_position + len(BODY) + 200 <= last.allocated_position:  # fill what is reserved
+            assert put(store) is rec.PutMessageStatus.PUT_OK
+        end = store.commit_log.max_offset
+        no_room.full = True
+        status = put(store)
+        assert status is rec.PutMessageStatus.DISK_FULL
+        assert store.commit_log.max_offset == end and last.wrote_position <= last.allocated_position
+        assert store.get_record(0).body == BODY
+        no_room.full = False
+        assert store.disk_full_at(store.disk.due_at) is False
+        assert put(store) is rec.PutMessageStatus.PUT_OK
+        assert store.commit_log.mapped_file_queue.last is last  # the same segment goes on
+
+
+def test_the_warm_up_faults_in_only_reserved_pages(tmp_path, no_room):
+    queue = MappedFileQueue(str(tmp_path / "q"), file_size=1024 * 1024, preallocate_step_size=64 * 1024)
+    first = queue.get_last_mapped_file(0)
+    assert first.append(b"x" * 100)
+    no_room.full = True
+    queue.warm_ahead(512 * 1024)  # cannot reserve more: warms what is reserved, raises nothing
+    assert first.populated_position <= first.allocated_position < 512 * 1024
+    no_room.full = False
+    queue.warm_ahead(512 * 1024)
+    assert first.allocated_position >= first.populated_position >= 512 * 1024
+    queue.close()
+
+
+def test_an_entry_append_past_the_reserved_step_without_room_writes_nothing(tmp_path, no_room):
+    """DLedger entries and their index units reserve their disk in make_room, before any byte."""
+    config = DLedgerStoreConfig(data_file_size=256 * 1024, index_file_size=32 * 1024, preallocate_step_size=4096)
+    store = DLedgerMmapFileStore.open(str(tmp_path / "d"), config)
+    try:
+        store.append([Entry(i, 1, b"e" * 500) for i in range(5)])
+        before = (store.last_index(), store.data_end(), store.index_file_list.max_wrote_offset)
+        no_room.full = True
+        with pytest.raises(DiskFullError):
+            store.append([Entry(5 + i, 1, b"f" * 500) for i in range(40)])  # past the reserved step
+        assert (store.last_index(), store.data_end(), store.index_file_list.max_wrote_offset) == before
+        no_room.full = False
+        store.append([Entry(5 + i, 1, b"f" * 500) for i in range(40)])
+        assert store.last_index() == 44 and store.get(40).body == b"f" * 500
+        last = store.data_file_list.last
+        assert last.wrote_position <= last.allocated_position
+    finally:
+        store.close()

@@ -251,19 +251,28 @@ def test_a_hello_without_the_client_address_field_is_read_as_an_older_members():
         decode_all(broken)
 
 
+@given(st.integers(0, 2**63 - 1), st.integers(0, 2**62))
+def test_hello_carries_the_senders_data_file_size(data_file_size, data_start):
+    hello = rp.Hello("g", "n0", "n1", client_address="h:1", data_start_offset=data_start, data_file_size=data_file_size)
+    data = rp.encode_hello(hello)
+    assert len(data) == 5 + 1 + 2 + 3 + 3 + 4 + 8 + (8 if data_file_size else 0)  # 0: the field is left out
+    assert decode_all(data) == [hello] and decode_all(data, piece=5) == [hello]
+
+
+def test_a_hello_without_the_data_file_size_field_says_none_and_one_of_zero_is_refused():
+    older = rp.encode_hello(rp.Hello("g", "n0", "n1", client_address="h:1", data_start_offset=0))
+    assert decode_all(older) == [rp.Hello("g", "n0", "n1", client_address="h:1")]
+    assert decode_all(older)[0].data_file_size == 0
+    for size in (0, -1):
+        bad = (len(older) - 4 + 8).to_bytes(4, "big") + older[4:] + size.to_bytes(8, "big", signed=True)
+        with pytest.raises(ProtocolError, match=f"data file size {size} "):
+            decode_all(bad)
+    with pytest.raises(ValueError, match="negative"):
+        rp.encode_hello(rp.Hello("g", "n0", "n1", data_file_size=-1))
+
+
 def test_a_hello_with_a_negative_data_start_is_refused():
     data = rp.encode_hello(rp.Hello("g", "n0", "n1", client_address="a:1", data_start_offset=1))
     data = data[:-8] + (-4).to_bytes(8, "big", signed=True)
     with pytest.raises(ProtocolError, match="negative data start"):
         decode_all(data)
-
-
-def test_the_append_example_of_protocol_md():
-    from commitlog.dledger.entry_codec import encode_entry
-
-    entry = encode_entry(index=7, term=3, pos=4096, body=b"abc")
-    data = rp.encode(Push("n0", "n1", 4, PushType.APPEND, 7, 2, 6, EntryRun(7, 1, 3, entry)))
-    q = lambda value: value.to_bytes(8, "big")  # noqa: E731
-    assert data == (b"\x00\x00\x00\x60\x08" + q(4) + q(7) + q(2) + q(6) + b"\x00\x00\x00\x01" + q(3)
-                    + b"\x00\x00\x00\x01\x00\x00\x00\x33" + q(7) + q(3) + q(4096) + bytes(8)
-                    + bytes.fromhex("352441c2") + b"\x00\x00\x00\x03abc")  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ CLIENT_TIMEOUT_MARGIN_SECONDS = 60.0
 
 
 def _official(endpoint: str, home: str, mode: str, senders: int, seconds: float, size: int, topic: str, group: str = "",
-              want: int = 0, servers: dict[str, Process] | None = None) -> dict:  # fmt: skip
+              want: int = 0, servers: dict[str, Process] | None = None, credentials: tuple[str, str] | None = None) -> dict:  # fmt: skip
     """One run of the official client (``proxy_client``) in a child process. With ``servers``,
     each one's CPU over the whole run (the client's start and end included) divided by the
     messages the run counted: ``cpu_us_per_message`` by name."""
@@ -38,7 +39,10 @@ def _official(endpoint: str, home: str, mode: str, senders: int, seconds: float,
     before = {name: process_cpu_seconds(process.pid) for name, process in servers.items()}
     command = [sys.executable, "-m", "hasvc.tools.bench.proxy_client", endpoint, mode, str(senders), str(seconds), str(size), topic,
                group, str(want)]  # fmt: skip
-    done = subprocess.run(command, env={**os.environ, "HOME": home}, capture_output=True, text=True,
+    env = {**os.environ, "HOME": home}
+    if credentials is not None:
+        env["HASVC_BENCH_ACCESS_KEY"], env["HASVC_BENCH_SECRET_KEY"] = credentials
+    done = subprocess.run(command, env=env, capture_output=True, text=True,
                           timeout=seconds + CLIENT_TIMEOUT_MARGIN_SECONDS)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"official client ({mode}) failed: {done.stderr[-2000:]}")
@@ -144,5 +148,52 @@ def run_bench(*, senders: list[int], seconds: float, size: int, json_path: str |
             for process in processes:
                 process.stop()
     result = envelope("proxy", {"senders": senders, "seconds": seconds, "size": size}, runs=runs, gateway=gateway)
+    write_json(json_path, result)
+    return result
+
+
+# The account the ACL comparison's proxy admits (every topic and group, both actions).
+ACL_ACCOUNT = ("bench", "bench-secret-key")
+ACL_FILE = f"""[[account]]
+access_key = "{ACL_ACCOUNT[0]}"
+secret_key = "{ACL_ACCOUNT[1]}"
+topics = ["*"]
+groups = ["*"]
+actions = ["pub", "sub"]
+"""
+
+
+def run_acl_bench(*, senders: list[int], seconds: float, size: int, pairs: int, json_path: str | None, echo=print) -> dict:
+    """The official client producing through a proxy without ``--acl`` and through one with it
+    (every call signed and checked), in ``pairs`` alternating pairs per number of senders, in front
+    of the same master and slave: medians and the ratio (ACL on / off)."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="hasvc-bench-proxy-acl-") as root:
+        processes, master, proxy, null = _start(root)
+        acl_path = os.path.join(root, "acl.toml")
+        with open(acl_path, "w") as file:
+            file.write(ACL_FILE)
+        brokers = ",".join(process.ready["listen"] for process in (master, processes[2]))
+        guarded = Process(root, "acl-proxy", ["proxy", "--listen", "127.0.0.1:0", "--brokers", brokers, "--acl", acl_path])
+        processes.insert(0, guarded)
+        try:
+            for count in senders:
+                off, on = [], []
+                for pair in range(pairs):
+                    topic = f"BenchAcl{count}P{pair}"
+                    off.append(_official(proxy.ready["listen"], root, "produce", count, seconds, size, f"{topic}Off")["rate"])
+                    on.append(_official(guarded.ready["listen"], root, "produce", count, seconds, size, f"{topic}On",
+                                        credentials=ACL_ACCOUNT)["rate"])  # fmt: skip
+                    echo(f"{count:3d} senders  pair {pair + 1}: ACL off {off[-1]:8.0f} msgs/s   ACL on {on[-1]:8.0f} msgs/s")
+                ratios = sorted(b / a for a, b in zip(off, on, strict=True) if a)
+                row = {"senders": count, "acl_off": off, "acl_on": on, "median_off": statistics.median(off),
+                       "median_on": statistics.median(on), "ratio_median": statistics.median(ratios) if ratios else None}  # fmt: skip
+                runs.append(row)
+                echo(f"{count:3d} senders  median ACL off {row['median_off']:8.0f}   on {row['median_on']:8.0f}   "
+                     f"on/off per pair: median {row['ratio_median']:.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f})")  # fmt: skip
+        finally:
+            for process in processes:
+                process.stop()
+    result = envelope("proxy-acl", {"senders": senders, "seconds": seconds, "size": size, "pairs": pairs}, runs=runs)
     write_json(json_path, result)
     return result

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import sys
 import threading
 import time
@@ -38,10 +39,19 @@ PUSH_CONSUMPTION_THREADS = 64  # PushConsumer(consumption_thread_count=...), the
 PUSH_CACHE_MESSAGES = 1024  # PushConsumer(max_cache_message_count=...), the client's default
 
 
-def produce(endpoint: str, senders: int, seconds: float, size: int, topic: str) -> dict:
-    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+def _credentials():
+    """The client's credentials: an account of the proxy's --acl file from the environment
+    (HASVC_BENCH_ACCESS_KEY, HASVC_BENCH_SECRET_KEY), else none (calls go unsigned)."""
+    from rocketmq import Credentials
 
-    producer = Producer(ClientConfiguration(endpoint, Credentials()), (topic,))
+    access_key, secret_key = os.environ.get("HASVC_BENCH_ACCESS_KEY"), os.environ.get("HASVC_BENCH_SECRET_KEY")
+    return Credentials(access_key, secret_key) if access_key and secret_key else Credentials()
+
+
+def produce(endpoint: str, senders: int, seconds: float, size: int, topic: str) -> dict:
+    from rocketmq import ClientConfiguration, Message, Producer
+
+    producer = Producer(ClientConfiguration(endpoint, _credentials()), (topic,))
     producer.startup()
     counts, errors = [0] * senders, [0] * senders
     body = b"x" * size

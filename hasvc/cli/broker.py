@@ -55,7 +55,7 @@ def _build_config(role_default, cli_values: dict, config_file, secret_file, sett
         if not separator:
             raise click.BadParameter(f"{setting!r}: expected NAME=VALUE", param_hint="--set")
         if name not in fields:
-            raise click.BadParameter(f"unknown setting {name!r}{_suggest(name, [*fields, *other_names])}", param_hint="--set")
+            raise click.BadParameter(_unknown_setting(name, [*fields, *other_names]), param_hint="--set")
         try:
             values[name] = convert(name, _typed(raw, fields[name]))
         except (KeyError, ValueError) as error:
@@ -129,11 +129,23 @@ def _check_type(name: str, value, field, *, where) -> None:
         raise click.BadParameter(f"{where}: {name} = {value!r}: expected {_KINDS[kind]}", param_hint="--config")
 
 
+def _unknown_setting(name: str, names) -> str:
+    """What to say of a --set name this command does not take: which process reads it, if one
+    does (the settings table, hasvc/settings.py), else the nearest of ``names``."""
+    from hasvc import settings
+
+    elsewhere = settings.by_name().get(name)
+    if elsewhere is None:
+        return f"unknown setting {name!r}{_suggest(name, names)}"
+    readers = " and ".join(f"hasvc {process}" for process in elsewhere.processes)
+    return f"{name!r} is not a setting of this command: only {readers} read{'s' if len(elsewhere.processes) == 1 else ''} it"
+
+
 def _suggest(name: str, names) -> str:
     import difflib
 
     close = difflib.get_close_matches(name, list(names), n=3, cutoff=0.6)
-    return f" (did you mean {' or '.join(close)}?)" if close else " (hasvc master -h lists the options; the settings are BrokerConfig's fields)"
+    return f" (did you mean {' or '.join(close)}?)" if close else " ('hasvc config list' shows every setting)"
 
 
 def _reason(error: BaseException) -> str:

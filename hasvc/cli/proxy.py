@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from hasvc.cli.common import tune_malloc
+from hasvc.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE, CommandError, check_can_listen, tune_malloc
 
 
 @click.command()
@@ -43,14 +43,19 @@ from hasvc.cli.common import tune_malloc
               help="TOML file of accounts (access key, secret key, topic and group patterns, pub/sub): every call must be "
               "signed by one (the official clients' Credentials) and permitted to it (docs/security.md).")
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback listener without --acl (anyone who reaches it sends and consumes).")
+@click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
+              help="A connection limit by its name ('hasvc config list --process proxy'), e.g. --set calls_max=20480.")
 def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advertise, queues, topics, invisible_min_seconds, start_at_end, snapshot_every_events,
-          send_lane, loop_name, null_sends, secret_file, tls_ca, acl_file, insecure) -> None:
+          send_lane, loop_name, null_sends, secret_file, tls_ca, acl_file, insecure, settings) -> None:
     """A RocketMQ 5 gRPC proxy (apache.rocketmq.v2.MessagingService) in front of hasvc brokers.
 
     The official RocketMQ 5 clients produce (normal messages) and consume (SimpleConsumer,
     PushConsumer) through it unmodified; consumer-group progress is stored in the topic
     %HASVC_PROXY_PROGRESS of the brokers themselves. Prints READY {json} once it serves, logs to
     stderr, stops cleanly on SIGTERM/SIGINT. See docs/PROXY.md.
+
+    A configuration it cannot use (an address, a certificate, an ACL file, a setting) exits 2
+    before anything starts; a listen address in use exits 3.
     """
     from hasvc.config import parse_address, read_secret
     from hasvc.proxy import gateway, server
@@ -73,8 +78,10 @@ def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advert
         _check_exposure([listen_address, tls_address, metrics_address], acl=acl_file is not None, insecure=insecure)
         acl = load_acl(acl_file) if acl_file else None
         check_tls_files(cert=tls_cert if tls_address else None, key=tls_key if tls_address else None, ca=tls_ca)
-    except (ValueError, OSError) as error:
-        raise click.ClickException(str(error)) from None
+        server_limits = _proxy_limits(settings)
+    except (ValueError, OSError) as error:  # the configuration, or a file it names
+        raise CommandError(str(error), EXIT_USAGE) from None
+    check_can_listen([listen_address, tls_address, metrics_address])  # in use: exit 3, before the brokers are sought
     config = gateway.GatewayConfig(queues=queues, topics=frozenset(topics) if topics else None,
                                    invisible_min_seconds=invisible_min_seconds, start_at_end=start_at_end,
                                    snapshot_every_events=snapshot_every_events, null_sends=null_sends,
@@ -84,10 +91,37 @@ def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advert
     try:
         code = _run_loop(loop_name, server.serve(listen_address, broker_list, secret=secret, tls_ca=tls_ca,
                                         advertise=advertise_address, config=config, tls_listen=tls_address,
-                                        tls_cert=tls_cert, tls_key=tls_key, metrics_listen=metrics_address, acl=acl))  # fmt: skip
-    except OSError as error:
-        raise click.ClickException(str(error)) from None
+                                        tls_cert=tls_cert, tls_key=tls_key, metrics_listen=metrics_address, acl=acl,
+                                        server_limits=server_limits))  # fmt: skip
+    except OSError as error:  # a listener that could not be bound after all (taken meanwhile)
+        raise CommandError(str(error), EXIT_UNAVAILABLE) from None
     sys.exit(code)
+
+
+def _proxy_limits(settings: tuple[str, ...]):
+    """``--set NAME=VALUE`` as ProxyLimits (hasvc/proxy/limits.py), typed and checked; ValueError
+    (one line, with the nearest names) for anything else."""
+    import dataclasses
+
+    from hasvc import settings as table
+    from hasvc.cli.broker import _typed
+    from hasvc.proxy.limits import ProxyLimits
+
+    fields = {field.name: field for field in dataclasses.fields(ProxyLimits)}
+    values = {}
+    for setting in settings:
+        name, separator, raw = setting.partition("=")
+        if not separator:
+            raise ValueError(f"--set {setting!r}: expected NAME=VALUE")
+        if name not in fields:
+            used_by = table.by_name().get(name)
+            where = f" (it is read by {', '.join(used_by.processes)}, not the proxy)" if used_by else table.suggestion(name)
+            raise ValueError(f"--set: {name!r} is not a proxy setting{where}")
+        try:
+            values[name] = _typed(raw, fields[name])
+        except click.BadParameter as error:
+            raise ValueError(f"--set {error.message}") from None
+    return ProxyLimits(**values).validate()
 
 
 def _check_exposure(addresses, *, acl: bool, insecure: bool) -> None:

@@ -626,7 +626,8 @@ def tls_credentials(cert_file: str, key_file: str):
 async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls_ca=None,
                 advertise: tuple[str, int] | None = None, config: gateway.GatewayConfig,
                 tls_listen: tuple[str, int] | None = None, tls_cert: str | None = None, tls_key: str | None = None,
-                metrics_listen: tuple[str, int] | None = None, acl=None) -> int:  # fmt: skip
+                metrics_listen: tuple[str, int] | None = None, acl=None,
+                server_limits: limits.ProxyLimits = limits.ProxyLimits()) -> int:  # fmt: skip
     """``acl``: hasvc.proxy.acl.Acl, every call authenticated and authorized (AclInterceptor)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -634,7 +635,8 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
         loop.add_signal_handler(signum, stop.set)
     with trio_thread(brokers, secret, tls_ca, config, loop) as (bridge, gate):
         interceptor = AclInterceptor(acl) if acl is not None else None
-        server = grpc.aio.server(options=limits.server_options(config.body_size_max), maximum_concurrent_rpcs=limits.CALLS_MAX,
+        server = grpc.aio.server(options=limits.server_options(config.body_size_max, server_limits),
+                                 maximum_concurrent_rpcs=server_limits.calls_max,
                                  interceptors=[interceptor] if interceptor is not None else None)  # fmt: skip
         servicer = Servicer(bridge, gate, listen, advertise)
         servicer.acl_interceptor = interceptor

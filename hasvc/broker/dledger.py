@@ -132,6 +132,11 @@ DLEDGER_SCRUB_STEP_BYTES = 256 * 1024
 # Fetching one damaged entry from one member for its repair (connect, two READs or a few for the
 # largest entry): longer than any answer of a member that serves, shorter than a pass's pause.
 REPAIR_FETCH_TIMEOUT_SECONDS = 10.0
+# A damaged entry no member gave a copy of is tried again this many times a pass, this long apart
+# (a member that just started learns its peers' client ports from their HELLOs within a second or
+# two), then passed over until the next pass.
+REPAIR_ATTEMPTS_PER_PASS = 3
+REPAIR_RETRY_SECONDS = 1.0
 # What fetching from one member may fail with (the next member is tried); anything else is our bug.
 REPAIR_FETCH_ERRORS = (transport.AuthenticationError, OSError, EOFError, wire.ProtocolError, trio.TooSlowError,
                        trio.BrokenResourceError, trio.ClosedResourceError, ClientError)  # fmt: skip
@@ -1221,10 +1226,16 @@ class DLedgerBroker:
                 LOGGER.warning("scrub: consume queue %s/%d unit %d did not match its record: rewritten from it",
                                topic, queue_id, queue_offset)  # fmt: skip
             for damage in step.damaged:
+                tried.add((damage.file, damage.from_offset))
                 if self.store.record_damage(damage):
                     LOGGER.error("scrub: damaged entry at %s: repairing it from a member that holds it", damage.describe())
-                if await self._repair_entry(damage, damage.index, damage.from_offset):
-                    self.scrubber.repaired(damage)
+                for attempt in range(1, REPAIR_ATTEMPTS_PER_PASS + 1):  # the peers' ports are learnt as they connect
+                    if await self._repair_entry(damage, damage.index, damage.from_offset,
+                                                last_attempt=attempt == REPAIR_ATTEMPTS_PER_PASS):  # fmt: skip
+                        self.scrubber.repaired(damage)
+                        break
+                    if attempt < REPAIR_ATTEMPTS_PER_PASS:
+                        await trio.sleep(REPAIR_RETRY_SECONDS)
                 else:
                     self.scrubber.skip(damage)
             for damage in [d for d in self.store.read_damaged if (d.file, d.from_offset) not in tried]:
@@ -1239,13 +1250,13 @@ class DLedgerBroker:
                 await trio.sleep(max((step.checked_to - step.checked_from) / rate, SCRUB_STEP_PAUSE_MIN_SECONDS))
         raise AssertionError("unreachable")
 
-    async def _repair_entry(self, damage, index: int, pos: int) -> bool:
+    async def _repair_entry(self, damage, index: int, pos: int, *, last_attempt: bool = True) -> bool:
         """Fetch committed entry ``index`` (at data offset ``pos``) from each member that announced
         its client port in turn, with READ (the members' data files are byte-identical), and
         write the first copy that checks over this member's (``DLedgerMessageStore.repair_entry``:
         the entry, its message and agreement with what is left of this copy). True once repaired;
-        False (logged in one line: where, and that the next pass tries again) when no member gave
-        a copy that checks."""
+        False when no member gave a copy that checks (said in one line on the ``last_attempt``:
+        where, what each member answered, and that the next pass tries again)."""
         tried = []
         for member, address in sorted(self.driver.peer_client_addresses.items()):
             if member == self.group.self_id or not address:
@@ -1265,9 +1276,10 @@ class DLedgerBroker:
             LOGGER.warning("scrub: entry %d at offset %d repaired from %s's copy (%s)", index, pos, member,
                            ", ".join(rewritten) or "this copy was whole again: nothing rewritten")  # fmt: skip
             return True
-        LOGGER.error("scrub: damaged entry at %s not repaired: no member gave a copy that checks (%s); it stays in "
-                     "STATUS damaged, reads of it answer DAMAGED, and the scrub tries again next pass",
-                     damage.describe(), "; ".join(tried) or "no member's client port is known yet")  # fmt: skip
+        if last_attempt:
+            LOGGER.error("scrub: damaged entry at %s not repaired: no member gave a copy that checks (%s); it stays in "
+                         "STATUS damaged, reads of it answer DAMAGED, and the scrub tries again next pass",
+                         damage.describe(), "; ".join(tried) or "no member's client port is known yet")  # fmt: skip
         return False
 
     async def _fetch_entry(self, address: str, pos: int) -> bytes:

@@ -404,4 +404,4 @@ def _named(runs):
             yield name, queue_id, first, bytes(units)
 
 
-__all__ = ["CQ_UNIT", "EntryQueueScrubber", "ScrubStatistics", "ScrubStep", "Scrubber"]
+__all__ = ["CQ_UNIT", "EntryScrubStatistics", "EntryScrubber", "ScrubStatistics", "ScrubStep", "Scrubber"]

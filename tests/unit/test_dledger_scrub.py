@@ -215,3 +215,24 @@ def test_an_entry_without_a_body_crc_is_checked_by_its_messages_crc(tmp_path):
     finally:
         store.close()
     assert _data_files(damaged) == _data_files(healthy)
+
+
+def test_damage_a_read_found_is_mapped_to_its_entry_and_repaired(tmp_path):
+    damaged, healthy = _healthy_and_damaged(tmp_path, count=60)
+    store = open_store(damaged)
+    pos, size = _entry(store, 9)  # message 8: queue 0, queue offset 4
+    store.close()
+    first_file = os.path.join(_data_dir(damaged), sorted(os.listdir(_data_dir(damaged)))[0])
+    _flip(first_file, pos + size - 80)
+    store = open_store(damaged)
+    try:
+        with pytest.raises(Exception, match="DAMAGED|damaged|CRC"):
+            store.pull("T", 0, 4, 1)
+        (damage,) = store.damaged
+        assert damage.from_offset == pos + codec.BODY_OFFSET and damage.index == -1
+        assert store.damaged_entry(damage) == (9, pos)
+        store.repair_entry(9, pos, _fetch(healthy, 9))
+        assert store.damaged == [] and [bytes(r.body) for r in store.pull("T", 0, 4, 1)] == [bytes([8]) * 100]
+    finally:
+        store.close()
+    assert _data_files(damaged) == _data_files(healthy)

@@ -251,6 +251,8 @@ class EntryScrubber:
         last_term = _TERM.unpack_from(units, (count - 1) * codec.INDEX_UNIT_SIZE + 24)[0] if len(units) >= count * 32 else -1
         code, good = check(view[start:end], count, self.next_index, self.prev_term, last_term, base + start, base + file_size)
         reason = None if code == entry_run.RUN_OK else entry_run.RUN_REASONS.get(code, f"check code {code}")
+        if code == entry_run.RUN_TRAILING:  # the last entry is shorter than its unit says
+            good, reason = count - 1, "its size and its index unit's differ"
         if code == entry_run.RUN_BAD_TERM and good == count - 1 and len(units) >= count * 32:
             reason = "its term and its index unit's differ"  # the run's last term is the unit's
         good_end = ends[good - 1] if good else start
@@ -281,15 +283,22 @@ class EntryScrubber:
             statistics.offset = self.next_index
         if reason is None:
             return ScrubStep(base + start, base + good_end, (), repaired, False)
-        size = ends[good] - good_end if good < len(ends) else self._believed_size(units[good * 32 :], view, good_end, limit)
+        size = self._believed_size(units[good * 32 :], view, good_end, limit)
         step = self._damaged(mapped_file, good_end, size, reason)
         return dataclasses.replace(step, checked_from=base + start, units_repaired=repaired)
 
     def _believed_size(self, units: bytes, view, position: int, limit: int) -> int:
-        """The size of the damaged entry at ``position``: its unit's when it fits, else its
-        header's, else a header's worth."""
+        """The size of the damaged entry at ``position``: its header's when its bodyCrc confirms
+        it, else its unit's when it fits, else its header's, else a header's worth."""
         from commitlog.dledger import entry_codec as codec  # noqa: PLC0415
 
+        try:
+            header = codec.decode_entry_header(view[:limit], position)
+            codec.check_body(header, view[:limit], position)
+            if header.body_crc:
+                return header.size
+        except codec.EntryFormatError:
+            pass
         sizes = []
         if len(units) >= codec.INDEX_UNIT_SIZE:
             sizes.append(codec.INDEX_UNIT.unpack_from(units, 0)[2])
@@ -311,14 +320,19 @@ class EntryScrubber:
         self.statistics.entries_repaired += 1
 
     def skip(self, damage: DamagedRange) -> None:
-        """Give up on ``damage`` for this pass: go on after it when its index unit says where the
-        next entry lies (and its term), else end the pass (the next one finds it again)."""
+        """Give up on ``damage`` for this pass: go on after it when its index unit and its header
+        agree on its size (then the next entry lies there; the unit's term is taken), else end the
+        pass (the next one finds it again)."""
         from commitlog.dledger import entry_codec as codec  # noqa: PLC0415
 
-        units = self.store.entries.index_unit_bytes(damage.index, 1)
-        if damage.index == self.next_index and len(units) == codec.INDEX_UNIT_SIZE:
+        entries = self.store.entries
+        units = entries.index_unit_bytes(damage.index, 1)
+        mapped_file = entries.data_file_list.find_mapped_file_by_offset(damage.from_offset)
+        if damage.index == self.next_index and len(units) == codec.INDEX_UNIT_SIZE and mapped_file is not None:
             magic, pos, size, index, term = codec.INDEX_UNIT.unpack(units)
-            if (magic, pos, index) == (codec.MAGIC_1, damage.from_offset, damage.index) and size == damage.to_offset - pos:
+            position = pos - mapped_file.file_from_offset
+            header_size = _SIZE_WORD.unpack_from(mapped_file.view(), position + 4)[0] if 0 <= position <= mapped_file.wrote_position - 8 else -1
+            if (magic, pos, index, size) == (codec.MAGIC_1, damage.from_offset, damage.index, header_size) and size == damage.to_offset - pos:
                 self.next_index, self.next_pos, self.prev_term = index + 1, pos + size, max(term, self.prev_term)
                 self.statistics.offset = self.next_index
                 return

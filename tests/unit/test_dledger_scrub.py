@@ -76,7 +76,7 @@ def _data_files(path) -> dict[str, bytes]:
     return {name: open(os.path.join(directory, name), "rb").read() for name in sorted(os.listdir(directory))}
 
 
-@pytest.mark.parametrize("where", ["message body", "entry term", "record header"])
+@pytest.mark.parametrize("where", ["message body", "entry term", "entry size", "entry pos", "record header"])
 def test_damage_in_an_old_data_file_is_found_by_the_scrub_and_repaired_from_a_healthy_copy(tmp_path, where):
     damaged, healthy = _healthy_and_damaged(tmp_path)
     files = sorted(os.listdir(_data_dir(damaged)))
@@ -91,6 +91,10 @@ def test_damage_in_an_old_data_file_is_found_by_the_scrub_and_repaired_from_a_he
         _flip(first_file, pos + size - 10)  # the message's properties: the entry's bodyCrc fails too
     elif where == "entry term":
         _flip(first_file, pos + 23)  # the term: under no CRC, only the index unit tells
+    elif where == "entry size":
+        _flip(first_file, pos + 6, 0x02)  # the size word: 512 bytes more
+    elif where == "entry pos":
+        _flip(first_file, pos + 30, 0x10)  # pos: under no CRC either
     else:
         _flip(first_file, pos + codec.BODY_OFFSET + 20)  # the record's QUEUEOFFSET: bodyCrc fails
     store = open_store(damaged)
@@ -114,12 +118,13 @@ def test_damage_in_an_old_data_file_is_found_by_the_scrub_and_repaired_from_a_he
     assert _data_files(damaged) == _data_files(healthy)
 
 
-def test_a_damaged_index_unit_is_found_and_rewritten_from_the_healthy_copy(tmp_path):
+@pytest.mark.parametrize("field", [31, 10, 15])  # the unit's term, pos, size
+def test_a_damaged_index_unit_is_found_and_rewritten_from_the_healthy_copy(tmp_path, field):
     damaged, healthy = _healthy_and_damaged(tmp_path)
     store = open_store(damaged)
     pos, size = _entry(store, 3)
     store.close()
-    _flip(_index_file(damaged), 3 * codec.INDEX_UNIT_SIZE + 31)  # entry 3's term in its unit
+    _flip(_index_file(damaged), 3 * codec.INDEX_UNIT_SIZE + field)  # a field of entry 3's unit
     store = open_store(damaged)
     try:
         scrubber = EntryScrubber(store)

@@ -1279,7 +1279,8 @@ class DLedgerBroker:
         if last_attempt:
             LOGGER.error("scrub: damaged entry at %s not repaired: no member gave a copy that checks (%s); it stays in "
                          "STATUS damaged, reads of it answer DAMAGED, and the scrub tries again next pass",
-                         damage.describe(), "; ".join(tried) or "no member's client port is known yet")  # fmt: skip
+                         damage.describe(), "; ".join(tried) or ("a group of one has no other copy" if len(self.group.peers) == 1
+                                                                  else "no member's client port is known yet"))  # fmt: skip
         return False
 
     async def _fetch_entry(self, address: str, pos: int) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import trio
 from click.testing import CliRunner
 
@@ -241,3 +242,43 @@ def hc_blocking(node):
     from hasvc import client as hc
 
     return hc.BlockingClient(node.client_address)
+
+
+def test_a_group_of_one_reports_damage_its_scrub_finds_in_an_old_data_file_and_serves_the_rest(tmp_path) -> None:
+    """No other copy: the damage is named (file, range, entry) in one ERROR line and in STATUS
+    ``damaged``, a read of it answers DAMAGED, nothing is cut, and every other entry is served."""
+    from hasvc.client.results import ClientError
+    from hasvc.tools.drill_dledger import Node
+
+    args = _node_args(tmp_path, "n0", "--set", "commitlog_segment_size=65536")
+    node = Node(str(tmp_path), "n0", args)
+    node.start()
+    try:
+        acked = trio.run(_send_sized, [node.client_address], 400, "z", 1000)
+    finally:
+        node.stop()
+    data_files = sorted(os.listdir(tmp_path / "n0" / "dledger-n0" / "data"))
+    assert len(data_files) >= 6, data_files
+    entry = next(d for d in _dump(tmp_path, "n0") if d["offset"] == acked[10])
+    data_file = tmp_path / "n0" / "dledger-n0" / "data" / data_files[0]
+    content = bytearray(data_file.read_bytes())
+    content[content.index(b"z10:", entry["offset"]) + 100] ^= 0x04
+    data_file.write_bytes(bytes(content))
+    node.start()  # recovery does not re-check the first data file: it starts
+    try:
+        wait_until(lambda: _status(node)["damaged"], timeout=60, message="the scrub found the damage")
+        (damage,) = _status(node)["damaged"]
+        pos = entry["offset"] - 48
+        assert damage["file"].endswith(data_files[0]) and damage["from"] == pos and damage["index"] == entry["index"]
+        assert damage["reason"] == f"entry {entry['index']}: bodyCrc mismatch"
+        wait_until(lambda: "not repaired" in (tmp_path / "n0.log").read_text(), timeout=60, message="the one line")
+        log = (tmp_path / "n0.log").read_text()
+        assert f"scrub: damaged entry at {data_files[0]} offsets [{pos}, " in log
+        assert "not repaired: no member gave a copy that checks (a group of one has no other copy)" in log
+        with hc_blocking(node) as client:
+            with pytest.raises(ClientError, match="DAMAGED|damaged"):
+                client.read_record(acked[10])
+            assert bytes(client.read_record(acked[11]).body).startswith(b"z11:")
+        assert _status(node)["ledger_end_index"] >= len(acked)  # nothing cut
+    finally:
+        node.stop()

@@ -21,6 +21,11 @@ Each ``step(bytes_max)`` checks at most ``bytes_max`` bytes of the log below wha
 has indexed (a record the dispatcher has not reached has no units to compare), from where the
 last step stopped; a record larger than the budget is checked whole. The walk is synchronous and
 pure storage: the broker calls it from a worker thread at a bounded rate.
+
+A DLedger member's store has its own walk, ``EntryScrubber``: every entry of every data file up to
+the last one dispatched, checked whole (the entry, its index unit, the message in it) with its
+consume-queue units; a damaged entry is returned for the broker to rewrite from another member's
+copy (``DLedgerMessageStore.repair_entry``), and the walk checks it again.
 """
 
 from __future__ import annotations

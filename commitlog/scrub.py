@@ -21,16 +21,27 @@ Each ``step(bytes_max)`` checks at most ``bytes_max`` bytes of the log below wha
 has indexed (a record the dispatcher has not reached has no units to compare), from where the
 last step stopped; a record larger than the budget is checked whole. The walk is synchronous and
 pure storage: the broker calls it from a worker thread at a bounded rate.
+
+A DLedger member's store has its own walk, ``EntryScrubber``: every entry of every data file up to
+the last one dispatched, checked whole (the entry, its index unit, the message in it) with its
+consume-queue units; a damaged entry is returned for the broker to rewrite from another member's
+copy (``DLedgerMessageStore.repair_entry``), and the walk checks it again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import struct
 
+from commitlog import native
+from commitlog import read_check
 from commitlog import record as rec
 from commitlog.consume_queue import CQ_UNIT, CQ_UNIT_SIZE
 from commitlog.damage import DamagedRange
 from commitlog.scan import REASONS, ScanCode, scan_segment
+
+_SIZE_WORD = struct.Struct(">i")  # a DLedger entry's size, at 4
+_TERM = struct.Struct(">q")  # an entry's term at 16 of its header, at 24 of its index unit
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,46 +163,205 @@ class Scrubber:
         return tuple(repaired)
 
 
-class EntryQueueScrubber:
-    """The consume-queue half of the scrub for a DLedger member's store
-    (``commitlog.dledger.message_store.DLedgerMessageStore``): the units its dispatched entries
-    must have, built again as its dispatcher builds them (``dispatch_entries``), compared with the
-    stored ones, and rewritten from their records where they differ. The entries themselves carry
-    a CRC over their whole record, checked by the member's recovery and by its reads; damage there
-    is the Raft repair's business (cut and caught up from the leader)."""
+# Entries one step of the DLedger scrub checks at most (their index units read in one slice: 128 KiB).
+ENTRY_SCRUB_COUNT_MAX = 4096
+
+
+@dataclasses.dataclass
+class EntryScrubStatistics(ScrubStatistics):
+    """ScrubStatistics with the entries': ``offset`` is the next entry's index here."""
+
+    entries_checked: int = 0
+    entries_repaired: int = 0  # damaged entries rewritten from a healthy member's copy (the broker's repair)
+
+
+class EntryScrubber:
+    """The scrub of a DLedger member's store (``commitlog.dledger.message_store.DLedgerMessageStore``):
+    every data file, entry by entry, from the log's first entry to the last one dispatched, at the
+    broker's rate, then again. Each entry is checked whole, as nothing else re-checks an old one
+    (recovery scans the newest data files only, a read checks only the record it serves):
+
+    * the entry (``entry_run.check_run``, native when built): magic, size = bodySize + 48, the
+      index following the previous one, a term never going down, ``pos`` where the walk found it,
+      channel and chainCrc 0, bodyCrc;
+    * its index unit: equal to the one built from the entry (``index_units``), so a damaged
+      index, term or pos -- fields under no CRC -- shows as a unit and a header that disagree;
+    * the message in it (``read_check.read_records``, the read path's check): size, magic, fields
+      that add up, PHYSICALOFFSET = pos + 48, the body CRC and the record CRC tail when present;
+    * the consume-queue units of its message, built again as the dispatcher builds them and
+      rewritten where they differ (derived data, repaired locally, as the classic scrub does).
+
+    The walk trusts only what it checked: it starts at the log's first entry (where the log's
+    first data file starts, or its recorded begin), follows sizes, and moves to the next data
+    file at a blank record. An entry that fails is returned as a ``DamagedRange`` (its data file,
+    ``[pos, pos + size)``, ``entry N: reason``, its index) and the walk stays on it: the caller
+    repairs it from a healthy member (``DLedgerMessageStore.repair_entry``) and calls ``step``
+    again, which checks it anew, or gives up on it for this pass (``skip``). Nothing here cuts or
+    writes entry bytes."""
 
     def __init__(self, store):
         self.store = store
-        self.next_index = store.entries.first_index()
-        self.statistics = ScrubStatistics()
+        self.statistics = EntryScrubStatistics()
+        self._restart()
+
+    def _restart(self) -> None:
+        entries = self.store.entries
+        self.next_index = entries.first_index()
+        self.next_pos = entries.first_offset()
+        self.prev_term = entries.term_before_first()
+        self.statistics.offset = self.next_index
+
+    def _pass_done(self) -> ScrubStep:
+        self.statistics.passes += 1
+        index = self.next_index
+        self._restart()
+        return ScrubStep(index, index, (), (), True)
 
     def step(self, bytes_max: int) -> ScrubStep:
-        from commitlog.dledger.entry_codec import BODY_OFFSET  # noqa: PLC0415 (no DLedger import for a classic store)
-        from commitlog.dledger.message_store import dispatch_entries  # noqa: PLC0415
+        from commitlog.dledger import entry_codec as codec  # noqa: PLC0415 (no DLedger import for a classic store)
+        from commitlog.dledger import entry_run  # noqa: PLC0415
 
         assert bytes_max > 0
-        store, statistics = self.store, self.statistics
+        store = self.store
         entries = store.entries
-        first = max(self.next_index, entries.first_index())
-        last = min(store.dispatched_index, entries.last_index())
-        if first > last:
-            statistics.passes += 1
-            self.next_index = entries.first_index()
+        if self.next_index < entries.first_index():  # retention or a reset moved the head meanwhile
+            self._restart()
+        last = min(store.dispatched_index, entries.committed_index, entries.last_index())
+        if self.next_index > last:
+            return self._pass_done()
+        mapped_file = entries.data_file_list.find_mapped_file_by_offset(self.next_pos)
+        if mapped_file is None:  # a truncate or reset since the walk's last step: start over
+            return self._pass_done()
+        base, file_size = mapped_file.file_from_offset, mapped_file.file_size
+        view, start, limit = mapped_file.view(), self.next_pos - mapped_file.file_from_offset, mapped_file.wrote_position
+        if file_size - start < codec.MIN_BLANK_SIZE or codec.peek_blank(view, start) == file_size - start:
+            self.next_pos = base + file_size  # the end of this data file: the next entry starts the next one
+            return ScrubStep(base + start, base + file_size, (), (), False)
+        # How far this step goes: the entries whose stored units follow on from the walk's place.
+        units = entries.index_unit_bytes(self.next_index, min(last - self.next_index + 1, ENTRY_SCRUB_COUNT_MAX))
+        ends, end = [], start
+        for _magic, pos, size, _index, _term in codec.INDEX_UNIT.iter_unpack(units):
+            if pos != base + end or not codec.BODY_OFFSET <= size <= limit - end or (ends and end + size - start > bytes_max):
+                break
+            end += size
+            ends.append(end)
+        if not ends:  # the unit disagrees with the walk: the entry's own header says how long it is
+            size = _SIZE_WORD.unpack_from(view, start + 4)[0] if limit - start >= 8 else 0
+            if not codec.BODY_OFFSET <= size <= limit - start:
+                return self._damaged(mapped_file, start, self._believed_size(units, view, start, limit),
+                                     "neither its index unit nor its header gives a size that fits its data file")
+            ends, end = [start + size], start + size
+        count = len(ends)
+        check = native.check_entries if native.check_entries is not None else entry_run.check_run_python
+        last_term = _TERM.unpack_from(units, (count - 1) * codec.INDEX_UNIT_SIZE + 24)[0] if len(units) >= count * 32 else -1
+        code, good = check(view[start:end], count, self.next_index, self.prev_term, last_term, base + start, base + file_size)
+        reason = None if code == entry_run.RUN_OK else entry_run.RUN_REASONS.get(code, f"check code {code}")
+        if code == entry_run.RUN_TRAILING:  # the last entry is shorter than its unit says
+            good, reason = count - 1, "its size and its index unit's differ"
+        if code == entry_run.RUN_BAD_TERM and good == count - 1 and len(units) >= count * 32:
+            reason = "its term and its index unit's differ"  # the run's last term is the unit's
+        good_end = ends[good - 1] if good else start
+        built = entry_run.index_units(view[start:good_end], good) if good else b""
+        if built != units[: len(built)]:
+            good = next(k for k in range(good) if built[k * 32 : k * 32 + 32] != units[k * 32 : k * 32 + 32])
+            good_end, reason = (ends[good - 1] if good else start), "its index unit does not match it"
+        spans, numbers = [], []
+        for k in range(good):
+            entry_start = ends[k - 1] if k else start
+            if ends[k] - entry_start > codec.BODY_OFFSET:
+                spans.append((base + entry_start + codec.BODY_OFFSET, ends[k] - entry_start - codec.BODY_OFFSET))
+                numbers.append(k)
+        if spans:
+            checked = read_check.read_records(lambda _offset: (view[:good_end], base, mapped_file.path), spans,
+                                              crc_function=store.crc_function)  # fmt: skip
+            if checked.damage is not None:
+                good = numbers[len(checked.views)]
+                good_end, reason = (ends[good - 1] if good else start), f"its message: {checked.damage.reason}"
+        repaired = self._check_queue_units(view, start, good_end, base, good, ends)
+        statistics = self.statistics
+        if good:
+            self.prev_term = _TERM.unpack_from(view, (ends[good - 2] if good > 1 else start) + 16)[0]
+            self.next_index += good
+            self.next_pos = base + good_end
+            statistics.entries_checked += good
+            statistics.checked_bytes += good_end - start
             statistics.offset = self.next_index
-            return ScrubStep(first, first, (), (), True)
-        fitting, _, pos, end = entries.run_extent(first, last + 1, size_max=bytes_max)
-        mapped_file = entries.data_file_list.find_mapped_file_by_offset(pos)
+        if reason is None:
+            return ScrubStep(base + start, base + good_end, (), repaired, False)
+        size = self._believed_size(units[good * 32 :], view, good_end, limit)
+        step = self._damaged(mapped_file, good_end, size, reason)
+        return dataclasses.replace(step, checked_from=base + start, units_repaired=repaired)
+
+    def _believed_size(self, units: bytes, view, position: int, limit: int) -> int:
+        """The size of the damaged entry at ``position``: its header's when its bodyCrc confirms
+        it, else its unit's when it fits, else its header's, else a header's worth."""
+        from commitlog.dledger import entry_codec as codec  # noqa: PLC0415
+
+        try:
+            header = codec.decode_entry_header(view[:limit], position)
+            codec.check_body(header, view[:limit], position)
+            if header.body_crc:
+                return header.size
+        except codec.EntryFormatError:
+            pass
+        sizes = []
+        if len(units) >= codec.INDEX_UNIT_SIZE:
+            sizes.append(codec.INDEX_UNIT.unpack_from(units, 0)[2])
+        if limit - position >= 8:
+            sizes.append(_SIZE_WORD.unpack_from(view, position + 4)[0])
+        return next((size for size in sizes if codec.BODY_OFFSET <= size <= limit - position), min(codec.BODY_OFFSET, limit - position))
+
+    def _damaged(self, mapped_file, position: int, size: int, reason: str) -> ScrubStep:
+        """The entry the walk stands on failed: say where; the walk stays there."""
         base = mapped_file.file_from_offset
-        start, limit = pos - base, min(end - base, mapped_file.wrote_position)
+        index = self.next_index
+        damage = DamagedRange(mapped_file.path, base + position, base + position + size, f"entry {index}: {reason}", index)
+        self.statistics.damaged_found += 1
+        return ScrubStep(base + position, base + position, (damage,), (), False)
+
+    def repaired(self, damage: DamagedRange) -> None:
+        """``damage`` was rewritten from a healthy copy: the next step checks it again."""
+        assert damage.index == self.next_index, (damage, self.next_index)
+        self.statistics.entries_repaired += 1
+
+    def skip(self, damage: DamagedRange) -> None:
+        """Give up on ``damage`` for this pass: go on after it when its index unit and its header
+        agree on its size (then the next entry lies there; the unit's term is taken), else end the
+        pass (the next one finds it again)."""
+        from commitlog.dledger import entry_codec as codec  # noqa: PLC0415
+
+        entries = self.store.entries
+        units = entries.index_unit_bytes(damage.index, 1)
+        mapped_file = entries.data_file_list.find_mapped_file_by_offset(damage.from_offset)
+        if damage.index == self.next_index and len(units) == codec.INDEX_UNIT_SIZE and mapped_file is not None:
+            magic, pos, size, index, term = codec.INDEX_UNIT.unpack(units)
+            position = pos - mapped_file.file_from_offset
+            header_size = _SIZE_WORD.unpack_from(mapped_file.view(), position + 4)[0] if 0 <= position <= mapped_file.wrote_position - 8 else -1
+            if (magic, pos, index, size) == (codec.MAGIC_1, damage.from_offset, damage.index, header_size) and size == damage.to_offset - pos:
+                self.next_index, self.next_pos, self.prev_term = index + 1, pos + size, max(term, self.prev_term)
+                self.statistics.offset = self.next_index
+                return
+        self.next_index = 1 << 62  # the next step ends the pass
+
+    def _check_queue_units(self, view, start: int, end: int, base: int, count: int, ends: list[int]) -> tuple[tuple[str, int, int], ...]:
+        """Rebuild the consume-queue units of the ``count`` entries in ``view[start:end]`` as the
+        dispatcher does and rewrite the stored ones that differ (an entry the native walk defers
+        to Python is passed over)."""
+        from commitlog.dledger.entry_codec import BODY_OFFSET  # noqa: PLC0415
+        from commitlog.dledger.message_store import dispatch_entries  # noqa: PLC0415
+
         repaired: list[tuple[str, int, int]] = []
-        position, stop, walked, found = dispatch_entries(mapped_file.view(), start, limit, base, fitting, BODY_OFFSET)
-        for topic, queue_id, first_queue_offset, _count, units, *_rest in found:
-            repaired += _rewrite_differing(store, _topic_name_of(topic), queue_id, first_queue_offset, bytes(units))
-        self.next_index = first + max(walked, 1)  # an entry the native walk defers, or a bad one: passed over
-        statistics.offset = self.next_index
-        statistics.checked_bytes += max(position - start, 0)
-        statistics.units_repaired += len(repaired)
-        return ScrubStep(base + start, base + max(position, start), (), tuple(repaired), False)
+        done, position = 0, start
+        while done < count:
+            position, _stop, walked, found = dispatch_entries(view, position, end, base, count - done, BODY_OFFSET)
+            for topic, queue_id, first_queue_offset, _count, units, *_rest in found:
+                repaired += _rewrite_differing(self.store, _topic_name_of(topic), queue_id, first_queue_offset, bytes(units))
+            done += walked
+            if done < count:  # passed over
+                position = ends[done]
+                done += 1
+        self.statistics.units_repaired += len(repaired)
+        return tuple(repaired)
 
 
 def _topic_name_of(topic: bytes) -> str | None:
@@ -253,4 +423,4 @@ def _named(runs):
             yield name, queue_id, first, bytes(units)
 
 
-__all__ = ["CQ_UNIT", "EntryQueueScrubber", "ScrubStatistics", "ScrubStep", "Scrubber"]
+__all__ = ["CQ_UNIT", "EntryScrubStatistics", "EntryScrubber", "ScrubStatistics", "ScrubStep", "Scrubber"]

@@ -95,7 +95,8 @@ class BrokerConfig:
     scrub_bytes_per_second: int = setting(
         16 * 1024 * 1024, "The broker re-checks its whole log and consume queues in the background at this rate (0: off): "
         "16 MiB/s re-reads 1 GiB in ~64 s, costs well under 1 % of a core for the CRC walk, and keeps its disk reads a "
-        "small share of a disk's bandwidth. Damage found is logged and listed in STATUS damaged.", minimum=0)  # fmt: skip
+        "small share of a disk's bandwidth. Damage found is logged, listed in STATUS damaged and repaired from a peer's copy "
+        "(a DLedger member scrubs every entry of its data files the same way).", minimum=0)  # fmt: skip
     append_record_crc: bool = setting(
         True, "RocketMQ's enabledAppendPropCRC (false there): each record's properties end with a 20-byte tail holding "
         "the CRC of every byte before it, so a flipped bit in the header, which the body CRC does not cover, is found "

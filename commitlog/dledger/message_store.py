@@ -857,6 +857,47 @@ class DLedgerMessageStore:
                 if not _transactional(sysflag):
                     yield match, RecordPlace(pos + BODY_OFFSET, size - BODY_OFFSET, queue_id, queue_offset)
 
+    # -- damage found while serving, and its repair from a healthy member -------------------
+
+    def record_damage(self, damage: DamagedRange) -> bool:
+        """Note damage the scrub found (STATUS ``damaged``); True when it was not known yet."""
+        return read_check.add_damage(self.read_damaged, damage)
+
+    def damaged_entry(self, damage: DamagedRange) -> tuple[int, int] | None:
+        """(index, pos) of the committed entry ``damage`` lies in (the scrub names its entry; a
+        read names the record's offset, pos + 48), None when it is not one entry of the log."""
+        entries = self.entries
+        if self.divided_log.part_of(damage.from_offset) is LogPart.CLASSIC:
+            return None
+        if damage.index >= 0:
+            return damage.index, damage.from_offset
+        if entries.last_index() < entries.first_index():
+            return None
+        for pos in (damage.from_offset - BODY_OFFSET, damage.from_offset):
+            try:
+                index = self._first_index_at_or_after(pos)
+                if entries.first_index() <= index <= entries.committed_index and entries.pos_at(index) == pos:
+                    return index, pos
+            except StoreError:  # a damaged index unit on the way: the scrub will name the entry
+                return None
+        return None
+
+    def repair_entry(self, index: int, pos: int, data) -> tuple[str, ...]:
+        """Write ``data``, committed entry ``index`` at ``pos`` as a healthy member holds it,
+        over this member's damaged copy (``DLedgerMmapFileStore.rewrite_entry``), once the
+        message in it checks as a read checks it; then forget the damage noted there. StoreError
+        naming why the copy is refused (nothing written). Returns what was rewritten."""
+        if len(data) > BODY_OFFSET:
+            body = memoryview(data)[BODY_OFFSET:]
+            checked = read_check.read_records(lambda _offset: (body, pos + BODY_OFFSET, "the copy fetched"),
+                                              [(pos + BODY_OFFSET, len(body))], crc_function=self.crc_function)  # fmt: skip
+            if checked.damage is not None:
+                raise StoreError(f"entry {index} at offset {pos}: the message in the copy fetched: {checked.damage.reason}")
+        rewritten = self.entries.rewrite_entry(index, pos, data)
+        end = pos + len(data)
+        self.read_damaged[:] = [d for d in self.read_damaged if not (pos <= d.from_offset < end)]
+        return rewritten
+
     @property
     def damaged(self) -> list[DamagedRange]:
         """Damage the entry store's recovery found and cut (repaired from the Raft leader, or

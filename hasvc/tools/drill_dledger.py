@@ -286,7 +286,7 @@ class DLedgerDrill:
             await self.wait_sends_finished()
             try:
                 await self.wait_caught_up()
-                await self.wait_scrubbed(node)
+                scrub = await self.wait_scrubbed(node)
             except RuntimeError as error:  # the damaged member never converged: this round's finding
                 self.echo(f"round {number}: {error} after {damage}")
                 return RoundReport(number, "corrupt", victim, len(self.acked), 0, 0, failover, 0, False, new_leader,
@@ -294,7 +294,9 @@ class DLedgerDrill:
             report = await trio.to_thread.run_sync(self.verify, number, "corrupt", victim, failover, before, new_leader)
         finally:
             self.paused = False
-        report.damage = damage
+        repaired = scrub.get("entries_repaired", 0)
+        report.damage = damage + (f"; the scrub repaired {repaired} entr{'y' if repaired == 1 else 'ies'} from a peer"
+                                  if repaired else "")  # fmt: skip
         return report
 
     async def _disk_full_round(self, number: int) -> RoundReport:
@@ -324,13 +326,15 @@ class DLedgerDrill:
         report.damage = f"{victim}'s disk full {FULL_SECONDS:.0f} s; writes resumed {resumed:.2f} s after it was freed; no exit"
         return report
 
-    async def wait_scrubbed(self, node: Node) -> None:
-        """Until the member's consume-queue scrub has made a whole pass (STATUS ``scrub``)."""
+    async def wait_scrubbed(self, node: Node) -> dict:
+        """Until the member's scrub (every entry, and the consume queues) has made a whole pass
+        (STATUS ``scrub``): damage in data files recovery does not re-check is found and repaired
+        from another member by then. Its STATUS ``scrub`` then."""
         deadline = trio.current_time() + CATCH_UP_TIMEOUT_SECONDS
         while trio.current_time() < deadline:
             status = await self.status(node)
             if status and (status.get("scrub") or {}).get("passes", 0) >= 1:
-                return
+                return status["scrub"]
             await trio.sleep(0.1)
         raise RuntimeError(f"{node.member}'s scrub made no pass")
 

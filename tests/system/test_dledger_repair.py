@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import trio
 from click.testing import CliRunner
 
@@ -177,5 +178,107 @@ def test_a_group_of_one_refuses_damage_in_one_line_and_takes_the_loss_when_told(
         assert status["ledger_end_index"] == entry["index"] - 1 and status["catch_up_index"] == -1
         assert [d["index"] for d in status["damaged"]] == [entry["index"]]  # reported, accepted
         assert trio.run(_send, [node.client_address], 1, "v")  # it leads and takes writes
+    finally:
+        node.stop()
+
+
+async def _send_sized(addresses: list[str], count: int, tag: str, size: int) -> dict[int, int]:
+    """``count`` messages of about ``size`` bytes (``tag`` and the number first); number -> offset."""
+    from hasvc import client as hc
+
+    acked: dict[int, int] = {}
+    async with hc.connect_cluster(addresses, retry_sends=True) as client:
+        for number in range(count):
+            body = f"{tag}{number}:".encode().ljust(size, b"x")
+            result = await client.send("DL", body, queue_id=number % 4)
+            assert result.status == "PUT_OK", result
+            acked[number] = result.offset
+    return acked
+
+
+def test_damage_in_an_old_data_file_is_found_by_the_scrub_and_repaired_from_a_peer_without_a_cut(tmp_path) -> None:
+    """Recovery re-checks only the newest data files: a flipped byte in the first of many is not
+    seen at start. The scrub finds it, names it (file, range, entry), and rewrites that entry
+    from another member's copy: nothing is cut, no catch-up, the copies end byte-identical."""
+    nodes = start_dledger_group(tmp_path, 3, group="scrub", segment_size=64 * 1024)
+    try:
+        addresses = [node.client_address for node in nodes.values()]
+        acked = trio.run(_send_sized, addresses, 400, "w", 1000)
+        leader = _leader(nodes)
+        member = next(m for m in nodes if m != leader)
+        wait_until(lambda: _caught_up(nodes, leader, member), message="the member caught up")
+        end = _status(nodes[member])["ledger_end_index"]
+        nodes[member].stop()
+        data_files = sorted(os.listdir(tmp_path / member / f"dledger-{member}" / "data"))
+        assert len(data_files) >= 6, data_files  # the first is well outside what recovery re-checks
+        entry = next(d for d in _dump(tmp_path, member) if d["offset"] == acked[10])
+        data_file = tmp_path / member / f"dledger-{member}" / "data" / data_files[0]
+        content = bytearray(data_file.read_bytes())
+        content[content.index(b"w10:", entry["offset"]) + 100] ^= 0x04  # one bit of its message's body
+        data_file.write_bytes(bytes(content))
+        nodes[member].start()
+        wait_until(lambda: (_status(nodes[member])["scrub"] or {}).get("entries_repaired", 0) >= 1, timeout=60,
+                   message="the scrub repaired the entry")  # fmt: skip
+        status = _status(nodes[member])
+        assert status["damaged"] == [] and status["catch_up_index"] == -1, status
+        assert status["scrub"]["damaged_found"] >= 1, status["scrub"]
+        assert status["ledger_end_index"] >= end  # nothing was cut
+        log = (tmp_path / f"{member}.log").read_text()
+        pos = entry["offset"] - 48
+        assert f"scrub: damaged entry at {data_files[0]} offsets [{pos}, " in log, log
+        assert f"(index {entry['index']}): entry {entry['index']}: bodyCrc mismatch" in log
+        assert f"scrub: entry {entry['index']} at offset {pos} repaired from n" in log
+        assert "damaged entries cut" not in log
+        with hc_blocking(nodes[member]) as client:
+            assert bytes(client.read_record(acked[10]).body).startswith(b"w10:")
+    except BaseException:
+        for node in nodes.values():
+            node.kill()
+        raise
+    _stop_all_and_compare(tmp_path, nodes, leader, member)
+
+
+def hc_blocking(node):
+    from hasvc import client as hc
+
+    return hc.BlockingClient(node.client_address)
+
+
+def test_a_group_of_one_reports_damage_its_scrub_finds_in_an_old_data_file_and_serves_the_rest(tmp_path) -> None:
+    """No other copy: the damage is named (file, range, entry) in one ERROR line and in STATUS
+    ``damaged``, a read of it answers DAMAGED, nothing is cut, and every other entry is served."""
+    from hasvc.client.results import ClientError
+    from hasvc.tools.drill_dledger import Node
+
+    args = _node_args(tmp_path, "n0", "--set", "commitlog_segment_size=65536")
+    node = Node(str(tmp_path), "n0", args)
+    node.start()
+    try:
+        acked = trio.run(_send_sized, [node.client_address], 400, "z", 1000)
+    finally:
+        node.stop()
+    data_files = sorted(os.listdir(tmp_path / "n0" / "dledger-n0" / "data"))
+    assert len(data_files) >= 6, data_files
+    entry = next(d for d in _dump(tmp_path, "n0") if d["offset"] == acked[10])
+    data_file = tmp_path / "n0" / "dledger-n0" / "data" / data_files[0]
+    content = bytearray(data_file.read_bytes())
+    content[content.index(b"z10:", entry["offset"]) + 100] ^= 0x04
+    data_file.write_bytes(bytes(content))
+    node.start()  # recovery does not re-check the first data file: it starts
+    try:
+        wait_until(lambda: _status(node)["damaged"], timeout=60, message="the scrub found the damage")
+        (damage,) = _status(node)["damaged"]
+        pos = entry["offset"] - 48
+        assert damage["file"].endswith(data_files[0]) and damage["from"] == pos and damage["index"] == entry["index"]
+        assert damage["reason"] == f"entry {entry['index']}: bodyCrc mismatch"
+        wait_until(lambda: "not repaired" in (tmp_path / "n0.log").read_text(), timeout=60, message="the one line")
+        log = (tmp_path / "n0.log").read_text()
+        assert f"scrub: damaged entry at {data_files[0]} offsets [{pos}, " in log
+        assert "not repaired: no member gave a copy that checks (a group of one has no other copy)" in log
+        with hc_blocking(node) as client:
+            with pytest.raises(ClientError, match="DAMAGED|damaged"):
+                client.read_record(acked[10])
+            assert bytes(client.read_record(acked[11]).body).startswith(b"z11:")
+        assert _status(node)["ledger_end_index"] >= len(acked)  # nothing cut
     finally:
         node.stop()

@@ -703,8 +703,8 @@ def test_a_consume_queue_cut_in_the_middle_by_damage_is_rebuilt_at_open(tmp_path
 
 def test_the_consume_queue_scrub_rewrites_a_unit_recovery_cannot_see(tmp_path):
     """A flipped bit in a unit's tags code keeps the queue's order: recovery keeps it; the scrub
-    (EntryQueueScrubber) finds the unit that no longer matches its record and rewrites it."""
-    from commitlog.scrub import EntryQueueScrubber
+    (EntryScrubber) finds the unit that no longer matches its record and rewrites it."""
+    from commitlog.scrub import EntryScrubber
 
     store = open_store(tmp_path)
     noop(store, 1)
@@ -720,7 +720,7 @@ def test_the_consume_queue_scrub_rewrites_a_unit_recovery_cannot_see(tmp_path):
     try:
         queue = store.consume_queues.find("T", 0)
         assert store.queues_rebuilt == () and queue.units_at(0, 20) != before
-        scrubber = EntryQueueScrubber(store)
+        scrubber = EntryScrubber(store)
         repaired = []
         while not (step := scrubber.step(700)).pass_completed:
             repaired += step.units_repaired

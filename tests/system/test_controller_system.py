@@ -196,3 +196,18 @@ async def test_snapshots_let_the_log_be_cut_and_a_restart_replays_what_follows(c
     assert _without_soft_state(restarted["groups"]) == _without_soft_state(status["groups"])
     assert await _register(client, "b1") == 3
     await client.aclose()
+
+
+def test_hasvc_status_reads_a_controller_port(controllers):
+    import json
+    import subprocess
+
+    from hasvc.testing.launch import hasvc_command
+
+    group = controllers(1)
+    group.leader()
+    shown = subprocess.run(hasvc_command("status", group.address("c0"), "--json"), capture_output=True, check=True)
+    data = json.loads(shown.stdout)
+    assert (data["mode"], data["role"], data["self_id"], data["groups"]) == ("controller", "LEADER", "c0", {})
+    text = subprocess.run(hasvc_command("status", group.address("c0")), capture_output=True, text=True, check=True)
+    assert text.stdout.startswith("role         LEADER")

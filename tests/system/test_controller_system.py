@@ -211,3 +211,55 @@ def test_hasvc_status_reads_a_controller_port(controllers):
     assert (data["mode"], data["role"], data["self_id"], data["groups"]) == ("controller", "LEADER", "c0", {})
     text = subprocess.run(hasvc_command("status", group.address("c0")), capture_output=True, text=True, check=True)
     assert text.stdout.startswith("role         LEADER")
+
+
+async def test_a_leader_cut_off_from_its_group_stops_answering_heartbeats(controllers):
+    """The lease: with both followers SIGKILLed the leader hears from no quorum, so it answers
+    HEARTBEAT NOT_LEADER (naming nobody) instead of renewing masters' leases."""
+    from hasvc.controller.client import ControllerClientConfig, ControllerUnavailable
+
+    group = controllers(3)
+    leader = await trio.to_thread.run_sync(group.leader)
+    client = ControllerClient([group.address(leader)], config=ControllerClientConfig(call_timeout_seconds=1.0))
+    broker_id = await _register(client, "a")
+    answer, _sent = await client.heartbeat(group=GROUP, broker_id=broker_id, epoch=0, max_offset=0)
+    assert answer.ok
+    for member in group.ids:
+        if member != leader:
+            await trio.to_thread.run_sync(group.kill, member)
+    await _until_status(group.address(leader), lambda s: not s["holds_lease"], "the leader losing its lease")
+    with pytest.raises(ControllerUnavailable, match="not the leader"):
+        await client.heartbeat(group=GROUP, broker_id=broker_id, epoch=0, max_offset=0)
+    await client.aclose()
+
+
+def test_a_secret_and_metrics(controllers, tmp_path):
+    """With a secret a controller refuses a client without it and answers one with it; its
+    metrics are served."""
+    import urllib.request
+
+    from hasvc.controller.client import ControllerClientConfig, ControllerUnavailable
+    from hasvc.tools.partition import LOOPBACK, free_port
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s3cret\n")
+    metrics = f"{LOOPBACK}:{free_port()}"
+    group = ControllerGroup(tmp_path / "with-secret", 1, extra_args=("--metrics-listen", metrics), secret_file=str(secret))
+    try:
+        group.leader()
+        address = group.address("c0")
+
+        async def register(secret_bytes):
+            client = ControllerClient([address], secret=secret_bytes, config=ControllerClientConfig(call_timeout_seconds=1.0))
+            try:
+                return await _register(client, "a")
+            finally:
+                await client.aclose()
+
+        with pytest.raises(ControllerUnavailable, match="AuthenticationError"):
+            trio.run(register, None)
+        assert trio.run(register, b"s3cret") == 1
+        text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
+        assert "hasvc_controller_leader 1.0" in text and "hasvc_controller_groups 1.0" in text
+    finally:
+        group.close()

@@ -125,7 +125,8 @@ class ControllerConfig:
     log_file_size: int = CONTROLLER_DATA_FILE_SIZE  # each entry data file's size (retention deletes whole files)
 
     def group_config(self) -> GroupConfig:
-        peers = self.peers if self.peers is not None else {self.self_id: (self.listen[0], 0)}
+        # A group of one: no peer connects, so its Raft port is any free port on loopback.
+        peers = self.peers if self.peers is not None else {self.self_id: ("127.0.0.1", 0)}
         return GroupConfig(group=CONTROLLER_RAFT_GROUP, self_id=self.self_id, peers=peers, raft=self.raft)
 
     def validate(self) -> ControllerConfig:

@@ -201,8 +201,10 @@ class ControllerServer:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.store = await trio.to_thread.run_sync(self._open_store)
-        self._load_snapshot()
+        loaded = False
         try:
+            self._load_snapshot()
+            loaded = True
             async with trio.open_nursery() as nursery:
                 await self._serve(nursery)
                 task_status.started(self.addresses())
@@ -211,8 +213,8 @@ class ControllerServer:
             with trio.CancelScope(shield=True):
                 if self.driver is not None:
                     await self.driver.close()
-                if self.applied_index > self.snapshot_index and self._replayable():
-                    self._write_snapshot()
+                if loaded and self.applied_index > self.snapshot_index and self._replayable():
+                    self._write_snapshot()  # a clean stop: the next start replays nothing
                 await trio.to_thread.run_sync(self.store.close)
             LOGGER.info("store closed cleanly")
 

@@ -838,3 +838,20 @@ def run_seed(seed: int, *, mutation: str = "") -> SeedReport:
     if mutation and mutation not in MUTATIONS:
         raise ValueError(f"unknown mutation {mutation!r}; choose one of {sorted(MUTATIONS)}")
     return ControllerSim(seed, mutation).run()
+
+
+def replay_command(seed: int, mutation: str = "") -> str:
+    if mutation:
+        return f"python -c 'from hasvc.testing.controller_sim import run_seed; print(run_seed({seed}, mutation=\"{mutation}\"))'"
+    return f"python -m hasvc.testing.sim controller --seed {seed}"
+
+
+def run_seeds(first: int, count: int, *, mutation: str = "") -> list[SeedReport]:
+    """Seeds first..first+count-1; on a failure raise it with the replay command in the message."""
+    reports = []
+    for seed in range(first, first + count):
+        try:
+            reports.append(run_seed(seed, mutation=mutation))
+        except AssertionError as error:
+            raise AssertionError(f"seed {seed} failed: {error!r}\nreplay: {replay_command(seed, mutation)}") from error
+    return reports

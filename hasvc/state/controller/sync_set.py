@@ -33,7 +33,8 @@ The driver feeds it:
   (which also settles a proposal it supersedes). Both ignore what belongs to another master
   epoch (this master was deposed: the agent demotes it).
 
-Every ``on_*`` and ``tick`` returns the ``AlterSyncStateSet`` to send now, or None.
+``on_ack``, ``on_disconnect`` and ``tick`` return the ``AlterSyncStateSet`` to send now, or None;
+after ``on_answer`` or ``on_heartbeat`` the driver calls ``tick(now)`` for the next change.
 
 What counts while a change is in flight: the **union** of the current set and the proposed one.
 A shrink thus takes effect only once accepted (until then the slave may still be elected, so the

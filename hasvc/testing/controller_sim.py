@@ -342,7 +342,7 @@ class Broker:
             self.on_heartbeat_answer(reply.body, sent_at)
         elif self.tracker is not None and body.epoch == self.tracker.epoch:
             accepted, new_set, set_epoch, master_epoch = reply.body
-            self.tracker.on_answer(accepted, new_set, set_epoch, master_epoch=master_epoch)
+            self.tracker.on_answer(body, accepted, new_set, set_epoch, master_epoch=master_epoch)
             self.propose(self.tracker.tick(sim.now))
             self.release()
 

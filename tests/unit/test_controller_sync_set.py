@@ -44,7 +44,7 @@ def test_expansion_pending_waits_for_the_union_of_old_and_new_sets_5663():
     tracker.on_ack(3, 110, 110, 0.01)
     assert tracker.counted_members() == {1, 2, 3}
     assert tracker.confirm_offset(0.01) == 100  # not 110: slave 2 lacks W
-    tracker.on_answer(True, proposal.new_set, 2, master_epoch=3)
+    tracker.on_answer(proposal, True, proposal.new_set, 2, master_epoch=3)
     assert tracker.sync_state_set == {1, 2, 3} and tracker.proposal is None
     assert tracker.confirm_offset(0.02) == 100
     tracker.on_ack(2, 110, 110, 0.02)
@@ -59,23 +59,23 @@ def test_a_lost_answer_keeps_the_union_and_the_same_proposal_is_sent_again():
     assert tracker.tick(0.1) is None  # in flight, not yet due again
     assert tracker.tick(TIMINGS.sync_set_proposal_retry_seconds) == proposal
     # the first copy was applied: the retry is refused and the answer shows the set it made
-    tracker.on_answer(False, frozenset({1, 2}), 2, master_epoch=3)
+    tracker.on_answer(proposal, False, frozenset({1, 2}), 2, master_epoch=3)
     assert tracker.sync_state_set == {1, 2} and tracker.sync_state_set_epoch == 2
 
 
 def test_a_refused_proposal_ends_and_the_set_stays():
     tracker = _tracker(members=(1, 2), set_epoch=4)
     tracker.on_ack(2, 100, 100, 0.0)
-    assert tracker.on_disconnect(2, 0.1) is not None
-    tracker.on_answer(False, frozenset({1, 2}), 4, master_epoch=3)  # refused, the set epoch unmoved
+    proposal = tracker.on_disconnect(2, 0.1)
+    tracker.on_answer(proposal, False, frozenset({1, 2}), 4, master_epoch=3)  # refused, the set epoch unmoved
     assert tracker.proposal is None and tracker.sync_state_set == {1, 2}
 
 
 def test_an_answer_of_another_master_epoch_says_nothing_of_our_set():
     tracker = _tracker(members=(1, 2))
     tracker.on_ack(2, 100, 100, 0.0)
-    tracker.on_disconnect(2, 0.1)
-    tracker.on_answer(False, frozenset({3}), 5, master_epoch=4)  # another master's set
+    proposal = tracker.on_disconnect(2, 0.1)
+    tracker.on_answer(proposal, False, frozenset({3}), 5, master_epoch=4)  # another master's set
     assert tracker.sync_state_set == {1, 2} and tracker.proposal is not None
     tracker.on_heartbeat(frozenset({3}), 6, master_epoch=4)
     assert tracker.sync_state_set == {1, 2}
@@ -88,7 +88,7 @@ def test_a_shrink_takes_effect_only_once_accepted():
     proposal = tracker.on_disconnect(2, 0.1)
     assert proposal.new_set == {1}
     assert tracker.confirm_offset(0.1) == 100  # slave 2 may still be elected: still waited for
-    tracker.on_answer(True, frozenset({1}), 2, master_epoch=3)
+    tracker.on_answer(proposal, True, frozenset({1}), 2, master_epoch=3)
     assert tracker.ack_watermark() == 150
     assert not tracker.admit()  # fewer than min_in_sync_replicas in the set: writes are refused
     assert tracker.confirm_offset(0.1) is None  # and waiters are not released by the master alone
@@ -115,10 +115,10 @@ def test_two_slaves_down_leave_the_set_in_bounded_steps_9897():
     assert first.new_set == {1, 3}
     assert tracker.on_disconnect(3, 0.11) is None  # one proposal in flight
     assert tracker.confirm_offset(0.11) == 100  # both still in the controller's set: waited for
-    tracker.on_answer(True, first.new_set, 2, master_epoch=3)
+    tracker.on_answer(first, True, first.new_set, 2, master_epoch=3)
     second = tracker.tick(0.12)
     assert second == AlterSyncStateSet("g", 1, 3, 2, frozenset({1}))
-    tracker.on_answer(True, second.new_set, 3, master_epoch=3)
+    tracker.on_answer(second, True, second.new_set, 3, master_epoch=3)
     assert tracker.sync_state_set == {1}
     assert tracker.confirm_offset(0.13) == 130  # min_in_sync_replicas 1: the master alone acknowledges
     assert 0.13 < TIMINGS.sync_set_lag_seconds_max
@@ -153,7 +153,24 @@ def test_the_lease_counts_from_the_heartbeat_send():
 def test_admission_counts_the_accepted_set_only():
     tracker = _tracker(members=(1,))
     assert not tracker.admit()
-    tracker.on_ack(2, 100, 100, 0.0)  # expansion pending
+    proposal = tracker.on_ack(2, 100, 100, 0.0)  # expansion pending
     assert not tracker.admit()
-    tracker.on_answer(True, frozenset({1, 2}), 2, master_epoch=3)
+    tracker.on_answer(proposal, True, frozenset({1, 2}), 2, master_epoch=3)
     assert tracker.admit()
+
+
+def test_a_late_answer_to_an_older_proposal_does_not_settle_the_one_in_flight():
+    """Seed 558 of the simulation: the answer to an accepted expansion came late, after a
+    heartbeat had shown its set and the next proposal (a shrink) was in flight. Taken as the
+    answer to the shrink, it ended it while it could still apply."""
+    tracker = _tracker(members=(1,))
+    expansion = tracker.on_ack(2, 100, 100, 0.0)
+    tracker.on_heartbeat(frozenset({1, 2}), 2, master_epoch=3)  # applied; its own answer is late
+    shrink = tracker.on_disconnect(2, 0.1)
+    assert shrink.new_set == {1} and shrink.sync_state_set_epoch == 2
+    tracker.on_answer(expansion, True, frozenset({1, 2}), 2, master_epoch=3)
+    assert tracker.proposal == shrink
+    tracker.on_answer(expansion, False, frozenset({1, 2}), 2, master_epoch=3)  # a late refused copy
+    assert tracker.proposal == shrink
+    tracker.on_answer(shrink, False, frozenset({1, 2}), 2, master_epoch=3)
+    assert tracker.proposal is None

@@ -25,10 +25,11 @@ The driver feeds it:
   this master for that long) is proposed out; a proposal unanswered for
   ``sync_set_proposal_retry_seconds`` is sent again, the same one (its epochs make a second copy
   harmless).
-* ``on_answer(accepted, new_set, epoch, master_epoch=)``: the controller applied the proposal
-  (accepted or refused) and its set is now ``new_set`` in set epoch ``epoch``: adopt it, the
-  proposal is done. Only answers from the state machine count: a timeout or NOT_LEADER says
-  nothing, the proposal stays in flight (it may still be applied) and is retried.
+* ``on_answer(proposal, accepted, new_set, epoch, master_epoch=)``: the controller applied
+  ``proposal`` (accepted or refused) and its set is now ``new_set`` in set epoch ``epoch``: a
+  newer set is adopted and the proposal is done; a refusal of the proposal in flight that left
+  the set epoch alone ends it too. Only answers from the state machine count: a timeout or
+  NOT_LEADER says nothing, the proposal stays in flight (it may still be applied) and is retried.
   ``on_heartbeat(set, epoch, master_epoch=)`` adopts a newer set seen in a heartbeat answer
   (which also settles a proposal it supersedes). Both ignore what belongs to another master
   epoch (this master was deposed: the agent demotes it).
@@ -136,34 +137,41 @@ class SyncStateSetTracker:
             return None
         return self._propose(now)
 
-    def on_answer(self, accepted: bool, new_set: frozenset[int], epoch: int, *, master_epoch: int) -> None:
-        """The controller applied our proposal (``accepted`` or not); its set is ``new_set`` in
-        set epoch ``epoch`` now, for the master of ``master_epoch``. A refusal that does not move
-        the set epoch ends the proposal too (it was applied, as a refusal: it cannot be applied
-        again later). An answer from another master epoch says nothing of our set: this master
-        was deposed (its lease was withheld first), and the next heartbeat answer demotes it."""
+    def on_answer(self, proposal: AlterSyncStateSet, accepted: bool, new_set: frozenset[int], epoch: int, *,
+                  master_epoch: int) -> None:  # fmt: skip
+        """The controller applied ``proposal`` (``accepted`` or not); its set is ``new_set`` in set
+        epoch ``epoch`` now, for the master of ``master_epoch``. A newer set is adopted (and
+        settles the proposal in flight: its base epoch is gone, it can never apply). A refusal of
+        the proposal in flight that leaves the set epoch where it was settles it too (it was
+        applied, as a refusal: that entry cannot apply later). Nothing else settles it: the
+        answer to an older copy or an older proposal (reordered, late) says nothing of this one.
+        An answer of another master epoch says nothing of our set: this master was deposed (its
+        lease was withheld first), and the next heartbeat answer demotes it."""
         if master_epoch != self.epoch:
             return
-        if accepted:
-            assert self.proposal is None or epoch > self.proposal.sync_state_set_epoch
-        self._adopt(frozenset(new_set), epoch, settled=True)
-
-    def on_heartbeat(self, sync_state_set: frozenset[int], sync_state_set_epoch: int, *, master_epoch: int) -> None:
-        """A heartbeat answer showed the controller's set (ignored unless for this master's epoch)."""
-        if master_epoch != self.epoch:
-            return
-        self._adopt(frozenset(sync_state_set), sync_state_set_epoch, settled=False)
-
-    def _adopt(self, new_set: frozenset[int], epoch: int, *, settled: bool) -> None:
-        if epoch < self.sync_state_set_epoch:
-            return  # an older view than ours (a reordered answer)
-        if epoch > self.sync_state_set_epoch or settled:
-            assert self.master_id in new_set, (self.master_id, new_set)
-            self.sync_state_set = new_set
-            self.sync_state_set_epoch = epoch
+        if epoch > self.sync_state_set_epoch:
+            self._adopt(frozenset(new_set), epoch)
+        elif epoch == self.sync_state_set_epoch and not accepted and proposal == self.proposal:
+            assert frozenset(new_set) == self.sync_state_set, (new_set, self.sync_state_set)
             self.proposal = None
             self.proposed_at = -math.inf
         self.check_invariants()
+
+    def on_heartbeat(self, sync_state_set: frozenset[int], sync_state_set_epoch: int, *, master_epoch: int) -> None:
+        """A heartbeat answer showed the controller's set (ignored unless for this master's epoch)."""
+        if master_epoch == self.epoch and sync_state_set_epoch > self.sync_state_set_epoch:
+            self._adopt(frozenset(sync_state_set), sync_state_set_epoch)
+        self.check_invariants()
+
+    def _adopt(self, new_set: frozenset[int], epoch: int) -> None:
+        assert self.master_id in new_set, (self.master_id, new_set)
+        assert epoch > self.sync_state_set_epoch
+        self.sync_state_set = new_set
+        self.sync_state_set_epoch = epoch
+        if self.proposal is not None:
+            assert self.proposal.sync_state_set_epoch < epoch
+            self.proposal = None  # its base epoch is gone: it can never apply
+            self.proposed_at = -math.inf
 
     # -- proposals ---------------------------------------------------------------------------
 

@@ -35,7 +35,8 @@ The invariants (``ControllerChecker``)
 * never two brokers acting as master with a lease that holds at the same instant (so never two
   acknowledging at once), and at most one broker acknowledges in any epoch;
 * acknowledgements' epochs never go back (no acknowledgement in an epoch older than one already
-  acknowledged in), and the controller's epochs only grow (``GroupState.check_successor``);
+  acknowledged in), the controller's epochs only grow (``GroupState.check_successor``), and no
+  broker's epoch table goes back to an older last epoch when it follows a master;
 * with unclean election off: every acknowledged write is in a new master's log when it takes
   office, no slave ever cuts an acknowledged write, and at the end every acknowledged write is in
   the master's log;
@@ -440,8 +441,11 @@ class Broker:
             sim.truncations += 1
             del self.log[cut:]
             del self.log_epochs[cut:]
+        known = self.last_epoch
         self.epochs = [entry for entry in master_epochs if entry.start_offset <= cut]
         validate(self.epochs)
+        if self.last_epoch < known:
+            raise SafetyViolation(f"{self.name} went back from epoch {known} to {self.last_epoch} following {self.master_node}")
         sim.network.send(self.name, self.master_node, Ack(self.session, self.broker_id, len(self.log)), sim.now)
 
     def on_transfer(self, message: Transfer) -> None:

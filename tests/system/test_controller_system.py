@@ -87,6 +87,7 @@ async def _first_master_and_a_full_set(client, a: FakeBroker, b: FakeBroker) -> 
     stale = await client.alter_sync_state_set(group=GROUP, master_id=a.broker_id, epoch=1,
                                               sync_state_set_epoch=view.sync_state_set_epoch, sync_state_set=[1])  # fmt: skip
     assert stale.status == "REFUSED" and "SyncStateSet epoch" in stale.reason
+    assert stale.view.sync_state_set == (1, 2)  # the set the master goes on with
     return answer.view
 
 

@@ -264,3 +264,23 @@ def test_a_secret_and_metrics(controllers, tmp_path):
         assert "hasvc_controller_leader 1.0" in text and "hasvc_controller_groups 1.0" in text
     finally:
         group.close()
+
+
+@pytest.mark.skipif(__import__("shutil").which("openssl") is None, reason="the openssl command makes the certificates")
+async def test_a_group_over_mutual_tls_elects_a_leader_and_answers(tmp_path):
+    from tests.cluster import certificate_authority
+
+    ca, issued = certificate_authority(str(tmp_path), ["c0", "c1", "c2"])
+
+    def tls(member):
+        key, cert = issued[member]
+        return ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca]
+
+    group = await trio.to_thread.run_sync(lambda: ControllerGroup(tmp_path / "tls", 3, member_args=tls, tls_ca=ca))
+    try:
+        await trio.to_thread.run_sync(group.leader)
+        client = ControllerClient(group.addresses, ssl_context=group.ssl_context())
+        assert await _register(client, "a") == 1
+        await client.aclose()
+    finally:
+        await trio.to_thread.run_sync(group.close)

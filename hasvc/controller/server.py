@@ -181,6 +181,7 @@ class ControllerServer:
         self._serving = False  # leading with every entry applied
         # The leader's soft state: heartbeats, liveness, elections decided, leases granted.
         self.tracker = ElectionTracker(config.timings)
+        self._elected_at: dict[str, float] = {}  # group -> when this controller applied its last election
         self._snapshot_due = trio.Event()
         self._election_due = trio.Event()
         self.started_at = time.time()
@@ -335,6 +336,8 @@ class ControllerServer:
             else:
                 answer = self.state.apply(command, index=index)
                 self._log_applied(index, command, answer)
+                if isinstance(command, cs.Elect) and answer.accepted and command.new_master_id is not None:
+                    self._elected_at[command.group] = trio.current_time()
             self.applied_index = index
             proposal = self._proposals.pop(index, None)
             if proposal is not None:
@@ -549,9 +552,21 @@ class ControllerServer:
         if group.master_id is None:
             self._election_due.set()
         answer = self.tracker.answer(self.state, request.group, request.broker_id, now)
+        lease = answer.lease and not self._inherited_election(request.group, now)
         return cp.Answer(cp.HEARTBEAT, cp.STATUS_OK, view=cp.GroupView(
             request.group, answer.master_id, answer.master_client_address, answer.master_ha_address, answer.epoch,
-            tuple(sorted(answer.sync_state_set)), answer.sync_state_set_epoch, lease=answer.lease))  # fmt: skip
+            tuple(sorted(answer.sync_state_set)), answer.sync_state_set_epoch, lease=lease))  # fmt: skip
+
+    def _inherited_election(self, name: str, now: float) -> bool:
+        """The group's master was elected by an earlier controller leader less than
+        master_lease_seconds before this controller applied it: that leader may have granted the
+        previous master a lease until then, which this one never heard of (the tracker withholds
+        a newer epoch's lease only behind the grants it made itself). A controller leader that
+        dies is replaced within ~0.1 s (its followers see its connections end), before such a
+        lease runs out."""
+        elected_at = self._elected_at.get(name)
+        return (elected_at is not None and elected_at <= self.tracker.leader_since
+                and now < elected_at + self.config.timings.master_lease_seconds)  # fmt: skip
 
     # -- elections -------------------------------------------------------------------------
 

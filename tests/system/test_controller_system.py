@@ -19,7 +19,7 @@ HEARTBEAT_INTERVAL_SECONDS = 0.1  # as a broker's broker_heartbeat_interval_seco
 
 
 @pytest.fixture
-def controllers(tmp_path, request):
+def controllers(tmp_path):
     groups = []
 
     def start(size: int, *extra_args: str) -> ControllerGroup:

@@ -584,6 +584,8 @@ class ControllerServer:
             target = candidates[0]
         else:
             target = request.broker_id
+            if target == group.master_id:
+                return cp.refused(cp.ELECT, f"broker {target} is the master already (epoch {group.epoch})")
             if target not in group.members:
                 return cp.refused(cp.ELECT, f"broker {target} is not a member of group {request.group!r}")
             if target not in group.sync_state_set and not self.config.timings.allow_unclean_election:

@@ -113,6 +113,14 @@ async def test_a_group_of_one_elects_the_first_master_and_keeps_its_state_across
         again = await _until(lambda: b.view if b.view and b.view.sync_state_set_epoch >= view.sync_state_set_epoch
                              and b.answered_by else None, "an answer after the restart")  # fmt: skip
         assert (again.master_id, again.epoch, again.sync_state_set) == (view.master_id, view.epoch, view.sync_state_set)
+        # An operator's switchover to the slave in the set; the master itself, or a second time, is refused.
+        assert (await client.elect(group=GROUP, broker_id=a.broker_id)).status == "REFUSED"
+        moved = await client.elect(group=GROUP, broker_id=b.broker_id)
+        assert moved.ok and (moved.view.master_id, moved.view.epoch, moved.view.sync_state_set) == (2, 2, (2,))
+        await _until(lambda: b.view.epoch == 2 and b.view.lease, "the new master's first lease")
+        assert a.view.master_id == b.broker_id or a.view.epoch < 2
+        again = await client.elect(group=GROUP, broker_id=b.broker_id)
+        assert again.status == "REFUSED" and "master already" in again.reason
         nursery.cancel_scope.cancel()
 
 

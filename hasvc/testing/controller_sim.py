@@ -25,7 +25,8 @@ The model
   counted member holds it); writes wait at most ``WRITE_TIMEOUT_SECONDS``.
 * **Faults**: broker kills and restarts (a process kill: the page cache survives, so a killed
   broker's log is intact; power loss is *not* modelled), partitions (a broker alone, a broker with
-  the client -- a master the clients reach but the controllers do not --, the controllers alone),
+  the client -- a master the clients reach but the controllers do not --, the controllers alone,
+  any split of brokers, client and controllers),
   heals, message delay, loss, duplication and reordering, controller leader changes, and an
   operator's switchover (an ``Elect`` of another alive member of the set while the master lives).
   Unclean election is allowed in ``UNCLEAN_SHARE`` of the seeds.
@@ -35,8 +36,9 @@ The invariants (``ControllerChecker``)
 * never two brokers acting as master with a lease that holds at the same instant (so never two
   acknowledging at once), and at most one broker acknowledges in any epoch;
 * acknowledgements' epochs never go back (no acknowledgement in an epoch older than one already
-  acknowledged in), the controller's epochs only grow (``GroupState.check_successor``), and no
-  broker's epoch table goes back to an older last epoch when it follows a master;
+  acknowledged in), the controller's epochs only grow (``GroupState.check_successor``), and (with
+  unclean election off) no broker's epoch table goes back to an older last epoch when it follows
+  a master;
 * with unclean election off: every acknowledged write is in a new master's log when it takes
   office, no slave ever cuts an acknowledged write, and at the end every acknowledged write is in
   the master's log;
@@ -444,7 +446,7 @@ class Broker:
         known = self.last_epoch
         self.epochs = [entry for entry in master_epochs if entry.start_offset <= cut]
         validate(self.epochs)
-        if self.last_epoch < known:
+        if self.last_epoch < known and not sim.checker.unclean:  # unclean: a master may lack our epochs
             raise SafetyViolation(f"{self.name} went back from epoch {known} to {self.last_epoch} following {self.master_node}")
         sim.network.send(self.name, self.master_node, Ack(self.session, self.broker_id, len(self.log)), sim.now)
 
@@ -748,8 +750,14 @@ class ControllerSim:
         elif roll < 0.55:
             master = next((b.name for b in up if b.tracker is not None), rng.choice(names))
             self.network.partition([master, CLIENT])  # the master reaches its clients, not the controllers
-        elif roll < 0.62:
+        elif roll < 0.58:
             self.network.partition(list(CONTROLLERS))
+        elif roll < 0.66:
+            sides = [[*CONTROLLERS], *([name] for name in names), [CLIENT]]  # the controllers move as one
+            rng.shuffle(sides)
+            cut = rng.randint(1, len(sides) - 1)
+            self.network.partition([node for side in sides[:cut] for node in side])  # any split, e.g. a master
+            # with one slave and the clients, the other slave with the controllers
         elif roll < 0.8:
             self.network.heal()
         elif roll < 0.92:

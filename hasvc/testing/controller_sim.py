@@ -54,7 +54,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from commitlog.epoch import EpochEntry, find_consistent_point, truncate_suffix_by_offset, validate
+from commitlog.epoch import EpochEntry, find_consistent_point, validate
 from hasvc.state.controller import agent
 from hasvc.state.controller.config import ControllerTimings
 from hasvc.state.controller.elect import ElectionTracker, HeartbeatAnswer
@@ -459,7 +459,8 @@ class Broker:
         self.epochs = [entry for entry in master_epochs if entry.start_offset <= cut]
         validate(self.epochs)
         if self.last_epoch < known and not sim.checker.unclean:  # unclean: a master may lack our epochs
-            raise SafetyViolation(f"{self.name} went back from epoch {known} to {self.last_epoch} following {self.master_node}")
+            raise SafetyViolation(f"{self.name} went back from epoch {known} to {self.last_epoch} "
+                                  f"following {self.master_node}")  # fmt: skip
         sim.network.send(self.name, self.master_node, Ack(self.session, self.broker_id, len(self.log)), sim.now)
 
     def on_transfer(self, message: Transfer) -> None:
@@ -793,7 +794,8 @@ class ControllerSim:
         broker = self.brokers[target]
         if not broker.up:
             return
-        handlers = {ControllerReply: lambda m: broker.on_controller_reply(source, m), Hello: lambda m: broker.on_hello(source, m),
+        handlers = {ControllerReply: lambda m: broker.on_controller_reply(source, m),
+                    Hello: lambda m: broker.on_hello(source, m),
                     HelloAnswer: broker.on_hello_answer, Transfer: broker.on_transfer, Ack: broker.on_ack,
                     Bye: broker.on_bye, Put: broker.on_put}  # fmt: skip
         handlers[type(message)](message)
@@ -900,12 +902,14 @@ def failover_summary(reports: list[SeedReport]) -> str:
     if not times:
         return "no failovers measured"
     p50, p99 = times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))]
-    return f"{len(times)} failovers (master killed -> first write acknowledged in a newer epoch) p50 {p50:.2f} s, p99 {p99:.2f} s"
+    return (f"{len(times)} failovers (master killed -> first write acknowledged in a newer epoch) "
+            f"p50 {p50:.2f} s, p99 {p99:.2f} s")  # fmt: skip
 
 
 def replay_command(seed: int, mutation: str = "") -> str:
     if mutation:
-        return f"python -c 'from hasvc.testing.controller_sim import run_seed; print(run_seed({seed}, mutation=\"{mutation}\"))'"
+        call = f'run_seed({seed}, mutation="{mutation}")'
+        return f"python -c 'from hasvc.testing.controller_sim import run_seed; print({call})'"
     return f"python -m hasvc.testing.sim controller --seed {seed}"
 
 

@@ -303,6 +303,7 @@ class Broker:
         self.waiters: dict[int, tuple[int, float]] = {}  # end offset -> (write id, deadline)
         self.sessions: dict[int, dict] = {}  # master: slave id -> {session, ack, sent_end, heard_at, node}
         self.session = 0  # slave: the current session with its master (0: none)
+        self.handshaken = False  # slave: the session's handshake is done (one per session, as one per TCP connection)
         self.heard_master_at = -math.inf
         self.controller = self.sim.rng.choice(CONTROLLERS)
         self.requests: dict[int, tuple[float, Any]] = {}  # request id -> (sent at, body)
@@ -422,6 +423,7 @@ class Broker:
     def say_hello(self) -> None:
         sim = self.sim
         self.session = sim.next_id()
+        self.handshaken = False
         self.heard_master_at = sim.now
         sim.network.send(self.name, self.master_node, Hello(self.session, self.broker_id, tuple(self.epochs), len(self.log)),
                          sim.now)  # fmt: skip
@@ -438,8 +440,9 @@ class Broker:
 
     def on_hello_answer(self, message: HelloAnswer) -> None:
         sim = self.sim
-        if self.role is not agent.Role.SLAVE or message.session != self.session:
-            return
+        if self.role is not agent.Role.SLAVE or message.session != self.session or self.handshaken:
+            return  # a duplicate: the network may deliver one twice, TCP never does
+        self.handshaken = True
         self.heard_master_at = sim.now
         master_epochs = list(message.epochs)
         if not self.log:
@@ -465,7 +468,7 @@ class Broker:
 
     def on_transfer(self, message: Transfer) -> None:
         sim = self.sim
-        if self.role is not agent.Role.SLAVE or message.session != self.session:
+        if self.role is not agent.Role.SLAVE or message.session != self.session or not self.handshaken:
             return
         self.heard_master_at = sim.now
         if message.from_offset == len(self.log):

@@ -28,14 +28,18 @@ non-leader answers NOT_LEADER naming the leader's controller port, which each co
 announces in its Raft HELLO. Heartbeats are soft state, the leader's alone
 (``hasvc.state.controller.elect``): a new leader starts with none and counts every broker's
 silence from the moment it became leader. On a timer (``ELECTION_CHECK_INTERVAL_SECONDS``) and
-after each heartbeat from a group without a master the leader asks the election rules what to do
-and proposes the ``Elect``s they decide, one in flight per group.
+after each heartbeat from a group without a master the leader asks the election rules
+(``ElectionTracker.decide``) what to do and proposes the ``Elect``s they decide, one in flight
+per group; a heartbeat's answer, lease included, is the tracker's (``ElectionTracker.answer``),
+but that a new leader also withholds the lease from a master an earlier leader elected until
+``master_lease_seconds`` after it applied that election (``_inherited_election``).
 
 Snapshots: after ``snapshot_interval_entries`` applied entries (and at a clean stop) the state
 is written to ``STORE/controller/snapshot`` (``ControllerState.snapshot``: CRC32C, with the Raft
-index it reflects; written to a temporary file, fsynced, renamed). Retention then (after each
-snapshot) deletes whole entry files below ``min(snapshot index + 1, the core's retention floor)`` -- never an entry a
-member may still need -- so a restart reads the snapshot and replays only what follows it. A log
+index it reflects; written to a temporary file, fsynced, renamed). Retention then (after
+each snapshot) deletes whole entry files below ``min(snapshot index + 1, the core's retention
+floor)`` -- never an entry a member may still need -- so a restart reads the snapshot and replays
+only what follows it. A log
 that starts past the snapshot (a store wiped and RESET by the leader) cannot be replayed: the
 controller says so and stops, before it answers anything.
 """

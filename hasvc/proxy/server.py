@@ -627,8 +627,10 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
                 advertise: tuple[str, int] | None = None, config: gateway.GatewayConfig,
                 tls_listen: tuple[str, int] | None = None, tls_cert: str | None = None, tls_key: str | None = None,
                 metrics_listen: tuple[str, int] | None = None, acl=None,
-                server_limits: limits.ProxyLimits = limits.ProxyLimits()) -> int:  # fmt: skip
-    """``acl``: hasvc.proxy.acl.Acl, every call authenticated and authorized (AclInterceptor)."""
+                server_limits: limits.ProxyLimits | None = None) -> int:  # fmt: skip
+    """``acl``: hasvc.proxy.acl.Acl, every call authenticated and authorized (AclInterceptor);
+    ``server_limits``: the gRPC server's (the defaults when None)."""
+    server_limits = server_limits or limits.ProxyLimits()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

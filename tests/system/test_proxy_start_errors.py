@@ -35,7 +35,7 @@ def test_a_listen_address_in_use_exits_3_naming_it():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        address = "127.0.0.1:%d" % taken.getsockname()[1]
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
         _check(_proxy("--listen", address), 3, f"cannot listen on {address}")
         _check(_proxy("--listen", "127.0.0.1:0", "--metrics-listen", address), 3, f"cannot listen on {address}")
 

@@ -11,12 +11,15 @@ paper's commit rule (only an entry of the leader's own term commits by counting;
 appends an empty no-op entry so the earlier ones commit with it). One deliberate difference from
 DLedger: a vote request with a higher term makes the voter adopt the term and decide at once,
 instead of answering REJECT_TERM_NOT_READY and waiting for the candidate to ask again. The counts
-(votes won, check-quorum) are ``hasvc.state.raft.quorum``'s.
+(votes won, check-quorum) are ``hasvc.state.raft.quorum``'s. A member with a catch-up mark votes
+as if its log still ended there and stands for no election (node's "Lost entries").
 
-Leadership transfer (DLedger's): the leader stops taking proposals, waits until the target holds
-its whole log, then sends it TimeoutNow, on which the target campaigns at once (no pre-vote, past
-the others' leases); not done within ``election_timeout_min_seconds``, the transfer is aborted.
-A ``preferred_leader_id`` that is caught up is handed leadership the same way.
+Leadership transfer (DLedger's): to a follower at most ``leadership_transfer_wait_index_max``
+entries behind and heard from within ``election_timeout_min_seconds``. The leader stops taking
+proposals, waits until the target holds its whole log, then sends it TimeoutNow, on which the
+target campaigns at once (no pre-vote, past the others' leases); not done within
+``election_timeout_min_seconds``, the transfer is aborted. A ``preferred_leader_id`` that is
+caught up is handed leadership the same way.
 
 ``Election`` is a part of ``RaftNode`` (``hasvc.state.raft.node``), written apart: its methods
 work on the node's state, which ``RaftNode.__init__`` declares, and never stand alone.

@@ -30,6 +30,7 @@ from hasvc.state.raft.messages import Message, Push, PushResponse, PushType, Vot
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.storage import Entry, EntryRun
 from hasvc.state.raft.ready import BecameLeader, ProposalStatus, Proposed, Refused, Role
+from hasvc.testing.digest import canonical
 from hasvc.testing.checker import RaftChecker
 from hasvc.testing.log import SimLog
 from hasvc.testing.network import NetworkConfig, SimNetwork
@@ -96,6 +97,7 @@ class SimCluster:
         corrupt_run_probability: float = 0.0,
         coalesce_acknowledgements: bool = False,
         log_factory: Callable[[str], SimLog] | None = None,
+        digest=None,
     ) -> None:
         self.seed = seed
         self.members = tuple(members)
@@ -139,6 +141,8 @@ class SimCluster:
         self._deadline = {member: math.inf for member in self.members}  # node.deadline() after its last event
         self._proposals: dict[tuple[str, int], tuple[bytes, ...]] = {}
         self.results: dict[tuple[str, int], ProposalStatus] = {}  # (leader, first index) -> outcome
+        # A hashlib object fed every delivery and every Ready (``hasvc.testing.digest``); None: off.
+        self.digest = digest
         for member in self.members:
             self.start(member)
 
@@ -314,6 +318,8 @@ class SimCluster:
         if self.network.next_delivery_at() <= now:
             delivery = self.network.pop_due(now)
             if delivery is not None and self.nodes[delivery.target] is not None:
+                if self.digest is not None:
+                    self.digest.update(repr(canonical((now, delivery.target, delivery.message))).encode())
                 if isinstance(delivery.message, ConnectionEnded):
                     self.node(delivery.target).peer_unreachable(delivery.message.peer, now)
                 else:
@@ -331,6 +337,8 @@ class SimCluster:
                         window_end = now + ACKNOWLEDGEMENTS_READ_TOGETHER_SECONDS
                         while (more := self.network.pop_due_if(window_end, acknowledgement)) is not None:
                             self.events += 1
+                            if self.digest is not None:
+                                self.digest.update(repr(canonical((now, target, more.message))).encode())
                             self.node(target).step(more.message, now)
                 self._drain(delivery.target)
             return
@@ -361,6 +369,9 @@ class SimCluster:
         node = self.node(member)
         ready = node.ready()
         self._deadline[member] = node.deadline()
+        if self.digest is not None:
+            self.digest.update(repr(canonical((self.now, member, ready, self._deadline[member],
+                                               node.status(self.now)))).encode())  # fmt: skip
         log = self.logs[member]
         if ready.hard_state is not None:
             self.checker.on_hard_state(member, ready.hard_state)

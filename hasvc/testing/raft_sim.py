@@ -31,6 +31,7 @@ from collections.abc import Callable
 from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.ready import Proposed
 from hasvc.testing.checker import SafetyViolation
+from hasvc.testing.digest import canonical
 from hasvc.testing.network import NetworkConfig
 from hasvc.testing.raft_cluster import SimCluster
 
@@ -189,9 +190,11 @@ def _settle(cluster: SimCluster) -> None:
                                       for m in cluster.members))  # fmt: skip
 
 
-def run_seed(seed: int, nodes: int = 3, *, log_factory: Callable[[str], object] | None = None) -> SeedReport:
+def run_seed(seed: int, nodes: int = 3, *, log_factory: Callable[[str], object] | None = None,
+             digest=None) -> SeedReport:  # fmt: skip
     """One seed's schedule; raises SafetyViolation, LivenessFailure or AssertionError on a bug.
-    ``log_factory(member)`` gives each member its log (default: the in-memory SimLog)."""
+    ``log_factory(member)`` gives each member its log (default: the in-memory SimLog);
+    ``digest`` (a hashlib object) is fed what happened and the final state (``hasvc.testing.digest``)."""
     rng = random.Random(f"raft-sim-{nodes}-{seed}")
     settings = settings_for(rng)
     members = [f"n{i}" for i in range(nodes)]
@@ -204,7 +207,7 @@ def run_seed(seed: int, nodes: int = 3, *, log_factory: Callable[[str], object] 
     lose_rng = random.Random(f"raft-sim-lose-faults-{nodes}-{seed}")
     cluster = SimCluster(seed=f"{nodes}-{seed}", members=members, config=settings.config, network=settings.network,
                          flush_delay_seconds=settings.flush_delay_seconds, corrupt_run_probability=corrupt,
-                         coalesce_acknowledgements=coalesce, log_factory=log_factory)  # fmt: skip
+                         coalesce_acknowledgements=coalesce, log_factory=log_factory, digest=digest)  # fmt: skip
     counter = [0]
     next_client = rng.expovariate(1 / settings.client_interval_seconds)
     next_fault = rng.expovariate(1 / settings.fault_interval_seconds)
@@ -224,9 +227,17 @@ def run_seed(seed: int, nodes: int = 3, *, log_factory: Callable[[str], object] 
     cluster.run_until(CHAOS_SECONDS)
     _settle(cluster)
     cluster.checker.final()
-    return SeedReport(seed, nodes, cluster.events, cluster.crashes, cluster.acked_count, len(cluster.checker.committed),
+    report = SeedReport(seed, nodes, cluster.events, cluster.crashes, cluster.acked_count, len(cluster.checker.committed),
                       len(cluster.checker.leaders), cluster.resets, {s.value: n for s, n in cluster.outcomes.items()},
                       cluster.refused_runs, cluster.lost_tails)  # fmt: skip
+    if digest is not None:
+        for member in members:
+            log = cluster.logs[member]
+            entries = [log.entry_at(i) for i in range(log.first_index(), log.last_index() + 1)]
+            final = (member, entries, log.load_hard_state(), log.flushed_index(), cluster.node(member).status(cluster.now))
+            digest.update(repr(canonical(final)).encode())
+        digest.update(repr(canonical(report)).encode())
+    return report
 
 
 def replay_command(seed: int, nodes: int) -> str:

@@ -116,9 +116,11 @@ class StoreLog:
         self.store.abandon()
 
 
-def run_seed(seed: int, nodes: int = 3, *, directory: str | None = None) -> tuple[raft_sim.SeedReport, list[StoreLog]]:
+def run_seed(seed: int, nodes: int = 3, *, directory: str | None = None,
+             digest=None) -> tuple[raft_sim.SeedReport, list[StoreLog]]:  # fmt: skip
     """One seed of ``raft_sim`` with a store per member under ``directory`` (a temporary one,
-    removed afterwards, when None). Returns the report and the members' logs (closed)."""
+    removed afterwards, when None). Returns the report and the members' logs (closed).
+    ``digest``: as ``raft_sim.run_seed``'s."""
     root = directory or tempfile.mkdtemp(prefix="hasvc-raft-store-sim-")
     created: list[StoreLog] = []
 
@@ -127,7 +129,7 @@ def run_seed(seed: int, nodes: int = 3, *, directory: str | None = None) -> tupl
         return created[-1]
 
     try:
-        report = raft_sim.run_seed(seed, nodes, log_factory=store_log)
+        report = raft_sim.run_seed(seed, nodes, log_factory=store_log, digest=digest)
     finally:
         for log in created:
             log.close()

@@ -6,6 +6,7 @@
     python -m hasvc.testing.sim controller --seeds 1000 [--first-seed 0]
     python -m hasvc.testing.sim SIM --seed S            # replay one seed, printing its report
     python -m hasvc.testing.sim SIM --random-start      # explore from a random first seed (printed)
+    python -m hasvc.testing.sim raft --seeds 3000 --digest  # a hash per seed of all that happened
 
 ``classic``: the classic master/slave cores (``hasvc.testing.classic_sim``): network faults,
 kills and power losses, promotions, rejoins with epoch truncation, storage faults (flipped bits,
@@ -16,6 +17,10 @@ DLedger entry stores (``hasvc.testing.raft_store_sim``), torn pages on every cra
 leader changes, 2-3 brokers failing over by themselves (agent, SyncStateSet tracker, lease),
 kills, partitions (a master its clients reach and its controllers do not), lost messages.
 
+``--digest`` (raft, raft-store) prints ``seed S HASH`` per seed: every message delivered, every
+``Ready`` and the final logs (``hasvc.testing.digest``). A change to the core meant to change no
+behaviour must leave the lines identical (``diff`` two runs).
+
 Seeds start at 0 unless told otherwise, so a run is repeatable (CI runs fixed ranges); a failure
 prints the one command that replays it, and exits 1.
 """
@@ -23,6 +28,7 @@ prints the one command that replays it, and exits 1.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 import sys
 import time
@@ -33,6 +39,7 @@ from hasvc.testing.checker import SafetyViolation
 SIMULATORS = ("classic", "raft", "raft-store", "controller")
 NODES_FIXED = ("classic", "controller")  # members chosen by the seed, no --nodes
 PROGRESS_EVERY = 1000
+DIGEST_CHARS = 32  # of a sha256's hex: 128 bits, far from any chance collision over a few million seeds
 
 
 def replay_command(simulator: str, seed: int, nodes: int) -> str:
@@ -41,25 +48,32 @@ def replay_command(simulator: str, seed: int, nodes: int) -> str:
     return f"python -m hasvc.testing.sim {simulator} --nodes {nodes} --seed {seed}"
 
 
-def run_one(simulator: str, seed: int, nodes: int):
-    """One seed's report; raises (SafetyViolation, LivenessFailure, AssertionError) on a bug."""
+def run_one(simulator: str, seed: int, nodes: int, **options):
+    """One seed's report; raises (SafetyViolation, LivenessFailure, AssertionError) on a bug.
+    ``options``: ``digest`` (raft, raft-store), a hashlib object fed all that happened."""
     if simulator == "classic":
         return classic_sim.run_seed(seed)
     if simulator == "raft":
-        return raft_sim.run_seed(seed, nodes)
+        return raft_sim.run_seed(seed, nodes, **options)
     if simulator == "controller":
         return controller_sim.run_seed(seed)
-    report, _ = raft_store_sim.run_seed(seed, nodes)
+    report, _ = raft_store_sim.run_seed(seed, nodes, **options)
     return report
 
 
-def run_range(simulator: str, first: int, count: int, nodes: int, *, echo=print) -> int:
-    """Seeds ``first..first+count-1``: 0 when all pass, 1 (after printing the replay) otherwise."""
+def run_range(simulator: str, first: int, count: int, nodes: int, *, echo=print, digest: bool = False) -> int:
+    """Seeds ``first..first+count-1``: 0 when all pass, 1 (after printing the replay) otherwise.
+    ``digest``: print ``seed S HASH`` for each seed (see the module)."""
     started = time.monotonic()
     reports = []
     for seed in range(first, first + count):
         try:
-            reports.append(run_one(simulator, seed, nodes))
+            if digest:
+                hashed = hashlib.sha256()
+                reports.append(run_one(simulator, seed, nodes, digest=hashed))
+                echo(f"seed {seed} {hashed.hexdigest()[:DIGEST_CHARS]}")
+            else:
+                reports.append(run_one(simulator, seed, nodes))
         except (SafetyViolation, AssertionError) as error:  # LivenessFailure is an AssertionError
             echo(f"FAIL {simulator} seed {seed}: {error!r}", file=sys.stderr)
             echo(f"replay: {replay_command(simulator, seed, nodes)}", file=sys.stderr)
@@ -86,16 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-start", action="store_true", help="start at a random seed, printed first")
     parser.add_argument("--seed", type=int, help="replay this one seed and print its report")
     parser.add_argument("--nodes", type=int, choices=(3, 5), default=3, help="members (raft, raft-store)")
+    parser.add_argument("--digest", action="store_true",
+                        help="print a hash per seed of all that happened (raft, raft-store): diff two runs")  # fmt: skip
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
+    if args.digest and args.simulator in ("classic", "controller"):
+        parser.error("--digest is for raft and raft-store")
     if args.seed is not None:
         print(run_one(args.simulator, args.seed, args.nodes))
         return 0
     first = random.SystemRandom().randrange(10**9) if args.random_start else args.first_seed
     if args.random_start:
         print(f"first seed {first}", file=sys.stderr)
-    return run_range(args.simulator, first, args.seeds, args.nodes)
+    return run_range(args.simulator, first, args.seeds, args.nodes, digest=args.digest)
 
 
 if __name__ == "__main__":

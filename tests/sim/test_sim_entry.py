@@ -4,6 +4,8 @@ and a failure that prints the one command replaying it."""
 import subprocess
 import sys
 
+import pytest
+
 from hasvc.testing import sim
 
 
@@ -27,3 +29,21 @@ def test_a_failing_seed_prints_its_replay(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "FAIL raft seed 7: AssertionError('two leaders in term 3')" in err
     assert "replay: python -m hasvc.testing.sim raft --nodes 5 --seed 7" in err
+
+
+def test_digest_prints_one_stable_hash_per_seed(capsys):
+    """``--digest``: the proof a refactor of the Raft core changed no behaviour is two runs'
+    identical lines, so a run must repeat itself and seeds must differ."""
+    runs = []
+    for _ in range(2):
+        assert sim.main(["raft", "--seeds", "3", "--first-seed", "4", "--digest"]) == 0
+        runs.append([line for line in capsys.readouterr().out.splitlines() if line.startswith("seed ")])
+    assert runs[0] == runs[1]
+    assert [line.split()[1] for line in runs[0]] == ["4", "5", "6"]
+    assert len({line.split()[2] for line in runs[0]}) == 3
+
+
+def test_digest_is_refused_for_the_classic_simulator(capsys):
+    with pytest.raises(SystemExit):
+        sim.main(["classic", "--seeds", "1", "--digest"])
+    assert "--digest is for raft and raft-store" in capsys.readouterr().err

@@ -39,6 +39,7 @@ PROOF_SIZE: Final = 32
 PORT_KIND_CLIENT: Final = 1
 PORT_KIND_HA: Final = 2
 PORT_KIND_RAFT: Final = 3  # a DLedger member's Raft port (docs/PROTOCOL.md, the Raft port)
+PORT_KIND_CONTROLLER: Final = 4  # a controller's port (docs/PROTOCOL.md, the controller port)
 
 AUTH_STATUS_OK: Final = 0
 AUTH_STATUS_BAD_PROOF: Final = 1

@@ -1,0 +1,1 @@
+"""Controller mode: the controller process (``server``) and the client brokers use (``client``)."""

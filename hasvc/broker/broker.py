@@ -227,7 +227,8 @@ class Broker:
                 LOGGER.warning("promote: cutting a partial record [%d, %d)", end, self.store.commit_log.max_wrote_offset)
                 await trio.to_thread.run_sync(self.store.truncate, end)
             await trio.to_thread.run_sync(self.store.resume_queue_offsets)
-            self.store.open_epoch(promotion.epoch)
+            if promotion.epoch != self.store.epochs.last_epoch:  # equal: a controller's master resumes its epoch
+                self.store.open_epoch(promotion.epoch)
             await self._rebuild_producer_table()
         effects = self.role_state.finish_promotion(promotion)
         if fence_reason:

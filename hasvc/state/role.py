@@ -161,15 +161,18 @@ class RoleState:
     def begin_promotion(self, role: BrokerRole, *, local_epoch: int, epoch: int | None = None) -> tuple[Promotion, list[Effect]]:
         """Slave -> ``role``, first step: the epoch to open and what to do before the driver
         prepares the log. The role is unchanged (writes stay refused) until ``finish_promotion``.
-        ``epoch``: the one a controller chose (else one past every epoch known here). Raises
-        ValueError when this broker is not a slave, or ``epoch`` is not above every epoch known."""
+        ``epoch``: the one a controller chose (else one past every epoch known here): above every
+        epoch known here, or the log's own last one when no peer showed it (a master restarted
+        in its epoch resumes it: the driver opens no new one). Raises ValueError when this broker
+        is not a slave, or ``epoch`` is neither."""
         if role is BrokerRole.SLAVE:
             raise ValueError("promote to SYNC_MASTER or ASYNC_MASTER")
         if self.role is not BrokerRole.SLAVE:
             raise ValueError(f"already {self.role.value}")
         highest = self.highest_epoch(local_epoch)
-        if epoch is not None and epoch <= highest:
-            raise ValueError(f"cannot open epoch {epoch}: this broker knows epoch {highest} already (a master's epoch only grows)")
+        resumes = epoch == local_epoch and self.peer_epoch < local_epoch
+        if epoch is not None and epoch <= highest and not resumes:
+            raise ValueError(f"cannot serve epoch {epoch}: this broker knows epoch {highest} already (a master's epoch only grows)")
         self.master_connected = False
         self.check_invariants()
         return Promotion(role, highest + 1 if epoch is None else epoch), [StopReplicating()]

@@ -182,6 +182,14 @@ class SyncStateSetReplicator:
 
     def on_report(self) -> None:
         """A slave reported (``HAService``): feed every counted slave's ack to the tracker."""
+        self._feed_acks()
+        self.changed()
+
+    def _feed_acks(self) -> None:
+        """Every connected slave's last ack to the tracker, caught up or not as of now: an idle
+        slave reports only every ha_send_heartbeat_interval, and one that holds the whole idle
+        log is caught up all along (fed from the reports alone, it looked lagging after
+        sync_set_lag_seconds_max and left the set, then came back at the next tick, over and over)."""
         tracker = self.tracker
         if tracker is not None:
             now = trio.current_time()
@@ -196,7 +204,6 @@ class SyncStateSetReplicator:
                 # caught up: it holds what the master held CATCH_UP_SLACK_SECONDS ago (see there)
                 master_end = offset if offset >= caught_up_end else end
                 self._send(tracker.on_ack(broker_id, offset, master_end, now))
-        self.changed()
 
     def _end_at(self, moment: float) -> int:
         """The master's end as it was at ``moment`` (its last sample then; the oldest kept if none)."""
@@ -221,6 +228,7 @@ class SyncStateSetReplicator:
     def tick(self, now: float) -> None:
         tracker = self.tracker
         if tracker is not None:
+            self._feed_acks()
             self._send(tracker.tick(now))
 
 

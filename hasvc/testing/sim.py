@@ -3,6 +3,7 @@
     python -m hasvc.testing.sim classic    --seeds 2000 [--first-seed 0]
     python -m hasvc.testing.sim raft       --seeds 1000 [--nodes 3|5] [--first-seed 0]
     python -m hasvc.testing.sim raft-store --seeds 20   [--nodes 3|5] [--first-seed 0]
+    python -m hasvc.testing.sim controller --seeds 1000 [--first-seed 0]
     python -m hasvc.testing.sim SIM --seed S            # replay one seed, printing its report
     python -m hasvc.testing.sim SIM --random-start      # explore from a random first seed (printed)
 
@@ -11,6 +12,9 @@ kills and power losses, promotions, rejoins with epoch truncation, storage fault
 lost writes, ENOSPC, EIO) with repair from a peer or an accepted loss. ``raft``: the Raft core
 (``hasvc.testing.raft_sim``) over in-memory logs. ``raft-store``: the same schedules over real
 DLedger entry stores (``hasvc.testing.raft_store_sim``), torn pages on every crash.
+``controller``: controller mode (``hasvc.testing.controller_sim``): a controller group whose
+leader changes, 2-3 brokers failing over by themselves (agent, SyncStateSet tracker, lease),
+kills, partitions (a master its clients reach and its controllers do not), lost messages.
 
 Seeds start at 0 unless told otherwise, so a run is repeatable (CI runs fixed ranges); a failure
 prints the one command that replays it, and exits 1.
@@ -23,16 +27,17 @@ import random
 import sys
 import time
 
-from hasvc.testing import classic_sim, raft_sim, raft_store_sim
+from hasvc.testing import classic_sim, controller_sim, raft_sim, raft_store_sim
 from hasvc.testing.checker import SafetyViolation
 
-SIMULATORS = ("classic", "raft", "raft-store")
+SIMULATORS = ("classic", "raft", "raft-store", "controller")
+NODES_FIXED = ("classic", "controller")  # members chosen by the seed, no --nodes
 PROGRESS_EVERY = 1000
 
 
 def replay_command(simulator: str, seed: int, nodes: int) -> str:
-    if simulator == "classic":
-        return f"python -m hasvc.testing.sim classic --seed {seed}"
+    if simulator in NODES_FIXED:
+        return f"python -m hasvc.testing.sim {simulator} --seed {seed}"
     return f"python -m hasvc.testing.sim {simulator} --nodes {nodes} --seed {seed}"
 
 
@@ -42,6 +47,8 @@ def run_one(simulator: str, seed: int, nodes: int):
         return classic_sim.run_seed(seed)
     if simulator == "raft":
         return raft_sim.run_seed(seed, nodes)
+    if simulator == "controller":
+        return controller_sim.run_seed(seed)
     report, _ = raft_store_sim.run_seed(seed, nodes)
     return report
 
@@ -60,7 +67,7 @@ def run_range(simulator: str, first: int, count: int, nodes: int, *, echo=print)
         done = seed - first + 1
         if done % PROGRESS_EVERY == 0:
             echo(f"... {done} seeds, {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-    where = "" if simulator == "classic" else f", {nodes} members"
+    where = "" if simulator in NODES_FIXED else f", {nodes} members"
     acked = sum(getattr(r, "acked", 0) for r in reports)
     crashes = sum(getattr(r, "crashes", 0) for r in reports)
     storage = f", {classic_sim.storage_summary(reports)}" if simulator == "classic" else ""

@@ -1,4 +1,4 @@
-"""``python -m hasvc.testing.sim``: one entry for the three simulators, fixed seeds by default,
+"""``python -m hasvc.testing.sim``: one entry for the simulators, fixed seeds by default,
 and a failure that prints the one command replaying it."""
 
 import subprocess
@@ -8,7 +8,7 @@ from hasvc.testing import sim
 
 
 def test_each_simulator_runs_from_the_one_entry():
-    for simulator, seeds in (("classic", 5), ("raft", 5), ("raft-store", 2)):
+    for simulator, seeds in (("classic", 5), ("raft", 5), ("raft-store", 2), ("controller", 3)):
         result = subprocess.run([sys.executable, "-m", "hasvc.testing.sim", simulator, "--seeds", str(seeds)],
                                 capture_output=True, text=True, timeout=120)  # fmt: skip
         assert result.returncode == 0, result.stderr

@@ -1,0 +1,201 @@
+"""The controller leader's soft state: which brokers are alive, when a master has lapsed, whom to
+elect, and what a heartbeat's answer tells a broker (with or without a lease).
+
+Theory of operation
+-------------------
+Only the controller leader runs this, beside the replicated ``ControllerState``. It is soft state:
+a new leader starts with none (``became_leader(now)``) and counts every broker's silence from
+that moment, so it never elects on what an older leader heard.
+
+* ``heartbeat(group, broker_id, epoch, max_offset, now)`` records that a broker is alive, the
+  last epoch of its log and where its log ends. A broker is **alive** while its last heartbeat
+  (received since this leader took office) is at most ``broker_heartbeat_timeout_seconds`` old.
+* ``decide(state, now)`` returns the ``Elect`` commands to propose: for a group whose master has
+  **lapsed** (no heartbeat for the timeout, counted from ``max(last heartbeat, became leader)``),
+  the alive member of the SyncStateSet with the highest ``(epoch, max_offset)``, ties to the
+  lowest id; ``None`` ("no master") when no member of the set is alive, unless
+  ``allow_unclean_election``, which then picks among all alive members (the reason says that
+  acknowledged writes may be lost). A group with no master gets one as soon as a member it may
+  elect is alive: any member before the first election (epoch 0: all stores are empty or the
+  best of them wins, so the first to heartbeat is the first master), else a member of the set
+  (or, unclean, any). A decision is made once per (group, epoch, master); it is proposed again
+  after another heartbeat timeout if the state has not moved (a lost proposal). A stale decision
+  is harmless: ``Elect`` carries the epoch it was made in.
+* ``answer(state, group, broker_id, now)`` is what the leader tells a heartbeating broker: the
+  master, its addresses, the epoch and the SyncStateSet, and ``lease``: whether the master may
+  acknowledge for ``master_lease_seconds`` from when it sent this heartbeat. The lease is
+  withheld (1) from a master this leader has decided lapsed (its ``Elect`` may be in flight: a
+  renewed lease would let it acknowledge after its successor starts) and (2) from the first
+  master of a newer epoch until ``master_lease_seconds`` after this leader last granted a lease
+  to an older epoch's master (an operator's switchover elects while the old master's lease
+  holds; an election on a lapse waited far longer than that already).
+
+What the driver (the controller process) must add for the lease to mean "never two masters":
+answer heartbeats only while holding the Raft leader lease (check-quorum), only after applying
+an entry of its own term (every command an older leader committed is then applied, so no stale
+``Elect`` lands after an answer), and with a Raft election timeout not below
+``master_lease_seconds`` (a lease an older leader granted has run out when a new leader answers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from hasvc.state.controller.config import ControllerTimings
+from hasvc.state.controller.state import ControllerState, Elect, GroupState
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Liveness:
+    """The last heartbeat this leader received from one broker."""
+
+    received_at: float  # this leader's clock
+    epoch: int  # the last epoch in the broker's log
+    max_offset: int  # where the broker's log ends
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeartbeatAnswer:
+    """What the controller leader tells a broker about its group (docs/design/controller.md)."""
+
+    group: str
+    broker_id: int  # the broker asking
+    master_id: int | None  # None: no master now
+    master_client_address: str | None
+    master_ha_address: str | None
+    epoch: int  # the group's master epoch
+    sync_state_set: frozenset[int]
+    sync_state_set_epoch: int
+    lease: bool  # the asking broker is the master and may acknowledge for master_lease_seconds from its send
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Decision:
+    epoch: int
+    master_id: int | None
+    decided_at: float
+
+
+class ElectionTracker:
+    """The controller leader's view of the brokers (see the module's theory of operation)."""
+
+    __slots__ = ("timings", "leader_since", "_liveness", "_decisions", "_grants")
+
+    def __init__(self, timings: ControllerTimings) -> None:
+        self.timings = timings.validate()
+        self.leader_since = math.inf  # not a leader: decide() does nothing
+        self._liveness: dict[tuple[str, int], Liveness] = {}
+        self._decisions: dict[str, _Decision] = {}  # group -> the Elect last proposed for it
+        self._grants: dict[str, tuple[int, float]] = {}  # group -> (epoch, when) of the last lease granted
+
+    def became_leader(self, now: float) -> None:
+        """This controller leads from ``now``: forget everything an earlier term heard."""
+        self.leader_since = now
+        self._liveness.clear()
+        self._decisions.clear()
+        self._grants.clear()
+
+    def stepped_down(self) -> None:
+        self.leader_since = math.inf
+        self._liveness.clear()
+        self._decisions.clear()
+        self._grants.clear()
+
+    def heartbeat(self, group: str, broker_id: int, epoch: int, max_offset: int, now: float) -> None:
+        self._liveness[(group, broker_id)] = Liveness(now, epoch, max_offset)
+
+    def liveness(self, group: str, broker_id: int) -> Liveness | None:
+        return self._liveness.get((group, broker_id))
+
+    def alive(self, group: str, broker_id: int, now: float) -> bool:
+        seen = self._liveness.get((group, broker_id))
+        return seen is not None and now - seen.received_at <= self.timings.broker_heartbeat_timeout_seconds
+
+    def lapsed(self, group: str, broker_id: int, now: float) -> bool:
+        """Silent for the heartbeat timeout, counted from when this leader took office at the earliest."""
+        seen = self._liveness.get((group, broker_id))
+        since = max(seen.received_at if seen is not None else -math.inf, self.leader_since)
+        return now - since > self.timings.broker_heartbeat_timeout_seconds
+
+    # -- elections -------------------------------------------------------------------------
+
+    def decide(self, state: ControllerState, now: float) -> list[Elect]:
+        """The elections to propose now (at most one per group)."""
+        if now < self.leader_since:
+            return []
+        elections = []
+        for name, group in sorted(state.groups.items()):
+            decision = self._decisions.get(name)
+            if decision is not None and (decision.epoch, decision.master_id) == (group.epoch, group.master_id):
+                if now - decision.decided_at <= self.timings.broker_heartbeat_timeout_seconds:
+                    continue  # proposed already; not yet applied (or lost: proposed again after this)
+            elect = self._decide_group(name, group, now)
+            if elect is not None:
+                self._decisions[name] = _Decision(group.epoch, group.master_id, now)
+                elections.append(elect)
+        return elections
+
+    def _decide_group(self, name: str, group: GroupState, now: float) -> Elect | None:
+        if group.master_id is not None:
+            if not self.lapsed(name, group.master_id, now):
+                return None
+            chosen, clean = self._choose(name, group, now, exclude=group.master_id)
+            if chosen is None:
+                return Elect(name, None, group.epoch, f"master {group.master_id} lapsed; no member of the "
+                             f"SyncStateSet {sorted(group.sync_state_set)} is alive")  # fmt: skip
+            return Elect(name, chosen, group.epoch, f"master {group.master_id} lapsed" + _unclean_note(clean))
+        chosen, clean = self._choose(name, group, now, exclude=None)
+        if chosen is None:
+            return None
+        why = "first master of the group" if group.epoch == 0 else "a member the group may elect is back"
+        return Elect(name, chosen, group.epoch, why + _unclean_note(clean))
+
+    def _choose(self, name: str, group: GroupState, now: float, *, exclude: int | None) -> tuple[int | None, bool]:
+        """(broker id, clean) of the best alive candidate; (None, True) when none may be elected."""
+        alive = [broker_id for broker_id in sorted(group.members) if broker_id != exclude and self.alive(name, broker_id, now)]
+        if group.epoch == 0:
+            return self._best(name, alive), True  # never elected: nothing was ever acknowledged
+        in_set = [broker_id for broker_id in alive if broker_id in group.sync_state_set]
+        if in_set:
+            return self._best(name, in_set), True
+        if self.timings.allow_unclean_election and alive:
+            return self._best(name, alive), False
+        return None, True
+
+    def _best(self, name: str, candidates: list[int]) -> int | None:
+        """Highest (epoch, max_offset), ties to the lowest id (RocketMQ's DefaultElectPolicy order)."""
+        best = None
+        for broker_id in candidates:  # ascending ids: a later one wins only when strictly better
+            seen = self._liveness[(name, broker_id)]
+            if best is None or (seen.epoch, seen.max_offset) > best[0]:
+                best = ((seen.epoch, seen.max_offset), broker_id)
+        return None if best is None else best[1]
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def answer(self, state: ControllerState, group: str, broker_id: int, now: float) -> HeartbeatAnswer:
+        """What to tell ``broker_id`` of ``group`` (a member: the driver checks that first)."""
+        current = state.groups[group]
+        master = current.members.get(current.master_id) if current.master_id is not None else None
+        lease = current.master_id == broker_id and self._may_grant(group, current, now)
+        if lease:
+            self._grants[group] = (current.epoch, now)
+        return HeartbeatAnswer(group, broker_id, current.master_id, master.client_address if master else None,
+                               master.ha_address if master else None, current.epoch, current.sync_state_set,
+                               current.sync_state_set_epoch, lease)  # fmt: skip
+
+    def _may_grant(self, name: str, group: GroupState, now: float) -> bool:
+        if now < self.leader_since:
+            return False
+        decision = self._decisions.get(name)
+        if decision is not None and (decision.epoch, decision.master_id) == (group.epoch, group.master_id):
+            return False  # decided lapsed: its successor may be elected any moment
+        granted = self._grants.get(name)
+        if granted is not None and granted[0] < group.epoch:
+            return now >= granted[1] + self.timings.master_lease_seconds  # the older master's lease runs out first
+        return True
+
+
+def _unclean_note(clean: bool) -> str:
+    return "" if clean else "; UNCLEAN: elected outside the SyncStateSet, acknowledged writes may be lost"

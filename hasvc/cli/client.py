@@ -273,11 +273,25 @@ def status(address, as_json, endpoints, secret_file, tls_ca) -> None:
     Exits 3 when none answers."""
     import trio
 
+    from hasvc.client.results import ConnectError
+    from hasvc.protocol.wire import AUTH_STATUS_TEXT, AUTH_STATUS_WRONG_PORT
+
     addresses = _addresses(address, endpoints)
     if len(addresses) == 1:
-        data = _one_call(addresses[0], secret_file, tls_ca, lambda client: client.status())
+        try:
+            data = _one_call(addresses[0], secret_file, tls_ca, lambda client: client.status())
+        except ConnectError as error:  # a controller port (port kind 4) answers the preface as one
+            if AUTH_STATUS_TEXT[AUTH_STATUS_WRONG_PORT] not in str(error):
+                raise
+            from hasvc.cli.controller import controller_status
+
+            data = controller_status(addresses[0], client_secret(secret_file), tls_ca)
         if as_json:
             click.echo(json.dumps(data))
+        elif data.get("mode") == "controller":
+            from hasvc.cli.controller import echo_controller_status
+
+            echo_controller_status(data)
         elif data.get("mode") == "dledger":
             _echo_dledger_status(data)
         else:

@@ -140,3 +140,43 @@ def _run_controller(config) -> None:
             logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
             raise CommandError(f"stopped: {explain(error)[0]}", EXIT_FAILED) from None
         raise
+
+
+def controller_status(address: str, secret: bytes | None, tls_ca: str | None) -> dict:
+    """The STATUS of the controller at ``address`` (``hasvc status ADDR`` on a controller port)."""
+    import trio
+
+    from hasvc import transport
+    from hasvc.controller.client import ControllerClient
+
+    async def ask() -> dict:
+        context = transport.client_ssl_context(ca=tls_ca) if tls_ca else None
+        client = ControllerClient([address], secret=secret, ssl_context=context)
+        try:
+            return (await client.status_of(address)).controller
+        finally:
+            await client.aclose()
+
+    return trio.run(ask)
+
+
+def echo_controller_status(data: dict) -> None:
+    """A controller's STATUS: its place in the controller group, then each broker group."""
+    leader = f"leader {data['leader_id']} ({data['leader_address']})" if data["leader_id"] else "no leader known"
+    click.echo(f"role         {data['role']} ({data['raft_role']}, term {data['term']}, {leader}"
+               f"{', holds its lease' if data['holds_lease'] else ''})")  # fmt: skip
+    click.echo(f"listen       {data['listen']}   raft {data['raft_listen']}")
+    click.echo(f"log          entries [{data['log_first_index']}, {data['log_last_index']}]  committed "
+               f"{data['committed_index']}  applied {data['applied_index']}  snapshot {data['snapshot_index']}")  # fmt: skip
+    for peer, item in sorted(data["peers"].items()):
+        contact = "never this term" if item["last_contact_seconds"] is None else f"{item['last_contact_seconds']} s ago"
+        click.echo(f"peer         {peer} {'up' if item['connected'] else 'DOWN'}, match {item['match_index']}, "
+                   f"last contact {contact}")  # fmt: skip
+    for name, group in sorted(data["groups"].items()):
+        click.echo(f"group        {name}: master {group['master_id']} in epoch {group['epoch']}, SyncStateSet "
+                   f"{group['sync_state_set']} (set epoch {group['sync_state_set_epoch']})")  # fmt: skip
+        for broker_id, member in sorted(group["members"].items(), key=lambda item: int(item[0])):
+            seen = "" if member["alive"] is None else (
+                f", {'alive' if member['alive'] else 'SILENT'} (last heartbeat {member['last_heartbeat_seconds']} s ago, "
+                f"epoch {member['epoch']}, max offset {member['max_offset']})")  # fmt: skip
+            click.echo(f"  broker     {broker_id} {member['client_address']} (HA {member['ha_address']}){seen}")

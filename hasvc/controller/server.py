@@ -134,6 +134,10 @@ class ControllerConfig:
             raise ValueError(f"a controller group has 1, 3 or 5 controllers, not {len(group.peers)}")
         group.validate()
         self.timings.validate()
+        if self.raft.election_timeout_min_seconds < self.timings.master_lease_seconds:
+            raise ValueError(f"election_timeout_min_seconds ({self.raft.election_timeout_min_seconds}) of the controller "
+                             f"group must not be below master_lease_seconds ({self.timings.master_lease_seconds}): a lease "
+                             "an old controller leader granted must have run out when a new leader answers")  # fmt: skip
         if self.snapshot_interval_entries < 1:
             raise ValueError(f"snapshot_interval_entries must be >= 1, not {self.snapshot_interval_entries}")
         if not LOG_FILE_SIZE_MIN <= self.log_file_size < 1 << 31:
@@ -184,6 +188,7 @@ class ControllerServer:
         self._serving = False  # leading with every entry applied
         self.became_leader_at = -math.inf
         self.heartbeats: dict[tuple[str, int], _Heartbeat] = {}
+        self._grants: dict[str, tuple[int, float]] = {}  # group -> (epoch, when) of the last lease granted
         self._snapshot_due = trio.Event()
         self._election_due = trio.Event()
         self.started_at = time.time()
@@ -391,6 +396,7 @@ class ControllerServer:
             self._serving = True
             self.became_leader_at = trio.current_time()
             self.heartbeats.clear()  # soft state: a new leader counts every broker's silence from now
+            self._grants.clear()
             LOGGER.warning("controller leader in term %d (state at entry %d)", node.term, self.applied_index)
             self._election_due.set()
 
@@ -543,11 +549,23 @@ class ControllerServer:
         if group is None or request.broker_id not in group.members:
             return cp.refused(cp.HEARTBEAT, f"broker {request.broker_id} is not a member of group {request.group!r}: "
                                             "register first")  # fmt: skip
-        self.heartbeats[(request.group, request.broker_id)] = _Heartbeat(trio.current_time(), request.epoch,
-                                                                         request.max_offset)  # fmt: skip
+        now = trio.current_time()
+        self.heartbeats[(request.group, request.broker_id)] = _Heartbeat(now, request.epoch, request.max_offset)
         if group.master_id is None:
             self._election_due.set()
-        return cp.Answer(cp.HEARTBEAT, cp.STATUS_OK, view=self._view(request.group))
+        lease = group.master_id == request.broker_id and self._may_grant(request.group, group, now)
+        if lease:
+            self._grants[request.group] = (group.epoch, now)
+        return cp.Answer(cp.HEARTBEAT, cp.STATUS_OK, view=dataclasses.replace(self._view(request.group), lease=lease))
+
+    def _may_grant(self, name: str, group: cs.GroupState, now: float) -> bool:
+        """Not while an Elect for the group is in flight (its master was found lapsed, or an
+        operator moves it), nor to a newer epoch's master until the lease last granted to an
+        older epoch's ran out (an operator's switchover elects while the old lease holds)."""
+        if name in self._electing:
+            return False
+        granted = self._grants.get(name)
+        return granted is None or granted[0] >= group.epoch or now >= granted[1] + self.config.timings.master_lease_seconds
 
     # -- elections -------------------------------------------------------------------------
 

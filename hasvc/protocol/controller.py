@@ -18,7 +18,8 @@ Every answer has ``status`` ("OK", "NOT_LEADER", "REFUSED"); one that is not OK 
 NOT_LEADER ``leader`` too (the controller leader's address as HOST:PORT, or null when none is
 known). An OK answer to REGISTER, HEARTBEAT, ALTER_SYNC_STATE_SET or ELECT carries the group's
 view (``GroupView``: master, its addresses, epoch, SyncStateSet and its epoch; REGISTER's the
-broker's id too); an OK answer to STATUS carries ``controller``, the controller's status object.
+broker's id too, HEARTBEAT's ``lease``: whether the asking master may acknowledge for
+``master_lease_seconds`` from when it sent the heartbeat); an OK answer to STATUS carries ``controller``, the controller's status object.
 
 Controller traffic is a few small requests a second per broker, off the data path, so bodies are
 JSON objects with named fields, as RocketMQ's remoting headers are. The decoder checks every
@@ -129,6 +130,12 @@ def _status(value, name: str) -> str:
     return value
 
 
+def _boolean(value, name: str) -> bool:
+    if type(value) is not bool:
+        raise ProtocolError(f"field {name!r} must be true or false, not {_json_type(value)}")
+    return value
+
+
 def _object(value, name: str) -> dict:
     if type(value) is not dict:
         raise ProtocolError(f"field {name!r} must be an object, not {_json_type(value)}")
@@ -141,7 +148,8 @@ def _json_type(value) -> str:
 
 
 _CHECKS = {"text": _name, "optional_text": _optional_text, "count": _count, "broker_id": _broker_id,
-           "optional_broker_id": _optional_broker_id, "id_set": _id_set, "status": _status, "object": _object}  # fmt: skip
+           "optional_broker_id": _optional_broker_id, "id_set": _id_set, "status": _status, "object": _object,
+           "boolean": _boolean}  # fmt: skip
 
 
 def _checked(fields: dict[str, str], body: dict, what: str) -> dict:
@@ -236,12 +244,15 @@ class GroupView:
     epoch: int
     sync_state_set: tuple[int, ...]  # sorted
     sync_state_set_epoch: int
+    # HEARTBEAT answers only (None in the others): the asking broker is the master and may
+    # acknowledge for master_lease_seconds from when it sent this heartbeat.
+    lease: bool | None = None
 
 
 # OK answers: the fields each kind carries besides ``status`` (a GroupView's are flattened in).
 _OK_FIELDS: Final = {
     REGISTER: {"broker_id": "broker_id", **GroupView.FIELDS},
-    HEARTBEAT: dict(GroupView.FIELDS),
+    HEARTBEAT: {**GroupView.FIELDS, "lease": "boolean"},
     ALTER_SYNC_STATE_SET: dict(GroupView.FIELDS),
     ELECT: dict(GroupView.FIELDS),
     STATUS: {"controller": "object"},
@@ -270,6 +281,8 @@ class Answer:
                 raise ValueError(f"an OK {KIND_NAMES[self.kind]} answer needs {'controller' if self.kind == STATUS else 'view'} alone")
             if (self.kind == REGISTER) != (self.broker_id is not None):
                 raise ValueError("broker_id goes in an OK REGISTER answer only")
+            if self.view is not None and (self.kind == HEARTBEAT) != (self.view.lease is not None):
+                raise ValueError("lease (true or false) goes in an OK HEARTBEAT answer's view, and only there")
         elif self.reason is None or self.view is not None or self.controller is not None or self.broker_id is not None:
             raise ValueError(f"a {self.status} answer has a reason and nothing but leader")
         if self.leader is not None and self.status != STATUS_NOT_LEADER:
@@ -302,6 +315,8 @@ def _answer_body(answer: Answer) -> dict:
         body["broker_id"] = answer.broker_id
     view = dataclasses.asdict(answer.view)
     view["sync_state_set"] = sorted(view["sync_state_set"])
+    if answer.kind != HEARTBEAT:
+        del view["lease"]
     body.update(view)
     return body
 
@@ -321,7 +336,7 @@ def _decode_answer(kind: int, body: dict) -> Answer:
     fields = _checked({"status": "status", **_OK_FIELDS[kind]}, body, what)
     if kind == STATUS:
         return Answer(kind, status, controller=fields["controller"])
-    view = GroupView(**{name: fields[name] for name in GroupView.FIELDS})
+    view = GroupView(**{name: fields[name] for name in GroupView.FIELDS}, lease=fields.get("lease"))
     if view.master_id is not None and view.master_id not in view.sync_state_set:
         raise ProtocolError(f"{what}: master {view.master_id} is not in its SyncStateSet {list(view.sync_state_set)}")
     return Answer(kind, status, view=view, broker_id=fields.get("broker_id"))

@@ -24,6 +24,7 @@ LEADER_WAIT_SECONDS = 30.0  # a controller group elects in about half a second; 
 class ControllerGroup:
     def __init__(self, directory: str, size: int, *, extra_args: tuple[str, ...] = (), secret_file: str | None = None) -> None:
         self.directory = str(directory)
+        os.makedirs(self.directory, exist_ok=True)
         self.ids = [f"c{number}" for number in range(size)]
         self.raft_ports = {member: free_port() for member in self.ids}
         self.extra_args = tuple(extra_args)

@@ -11,7 +11,7 @@ from hasvc.controller.client import ControllerClient, ControllerClientConfig, Co
 from hasvc.protocol import controller as cp
 from hasvc.protocol import wire
 
-VIEW = cp.GroupView("g1", 1, "127.0.0.1:1", "127.0.0.1:2", 1, (1,), 1)
+VIEW = cp.GroupView("g1", 1, "127.0.0.1:1", "127.0.0.1:2", 1, (1,), 1, lease=True)
 
 
 async def _fake_controller(answer_for, seen: list, *, task_status=trio.TASK_STATUS_IGNORED):

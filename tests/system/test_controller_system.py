@@ -151,15 +151,15 @@ async def test_a_new_controller_leader_answers_with_the_same_state_after_the_lea
         back = await _until_status(group.address(old), lambda s: s["applied_index"] >= 0 and
                                    s["groups"].get(GROUP, {}).get("sync_state_set") == [1], "the old leader caught up")  # fmt: skip
         assert back["role"] != "LEADER" or back["groups"][GROUP]["sync_state_set_epoch"] == answer.view.sync_state_set_epoch
-        # Every controller SIGKILLed and started again: the state is on disk.
+        # Every controller SIGKILLed and started again: the state is on disk. (The brokers
+        # heartbeat on: a new leader would elect a master that stayed silent.)
         before = (await _status(group.address(await trio.to_thread.run_sync(group.leader))))["groups"]
-        a.beating = b.beating = False
         for member in group.ids:
             await trio.to_thread.run_sync(group.kill, member)
         for member in group.ids:
             await trio.to_thread.run_sync(group.start, member)
         after = (await _status(group.address(await trio.to_thread.run_sync(group.leader))))["groups"]
-        assert _without_soft_state(after) == _without_soft_state(before)
+        assert _without_soft_state(after) == _without_soft_state(before), (after, before)
         nursery.cancel_scope.cancel()
 
 
@@ -196,3 +196,70 @@ async def test_snapshots_let_the_log_be_cut_and_a_restart_replays_what_follows(c
     assert _without_soft_state(restarted["groups"]) == _without_soft_state(status["groups"])
     assert await _register(client, "b1") == 3
     await client.aclose()
+
+
+def test_hasvc_status_reads_a_controller_port(controllers):
+    import json
+    import subprocess
+
+    from hasvc.testing.launch import hasvc_command
+
+    group = controllers(1)
+    group.leader()
+    shown = subprocess.run(hasvc_command("status", group.address("c0"), "--json"), capture_output=True, check=True)
+    data = json.loads(shown.stdout)
+    assert (data["mode"], data["role"], data["self_id"], data["groups"]) == ("controller", "LEADER", "c0", {})
+    text = subprocess.run(hasvc_command("status", group.address("c0")), capture_output=True, text=True, check=True)
+    assert text.stdout.startswith("role         LEADER")
+
+
+async def test_a_leader_cut_off_from_its_group_stops_answering_heartbeats(controllers):
+    """The lease: with both followers SIGKILLed the leader hears from no quorum, so it answers
+    HEARTBEAT NOT_LEADER (naming nobody) instead of renewing masters' leases."""
+    from hasvc.controller.client import ControllerClientConfig, ControllerUnavailable
+
+    group = controllers(3)
+    leader = await trio.to_thread.run_sync(group.leader)
+    client = ControllerClient([group.address(leader)], config=ControllerClientConfig(call_timeout_seconds=1.0))
+    broker_id = await _register(client, "a")
+    answer, _sent = await client.heartbeat(group=GROUP, broker_id=broker_id, epoch=0, max_offset=0)
+    assert answer.ok
+    for member in group.ids:
+        if member != leader:
+            await trio.to_thread.run_sync(group.kill, member)
+    await _until_status(group.address(leader), lambda s: not s["holds_lease"], "the leader losing its lease")
+    with pytest.raises(ControllerUnavailable, match="not the leader"):
+        await client.heartbeat(group=GROUP, broker_id=broker_id, epoch=0, max_offset=0)
+    await client.aclose()
+
+
+def test_a_secret_and_metrics(controllers, tmp_path):
+    """With a secret a controller refuses a client without it and answers one with it; its
+    metrics are served."""
+    import urllib.request
+
+    from hasvc.controller.client import ControllerClientConfig, ControllerUnavailable
+    from hasvc.tools.partition import LOOPBACK, free_port
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s3cret\n")
+    metrics = f"{LOOPBACK}:{free_port()}"
+    group = ControllerGroup(tmp_path / "with-secret", 1, extra_args=("--metrics-listen", metrics), secret_file=str(secret))
+    try:
+        group.leader()
+        address = group.address("c0")
+
+        async def register(secret_bytes):
+            client = ControllerClient([address], secret=secret_bytes, config=ControllerClientConfig(call_timeout_seconds=1.0))
+            try:
+                return await _register(client, "a")
+            finally:
+                await client.aclose()
+
+        with pytest.raises(ControllerUnavailable, match="AuthenticationError"):
+            trio.run(register, None)
+        assert trio.run(register, b"s3cret") == 1
+        text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
+        assert "hasvc_controller_leader 1.0" in text and "hasvc_controller_groups 1.0" in text
+    finally:
+        group.close()

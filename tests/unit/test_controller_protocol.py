@@ -1,6 +1,7 @@
 """The controller port's codec: every request and answer fed whole, one byte at a time and followed
 by the next frame; hypothesis round trips; bad fields and garbage raise ProtocolError and nothing else."""
 
+import dataclasses
 import json
 
 import pytest
@@ -35,7 +36,9 @@ def views(draw):
 
 answers = st.one_of(
     st.builds(lambda kind, view: cp.Answer(kind, "OK", view=view),
-              st.sampled_from([cp.HEARTBEAT, cp.ALTER_SYNC_STATE_SET, cp.ELECT]), views()),  # fmt: skip
+              st.sampled_from([cp.ALTER_SYNC_STATE_SET, cp.ELECT]), views()),  # fmt: skip
+    st.builds(lambda view, lease: cp.Answer(cp.HEARTBEAT, "OK", view=dataclasses.replace(view, lease=lease)),
+              views(), st.booleans()),  # fmt: skip
     st.builds(lambda view, broker_id: cp.Answer(cp.REGISTER, "OK", view=view, broker_id=broker_id), views(), broker_ids),
     st.builds(lambda status: cp.Answer(cp.STATUS, "OK", controller=status),
               st.dictionaries(names, st.none() | st.integers() | names, max_size=4)),  # fmt: skip
@@ -54,8 +57,9 @@ SAMPLE_REQUESTS = [
 VIEW = cp.GroupView("g1", 1, "127.0.0.1:10911", "127.0.0.1:10912", 3, (1, 2), 7)
 SAMPLE_ANSWERS = [
     cp.Answer(cp.REGISTER, "OK", view=VIEW, broker_id=2),
-    cp.Answer(cp.HEARTBEAT, "OK", view=VIEW),
-    cp.Answer(cp.HEARTBEAT, "OK", view=cp.GroupView("g1", None, None, None, 0, (), 0)),
+    cp.Answer(cp.HEARTBEAT, "OK", view=dataclasses.replace(VIEW, lease=True)),
+    cp.Answer(cp.HEARTBEAT, "OK", view=cp.GroupView("g1", None, None, None, 0, (), 0, lease=False)),
+    cp.Answer(cp.ELECT, "OK", view=VIEW),
     cp.Answer(cp.STATUS, "OK", controller={"role": "leader", "groups": {}}),
     cp.not_leader(cp.HEARTBEAT, "127.0.0.1:9876", "c1 leads"),
     cp.not_leader(cp.HEARTBEAT, None, "no leader is known yet"),
@@ -128,7 +132,7 @@ def test_garbage_raises_protocol_error_only(data, answers):
 JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
                            max_leaves=8)  # fmt: skip
-FIELD_NAMES = st.sampled_from(["group", "identity", "broker_id", "epoch", "max_offset", "master_id", "status",
+FIELD_NAMES = st.sampled_from(["lease", "group", "identity", "broker_id", "epoch", "max_offset", "master_id", "status",
                                "reason", "leader", "sync_state_set", "sync_state_set_epoch", "controller",
                                "client_address", "ha_address", "master_client_address", "master_ha_address", "x"])  # fmt: skip
 
@@ -175,7 +179,16 @@ def _raw(kind: int, body: bytes, request_id: int = 1) -> bytes:
     (cp.ANSWER + cp.HEARTBEAT, b'{"status":"REFUSED"}', True, "'reason' is missing"),
     (cp.ANSWER + cp.HEARTBEAT, b'{"status":"REFUSED","reason":"r","leader":null}', True, "unknown field 'leader'"),
     (cp.ANSWER + cp.HEARTBEAT, b'{"status":"OK","group":"g","master_id":3,"master_client_address":null,'
-     b'"master_ha_address":null,"epoch":1,"sync_state_set":[1],"sync_state_set_epoch":1}', True, "not in its SyncStateSet"),
+     b'"master_ha_address":null,"epoch":1,"sync_state_set":[1],"sync_state_set_epoch":1,"lease":false}', True,
+     "not in its SyncStateSet"),
+    (cp.ANSWER + cp.HEARTBEAT, b'{"status":"OK","group":"g","master_id":1,"master_client_address":null,'
+     b'"master_ha_address":null,"epoch":1,"sync_state_set":[1],"sync_state_set_epoch":1}', True, "'lease' is missing"),
+    (cp.ANSWER + cp.HEARTBEAT, b'{"status":"OK","group":"g","master_id":1,"master_client_address":null,'
+     b'"master_ha_address":null,"epoch":1,"sync_state_set":[1],"sync_state_set_epoch":1,"lease":1}', True,
+     "must be true or false"),
+    (cp.ANSWER + cp.ELECT, b'{"status":"OK","group":"g","master_id":1,"master_client_address":null,'
+     b'"master_ha_address":null,"epoch":1,"sync_state_set":[1],"sync_state_set_epoch":1,"lease":true}', True,
+     "unknown field 'lease'"),
 ])  # fmt: skip
 def test_bad_fields_are_protocol_errors(kind, body, answers, message):
     with pytest.raises(ProtocolError, match=message):

@@ -345,7 +345,7 @@ class ControlledBroker(Broker):
         self.view = view = answer.view
         heard = HeartbeatAnswer(view.group, self.broker_id, view.master_id, view.master_client_address, view.master_ha_address,
                                 view.epoch, frozenset(view.sync_state_set), view.sync_state_set_epoch,
-                                lease=getattr(view, "lease", view.master_id == self.broker_id))  # fmt: skip
+                                lease=bool(view.lease))  # fmt: skip
         local = agent.LocalState(self.broker_id, self.controller_role, self.store.epochs.last_epoch,
                                  self.store.commit_log.max_offset, self.following)  # fmt: skip
         for effect in agent.plan(local, heard, sent_at):
@@ -481,14 +481,14 @@ class ControlledBroker(Broker):
         if self.sync_set.tracker is not tracker:
             return  # no longer master in that epoch
         if answer.ok:
-            tracker.on_answer(True, frozenset(answer.view.sync_state_set), answer.view.sync_state_set_epoch,
+            tracker.on_answer(proposal, True, frozenset(answer.view.sync_state_set), answer.view.sync_state_set_epoch,
                               master_epoch=answer.view.epoch)
             LOGGER.warning("group %s: SyncStateSet now %s (set epoch %d)", proposal.group, sorted(tracker.sync_state_set),
                            tracker.sync_state_set_epoch)  # fmt: skip
         elif answer.status == cp.STATUS_REFUSED:
             LOGGER.warning("group %s: SyncStateSet %s refused: %s", proposal.group, sorted(proposal.new_set), answer.reason)
             # settled as refused: the set as it was; the next heartbeat shows the controller's
-            tracker.on_answer(False, tracker.sync_state_set, tracker.sync_state_set_epoch, master_epoch=tracker.epoch)
+            tracker.on_answer(proposal, False, tracker.sync_state_set, tracker.sync_state_set_epoch, master_epoch=tracker.epoch)
         self.sync_set.changed()
 
     async def _tick(self) -> None:

@@ -29,8 +29,8 @@ TOPIC = "Orders"
 def controlled(tmp_path):
     groups = []
 
-    def start(**settings) -> ControlledGroup:
-        group = ControlledGroup(tmp_path, settings=settings)
+    def start(controllers: int = 1, **settings) -> ControlledGroup:
+        group = ControlledGroup(tmp_path, controllers=controllers, settings=settings)
         groups.append(group)
         return group
 
@@ -136,3 +136,50 @@ def test_master_sigkill_slave_takes_over_and_old_master_rejoins(controlled):
     assert all(found.get(number) == [offset] for number, offset in acked.items())
     assert all(len(offsets) == 1 for offsets in found.values())  # nothing stored twice (idempotent retries)
     assert os.path.exists(os.path.join(group.store(old), "identity"))
+
+
+def test_a_master_cut_off_from_its_controller_stops_acknowledging_until_it_hears_again(controlled):
+    group = controlled(min_in_sync_replicas=1)
+    group.start_broker("a")
+    master = group.master()
+    epoch = group.status(master)["epoch"]
+    assert _send(group.address(master), b"before").status == "PUT_OK"
+
+    group.controllers.kill("c0")  # the master is reachable by clients, its controller is not
+    fenced = group.wait(lambda: (s := group.status(master)) is not None and s.get("fenced_by") and s, "the lease to run out")
+    assert fenced["lease_seconds_left"] == 0 and "lease" in fenced["fenced_by"]
+    result = _send(group.address(master), b"unleased")
+    assert result.status == "SERVICE_NOT_AVAILABLE", result  # refused, not stored: clients look for another master
+
+    group.controllers.start("c0")  # the same controller back: it names the same master, whose lease resumes
+    assert group.master() == master
+    assert group.status(master)["epoch"] == epoch
+    assert _send(group.address(master), b"after").status == "PUT_OK"
+
+
+def test_a_controller_leader_sigkill_keeps_the_master_and_its_epoch(controlled):
+    group = controlled(controllers=3)
+    group.start_broker("a")
+    group.start_broker("b")
+    master = group.master()
+    slave = "b" if master == "a" else "a"
+    group.wait(lambda: group.in_sync(master, [slave]), "the slave in the SyncStateSet")
+    epoch = group.status(master)["epoch"]
+    leader = group.controllers.leader()
+    acked: dict[int, int] = {}
+
+    async def write_through_the_controller_failover() -> None:
+        async with hc.connect_cluster([group.address("a"), group.address("b")], retry_sends=True) as client:
+            async with trio.open_nursery() as nursery:
+                for producer in range(2):
+                    nursery.start_soon(_producer, client, range(producer, 300, 2), acked)
+                await trio.sleep(0.3)
+                await trio.to_thread.run_sync(group.controllers.kill, leader)
+
+    trio.run(write_through_the_controller_failover)
+    assert group.controllers.leader() != leader
+    assert group.master() == master and group.status(master)["epoch"] == epoch  # no broker election
+    group.wait(lambda: group.status(master)["controller_leader"] == group.controllers.address(group.controllers.leader()),
+               "the master heartbeating to the new controller leader")  # fmt: skip
+    assert _send(group.address(master), b"after").status == "PUT_OK"
+    assert max(acked) > 250, "writes stopped"  # the last producers' numbers were acknowledged

@@ -506,7 +506,6 @@ class ControlledBroker(Broker):
         view = self.view
         now = trio.current_time()
         status.update({
-            "mode": "controller",
             "group": self.options.group,
             "broker_id": self.broker_id,
             "controller_role": self.controller_role.value,

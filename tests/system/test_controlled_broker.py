@@ -183,3 +183,28 @@ def test_a_controller_leader_sigkill_keeps_the_master_and_its_epoch(controlled):
                "the master heartbeating to the new controller leader")  # fmt: skip
     assert _send(group.address(master), b"after").status == "PUT_OK"
     assert max(acked) > 250, "writes stopped"  # the last producers' numbers were acknowledged
+
+
+def test_a_send_retried_on_the_new_master_is_answered_with_its_original_offsets(controlled):
+    # the new master's producer table is the one it kept as a slave, completed at its promotion
+    group = controlled(min_in_sync_replicas=1)
+    group.start_broker("a")
+    group.start_broker("b")
+    old = group.master()
+    new = "b" if old == "a" else "a"
+    group.wait(lambda: group.in_sync(old, [new]), "the slave in the SyncStateSet")
+    sent = {}
+    with hc.BlockingClient(group.address(old)) as client:
+        for sequence in range(0, 40, 4):
+            results = client.send_batch(TOPIC, [b"p%d" % (sequence + i) for i in range(4)], producer_id="p-1", first_sequence=sequence)
+            assert all(r.status == "PUT_OK" for r in results), results
+            sent[sequence] = [r.offset for r in results]
+    group.kill(old)
+    assert group.master() == new
+    end = group.status(new)["max_offset"]
+    with hc.BlockingClient(group.address(new)) as client:
+        for sequence in (0, 36):  # the first batch (long kept) and the last (read at the promotion)
+            results = client.send_batch(TOPIC, [b"p%d" % (sequence + i) for i in range(4)], producer_id="p-1", first_sequence=sequence)
+            assert [r.offset for r in results] == sent[sequence] and all(r.status == "PUT_OK" for r in results), results
+    status = group.status(new)
+    assert status["max_offset"] == end and status["duplicate_sends"] == 2  # answered, not stored again

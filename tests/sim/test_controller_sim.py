@@ -50,3 +50,9 @@ def test_a_killed_master_is_replaced_before_it_comes_back():
 
     for seed in range(20):
         assert kill_master_failover(seed) < 3.0
+
+
+def test_a_seed_replays_exactly():
+    from hasvc.testing.controller_sim import run_seed
+
+    assert run_seed(11) == run_seed(11)

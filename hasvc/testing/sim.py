@@ -71,6 +71,8 @@ def run_range(simulator: str, first: int, count: int, nodes: int, *, echo=print)
     acked = sum(getattr(r, "acked", 0) for r in reports)
     crashes = sum(getattr(r, "crashes", 0) for r in reports)
     storage = f", {classic_sim.storage_summary(reports)}" if simulator == "classic" else ""
+    if simulator == "controller":
+        storage = f", {controller_sim.failover_summary(reports)}"
     echo(f"OK {simulator}{where}: {count} seeds ({first}..{first + count - 1}), {crashes} crashes, "
          f"{acked} acknowledged{storage}, {time.monotonic() - started:.1f} s")  # fmt: skip
     return 0

@@ -153,7 +153,8 @@ class ElectionTracker:
 
     def _choose(self, name: str, group: GroupState, now: float, *, exclude: int | None) -> tuple[int | None, bool]:
         """(broker id, clean) of the best alive candidate; (None, True) when none may be elected."""
-        alive = [broker_id for broker_id in sorted(group.members) if broker_id != exclude and self.alive(name, broker_id, now)]
+        alive = [broker_id for broker_id in sorted(group.members)
+                 if broker_id != exclude and self.alive(name, broker_id, now)]  # fmt: skip
         if group.epoch == 0:
             return self._best(name, alive), True  # never elected: nothing was ever acknowledged
         in_set = [broker_id for broker_id in alive if broker_id in group.sync_state_set]

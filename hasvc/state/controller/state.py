@@ -368,7 +368,8 @@ def _check_fields(document: dict, fields: dict, what: str) -> None:
         value = document[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if isinstance(value, bool) or not isinstance(value, kinds):
-            raise StateFormatError(f"{what} field {key!r} is {type(value).__name__}, not {' or '.join(k.__name__ for k in kinds)}")
+            wanted = " or ".join(k.__name__ for k in kinds)
+            raise StateFormatError(f"{what} field {key!r} is {type(value).__name__}, not {wanted}")
 
 
 def _text(value: str, what: str, length_max: int, *, length_min: int = 1) -> str:

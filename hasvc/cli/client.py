@@ -278,6 +278,7 @@ def status(address, as_json, endpoints, secret_file, tls_ca) -> None:
 
     addresses = _addresses(address, endpoints)
     if len(addresses) == 1:
+        controller = False
         try:
             data = _one_call(addresses[0], secret_file, tls_ca, lambda client: client.status())
         except ConnectError as error:  # a controller port (port kind 4) answers the preface as one
@@ -285,10 +286,10 @@ def status(address, as_json, endpoints, secret_file, tls_ca) -> None:
                 raise
             from hasvc.cli.controller import controller_status
 
-            data = controller_status(addresses[0], client_secret(secret_file), tls_ca)
+            data, controller = controller_status(addresses[0], client_secret(secret_file), tls_ca), True
         if as_json:
             click.echo(json.dumps(data))
-        elif data.get("mode") == "controller":
+        elif controller:
             from hasvc.cli.controller import echo_controller_status
 
             echo_controller_status(data)

@@ -47,7 +47,7 @@ def _settings(settings: tuple[str, ...]) -> tuple[dict, dict, dict]:
 @click.option("--listen", required=True, help="The controller port brokers call, HOST:PORT (port 0: any free port).")
 @click.option("--peers", default=None,
               help='Every controller\'s Raft address: "c0-HOST:PORT;c1-HOST:PORT;c2-HOST:PORT" (1, 3 or 5). '
-                   "Without it: a group of one, its Raft port any free port on --listen's host.")
+                   "Without it: a group of one, its Raft port any free port on loopback.")
 @click.option("--self", "self_id", default=None, help="This controller's id among --peers (needed with --peers).")
 @click.option("--allow-unclean-election", is_flag=True,
               help="When no member of a group's SyncStateSet is alive, elect another alive member: it may lack "

@@ -33,7 +33,7 @@ import logging
 import trio
 
 from hasvc import transport
-from hasvc.config import Address, format_address, parse_address
+from hasvc.config import format_address, parse_address
 from hasvc.protocol import controller as cp
 from hasvc.protocol import wire
 

@@ -28,14 +28,18 @@ non-leader answers NOT_LEADER naming the leader's controller port, which each co
 announces in its Raft HELLO. Heartbeats are soft state, the leader's alone
 (``hasvc.state.controller.elect``): a new leader starts with none and counts every broker's
 silence from the moment it became leader. On a timer (``ELECTION_CHECK_INTERVAL_SECONDS``) and
-after each heartbeat from a group without a master the leader asks the election rules what to do
-and proposes the ``Elect``s they decide, one in flight per group.
+after each heartbeat from a group without a master the leader asks the election rules
+(``ElectionTracker.decide``) what to do and proposes the ``Elect``s they decide, one in flight
+per group; a heartbeat's answer, lease included, is the tracker's (``ElectionTracker.answer``),
+but that a new leader also withholds the lease from a master an earlier leader elected until
+``master_lease_seconds`` after it applied that election (``_inherited_election``).
 
 Snapshots: after ``snapshot_interval_entries`` applied entries (and at a clean stop) the state
 is written to ``STORE/controller/snapshot`` (``ControllerState.snapshot``: CRC32C, with the Raft
-index it reflects; written to a temporary file, fsynced, renamed). Retention then (after each
-snapshot) deletes whole entry files below ``min(snapshot index + 1, the core's retention floor)`` -- never an entry a
-member may still need -- so a restart reads the snapshot and replays only what follows it. A log
+index it reflects; written to a temporary file, fsynced, renamed). Retention then (after
+each snapshot) deletes whole entry files below ``min(snapshot index + 1, the core's retention
+floor)`` -- never an entry a member may still need -- so a restart reads the snapshot and replays
+only what follows it. A log
 that starts past the snapshot (a store wiped and RESET by the leader) cannot be replayed: the
 controller says so and stops, before it answers anything.
 """
@@ -66,6 +70,7 @@ from hasvc.protocol import controller as cp
 from hasvc.protocol import wire
 from hasvc.state.controller import state as cs
 from hasvc.state.controller.config import ControllerTimings
+from hasvc.state.controller.elect import ElectionTracker
 from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.ready import Role
 from hasvc.state.raft.storage import Entry, HardState
@@ -125,7 +130,8 @@ class ControllerConfig:
     log_file_size: int = CONTROLLER_DATA_FILE_SIZE  # each entry data file's size (retention deletes whole files)
 
     def group_config(self) -> GroupConfig:
-        peers = self.peers if self.peers is not None else {self.self_id: (self.listen[0], 0)}
+        # A group of one: no peer connects, so its Raft port is any free port on loopback.
+        peers = self.peers if self.peers is not None else {self.self_id: ("127.0.0.1", 0)}
         return GroupConfig(group=CONTROLLER_RAFT_GROUP, self_id=self.self_id, peers=peers, raft=self.raft)
 
     def validate(self) -> ControllerConfig:
@@ -158,15 +164,6 @@ class _Proposal:
     proposed_at: float = -math.inf  # an Elect's (the election timer forgets it after the commit timeout)
 
 
-@dataclasses.dataclass
-class _Heartbeat:
-    """The leader's soft state of one broker: its last heartbeat."""
-
-    received_at: float
-    epoch: int
-    max_offset: int
-
-
 class ControllerServer:
     """One controller: see the module."""
 
@@ -186,9 +183,9 @@ class ControllerServer:
         self._proposals: dict[int, _Proposal] = {}  # index -> the request waiting for it
         self._electing: dict[str, _Proposal] = {}  # group -> its Elect in flight
         self._serving = False  # leading with every entry applied
-        self.became_leader_at = -math.inf
-        self.heartbeats: dict[tuple[str, int], _Heartbeat] = {}
-        self._grants: dict[str, tuple[int, float]] = {}  # group -> (epoch, when) of the last lease granted
+        # The leader's soft state: heartbeats, liveness, elections decided, leases granted.
+        self.tracker = ElectionTracker(config.timings)
+        self._elected_at: dict[str, float] = {}  # group -> when this controller applied its last election
         self._snapshot_due = trio.Event()
         self._election_due = trio.Event()
         self.started_at = time.time()
@@ -200,8 +197,10 @@ class ControllerServer:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.store = await trio.to_thread.run_sync(self._open_store)
-        self._load_snapshot()
+        loaded = False
         try:
+            self._load_snapshot()
+            loaded = True
             async with trio.open_nursery() as nursery:
                 await self._serve(nursery)
                 task_status.started(self.addresses())
@@ -210,8 +209,8 @@ class ControllerServer:
             with trio.CancelScope(shield=True):
                 if self.driver is not None:
                     await self.driver.close()
-                if self.applied_index > self.snapshot_index and self._replayable():
-                    self._write_snapshot()
+                if loaded and self.applied_index > self.snapshot_index and self._replayable():
+                    self._write_snapshot()  # a clean stop: the next start replays nothing
                 await trio.to_thread.run_sync(self.store.close)
             LOGGER.info("store closed cleanly")
 
@@ -341,6 +340,8 @@ class ControllerServer:
             else:
                 answer = self.state.apply(command, index=index)
                 self._log_applied(index, command, answer)
+                if isinstance(command, cs.Elect) and answer.accepted and command.new_master_id is not None:
+                    self._elected_at[command.group] = trio.current_time()
             self.applied_index = index
             proposal = self._proposals.pop(index, None)
             if proposal is not None:
@@ -388,15 +389,14 @@ class ControllerServer:
             self._serving = False
             self.store.discard_plans()
             self._fail_proposals()
+            self.tracker.stepped_down()
             LOGGER.warning("no longer the controller leader (term %d)", node.term)
         elif leading and not self._serving:
             if not self.store.caught_up() or self.applied_index < self.store.entries.committed_index:
                 return
             self.store.resume_queue_offsets()
             self._serving = True
-            self.became_leader_at = trio.current_time()
-            self.heartbeats.clear()  # soft state: a new leader counts every broker's silence from now
-            self._grants.clear()
+            self.tracker.became_leader(trio.current_time())  # every broker's silence counted from now
             LOGGER.warning("controller leader in term %d (state at entry %d)", node.term, self.applied_index)
             self._election_due.set()
 
@@ -489,15 +489,16 @@ class ControllerServer:
             command = self._switchover(request)
             if isinstance(command, cp.Answer):
                 return command
+        with_view = request.KIND == cp.ALTER_SYNC_STATE_SET  # a refused set change says what the set is
         try:
             outcome = await self._execute(command)
         except cs.StateFormatError as error:  # a field over the state's bounds (a long identity, ...)
-            return cp.refused(request.KIND, str(error))
+            return cp.refused(request.KIND, str(error), self._view(command.group) if with_view else None)
         if isinstance(outcome, str):
             return cp.not_leader(request.KIND, self._leader_address(), outcome)
+        view = self._view(command.group, outcome.group)  # the group just after the command (as it was if refused)
         if not outcome.accepted:
-            return cp.refused(request.KIND, outcome.reason)
-        view = self._view(command.group)
+            return cp.refused(request.KIND, outcome.reason, view if with_view else None)
         if isinstance(command, cs.Register):
             self._election_due.set()
             return cp.Answer(cp.REGISTER, cp.STATUS_OK, view=view, broker_id=outcome.broker_id)
@@ -535,8 +536,9 @@ class ControllerServer:
             return None
         return self.driver.client_address_of(leader)
 
-    def _view(self, name: str) -> cp.GroupView:
-        group = self.state.groups.get(name)
+    def _view(self, name: str, group: cs.GroupState | None = None) -> cp.GroupView:
+        """``name``'s view: of ``group`` when given, else of the current state."""
+        group = group if group is not None else self.state.groups.get(name)
         if group is None:
             return cp.GroupView(name, None, None, None, 0, (), 0)
         master = group.members.get(group.master_id) if group.master_id is not None else None
@@ -550,28 +552,27 @@ class ControllerServer:
             return cp.refused(cp.HEARTBEAT, f"broker {request.broker_id} is not a member of group {request.group!r}: "
                                             "register first")  # fmt: skip
         now = trio.current_time()
-        self.heartbeats[(request.group, request.broker_id)] = _Heartbeat(now, request.epoch, request.max_offset)
+        self.tracker.heartbeat(request.group, request.broker_id, request.epoch, request.max_offset, now)
         if group.master_id is None:
             self._election_due.set()
-        lease = group.master_id == request.broker_id and self._may_grant(request.group, group, now)
-        if lease:
-            self._grants[request.group] = (group.epoch, now)
-        return cp.Answer(cp.HEARTBEAT, cp.STATUS_OK, view=dataclasses.replace(self._view(request.group), lease=lease))
+        answer = self.tracker.answer(self.state, request.group, request.broker_id, now)
+        lease = answer.lease and not self._inherited_election(request.group, now)
+        return cp.Answer(cp.HEARTBEAT, cp.STATUS_OK, view=cp.GroupView(
+            request.group, answer.master_id, answer.master_client_address, answer.master_ha_address, answer.epoch,
+            tuple(sorted(answer.sync_state_set)), answer.sync_state_set_epoch, lease=lease))  # fmt: skip
 
-    def _may_grant(self, name: str, group: cs.GroupState, now: float) -> bool:
-        """Not while an Elect for the group is in flight (its master was found lapsed, or an
-        operator moves it), nor to a newer epoch's master until the lease last granted to an
-        older epoch's ran out (an operator's switchover elects while the old lease holds)."""
-        if name in self._electing:
-            return False
-        granted = self._grants.get(name)
-        return granted is None or granted[0] >= group.epoch or now >= granted[1] + self.config.timings.master_lease_seconds
+    def _inherited_election(self, name: str, now: float) -> bool:
+        """The group's master was elected by an earlier controller leader less than
+        master_lease_seconds before this controller applied it: that leader may have granted the
+        previous master a lease until then, which this one never heard of (the tracker withholds
+        a newer epoch's lease only behind the grants it made itself). A controller leader that
+        dies is replaced within ~0.1 s (its followers see its connections end), before such a
+        lease runs out."""
+        elected_at = self._elected_at.get(name)
+        return (elected_at is not None and elected_at <= self.tracker.leader_since
+                and now < elected_at + self.config.timings.master_lease_seconds)  # fmt: skip
 
     # -- elections -------------------------------------------------------------------------
-
-    def alive(self, group: str, broker_id: int, now: float) -> bool:
-        heartbeat = self.heartbeats.get((group, broker_id))
-        return heartbeat is not None and now - heartbeat.received_at < self.config.timings.broker_heartbeat_timeout_seconds
 
     def _switchover(self, request: cp.ElectRequest) -> cs.Elect | cp.Answer:
         """An operator's ELECT: the named broker (alive, in the SyncStateSet unless unclean
@@ -581,21 +582,30 @@ class ControllerServer:
             return cp.refused(cp.ELECT, f"no group {request.group!r}")
         now = trio.current_time()
         if request.broker_id is None:
-            candidates = [b for b in decide_candidates(group, self, request.group, now) if b != group.master_id]
+            candidates = self._candidates(request.group, group, now)
             if not candidates:
                 return cp.refused(cp.ELECT, "no other alive member of the SyncStateSet to elect")
             target = candidates[0]
         else:
             target = request.broker_id
+            if target == group.master_id:
+                return cp.refused(cp.ELECT, f"broker {target} is the master already (epoch {group.epoch})")
             if target not in group.members:
                 return cp.refused(cp.ELECT, f"broker {target} is not a member of group {request.group!r}")
             if target not in group.sync_state_set and not self.config.timings.allow_unclean_election:
                 return cp.refused(cp.ELECT, f"broker {target} is not in the SyncStateSet {sorted(group.sync_state_set)} "
                                             "(it may lack acknowledged writes; unclean elections are off)")  # fmt: skip
-            if not self.alive(request.group, target, now):
+            if not self.tracker.alive(request.group, target, now):
                 return cp.refused(cp.ELECT, f"broker {target} has not heartbeaten within "
                                             f"{self.config.timings.broker_heartbeat_timeout_seconds} s")  # fmt: skip
         return cs.Elect(request.group, target, group.epoch, "an operator's switchover (ELECT)")
+
+    def _candidates(self, name: str, group: cs.GroupState, now: float) -> list[int]:
+        """An operator's switchover without a target: the alive members of the SyncStateSet but
+        the master, best first (highest (epoch, max_offset), then the lowest id)."""
+        alive = [b for b in sorted(group.sync_state_set) if b != group.master_id and self.tracker.alive(name, b, now)]
+        key = {b: self.tracker.liveness(name, b) for b in alive}
+        return sorted(alive, key=lambda b: (-key[b].epoch, -key[b].max_offset, b))
 
     async def _election_timer(self) -> None:
         while True:
@@ -606,7 +616,7 @@ class ControllerServer:
             self._elections_done(now)
             if not self._serving or not self.holds_lease(now):
                 continue
-            for command in decide_elections(self.state, self, now):
+            for command in self.tracker.decide(self.state, now):
                 if command.group not in self._electing:
                     self._start_election(command, now)
         raise AssertionError("unreachable")
@@ -687,11 +697,11 @@ class ControllerServer:
         for name, group in sorted(self.state.groups.items()):
             members = {}
             for broker_id, member in sorted(group.members.items()):
-                heartbeat = self.heartbeats.get((name, broker_id))
+                heartbeat = self.tracker.liveness(name, broker_id)
                 members[str(broker_id)] = {
                     "identity": member.identity, "client_address": member.client_address,
                     "ha_address": member.ha_address,
-                    "alive": self.alive(name, broker_id, now) if self._serving else None,
+                    "alive": self.tracker.alive(name, broker_id, now) if self._serving else None,
                     "last_heartbeat_seconds": round(now - heartbeat.received_at, 3) if heartbeat else None,
                     "epoch": heartbeat.epoch if heartbeat else None,
                     "max_offset": heartbeat.max_offset if heartbeat else None}  # fmt: skip
@@ -720,44 +730,6 @@ class ControllerServer:
                       for peer, p in raft.peers.items()},
             "groups": groups,
         }  # fmt: skip
-
-
-# -- the election rules (docs/design/controller.md, Election) ---------------------------------
-
-
-def decide_candidates(group: cs.GroupState, server: ControllerServer, name: str, now: float) -> list[int]:
-    """The alive members of the SyncStateSet, best first: highest (epoch, max_offset), then lowest id."""
-    alive = [b for b in sorted(group.sync_state_set) if server.alive(name, b, now)]
-    return sorted(alive, key=lambda b: (-server.heartbeats[(name, b)].epoch, -server.heartbeats[(name, b)].max_offset, b))
-
-
-def decide_elections(state: cs.ControllerState, server: ControllerServer, now: float) -> list[cs.Elect]:
-    """The Elects the leader should propose now."""
-    timeout = server.config.timings.broker_heartbeat_timeout_seconds
-    decisions = []
-    for name, group in state.groups.items():
-        if group.master_id is not None:
-            heartbeat = server.heartbeats.get((name, group.master_id))
-            last = max(heartbeat.received_at if heartbeat else -math.inf, server.became_leader_at)
-            if now - last < timeout:
-                continue
-            candidates = [b for b in decide_candidates(group, server, name, now) if b != group.master_id]
-            reason = f"master {group.master_id} silent for {timeout} s"
-        elif group.epoch == 0:  # never elected: the first member that heartbeats
-            candidates = sorted((b for b in group.members if server.alive(name, b, now)),
-                                key=lambda b: server.heartbeats[(name, b)].received_at)  # fmt: skip
-            reason = "the group's first master"
-        else:
-            candidates = decide_candidates(group, server, name, now)
-            reason = "a member of the SyncStateSet is back"
-        if not candidates and server.config.timings.allow_unclean_election:
-            candidates = [b for b in sorted(group.members) if server.alive(name, b, now) and b != group.master_id]
-            reason += " (UNCLEAN: outside the SyncStateSet, acknowledged writes may be lost)"
-        if candidates:
-            decisions.append(cs.Elect(name, candidates[0], group.epoch, reason))
-        elif group.master_id is not None:
-            decisions.append(cs.Elect(name, None, group.epoch, reason + ": nobody electable"))
-    return decisions
 
 
 async def serve_controller_metrics(address: Address, server: ControllerServer, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -14,8 +14,9 @@ controller answers each, in any order, matched by the request id the broker chos
     kind 5 ELECT                 group, broker_id (the member to make master; null: the controller picks)
     kind 128 + k                 the answer to kind k
 
-Every answer has ``status`` ("OK", "NOT_LEADER", "REFUSED"); one that is not OK has ``reason``, and
-NOT_LEADER ``leader`` too (the controller leader's address as HOST:PORT, or null when none is
+Every answer has ``status`` ("OK", "NOT_LEADER", "REFUSED"); one that is not OK has ``reason``,
+NOT_LEADER ``leader`` too, and a REFUSED ALTER_SYNC_STATE_SET the group's view (the master reads
+the set it must go on with from it) (the controller leader's address as HOST:PORT, or null when none is
 known). An OK answer to REGISTER, HEARTBEAT, ALTER_SYNC_STATE_SET or ELECT carries the group's
 view (``GroupView``: master, its addresses, epoch, SyncStateSet and its epoch; REGISTER's the
 broker's id too, HEARTBEAT's ``lease``: whether the asking master may acknowledge for
@@ -281,10 +282,14 @@ class Answer:
                 raise ValueError(f"an OK {KIND_NAMES[self.kind]} answer needs {'controller' if self.kind == STATUS else 'view'} alone")
             if (self.kind == REGISTER) != (self.broker_id is not None):
                 raise ValueError("broker_id goes in an OK REGISTER answer only")
-            if self.view is not None and (self.kind == HEARTBEAT) != (self.view.lease is not None):
-                raise ValueError("lease (true or false) goes in an OK HEARTBEAT answer's view, and only there")
-        elif self.reason is None or self.view is not None or self.controller is not None or self.broker_id is not None:
-            raise ValueError(f"a {self.status} answer has a reason and nothing but leader")
+            if self.kind == HEARTBEAT and self.view.lease is None:
+                raise ValueError("an OK HEARTBEAT answer's view says whether it grants a lease (true or false)")
+        elif self.reason is None or self.controller is not None or self.broker_id is not None:
+            raise ValueError(f"a {self.status} answer has a reason and nothing but leader (or a refused set change's view)")
+        elif (self.view is not None) != (self.status == STATUS_REFUSED and self.kind == ALTER_SYNC_STATE_SET):
+            raise ValueError("a REFUSED ALTER_SYNC_STATE_SET answer carries the group's view, no other answer that is not OK")
+        if self.view is not None and self.view.lease is not None and not (self.ok and self.kind == HEARTBEAT):
+            raise ValueError("lease goes in an OK HEARTBEAT answer's view only")
         if self.leader is not None and self.status != STATUS_NOT_LEADER:
             raise ValueError("leader goes in a NOT_LEADER answer only")
 
@@ -297,8 +302,9 @@ def not_leader(kind: int, leader: str | None, reason: str) -> Answer:
     return Answer(kind, STATUS_NOT_LEADER, reason=reason, leader=leader)
 
 
-def refused(kind: int, reason: str) -> Answer:
-    return Answer(kind, STATUS_REFUSED, reason=reason)
+def refused(kind: int, reason: str, view: GroupView | None = None) -> Answer:
+    """REFUSED; ``view``: the group as the controller holds it (an ALTER_SYNC_STATE_SET's, always)."""
+    return Answer(kind, STATUS_REFUSED, reason=reason, view=view)
 
 
 def _answer_body(answer: Answer) -> dict:
@@ -306,8 +312,10 @@ def _answer_body(answer: Answer) -> dict:
         body = {"status": answer.status, "reason": answer.reason}
         if answer.status == STATUS_NOT_LEADER:
             body["leader"] = answer.leader
-        return body
-    body = {"status": STATUS_OK}
+        if answer.view is None:
+            return body
+    else:
+        body = {"status": STATUS_OK}
     if answer.kind == STATUS:
         body["controller"] = answer.controller
         return body
@@ -315,7 +323,7 @@ def _answer_body(answer: Answer) -> dict:
         body["broker_id"] = answer.broker_id
     view = dataclasses.asdict(answer.view)
     view["sync_state_set"] = sorted(view["sync_state_set"])
-    if answer.kind != HEARTBEAT:
+    if view["lease"] is None:
         del view["lease"]
     body.update(view)
     return body
@@ -330,16 +338,23 @@ def _decode_answer(kind: int, body: dict) -> Answer:
     if status == STATUS_NOT_LEADER:
         fields = _checked({"status": "status", "reason": "text", "leader": "optional_text"}, body, what)
         return Answer(kind, status, reason=fields["reason"], leader=fields["leader"])
+    if status == STATUS_REFUSED and kind == ALTER_SYNC_STATE_SET:  # with the controller's view of the set
+        fields = _checked({"status": "status", "reason": "text", **GroupView.FIELDS}, body, what)
+        return Answer(kind, status, reason=fields["reason"], view=_view(fields, what))
     if status == STATUS_REFUSED:
         fields = _checked({"status": "status", "reason": "text"}, body, what)
         return Answer(kind, status, reason=fields["reason"])
     fields = _checked({"status": "status", **_OK_FIELDS[kind]}, body, what)
     if kind == STATUS:
         return Answer(kind, status, controller=fields["controller"])
+    return Answer(kind, status, view=_view(fields, what), broker_id=fields.get("broker_id"))
+
+
+def _view(fields: dict, what: str) -> GroupView:
     view = GroupView(**{name: fields[name] for name in GroupView.FIELDS}, lease=fields.get("lease"))
     if view.master_id is not None and view.master_id not in view.sync_state_set:
         raise ProtocolError(f"{what}: master {view.master_id} is not in its SyncStateSet {list(view.sync_state_set)}")
-    return Answer(kind, status, view=view, broker_id=fields.get("broker_id"))
+    return view
 
 
 # -- frames ------------------------------------------------------------------------------------

@@ -22,13 +22,18 @@ LEADER_WAIT_SECONDS = 30.0  # a controller group elects in about half a second; 
 
 
 class ControllerGroup:
-    def __init__(self, directory: str, size: int, *, extra_args: tuple[str, ...] = (), secret_file: str | None = None) -> None:
+    def __init__(self, directory: str, size: int, *, extra_args: tuple[str, ...] = (), secret_file: str | None = None,
+                 member_args=None, tls_ca: str | None = None) -> None:  # fmt: skip
+        """``member_args(member)``: more arguments for one controller (its TLS files); ``tls_ca``:
+        the CA this harness's own client checks the controllers' certificates with."""
         self.directory = str(directory)
         os.makedirs(self.directory, exist_ok=True)
         self.ids = [f"c{number}" for number in range(size)]
         self.raft_ports = {member: free_port() for member in self.ids}
         self.extra_args = tuple(extra_args)
         self.secret_file = secret_file
+        self.member_args = member_args or (lambda member: [])
+        self.tls_ca = tls_ca
         self.processes: dict[str, ReadyProcess] = {}
         for member in self.ids:
             self.processes[member] = ReadyProcess(f"controller {member}", self._command(member),
@@ -42,7 +47,7 @@ class ControllerGroup:
             args += ["--peers", peers, "--self", member]
         if self.secret_file is not None:
             args += ["--secret-file", self.secret_file]
-        return hasvc_command(*args, *self.extra_args)
+        return hasvc_command(*args, *self.member_args(member), *self.extra_args)
 
     @property
     def addresses(self) -> list[str]:
@@ -63,7 +68,7 @@ class ControllerGroup:
 
     def status(self, member: str) -> dict:
         async def ask() -> dict:
-            client = ControllerClient([self._addresses[member]], secret=self._secret())
+            client = ControllerClient([self._addresses[member]], secret=self._secret(), ssl_context=self.ssl_context())
             try:
                 answer = await client.status_of(self._addresses[member])
             finally:
@@ -71,6 +76,14 @@ class ControllerGroup:
             return answer.controller
 
         return trio.run(ask)
+
+    def ssl_context(self):
+        """The client TLS context for the controllers (None without ``tls_ca``)."""
+        if self.tls_ca is None:
+            return None
+        from hasvc import transport
+
+        return transport.client_ssl_context(ca=self.tls_ca)
 
     def _secret(self) -> bytes | None:
         if self.secret_file is None:

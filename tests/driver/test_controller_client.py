@@ -2,6 +2,8 @@
 tries the others when one is down or names no leader, and gives up with one line after its bound."""
 
 
+import dataclasses
+
 import pytest
 import trio
 
@@ -11,7 +13,8 @@ from hasvc.controller.client import ControllerClient, ControllerClientConfig, Co
 from hasvc.protocol import controller as cp
 from hasvc.protocol import wire
 
-VIEW = cp.GroupView("g1", 1, "127.0.0.1:1", "127.0.0.1:2", 1, (1,), 1, lease=True)
+VIEW = cp.GroupView("g1", 1, "127.0.0.1:1", "127.0.0.1:2", 1, (1,), 1)
+HEARTBEAT_VIEW = dataclasses.replace(VIEW, lease=True)
 
 
 async def _fake_controller(answer_for, seen: list, *, task_status=trio.TASK_STATUS_IGNORED):
@@ -42,12 +45,12 @@ async def _fake_controller(answer_for, seen: list, *, task_status=trio.TASK_STAT
 async def test_follows_not_leader_to_the_leader_and_keeps_it():
     seen = []
     async with trio.open_nursery() as nursery:
-        leader = await nursery.start(_fake_controller, lambda r: cp.Answer(r.KIND, "OK", view=VIEW), seen)
+        leader = await nursery.start(_fake_controller, lambda r: cp.Answer(r.KIND, "OK", view=HEARTBEAT_VIEW), seen)
         follower = await nursery.start(_fake_controller, lambda r: cp.not_leader(r.KIND, leader, "follower"), seen)
         client = ControllerClient([follower, leader])
         before = trio.current_time()
         answer, sent_at = await client.heartbeat(group="g1", broker_id=1, epoch=1, max_offset=0)
-        assert answer.ok and answer.view == VIEW
+        assert answer.ok and answer.view == HEARTBEAT_VIEW
         assert before <= sent_at <= trio.current_time()
         assert client.leader == leader
         await client.heartbeat(group="g1", broker_id=1, epoch=1, max_offset=0)
@@ -60,7 +63,7 @@ async def test_a_dead_controller_and_one_that_knows_no_leader_are_passed_over():
     seen = []
     async with trio.open_nursery() as nursery:
         nobody = await nursery.start(_fake_controller, lambda r: cp.not_leader(r.KIND, None, "electing"), seen)
-        leader = await nursery.start(_fake_controller, lambda r: cp.refused(r.KIND, "stale epoch"), seen)
+        leader = await nursery.start(_fake_controller, lambda r: cp.refused(r.KIND, "stale epoch", VIEW), seen)
         with trio.socket.socket() as dead:  # a port nobody listens on
             await dead.bind(("127.0.0.1", 0))
             dead_address = format_address(dead.getsockname()[:2])

@@ -19,7 +19,7 @@ HEARTBEAT_INTERVAL_SECONDS = 0.1  # as a broker's broker_heartbeat_interval_seco
 
 
 @pytest.fixture
-def controllers(tmp_path, request):
+def controllers(tmp_path):
     groups = []
 
     def start(size: int, *extra_args: str) -> ControllerGroup:
@@ -87,6 +87,7 @@ async def _first_master_and_a_full_set(client, a: FakeBroker, b: FakeBroker) -> 
     stale = await client.alter_sync_state_set(group=GROUP, master_id=a.broker_id, epoch=1,
                                               sync_state_set_epoch=view.sync_state_set_epoch, sync_state_set=[1])  # fmt: skip
     assert stale.status == "REFUSED" and "SyncStateSet epoch" in stale.reason
+    assert stale.view.sync_state_set == (1, 2)  # the set the master goes on with
     return answer.view
 
 
@@ -112,6 +113,14 @@ async def test_a_group_of_one_elects_the_first_master_and_keeps_its_state_across
         again = await _until(lambda: b.view if b.view and b.view.sync_state_set_epoch >= view.sync_state_set_epoch
                              and b.answered_by else None, "an answer after the restart")  # fmt: skip
         assert (again.master_id, again.epoch, again.sync_state_set) == (view.master_id, view.epoch, view.sync_state_set)
+        # An operator's switchover to the slave in the set; the master itself, or a second time, is refused.
+        assert (await client.elect(group=GROUP, broker_id=a.broker_id)).status == "REFUSED"
+        moved = await client.elect(group=GROUP, broker_id=b.broker_id)
+        assert moved.ok and (moved.view.master_id, moved.view.epoch, moved.view.sync_state_set) == (2, 2, (2,))
+        await _until(lambda: b.view.epoch == 2 and b.view.lease, "the new master's first lease")
+        assert a.view.master_id == b.broker_id or a.view.epoch < 2
+        again = await client.elect(group=GROUP, broker_id=b.broker_id)
+        assert again.status == "REFUSED" and "master already" in again.reason
         nursery.cancel_scope.cancel()
 
 
@@ -263,3 +272,23 @@ def test_a_secret_and_metrics(controllers, tmp_path):
         assert "hasvc_controller_leader 1.0" in text and "hasvc_controller_groups 1.0" in text
     finally:
         group.close()
+
+
+@pytest.mark.skipif(__import__("shutil").which("openssl") is None, reason="the openssl command makes the certificates")
+async def test_a_group_over_mutual_tls_elects_a_leader_and_answers(tmp_path):
+    from tests.cluster import certificate_authority
+
+    ca, issued = certificate_authority(str(tmp_path), ["c0", "c1", "c2"])
+
+    def tls(member):
+        key, cert = issued[member]
+        return ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca]
+
+    group = await trio.to_thread.run_sync(lambda: ControllerGroup(tmp_path / "tls", 3, member_args=tls, tls_ca=ca))
+    try:
+        await trio.to_thread.run_sync(group.leader)
+        client = ControllerClient(group.addresses, ssl_context=group.ssl_context())
+        assert await _register(client, "a") == 1
+        await client.aclose()
+    finally:
+        await trio.to_thread.run_sync(group.close)

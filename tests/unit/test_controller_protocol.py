@@ -43,7 +43,8 @@ answers = st.one_of(
     st.builds(lambda status: cp.Answer(cp.STATUS, "OK", controller=status),
               st.dictionaries(names, st.none() | st.integers() | names, max_size=4)),  # fmt: skip
     st.builds(cp.not_leader, st.sampled_from(list(cp.REQUEST_TYPES)), st.none() | st.just("127.0.0.1:9"), names),
-    st.builds(cp.refused, st.sampled_from(list(cp.REQUEST_TYPES)), names),
+    st.builds(cp.refused, st.sampled_from([k for k in cp.REQUEST_TYPES if k != cp.ALTER_SYNC_STATE_SET]), names),
+    st.builds(lambda reason, view: cp.refused(cp.ALTER_SYNC_STATE_SET, reason, view), names, views()),
 )
 
 SAMPLE_REQUESTS = [
@@ -63,7 +64,8 @@ SAMPLE_ANSWERS = [
     cp.Answer(cp.STATUS, "OK", controller={"role": "leader", "groups": {}}),
     cp.not_leader(cp.HEARTBEAT, "127.0.0.1:9876", "c1 leads"),
     cp.not_leader(cp.HEARTBEAT, None, "no leader is known yet"),
-    cp.refused(cp.ALTER_SYNC_STATE_SET, "epoch 2 is not the current epoch 3"),
+    cp.refused(cp.ALTER_SYNC_STATE_SET, "epoch 2 is not the current epoch 3", VIEW),
+    cp.refused(cp.REGISTER, "the controller holds 4096 groups already"),
 ]
 
 
@@ -178,6 +180,7 @@ def _raw(kind: int, body: bytes, request_id: int = 1) -> bytes:
     (cp.ANSWER + cp.HEARTBEAT, b'{"status":"MAYBE","reason":"r"}', True, "not one of"),
     (cp.ANSWER + cp.HEARTBEAT, b'{"status":"REFUSED"}', True, "'reason' is missing"),
     (cp.ANSWER + cp.HEARTBEAT, b'{"status":"REFUSED","reason":"r","leader":null}', True, "unknown field 'leader'"),
+    (cp.ANSWER + cp.ALTER_SYNC_STATE_SET, b'{"status":"REFUSED","reason":"r"}', True, "'epoch' is missing"),
     (cp.ANSWER + cp.HEARTBEAT, b'{"status":"OK","group":"g","master_id":3,"master_client_address":null,'
      b'"master_ha_address":null,"epoch":1,"sync_state_set":[1],"sync_state_set_epoch":1,"lease":false}', True,
      "not in its SyncStateSet"),

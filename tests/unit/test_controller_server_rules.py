@@ -1,0 +1,44 @@
+"""The controller process's own lease rule, beside the tracker's: a new controller leader withholds
+the lease from a master an earlier leader elected until master_lease_seconds after it applied
+that election. Plain calls on a server that was never started (no store, no socket)."""
+
+from hasvc.controller.server import ControllerConfig, ControllerServer
+
+
+def _server(tmp_path) -> ControllerServer:
+    return ControllerServer(ControllerConfig(store=str(tmp_path), listen=("127.0.0.1", 0)))
+
+
+def test_an_election_applied_before_this_leader_took_office_holds_the_lease_back(tmp_path):
+    server = _server(tmp_path)
+    lease = server.config.timings.master_lease_seconds
+    server._elected_at["g"] = 10.0  # applied as a follower
+    server.tracker.became_leader(10.1)
+    assert server._inherited_election("g", 10.1)
+    assert server._inherited_election("g", 10.0 + lease - 0.01)
+    assert not server._inherited_election("g", 10.0 + lease)
+
+
+def test_an_election_this_leader_made_and_an_old_one_do_not(tmp_path):
+    server = _server(tmp_path)
+    server.tracker.became_leader(10.0)
+    server._elected_at["g"] = 10.2  # applied while leading: the tracker's own grants rule covers it
+    assert not server._inherited_election("g", 10.3)
+    assert not server._inherited_election("other", 10.3)  # never elected here
+    server._elected_at["h"] = 5.0  # long before: the previous master's lease ran out long ago
+    assert not server._inherited_election("h", 10.0)
+
+
+def test_the_controller_group_timings_are_checked(tmp_path):
+    import dataclasses
+
+    import pytest
+
+    from hasvc.controller.server import CONTROLLER_RAFT
+
+    with pytest.raises(ValueError, match="master_lease_seconds"):
+        ControllerConfig(store=str(tmp_path), listen=("127.0.0.1", 0),
+                         raft=dataclasses.replace(CONTROLLER_RAFT, election_timeout_min_seconds=0.3)).validate()  # fmt: skip
+    with pytest.raises(ValueError, match="1, 3 or 5"):
+        ControllerConfig(store=str(tmp_path), listen=("127.0.0.1", 0), self_id="a",
+                         peers={"a": ("127.0.0.1", 1), "b": ("127.0.0.1", 2)}).validate()  # fmt: skip

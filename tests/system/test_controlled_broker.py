@@ -10,6 +10,7 @@ for byte; nothing acknowledged is lost (proved from the stores, reopened after a
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import trio
@@ -208,3 +209,29 @@ def test_a_send_retried_on_the_new_master_is_answered_with_its_original_offsets(
             assert [r.offset for r in results] == sent[sequence] and all(r.status == "PUT_OK" for r in results), results
     status = group.status(new)
     assert status["max_offset"] == end and status["duplicate_sends"] == 2  # answered, not stored again
+
+
+def test_a_master_paused_past_the_heartbeat_timeout_serves_again_in_a_new_epoch(controlled):
+    # alone in its group: the controller finds nobody else to elect, names no master, then this
+    # one again in the next epoch once it heartbeats; it opens that epoch while still master
+    group = controlled(min_in_sync_replicas=1)
+    group.start_broker("a")
+    assert group.master() == "a"
+    epoch = group.status("a")["epoch"]
+    assert _send(group.address("a"), b"before").status == "PUT_OK"
+    os.kill(group.brokers["a"].pid, signal.SIGSTOP)
+    try:
+        group.wait(lambda: '"master_id": null' in _controller_groups(group), "the controller to name no master")
+    finally:
+        os.kill(group.brokers["a"].pid, signal.SIGCONT)
+    group.wait(lambda: (s := group.status("a")) is not None and s["epoch"] > epoch and not s.get("fenced_by"),
+               "the master serving again in a newer epoch")  # fmt: skip
+    status = group.status("a")
+    assert [e for e, _start in status["epochs"]][-2:] == [epoch, status["epoch"]]
+    assert _send(group.address("a"), b"after").status == "PUT_OK"
+
+
+def _controller_groups(group: ControlledGroup) -> str:
+    import json
+
+    return json.dumps(group.controllers.status("c0")["groups"])

@@ -89,6 +89,12 @@ END_SAMPLES_MAX = 2 * int(CATCH_UP_SLACK_SECONDS / END_SAMPLE_INTERVAL_SECONDS)
 # How often a slave searches what it dispatched since the last look for producer sequences: a
 # promotion then reads at most about this long's records before it takes writes.
 PRODUCER_SCAN_INTERVAL_SECONDS = 0.2
+# A slave's first wait before connecting again to its master (ha_reconnect_backoff_min_ms is
+# lowered to this when above): the controller names a master while that broker is still
+# promoting itself, and its HA port opens milliseconds later; the classic default (1 s, RocketMQ
+# retries every 5 s) would add a second to every failover, since the SyncStateSet expands only
+# once a slave has connected. The back-off still doubles up to ha_reconnect_backoff_max_ms.
+RECONNECT_BACKOFF_MIN_MS = 100
 
 
 def slave_id_of(group: str, broker_id: int) -> str:
@@ -256,7 +262,8 @@ class ControlledBroker(Broker):
 
     def __init__(self, config: BrokerConfig, options: ControlledOptions):
         config = dataclasses.replace(config, role=BrokerRole.SYNC_MASTER, master_ha=None, in_sync_replicas=1,
-                                     min_in_sync_replicas=0, ha_listen=_fixed_port(config.effective_ha_listen))  # fmt: skip
+                                     min_in_sync_replicas=0, ha_listen=_fixed_port(config.effective_ha_listen),
+                                     ha_reconnect_backoff_min_ms=min(config.ha_reconnect_backoff_min_ms, RECONNECT_BACKOFF_MIN_MS))  # fmt: skip
         self.options = options
         self.timings = options.timings.validate()
         self._proposals_send, self._proposals_receive = trio.open_memory_channel(PROPOSALS_QUEUED_MAX)

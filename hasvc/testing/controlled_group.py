@@ -25,12 +25,18 @@ GROUP = "g"
 
 class ControlledGroup:
     def __init__(self, directory: str, *, controllers: int = 1, segment_size: int = 1024 * 1024,
-                 settings: dict | None = None, group: str = GROUP) -> None:  # fmt: skip
+                 settings: dict | None = None, group: str = GROUP, secret: bytes | None = None) -> None:  # fmt: skip
         self.directory = str(directory)
         self.group = group
         self.segment_size = segment_size
         self.settings = dict(settings or {})  # --set NAME=VALUE for every broker (controller timings included)
-        self.controllers = ControllerGroup(self.directory, controllers)
+        self.secret = secret
+        self.secret_file = None
+        if secret is not None:  # every controller, broker and client of the group then needs it
+            self.secret_file = os.path.join(self.directory, "secret")
+            with open(os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+                file.write(secret)
+        self.controllers = ControllerGroup(self.directory, controllers, secret_file=self.secret_file)
         self.brokers: dict[str, ReadyProcess] = {}
         self.stores: dict[str, str] = {}
 
@@ -45,6 +51,8 @@ class ControlledGroup:
                 "--set", "disk_max_used_space_ratio=1.0", "--set", "disk_clean_ratio=1.0"]  # fmt: skip
         for key, value in self.settings.items():
             args += ["--set", f"{key}={value}"]
+        if self.secret_file is not None:
+            args += ["--secret-file", self.secret_file]
         return hasvc_command(*args)
 
     def start_broker(self, name: str) -> ReadyProcess:
@@ -68,7 +76,7 @@ class ControlledGroup:
         if not process.alive:
             return None
         try:
-            with hc.BlockingClient(process.address) as client:
+            with hc.BlockingClient(process.address, self.secret) as client:
                 return client.status()
         except (hc.ClientError, OSError):
             return None

@@ -30,8 +30,8 @@ TOPIC = "Orders"
 def controlled(tmp_path):
     groups = []
 
-    def start(controllers: int = 1, **settings) -> ControlledGroup:
-        group = ControlledGroup(tmp_path, controllers=controllers, settings=settings)
+    def start(controllers: int = 1, secret: bytes | None = None, **settings) -> ControlledGroup:
+        group = ControlledGroup(tmp_path, controllers=controllers, settings=settings, secret=secret)
         groups.append(group)
         return group
 
@@ -235,3 +235,14 @@ def _controller_groups(group: ControlledGroup) -> str:
     import json
 
     return json.dumps(group.controllers.status("c0")["groups"])
+
+
+def test_a_group_with_a_secret_refuses_a_client_without_it(controlled):
+    group = controlled(secret=b"s3cret-for-every-port", min_in_sync_replicas=1)
+    group.start_broker("a")
+    assert group.master() == "a"  # registered and elected through the authenticated controller port
+    with hc.BlockingClient(group.address("a"), b"s3cret-for-every-port") as client:
+        assert client.send(TOPIC, b"signed").status == "PUT_OK"
+    with pytest.raises(hc.ClientError):
+        with hc.BlockingClient(group.address("a")) as client:
+            client.send(TOPIC, b"unsigned")

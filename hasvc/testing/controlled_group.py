@@ -43,8 +43,8 @@ class ControlledGroup:
     def store(self, name: str) -> str:
         return os.path.join(self.directory, name)
 
-    def _command(self, name: str, listen: str, ha_listen: str) -> list[str]:
-        args = ["broker", "--controllers", ",".join(self.controllers.addresses), "--group", self.group,
+    def _command(self, name: str, listen: str, ha_listen: str, controllers: list[str] | None) -> list[str]:
+        args = ["broker", "--controllers", ",".join(controllers or self.controllers.addresses), "--group", self.group,
                 "--store", self.store(name), "--listen", listen, "--ha-listen", ha_listen,
                 "--set", f"commitlog_segment_size={self.segment_size}",
                 # the stores are throwaway: how full the host's disk is is not what is tested
@@ -55,8 +55,9 @@ class ControlledGroup:
             args += ["--secret-file", self.secret_file]
         return hasvc_command(*args)
 
-    def start_broker(self, name: str) -> ReadyProcess:
-        command = self._command(name, f"{LOOPBACK}:{free_port()}", f"{LOOPBACK}:{free_port()}")
+    def start_broker(self, name: str, *, controllers: list[str] | None = None) -> ReadyProcess:
+        """``controllers``: the addresses this broker calls the controllers at (a partition relay's), else theirs."""
+        command = self._command(name, f"{LOOPBACK}:{free_port()}", f"{LOOPBACK}:{free_port()}", controllers)
         process = ReadyProcess(f"broker {name}", command, os.path.join(self.directory, f"{name}.log"))
         self.brokers[name] = process
         self.stores[name] = self.store(name)
@@ -100,6 +101,15 @@ class ControlledGroup:
             return found[0] if len(found) == 1 else None
 
         return self.wait(serving, "one master with its lease", timeout)
+
+    def in_set(self, master: str, names) -> bool:
+        """Whether ``master``'s SyncStateSet holds every broker of ``names`` (writes may go on)."""
+        status = self.status(master)
+        others = [self.status(name) for name in names]
+        if status is None or any(other is None for other in others):
+            return False
+        ids = {other["broker_id"] for other in others}
+        return ids <= set(status["sync_state_set"]) and status.get("sync_state_set_proposed") is None
 
     def in_sync(self, master: str, names) -> bool:
         """Whether ``master``'s SyncStateSet holds every broker of ``names`` and each has its log's end."""

@@ -579,8 +579,11 @@ class ControlledBroker(Broker):
                            tracker.sync_state_set_epoch)  # fmt: skip
         elif answer.status == cp.STATUS_REFUSED:
             LOGGER.warning("group %s: SyncStateSet %s refused: %s", proposal.group, sorted(proposal.new_set), answer.reason)
-            # settled as refused: the set as it was; the next heartbeat shows the controller's
-            tracker.on_answer(proposal, False, tracker.sync_state_set, tracker.sync_state_set_epoch, master_epoch=tracker.epoch)
+            view = answer.view  # the controller's set as it stands (a refusal changed nothing)
+            if view is not None:
+                tracker.on_answer(proposal, False, frozenset(view.sync_state_set), view.sync_state_set_epoch, master_epoch=view.epoch)
+            else:  # settled as refused: the set as it was; the next heartbeat shows the controller's
+                tracker.on_answer(proposal, False, tracker.sync_state_set, tracker.sync_state_set_epoch, master_epoch=tracker.epoch)
         self.sync_set.changed()
 
     async def _tick(self) -> None:

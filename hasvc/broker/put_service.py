@@ -601,7 +601,9 @@ def producer_sequences(store: MessageStore, *, span_bytes: int = 0, start_offset
     """The producer sequences tagged in the last ``span_bytes`` of the log, or between the
     record boundaries ``start_offset`` and ``end_offset``: by producer, in log order."""
     by_producer: dict[bytes, list] = {}
-    for match, place in store.find_at_record_ends(span_bytes, PRODUCER_TAG, start_offset=start_offset, end_offset=end_offset):
+    # offsets only when given: a DLedger member's store searches its last span_bytes alone
+    bounds = {} if start_offset is None and end_offset is None else {"start_offset": start_offset, "end_offset": end_offset}
+    for match, place in store.find_at_record_ends(span_bytes, PRODUCER_TAG, **bounds):
         producer_id, sequence = match.groups()
         by_producer.setdefault(producer_id, []).append((int(sequence), Stored(place.offset, place.size, place.queue_id, place.queue_offset)))
     return {producer_id.decode(errors="replace"): entries for producer_id, entries in by_producer.items()}

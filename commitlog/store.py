@@ -665,18 +665,22 @@ class MessageStore:
             position = walk.position
         return mapped_file.file_from_offset + position
 
-    def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern) -> Iterator[tuple[re.Match, RecordPlace]]:
+    def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern, *, start_offset: int | None = None,
+                            end_offset: int | None = None) -> Iterator[tuple[re.Match, RecordPlace]]:  # fmt: skip
         """Matches of ``pattern`` that end exactly where a record ends, or where its CRC tail
         starts (so they lie in its properties, the record's last field, never in its body), in the last ``span_bytes`` of
         the log, with where that record is. Fast: the regex engine finds candidates and the
-        dispatch parser (native when built) locates records; no record is decoded in Python."""
+        dispatch parser (native when built) locates records; no record is decoded in Python.
+        ``start_offset``/``end_offset``: record boundaries to search between instead (a slave
+        following its log's growth)."""
         log = self.commit_log
-        offset = self.tail_start(span_bytes)
-        while offset < log.max_offset:
+        offset = self.tail_start(span_bytes) if start_offset is None else start_offset
+        stop = log.max_offset if end_offset is None else min(end_offset, log.max_offset)
+        while offset < stop:
             mapped_file = log.mapped_file_queue.find_mapped_file_by_offset(offset)
             base = mapped_file.file_from_offset
             start = offset - base
-            limit = min(mapped_file.read_position, log.max_offset - base)
+            limit = min(mapped_file.read_position, stop - base)
             view = mapped_file.view()
             matches = list(pattern.finditer(view, start, limit))
             if matches:

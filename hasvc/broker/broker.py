@@ -51,12 +51,14 @@ LOGGER = logging.getLogger(__name__)
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig):
+    def __init__(self, config: BrokerConfig, *, role_state: RoleState | None = None, replicator=None):
+        """``role_state`` and ``replicator``: a controller-mode broker's own (``controlled.py``:
+        it starts as a slave of nobody yet, and replicates against its SyncStateSet)."""
         self.config = config.validate()
-        self.role_state = RoleState(config.role, config.master_ha)
+        self.role_state = role_state or RoleState(config.role, config.master_ha)
         self.replicas = ReplicaSet()
-        self.replicator = ClassicReplicator(self.replicas, in_sync_replicas=config.in_sync_replicas,
-                                            max_gap=config.ha_max_gap_not_in_sync, log_end=self._log_end)  # fmt: skip
+        self.replicator = replicator or ClassicReplicator(self.replicas, in_sync_replicas=config.in_sync_replicas,
+                                                          max_gap=config.ha_max_gap_not_in_sync, log_end=self._log_end)  # fmt: skip
         self.producers = ProducerTable(window=config.producer_sequence_window, producers_max=config.producers_max)
         # The drivers over the store, made when it is open (attach_store).
         self.store: MessageStore | None = None
@@ -67,6 +69,7 @@ class Broker:
         self.ha_address: Address | None = None
         self._nursery: trio.Nursery | None = None
         self._ha_client_scope: trio.CancelScope | None = None
+        self._ha_client_done: trio.Event | None = None  # set when the running HA client's task has ended
         self._ha_service_scope: trio.CancelScope | None = None
         self.ha_service: HAService | None = None  # a master's HAService, for pushing appends to its slaves
         self.started_at = time.time()  # wall clock, for the status's uptime
@@ -127,8 +130,8 @@ class Broker:
                 if not self.role_state.is_slave:
                     self._open_start_epoch()
                     await self._start_ha_service(nursery, ssl_context)
-                else:
-                    nursery.start_soon(self._run_ha_client)
+                elif self.role_state.master_ha is not None:  # None: a controller-mode broker, no master named yet
+                    self._start_ha_client()
                 nursery.start_soon(self.client_port.append_task)
                 nursery.start_soon(self.put_service.waiter_timer_task)
                 self.store_tasks.start(nursery, self.put_service)
@@ -199,28 +202,44 @@ class Broker:
             self.replicator.appended()
         self.store_tasks.after_appends()
 
-    async def _run_ha_client(self) -> None:
+    def _start_ha_client(self) -> None:
+        """Start replicating; its cancel scope is made here, so a stop that follows at once
+        cancels this client even before its task runs."""
+        self._ha_client_scope = scope = trio.CancelScope()
+        self._nursery.start_soon(self._run_ha_client, scope)
+
+    async def _run_ha_client(self, scope: trio.CancelScope) -> None:
         # after_appends: the store's part alone (a slave serves no slaves: the replicator has nothing to push).
         client = HAClient(config=self.config, store=self.store, role=self.role_state, listen_address=self.listen_address,
                           truncation_locks=(self.store_tasks.maintenance, self.store_tasks.warming),
                           after_appends=self.store_tasks.after_appends)  # fmt: skip
-        self._ha_client_scope = trio.CancelScope()
-        with self._ha_client_scope:
-            await client.run()
+        previous, self._ha_client_done = self._ha_client_done, trio.Event()
+        done = self._ha_client_done
+        try:
+            with scope:
+                if previous is not None:  # a client told to stop ends first: two must never write the log at once
+                    await previous.wait()
+                await client.run()
+        finally:
+            done.set()
 
-    async def promote(self, role: BrokerRole, *, fence_reason: str = "") -> None:
+    async def promote(self, role: BrokerRole, *, fence_reason: str = "", epoch: int | None = None) -> None:
         """Slave -> master: stop replicating, cut a partial last record, open a new epoch at the
         log's end and persist it before taking any write, then serve producers and slaves. With
-        ``fence_reason`` it is fenced from its first moment as master (no write comes between)."""
-        promotion, effects = self.role_state.begin_promotion(role, local_epoch=self.store.epochs.last_epoch)
+        ``fence_reason`` it is fenced from its first moment as master (no write comes between).
+        ``epoch``: the one a controller chose (controller mode), else one past every epoch known."""
+        promotion, effects = self.role_state.begin_promotion(role, local_epoch=self.store.epochs.last_epoch, epoch=epoch)
         await self._carry_out(effects)
+        if self._ha_client_done is not None:  # the HA client's last frame is in the log before it is cut
+            await self._ha_client_done.wait()
         async with self.store_tasks.maintenance, self.store_tasks.warming:
             end = await trio.to_thread.run_sync(self.store.last_record_end)
             if end < self.store.commit_log.max_wrote_offset:
                 LOGGER.warning("promote: cutting a partial record [%d, %d)", end, self.store.commit_log.max_wrote_offset)
                 await trio.to_thread.run_sync(self.store.truncate, end)
             await trio.to_thread.run_sync(self.store.resume_queue_offsets)
-            self.store.open_epoch(promotion.epoch)
+            if promotion.epoch != self.store.epochs.last_epoch:  # equal: a controller's master resumes its epoch
+                self.store.open_epoch(promotion.epoch)
             await self._rebuild_producer_table()
         effects = self.role_state.finish_promotion(promotion)
         if fence_reason:
@@ -236,7 +255,7 @@ class Broker:
                     if self._ha_client_scope is not None:
                         self._ha_client_scope.cancel()
                 case role_effects.StartReplicating():
-                    self._nursery.start_soon(self._run_ha_client)
+                    self._start_ha_client()
                 case role_effects.StartHAService():
                     await self._start_ha_service(self._nursery, self._server_ssl())
                 case role_effects.StopHAService():
@@ -264,7 +283,8 @@ class Broker:
         """The HA service of this broker as a master (its store open)."""
         client_address = format_address(self.listen_address) if self.listen_address is not None else ""
         return HAService(config=self.config, store=self.store, replicas=self.replicas, role=self.role_state,
-                         on_ack=self.replicator.on_report, client_address=client_address)  # fmt: skip
+                         on_ack=self.replicator.on_report, client_address=client_address,
+                         on_closed=getattr(self.replicator, "on_slave_closed", None))  # fmt: skip
 
     async def _start_ha_service(self, nursery: trio.Nursery, ssl_context) -> None:
         if ssl_context is not None and self.config.tls_ca is not None:
@@ -291,6 +311,13 @@ class Broker:
         histories' consistent point."""
         await self._carry_out(self.role_state.demote(master_ha))
         LOGGER.warning("demoted: now a slave of %s", format_address(master_ha))
+
+    async def follow(self, master_ha) -> None:
+        """Controller mode: be the slave of ``master_ha``, from any role (``RoleState.follow``)."""
+        effects = self.role_state.follow(master_ha)
+        await self._carry_out(effects)
+        if effects:
+            LOGGER.warning("now a slave of %s", format_address(master_ha))
 
     async def fence(self, fence: bool, reason: str) -> None:
         """FENCE: refuse writes from now on (SERVICE_NOT_AVAILABLE naming ``reason``) while the
@@ -349,7 +376,7 @@ class Broker:
         }
         role = self.role_state
         if role.is_slave:
-            status["master_ha"] = format_address(role.master_ha)
+            status["master_ha"] = format_address(role.master_ha) if role.master_ha is not None else None
             status["master_connected"] = role.master_connected
             status["master_client_address"] = role.master_client_address  # from its MASTER_HELLO; null before
             if role.replication_refused:

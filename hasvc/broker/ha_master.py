@@ -73,11 +73,14 @@ class HAService:
     """A master's slaves: ``handle`` serves one HA connection; ``push`` sends new appends to the
     idle ones from the put path. What it needs of the broker is passed in: the configuration,
     the store, the replica set it keeps up to date, the role (a slave with a newer epoch fences
-    it) and ``on_ack``, called after every report (it releases the puts the report covers)."""
+    it) and ``on_ack``, called after every report (it releases the puts the report covers);
+    ``on_closed``, when given, after a slave's connection ended and it left the replica set."""
 
     def __init__(self, *, config: BrokerConfig, store: MessageStore, replicas: ReplicaSet, role: RoleState,
-                 on_ack: Callable[[], None], client_address: str = "") -> None:  # fmt: skip
+                 on_ack: Callable[[], None], client_address: str = "",
+                 on_closed: Callable[[SlaveProgress], None] | None = None) -> None:  # fmt: skip
         self.config = config
+        self.on_closed = on_closed
         self.client_address = client_address  # told to slaves in MASTER_HELLO (where a refused SEND should go)
         self.store = store
         self.replicas = replicas
@@ -117,6 +120,8 @@ class HAService:
                     nursery.start_soon(self._write_frames, connection, progress, first_report, hello)
             finally:
                 self.replicas.remove(connection_id)
+                if self.on_closed is not None:
+                    self.on_closed(progress)
         except BaseException as error:
             if not transport.is_expected(error, CONNECTION_ERRORS):
                 raise

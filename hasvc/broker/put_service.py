@@ -590,10 +590,20 @@ def rebuild_producer_table(store: MessageStore, table: ProducerTable, *, span_by
     """Fill ``table`` from the records in the last ``span_bytes`` of the log (a broker becoming
     master); the number of producer sequences found."""
     table.clear()
+    by_producer = producer_sequences(store, span_bytes=span_bytes)
+    for producer_id, entries in by_producer.items():
+        table.load(producer_id, entries)
+    return sum(len(entries) for entries in by_producer.values())
+
+
+def producer_sequences(store: MessageStore, *, span_bytes: int = 0, start_offset: int | None = None,
+                       end_offset: int | None = None) -> dict[str, list[tuple[int, Stored]]]:  # fmt: skip
+    """The producer sequences tagged in the last ``span_bytes`` of the log, or between the
+    record boundaries ``start_offset`` and ``end_offset``: by producer, in log order."""
     by_producer: dict[bytes, list] = {}
-    for match, place in store.find_at_record_ends(span_bytes, PRODUCER_TAG):
+    # offsets only when given: a DLedger member's store searches its last span_bytes alone
+    bounds = {} if start_offset is None and end_offset is None else {"start_offset": start_offset, "end_offset": end_offset}
+    for match, place in store.find_at_record_ends(span_bytes, PRODUCER_TAG, **bounds):
         producer_id, sequence = match.groups()
         by_producer.setdefault(producer_id, []).append((int(sequence), Stored(place.offset, place.size, place.queue_id, place.queue_offset)))
-    for producer_id, entries in by_producer.items():
-        table.load(producer_id.decode(errors="replace"), entries)
-    return sum(len(entries) for entries in by_producer.values())
+    return {producer_id.decode(errors="replace"): entries for producer_id, entries in by_producer.items()}

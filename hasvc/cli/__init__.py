@@ -17,7 +17,7 @@ import click
 
 from hasvc.cli import common
 from hasvc.cli.bench import bench
-from hasvc.cli.broker import master, slave
+from hasvc.cli.broker import controlled_broker, master, slave
 from hasvc.cli.controller import controller
 from hasvc.cli.client import demote, promote, read, send, status, switchover, transfer_leader
 from hasvc.cli.config import config
@@ -86,8 +86,8 @@ def main(debug) -> None:
     _debug = debug
 
 
-for command in (store, master, slave, node, controller, send, read, promote, demote, status, switchover, demo, drill, bench, spark,
-                config):
+for command in (store, master, slave, controlled_broker, node, controller, send, read, promote, demote, status, switchover, demo,
+                drill, bench, spark, config):
     main.add_command(command)
 main.add_command(transfer_leader)
 register_proxy(main, bench)  # hasvc proxy, hasvc bench proxy

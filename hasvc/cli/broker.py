@@ -152,7 +152,8 @@ def _reason(error: BaseException) -> str:
     return str(error).strip("'\"") if isinstance(error, KeyError) else str(error)
 
 
-def _run_broker(config) -> None:
+def _run_broker(config, controlled=None) -> None:
+    """``controlled``: (group, controllers, timings) of a controller-mode broker."""
     import logging
     import signal
 
@@ -172,7 +173,13 @@ def _run_broker(config) -> None:
 
     async def serve() -> None:
         nonlocal ready
-        broker = Broker(config)
+        if controlled is None:
+            broker = Broker(config)
+        else:
+            from hasvc.broker.controlled import ControlledBroker, ControlledOptions
+
+            group, controllers, timings = controlled
+            broker = ControlledBroker(config, ControlledOptions(group, controllers, timings))
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 addresses = await nursery.start(broker.run)
@@ -226,3 +233,50 @@ def slave(store_dir, listen, ha_listen, flush, config_file, secret_file, insecur
                       tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen,
                       master_ha=master_ha)  # fmt: skip
     _run_broker(_build_config("SLAVE", cli_values, config_file, secret_file, settings))
+
+
+def _controlled_settings(settings: tuple[str, ...]) -> tuple[dict, tuple[str, ...]]:
+    """``--set`` split into controller timings (ControllerTimings' names) and the rest (broker options)."""
+    from hasvc.state.controller.config import ControllerTimings
+
+    fields = {f.name: f for f in dataclasses.fields(ControllerTimings)}
+    timings, rest = {}, []
+    for setting in settings:
+        name, _, raw = setting.partition("=")
+        if name in fields:
+            timings[name] = _typed(raw, fields[name])
+        else:
+            rest.append(setting)
+    return timings, tuple(rest)
+
+
+@click.command("broker")
+@_broker_options
+@click.option("--controllers", required=True, help="The controllers' ports, HOST:PORT,HOST:PORT,... (any of them: the leader is found).")
+@click.option("--group", required=True, help="The broker group's name: the controllers keep one master per group.")
+def controlled_broker(store_dir, listen, ha_listen, flush, config_file, secret_file, insecure, tls_cert, tls_key, tls_ca,
+                      metrics_listen, settings, controllers, group) -> None:  # fmt: skip
+    """Run a broker whose role the controllers decide (controller mode): no --role, no promote.
+
+    It registers with the controllers (its store's identity keeps its broker id), heartbeats to
+    their leader, and serves as SYNC_MASTER (a put waits for every member of the SyncStateSet) or
+    as the slave of the master they name. --ha-listen is where it serves slaves as master (port 0:
+    a free port chosen at start and kept). Controller timings (broker_heartbeat_interval_seconds,
+    master_lease_seconds, sync_set_lag_seconds_max, min_in_sync_replicas, ...) go in --set and must
+    match the controllers'. Prints one line `READY {json}` on stdout when serving.
+    """
+    from hasvc.controller.client import parse_controllers
+    from hasvc.state.controller.config import ControllerTimings
+
+    timing_values, settings = _controlled_settings(settings)
+    try:
+        timings = ControllerTimings(**timing_values).validate()
+        addresses = parse_controllers(controllers)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+    if not group or len(group) > 256 or not group.isprintable():
+        raise click.BadParameter(f"{group!r}: a group name is one line of printable text", param_hint="--group")
+    cli_values = dict(store=store_dir, listen=listen, ha_listen=ha_listen, flush=flush, insecure=insecure,
+                      tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen)  # fmt: skip
+    config = _build_config("SYNC_MASTER", cli_values, config_file, secret_file, settings)
+    _run_broker(config, controlled=(group, addresses, timings))

@@ -25,17 +25,21 @@ def demo(producers, keep, dledger) -> None:
 @click.command()
 @click.option("--rounds", type=int, default=3, show_default=True)
 @click.option("--producers", type=int, default=8, show_default=True)
-@click.option("--mode", type=click.Choice(["sync", "async", "dledger"]), default="sync", show_default=True,
-              help="sync/async: a master and a slave, failover by promote; dledger: a Raft group, no promote.")
-@click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True, help="dledger: group size.")
+@click.option("--mode", type=click.Choice(["sync", "async", "dledger", "controller"]), default="sync", show_default=True,
+              help="sync/async: a master and a slave, failover by promote; dledger: a Raft group, no promote; "
+                   "controller: brokers whose controller fails them over, no promote.")
+@click.option("--nodes", type=click.Choice(["2", "3", "5"]), default="3", show_default=True,
+              help="dledger: group size (3 or 5); controller: brokers in the group.")
 @click.option("--fault", type=click.Choice(["kill-leader", "kill-follower", "partition-leader", "mixed", "corrupt", "disk-full",
-                                            "switchover"]),
+                                            "switchover", "kill-master", "partition-master", "kill-slave"]),
               default=None, help="The fault each round injects. dledger: kill-leader (the default), kill-follower, "
               "partition-leader, mixed, corrupt, disk-full. sync: corrupt, disk-full, switchover; without --fault, a "
               "failover round. corrupt: stop a replica, flip one bit in one file of its store, restart it under load "
               "(a classic broker that refuses is repaired from its peer; a DLedger member must rejoin by itself). "
               "disk-full: one replica's store, on a tmpfs the drill mounts as root, filled and freed under load. "
-              "switchover (sync or async): a planned hasvc switchover under load each round, back and forth.")
+              "switchover (sync or async): a planned hasvc switchover under load each round, back and forth. "
+              "controller: kill-master (the default: SIGKILL the master, the controller elects, it rejoins as a slave), "
+              "partition-master (cut the master off from the controller, clients still reach it), kill-slave, mixed.")
 @click.option("--dledger-timing", is_flag=True, help="dledger: DLedger's election defaults instead of etcd-like ones.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds when and whom the fault hits.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
@@ -58,11 +62,31 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
     slave's last byte, promote, demote); no acknowledged write lost or duplicated, nothing cut,
     logs identical.
 
+    controller: one controller and --nodes `hasvc broker --controllers` processes; each round
+    SIGKILLs the master under load, the controller elects a member of the SyncStateSet and the
+    killed broker rejoins as its slave; the same checks, and failover time p50/p99.
+
     --fault corrupt: a replica is stopped, one bit of one file of its store flipped, and it is
     restarted under load; the same checks. A classic broker that refuses to open its store is
     repaired from its peer (hasvc store repair); a DLedger member must rejoin by itself."""
     if (tls_cert or tls_key or tls_ca) and (mode != "dledger" or not (tls_cert and tls_key)):
         raise click.UsageError("--tls-cert/--tls-key (and --tls-ca) go together, with --mode dledger")
+    if mode != "dledger" and mode != "controller" and nodes != "3":
+        raise click.UsageError("--nodes goes with --mode dledger or controller")
+    if (mode == "dledger" and nodes == "2") or (mode == "controller" and nodes == "5"):
+        raise click.UsageError(f"--mode {mode} runs with --nodes {'3 or 5' if mode == 'dledger' else '2 or 3'}")
+    if mode == "controller":
+        if fault not in (None, "kill-master", "partition-master", "kill-slave", "mixed"):
+            raise click.UsageError(f"--mode controller runs --fault kill-master, partition-master, kill-slave or mixed (not {fault})")
+        from hasvc.tools.drill_controller import run_controller_drill
+
+        ok = run_controller_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-master",
+                                  seed=seed, report_path=report_path, keep=keep, echo=click.echo)  # fmt: skip
+        if not ok:
+            sys.exit(1)
+        return
+    if fault in ("kill-master", "partition-master", "kill-slave"):
+        raise click.UsageError(f"--fault {fault} runs with --mode controller")
     if fault == "disk-full" and mode != "dledger":
         if mode != "sync":
             raise click.UsageError("--fault disk-full runs with --mode sync or dledger")

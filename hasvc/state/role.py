@@ -19,9 +19,15 @@ port) or a slave (it replicates from ``master_ha`` and refuses writes, naming it
   (``hasvc switchover``) fences too, and ``lift_fence`` with the same reason undoes only that one.
 * ``epoch_seen`` remembers the newest epoch a peer showed (a master's hello, a slave's hello): a
   later promotion opens an epoch above it.
+* Controller mode (``hasvc/broker/controlled.py``): a broker starts as a slave of nobody yet
+  (``master_ha`` None: it refuses writes and replicates from no one) until its controller names
+  the master; ``follow`` makes it the slave of the master it names (from any role), and a
+  promotion opens the epoch the controller chose (``epoch``), which must lie above every epoch
+  this broker knows.
 
-Invariants (``check_invariants`` after every transition): a slave has a master address, is not
-fenced and is the only role that can be connected to a master; ``peer_epoch`` never decreases.
+Invariants (``check_invariants`` after every transition): a slave is not fenced and is the only
+role that can be connected to a master, and only with a master address (None: no master named
+yet, controller mode); ``peer_epoch`` never decreases.
 """
 
 from __future__ import annotations
@@ -94,8 +100,8 @@ class RoleState:
     def check_invariants(self) -> None:
         assert self.peer_epoch >= 0
         if self.role is BrokerRole.SLAVE:
-            assert self.master_ha is not None
             assert self.fenced_by is None
+            assert self.master_ha is not None or not self.master_connected
         else:
             assert self.master_ha is None
             assert not self.master_connected
@@ -111,6 +117,8 @@ class RoleState:
     def write_refusal(self) -> str | None:
         """Why this broker refuses a write now (SERVICE_NOT_AVAILABLE), or None."""
         if self.role is BrokerRole.SLAVE:
+            if self.master_ha is None:
+                return "this broker is a slave with no master named yet: its controller has not elected one"
             if self.master_client_address:
                 return f"this broker is a slave; send to its master at {self.master_client_address}"
             return (f"this broker is a slave of the master whose HA address is {format_address(self.master_ha)} "
@@ -150,17 +158,24 @@ class RoleState:
         self.master_connected = connected
         self.check_invariants()
 
-    def begin_promotion(self, role: BrokerRole, *, local_epoch: int) -> tuple[Promotion, list[Effect]]:
+    def begin_promotion(self, role: BrokerRole, *, local_epoch: int, epoch: int | None = None) -> tuple[Promotion, list[Effect]]:
         """Slave -> ``role``, first step: the epoch to open and what to do before the driver
         prepares the log. The role is unchanged (writes stay refused) until ``finish_promotion``.
-        Raises ValueError when this broker is not a slave."""
+        ``epoch``: the one a controller chose (else one past every epoch known here): above every
+        epoch known here, or the log's own last one when no peer showed it (a master restarted
+        in its epoch resumes it: the driver opens no new one). Raises ValueError when this broker
+        is not a slave, or ``epoch`` is neither."""
         if role is BrokerRole.SLAVE:
             raise ValueError("promote to SYNC_MASTER or ASYNC_MASTER")
         if self.role is not BrokerRole.SLAVE:
             raise ValueError(f"already {self.role.value}")
+        highest = self.highest_epoch(local_epoch)
+        resumes = epoch == local_epoch and self.peer_epoch < local_epoch
+        if epoch is not None and epoch <= highest and not resumes:
+            raise ValueError(f"cannot serve epoch {epoch}: this broker knows epoch {highest} already (a master's epoch only grows)")
         self.master_connected = False
         self.check_invariants()
-        return Promotion(role, self.highest_epoch(local_epoch) + 1), [StopReplicating()]
+        return Promotion(role, highest + 1 if epoch is None else epoch), [StopReplicating()]
 
     def finish_promotion(self, promotion: Promotion) -> list[Effect]:
         """Second step, once the new epoch is persisted: a master, taking writes."""
@@ -182,3 +197,18 @@ class RoleState:
         self.fenced_by = None
         self.check_invariants()
         return [ClearProducers(), StopHAService(), FailAckWaits(), StartReplicating(master_ha)]
+
+    def follow(self, master_ha: Address) -> list[Effect]:
+        """Controller mode: be the slave of ``master_ha`` from any role (a master is demoted; a
+        slave of another master, or of none yet, replicates from this one instead); nothing to
+        do when it already is."""
+        if self.role is not BrokerRole.SLAVE:
+            return self.demote(master_ha)
+        if self.master_ha == master_ha:
+            return []
+        self.master_ha = master_ha
+        self.master_connected = False
+        self.master_client_address = None
+        self.replication_refused = None
+        self.check_invariants()
+        return [StopReplicating(), StartReplicating(master_ha)]

@@ -174,3 +174,67 @@ def test_a_late_answer_to_an_older_proposal_does_not_settle_the_one_in_flight():
     assert tracker.proposal == shrink
     tracker.on_answer(shrink, False, frozenset({1, 2}), 2, master_epoch=3)
     assert tracker.proposal is None
+
+
+# -- the tracker against a controller that applies, refuses, loses and reorders --------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hasvc.state.controller.state import ControllerState, Elect, Register  # noqa: E402
+
+_OPS = st.lists(st.tuples(st.sampled_from(["ack", "append", "disconnect", "tick", "apply", "answer", "heartbeat"]),
+                          st.integers(2, 4), st.integers(0, 30), st.integers(0, 10)), max_size=80)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(_OPS)
+def test_every_member_of_the_controllers_set_is_always_waited_for(ops):
+    """Whatever the controller applies, refuses, loses or answers late and out of order, the
+    members the master waits for include every member of the controller's set: any of them may
+    be elected, so none may lack an acknowledged write (the #5663 rule, and shrinks only once
+    accepted)."""
+    controller = ControllerState()
+    for number in range(1, 5):
+        controller.apply(Register("g", f"s{number}", f"h{number}:1", f"h{number}:2"))
+    controller.apply(Elect("g", 1, 0, "first"))
+    tracker = SyncStateSetTracker("g", 1, 1, epoch_start_offset=0, master_end=0, sync_state_set=frozenset({1}),
+                                  sync_state_set_epoch=1, timings=TIMINGS, now=0.0)  # fmt: skip
+    now, acks, sent, answers = 0.0, {}, [], []
+    for op, slave, amount, pick in ops:
+        now += 0.05
+        if op == "ack":
+            acks[slave] = min(tracker.master_end, acks.get(slave, 0) + amount)
+            proposal = tracker.on_ack(slave, acks[slave], tracker.master_end, now)
+        elif op == "append":
+            tracker.on_append(tracker.master_end + amount)
+            proposal = None
+        elif op == "disconnect":
+            proposal = tracker.on_disconnect(slave, now)
+        elif op == "tick":
+            now += amount / 10
+            proposal = tracker.tick(now)
+        elif op == "apply" and sent:
+            command = sent.pop(pick % len(sent))
+            answer = controller.apply(command)
+            if pick % 3:  # else the answer is lost
+                group = answer.group
+                answers.append((command, answer.accepted, group.sync_state_set, group.sync_state_set_epoch))
+            proposal = None
+        elif op == "answer" and answers:
+            command, accepted, new_set, set_epoch = answers.pop(pick % len(answers))
+            tracker.on_answer(command, accepted, new_set, set_epoch, master_epoch=1)
+            proposal = tracker.tick(now)
+        elif op == "heartbeat":
+            group = controller.groups["g"]
+            tracker.on_heartbeat(group.sync_state_set, group.sync_state_set_epoch, master_epoch=1)
+            proposal = tracker.tick(now)
+        else:
+            proposal = None
+        if proposal is not None:
+            sent.append(proposal)
+            if pick % 4 == 0:
+                sent.append(proposal)  # sent twice (a retry whose first copy was not lost)
+        truth = controller.groups["g"].sync_state_set
+        assert truth <= tracker.counted_members(), (truth, tracker.counted_members(), tracker.proposal)
+        assert tracker.ack_watermark() <= min([acks.get(s, 0) for s in truth - {1}], default=tracker.master_end)

@@ -83,3 +83,47 @@ def test_the_peer_epoch_never_goes_back_and_a_master_is_never_connected_to_a_mas
         role.set_master_connected(True)
     with pytest.raises(AssertionError):
         RoleState(BrokerRole.SLAVE, MASTER_HA).fence("a slave takes no writes")
+
+
+# -- controller mode ------------------------------------------------------------------------
+
+OTHER_HA = ("127.0.0.1", 10922)
+
+
+def test_a_controlled_broker_starts_as_a_slave_of_nobody_and_follows_the_named_master():
+    role = RoleState(BrokerRole.SLAVE, None)
+    assert "no master named yet" in role.write_refusal()
+    assert role.follow(MASTER_HA) == [StopReplicating(), StartReplicating(MASTER_HA)]
+    assert role.master_ha == MASTER_HA
+    assert role.follow(MASTER_HA) == []  # already its slave
+    role.set_master_connected(True)
+    role.master_client_address = "127.0.0.1:10911"
+    assert role.follow(OTHER_HA) == [StopReplicating(), StartReplicating(OTHER_HA)]  # another master elected
+    assert not role.master_connected and role.master_client_address is None
+
+
+def test_follow_demotes_a_master():
+    role = RoleState(BrokerRole.SYNC_MASTER, None)
+    role.fence("no controller lease")
+    assert role.follow(OTHER_HA) == [ClearProducers(), StopHAService(), FailAckWaits(), StartReplicating(OTHER_HA)]
+    assert role.is_slave and role.fenced_by is None
+
+
+def test_a_promotion_opens_the_controllers_epoch_only_above_every_epoch_known():
+    role = RoleState(BrokerRole.SLAVE, None)
+    promotion, effects = role.begin_promotion(BrokerRole.SYNC_MASTER, local_epoch=3, epoch=7)
+    assert promotion.epoch == 7 and effects == [StopReplicating()]
+    role = RoleState(BrokerRole.SLAVE, MASTER_HA)
+    role.epoch_seen(5)  # a master of epoch 5 was seen: epoch 5 is not ours to open, nor anything below
+    for epoch in (4, 5):
+        with pytest.raises(ValueError, match=f"cannot serve epoch {epoch}"):
+            role.begin_promotion(BrokerRole.SYNC_MASTER, local_epoch=5, epoch=epoch)
+    assert role.role is BrokerRole.SLAVE
+
+
+def test_a_master_restarted_in_its_own_epoch_resumes_it():
+    role = RoleState(BrokerRole.SLAVE, None)
+    promotion, _ = role.begin_promotion(BrokerRole.SYNC_MASTER, local_epoch=4, epoch=4)
+    assert promotion.epoch == 4  # the driver opens no new epoch: it is the log's last
+    with pytest.raises(ValueError):
+        RoleState(BrokerRole.SLAVE, None).begin_promotion(BrokerRole.SYNC_MASTER, local_epoch=4, epoch=3)

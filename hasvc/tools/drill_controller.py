@@ -1,0 +1,276 @@
+"""``hasvc drill --mode controller``: a classic group whose controller fails it over, no human in the loop.
+
+Theory of operation
+-------------------
+One ``hasvc controller`` and ``--nodes`` ``hasvc broker --controllers ... --group`` processes on
+loopback (``hasvc.testing.controlled_group``). Producers write uniquely numbered messages through
+the failover client (idempotent retries: a send retried on the new master is answered with its
+original offsets, never stored twice) for the whole drill. Each broker calls the controller
+through a relay of its own (``hasvc.tools.partition.Link``), which can cut it off from the
+controller while clients and its peers still reach it. Each round injects one fault at a random
+moment under load, and nobody promotes anyone:
+
+- ``kill-master``: SIGKILL of the master; the controller elects the member of the SyncStateSet
+  with the highest log, which promotes itself to the epoch the controller chose; the killed
+  broker is restarted (same store and ports: it comes back as the new master's slave and cuts
+  only what its epoch history says the new master never had);
+- ``partition-master``: the master cut off from the controller, reachable by clients: it must
+  stop acknowledging when its lease runs out, before the controller elects another (a write it
+  acknowledged after that would be missing from the new master: counted lost); then healed, it
+  follows the new master and cuts its unacknowledged tail;
+- ``kill-slave``: SIGKILL of a slave, restarted: the SyncStateSet shrinks and expands again;
+- ``mixed``: each round one of the three, drawn from the seed.
+
+A master fault's round measures the time from the fault to the first PUT_OK of a send started
+after it and answered by another broker than the old master (a put the dying or cut-off master
+acknowledged does not count). Then the round waits until every broker holds
+the master's log and is in its SyncStateSet, pauses the producers, and checks from the stores on
+disk (``commitlog.inspect.iter_records``) as every drill does:
+
+- every PUT_OK message is in the master's log exactly once, at its acknowledged offset;
+- no message number appears twice;
+- every broker's commit log is byte-identical up to the master's end, and so are the consume
+  queues; every broker shows the same epoch history; checkpoint and epoch files agree with the log.
+
+With three brokers the new master acknowledges once the surviving slave joins its SyncStateSet
+(``min_in_sync_replicas`` 2, the default); with two, until the killed one is back, it answers
+SLAVE_NOT_AVAILABLE (stored, not acknowledged), so the failover time then includes the restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import statistics
+import tempfile
+import time
+import random
+
+import trio
+
+from commitlog.inspect import iter_records
+from hasvc import client as hc
+from hasvc.config import parse_address
+from hasvc.testing.controlled_group import ControlledGroup
+from hasvc.tools.partition import Link
+from hasvc.tools.drill import DRILL_TOPIC, files_agree_with_log, log_digest, queue_file_digests
+from hasvc.tools.drill_dledger import percentile
+
+FAULTS = ("kill-master", "partition-master", "kill-slave")
+SETTLE_SECONDS = 1.0  # writes go on this long (times 0.5-2, from the seed) before a fault, and after a rejoin
+FAILOVER_WAIT_SECONDS = 60.0  # no PUT_OK this long after the fault: the round fails
+SENDS_FINISHED_SECONDS = 60.0  # sends still in flight this long after the pause: the round fails
+# Every broker's settings: the drill's segments are small (the from-disk checks read them all), and
+# a failed-over producer retries within the failover client's time.
+BROKER_SETTINGS = {"slave_timeout_ms": 2000, "ha_reconnect_backoff_min_ms": 100, "ha_reconnect_backoff_max_ms": 500}
+
+
+@dataclasses.dataclass
+class ControllerRoundReport:
+    round: int
+    fault: str
+    killed: str  # the broker the fault hit
+    new_master: str
+    epoch: int  # the new master's epoch
+    acked: int  # acknowledged writes so far
+    lost: int
+    duplicated: int
+    failover_seconds: float  # fault -> first PUT_OK of a send started after it (0: a slave's fault)
+    truncated_bytes: int  # what the old master cut as it rejoined
+    identical: bool
+    epochs_agree: bool
+    files_agree: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.duplicated == 0 and self.identical and self.epochs_agree and self.files_agree
+
+
+class ControllerDrill:
+    def __init__(self, *, nodes: int, producers: int, seed: int, echo=print, root: str | None = None,
+                 segment_size: int = 4 * 1024 * 1024) -> None:  # fmt: skip
+        self.names = [f"b{number}" for number in range(nodes)]
+        self.producers = producers
+        self.random = random.Random(seed)
+        self.echo = echo
+        self.root = root or tempfile.mkdtemp(prefix="hasvc-drill-controller-")
+        self.group = ControlledGroup(self.root, segment_size=segment_size, settings=BROKER_SETTINGS)
+        self.next_number = 0
+        self.acked: dict[int, int] = {}
+        self.lost: set[int] = set()
+        self.ok_times: list[tuple[float, float, str]] = []  # (send started, PUT_OK answered, by whom), monotonic
+        self.sends_in_flight = 0
+        self.paused = False
+        self.links: dict[str, Link] = {}  # broker -> its relay to the controller
+
+    async def start_links(self, nursery: trio.Nursery) -> None:
+        controller = parse_address(self.group.controllers.addresses[0])
+        for name in self.names:
+            self.links[name] = Link(name, "c0", controller)
+            await nursery.start(self.links[name].serve)
+
+    def start(self) -> None:
+        for name in self.names:
+            self.group.start_broker(name, controllers=["{}:{}".format(*self.links[name].address)])
+        master = self.group.master()
+        self.group.wait(lambda: self.group.in_sync(master, [n for n in self.names if n != master]), "every broker in sync")
+
+    async def producer(self, client: hc.FailoverClient) -> None:
+        addresses = {self.group.address(name): name for name in self.names}
+        while True:
+            while self.paused:
+                await trio.sleep(0.01)
+            number = self.next_number
+            self.next_number += 1
+            started = time.monotonic()
+            self.sends_in_flight += 1
+            try:
+                result = await client.send(DRILL_TOPIC, f"m{number}:".encode() + b"d" * 200, queue_id=number % 4)
+            except hc.ClientError:
+                continue  # not acknowledged: the failover client found no master in time
+            finally:
+                self.sends_in_flight -= 1
+            if result.status == "PUT_OK":
+                self.acked[number] = result.offset
+                self.ok_times.append((started, time.monotonic(), addresses.get(client.address, "")))
+            else:
+                await trio.sleep(0.01)  # SLAVE_NOT_AVAILABLE and the like: not acknowledged; do not spin
+
+    async def first_ok_after(self, moment: float, *, sent_after: float, not_by: str) -> float:
+        deadline = time.monotonic() + FAILOVER_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            answered = [done for started, done, by in self.ok_times if started >= sent_after and by != not_by]
+            if answered:
+                return min(answered) - moment
+            await trio.sleep(0.005)
+        raise RuntimeError(f"no PUT_OK within {FAILOVER_WAIT_SECONDS:.0f} s of the fault")
+
+    async def run_round(self, number: int, fault: str) -> ControllerRoundReport:
+        group = self.group
+        await trio.sleep(SETTLE_SECONDS * self.random.uniform(0.5, 2.0))
+        master = await trio.to_thread.run_sync(group.master)
+        victim = master if fault != "kill-slave" else self.random.choice([n for n in self.names if n != master])
+        log_before = group.brokers[victim].log()
+        failover = 0.0
+        if fault == "partition-master":
+            moment = time.monotonic()
+            self.links[victim].set_cut(True)
+            failover = await self.first_ok_after(moment, sent_after=moment, not_by=victim)
+            new_master = await trio.to_thread.run_sync(lambda: group.master(excluding=victim))
+            self.links[victim].set_cut(False)
+        else:
+            moment, reaped = await trio.to_thread.run_sync(group.kill, victim)
+            if fault == "kill-master":
+                failover = await self.first_ok_after(moment, sent_after=reaped, not_by=victim)
+            new_master = await trio.to_thread.run_sync(lambda: group.master(excluding=victim if victim == master else None))
+            await trio.to_thread.run_sync(group.restart, victim)
+        await trio.sleep(SETTLE_SECONDS)  # writes go on while the victim rejoins
+        others = [name for name in self.names if name != new_master]
+        await trio.to_thread.run_sync(lambda: group.wait(lambda: group.in_set(new_master, others), "every broker in the SyncStateSet"))
+        self.paused = True
+        try:
+            deadline = time.monotonic() + SENDS_FINISHED_SECONDS
+            while self.sends_in_flight:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.sends_in_flight} sends in flight {SENDS_FINISHED_SECONDS:.0f} s after the pause")
+                await trio.sleep(0.01)
+            await trio.to_thread.run_sync(lambda: group.wait(lambda: group.in_sync(new_master, others), "every broker in sync"))
+            truncated = _cut_bytes(group.brokers[victim].log()[len(log_before):])
+            return await trio.to_thread.run_sync(self.verify, number, fault, victim, new_master, failover, truncated)
+        finally:
+            self.paused = False
+
+    def verify(self, number: int, fault: str, killed: str, new_master: str, failover: float, truncated: int) -> ControllerRoundReport:
+        group = self.group
+        statuses = {name: group.status(name) for name in self.names}
+        end = statuses[new_master]["max_offset"]
+        at_offset: dict[int, int] = {}
+        seen: set[int] = set()
+        duplicated = 0
+        for offset, record, _crc_ok in iter_records(group.store(new_master)):
+            if record.topic != DRILL_TOPIC:
+                continue
+            message = int(bytes(record.body).split(b":", 1)[0][1:])
+            duplicated += message in seen
+            seen.add(message)
+            at_offset[offset] = message
+        missing = {m for m, offset in self.acked.items() if at_offset.get(offset) != m}
+        lost = len(missing - self.lost)
+        self.lost |= missing
+        reference_log = log_digest(group.store(new_master), end, group.segment_size)
+        reference_queues = queue_file_digests(group.store(new_master))
+        identical = all(statuses[name]["max_offset"] == end
+                        and log_digest(group.store(name), end, group.segment_size) == reference_log
+                        and queue_file_digests(group.store(name)) == reference_queues for name in self.names)  # fmt: skip
+        epochs_agree = all(statuses[name]["epochs"] == statuses[new_master]["epochs"] for name in self.names)
+        files_agree = all(files_agree_with_log(group.store(name), statuses[name]) for name in self.names)
+        return ControllerRoundReport(number, fault, killed, new_master, statuses[new_master]["epoch"], len(self.acked), lost,
+                                     duplicated, failover, truncated, identical, epochs_agree, files_agree)  # fmt: skip
+
+    def close(self, keep: bool) -> None:
+        self.group.close()
+        if not keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _cut_bytes(log: str) -> int:
+    return sum(int(n) for n in re.findall(r"dropped (\d+) bytes", log))
+
+
+def run_controller_drill(*, nodes: int, rounds: int, producers: int, fault: str, seed: int, report_path: str | None,
+                         keep: bool, echo=print) -> bool:  # fmt: skip
+    if fault not in (*FAULTS, "mixed"):
+        raise ValueError(f"--mode controller runs --fault {', '.join(FAULTS)} or mixed (not {fault})")
+    drill = ControllerDrill(nodes=nodes, producers=producers, seed=seed, echo=echo)
+    reports: list[ControllerRoundReport] = []
+    echo(f"drill: controller mode, 1 controller and {nodes} brokers, {rounds} round(s), fault {fault}, {producers} producers, "
+         f"seed {seed}, no promote; stores under {drill.root}")  # fmt: skip
+    echo(f"{'round':>5} {'fault':>16} {'victim':>6} {'master':>6} {'epoch':>5} {'acked*':>8} {'lost':>5} {'dup':>4} {'failover s':>10} "
+         f"{'truncated B':>11} {'identical':>9} {'epochs':>6} {'files':>5}")  # fmt: skip
+
+    async def main() -> None:
+        async with trio.open_nursery() as relay:
+            await drill.start_links(relay)
+            await trio.to_thread.run_sync(drill.start)
+            await drive()
+            relay.cancel_scope.cancel()
+
+    async def drive() -> None:
+        addresses = [drill.group.address(name) for name in drill.names]
+        async with hc.connect_cluster(addresses, retry_sends=True) as client, trio.open_nursery() as nursery:
+            for _ in range(producers):
+                nursery.start_soon(drill.producer, client)
+            for number in range(1, rounds + 1):
+                kind = drill.random.choice(FAULTS) if fault == "mixed" else fault
+                report = await drill.run_round(number, kind)
+                reports.append(report)
+                echo(f"{report.round:>5} {report.fault:>16} {report.killed:>6} {report.new_master:>6} {report.epoch:>5} {report.acked:>8} "
+                     f"{report.lost:>5} {report.duplicated:>4} {report.failover_seconds:>10.3f} {report.truncated_bytes:>11} "
+                     f"{str(report.identical):>9} {str(report.epochs_agree):>6} {str(report.files_agree):>5}")  # fmt: skip
+                if not report.ok:
+                    break
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        ok = len(reports) == rounds and all(r.ok for r in reports)
+        drill.close(keep or not ok)
+        if not ok:
+            echo(f"the stores and logs are kept under {drill.root}")
+    failovers = [r.failover_seconds for r in reports if r.fault != "kill-slave"]
+    if failovers:
+        echo(f"failover (fault -> first PUT_OK on the new master): p50 {statistics.median(failovers):.3f} s, "
+             f"p99 {percentile(failovers, 0.99):.3f} s over {len(failovers)} round(s)")  # fmt: skip
+    echo(f"  (* acknowledged writes so far; the rest is this round's)\nsummary: {len(reports)} round(s), "
+         f"{len(drill.acked)} acknowledged writes, {sum(r.lost for r in reports)} lost, "
+         f"{sum(r.duplicated for r in reports)} duplicated: {'OK' if ok else 'FAILED'}")  # fmt: skip
+    if report_path:
+        with open(report_path, "w") as file:
+            json.dump({"mode": "controller", "nodes": nodes, "fault": fault, "seed": seed, "producers": producers,
+                       "rounds": [dataclasses.asdict(r) for r in reports], "acknowledged": len(drill.acked), "ok": ok,
+                       "failover_p50_seconds": statistics.median(failovers) if failovers else None,
+                       "failover_p99_seconds": percentile(failovers, 0.99) if failovers else None}, file, indent=2)  # fmt: skip
+    return ok

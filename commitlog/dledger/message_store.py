@@ -193,19 +193,18 @@ class DLedgerMessageStore:
 
     @classmethod
     def open(cls, path: str, config: StoreConfig | None = None, *, self_id: str,
-             dledger: DLedgerStoreConfig | None = None, group: str | None = None, upgrade_classic: bool = False,
-             **entry_options: Any) -> DLedgerMessageStore:  # fmt: skip
+             dledger: DLedgerStoreConfig | None = None, group: str | None = None,
+             upgrade_classic: bool = False) -> DLedgerMessageStore:  # fmt: skip
         """Open the store root ``path`` as member ``self_id`` of ``group``: the classic part (if
         ``path/commitlog`` has segments), the DLedger files in ``dledger_directory(path,
         self_id)``, the consume queues; recover. ``STORE/identity`` must name this member (and
         group, when given); a classic store is refused unless ``upgrade_classic`` (the smooth
-        upgrade's explicit step: its marker becomes this member's). ``entry_options``
-        (``entry_class``, ``hard_state_class``) go to ``DLedgerMmapFileStore.open``."""
+        upgrade's explicit step: its marker becomes this member's)."""
         store = cls(path, config, self_id=self_id, dledger=dledger, group=group, upgrade_classic=upgrade_classic)
-        store._open(entry_options)
+        store._open()
         return store
 
-    def _open(self, entry_options: dict[str, Any]) -> None:
+    def _open(self) -> None:
         store_identity.check(self.path, self.opener)  # before anything is created or written
         os.makedirs(self.path, exist_ok=True)
         self._check_disk_size()
@@ -223,9 +222,9 @@ class DLedgerMessageStore:
             self.last_exit_ok = not os.path.exists(abort_path)
             self.checkpoint = StoreCheckpoint.open(os.path.join(self.path, "checkpoint"))
             if has_classic:
-                self._open_classic(classic_directory, directory, entry_options)
+                self._open_classic(classic_directory, directory)
             else:
-                self.entries = DLedgerMmapFileStore.open(directory, self.dledger_config, **entry_options)
+                self.entries = DLedgerMmapFileStore.open(directory, self.dledger_config)
                 self.divided_log = DividedLog(CommitLog(classic_directory, segment_size=self.config.commitlog_segment_size),
                                               self.entries, -1)  # fmt: skip
             self.consume_queues.load()
@@ -248,14 +247,14 @@ class DLedgerMessageStore:
                              f"({self.dledger_config.index_file_size} bytes) need: use a larger disk or smaller "
                              f"segments")  # fmt: skip
 
-    def _open_classic(self, classic_directory: str, directory: str, entry_options: dict[str, Any]) -> None:
+    def _open_classic(self, classic_directory: str, directory: str) -> None:
         self.classic = CommitLog(classic_directory, segment_size=self.config.commitlog_segment_size,
                                  store_host=self.config.store_host)  # fmt: skip
         self.classic.load()
         # Recovered and dispatched by MessageStore before it was sealed: a normal-exit scan.
         self.classic.recover(abnormal=False, dispatch_from=1 << 62, checkpoint_min_timestamp=0, crc_function=None,
                              cut_segments_max=self.config.recovery_cut_segments_max)  # fmt: skip
-        self.divided_log = open_after_classic(directory, self.dledger_config, commit_log=self.classic, **entry_options)
+        self.divided_log = open_after_classic(directory, self.dledger_config, commit_log=self.classic)
         self.entries = self.divided_log.dledger
         self.divided_offset = self.divided_log.divided_commitlog_offset
 

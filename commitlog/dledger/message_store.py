@@ -69,7 +69,7 @@ from typing import Any
 from commitlog import identity as store_identity
 from commitlog import native
 from commitlog import record as rec
-from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
+from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file, remove_abort_file
 from commitlog.commit_log import CommitLog, ReadError, now_ms
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import ConsumeQueueStore
@@ -262,7 +262,8 @@ class DLedgerMessageStore:
         queues = self.consume_queues
         queues.recover()
         queues.truncate_dirty(self._entries_end())
-        self._drop_torn_units()
+        queues.drop_torn_units(lambda offset: self._record_at(offset, committed_only=False), min_offset=self.min_offset,
+                               last_exit_ok=self.last_exit_ok)  # fmt: skip
         entries = self.entries
         self.dispatched_index = self._newest_dispatched_index()
         entries.update_committed_index(self.dispatched_index)  # dispatched => was committed
@@ -294,22 +295,6 @@ class DLedgerMessageStore:
             return entries.first_index() - 1
         return entries.get_by_pos(newest - BODY_OFFSET).index
 
-    def _drop_torn_units(self) -> None:
-        """A queue's last unit whose record is not what it says (torn write) is dropped, newest first."""
-        for (topic, queue_id), queue in self.consume_queues.queues.items():
-            while (unit := queue.last_unit()) is not None:
-                offset, size, _ = unit
-                if offset < self.min_offset:
-                    break  # its entry was deleted by retention: expired, not torn
-                try:
-                    record = self._record_at(offset, committed_only=False)
-                    if record.size == size and record.topic == topic and record.queue_id == queue_id:
-                        break
-                except ReadError:
-                    pass
-                queue.drop_last_unit()
-                queue.cut_in_recovery = queue.cut_in_recovery or self.last_exit_ok  # a clean stop tore nothing
-
     def close(self, *, clean: bool = True) -> None:
         """Flush the entries, dispatch, flush the queues, write both checkpoints, remove ``abort``
         (only if every committed entry is dispatched). ``clean=False``: let go of the files as a
@@ -327,10 +312,7 @@ class DLedgerMessageStore:
             self.flush_consume_queues(0)
             self.write_checkpoint()
             if self.dispatch_error is None and self.dispatched_index >= self.entries.committed_index:
-                try:
-                    os.unlink(os.path.join(self.path, "abort"))
-                except FileNotFoundError:
-                    pass
+                remove_abort_file(os.path.join(self.path, "abort"))
         finally:
             self._release(clean=True)
 

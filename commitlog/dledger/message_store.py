@@ -56,13 +56,11 @@ Synchronous and not thread-safe, as MessageStore.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import os
-import re
 import shutil
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
@@ -70,35 +68,22 @@ from commitlog import identity as store_identity
 from commitlog import native
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file, remove_abort_file
-from commitlog.commit_log import CommitLog, ReadError, now_ms
+from commitlog.commit_log import CommitLog, now_ms
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import ConsumeQueueStore
 from commitlog.damage import DamagedRange
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig
+from commitlog.dledger.message_dispatch import MessageDispatch
+from commitlog.dledger.message_reader import MessageReader, transactional
 from commitlog.dledger.upgrade import DividedLog, LogPart, dledger_directory, open_after_classic
-from commitlog.mapped_file import DiskFullError, StoreError, fsync_directory
+from commitlog.mapped_file import StoreError, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog import read_check
-from commitlog.store import (
-    DiskWatch,
-    _STOP_BLANK,
-    _STOP_LIMIT,
-    _STOP_MALFORMED,
-    _STOP_SLOW,
-    MessageStore,
-    RecordPlace,
-    StoreStatistics,
-    _dispatch_units_python,
-    _topic_name,
-    disk_used_ratio,
-    dispatch_entries,
-    dispatch_units,
-)
+from commitlog.store import DiskWatch, MessageStore, StoreStatistics, disk_used_ratio
 
 BODY_OFFSET = codec.BODY_OFFSET  # PHYSICALOFFSET = entry pos + 48 (DLedgerCommitLog's BODY_OFFSET)
 _PHYSICAL_OFFSET = struct.Struct(">q")  # a record's PHYSICALOFFSET field (rec.PHYSICAL_OFFSET_POSITION)
-_SIZE_WORD = struct.Struct(">i")  # a record's TOTALSIZE
 DISCARDED_SUFFIX = ".discarded"  # consume queues a reset renamed away, deleted after (and at the next open)
 
 
@@ -151,7 +136,7 @@ class _LogFiles:
     mapped_file_queue: MappedFileQueue
 
 
-class DLedgerMessageStore:
+class DLedgerMessageStore(MessageReader, MessageDispatch):
     """Consume queues and reads over a DLedger entry log (see the module docstring)."""
 
     def __init__(self, path: str, config: StoreConfig | None, *, self_id: str, dledger: DLedgerStoreConfig | None,
@@ -400,7 +385,7 @@ class DLedgerMessageStore:
                             store_ip=store_ip, store_port=store_port, crc_function=self.crc_function)  # fmt: skip
             bodies += _cut_records(buffer, each.sizes, offsets[start : start + count], rec.PHYSICAL_OFFSET_POSITION)
             queue_ids += [batch.queue_id] * count
-            queue_offsets += [0] * count if _transactional(each.sysflag) else range(first, first + count)
+            queue_offsets += [0] * count if transactional(each.sysflag) else range(first, first + count)
             start += count
         return AppendPlan(first_index, tuple(bodies), tuple(offsets), tuple(queue_ids), tuple(queue_offsets),
                           store_timestamp, queue_next, positions, entry_sizes)  # fmt: skip
@@ -443,7 +428,7 @@ class DLedgerMessageStore:
                              "an accepted plan was not appended (call discard_plans)")  # fmt: skip
 
     def _take_queue_offset(self, queue_next: dict, topic: str, queue_id: int, sysflag: int, count: int = 1) -> int:
-        if _transactional(sysflag):
+        if transactional(sysflag):
             return 0
         key = (topic, queue_id)
         first = queue_next.get(key, self._queue_table.get(key, 0))
@@ -500,113 +485,7 @@ class DLedgerMessageStore:
         """The core's committed index (never goes back; capped at the log's end by the entries)."""
         self.entries.update_committed_index(index)
 
-    # -- dispatch -------------------------------------------------------------------------
-
-    @property
-    def sync_flush(self) -> bool:
-        """False: a DLedger write is durable through the quorum; the driver flushes entries."""
-        return False
-
-    @property
-    def reput_from_offset(self) -> int:
-        """Commit-log offset up to which committed entries are dispatched (MessageStore's name)."""
-        return self._end_offset_of(self.dispatched_index)
-
-    @property
-    def dispatch_end_offset(self) -> int:
-        """Dispatch goes up to the committed end (a property, as MessageStore's)."""
-        return self.committed_end_offset()
-
-    def dispatch(self, max_bytes: int | None = None) -> int:
-        """Consume-queue units for committed entries after ``dispatched_index``, about
-        ``max_bytes`` (default ``dispatch_batch_size_max``) of entries; return how many entries were
-        dispatched (no-ops, empty bodies, included: non-zero means progress). A body that is not
-        one record at its offset stops dispatch and is reported in ``dispatch_error``."""
-        if self.dispatch_error is not None:
-            return 0
-        budget = max_bytes or self.config.dispatch_batch_size_max
-        entries = self.entries
-        count = 0
-        while self.dispatched_index < entries.committed_index and budget > 0:
-            first = self.dispatched_index + 1
-            last = min(entries.committed_index, first + DISPATCH_ENTRIES_MAX - 1)
-            fitting, _, pos, end = entries.run_extent(first, last + 1, size_max=budget)  # the walk keeps to the budget
-            try:
-                walked, size = self._dispatch_run(first, first + fitting - 1, pos, end)
-            except DiskFullError as error:  # a consume queue's next file: again later (put_run skips what it has)
-                self.dispatch_blocked = str(error)
-                break
-            self.dispatch_blocked = None
-            count += walked
-            budget -= size
-            if self.dispatch_error is not None:
-                break
-        return count
-
-    def _dispatch_run(self, first: int, last: int, pos: int, end: int) -> tuple[int, int]:
-        """Dispatch entries ``first..last`` (committed) that lie in ``first``'s data file with one
-        walk (``dispatch_entries``: headers skipped, one record per entry, no-ops passed over);
-        return (entries dispatched, their bytes); ``pos`` is where ``first`` lies and ``end`` where
-        ``last`` ends (``run_extent``). An entry the native walk leaves to Python
-        (TAGS not UTF-8) goes through ``_dispatch_entry``; a malformed one sets ``dispatch_error``."""
-        entries = self.entries
-        mapped_file = entries.data_file_list.find_mapped_file_by_offset(pos)
-        base = mapped_file.file_from_offset
-        start, limit = pos - base, min(end - base, mapped_file.wrote_position)
-        runs = _Runs(self)
-        try:
-            position, stop, walked, found = dispatch_entries(mapped_file.view(), start, limit, base, last - first + 1,
-                                                             BODY_OFFSET)  # fmt: skip
-            for run in found:
-                runs.add(*run)
-            if stop == _STOP_SLOW:  # this one entry through the twin
-                index = first + walked
-                _, size = entries.entry_span(index)
-                error = self._dispatch_entry(index, base + position, size, runs)
-                if error is None:
-                    walked, position = walked + 1, position + size
-                else:
-                    self.dispatch_error = error
-            elif stop == _STOP_MALFORMED or (stop == _STOP_LIMIT and walked == 0):
-                index = first + walked
-                self.dispatch_error = f"entry {index}: its body at offset {base + position + BODY_OFFSET} is not one record (malformed)"
-        finally:
-            runs.write()  # the units of every entry before a bad one too
-        self.dispatched_index = first + walked - 1
-        return walked, position - start
-
-    def _dispatch_entry(self, index: int, pos: int, size: int, runs: _Runs) -> str | None:
-        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(pos)
-        base = mapped_file.file_from_offset
-        start, limit = pos + BODY_OFFSET - base, pos + size - base
-        view = mapped_file.view()
-        position, stop, records, found = dispatch_units(view, start, limit, base, 1)
-        if stop == _STOP_SLOW:
-            position, stop, records, found = _dispatch_units_python(view, start, limit, base, records_max=1)
-        if stop in (_STOP_MALFORMED, _STOP_BLANK) or records != 1 or position != limit:
-            return f"entry {index}: its body at offset {pos + BODY_OFFSET} is not one record (malformed)"
-        for run in found:
-            runs.add(*run)
-        return None
-
-    def caught_up(self) -> bool:
-        """Every entry committed and dispatched (DLedgerRoleChangeHandler's test before a leader
-        takes writes: ledgerEnd == committedIndex and no dispatch behind)."""
-        entries = self.entries
-        return (entries.last_index() == entries.committed_index and self.dispatched_index >= entries.committed_index
-                and self.dispatch_error is None)  # fmt: skip
-
-    def resume_queue_offsets(self) -> None:
-        """A new leader, once caught up: continue each queue from its consume queue (entries it
-        followed were dispatched, not planned here). StoreError when not caught up."""
-        while self.dispatch():
-            pass
-        if not self.caught_up():
-            raise StoreError(f"cannot take writes: log ends at {self.entries.last_index()}, committed "
-                             f"{self.entries.committed_index}, dispatched {self.dispatched_index}, "
-                             f"dispatch error {self.dispatch_error}")  # fmt: skip
-        self._pending.clear()
-        self._queue_table = self.consume_queues.queue_offset_table()
+    # -- flush, checkpoint, retention ----------------------------------------------------
 
     def flush_consume_queues(self, least_pages: int = 0) -> None:
         newest = self.consume_queues.flush(least_pages)
@@ -675,169 +554,6 @@ class DLedgerMessageStore:
     # MessageStore's disk check (DiskWatch), on the same attribute.
     disk_full = MessageStore.disk_full
 
-    # -- offsets ----------------------------------------------------------------------------
-
-    def _dledger_start(self) -> int:
-        """Commit-log offset where the DLedger part starts."""
-        entries = self.entries
-        if entries.last_index() >= entries.first_index():
-            return entries.pos_at(entries.first_index())
-        if entries.data_file_list.mapped_files:
-            return entries.data_file_list.min_offset
-        if entries.first_index() > 0:  # empty after a reset: where its next entry will lie
-            return entries.data_start_offset
-        return max(self.divided_offset, 0)
-
-    def _end_offset_of(self, index: int) -> int:
-        """End of entry ``index`` in the commit-log offset space (the DLedger start below the first)."""
-        if index < self.entries.first_index():
-            return self._dledger_start()
-        pos, size = self.entries.entry_span(index)
-        return pos + size
-
-    def _entries_end(self) -> int:
-        return self._end_offset_of(self.entries.last_index())
-
-    def _first_index_at_or_after(self, pos: int) -> int:
-        entries = self.entries
-        indexes = range(entries.first_index(), entries.last_index() + 1)
-        return entries.first_index() + bisect.bisect_left(indexes, pos, key=entries.pos_at)
-
-    def committed_end_offset(self) -> int:
-        """Commit-log offset just past the last committed entry: the readable end."""
-        return self._end_offset_of(self.entries.committed_index)
-
-    def offset_of_index(self, index: int) -> int:
-        """PHYSICALOFFSET of the message in entry ``index`` (its pos + 48)."""
-        return self.entries.pos_at(index) + BODY_OFFSET
-
-    @property
-    def min_offset(self) -> int:
-        """The oldest readable offset: the classic part's, until retention deletes the DLedger
-        part's head (the newest sealed classic segment stays on disk, no longer reachable)."""
-        if self.classic is not None and self.entries.first_index() == 0:
-            return self.classic.min_offset
-        return self._dledger_start()
-
-    # -- reading ----------------------------------------------------------------------------
-
-    def _record_at(self, offset: int, *, committed_only: bool = True, crc_function=None) -> rec.Record:
-        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
-            return self.classic.get_record(offset, crc_function=crc_function)
-        try:
-            stored = self.entries.get_by_pos(offset - BODY_OFFSET)
-        except (ValueError, IndexError, StoreError) as error:
-            raise ReadError(f"no message at offset {offset}: {error}") from None
-        if committed_only and stored.index > self.entries.committed_index:
-            raise ReadError(f"entry {stored.index} at offset {offset} is not committed")
-        try:
-            record = rec.decode_record(stored.body, 0, crc_function=crc_function, limit=len(stored.body))
-        except rec.RecordError as error:
-            raise ReadError(f"entry {stored.index} at offset {offset}: {error.reason}") from None
-        if record.physical_offset != offset:
-            raise ReadError(f"entry {stored.index}: its record names offset {record.physical_offset}, not {offset}")
-        return record
-
-    def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
-        """The committed message whose commit-log offset is ``offset``; ReadError otherwise (with
-        ``check_crc``, ``DamagedRecordError`` for a body that fails its CRC, added to ``damaged``)."""
-        if check_crc:  # the record's own checks first (the entry's CRC, below, names no record)
-            head = self.read(offset, _SIZE_WORD.size)
-            size = _SIZE_WORD.unpack(head)[0] if len(head) == _SIZE_WORD.size else 0
-            checked = read_check.noted(read_check.read_records(self._segment_of, [(offset, max(size, 8))],
-                                                               crc_function=self.crc_function), self.read_damaged)  # fmt: skip
-            if checked.damage is not None:
-                raise read_check.DamagedRecordError(checked.damage)
-        return self._record_at(offset)
-
-    def read_records(self, spans: Sequence[tuple], *, copy: bool = False) -> read_check.CheckedRead:
-        """MessageStore.read_records: one walk per record here (entry headers lie between them)."""
-        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read,
-                                          copy=copy)  # fmt: skip
-        return read_check.noted(checked, self.read_damaged)
-
-    def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:
-        """MessageStore.read_checked: in the DLedger part each entry's record is walked alone."""
-        if not self.config.check_crc_on_read:
-            return read_check.CheckedRead([self.read(offset, size_max)])
-        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
-            mapped_file = self.classic.transfer_span(offset, 0)[0]
-            segment_end, header = mapped_file.file_from_offset + mapped_file.file_size, 0
-        else:
-            self.read(offset, 0)  # ReadError outside the committed log, as read
-            mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
-            segment_end = min(mapped_file.file_from_offset + mapped_file.file_size, self.committed_end_offset())
-            header = BODY_OFFSET
-        checked = read_check.read_range(self.read, self._file_path, offset, size_max, crc_function=self.crc_function,
-                                        segment_end=segment_end, entry_header_size=header)  # fmt: skip
-        return read_check.noted(checked, self.read_damaged)
-
-    def _segment_of(self, offset: int) -> read_check.Segment:
-        """The readable bytes of the file holding ``offset``: a classic segment's, or a data file's
-        up to the committed end."""
-        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
-            mapped_file = self.classic.transfer_span(offset, 0)[0]
-            return mapped_file.view()[: mapped_file.read_position], mapped_file.file_from_offset, mapped_file.path
-        start, end = self._dledger_start(), self.committed_end_offset()
-        if not start <= offset < end:
-            raise ReadError(f"offset {offset} outside the committed DLedger log [{start}, {end})")
-        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
-        limit = min(mapped_file.wrote_position, end - mapped_file.file_from_offset)
-        return mapped_file.view()[:limit], mapped_file.file_from_offset, mapped_file.path
-
-    def _file_path(self, offset: int) -> str:
-        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
-            return self.classic.mapped_file_queue.find_mapped_file_by_offset(offset).path
-        return self.entries.data_file_list.find_mapped_file_by_offset(offset).path
-
-    def read(self, offset: int, size_max: int) -> memoryview:
-        """Zero-copy bytes from ``offset``: up to ``size_max``, never past a file's end nor, in the
-        DLedger part, past the committed end (DLedgerCommitLog.getData)."""
-        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
-            return self.classic.read(offset, size_max)
-        start, end = self._dledger_start(), self.committed_end_offset()
-        if not start <= offset < end:
-            raise ReadError(f"offset {offset} outside the committed DLedger log [{start}, {end})")
-        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
-        position = offset - mapped_file.file_from_offset
-        size = min(size_max, mapped_file.wrote_position - position, end - offset)
-        return mapped_file.slice(position, size)
-
-    def pull(self, topic: str, queue_id: int, queue_offset: int, count_max: int) -> list[rec.Record]:
-        queue = self.consume_queues.find(topic, queue_id)
-        if queue is None:
-            return []
-        units = queue.read(queue_offset, count_max)
-        if not self.config.check_crc_on_read:
-            return [self.get_record(offset) for offset, _size, _tags in units]
-        checked = self.read_records(units)
-        if checked.damage is not None and not checked.views:
-            raise read_check.DamagedRecordError(checked.damage)
-        return [rec.decode_record(view, crc_function=None) for view in checked.views]
-
-    def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern) -> Iterator[tuple[re.Match, RecordPlace]]:
-        """Matches of ``pattern`` ending exactly where a record ends (its properties), in the
-        committed entries of the last ``span_bytes`` of the DLedger part (the classic part is not
-        searched), with where that record is (MessageStore.find_at_record_ends)."""
-        entries = self.entries
-        end = self.committed_end_offset()
-        index = self._first_index_at_or_after(end - span_bytes)
-        while index <= entries.committed_index:
-            pos, size = entries.entry_span(index)
-            index += 1
-            if size <= BODY_OFFSET:
-                continue
-            mapped_file = entries.data_file_list.find_mapped_file_by_offset(pos)
-            base = mapped_file.file_from_offset
-            view = mapped_file.view()
-            start, limit = pos + BODY_OFFSET - base, pos + size - base
-            for match in pattern.finditer(view, start, limit):
-                if match.end() != limit:
-                    continue
-                _, _, _, queue_id, queue_offset, sysflag, _, _ = rec.decode_dispatch(view, start, limit)
-                if not _transactional(sysflag):
-                    yield match, RecordPlace(pos + BODY_OFFSET, size - BODY_OFFSET, queue_id, queue_offset)
-
     # -- damage found while serving, and its repair from a healthy member -------------------
 
     def record_damage(self, damage: DamagedRange) -> bool:
@@ -897,49 +613,3 @@ class DLedgerMessageStore:
             consume_queues=len(self.consume_queues.queues),
             disk_used_ratio=disk_used_ratio(self.path),
         )
-
-
-def _transactional(sysflag: int) -> bool:
-    return sysflag & rec.SYSFLAG_TRANSACTION_MASK in (
-        rec.SYSFLAG_TRANSACTION_PREPARED,
-        rec.SYSFLAG_TRANSACTION_ROLLBACK,
-    )
-
-
-DISPATCH_ENTRIES_MAX = 1024  # entries dispatched per pass of index reading (their units written together)
-
-
-class _Runs:
-    """Consume-queue units of consecutive entries, joined per queue while their queue offsets
-    follow each other, written with one ``put_run`` per queue and pass instead of one per entry."""
-
-    def __init__(self, store: DLedgerMessageStore) -> None:
-        self._store = store
-        self._open: dict[tuple[bytes, int], list] = {}  # (topic, queue) -> [first, units, next, last_end, ts]
-
-    def add(self, topic: bytes, queue_id: int, first_queue_offset: int, count: int, units: bytes, _first: int,
-            last_end: int, store_ts: int) -> None:  # fmt: skip
-        key = (topic, queue_id)
-        run = self._open.get(key)
-        if run is not None and run[2] == first_queue_offset:
-            run[1].append(units)
-            run[2] += count
-            run[3] = last_end
-            run[4] = max(run[4], store_ts)
-            return
-        if run is not None:
-            self._put(key, run)
-        self._open[key] = [first_queue_offset, [units], first_queue_offset + count, last_end, store_ts]
-
-    def write(self) -> None:
-        for key, run in self._open.items():
-            self._put(key, run)
-        self._open.clear()
-
-    def _put(self, key: tuple[bytes, int], run: list) -> None:
-        store = self._store
-        name = _topic_name(key[0])
-        if name is None:
-            store.dispatch_skipped += (run[2] - run[0])
-            return
-        store.consume_queues.find_or_create(name, key[1]).put_run(run[0], b"".join(run[1]), run[3], run[4])

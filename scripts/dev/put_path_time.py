@@ -57,7 +57,7 @@ FUNCTIONS = (
     "hasvc.broker.dledger:RaftDriver.propose_plan",
     "hasvc.broker.dledger:RaftReplicator.committed",
     "commitlog.dledger.message_store:DLedgerMessageStore.plan_batches",
-    "commitlog.dledger.message_store:DLedgerMessageStore.dispatch",
+    "commitlog.dledger.message_dispatch:MessageDispatch.dispatch",
     "commitlog.dledger.entry_writer:EntryWriter.append",
     "commitlog.dledger.entry_writer:EntryWriter.append_run",
     "hasvc.state.raft.node:RaftNode.step",

@@ -56,7 +56,7 @@ FUNCTIONS = (
     "hasvc.broker.dledger:RaftDriver._step",
     "hasvc.broker.dledger:RaftDriver.propose_plan",
     "hasvc.broker.dledger:RaftReplicator.committed",
-    "commitlog.dledger.message_store:DLedgerMessageStore.plan_batches",
+    "commitlog.dledger.message_planning:MessagePlanner.plan_batches",
     "commitlog.dledger.message_dispatch:MessageDispatch.dispatch",
     "commitlog.dledger.entry_writer:EntryWriter.append",
     "commitlog.dledger.entry_writer:EntryWriter.append_run",

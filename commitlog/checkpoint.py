@@ -159,6 +159,14 @@ class StoreLock:
             self._fd = -1
 
 
+def remove_abort_file(path: str) -> None:
+    """Remove ``abort`` at a clean close (gone already: nothing to do)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def create_abort_file(path: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:

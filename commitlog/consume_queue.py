@@ -27,8 +27,10 @@ import dataclasses
 import os
 import shutil
 import struct
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
+from commitlog.commit_log import ReadError
 from commitlog.mapped_file_queue import MappedFileQueue
 
 CQ_UNIT = struct.Struct(">qiq")
@@ -333,6 +335,25 @@ class ConsumeQueueStore:
     def recover(self) -> None:
         for queue in self.queues.values():
             queue.recover()
+
+    def drop_torn_units(self, record_at: Callable[[int], Any], *, min_offset: int, last_exit_ok: bool) -> None:
+        """Recovery, both message stores: a queue's last unit whose record is not what it says (a
+        torn write) is dropped, newest first. ``record_at(offset)`` reads the record a unit names
+        (ReadError: none there); a unit below ``min_offset`` names a record retention deleted
+        (expired, not torn). After a clean stop a dropped unit marks its queue cut in recovery."""
+        for (topic, queue_id), queue in self.queues.items():
+            while (unit := queue.last_unit()) is not None:
+                offset, size, _ = unit
+                if offset < min_offset:
+                    break
+                try:
+                    record = record_at(offset)
+                    if record.size == size and record.topic == topic and record.queue_id == queue_id:
+                        break
+                except ReadError:
+                    pass
+                queue.drop_last_unit()
+                queue.cut_in_recovery = queue.cut_in_recovery or last_exit_ok  # a clean stop tore nothing
 
     @property
     def max_physic_offset(self) -> int:

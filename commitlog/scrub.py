@@ -348,7 +348,7 @@ class EntryScrubber:
         dispatcher does and rewrite the stored ones that differ (an entry the native walk defers
         to Python is passed over)."""
         from commitlog.dledger.entry_codec import BODY_OFFSET  # noqa: PLC0415
-        from commitlog.dledger.message_store import dispatch_entries  # noqa: PLC0415
+        from commitlog.dledger.message_dispatch import dispatch_entries  # noqa: PLC0415
 
         repaired: list[tuple[str, int, int]] = []
         done, position = 0, start

@@ -46,7 +46,7 @@ from collections.abc import Iterator, Sequence
 
 from commitlog import identity as store_identity
 from commitlog import record as rec
-from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
+from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file, remove_abort_file
 from commitlog.commit_log import AppendResult, CommitLog, DamagedLogError, ReadError, RecoveryReport
 from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
@@ -242,7 +242,7 @@ class MessageStore:
         if not self.commit_log.mapped_file_queue.mapped_files:
             queues.destroy()
         queues.truncate_dirty(end)
-        self._drop_torn_units()
+        queues.drop_torn_units(self.commit_log.get_record, min_offset=0, last_exit_ok=self.last_exit_ok)
         if self.last_exit_ok:
             self.reput_from_offset = max(queues.max_physic_offset, self.commit_log.min_offset)
         else:
@@ -264,20 +264,6 @@ class MessageStore:
         if end < self.checkpoint.master_flushed_offset:
             self.checkpoint.master_flushed_offset = end
             self.checkpoint.flush()
-
-    def _drop_torn_units(self) -> None:
-        """A unit whose record is not what it says (torn write) is dropped, newest first."""
-        for (topic, queue_id), queue in self.consume_queues.queues.items():
-            while (unit := queue.last_unit()) is not None:
-                offset, size, _ = unit
-                try:
-                    record = self.commit_log.get_record(offset)
-                    if record.size == size and record.topic == topic and record.queue_id == queue_id:
-                        break
-                except ReadError:
-                    pass
-                queue.drop_last_unit()
-                queue.cut_in_recovery = queue.cut_in_recovery or self.last_exit_ok  # a clean stop tore nothing
 
     def record_damage(self, found: DamagedRange) -> bool:
         """Remember damage found in the log (once per spot: a range overlapping one known is not
@@ -311,10 +297,7 @@ class MessageStore:
             self.flush_consume_queues(0)
             self.write_checkpoint()
             if self.dispatch_error is None and self.reput_from_offset >= self.commit_log.max_offset:
-                try:
-                    os.unlink(os.path.join(self.path, "abort"))
-                except FileNotFoundError:
-                    pass
+                remove_abort_file(os.path.join(self.path, "abort"))
         finally:
             self.commit_log.close()
             self.consume_queues.close()

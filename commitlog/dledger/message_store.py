@@ -56,92 +56,30 @@ Synchronous and not thread-safe, as MessageStore.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import os
-import re
 import shutil
-import struct
-from collections.abc import Iterator, Sequence
-from itertools import chain
 from typing import Any
 
 from commitlog import identity as store_identity
-from commitlog import native
-from commitlog import record as rec
-from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file
-from commitlog.commit_log import CommitLog, ReadError, now_ms
+from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file, remove_abort_file
+from commitlog.commit_log import CommitLog, now_ms
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import ConsumeQueueStore
 from commitlog.damage import DamagedRange
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig
+from commitlog.dledger.message_dispatch import MessageDispatch
+from commitlog.dledger.message_planning import MessagePlanner
+from commitlog.dledger.message_reader import MessageReader
 from commitlog.dledger.upgrade import DividedLog, LogPart, dledger_directory, open_after_classic
-from commitlog.mapped_file import DiskFullError, StoreError, fsync_directory
+from commitlog.mapped_file import StoreError, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog import read_check
-from commitlog.store import (
-    DiskWatch,
-    _STOP_BLANK,
-    _STOP_LIMIT,
-    _STOP_MALFORMED,
-    _STOP_SLOW,
-    MessageStore,
-    RecordPlace,
-    StoreStatistics,
-    _dispatch_units_python,
-    _topic_name,
-    disk_used_ratio,
-    dispatch_entries,
-    dispatch_units,
-)
+from commitlog.store import DiskWatch, MessageStore, StoreStatistics, disk_used_ratio
 
 BODY_OFFSET = codec.BODY_OFFSET  # PHYSICALOFFSET = entry pos + 48 (DLedgerCommitLog's BODY_OFFSET)
-_PHYSICAL_OFFSET = struct.Struct(">q")  # a record's PHYSICALOFFSET field (rec.PHYSICAL_OFFSET_POSITION)
-_SIZE_WORD = struct.Struct(">i")  # a record's TOTALSIZE
 DISCARDED_SUFFIX = ".discarded"  # consume queues a reset renamed away, deleted after (and at the next open)
-
-
-def _cut_records_python(buffer: bytearray, sizes: list[int], offsets: list[int], field: int) -> list[bytes]:
-    """Records written end to end in ``buffer`` (``sizes[i]`` bytes each) cut apart as bytes, the
-    8-byte field at ``field`` of record i set to ``offsets[i]`` first: the native ``cut_records``'
-    twin (which makes no Python call per record: ~0.4 us a record of a leader's 32-message batch)."""
-    if len(offsets) != len(sizes):
-        raise ValueError("one offset per size")
-    bodies, start = [], 0
-    for index, (size, offset) in enumerate(zip(sizes, offsets)):
-        if size < field + 8 or size > len(buffer) - start:
-            raise ValueError(f"record {index} of {size} bytes at {start}: no field at {field} or past the buffer's "
-                             f"{len(buffer)}")  # fmt: skip
-        _PHYSICAL_OFFSET.pack_into(buffer, start + field, offset)
-        bodies.append(bytes(buffer[start : start + size]))
-        start += size
-    return bodies
-
-
-_cut_records = native.cut_records or _cut_records_python
-
-
-@dataclasses.dataclass(frozen=True)
-class AppendPlan:
-    """What a leader proposes: ``bodies[i]`` is entry ``first_index + i``, one RocketMQ record
-    whose commit-log offset is ``offsets[i]`` (= its planned pos + 48), queue ``queue_ids[i]`` at
-    ``queue_offsets[i]`` (0 for transaction prepare/rollback records, which take none)."""
-
-    first_index: int
-    bodies: tuple[bytes, ...]
-    offsets: tuple[int, ...]
-    queue_ids: tuple[int, ...]
-    queue_offsets: tuple[int, ...]
-    store_timestamp: int
-    queue_next: dict[tuple[str, int], int]  # the queue table once accepted (changed keys only)
-    positions: list[int]  # each entry's planned pos (offsets[i] - BODY_OFFSET)
-    entry_sizes: list[int]  # each entry's size, header included (codec.entry_size of bodies[i])
-
-    @property
-    def placements(self) -> list[tuple[int, int, int]]:
-        """(commit-log offset, queue id, queue offset) of each message."""
-        return list(zip(self.offsets, self.queue_ids, self.queue_offsets))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +89,7 @@ class _LogFiles:
     mapped_file_queue: MappedFileQueue
 
 
-class DLedgerMessageStore:
+class DLedgerMessageStore(MessagePlanner, MessageReader, MessageDispatch):
     """Consume queues and reads over a DLedger entry log (see the module docstring)."""
 
     def __init__(self, path: str, config: StoreConfig | None, *, self_id: str, dledger: DLedgerStoreConfig | None,
@@ -193,19 +131,18 @@ class DLedgerMessageStore:
 
     @classmethod
     def open(cls, path: str, config: StoreConfig | None = None, *, self_id: str,
-             dledger: DLedgerStoreConfig | None = None, group: str | None = None, upgrade_classic: bool = False,
-             **entry_options: Any) -> DLedgerMessageStore:  # fmt: skip
+             dledger: DLedgerStoreConfig | None = None, group: str | None = None,
+             upgrade_classic: bool = False) -> DLedgerMessageStore:  # fmt: skip
         """Open the store root ``path`` as member ``self_id`` of ``group``: the classic part (if
         ``path/commitlog`` has segments), the DLedger files in ``dledger_directory(path,
         self_id)``, the consume queues; recover. ``STORE/identity`` must name this member (and
         group, when given); a classic store is refused unless ``upgrade_classic`` (the smooth
-        upgrade's explicit step: its marker becomes this member's). ``entry_options``
-        (``entry_class``, ``hard_state_class``) go to ``DLedgerMmapFileStore.open``."""
+        upgrade's explicit step: its marker becomes this member's)."""
         store = cls(path, config, self_id=self_id, dledger=dledger, group=group, upgrade_classic=upgrade_classic)
-        store._open(entry_options)
+        store._open()
         return store
 
-    def _open(self, entry_options: dict[str, Any]) -> None:
+    def _open(self) -> None:
         store_identity.check(self.path, self.opener)  # before anything is created or written
         os.makedirs(self.path, exist_ok=True)
         self._check_disk_size()
@@ -223,9 +160,9 @@ class DLedgerMessageStore:
             self.last_exit_ok = not os.path.exists(abort_path)
             self.checkpoint = StoreCheckpoint.open(os.path.join(self.path, "checkpoint"))
             if has_classic:
-                self._open_classic(classic_directory, directory, entry_options)
+                self._open_classic(classic_directory, directory)
             else:
-                self.entries = DLedgerMmapFileStore.open(directory, self.dledger_config, **entry_options)
+                self.entries = DLedgerMmapFileStore.open(directory, self.dledger_config)
                 self.divided_log = DividedLog(CommitLog(classic_directory, segment_size=self.config.commitlog_segment_size),
                                               self.entries, -1)  # fmt: skip
             self.consume_queues.load()
@@ -248,14 +185,14 @@ class DLedgerMessageStore:
                              f"({self.dledger_config.index_file_size} bytes) need: use a larger disk or smaller "
                              f"segments")  # fmt: skip
 
-    def _open_classic(self, classic_directory: str, directory: str, entry_options: dict[str, Any]) -> None:
+    def _open_classic(self, classic_directory: str, directory: str) -> None:
         self.classic = CommitLog(classic_directory, segment_size=self.config.commitlog_segment_size,
                                  store_host=self.config.store_host)  # fmt: skip
         self.classic.load()
         # Recovered and dispatched by MessageStore before it was sealed: a normal-exit scan.
         self.classic.recover(abnormal=False, dispatch_from=1 << 62, checkpoint_min_timestamp=0, crc_function=None,
                              cut_segments_max=self.config.recovery_cut_segments_max)  # fmt: skip
-        self.divided_log = open_after_classic(directory, self.dledger_config, commit_log=self.classic, **entry_options)
+        self.divided_log = open_after_classic(directory, self.dledger_config, commit_log=self.classic)
         self.entries = self.divided_log.dledger
         self.divided_offset = self.divided_log.divided_commitlog_offset
 
@@ -263,7 +200,8 @@ class DLedgerMessageStore:
         queues = self.consume_queues
         queues.recover()
         queues.truncate_dirty(self._entries_end())
-        self._drop_torn_units()
+        queues.drop_torn_units(lambda offset: self._record_at(offset, committed_only=False), min_offset=self.min_offset,
+                               last_exit_ok=self.last_exit_ok)  # fmt: skip
         entries = self.entries
         self.dispatched_index = self._newest_dispatched_index()
         entries.update_committed_index(self.dispatched_index)  # dispatched => was committed
@@ -295,22 +233,6 @@ class DLedgerMessageStore:
             return entries.first_index() - 1
         return entries.get_by_pos(newest - BODY_OFFSET).index
 
-    def _drop_torn_units(self) -> None:
-        """A queue's last unit whose record is not what it says (torn write) is dropped, newest first."""
-        for (topic, queue_id), queue in self.consume_queues.queues.items():
-            while (unit := queue.last_unit()) is not None:
-                offset, size, _ = unit
-                if offset < self.min_offset:
-                    break  # its entry was deleted by retention: expired, not torn
-                try:
-                    record = self._record_at(offset, committed_only=False)
-                    if record.size == size and record.topic == topic and record.queue_id == queue_id:
-                        break
-                except ReadError:
-                    pass
-                queue.drop_last_unit()
-                queue.cut_in_recovery = queue.cut_in_recovery or self.last_exit_ok  # a clean stop tore nothing
-
     def close(self, *, clean: bool = True) -> None:
         """Flush the entries, dispatch, flush the queues, write both checkpoints, remove ``abort``
         (only if every committed entry is dispatched). ``clean=False``: let go of the files as a
@@ -328,10 +250,7 @@ class DLedgerMessageStore:
             self.flush_consume_queues(0)
             self.write_checkpoint()
             if self.dispatch_error is None and self.dispatched_index >= self.entries.committed_index:
-                try:
-                    os.unlink(os.path.join(self.path, "abort"))
-                except FileNotFoundError:
-                    pass
+                remove_abort_file(os.path.join(self.path, "abort"))
         finally:
             self._release(clean=True)
 
@@ -350,145 +269,7 @@ class DLedgerMessageStore:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    # -- the leader's writes --------------------------------------------------------------
-
-    def plan_append(self, messages: Sequence[rec.Message]) -> AppendPlan:
-        """Entry bodies for ``messages`` (one record each) at the next indexes; mutates nothing.
-        Raises ``rec.MessageRejected`` for a bad or oversize message (nothing planned)."""
-        body_size_max = self.config.max_message_size
-        # No record CRC tail (StoreConfig.append_record_crc is the classic log's): the entry's body
-        # CRC covers the whole record, and PHYSICALOFFSET is set after encoding (cut_records).
-        prepared = [rec.prepare_message(message, crc_function=self.crc_function, body_size_max=body_size_max)
-                    for message in messages]  # fmt: skip
-        if not prepared:
-            raise rec.MessageRejected(rec.PutMessageStatus.MESSAGE_ILLEGAL, "empty batch")
-        store_ip, store_port, store_v6 = rec.encode_host(self.config.store_host)
-        sizes = [rec.with_store_host(message, store_v6=store_v6) for message in prepared]
-        first_index, positions, entry_sizes = self._plan_positions(sizes)
-        store_timestamp = max(now_ms(), self._last_store_timestamp)
-        queue_next: dict[tuple[str, int], int] = {}
-        bodies, queue_offsets = [], []
-        for message, size, pos in zip(prepared, sizes, positions):
-            queue_offset = self._take_queue_offset(queue_next, message.message.topic, message.message.queue_id,
-                                                   message.sysflag)  # fmt: skip
-            body = bytearray(size)
-            rec.write_record(body, 0, message, queue_offset=queue_offset, physical_offset=pos + BODY_OFFSET,
-                             store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port)  # fmt: skip
-            bodies.append(bytes(body))
-            queue_offsets.append(queue_offset)
-        return AppendPlan(first_index, tuple(bodies), tuple([pos + BODY_OFFSET for pos in positions]),
-                          tuple([m.message.queue_id for m in prepared]), tuple(queue_offsets), store_timestamp,
-                          queue_next, positions, entry_sizes)  # fmt: skip
-
-    def plan_batch(self, batch: rec.MessageBatch) -> AppendPlan:
-        """As ``plan_append`` for a batch sharing topic and queue: one entry per message."""
-        return self.plan_batches((batch,))
-
-    def plan_batches(self, batches: Sequence[rec.MessageBatch]) -> AppendPlan:
-        """``plan_batch`` for several batches at once, in their order (topics and queues may
-        differ): one plan, so one proposal, for a leader's pass of puts over several queues
-        (each proposal costs the leader tens of us of Raft bookkeeping: it made 4 a pass at 64
-        producers on 4 queues). Its entries are the ones a ``plan_batch`` per batch, accepted one
-        after the other, would plan, byte for byte.
-        ``rec.MessageRejected`` when any batch is refused (nothing planned)."""
-        store_ip, store_port, store_v6 = rec.encode_host(self.config.store_host)
-        body_size_max = self.config.max_message_size
-        prepared = [rec.prepare_batch(batch, body_size_max=body_size_max, store_v6=store_v6) for batch in batches]
-        if len(prepared) == 1:
-            sizes = prepared[0].sizes
-        else:
-            sizes = list(chain.from_iterable([each.sizes for each in prepared]))
-        first_index, positions, entry_sizes = self._plan_positions(sizes)
-        store_timestamp = max(now_ms(), self._last_store_timestamp)
-        queue_next: dict[tuple[str, int], int] = {}
-        offsets = [pos + BODY_OFFSET for pos in positions]
-        bodies: list[bytes] = []
-        queue_ids: list[int] = []
-        queue_offsets: list[int] = []
-        start = 0
-        for batch, each in zip(batches, prepared):
-            count = each.count
-            first = self._take_queue_offset(queue_next, batch.topic, batch.queue_id, each.sysflag, count)
-            # The whole batch written at once, as the classic log writes it (records end to end),
-            # then each record's PHYSICALOFFSET set to where its entry puts it and the records cut
-            # apart: the bytes of one write_batch per message (the tests compare them with that,
-            # byte for byte) without a Python call per message. PHYSICALOFFSET is under no CRC
-            # (BODYCRC covers the body).
-            buffer = bytearray(each.total)
-            rec.write_batch(buffer, 0, each, queue_offset_first=first, physical_base=0, store_timestamp=store_timestamp,
-                            store_ip=store_ip, store_port=store_port, crc_function=self.crc_function)  # fmt: skip
-            bodies += _cut_records(buffer, each.sizes, offsets[start : start + count], rec.PHYSICAL_OFFSET_POSITION)
-            queue_ids += [batch.queue_id] * count
-            queue_offsets += [0] * count if _transactional(each.sysflag) else range(first, first + count)
-            start += count
-        return AppendPlan(first_index, tuple(bodies), tuple(offsets), tuple(queue_ids), tuple(queue_offsets),
-                          store_timestamp, queue_next, positions, entry_sizes)  # fmt: skip
-
-    def _plan_positions(self, record_sizes: list[int]) -> tuple[int, list[int], list[int]]:
-        """(first index, entry positions, entry sizes) for records of these sizes after the pending plans;
-        MessageRejected when one cannot fit a data file (with the blank record DLedger needs).
-        Planned from where the newest pending entry ends: a pass of puts accepts a plan a request
-        before any is appended, so planning the pending entries again made a pass quadratic."""
-        entry_sizes = [BODY_OFFSET + size for size in record_sizes]  # codec.entry_size, without a call per entry
-        fit_max = self.dledger_config.data_file_size - codec.MIN_BLANK_SIZE
-        if max(entry_sizes) > fit_max:
-            raise rec.MessageRejected(rec.PutMessageStatus.MESSAGE_ILLEGAL,
-                                      f"an entry of {max(entry_sizes)} bytes does not fit a DLedger data file of "
-                                      f"{self.dledger_config.data_file_size} bytes")  # fmt: skip
-        self._drop_appended_plans()
-        pending = self._pending
-        if not pending:
-            return self.entries.last_index() + 1, self.entries.plan_positions(entry_sizes), entry_sizes
-        index, pos, size = pending[-1]
-        return index + 1, self.entries.plan_positions(entry_sizes, start=pos + size), entry_sizes
-
-    def _drop_appended_plans(self) -> None:
-        """Drop the accepted plans' entries that are appended now, after checking that the newest
-        of them lies where and is as large as planned (an entry's pos is the sum of all sizes
-        before it, so one misplaced or mis-sized entry moves every later one); StoreError when
-        not (an accepted plan was not appended as planned)."""
-        entries = self.entries
-        last = entries.last_index()
-        # Pending entries have consecutive indexes (accept_plan extends them so): no search needed.
-        appended = min(max(last - self._pending[0][0] + 1, 0), len(self._pending)) if self._pending else 0
-        if appended:  # the newest appended one: positions are cumulative, so it lies as planned only if all do
-            index, pos, size = self._pending[appended - 1]
-            if index >= entries.first_index() and entries.entry_span(index) != (pos, size):
-                raise StoreError(f"entry {index} lies at {entries.entry_span(index)}, planned at {(pos, size)}: "
-                                 "an accepted plan was not appended as planned (call discard_plans)")  # fmt: skip
-            del self._pending[:appended]
-        if self._pending and self._pending[0][0] != last + 1:
-            raise StoreError(f"accepted entries from {self._pending[0][0]} but the log ends at {last}: "
-                             "an accepted plan was not appended (call discard_plans)")  # fmt: skip
-
-    def _take_queue_offset(self, queue_next: dict, topic: str, queue_id: int, sysflag: int, count: int = 1) -> int:
-        if _transactional(sysflag):
-            return 0
-        key = (topic, queue_id)
-        first = queue_next.get(key, self._queue_table.get(key, 0))
-        queue_next[key] = first + count
-        return first
-
-    def accept_plan(self, plan: AppendPlan) -> None:
-        """The core accepted ``plan``'s proposal: advance the queue table; the next plan starts
-        after it. Plans are accepted in the order they were made, each planned after the last."""
-        # The next index after the pending entries (planned consecutively from the log's end, which
-        # _plan_positions checked when it planned this one; nothing is appended in between).
-        expected = self._pending[-1][0] + 1 if self._pending else self.entries.last_index() + 1
-        if plan.first_index != expected:
-            raise ValueError(f"plan starts at entry {plan.first_index}, the next is {expected} (planned out of order?)")
-        for key, next_offset in plan.queue_next.items():
-            assert next_offset >= self._queue_table.get(key, 0), (key, next_offset)
-        self._queue_table.update(plan.queue_next)
-        self._pending.extend(
-            zip(range(plan.first_index, plan.first_index + len(plan.bodies)), plan.positions, plan.entry_sizes)
-        )
-        self._last_store_timestamp = max(self._last_store_timestamp, plan.store_timestamp)
-
-    def discard_plans(self) -> None:
-        """No longer leading: forget accepted-but-unappended plans and the queue table's advance."""
-        self._pending.clear()
-        self._queue_table = self.consume_queues.queue_offset_table()
+    # -- the leader's writes (planning: message_planning) ---------------------------------
 
     def reset_log(self, reset: Any) -> None:
         """A RESET (``reset.first_index``, ``term_before_first``, ``first_offset``): drop the
@@ -519,113 +300,7 @@ class DLedgerMessageStore:
         """The core's committed index (never goes back; capped at the log's end by the entries)."""
         self.entries.update_committed_index(index)
 
-    # -- dispatch -------------------------------------------------------------------------
-
-    @property
-    def sync_flush(self) -> bool:
-        """False: a DLedger write is durable through the quorum; the driver flushes entries."""
-        return False
-
-    @property
-    def reput_from_offset(self) -> int:
-        """Commit-log offset up to which committed entries are dispatched (MessageStore's name)."""
-        return self._end_offset_of(self.dispatched_index)
-
-    @property
-    def dispatch_end_offset(self) -> int:
-        """Dispatch goes up to the committed end (a property, as MessageStore's)."""
-        return self.committed_end_offset()
-
-    def dispatch(self, max_bytes: int | None = None) -> int:
-        """Consume-queue units for committed entries after ``dispatched_index``, about
-        ``max_bytes`` (default ``dispatch_batch_size_max``) of entries; return how many entries were
-        dispatched (no-ops, empty bodies, included: non-zero means progress). A body that is not
-        one record at its offset stops dispatch and is reported in ``dispatch_error``."""
-        if self.dispatch_error is not None:
-            return 0
-        budget = max_bytes or self.config.dispatch_batch_size_max
-        entries = self.entries
-        count = 0
-        while self.dispatched_index < entries.committed_index and budget > 0:
-            first = self.dispatched_index + 1
-            last = min(entries.committed_index, first + DISPATCH_ENTRIES_MAX - 1)
-            fitting, _, pos, end = entries.run_extent(first, last + 1, size_max=budget)  # the walk keeps to the budget
-            try:
-                walked, size = self._dispatch_run(first, first + fitting - 1, pos, end)
-            except DiskFullError as error:  # a consume queue's next file: again later (put_run skips what it has)
-                self.dispatch_blocked = str(error)
-                break
-            self.dispatch_blocked = None
-            count += walked
-            budget -= size
-            if self.dispatch_error is not None:
-                break
-        return count
-
-    def _dispatch_run(self, first: int, last: int, pos: int, end: int) -> tuple[int, int]:
-        """Dispatch entries ``first..last`` (committed) that lie in ``first``'s data file with one
-        walk (``dispatch_entries``: headers skipped, one record per entry, no-ops passed over);
-        return (entries dispatched, their bytes); ``pos`` is where ``first`` lies and ``end`` where
-        ``last`` ends (``run_extent``). An entry the native walk leaves to Python
-        (TAGS not UTF-8) goes through ``_dispatch_entry``; a malformed one sets ``dispatch_error``."""
-        entries = self.entries
-        mapped_file = entries.data_file_list.find_mapped_file_by_offset(pos)
-        base = mapped_file.file_from_offset
-        start, limit = pos - base, min(end - base, mapped_file.wrote_position)
-        runs = _Runs(self)
-        try:
-            position, stop, walked, found = dispatch_entries(mapped_file.view(), start, limit, base, last - first + 1,
-                                                             BODY_OFFSET)  # fmt: skip
-            for run in found:
-                runs.add(*run)
-            if stop == _STOP_SLOW:  # this one entry through the twin
-                index = first + walked
-                _, size = entries.entry_span(index)
-                error = self._dispatch_entry(index, base + position, size, runs)
-                if error is None:
-                    walked, position = walked + 1, position + size
-                else:
-                    self.dispatch_error = error
-            elif stop == _STOP_MALFORMED or (stop == _STOP_LIMIT and walked == 0):
-                index = first + walked
-                self.dispatch_error = f"entry {index}: its body at offset {base + position + BODY_OFFSET} is not one record (malformed)"
-        finally:
-            runs.write()  # the units of every entry before a bad one too
-        self.dispatched_index = first + walked - 1
-        return walked, position - start
-
-    def _dispatch_entry(self, index: int, pos: int, size: int, runs: _Runs) -> str | None:
-        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(pos)
-        base = mapped_file.file_from_offset
-        start, limit = pos + BODY_OFFSET - base, pos + size - base
-        view = mapped_file.view()
-        position, stop, records, found = dispatch_units(view, start, limit, base, 1)
-        if stop == _STOP_SLOW:
-            position, stop, records, found = _dispatch_units_python(view, start, limit, base, records_max=1)
-        if stop in (_STOP_MALFORMED, _STOP_BLANK) or records != 1 or position != limit:
-            return f"entry {index}: its body at offset {pos + BODY_OFFSET} is not one record (malformed)"
-        for run in found:
-            runs.add(*run)
-        return None
-
-    def caught_up(self) -> bool:
-        """Every entry committed and dispatched (DLedgerRoleChangeHandler's test before a leader
-        takes writes: ledgerEnd == committedIndex and no dispatch behind)."""
-        entries = self.entries
-        return (entries.last_index() == entries.committed_index and self.dispatched_index >= entries.committed_index
-                and self.dispatch_error is None)  # fmt: skip
-
-    def resume_queue_offsets(self) -> None:
-        """A new leader, once caught up: continue each queue from its consume queue (entries it
-        followed were dispatched, not planned here). StoreError when not caught up."""
-        while self.dispatch():
-            pass
-        if not self.caught_up():
-            raise StoreError(f"cannot take writes: log ends at {self.entries.last_index()}, committed "
-                             f"{self.entries.committed_index}, dispatched {self.dispatched_index}, "
-                             f"dispatch error {self.dispatch_error}")  # fmt: skip
-        self._pending.clear()
-        self._queue_table = self.consume_queues.queue_offset_table()
+    # -- flush, checkpoint, retention ----------------------------------------------------
 
     def flush_consume_queues(self, least_pages: int = 0) -> None:
         newest = self.consume_queues.flush(least_pages)
@@ -694,169 +369,6 @@ class DLedgerMessageStore:
     # MessageStore's disk check (DiskWatch), on the same attribute.
     disk_full = MessageStore.disk_full
 
-    # -- offsets ----------------------------------------------------------------------------
-
-    def _dledger_start(self) -> int:
-        """Commit-log offset where the DLedger part starts."""
-        entries = self.entries
-        if entries.last_index() >= entries.first_index():
-            return entries.pos_at(entries.first_index())
-        if entries.data_file_list.mapped_files:
-            return entries.data_file_list.min_offset
-        if entries.first_index() > 0:  # empty after a reset: where its next entry will lie
-            return entries.data_start_offset
-        return max(self.divided_offset, 0)
-
-    def _end_offset_of(self, index: int) -> int:
-        """End of entry ``index`` in the commit-log offset space (the DLedger start below the first)."""
-        if index < self.entries.first_index():
-            return self._dledger_start()
-        pos, size = self.entries.entry_span(index)
-        return pos + size
-
-    def _entries_end(self) -> int:
-        return self._end_offset_of(self.entries.last_index())
-
-    def _first_index_at_or_after(self, pos: int) -> int:
-        entries = self.entries
-        indexes = range(entries.first_index(), entries.last_index() + 1)
-        return entries.first_index() + bisect.bisect_left(indexes, pos, key=entries.pos_at)
-
-    def committed_end_offset(self) -> int:
-        """Commit-log offset just past the last committed entry: the readable end."""
-        return self._end_offset_of(self.entries.committed_index)
-
-    def offset_of_index(self, index: int) -> int:
-        """PHYSICALOFFSET of the message in entry ``index`` (its pos + 48)."""
-        return self.entries.pos_at(index) + BODY_OFFSET
-
-    @property
-    def min_offset(self) -> int:
-        """The oldest readable offset: the classic part's, until retention deletes the DLedger
-        part's head (the newest sealed classic segment stays on disk, no longer reachable)."""
-        if self.classic is not None and self.entries.first_index() == 0:
-            return self.classic.min_offset
-        return self._dledger_start()
-
-    # -- reading ----------------------------------------------------------------------------
-
-    def _record_at(self, offset: int, *, committed_only: bool = True, crc_function=None) -> rec.Record:
-        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
-            return self.classic.get_record(offset, crc_function=crc_function)
-        try:
-            stored = self.entries.get_by_pos(offset - BODY_OFFSET)
-        except (ValueError, IndexError, StoreError) as error:
-            raise ReadError(f"no message at offset {offset}: {error}") from None
-        if committed_only and stored.index > self.entries.committed_index:
-            raise ReadError(f"entry {stored.index} at offset {offset} is not committed")
-        try:
-            record = rec.decode_record(stored.body, 0, crc_function=crc_function, limit=len(stored.body))
-        except rec.RecordError as error:
-            raise ReadError(f"entry {stored.index} at offset {offset}: {error.reason}") from None
-        if record.physical_offset != offset:
-            raise ReadError(f"entry {stored.index}: its record names offset {record.physical_offset}, not {offset}")
-        return record
-
-    def get_record(self, offset: int, *, check_crc: bool = False) -> rec.Record:
-        """The committed message whose commit-log offset is ``offset``; ReadError otherwise (with
-        ``check_crc``, ``DamagedRecordError`` for a body that fails its CRC, added to ``damaged``)."""
-        if check_crc:  # the record's own checks first (the entry's CRC, below, names no record)
-            head = self.read(offset, _SIZE_WORD.size)
-            size = _SIZE_WORD.unpack(head)[0] if len(head) == _SIZE_WORD.size else 0
-            checked = read_check.noted(read_check.read_records(self._segment_of, [(offset, max(size, 8))],
-                                                               crc_function=self.crc_function), self.read_damaged)  # fmt: skip
-            if checked.damage is not None:
-                raise read_check.DamagedRecordError(checked.damage)
-        return self._record_at(offset)
-
-    def read_records(self, spans: Sequence[tuple], *, copy: bool = False) -> read_check.CheckedRead:
-        """MessageStore.read_records: one walk per record here (entry headers lie between them)."""
-        checked = read_check.read_records(self._segment_of, spans, crc_function=self.crc_function, check=self.config.check_crc_on_read,
-                                          copy=copy)  # fmt: skip
-        return read_check.noted(checked, self.read_damaged)
-
-    def read_checked(self, offset: int, size_max: int) -> read_check.CheckedRead:
-        """MessageStore.read_checked: in the DLedger part each entry's record is walked alone."""
-        if not self.config.check_crc_on_read:
-            return read_check.CheckedRead([self.read(offset, size_max)])
-        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
-            mapped_file = self.classic.transfer_span(offset, 0)[0]
-            segment_end, header = mapped_file.file_from_offset + mapped_file.file_size, 0
-        else:
-            self.read(offset, 0)  # ReadError outside the committed log, as read
-            mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
-            segment_end = min(mapped_file.file_from_offset + mapped_file.file_size, self.committed_end_offset())
-            header = BODY_OFFSET
-        checked = read_check.read_range(self.read, self._file_path, offset, size_max, crc_function=self.crc_function,
-                                        segment_end=segment_end, entry_header_size=header)  # fmt: skip
-        return read_check.noted(checked, self.read_damaged)
-
-    def _segment_of(self, offset: int) -> read_check.Segment:
-        """The readable bytes of the file holding ``offset``: a classic segment's, or a data file's
-        up to the committed end."""
-        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
-            mapped_file = self.classic.transfer_span(offset, 0)[0]
-            return mapped_file.view()[: mapped_file.read_position], mapped_file.file_from_offset, mapped_file.path
-        start, end = self._dledger_start(), self.committed_end_offset()
-        if not start <= offset < end:
-            raise ReadError(f"offset {offset} outside the committed DLedger log [{start}, {end})")
-        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
-        limit = min(mapped_file.wrote_position, end - mapped_file.file_from_offset)
-        return mapped_file.view()[:limit], mapped_file.file_from_offset, mapped_file.path
-
-    def _file_path(self, offset: int) -> str:
-        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
-            return self.classic.mapped_file_queue.find_mapped_file_by_offset(offset).path
-        return self.entries.data_file_list.find_mapped_file_by_offset(offset).path
-
-    def read(self, offset: int, size_max: int) -> memoryview:
-        """Zero-copy bytes from ``offset``: up to ``size_max``, never past a file's end nor, in the
-        DLedger part, past the committed end (DLedgerCommitLog.getData)."""
-        if self.divided_log.part_of(offset) is LogPart.CLASSIC:
-            return self.classic.read(offset, size_max)
-        start, end = self._dledger_start(), self.committed_end_offset()
-        if not start <= offset < end:
-            raise ReadError(f"offset {offset} outside the committed DLedger log [{start}, {end})")
-        mapped_file = self.entries.data_file_list.find_mapped_file_by_offset(offset)
-        position = offset - mapped_file.file_from_offset
-        size = min(size_max, mapped_file.wrote_position - position, end - offset)
-        return mapped_file.slice(position, size)
-
-    def pull(self, topic: str, queue_id: int, queue_offset: int, count_max: int) -> list[rec.Record]:
-        queue = self.consume_queues.find(topic, queue_id)
-        if queue is None:
-            return []
-        units = queue.read(queue_offset, count_max)
-        if not self.config.check_crc_on_read:
-            return [self.get_record(offset) for offset, _size, _tags in units]
-        checked = self.read_records(units)
-        if checked.damage is not None and not checked.views:
-            raise read_check.DamagedRecordError(checked.damage)
-        return [rec.decode_record(view, crc_function=None) for view in checked.views]
-
-    def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern) -> Iterator[tuple[re.Match, RecordPlace]]:
-        """Matches of ``pattern`` ending exactly where a record ends (its properties), in the
-        committed entries of the last ``span_bytes`` of the DLedger part (the classic part is not
-        searched), with where that record is (MessageStore.find_at_record_ends)."""
-        entries = self.entries
-        end = self.committed_end_offset()
-        index = self._first_index_at_or_after(end - span_bytes)
-        while index <= entries.committed_index:
-            pos, size = entries.entry_span(index)
-            index += 1
-            if size <= BODY_OFFSET:
-                continue
-            mapped_file = entries.data_file_list.find_mapped_file_by_offset(pos)
-            base = mapped_file.file_from_offset
-            view = mapped_file.view()
-            start, limit = pos + BODY_OFFSET - base, pos + size - base
-            for match in pattern.finditer(view, start, limit):
-                if match.end() != limit:
-                    continue
-                _, _, _, queue_id, queue_offset, sysflag, _, _ = rec.decode_dispatch(view, start, limit)
-                if not _transactional(sysflag):
-                    yield match, RecordPlace(pos + BODY_OFFSET, size - BODY_OFFSET, queue_id, queue_offset)
-
     # -- damage found while serving, and its repair from a healthy member -------------------
 
     def record_damage(self, damage: DamagedRange) -> bool:
@@ -916,49 +428,3 @@ class DLedgerMessageStore:
             consume_queues=len(self.consume_queues.queues),
             disk_used_ratio=disk_used_ratio(self.path),
         )
-
-
-def _transactional(sysflag: int) -> bool:
-    return sysflag & rec.SYSFLAG_TRANSACTION_MASK in (
-        rec.SYSFLAG_TRANSACTION_PREPARED,
-        rec.SYSFLAG_TRANSACTION_ROLLBACK,
-    )
-
-
-DISPATCH_ENTRIES_MAX = 1024  # entries dispatched per pass of index reading (their units written together)
-
-
-class _Runs:
-    """Consume-queue units of consecutive entries, joined per queue while their queue offsets
-    follow each other, written with one ``put_run`` per queue and pass instead of one per entry."""
-
-    def __init__(self, store: DLedgerMessageStore) -> None:
-        self._store = store
-        self._open: dict[tuple[bytes, int], list] = {}  # (topic, queue) -> [first, units, next, last_end, ts]
-
-    def add(self, topic: bytes, queue_id: int, first_queue_offset: int, count: int, units: bytes, _first: int,
-            last_end: int, store_ts: int) -> None:  # fmt: skip
-        key = (topic, queue_id)
-        run = self._open.get(key)
-        if run is not None and run[2] == first_queue_offset:
-            run[1].append(units)
-            run[2] += count
-            run[3] = last_end
-            run[4] = max(run[4], store_ts)
-            return
-        if run is not None:
-            self._put(key, run)
-        self._open[key] = [first_queue_offset, [units], first_queue_offset + count, last_end, store_ts]
-
-    def write(self) -> None:
-        for key, run in self._open.items():
-            self._put(key, run)
-        self._open.clear()
-
-    def _put(self, key: tuple[bytes, int], run: list) -> None:
-        store = self._store
-        name = _topic_name(key[0])
-        if name is None:
-            store.dispatch_skipped += (run[2] - run[0])
-            return
-        store.consume_queues.find_or_create(name, key[1]).put_run(run[0], b"".join(run[1]), run[3], run[4])

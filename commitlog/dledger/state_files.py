@@ -38,8 +38,10 @@ both copies damaged the member refuses to start, naming both.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
+from commitlog.dledger.entry_types import HardState
 from commitlog.mapped_file import StoreError, fsync_directory
 
 CHECKPOINT_FILE = "checkpoint"  # DLedgerMmapFileStore.CHECK_POINT_FILE
@@ -59,6 +61,80 @@ CRC_KEY = "crc32c"  # hasvc only: the CRC32C of every line before it (DLedger ig
 BACKUP_SUFFIX = ".bak"  # the second copy, written first (DLedger keeps a .bak too, of the previous content)
 # A properties file larger than this is not one of ours: a few keys and 64-bit numbers.
 PROPERTIES_FILE_SIZE_MAX = 64 * 1024
+# A member id as currterm can hold it: no whitespace or properties syntax, bounded.
+_MEMBER_ID = re.compile(r"[^\s=:#!\\]{1,255}")
+
+
+class EntryStateFiles:
+    """A store directory's ``checkpoint`` and ``currterm`` and what they hold now: the recorded
+    begin (``beginIndex``, ``beginTerm``, ``beginPos``), the flushedIndex the checkpoint names,
+    the saved hard state. The entry store's indexes are its own; it hands them in to be written."""
+
+    def __init__(self, directory: str, *, data_file_size: int) -> None:
+        self.checkpoint_path = os.path.join(directory, CHECKPOINT_FILE)
+        self.term_path = os.path.join(directory, TERM_FILE)
+        self.data_file_size = data_file_size
+        self.begin: tuple[int, int, int] | None = None  # (beginIndex, beginTerm, beginPos) on record
+        self.checkpoint_flushed_index = -1  # the flushedIndex the checkpoint file holds
+        self.hard_state = HardState(0, None, -1)  # as saved in currterm
+
+    def load(self) -> tuple[int, int, bool]:
+        """Read currterm and checkpoint; return (committed index hint, checkpoint flushedIndex,
+        whether a reset was under way); the recorded begin goes to ``begin``."""
+        hint = -1
+        values = read_properties(self.term_path)
+        if values is not None:
+            term = int_property(values, TERM_KEY, path=self.term_path, default=0)
+            vote = values.get(VOTE_FOR_KEY, "") or None
+            hint = int_property(values, COMMITTED_INDEX_KEY, path=self.term_path, default=-1)
+            mark = [int_property(values, key, path=self.term_path, default=-1)
+                    for key in (CATCH_UP_TERM_KEY, CATCH_UP_INDEX_KEY)]  # fmt: skip
+            self.hard_state = HardState(max(term, 0), vote, hint, *mark)
+        flushed = -1
+        values = read_properties(self.checkpoint_path)
+        if values is None:
+            return hint, flushed, False
+        path = self.checkpoint_path
+        committed = int_property(values, COMMITTED_INDEX_KEY, path=path, default=-1)
+        hint = max(hint, committed)
+        flushed = self.checkpoint_flushed_index = int_property(values, FLUSHED_INDEX_KEY, path=path, default=-1)
+        begin = [int_property(values, key, path=path, default=-1) for key in (BEGIN_INDEX_KEY, BEGIN_TERM_KEY, BEGIN_POS_KEY)]
+        if begin[0] >= 1:
+            if begin[1] < 0 or begin[2] < 0 or begin[2] % self.data_file_size:
+                raise StoreError(f"{path}: begin index {begin[0]}, term {begin[1]}, pos {begin[2]}: "
+                                 "not a term and a data-file boundary")  # fmt: skip
+            self.begin = (begin[0], begin[1], begin[2])
+        resetting = int_property(values, RESETTING_KEY, path=path, default=0) == 1
+        if resetting and self.begin is None:
+            raise StoreError(f"{path}: resetting without a begin index")
+        return hint, flushed, resetting
+
+    def write_checkpoint(self, *, end: int, committed: int, flushed: int, resetting: bool = False) -> None:
+        """Replace ``checkpoint`` durably: endIndex, committedIndex (DLedger's), flushedIndex and,
+        once retention or a reset moved the log's start, the recorded begin."""
+        values: dict[str, object] = {END_INDEX_KEY: end, COMMITTED_INDEX_KEY: committed, FLUSHED_INDEX_KEY: flushed}
+        if self.begin is not None:
+            values.update({BEGIN_INDEX_KEY: self.begin[0], BEGIN_TERM_KEY: self.begin[1], BEGIN_POS_KEY: self.begin[2]})
+        if resetting:
+            values[RESETTING_KEY] = 1
+        write_properties(self.checkpoint_path, values)
+        self.checkpoint_flushed_index = flushed
+
+    def save_hard_state(self, state: HardState) -> None:
+        """Replace ``currterm`` durably (fsynced before this returns). The term never decreases."""
+        if state.term < self.hard_state.term:
+            raise ValueError(f"term {state.term} below the saved term {self.hard_state.term}")
+        if state.voted_for is not None and not _MEMBER_ID.fullmatch(state.voted_for):
+            raise ValueError(f"member id {state.voted_for!r} cannot be stored (whitespace, = : # ! \\ or too long)")
+        if state.committed_index < -1:
+            raise ValueError(f"committed_index {state.committed_index} < -1")
+        values: dict[str, object] = {TERM_KEY: state.term, VOTE_FOR_KEY: state.voted_for or "",
+                                     COMMITTED_INDEX_KEY: state.committed_index}  # fmt: skip
+        mark = (state.catch_up_term, state.catch_up_index)
+        if mark[1] >= 0:
+            values[CATCH_UP_TERM_KEY], values[CATCH_UP_INDEX_KEY] = mark
+        write_properties(self.term_path, values)
+        self.hard_state = HardState(state.term, state.voted_for, state.committed_index, *mark)
 
 
 def write_properties(path: str, values: Mapping[str, object]) -> None:

@@ -70,16 +70,15 @@ def seal_classic_commit_log(commit_log: CommitLog) -> int:
     return last.file_from_offset + last.file_size
 
 
-def open_after_classic(directory: str, config: DLedgerStoreConfig, *, commit_log: CommitLog, **open_options) -> DividedLog:
-    """Open the DLedger store in ``directory`` as the continuation of ``commit_log`` (recovered).
-    ``open_options`` (``entry_class``, ``hard_state_class``) go to ``DLedgerMmapFileStore.open``."""
+def open_after_classic(directory: str, config: DLedgerStoreConfig, *, commit_log: CommitLog) -> DividedLog:
+    """Open the DLedger store in ``directory`` as the continuation of ``commit_log`` (recovered)."""
     if config.data_file_size != commit_log.segment_size:
         raise ValueError(f"DLedger data files of {config.data_file_size} bytes must be the commit log's "
                          f"segment size {commit_log.segment_size} (RocketMQ sets them equal)")  # fmt: skip
     data_directory = os.path.join(directory, "data")
     existing = MappedFileQueue.segment_files(data_directory)
     if existing:
-        store = DLedgerMmapFileStore.open(directory, config, **open_options)
+        store = DLedgerMmapFileStore.open(directory, config)
         divided = store.data_file_list.min_offset
         classic_end = commit_log.mapped_file_queue.max_offset
         if commit_log.mapped_file_queue.mapped_files and classic_end > divided:
@@ -87,7 +86,7 @@ def open_after_classic(directory: str, config: DLedgerStoreConfig, *, commit_log
             raise ValueError(f"the commit log ends at {classic_end}, past the first DLedger data file at {divided}")
         return DividedLog(commit_log, store, divided)
     divided = seal_classic_commit_log(commit_log)
-    store = DLedgerMmapFileStore.open(directory, config, data_start_offset=max(divided, 0), **open_options)
+    store = DLedgerMmapFileStore.open(directory, config, data_start_offset=max(divided, 0))
     if divided > 0:
         store.data_file_list.get_last_mapped_file(divided)  # the first DLedger data file fixes the divide
     return DividedLog(commit_log, store, divided)

@@ -98,7 +98,6 @@ from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.messages import Push, PushResponse, PushType, ResetPush
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.ready import Proposed, Role
-from hasvc.state.raft.storage import Entry, HardState
 from hasvc.state.replication import Admission
 from hasvc.state.role import RoleState
 
@@ -1043,7 +1042,7 @@ class DLedgerBroker:
                                           and len(self.group.peers) > 1)  # fmt: skip
         self.store = await trio.to_thread.run_sync(lambda: DLedgerMessageStore.open(
             self.config.store, store_config, self_id=self.group.self_id, group=self.group.group,
-            upgrade_classic=self.group.upgrade_classic, dledger=entry_config, entry_class=Entry, hard_state_class=HardState))  # fmt: skip
+            upgrade_classic=self.group.upgrade_classic, dledger=entry_config))  # fmt: skip
         for damage in self.store.damaged:
             LOGGER.error("store %s: damaged entries cut, to be repaired from the leader: %s", self.config.store,
                          damage.describe())  # fmt: skip

@@ -73,7 +73,6 @@ from hasvc.state.controller.config import ControllerTimings
 from hasvc.state.controller.elect import ElectionTracker
 from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.ready import Role
-from hasvc.state.raft.storage import Entry, HardState
 
 LOGGER = logging.getLogger(__name__)
 
@@ -223,8 +222,7 @@ class ControllerServer:
                                           index_file_size=CONTROLLER_INDEX_FILE_SIZE,
                                           recovery_repair_from_peers=len(self.group.peers) > 1)  # fmt: skip
         store = DLedgerMessageStore.open(self.config.store, store_config, self_id=self.group.self_id,
-                                         group=CONTROLLER_RAFT_GROUP, dledger=entry_config, entry_class=Entry,
-                                         hard_state_class=HardState)  # fmt: skip
+                                         group=CONTROLLER_RAFT_GROUP, dledger=entry_config)  # fmt: skip
         for damage in store.damaged:
             LOGGER.error("store %s: damaged entries cut, to be repaired from the leader: %s", self.config.store,
                          damage.describe())  # fmt: skip

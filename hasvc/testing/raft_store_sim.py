@@ -25,7 +25,6 @@ import shutil
 import tempfile
 
 from commitlog.dledger import DLedgerMmapFileStore, DLedgerStoreConfig
-from hasvc.state.raft import storage
 from hasvc.testing import raft_sim
 
 PAGE_SIZE = 4096
@@ -44,8 +43,7 @@ class StoreLog:
         self.store = self._open()
 
     def _open(self) -> DLedgerMmapFileStore:
-        return DLedgerMmapFileStore.open(self.path, STORE_CONFIG, entry_class=storage.Entry,
-                                         hard_state_class=storage.HardState)  # fmt: skip
+        return DLedgerMmapFileStore.open(self.path, STORE_CONFIG)
 
     def __getattr__(self, name):  # the EntryLog methods the cores call are the store's own
         return getattr(self.store, name)

@@ -137,7 +137,7 @@ def test_put_path_time_times_the_put_path_in_every_broker(tmp_path, mode):
         if name != taker:  # a slave or a follower stores what it is sent; it takes no puts
             assert "hasvc.broker.put_service:PutService.put_items" not in process["functions"], (name, process)
             if mode == "dledger":
-                assert "commitlog.dledger.entry_store:DLedgerMmapFileStore.append_run" in process["functions"], (name, process)
+                assert "commitlog.dledger.entry_writer:EntryWriter.append_run" in process["functions"], (name, process)
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-put-times-*"))) == work_directories, "work directory left"
 
 

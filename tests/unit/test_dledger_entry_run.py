@@ -193,7 +193,7 @@ def test_a_refused_run_writes_nothing_and_says_why(tmp_path):
 def test_the_native_append_writes_what_the_python_loop_writes(tmp_path_factory, monkeypatch, seed):
     """A leader's ``append`` goes through ``write_entries`` (header, CRC32, body, index unit per
     entry in one call a data file); with it turned off the Python loop must write the same bytes."""
-    from commitlog.dledger import entry_store
+    from commitlog.dledger import entry_writer
 
     directory = tmp_path_factory.mktemp("append")
     rng = random.Random(seed)
@@ -204,7 +204,7 @@ def test_the_native_append_writes_what_the_python_loop_writes(tmp_path_factory, 
         index += len(batches[-1])
     stores = []
     for name, writer in (("native", native.write_entries), ("python", None)):
-        monkeypatch.setattr(entry_store, "_native_write_entries", writer)
+        monkeypatch.setattr(entry_writer, "_native_write_entries", writer)
         store = DLedgerMmapFileStore.open(str(directory / name), CONFIG)
         for batch in batches:
             store.append(batch)

@@ -18,7 +18,7 @@ from commitlog.config import StoreConfig
 from commitlog.dledger import DLedgerStoreConfig, Entry
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.message_inspect import iter_messages, verify_member
-from commitlog.dledger import message_store
+from commitlog.dledger import message_planning
 from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.dledger.upgrade import dledger_directory
 from commitlog.mapped_file import StoreError
@@ -479,7 +479,7 @@ def test_batches_planned_together_are_the_batches_planned_one_after_the_other(mo
     entries that planning each batch's messages one by one, accepted in turn, would plan: bodies,
     offsets (across data files), queues, queue offsets (none for a prepared transaction), and the
     queue table after."""
-    monkeypatch.setattr(message_store, "now_ms", lambda: 1_700_000_000_000)
+    monkeypatch.setattr(message_planning, "now_ms", lambda: 1_700_000_000_000)
     made = [rec.MessageBatch(topic, [bytes([len(sizes) + i]) * size for i, size in enumerate(sizes)], queue_id=queue,
                              properties={"KEYS": topic} if shared else [{"KEYS": f"k{i}"} for i in range(len(sizes))],
                              flag=3, born_timestamp=7, sysflag=sysflag)
@@ -624,7 +624,7 @@ def test_plan_batch_writes_the_bytes_of_one_write_per_message(tmp_path_factory, 
                                                               transactional, lead_size):  # fmt: skip
     """plan_batch writes the batch once and sets each record's PHYSICALOFFSET: byte for byte what
     a write_batch per message at its own offset writes, across a data file's end too."""
-    monkeypatch.setattr("commitlog.dledger.message_store.now_ms", rec_now_ms)
+    monkeypatch.setattr("commitlog.dledger.message_planning.now_ms", rec_now_ms)
     store = open_store(tmp_path_factory.mktemp("plan"))
     try:
         if lead_size:
@@ -654,13 +654,13 @@ def test_the_records_of_a_batch_are_cut_natively_as_their_twin_cuts_them(records
     native_buffer, twin_buffer = bytearray(data), bytearray(data)
     field = rec.PHYSICAL_OFFSET_POSITION
     bodies = native.cut_records(native_buffer, sizes, offsets, field)
-    assert bodies == message_store._cut_records_python(twin_buffer, sizes, offsets, field)
+    assert bodies == message_planning._cut_records_python(twin_buffer, sizes, offsets, field)
     assert native_buffer == twin_buffer and b"".join(bodies) == bytes(native_buffer[: sum(sizes)])
     assert all(int.from_bytes(body[field : field + 8], "big") == offset for body, offset in zip(bodies, offsets))
     for bad_sizes, bad_offsets in (([field + 7], [0]), ([len(data) + 1], [0]), (sizes + [field + 8], offsets)):
         if bad_sizes == sizes + [field + 8] and spare >= field + 8:
             continue  # it fits in the spare bytes
-        for cut in (native.cut_records, message_store._cut_records_python):
+        for cut in (native.cut_records, message_planning._cut_records_python):
             with pytest.raises(ValueError):
                 cut(bytearray(data), bad_sizes, bad_offsets, field)
     with pytest.raises(ValueError):

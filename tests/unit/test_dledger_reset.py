@@ -136,9 +136,9 @@ def test_after_a_reset_and_the_leaders_entries_the_files_are_byte_identical_from
 
 def _begin_the_reset(store, reset):
     """The first step of ``reset`` alone: the checkpoint says a reset to ``reset`` is under way."""
-    store._begin = (reset.first_index, reset.term_before_first, reset.first_offset)
-    store._write_checkpoint(end=reset.first_index - 1, committed=reset.first_index - 1,
-                            flushed=reset.first_index - 1, resetting=True)  # fmt: skip
+    store.state_files.begin = (reset.first_index, reset.term_before_first, reset.first_offset)
+    store.state_files.write_checkpoint(end=reset.first_index - 1, committed=reset.first_index - 1,
+                                       flushed=reset.first_index - 1, resetting=True)  # fmt: skip
 
 
 @pytest.mark.parametrize("crash_after", ["nothing", "checkpoint", "data_files", "index_files"])

@@ -561,18 +561,20 @@ def test_a_log_whose_first_data_files_were_deleted_starts_at_their_successor(tmp
     store.close()
 
 
-def test_read_and_load_hard_state_build_the_callers_classes(tmp_path):
-    """The raft core's Entry and HardState (hasvc.state.raft.storage) are other classes with the
-    same fields; the store builds those so that the core's comparisons hold."""
-    import collections
+def test_read_and_load_hard_state_build_the_raft_cores_types(tmp_path):
+    """Entry and HardState are defined once (commitlog.dledger.entry_types); the Raft core's
+    (hasvc.state.raft.storage) are the same classes, so what the store builds compares equal to
+    what the core makes, and is of its type."""
+    from hasvc.state.raft import storage
 
-    TheirEntry = collections.namedtuple("TheirEntry", "index term body")
-    TheirHardState = collections.namedtuple("TheirHardState", "term voted_for committed_index")
-    store = DLedgerMmapFileStore.open(str(tmp_path), SMALL, entry_class=TheirEntry, hard_state_class=TheirHardState)
-    store.append([TheirEntry(0, 1, b"a")])
-    store.save_hard_state(TheirHardState(1, "n1", 0))
-    assert store.read(0, 1, size_max=10) == [TheirEntry(0, 1, b"a")]
-    assert store.load_hard_state() == TheirHardState(1, "n1", 0)
+    assert storage.Entry is Entry and storage.HardState is HardState
+    store = DLedgerMmapFileStore.open(str(tmp_path), SMALL)
+    store.append(storage.new_entries(0, 1, [b"a"]))
+    store.save_hard_state(storage.HardState(1, "n1", 0))
+    [entry] = store.read(0, 1, size_max=10)
+    assert type(entry) is storage.Entry and entry == storage.Entry(0, 1, b"a")
+    hard_state = store.load_hard_state()
+    assert type(hard_state) is storage.HardState and hard_state == storage.HardState(1, "n1", 0)
     store.close()
 
 

@@ -1,7 +1,8 @@
 """What the Raft core needs from a log store: ``Entry``, ``HardState`` and the ``EntryLog`` protocol.
 
-This is the contract of /work/wt/ENTRYLOG.md (shared with ``commitlog/dledger``, which satisfies it
-structurally because ``commitlog`` cannot import ``hasvc``). Indexes are DLedger's: the first entry
+``Entry`` and ``HardState`` are defined in ``commitlog.dledger.entry_types`` (``commitlog`` cannot
+import ``hasvc``; the store builds these very types) and re-exported here; the store satisfies
+``EntryLog`` structurally. Indexes are DLedger's: the first entry
 of a fresh log has index 0, an empty log has ``last_index() == -1`` and ``last_term() == -1``; terms
 start at 0 and the first election makes term 1.
 
@@ -15,22 +16,12 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from commitlog.dledger.entry_run import EntryRun
+from commitlog.dledger.entry_types import Entry, HardState  # defined once, in the store
 
 __all__ = ["Entry", "EntryLog", "EntryRun", "HardState", "new_entries"]
-
-
-class Entry(NamedTuple):
-    """One log entry. A named tuple, not a frozen dataclass: a leader makes one per proposed
-    message, and ``new_entries`` builds them without a Python call each (a frozen dataclass's
-    ``__init__`` sets each field through ``object.__setattr__``: ~0.45 us an entry, 7 % of a
-    leader's main thread at 64 producers x 32-message batches)."""
-
-    index: int  # >= 0, consecutive
-    term: int  # >= 0, never decreasing along the log
-    body: bytes  # opaque payload (in DLedgerCommitLog, one RocketMQ message record); b"" is a leader's no-op
 
 
 _new_entry = functools.partial(tuple.__new__, Entry)
@@ -40,18 +31,6 @@ def new_entries(first_index: int, term: int, bodies: Sequence[bytes]) -> list[En
     """``[Entry(first_index + i, term, body) for i, body in enumerate(bodies)]`` without a Python
     call per entry (``bodies`` are kept, not copied)."""
     return list(map(_new_entry, zip(range(first_index, first_index + len(bodies)), itertools.repeat(term), bodies)))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HardState:
-    term: int  # current term (DLedger: currTerm)
-    voted_for: str | None  # member id voted for in `term` (DLedger: voteLeader)
-    committed_index: int  # -1 when nothing committed (a hint; the core re-derives it)
-    # The catch-up mark (``node``: "Lost entries"): a member whose recovery cut entries it may have
-    # acknowledged records the (term, index) its log ended at before; until its flushed log reaches
-    # it again it votes as if its log still ended there and stands for no election. -1: none.
-    catch_up_term: int = -1
-    catch_up_index: int = -1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ from collections.abc import Iterator, Sequence
 from commitlog import identity as store_identity
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file, remove_abort_file
-from commitlog.commit_log import AppendResult, CommitLog, DamagedLogError, ReadError, RecoveryReport
+from commitlog.commit_log import AppendResult, CommitLog, DamagedLogError, RecoveryReport
 from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueueStore
 from commitlog.damage import DamagedRange

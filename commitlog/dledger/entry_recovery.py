@@ -132,6 +132,7 @@ class EntryLogLoader:
             scan = self._scan(files, start_number)
         if scan.last_index < 0 and begin is not None:  # empty at the recorded begin (a reset)
             scan.last_index, scan.last_term = begin[0] - 1, begin[1]
+        self._check_last_term(scan)
         damage = self._damage_found(scan, checkpoint_flushed)
         if damage is not None and not self.config.recovery_accept_lost_entries and not self.config.recovery_repair_from_peers:
             raise StoreError(self._refusal(scan, damage[0], damage[1]))
@@ -179,13 +180,26 @@ class EntryLogLoader:
                 f"would end at entry {scan.last_index}): {why}. Inspect the files; set {setting}={value} (hasvc node "
                 "--set) to accept the loss.")  # fmt: skip
 
+    def _check_last_term(self, scan: DataScan) -> None:
+        """The last entry kept is the one whose damaged term nothing after it can show (no entry
+        follows to lower the term): its index unit, written with it, must say the same term.
+        One that says another (hypothesis, two flips: a raised term, then a torn-looking entry
+        after it) marks the entry damaged, as a lower term after it would."""
+        if scan.damaged or scan.count == 0:
+            return
+        unit = index_unit_or_none(self.index_file_list, scan.last_index)
+        if unit is not None and unit.term != scan.last_term:
+            scan.damaged = True
+            scan.reason = (f"entry {scan.last_index} has term {scan.last_term}, its index unit {unit.term} "
+                           f"(then: {scan.reason})")  # fmt: skip
+
     def _damage_found(self, scan: DataScan, checkpoint_flushed: int) -> tuple[str, str] | None:
         """Why ending the log where the scan stopped is damage, not a torn tail, and the setting
         that would accept it (None: a torn tail, or no cut at all)."""
         if scan.damaged:
-            return ("a whole entry follows with a lower term: the log is damaged in the middle (an entry's term "
-                    "is under no CRC), not torn at its tail; ending it here would drop what follows and keep a "
-                    "damaged entry", "recovery_accept_lost_entries")  # fmt: skip
+            return ("the last entry kept has a damaged term (a whole entry follows with a lower term, or its index "
+                    "unit says another): the log is damaged in the middle (an entry's term is under no CRC), not "
+                    "torn at its tail; ending it here would keep a damaged entry", "recovery_accept_lost_entries")  # fmt: skip
         lost = checkpoint_flushed - scan.last_index
         if lost > 0:
             return (f"the checkpoint says entries up to {checkpoint_flushed} were flushed; {lost} of them are gone",
@@ -215,23 +229,20 @@ class EntryLogLoader:
             self.state_files.save_hard_state(HardState(saved.term, saved.voted_for, saved.committed_index, mark_term, mark_index))
 
     def _drop_last_scanned(self, scan: DataScan) -> None:
-        """End the scan before its last entry (whose term field is damaged: a whole entry with a
-        lower term follows it), where its index unit, written with it, says it lies."""
+        """End the scan before its last entry (whose term field is damaged), where the scan found
+        it; the term is then the previous entry's, as the scan read it from its header (not from
+        an index unit, which may be the damaged part)."""
         last = scan.last_index
-        unit = index_unit_or_none(self.index_file_list, last)
-        if unit is None or scan.count == 0:
-            raise StoreError(self._refusal(scan, f"entry {last} has a damaged term and no index unit to cut it by",
+        if scan.count == 0:
+            raise StoreError(self._refusal(scan, f"entry {last} has a damaged term and nothing scanned to cut it by",
                                            "recovery_accept_lost_entries"))  # fmt: skip
-        scan.end_offset, scan.last_index, scan.count = unit.pos, last - 1, scan.count - 1
+        scan.end_offset, scan.last_index, scan.count = scan.last_pos, last - 1, scan.count - 1
         if scan.count == 0:
             scan.last_term = self.state_files.begin[1] if self.state_files.begin is not None and self.state_files.begin[0] == last else -1
             scan.first_index = -1
         else:
-            previous = index_unit_or_none(self.index_file_list, last - 1)
-            if previous is None:
-                raise StoreError(self._refusal(scan, f"entry {last - 1} has no index unit", "recovery_accept_lost_entries"))
-            scan.last_term = previous.term
-        mapped_file = self.data_file_list.find_mapped_file_by_offset(unit.pos)
+            scan.last_term = scan.previous_term
+        mapped_file = self.data_file_list.find_mapped_file_by_offset(scan.end_offset)
         scan.stop_path = mapped_file.path if mapped_file is not None else scan.stop_path
         scan.reason = f"entry {last}: term damaged ({scan.reason})"
         if scan.index_mismatch_from is not None and scan.index_mismatch_from > scan.last_index:

@@ -39,6 +39,8 @@ class DataScan:
     # DLedger's format, so a damaged byte there looks like this: damage in the middle of the log.
     damaged: bool = False
     first_index_expected: int | None = None  # the index the first entry scanned must have (None: any)
+    last_pos: int = -1  # where the last entry scanned lies (its validated header's pos)
+    previous_term: int = -1  # the term of the entry before it (-1: none scanned)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +97,8 @@ def _scan_file(data_file: DataFile, file_size: int, scan: DataScan,
             scan.index_mismatch_offset = header.pos
         if scan.first_index < 0:
             scan.first_index = header.index
-        scan.last_index, scan.last_term = header.index, header.term
+        scan.previous_term = scan.last_term if scan.count else -1
+        scan.last_index, scan.last_term, scan.last_pos = header.index, header.term, header.pos
         scan.count += 1
         position += header.size
 

@@ -56,6 +56,12 @@ def test_recovery_from_damaged_files_refuses_or_keeps_a_prefix(checkpoint, damag
 )  # fmt: skip
 @example(checkpoint=False, damages=[("data", 1000, b"\x01")])  # a term raised: that entry goes too
 @example(checkpoint=True, damages=[("data", 2000, b"\x55")])
+# Found by this test: two flips, a raised term in entry 43's header and then (a) a flip in entry
+# 42's index unit: the cut took entry 42's term from that unit, or (b) a flip that made entry 44
+# look torn: entry 43 ended the log, kept with its damaged term. Now the last entry's term is
+# checked against its index unit, and a cut takes the previous term from the scanned header.
+@example(checkpoint=False, damages=[("data", 65, b"\x01"), ("index", 689, b"\x01")])
+@example(checkpoint=False, damages=[("data", 65, b"\x01"), ("data", 689, b"\x01")])
 def test_recovery_for_repair_from_peers_keeps_a_prefix_below_its_mark(checkpoint, damages):
     last, state = recover_damaged(checkpoint, damages, REPAIR)
     if last is not None and state is not None and state.catch_up_index >= 0:

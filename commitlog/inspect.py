@@ -348,12 +348,24 @@ def _stored_queue(directory: str) -> tuple[int, bytes]:
         with open(path, "rb") as file:
             data = file.read()
         end = len(data) - len(data) % CQ_UNIT_SIZE
-        for position in range(0, end, CQ_UNIT_SIZE):  # the end: the first zero unit
-            if not any(data[position : position + CQ_UNIT_SIZE]):
-                parts.append(data[:position])
-                return _without_blank_head(first, b"".join(parts), BLANK_UNIT)
+        zero = _first_zero_unit(data, end)
+        if zero is not None:
+            parts.append(data[:zero])
+            return _without_blank_head(first, b"".join(parts), BLANK_UNIT)
         parts.append(data[:end])
     return _without_blank_head(first, b"".join(parts), BLANK_UNIT)
+
+
+def _first_zero_unit(data: bytes, end: int) -> int | None:
+    """The position of the first all-zero unit in ``data[:end]`` (a queue's end), or None."""
+    zero = bytes(20)
+    position = 0
+    while (found := data.find(zero, position, end)) >= 0:
+        aligned = found + (-found % 20)
+        if aligned + 20 <= end and data[aligned : aligned + 20] == zero:
+            return aligned
+        position = found + 1
+    return None
 
 
 def _without_blank_head(first: int, units: bytes, blank: bytes) -> tuple[int, bytes]:

@@ -3,13 +3,18 @@ the dispatcher behind, after the scrub, and as ``check_consume_queues`` (``hasvc
 the drills) reports it: the first differing unit with both values."""
 
 import dataclasses
+import json
 import os
+import types
+
+from click.testing import CliRunner
 
 from commitlog import record as rec
 from commitlog.consume_queue import CQ_UNIT, CQ_UNIT_SIZE
 from commitlog.inspect import check_consume_queues
 from commitlog.scrub import Scrubber
 from commitlog.store import MessageStore
+from hasvc.cli import main
 from tests.sizes import SEGMENT_SIZE
 
 
@@ -129,3 +134,43 @@ def test_check_consume_queues_reports_a_unit_past_the_last_record_of_its_queue(t
         file.write(CQ_UNIT.pack(end, 100, 0))
     [difference] = check_consume_queues(str(tmp_path)).differences
     assert (difference.index, difference.stored, difference.rebuilt) == (15, (end, 100, 0), None)
+
+
+def test_store_verify_reports_the_first_differing_unit_and_exits_1(tmp_path, small_config):
+    with MessageStore.open(str(tmp_path), small_config) as store:
+        results = _send(store, 60, queues=3)
+        _dispatch_all(store)
+    clean = CliRunner().invoke(main, ["store", "verify", str(tmp_path)])
+    assert clean.exit_code == 0, clean.output
+    assert "queues       3 queue(s), 60 unit(s) match a rebuild from the log\n" in clean.output
+    with open(os.path.join(tmp_path, "consumequeue", "T", "2", f"{0:020d}"), "r+b") as file:
+        file.seek(5 * CQ_UNIT_SIZE)
+        file.write(results[20].wrote_offset.to_bytes(8, "big"))
+    text = CliRunner().invoke(main, ["store", "verify", str(tmp_path)])
+    assert text.exit_code == 1
+    assert f"T/2 unit 5: stored (offset {results[20].wrote_offset}, size {results[17].wrote_bytes}, tags 0), " \
+           f"rebuilt (offset {results[17].wrote_offset}, size {results[17].wrote_bytes}, tags 0)" in text.output
+    assert "status       CORRUPT: the consume queues differ from the log" in text.output
+    done = CliRunner().invoke(main, ["store", "verify", str(tmp_path), "--json"])
+    assert done.exit_code == 1
+    [difference] = json.loads(done.output)["consume_queues"]["differences"]
+    assert difference == {"topic": "T", "queue_id": 2, "index": 5, "stored": [results[20].wrote_offset, results[17].wrote_bytes, 0],
+                          "rebuilt": [results[17].wrote_offset, results[17].wrote_bytes, 0]}  # fmt: skip
+
+
+def test_the_drills_name_the_side_whose_queues_differ_from_its_log(tmp_path, small_config):
+    from hasvc.tools.drill import queues_against_logs  # noqa: PLC0415 (the drill module starts no process on import)
+
+    sides = {}
+    for name in ("a", "b"):
+        with MessageStore.open(str(tmp_path / name), small_config) as store:
+            results = _send(store, 20)
+            _dispatch_all(store)
+        sides[name] = types.SimpleNamespace(store=str(tmp_path / name))
+    assert queues_against_logs(sides["a"], sides["b"]) == ""
+    with open(os.path.join(tmp_path, "b", "consumequeue", "T", "1", f"{0:020d}"), "r+b") as file:
+        file.seek(3 * CQ_UNIT_SIZE)
+        file.write(results[9].wrote_offset.to_bytes(8, "big"))
+    assert queues_against_logs(sides["a"], sides["b"]).startswith(
+        f"slave b: T/1 unit 3: stored (offset {results[9].wrote_offset}, size {results[7].wrote_bytes}, tags 0), rebuilt (offset "
+        f"{results[7].wrote_offset},")  # fmt: skip

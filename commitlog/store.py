@@ -651,11 +651,10 @@ class MessageStore:
         queue offsets that replicated records already hold (RocketMQ: recoverTopicQueueTable on
         the role change)."""
         self.commit_log.flush()
-        while self.dispatch():
-            pass
+        self._dispatch_to_the_end()
         if self.dispatch_error is not None:
             raise StoreError(f"cannot take writes: {self.dispatch_error}")
-        self.commit_log.topic_queue_table = self.consume_queues.queue_offset_table()
+        self.commit_log.topic_queue_table = self._queue_offsets_at_log_end()  # dispatch may stop short (no room for a queue file)
 
     def open_epoch(self, epoch: int) -> None:
         """A new master's epoch, starting at the log's end. Entries a slave adopted from its

@@ -174,3 +174,13 @@ def test_the_drills_name_the_side_whose_queues_differ_from_its_log(tmp_path, sma
     assert queues_against_logs(sides["a"], sides["b"]).startswith(
         f"slave b: T/1 unit 3: stored (offset {results[9].wrote_offset}, size {results[7].wrote_bytes}, tags 0), rebuilt (offset "
         f"{results[7].wrote_offset},")  # fmt: skip
+
+
+def test_queue_offsets_at_the_log_end_count_the_records_dispatch_has_not_reached(tmp_path, small_config):
+    # What the next puts continue from when dispatch stops short (no room for a queue file).
+    with MessageStore.open(str(tmp_path), small_config) as store:
+        _send(store, 300, queues=3)
+        store.dispatch(1)  # the first segment's records
+        assert store.reput_from_offset < store.commit_log.max_offset
+        assert store.consume_queues.queue_offset_table()[("T", 0)] < 100
+        assert store._queue_offsets_at_log_end() == {("T", 0): 100, ("T", 1): 100, ("T", 2): 100}

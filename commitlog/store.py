@@ -274,10 +274,10 @@ class MessageStore:
         of the log already hold, and a consumer would never see them (found by the corrupt drill:
         a master killed with its dispatcher 4 MiB behind)."""
         table = self.consume_queues.queue_offset_table()
-        offset, end = self.reput_from_offset, self.commit_log.max_offset
         queue = self.commit_log.mapped_file_queue
+        offset, end = max(self.reput_from_offset, queue.min_offset), self.commit_log.max_offset
         while offset < end:
-            mapped_file = queue.find_mapped_file_by_offset(max(offset, queue.min_offset))
+            mapped_file = queue.find_mapped_file_by_offset(offset)
             if mapped_file is None:
                 break
             base = mapped_file.file_from_offset

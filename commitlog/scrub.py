@@ -15,7 +15,9 @@ the whole log in the background, as a RAID or Ceph scrub walks its disks, and th
 * **The consume queues**: they are a pure function of the log (the dispatcher builds them), so the
   units the checked records must have are built again (``dispatch_units``, as the dispatcher does)
   and compared with the stored ones. A unit that differs is rewritten in place from its record --
-  derived data repaired locally, no peer needed -- and counted.
+  derived data repaired locally, no peer needed -- and counted. Except where the log repeats a
+  queue offset (two records carry it): dispatch indexes the first, so a unit that is exactly the
+  earlier record's is right and stays (a queue always equals what a full dispatch builds).
 
 Each ``step(bytes_max)`` checks at most ``bytes_max`` bytes of the log below what the dispatcher
 has indexed (a record the dispatcher has not reached has no units to compare), from where the
@@ -36,6 +38,7 @@ import struct
 from commitlog import native
 from commitlog import read_check
 from commitlog import record as rec
+from commitlog.commit_log import ReadError
 from commitlog.consume_queue import CQ_UNIT, CQ_UNIT_SIZE
 from commitlog.damage import DamagedRange
 from commitlog.scan import REASONS, ScanCode, scan_segment
@@ -384,10 +387,28 @@ def _rewrite_differing(store, topic: str | None, queue_id: int, first: int, unit
     rewritten = []
     for index in range(len(stored) // CQ_UNIT_SIZE):
         unit = units[index * CQ_UNIT_SIZE : (index + 1) * CQ_UNIT_SIZE]
-        if stored[index * CQ_UNIT_SIZE : (index + 1) * CQ_UNIT_SIZE] != unit:
+        held = stored[index * CQ_UNIT_SIZE : (index + 1) * CQ_UNIT_SIZE]
+        if held != unit and not _an_earlier_record_holds(store, topic, queue_id, first + index, held, unit):
             consume_queue.rewrite_unit(first + index, unit)
             rewritten.append((topic, queue_id, first + index))
     return rewritten
+
+
+def _an_earlier_record_holds(store, topic: str, queue_id: int, queue_offset: int, held: bytes, unit: bytes) -> bool:
+    """Whether the stored unit ``held`` is right although the record the scrub walks (``unit``)
+    says otherwise: the log repeats the queue offset, and ``held`` is exactly the unit of the
+    earlier record that carries it. Dispatch indexes the first of two such records (``put_run``
+    skips a queue offset it holds); rewriting the unit to the later one made a restarted master's
+    queue differ from its slave's and from any rebuild (found by the corrupt drill)."""
+    held_offset, held_size, held_tags = CQ_UNIT.unpack(held)
+    if held_offset >= CQ_UNIT.unpack(unit)[0]:
+        return False
+    try:
+        record = store.get_record(held_offset)
+    except (ReadError, rec.RecordError):
+        return False
+    return (record.physical_offset, record.topic, record.queue_id, record.queue_offset, record.size, record.tags_code) == (
+        held_offset, topic, queue_id, queue_offset, held_size, held_tags)  # fmt: skip
 
 
 def _damage(code: ScanCode) -> bool:

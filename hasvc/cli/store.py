@@ -16,7 +16,7 @@ import tempfile
 
 import click
 
-from commitlog.inspect import iter_records, verify
+from commitlog.inspect import check_consume_queues, iter_records, verify
 from commitlog.mapped_file import StoreError
 from commitlog.record import CRC_FUNCTIONS, RecordError
 from hasvc.cli.common import EXIT_USAGE, CommandError, client_secret, record_json, secret_option, tls_option
@@ -114,7 +114,10 @@ def store_verify(directory: str, crc: str, member: str | None, as_json: bool) ->
 
     Walks all segments and checks each record's size, magic, field lengths, PHYSICALOFFSET and
     body CRC. Prints the segments, offsets, record count, topics and the first corrupt offset
-    with the reason. Exits 1 when the log is corrupt, 2 when it cannot be read at all. Never
+    with the reason. The consume queues are compared with a rebuild from the log (what a full
+    dispatch builds): the first differing unit of a queue (queue, index, both values), and a
+    queue offset two records of the log hold; units not dispatched yet are counted, not an
+    error. Exits 1 when the log or a queue is corrupt, 2 when it cannot be read at all. Never
     modifies the store; works on a folder holding only a copied commitlog/.
 
     With --member ID: a DLedger member's store. Both parts are checked (the classic log below
@@ -128,10 +131,11 @@ def store_verify(directory: str, crc: str, member: str | None, as_json: bool) ->
         return
     try:
         report = verify(directory, crc=crc)
+        queues = check_consume_queues(directory)
     except StoreError as error:
         raise CommandError(str(error), EXIT_USAGE) from None  # cannot be read at all: 2
     if as_json:
-        click.echo(json.dumps({**report.as_json(), **identity}))
+        click.echo(json.dumps({**report.as_json(), "consume_queues": queues.to_json(), **identity}))
     else:
         click.echo(f"store        {report.path}")
         click.echo(f"identity     {_identity_line(identity)}")
@@ -139,14 +143,25 @@ def store_verify(directory: str, crc: str, member: str | None, as_json: bool) ->
         click.echo(f"offsets      [{report.min_offset}, {report.max_offset})")
         click.echo(f"records      {report.records}")
         click.echo(f"topics       {', '.join(f'{t}={n}' for t, n in sorted(report.topics.items())) or '-'}")
+        click.echo(f"queues       {_queues_line(queues)}")
         if _ambiguous(identity):
             click.echo("status       CORRUPT: the store holds both kinds of log (see identity)")
-        elif report.corrupt_offset is None:
-            click.echo("status       clean")
-        else:
+        elif report.corrupt_offset is not None:
             click.echo(f"status       CORRUPT at offset {report.corrupt_offset}: {report.reason}")
-    if report.corrupt_offset is not None or _ambiguous(identity):
+        elif not queues.ok:
+            click.echo(f"status       CORRUPT: the consume queues differ from the log: {queues.describe()}")
+        else:
+            click.echo("status       clean")
+    if report.corrupt_offset is not None or _ambiguous(identity) or not queues.ok:
         sys.exit(1)
+
+
+def _queues_line(queues) -> str:
+    """The ``queues`` line of ``verify``'s text output: the consume queues against a rebuild from the log."""
+    if not queues.ok:
+        return f"DIFFER from a rebuild from the log: {queues.describe()}"
+    behind = f", {queues.behind} not dispatched yet (built when the store opens)" if queues.behind else ""
+    return f"{queues.queues} queue(s), {queues.units} unit(s) match a rebuild from the log{behind}"
 
 
 def _verify_member(directory: str, member: str, crc: str, as_json: bool, identity: dict) -> None:

@@ -8,8 +8,9 @@ on. A broker that finds damage in what it had acknowledged refuses to start with
 the file and offset; the drill then runs the command that line names,
 ``hasvc store repair STORE --from PEER`` (the peer's copy is byte-identical), and restarts it.
 Then, from the stores on disk as in every drill: each message acknowledged PUT_OK is present
-exactly once at its offset, the commit logs and consume queues are byte-identical, and the epoch
-histories agree. A damaged copy must never be what the healthy one is cut to match.
+exactly once at its offset, the commit logs and consume queues are byte-identical, each side's
+consume queues equal a rebuild from its log (``check_consume_queues``), and the epoch histories
+agree. A damaged copy must never be what the healthy one is cut to match.
 """
 
 from __future__ import annotations
@@ -211,7 +212,9 @@ def run_corrupt_drill(*, rounds: int, producers: int, seed: int, report_path: st
             echo(f"round {number}: {report.victim} ({report.stop}) {report.fault}: {report.outcome}"
                  + (f" [{report.refusal}]" if report.refusal else "")
                  + (f"; acked {checks.acked}, lost {checks.lost}, dup {checks.duplicated}, identical {checks.identical}, "
-                    f"epochs {checks.epochs_agree}" if checks else "") + f": {verdict}")  # fmt: skip
+                    f"epochs {checks.epochs_agree}" if checks else "")
+                 + (f"; queues differ from a rebuild from the log: {checks.queues}" if checks and checks.queues else "")
+                 + f": {verdict}")  # fmt: skip
             if not report.ok:
                 break
     finally:

@@ -162,6 +162,8 @@ def explain(error: BaseException) -> tuple[str, int]:
     if isinstance(leaf, ImportError):
         return f"{text} (an optional part is not installed: pip install 'hasvc[spark]' or 'hasvc[proxy]')", EXIT_UNAVAILABLE
     name = type(leaf).__name__
+    if name == "StartError":  # a process a drill or demo started did not start: its own line says why
+        return text, EXIT_UNAVAILABLE
     if name == "TooSlowError":
         return "timed out (is the address right and the broker running?)", EXIT_UNAVAILABLE
     return f"unexpected {name}: {text} (a bug: run again with --debug for the traceback, and report it)", EXIT_FAILED

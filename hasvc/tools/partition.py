@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import socket
 
 import trio
@@ -37,14 +38,47 @@ LINK_CONNECTIONS_MAX = 64
 LOOPBACK = "127.0.0.1"
 
 
+# Ports handed out by free_port in this process: never twice.
+_HANDED_OUT: set[int] = set()
+# free_port picks below the kernel's ephemeral range, down to this port.
+FREE_PORT_LOW = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as file:
+            return int(file.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts here
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A port nothing listens on right now (bound with port 0 and released).
+    """A port nothing listens on right now, for a process started later.
 
     Raft ports must be known before any member starts, because each member's ``--peers`` names
-    them; the small window in which another process could take the port is accepted here."""
+    them, so there is a window between this check and the member's bind. A port from the
+    kernel's ephemeral range (what binding port 0 gives) can be taken in that window by any
+    outgoing connection on the host -- a CI run hit it: a member found its Raft port in use -- so
+    the port is picked at random below that range, where only listeners that name their port
+    go; one nothing listens on, and not handed out before in this process."""
+    low = _ephemeral_low()
+    if low - FREE_PORT_LOW >= 1000:
+        for _ in range(200):
+            port = random.randrange(FREE_PORT_LOW, low)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind((host, port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
-        return probe.getsockname()[1]
+        port = probe.getsockname()[1]
+    _HANDED_OUT.add(port)
+    return port
 
 
 @dataclasses.dataclass(eq=False)

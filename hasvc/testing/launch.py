@@ -59,8 +59,12 @@ class ReadyProcess:
         assert self.process is not None
         deadline = time.monotonic() + self.ready_timeout_seconds
         line = b""
+        # poll, not select: a caller holding many sockets (a test of 1,500 strangers) gets pipe
+        # descriptors above select's 1024
+        poller = select.poll()
+        poller.register(self.process.stdout.fileno(), select.POLLIN)
         while time.monotonic() < deadline:
-            readable, _, _ = select.select([self.process.stdout], [], [], 0.2)
+            readable = poller.poll(200)
             if readable:
                 chunk = os.read(self.process.stdout.fileno(), 4096)
                 if not chunk:

@@ -21,7 +21,7 @@ from hasvc.cli.broker import controlled_broker, master, slave
 from hasvc.cli.controller import controller
 from hasvc.cli.client import demote, promote, read, send, status, switchover, transfer_leader
 from hasvc.cli.config import config
-from hasvc.cli.drill import demo, drill
+from hasvc.cli.drill import demo, drill, drill_plot
 from hasvc.cli.node import node
 from hasvc.cli.proxy import register as register_proxy
 from hasvc.cli.spark import spark
@@ -90,5 +90,6 @@ for command in (store, master, slave, controlled_broker, node, controller, send,
                 drill, bench, spark, config):
     main.add_command(command)
 main.add_command(transfer_leader)
+main.add_command(drill_plot)
 register_proxy(main, bench)  # hasvc proxy, hasvc bench proxy
 _add_exit_codes(main)  # commands added to groups after the groups were added (hasvc bench proxy)

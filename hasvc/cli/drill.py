@@ -44,11 +44,14 @@ def demo(producers, keep, dledger) -> None:
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds when and whom the fault hits.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
 @click.option("--keep", is_flag=True, help="Keep the stores and logs.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw the drill's timeline here (.svg, .png or .pdf): acknowledged writes per second and latency "
+                   "p50/p99 over time, fault windows shaded, each failover's gap marked. Needs matplotlib (the bench extra).")
 @click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True), help="dledger: every member's TLS certificate (with --tls-key).")
 @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), help="dledger: its private key.")
 @click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True),
               help="dledger: mutual TLS between members with this CA (the drill's clients verify with it, else with --tls-cert).")
-def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_path, keep, tls_cert, tls_key, tls_ca) -> None:
+def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_path, keep, plot, tls_cert, tls_key, tls_ca) -> None:
     """Failover rounds on loopback, checked from the stores on disk; exits 1 on any loss.
 
     sync/async: SIGKILL the master under load, promote the slave, rejoin the old master as a slave;
@@ -68,7 +71,11 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
 
     --fault corrupt: a replica is stopped, one bit of one file of its store flipped, and it is
     restarted under load; the same checks. A classic broker that refuses to open its store is
-    repaired from its peer (hasvc store repair); a DLedger member must rejoin by itself."""
+    repaired from its peer (hasvc store repair); a DLedger member must rejoin by itself.
+
+    --plot FILE.svg: the picture of the drill (redraw it from a --report with hasvc drill-plot)."""
+    if plot:
+        _check_can_plot(plot)
     if (tls_cert or tls_key or tls_ca) and (mode != "dledger" or not (tls_cert and tls_key)):
         raise click.UsageError("--tls-cert/--tls-key (and --tls-ca) go together, with --mode dledger")
     if mode != "dledger" and mode != "controller" and nodes != "3":
@@ -81,7 +88,7 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
         from hasvc.tools.drill_controller import run_controller_drill
 
         ok = run_controller_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-master",
-                                  seed=seed, report_path=report_path, keep=keep, echo=click.echo)  # fmt: skip
+                                  seed=seed, report_path=report_path, keep=keep, plot=plot, echo=click.echo)  # fmt: skip
         if not ok:
             sys.exit(1)
         return
@@ -93,7 +100,7 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
         from hasvc.tools.drill_diskfull import run_diskfull_drill
 
         try:
-            ok = run_diskfull_drill(rounds=rounds, producers=producers, seed=seed, report_path=report_path, keep=keep,
+            ok = run_diskfull_drill(rounds=rounds, producers=producers, seed=seed, report_path=report_path, keep=keep, plot=plot,
                                     echo=click.echo)  # fmt: skip
         except PermissionError as error:
             raise click.UsageError(str(error)) from None
@@ -102,20 +109,20 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
             raise click.UsageError("--fault switchover runs with --mode sync or async (a DLedger group: hasvc transfer-leader)")
         from hasvc.tools.drill_switchover import run_switchover_drill
 
-        ok = run_switchover_drill(rounds=rounds, producers=producers, mode=mode, seed=seed, report_path=report_path, keep=keep,
+        ok = run_switchover_drill(rounds=rounds, producers=producers, mode=mode, seed=seed, report_path=report_path, keep=keep, plot=plot,
                                   echo=click.echo)  # fmt: skip
     elif fault == "corrupt" and mode != "dledger":
         if mode != "sync":
             raise click.UsageError("--fault corrupt runs with --mode sync or dledger")
         from hasvc.tools.drill_corrupt import run_corrupt_drill
 
-        ok = run_corrupt_drill(rounds=rounds, producers=producers, seed=seed, report_path=report_path, keep=keep, echo=click.echo)
+        ok = run_corrupt_drill(rounds=rounds, producers=producers, seed=seed, report_path=report_path, keep=keep, plot=plot, echo=click.echo)
     elif mode == "dledger":
         from hasvc.tools.drill_dledger import run_dledger_drill
 
         try:
             ok = run_dledger_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-leader",
-                                   seed=seed, report_path=report_path, keep=keep, etcd_timing=not dledger_timing,
+                                   seed=seed, report_path=report_path, keep=keep, plot=plot, etcd_timing=not dledger_timing,
                                    echo=click.echo, tls=(tls_cert, tls_key, tls_ca) if tls_cert else None)  # fmt: skip
         except PermissionError as error:
             raise click.UsageError(str(error)) from None
@@ -124,6 +131,35 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
             raise click.UsageError(f"--fault {fault} runs with --mode dledger")
         from hasvc.tools.drill import run_drill
 
-        ok = run_drill(rounds=rounds, producers=producers, mode=mode, seed=seed, report_path=report_path, keep=keep, echo=click.echo)
+        ok = run_drill(rounds=rounds, producers=producers, mode=mode, seed=seed, report_path=report_path, keep=keep, plot=plot, echo=click.echo)
     if not ok:
         sys.exit(1)
+
+
+def _check_can_plot(path: str) -> None:
+    """--plot is refused before the drill starts anything: matplotlib missing, or a format it cannot write."""
+    from hasvc.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE, CommandError
+    from hasvc.tools.timeline_plot import PlotError, check_can_plot
+
+    try:
+        check_can_plot(path)
+    except PlotError as error:
+        raise CommandError(str(error), EXIT_UNAVAILABLE if "matplotlib" in str(error) else EXIT_USAGE) from None
+
+
+@click.command("drill-plot")
+@click.argument("report", type=click.Path(dir_okay=False, exists=True))
+@click.argument("picture", type=click.Path(dir_okay=False))
+def drill_plot(report, picture) -> None:
+    """Draw the picture of a drill (as hasvc drill --plot does) from its JSON --report: acknowledged
+    writes per second and latency p50/p99 over time, fault windows shaded, failover gaps marked.
+    PICTURE's suffix says the format (.svg, .png or .pdf). Needs matplotlib (the bench extra)."""
+    from hasvc.cli.common import EXIT_USAGE, CommandError
+    from hasvc.tools.timeline_plot import PlotError, draw_report
+
+    _check_can_plot(picture)
+    try:
+        draw_report(report, picture)
+    except PlotError as error:
+        raise CommandError(str(error), EXIT_USAGE) from None
+    click.echo(f"picture: {picture}")

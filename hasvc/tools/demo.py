@@ -40,7 +40,7 @@ def run_demo(*, producers: int = 16, keep: bool = True, echo=print) -> bool:
         echo(f"master {master.ready['listen']} (HA {master.ready['ha_listen']}), slave {slave.ready['listen']}, SYNC_MASTER")
         drill._wait(lambda: any(s["ack_offset"] >= 0 for s in drill._status(master)["slaves"]), "the slave's first report")
         echo(f"1. writing for {WRITE_SECONDS:.0f} s with {producers} producers (a write returns once the slave has it)")
-        trio.run(_write_with_progress, drill, master, slave, echo)
+        drill.run_writing(_write_with_progress, drill, master, slave, echo)
         echo("2. hasvc status")
         for process in (master, slave):
             _print_status(drill._status(process), echo)
@@ -61,7 +61,23 @@ def run_demo(*, producers: int = 16, keep: bool = True, echo=print) -> bool:
     if keep:
         echo(f"stores kept in {drill.root} ({_disk_used_mb(drill.root):,.0f} MB on disk; remove the directory when done, "
              f"or run with --no-keep): `hasvc store verify {drill.root}/a` checks one")  # fmt: skip
+        _picture(drill, "hasvc demo: SYNC_MASTER pair, SIGKILL of the master, promote", echo)
     return ok
+
+
+def _picture(drill, title: str, echo) -> None:
+    """The demo's timeline drawn into its kept directory (``hasvc drill --plot``'s picture), and
+    where it is; without matplotlib, how to get it."""
+    from hasvc.tools.timeline_plot import PlotError, check_can_plot, draw  # noqa: PLC0415
+
+    path = os.path.join(drill.root, "failover.svg")
+    try:
+        check_can_plot(path)
+    except PlotError as error:
+        echo(f"no picture of the failover: {error.args[0].removeprefix('--plot needs ')}")
+        return
+    draw(drill.timeline.summary(), path, title)
+    echo(f"picture of the failover (writes/s and latency over time, the fault shaded): {path}")
 
 
 async def _write_with_progress(drill: Drill, master, slave, echo) -> None:
@@ -143,6 +159,7 @@ def run_dledger_demo(*, producers: int = 16, keep: bool = True, echo=print) -> b
     if keep:
         echo(f"stores kept in {drill.root} ({_disk_used_mb(drill.root):,.0f} MB on disk; remove the directory when done, "
              f"or run with --no-keep): `hasvc store verify {drill.root}/n0 --member n0` checks one")  # fmt: skip
+        _picture(drill, "hasvc demo --dledger: a group of 3, SIGKILL of the leader, Raft elects", echo)
     return ok
 
 

@@ -27,6 +27,8 @@ from commitlog.checkpoint import StoreCheckpoint
 from commitlog.inspect import check_consume_queues, iter_records
 from hasvc import client as hc
 from hasvc.testing.launch import ReadyProcess, hasvc_command
+from hasvc.tools.timeline import Timeline
+from hasvc.tools.timeline_plot import finish
 
 CATCH_UP_TIMEOUT_SECONDS = 120.0
 DRILL_TOPIC = "Drill"
@@ -83,6 +85,7 @@ class Drill:
         self.acked: dict[int, int] = {}  # message number -> acknowledged offset (PUT_OK only)
         self.lost: set[int] = set()  # acknowledged messages found missing (counted once)
         self.processes: list[Process] = []
+        self.timeline = Timeline()  # every PUT_OK, the faults and failover gaps (--plot, --report)
 
     def _common(self, store: str) -> list[str]:
         # The stores are throwaway: retention (which a full disk triggers regardless of age) would
@@ -109,6 +112,7 @@ class Drill:
         while True:
             number = self.next_number
             self.next_number += 1
+            started = time.monotonic()
             try:
                 result = await client.send(DRILL_TOPIC, f"m{number}:".encode() + b"d" * 200, queue_id=number % 4)
             except hc.ClientError:
@@ -116,6 +120,7 @@ class Drill:
                 continue
             if result.status == "PUT_OK":
                 self.acked[number] = result.offset
+                self.timeline.ack(started, time.monotonic())
 
     def run_round(self, number: int, master: Process, slave: Process) -> tuple[RoundReport, Process, Process]:
         self._wait(lambda: any(s["ack_offset"] >= 0 for s in self._status(master)["slaves"]), "the slave's first report")
@@ -129,7 +134,8 @@ class Drill:
                 for _ in range(self.producers):
                     nursery.start_soon(self._producer, client)
                 await trio.sleep(delay)
-                await trio.to_thread.run_sync(master.kill)  # SIGKILL at a random moment under load
+                times["kill"], times["reaped"] = await trio.to_thread.run_sync(master.kill)  # SIGKILL at a random moment under load
+                fault = self.timeline.fault(f"kill master {os.path.basename(master.store)}", times["kill"])
                 started = time.monotonic()
                 async with hc.connect(slave.ready["listen"], self.secret) as admin:
                     promoted = await admin.promote(sync=self.mode == "sync")
@@ -139,6 +145,7 @@ class Drill:
                 started = time.monotonic()
                 rejoined = await trio.to_thread.run_sync(lambda: self.start(os.path.basename(master.store), master_ha=promoted["ha_listen"]))
                 found["rejoined"] = rejoined
+                fault.close()
                 while (await self._status_async(rejoined))["max_offset"] < target:
                     await trio.sleep(0.02)
                 times["catch_up"] = time.monotonic() - started
@@ -146,12 +153,22 @@ class Drill:
                 found["failovers"] = client.failovers
                 nursery.cancel_scope.cancel()
 
-        trio.run(run)
+        self.run_writing(run)
+        self.timeline.gap_from_acks("failover", times["kill"], sent_after=times["reaped"])
         rejoined = found["rejoined"]
         self._wait(lambda: self._caught_up(slave, rejoined), "the old master to catch up")
         report = self.verify(number, slave, rejoined, times["promote"], times["catch_up"])
         report.duplicates_answered = self._status(slave)["duplicate_sends"]
         return report, slave, rejoined
+
+    def run_writing(self, run, *args) -> None:
+        """``trio.run(run, *args)``: a stretch with the producers writing; the timeline shows the
+        time between two such stretches (the drill's checks) as paused."""
+        self.timeline.resume()
+        try:
+            trio.run(run, *args)
+        finally:
+            self.timeline.pause()
 
     async def _status_async(self, process: Process) -> dict:
         async with hc.connect(process.ready["listen"], self.secret) as client:
@@ -248,7 +265,8 @@ def queue_file_digests(store: str) -> dict:
     return found
 
 
-def run_drill(*, rounds: int, producers: int, mode: str, seed: int, report_path: str | None, keep: bool, echo=print) -> bool:
+def run_drill(*, rounds: int, producers: int, mode: str, seed: int, report_path: str | None, keep: bool, echo=print,
+              plot: str | None = None) -> bool:
     drill = Drill(producers=producers, mode=mode, seed=seed, echo=echo)
     reports: list[RoundReport] = []
     echo(f"drill: {rounds} round(s), {producers} producers, {mode.upper()}_MASTER, seed {seed}, stores under {drill.root}")
@@ -279,8 +297,10 @@ def run_drill(*, rounds: int, producers: int, mode: str, seed: int, report_path:
         verdict += " (ASYNC_MASTER acknowledges before replicating: these writes were on the killed master only)"
     echo(f"summary: {len(reports)} round(s), {len(drill.acked)} acknowledged writes, {lost} lost, "
          f"{sum(r.duplicated for r in reports)} duplicated: {verdict}")  # fmt: skip
+    result = {"rounds": [dataclasses.asdict(r) for r in reports], "mode": mode, "seed": seed, "producers": producers,
+              "acknowledged": len(drill.acked), "lost": lost, "ok": ok, "timeline": drill.timeline.summary()}  # fmt: skip
     if report_path:
         with open(report_path, "w") as file:
-            json.dump({"rounds": [dataclasses.asdict(r) for r in reports], "mode": mode, "seed": seed,
-                       "producers": producers, "acknowledged": len(drill.acked), "lost": lost, "ok": ok}, file, indent=2)  # fmt: skip
+            json.dump(result, file, indent=2)
+    finish(result, plot, echo)
     return ok

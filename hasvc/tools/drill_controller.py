@@ -57,6 +57,8 @@ from hasvc.testing.controlled_group import ControlledGroup
 from hasvc.tools.partition import Link
 from hasvc.tools.drill import DRILL_TOPIC, files_agree_with_log, log_digest, queue_file_digests
 from hasvc.tools.drill_dledger import percentile
+from hasvc.tools.timeline import Timeline
+from hasvc.tools.timeline_plot import finish
 
 FAULTS = ("kill-master", "partition-master", "kill-slave")
 SETTLE_SECONDS = 1.0  # writes go on this long (times 0.5-2, from the seed) before a fault, and after a rejoin
@@ -101,6 +103,7 @@ class ControllerDrill:
         self.acked: dict[int, int] = {}
         self.lost: set[int] = set()
         self.ok_times: list[tuple[float, float, str]] = []  # (send started, PUT_OK answered, by whom), monotonic
+        self.timeline = Timeline()  # the same, with the faults and failover gaps (--plot, --report)
         self.sends_in_flight = 0
         self.paused = False
         self.links: dict[str, Link] = {}  # broker -> its relay to the controller
@@ -135,6 +138,7 @@ class ControllerDrill:
             if result.status == "PUT_OK":
                 self.acked[number] = result.offset
                 self.ok_times.append((started, time.monotonic(), addresses.get(client.address, "")))
+                self.timeline.ack(*self.ok_times[-1][:2])
             else:
                 await trio.sleep(0.01)  # SLAVE_NOT_AVAILABLE and the like: not acknowledged; do not spin
 
@@ -166,10 +170,14 @@ class ControllerDrill:
                 failover = await self.first_ok_after(moment, sent_after=reaped, not_by=victim)
             new_master = await trio.to_thread.run_sync(lambda: group.master(excluding=victim if victim == master else None))
             await trio.to_thread.run_sync(group.restart, victim)
+        self.timeline.fault(f"{fault} {victim}", moment).close()  # to the heal or the restart
+        if fault != "kill-slave":
+            self.timeline.gap("failover", moment, failover)
         await trio.sleep(SETTLE_SECONDS)  # writes go on while the victim rejoins
         others = [name for name in self.names if name != new_master]
         await trio.to_thread.run_sync(lambda: group.wait(lambda: group.in_set(new_master, others), "every broker in the SyncStateSet"))
         self.paused = True
+        self.timeline.pause()
         try:
             deadline = time.monotonic() + SENDS_FINISHED_SECONDS
             while self.sends_in_flight:
@@ -181,6 +189,7 @@ class ControllerDrill:
             return await trio.to_thread.run_sync(self.verify, number, fault, victim, new_master, failover, truncated)
         finally:
             self.paused = False
+            self.timeline.resume()
 
     def verify(self, number: int, fault: str, killed: str, new_master: str, failover: float, truncated: int) -> ControllerRoundReport:
         group = self.group
@@ -220,7 +229,7 @@ def _cut_bytes(log: str) -> int:
 
 
 def run_controller_drill(*, nodes: int, rounds: int, producers: int, fault: str, seed: int, report_path: str | None,
-                         keep: bool, echo=print) -> bool:  # fmt: skip
+                         keep: bool, echo=print, plot: str | None = None) -> bool:  # fmt: skip
     if fault not in (*FAULTS, "mixed"):
         raise ValueError(f"--mode controller runs --fault {', '.join(FAULTS)} or mixed (not {fault})")
     drill = ControllerDrill(nodes=nodes, producers=producers, seed=seed, echo=echo)
@@ -267,10 +276,13 @@ def run_controller_drill(*, nodes: int, rounds: int, producers: int, fault: str,
     echo(f"  (* acknowledged writes so far; the rest is this round's)\nsummary: {len(reports)} round(s), "
          f"{len(drill.acked)} acknowledged writes, {sum(r.lost for r in reports)} lost, "
          f"{sum(r.duplicated for r in reports)} duplicated: {'OK' if ok else 'FAILED'}")  # fmt: skip
+    result = {"mode": "controller", "nodes": nodes, "fault": fault, "seed": seed, "producers": producers,
+              "rounds": [dataclasses.asdict(r) for r in reports], "acknowledged": len(drill.acked), "ok": ok,
+              "failover_p50_seconds": statistics.median(failovers) if failovers else None,
+              "failover_p99_seconds": percentile(failovers, 0.99) if failovers else None,
+              "timeline": drill.timeline.summary()}  # fmt: skip
     if report_path:
         with open(report_path, "w") as file:
-            json.dump({"mode": "controller", "nodes": nodes, "fault": fault, "seed": seed, "producers": producers,
-                       "rounds": [dataclasses.asdict(r) for r in reports], "acknowledged": len(drill.acked), "ok": ok,
-                       "failover_p50_seconds": statistics.median(failovers) if failovers else None,
-                       "failover_p99_seconds": percentile(failovers, 0.99) if failovers else None}, file, indent=2)  # fmt: skip
+            json.dump(result, file, indent=2)
+    finish(result, plot, echo)
     return ok

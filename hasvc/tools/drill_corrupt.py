@@ -29,6 +29,7 @@ from hasvc import client as hc
 from hasvc.testing.launch import StartError
 from hasvc.tools.drill import Drill, Process, RoundReport, log_digest, queue_file_digests
 from hasvc.tools.faults import flip_random_byte
+from hasvc.tools.timeline_plot import finish
 
 REPAIR_TIMEOUT_SECONDS = 120.0
 SETTLE_SECONDS = 0.5  # the master's end must stand still this long before the copies are compared
@@ -126,11 +127,15 @@ class CorruptDrill(Drill):
                 for _ in range(self.producers):
                     nursery.start_soon(self._producer, client)
                 await trio.sleep(delay)
+                found["window"] = self.timeline.fault(f"corrupt {victim_name} ({stop})")
                 await trio.to_thread.run_sync(damage_and_restart)
+                found["window"].close()
                 await trio.sleep(0.5)  # writes go on against the restarted replica
                 nursery.cancel_scope.cancel()
 
-        trio.run(run)
+        self.run_writing(run)
+        if victim_name == "master":
+            self.timeline.gap_from_acks("writes resumed", found["window"].start)
         report = CorruptRoundReport(number, victim_name, stop, found.get("fault", "?"), found.get("outcome", "failed: no outcome"),
                                     found.get("refusal", ""), None)  # fmt: skip
         if "process" not in found:
@@ -197,7 +202,8 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def run_corrupt_drill(*, rounds: int, producers: int, seed: int, report_path: str | None, keep: bool, echo=print) -> bool:
+def run_corrupt_drill(*, rounds: int, producers: int, seed: int, report_path: str | None, keep: bool, echo=print,
+                      plot: str | None = None) -> bool:
     drill = CorruptDrill(producers=producers, seed=seed, echo=echo)
     reports: list[CorruptRoundReport] = []
     echo(f"drill --fault corrupt: {rounds} round(s), {producers} producers, SYNC_MASTER, seed {seed}, stores under {drill.root}")
@@ -226,8 +232,10 @@ def run_corrupt_drill(*, rounds: int, producers: int, seed: int, report_path: st
     refused = sum("repaired" in r.outcome for r in reports)
     echo(f"summary: {len(reports)} round(s), {len(drill.acked)} acknowledged writes, {lost} lost, {refused} damaged copies "
          f"(refused at start, or found by the scrub) repaired from the peer: {'OK' if ok else 'FAILED'}")  # fmt: skip
+    result = {"fault": "corrupt", "seed": seed, "producers": producers, "acknowledged": len(drill.acked), "lost": lost,
+              "ok": ok, "rounds": [dataclasses.asdict(r) for r in reports], "timeline": drill.timeline.summary()}  # fmt: skip
     if report_path:
         with open(report_path, "w") as file:
-            json.dump({"fault": "corrupt", "seed": seed, "producers": producers, "acknowledged": len(drill.acked), "lost": lost,
-                       "ok": ok, "rounds": [dataclasses.asdict(r) for r in reports]}, file, indent=2)  # fmt: skip
+            json.dump(result, file, indent=2)
+    finish(result, plot, echo)
     return ok

@@ -23,6 +23,7 @@ import trio
 
 from hasvc import client as hc
 from hasvc.tools.drill import Drill, Process, RoundReport
+from hasvc.tools.timeline_plot import finish
 
 TMPFS_SIZE_MIB = 512  # each replica's file system: room for 20 rounds of the drill's writes at 8 producers with the 8 MiB segments below (96 MiB filled up by round 7 and the master then rightly answered DISK_FULL for good)
 SEGMENT_SIZE = 8 * 1024 * 1024
@@ -97,6 +98,7 @@ class DiskFullDrill(Drill):
             while True:
                 number = self.next_number
                 self.next_number += 1
+                started = time.monotonic()
                 try:
                     result = await client.send("Drill", f"m{number}:".encode() + b"d" * 200, queue_id=number % 4)
                 except hc.ClientError as error:
@@ -107,6 +109,7 @@ class DiskFullDrill(Drill):
                     statuses[result.status] = statuses.get(result.status, 0) + 1
                 if result.status == "PUT_OK":
                     self.acked[number] = result.offset
+                    self.timeline.ack(started, time.monotonic())
                     if "freed" in times and "resumed" not in times:
                         times["resumed"] = time.monotonic()
                 else:
@@ -118,17 +121,21 @@ class DiskFullDrill(Drill):
                 for _ in range(self.producers):
                     nursery.start_soon(counted_producer, client)
                 await trio.sleep(self.fault_random.uniform(0.5, 1.5))
+                window = self.timeline.fault(f"{victim_name}'s disk full")
                 filler = await trio.to_thread.run_sync(fill, victim.store)
                 times["full"] = time.monotonic()
                 await trio.sleep(FULL_SECONDS)
                 os.unlink(filler)
                 times["freed"] = time.monotonic()
+                window.close(times["freed"])
                 with trio.move_on_after(RESUME_TIMEOUT_SECONDS):
                     while "resumed" not in times:
                         await trio.sleep(0.05)
                 nursery.cancel_scope.cancel()
 
-        trio.run(run)
+        self.run_writing(run)
+        if "resumed" in times:
+            self.timeline.gap("writes resumed", times["freed"], times["resumed"] - times["freed"])
         exited = [p.name for p in (master, slave) if not p.alive]
         report = DiskFullRoundReport(number, victim_name, statuses, times.get("resumed", float("inf")) - times["freed"],
                                      exited, None)  # fmt: skip
@@ -146,7 +153,8 @@ class DiskFullDrill(Drill):
         super().close(keep)
 
 
-def run_diskfull_drill(*, rounds: int, producers: int, seed: int, report_path: str | None, keep: bool, echo=print) -> bool:
+def run_diskfull_drill(*, rounds: int, producers: int, seed: int, report_path: str | None, keep: bool, echo=print,
+                       plot: str | None = None) -> bool:
     if os.geteuid() != 0:
         raise PermissionError("--fault disk-full mounts a small tmpfs for each store: run it as root")
     drill = DiskFullDrill(producers=producers, seed=seed, echo=echo)
@@ -177,9 +185,10 @@ def run_diskfull_drill(*, rounds: int, producers: int, seed: int, report_path: s
     exits = sum(len(r.exited) for r in reports)
     echo(f"summary: {len(reports)} round(s), {len(drill.acked)} acknowledged writes, {lost} lost, {exits} process exits: "
          f"{'OK' if ok else 'FAILED'}")  # fmt: skip
+    result = {"fault": "disk-full", "seed": seed, "producers": producers, "acknowledged": len(drill.acked), "lost": lost,
+              "exits": exits, "ok": ok, "rounds": [dataclasses.asdict(r) for r in reports], "timeline": drill.timeline.summary()}  # fmt: skip
     if report_path:
         with open(report_path, "w") as file:
-            json.dump({"fault": "disk-full", "seed": seed, "producers": producers, "acknowledged": len(drill.acked),
-                       "lost": lost, "exits": exits, "ok": ok, "rounds": [dataclasses.asdict(r) for r in reports]},
-                      file, indent=2)  # fmt: skip
+            json.dump(result, file, indent=2)
+    finish(result, plot, echo)
     return ok

@@ -44,6 +44,8 @@ from hasvc.testing.launch import ReadyProcess, StartError, hasvc_command
 from hasvc.tools.drill import queue_file_digests
 from hasvc.tools.faults import flip_random_byte
 from hasvc.tools.partition import LOOPBACK, PartitionRelay, free_port
+from hasvc.tools.timeline import Timeline
+from hasvc.tools.timeline_plot import finish
 from hasvc.transport import is_expected
 
 ELECTION_WAIT_SECONDS = 60.0  # no leader (or no PUT_OK) this long after a fault: the round fails
@@ -118,11 +120,22 @@ class DLedgerDrill:
         self.next_number = 0
         self.acked: dict[int, int] = {}  # message number -> acknowledged offset
         self.ok_times: list[tuple[float, float]] = []  # (send started, answered) of every PUT_OK
+        self.timeline = Timeline()  # the same, with the faults and failover gaps (--plot, --report)
         self.lost: set[int] = set()
         self.paused = False  # producers hold off while a round's checks run (logs must stand still)
         self.sends_in_flight = 0  # sends started before a pause may still commit: the checks wait for them
         self.unprovoked_lead_changes = 0  # rounds whose leader changed before the fault (reported)
         self.mounts: list[str] = []  # disk-full: each member's store on a tmpfs of its own
+
+    @property
+    def paused(self) -> bool:
+        """Producers hold off while a round's checks run (logs must stand still); the timeline shows it."""
+        return self._paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self._paused = value
+        (self.timeline.pause if value else self.timeline.resume)()
 
     def mount_stores(self) -> None:
         """Each member's store on a small tmpfs (the disk-full fault fills one): room for a data file,
@@ -203,6 +216,7 @@ class DLedgerDrill:
             if result.status == "PUT_OK":
                 self.acked[number] = result.offset
                 self.ok_times.append((started, time.monotonic()))
+                self.timeline.ack(*self.ok_times[-1])
 
     async def first_ok_after(self, moment: float, *, sent_after: float | None = None) -> float:
         """Seconds from ``moment`` (the fault) to the first PUT_OK of a send started after
@@ -240,6 +254,9 @@ class DLedgerDrill:
         else:
             moment, reaped = await trio.to_thread.run_sync(self.nodes[victim].kill)
             failover = await self.first_ok_after(moment, sent_after=reaped)
+        window = self.timeline.fault(f"{fault} {victim}", moment)
+        if fault != "kill-follower":
+            self.timeline.gap("failover", moment, failover)
         new_leader = await self.leader(excluding=victim if fault != "kill-follower" else None)
         # Reading stores takes a while: off the loop, which also relays every Raft connection
         # (a blocked relay looked like a partition to the group and deposed its leader).
@@ -248,6 +265,7 @@ class DLedgerDrill:
             self.relay.heal(victim)
         else:
             await trio.to_thread.run_sync(self.nodes[victim].start)
+        window.close()
         await trio.sleep(SETTLE_SECONDS)  # writes go on while the member rejoins
         self.paused = True
         try:
@@ -268,13 +286,17 @@ class DLedgerDrill:
             reaped = time.monotonic()
         else:
             moment, reaped = await trio.to_thread.run_sync(node.kill)
+        window = self.timeline.fault(f"corrupt {victim}", moment)
         failover = await self.first_ok_after(moment, sent_after=reaped) if victim == leader else 0.0
+        if victim == leader:
+            self.timeline.gap("failover", moment, failover)
         new_leader = await self.leader(excluding=victim)
         before = await trio.to_thread.run_sync(entry_terms, node.store, victim)
         fault = await trio.to_thread.run_sync(flip_random_byte, node.store, self.fault_random)
         damage = fault.describe(self.root) if fault else "no file held data"
         try:
             await trio.to_thread.run_sync(node.start)
+            window.close()
         except StartError:
             refusal = _refusal_line(node.log())
             self.echo(f"round {number}: {victim} refused to start after {damage}: {refusal}")
@@ -306,11 +328,14 @@ class DLedgerDrill:
         from hasvc.tools.drill_diskfull import FULL_SECONDS, fill  # noqa: PLC0415 (one drill's helpers)
 
         victim = self.fault_random.choice(self.members)
+        window = self.timeline.fault(f"{victim}'s disk full")
         filler = await trio.to_thread.run_sync(fill, self.nodes[victim].store)
         await trio.sleep(FULL_SECONDS)
         os.unlink(filler)
         freed = time.monotonic()
+        window.close(freed)
         resumed = await self.first_ok_after(freed)
+        self.timeline.gap("writes resumed", freed, resumed)
         exited = [member for member, node in self.nodes.items() if not node.alive]
         new_leader = await self.leader()
         if exited:
@@ -484,7 +509,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, seed: int, report_path: str | None,
-                      keep: bool, etcd_timing: bool = True, echo=print, tls: tuple[str, str, str | None] | None = None) -> bool:  # fmt: skip
+                      keep: bool, etcd_timing: bool = True, echo=print, tls: tuple[str, str, str | None] | None = None,
+                      plot: str | None = None) -> bool:  # fmt: skip
     drill = DLedgerDrill(nodes=nodes, producers=producers, seed=seed, etcd_timing=etcd_timing, echo=echo, tls=tls)
     if fault == "disk-full":
         if os.geteuid() != 0:
@@ -538,12 +564,15 @@ def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, se
          f"{sum(r.duplicated for r in reports)} duplicated: {'OK' if ok else 'FAILED'}")  # fmt: skip
     if drill.unprovoked_lead_changes:
         echo(f"  the lead moved with no fault injected before {drill.unprovoked_lead_changes} round(s)")
+    result = {"mode": "dledger", "nodes": nodes, "fault": fault, "seed": seed, "producers": producers,
+              "timing": timing, "rounds": [dataclasses.asdict(r) for r in reports],
+              "acknowledged": len(drill.acked), "ok": ok,
+              "unprovoked_lead_changes": drill.unprovoked_lead_changes,
+              "failover_p50_seconds": statistics.median(failovers) if failovers else None,
+              "failover_p99_seconds": percentile(failovers, 0.99) if failovers else None,
+              "timeline": drill.timeline.summary()}  # fmt: skip
     if report_path:
         with open(report_path, "w") as file:
-            json.dump({"mode": "dledger", "nodes": nodes, "fault": fault, "seed": seed, "producers": producers,
-                       "timing": timing, "rounds": [dataclasses.asdict(r) for r in reports],
-                       "acknowledged": len(drill.acked), "ok": ok,
-                       "unprovoked_lead_changes": drill.unprovoked_lead_changes,
-                       "failover_p50_seconds": statistics.median(failovers) if failovers else None,
-                       "failover_p99_seconds": percentile(failovers, 0.99) if failovers else None}, file, indent=2)  # fmt: skip
+            json.dump(result, file, indent=2)
+    finish(result, plot, echo)
     return ok

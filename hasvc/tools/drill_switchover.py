@@ -17,12 +17,14 @@ import collections
 import dataclasses
 import json
 import re
+import time
 
 import trio
 
 from hasvc import client as hc
 from hasvc.tools.drill import DRILL_TOPIC, Drill, Process, RoundReport
 from hasvc.tools.switchover import switchover
+from hasvc.tools.timeline_plot import finish
 
 AFTER_SWITCH_SECONDS = 0.5  # writes go on against the new master before the round is checked
 
@@ -54,6 +56,7 @@ class SwitchoverDrill(Drill):
         while True:
             number = self.next_number
             self.next_number += 1
+            started = time.monotonic()
             try:
                 result = await client.send(DRILL_TOPIC, f"m{number}:".encode() + b"d" * 200, queue_id=number % 4)
             except hc.ClientError:
@@ -63,6 +66,7 @@ class SwitchoverDrill(Drill):
             self.answers[result.status] += 1
             if result.status == "PUT_OK":
                 self.acked[number] = result.offset
+                self.timeline.ack(started, time.monotonic())
 
     def run_round(self, number: int, master: Process, slave: Process) -> tuple[SwitchoverRoundReport, Process, Process]:
         self._wait(lambda: any(s["ack_offset"] >= 0 for s in self._status(master)["slaves"]), "the slave's first report")
@@ -77,11 +81,14 @@ class SwitchoverDrill(Drill):
                 for _ in range(self.producers):
                     nursery.start_soon(self._producer, client)
                 await trio.sleep(delay)
+                window = self.timeline.fault("switchover")
                 found["result"] = await switchover(master.ready["listen"], slave.ready["listen"], secret=self.secret)
+                window.close()  # the new master's fence is lifted last: writes were refused for the last fenced_seconds
+                self.timeline.gap("writes paused", window.end - found["result"].fenced_seconds, found["result"].fenced_seconds)
                 await trio.sleep(AFTER_SWITCH_SECONDS)
                 nursery.cancel_scope.cancel()
 
-        trio.run(run)
+        self.run_writing(run)
         result = found["result"]
         self._wait(lambda: self._caught_up(slave, master), "the old master to catch up as a slave")
         checks = self.verify(number, slave, master, result.fenced_seconds, 0.0)
@@ -96,7 +103,7 @@ def _cut_bytes(log: str) -> int:
 
 
 def run_switchover_drill(*, rounds: int, producers: int, mode: str, seed: int, report_path: str | None, keep: bool,
-                         echo=print) -> bool:  # fmt: skip
+                         echo=print, plot: str | None = None) -> bool:  # fmt: skip
     drill = SwitchoverDrill(producers=producers, mode=mode, seed=seed, echo=echo)
     reports: list[SwitchoverRoundReport] = []
     echo(f"drill --fault switchover: {rounds} round(s), {producers} producers, {mode.upper()}_MASTER, seed {seed}, "
@@ -122,9 +129,11 @@ def run_switchover_drill(*, rounds: int, producers: int, mode: str, seed: int, r
     ok = len(reports) == rounds and all(r.ok for r in reports)
     echo(f"summary: {len(reports)} switchover(s), {len(drill.acked)} acknowledged writes, {lost} lost, {duplicated} duplicated: "
          f"{'OK' if ok else 'FAILED'}")  # fmt: skip
+    result = {"fault": "switchover", "mode": mode, "seed": seed, "producers": producers, "acknowledged": len(drill.acked),
+              "lost": lost, "duplicated": duplicated, "ok": ok, "rounds": [dataclasses.asdict(r) for r in reports],
+              "timeline": drill.timeline.summary()}  # fmt: skip
     if report_path:
         with open(report_path, "w") as file:
-            json.dump({"fault": "switchover", "mode": mode, "seed": seed, "producers": producers, "acknowledged": len(drill.acked),
-                       "lost": lost, "duplicated": duplicated, "ok": ok,
-                       "rounds": [dataclasses.asdict(r) for r in reports]}, file, indent=2)  # fmt: skip
+            json.dump(result, file, indent=2)
+    finish(result, plot, echo)
     return ok

@@ -68,13 +68,13 @@ def run_demo(*, producers: int = 16, keep: bool = True, echo=print) -> bool:
 def _picture(drill, title: str, echo) -> None:
     """The demo's timeline drawn into its kept directory (``hasvc drill --plot``'s picture), and
     where it is; without matplotlib, how to get it."""
-    from hasvc.tools.timeline_plot import PlotError, check_can_plot, draw  # noqa: PLC0415
+    from hasvc.tools.timeline_plot import EXTRA_HINT, PlotError, check_can_plot, draw  # noqa: PLC0415
 
     path = os.path.join(drill.root, "failover.svg")
     try:
         check_can_plot(path)
-    except PlotError as error:
-        echo(f"no picture of the failover: {error.args[0].removeprefix('--plot needs ')}")
+    except PlotError:  # an .svg: only matplotlib missing
+        echo(f"no picture of the failover: matplotlib is not installed ({EXTRA_HINT})")
         return
     draw(drill.timeline.summary(), path, title)
     echo(f"picture of the failover (writes/s and latency over time, the fault shaded): {path}")

@@ -91,6 +91,7 @@ class Timeline:
         starts = [done - latency for done, latency in zip(self.answered, self.latency)]
         moments = starts + [f.start for f in self.faults] + [p[0] for p in self.pauses]
         ends = list(self.answered) + [f.end for f in self.faults if f.end is not None] + [g.start + g.seconds for g in self.gaps]
+        ends += [end for _start, end in self.pauses]
         if not moments:
             return {"bucket_seconds": 1.0, "seconds": 0.0, "acked": [], "p50_ms": [], "p99_ms": [], "max_ms": [],
                     "faults": [], "gaps": [], "paused": []}  # fmt: skip

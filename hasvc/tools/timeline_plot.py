@@ -67,14 +67,14 @@ def draw(summary: dict, path: str, title: str = "") -> None:
     for number, fault in enumerate(summary["faults"]):
         for axes in (rate_axes, latency_axes):
             span = axes.axvspan(fault["from"], fault["to"], color="tab:red", alpha=0.15, linewidth=0,
-                                label="fault (to the member's return)" if number == 0 and axes is rate_axes else None)  # fmt: skip
+                                label="fault window (to the member's return)" if number == 0 and axes is rate_axes else None)  # fmt: skip
             span.set_gid(f"fault-window-{number}" if axes is rate_axes else f"fault-window-{number}-latency")
         rate_axes.annotate(fault["label"], (fault["from"], 0.0), xycoords=("data", "axes fraction"), xytext=(2, 3),
                            textcoords="offset points", va="bottom", fontsize=7, color="tab:red", rotation=90)  # fmt: skip
     top = max(rates, default=1) * 1.08 or 1
     for number, gap in enumerate(summary["gaps"]):
-        bar = rate_axes.annotate("", (gap["at"] + gap["seconds"], top), xytext=(gap["at"], top),
-                                 arrowprops={"arrowstyle": "|-|", "color": "black", "shrinkA": 0, "shrinkB": 0, "linewidth": 1})  # fmt: skip
+        (bar,) = rate_axes.plot([gap["at"], gap["at"] + gap["seconds"]], [top, top], color="black", marker="|", markersize=8,
+                                linewidth=1)  # fmt: skip
         bar.set_gid(f"failover-gap-{number}")
         rate_axes.annotate(f"{gap['label']} {gap['seconds']:.2f} s", (gap["at"] + gap["seconds"], top), xytext=(3, 2),
                            textcoords="offset points", fontsize=7)  # fmt: skip
@@ -85,7 +85,7 @@ def draw(summary: dict, path: str, title: str = "") -> None:
         labels += more[1]
     if summary["gaps"]:
         handles.append(Line2D([], [], color="black", marker="|", markersize=8, linewidth=1))
-        labels.append("fault -> first PUT_OK of a send started after it")
+        labels.append("gap: fault -> first PUT_OK of a send started after it")
     figure.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=8, frameon=False)
     if title:
         figure.suptitle(title, fontsize=10)

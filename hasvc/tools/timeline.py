@@ -89,9 +89,8 @@ class Timeline:
     def summary(self) -> dict:
         """Plain JSON: see the module's docstring (times in seconds from the first thing recorded)."""
         starts = [done - latency for done, latency in zip(self.answered, self.latency)]
-        moments = starts + [f.start for f in self.faults] + [p[0] for p in self.pauses]
+        moments = starts + [f.start for f in self.faults]
         ends = list(self.answered) + [f.end for f in self.faults if f.end is not None] + [g.start + g.seconds for g in self.gaps]
-        ends += [end for _start, end in self.pauses]
         if not moments:
             return {"bucket_seconds": 1.0, "seconds": 0.0, "acked": [], "p50_ms": [], "p99_ms": [], "max_ms": [],
                     "faults": [], "gaps": [], "paused": []}  # fmt: skip
@@ -120,5 +119,7 @@ class Timeline:
             "faults": [{"label": f.label, "from": since(f.start), "to": since(f.end) if f.end is not None else round(duration, 3)}
                        for f in self.faults],  # fmt: skip
             "gaps": [{"label": g.label, "at": since(g.start), "seconds": round(g.seconds, 3)} for g in self.gaps],
-            "paused": [{"from": since(start), "to": since(end)} for start, end in self.pauses],
+            # The checks after the last write (until the drill ends) are not drawn: nothing follows them.
+            "paused": [{"from": since(start), "to": min(since(end), round(duration, 3))} for start, end in self.pauses
+                       if start - origin < duration],  # fmt: skip
         }

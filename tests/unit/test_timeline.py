@@ -20,7 +20,7 @@ T0 = 1000.0  # a time.monotonic() reading
 def _recorded() -> Timeline:
     """10 writes/s for 2 s at 5 ms, a kill at 2.0 s, the first PUT_OK of a send started after it at
     3.505 s (one send started before the kill and answered at 3.25 s by a retry: not the gap's end),
-    100 writes/s at 2 ms from there to 5 s, the killed member back at 4.0 s, a pause 5.0-6.0 s."""
+    100 writes/s at 2 ms from there to 5 s, the killed member back at 4.0 s, a pause 5.0-6.0 s, a write at 6.05 s."""
     timeline = Timeline()
     for index in range(20):
         started = T0 + index * 0.1
@@ -33,6 +33,9 @@ def _recorded() -> Timeline:
     fault.close(T0 + 4.0)
     timeline.pause(T0 + 5.0)
     timeline.resume(T0 + 6.0)
+    timeline.ack(T0 + 6.05, T0 + 6.055)
+    timeline.pause(T0 + 6.1)  # the checks after the last round: not drawn
+    timeline.resume(T0 + 9.0)
     assert timeline.gap_from_acks("failover", T0 + 2.0) == pytest.approx(1.505)
     return timeline
 
@@ -41,11 +44,11 @@ def test_the_summary_counts_each_bucket_and_places_faults_gaps_and_pauses_from_t
     summary = _recorded().summary()
     json.dumps(summary)  # plain JSON, for the --report
     assert summary["bucket_seconds"] == 0.1  # a drill of seconds: fine buckets (1 s ones would show 6 points)
-    assert summary["seconds"] == pytest.approx(6.0)
-    assert sum(summary["acked"]) == 171
+    assert summary["seconds"] == pytest.approx(6.055)
+    assert sum(summary["acked"]) == 172
     bucket = summary["acked"]
     assert bucket[:20] == [1] * 20 and bucket[20:32] == [0] * 12 and bucket[32] == 1  # the retried send, answered at 3.25 s
-    assert bucket[35:50] == [10] * 15 and bucket[50:] == [0] * 10
+    assert bucket[35:50] == [10] * 15 and bucket[50:60] == [0] * 10 and bucket[60:] == [1]
     assert summary["p50_ms"][5] == pytest.approx(5.0) and summary["p50_ms"][40] == pytest.approx(2.0)
     assert summary["max_ms"][32] == pytest.approx(1260.0)  # the failover shows in the latency of the send it caught
     assert summary["p99_ms"][25] is None  # no write acknowledged: no latency (a break, not a zero)
@@ -125,7 +128,7 @@ def test_drill_plot_redraws_a_report_and_refuses_one_without_a_timeline(tmp_path
     from hasvc.cli import main
 
     report = tmp_path / "report.json"
-    report.write_text(json.dumps({"mode": "sync", "rounds": [], "producers": 4, "seed": 1, "acknowledged": 171, "ok": True,
+    report.write_text(json.dumps({"mode": "sync", "rounds": [], "producers": 4, "seed": 1, "acknowledged": 172, "ok": True,
                                   "timeline": _recorded().summary()}))  # fmt: skip
     result = CliRunner().invoke(main, ["drill-plot", str(report), str(tmp_path / "again.svg")])
     assert result.exit_code == 0, result.output

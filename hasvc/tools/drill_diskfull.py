@@ -121,9 +121,9 @@ class DiskFullDrill(Drill):
                 for _ in range(self.producers):
                     nursery.start_soon(counted_producer, client)
                 await trio.sleep(self.fault_random.uniform(0.5, 1.5))
-                window = self.timeline.fault(f"{victim_name}'s disk full")
                 filler = await trio.to_thread.run_sync(fill, victim.store)
                 times["full"] = time.monotonic()
+                window = self.timeline.fault(f"{victim_name}'s disk full", times["full"])  # once filled (filling takes seconds)
                 await trio.sleep(FULL_SECONDS)
                 os.unlink(filler)
                 times["freed"] = time.monotonic()

@@ -328,8 +328,8 @@ class DLedgerDrill:
         from hasvc.tools.drill_diskfull import FULL_SECONDS, fill  # noqa: PLC0415 (one drill's helpers)
 
         victim = self.fault_random.choice(self.members)
-        window = self.timeline.fault(f"{victim}'s disk full")
         filler = await trio.to_thread.run_sync(fill, self.nodes[victim].store)
+        window = self.timeline.fault(f"{victim}'s disk full")  # once filled (filling takes seconds)
         await trio.sleep(FULL_SECONDS)
         os.unlink(filler)
         freed = time.monotonic()

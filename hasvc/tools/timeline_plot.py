@@ -76,8 +76,10 @@ def draw(summary: dict, path: str, title: str = "") -> None:
         (bar,) = rate_axes.plot([gap["at"], gap["at"] + gap["seconds"]], [top, top], color="black", marker="|", markersize=8,
                                 linewidth=1)  # fmt: skip
         bar.set_gid(f"failover-gap-{number}")
-        rate_axes.annotate(f"{gap['label']} {gap['seconds']:.2f} s", (gap["at"] + gap["seconds"], top), xytext=(3, 2),
-                           textcoords="offset points", fontsize=7)  # fmt: skip
+        near_the_end = gap["at"] + gap["seconds"] > 0.8 * summary["seconds"]  # the label left of the bar, inside the axes
+        rate_axes.annotate(f"{gap['label']} {gap['seconds']:.2f} s", (gap["at"] if near_the_end else gap["at"] + gap["seconds"], top),
+                           xytext=(-3 if near_the_end else 3, 2), textcoords="offset points", fontsize=7,
+                           ha="right" if near_the_end else "left")  # fmt: skip
     handles, labels = [], []
     for axes in (rate_axes, latency_axes):
         more = axes.get_legend_handles_labels()

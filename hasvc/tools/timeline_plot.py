@@ -25,10 +25,14 @@ class PlotError(Exception):
 
 
 def check_can_plot(path: str) -> None:
-    """PlotError (one line naming the extra) unless matplotlib imports and ``path``'s suffix is a
-    format it writes: called before a drill starts anything."""
+    """PlotError (one line; naming the extra if matplotlib is missing) unless matplotlib imports and
+    ``path`` can be written: a format it writes, in a directory that exists. Called before a drill
+    starts anything, so that a long drill does not end unable to draw."""
     if os.path.splitext(path)[1].lower() not in FORMATS:
         raise PlotError(f"--plot {path}: the picture is written as {', '.join(FORMATS)} (by the file name's suffix)")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise PlotError(f"--plot {path}: no directory {directory} to write it in")
     try:
         import matplotlib  # noqa: F401, PLC0415
     except ImportError:

@@ -115,12 +115,16 @@ def test_plot_is_refused_in_one_line_before_the_drill_starts_when_matplotlib_is_
     assert result.exit_code == 2 and "missing.json" in result.output
 
 
-def test_a_picture_format_matplotlib_does_not_write_is_refused_in_one_line(tmp_path):
+def test_a_picture_format_matplotlib_does_not_write_or_a_missing_directory_is_refused_in_one_line(tmp_path):
     pytest.importorskip("matplotlib")
     from hasvc.cli import main
 
     result = CliRunner().invoke(main, ["drill", "--plot", str(tmp_path / "drill.gif")])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1 and ".svg, .png, .pdf" in result.output
+    result = CliRunner().invoke(main, ["drill", "--plot", str(tmp_path / "no" / "drill.svg")])
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        f"Error: --plot {tmp_path / 'no' / 'drill.svg'}: no directory {tmp_path / 'no'} to write it in"
+    ]
 
 
 def test_drill_plot_redraws_a_report_and_refuses_one_without_a_timeline(tmp_path):

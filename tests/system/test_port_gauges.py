@@ -2,13 +2,16 @@
 processes on loopback: a peer that never reads makes them rise, and they fall once it is gone.
 On the HA port, a fake slave that handshakes and reports but never reads the frames: the master
 stays small, the real slave keeps replicating, and the fake is closed after
-``ha_send_stalled_timeout_seconds``. No timings are asserted; waits are bounded by the harness."""
+``ha_send_stalled_timeout_seconds``. Through the proxy, a consumer that opens a ReceiveMessage
+stream and never reads it. No timings are asserted; waits are bounded by the harness."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import socket
+import sys
 import threading
 import urllib.request
 
@@ -24,6 +27,10 @@ from tests.system.test_hostile_clients import RssWatch, _host_port, _receive, _s
 HA_STALL_GROWTH_MAX_BYTES = 64 * 1024 * 1024
 # The fake slave's receive buffer: small, so the master's socket is full after a few frames.
 STALLED_RECEIVE_BUFFER_SIZE = 4096
+# What a consumer that never reads is offered through the proxy: 32 messages of 1 MiB, more than
+# grpc's HTTP/2 windows take in.
+PROXY_MESSAGES = 32
+PROXY_BODY_SIZE = 1024 * 1024
 
 
 def gauges(port: int) -> dict[str, float]:
@@ -117,3 +124,42 @@ def test_a_client_that_never_reads_shows_on_the_metrics_endpoint_until_it_closes
         assert shown["hasvc_client_bytes_queued"] > 8 * 1024 * 1024  # muted: above half of client_answer_bytes_max
     settled = wait_until(lambda: (g := gauges(port))["hasvc_client_connections_muted"] == 0 and g, message="the flooder gone")
     assert settled["hasvc_client_bytes_queued"] == 0
+
+
+def test_a_consumer_that_never_reads_its_messages_shows_on_the_proxys_metrics_until_it_cancels(tmp_path) -> None:
+    import grpc
+    import pytest
+
+    pb = pytest.importorskip("hasvc.proxy.pb")
+    from tests.cluster import BrokerProcess, Cluster
+
+    cluster = Cluster(tmp_path, segment_size=32 * 1024 * 1024)
+    try:
+        master = cluster.start_master(role="async")
+        port = free_port()
+        command = [sys.executable, "-m", "hasvc.cli", "proxy", "--listen", f"{LOOPBACK}:0", "--brokers", master.address,
+                   "--invisible-min-seconds", "1", "--metrics-listen", f"{LOOPBACK}:{port}"]  # fmt: skip
+        proxy = BrokerProcess("proxy", command, os.path.join(cluster.root, "proxy.log"))
+        cluster.brokers.append(proxy)
+        metadata = (("x-mq-client-id", f"gauges@{os.getpid()}"),)
+        with grpc.insecure_channel(proxy.address) as channel:
+            messaging = pb.service_grpc.MessagingServiceStub(channel)
+            for number in range(PROXY_MESSAGES):
+                message = pb.definition.Message(body=bytes(PROXY_BODY_SIZE))
+                message.topic.name = "Unread"
+                message.system_properties.message_id = f"01{os.getpid():016X}00000000{number:08X}"
+                message.system_properties.message_type = pb.definition.NORMAL
+                sent = messaging.SendMessage(pb.service.SendMessageRequest(messages=[message]), metadata=metadata, timeout=30)
+                assert sent.status.code == pb.Code.OK, sent.status
+            request = pb.service.ReceiveMessageRequest(group=pb.definition.Resource(name="Unread"), batch_size=32)
+            request.message_queue.topic.name = "Unread"
+            request.invisible_duration.seconds = 60
+            call = messaging.ReceiveMessage(request, timeout=60, metadata=metadata)
+            assert next(call).status.code == pb.Code.OK  # then nothing more is read
+            shown = wait_until(lambda: (g := gauges(port))["hasvc_proxy_streams_muted"] == 1 and g, message="the stream muted")
+            assert shown["hasvc_proxy_bytes_queued"] >= PROXY_BODY_SIZE
+            call.cancel()
+            settled = wait_until(lambda: (g := gauges(port))["hasvc_proxy_streams_muted"] == 0 and g, message="the stream gone")
+            assert settled["hasvc_proxy_bytes_queued"] == 0
+    finally:
+        cluster.close()

@@ -163,3 +163,27 @@ def test_a_consumer_that_never_reads_its_messages_shows_on_the_proxys_metrics_un
             assert settled["hasvc_proxy_bytes_queued"] == 0
     finally:
         cluster.close()
+
+
+def test_stalled_connections_on_the_metrics_port_show_on_it_until_they_close(cluster) -> None:
+    from hasvc.metrics_http import METRICS_CONNECTIONS_MAX
+
+    port = free_port()
+    cluster.start_master(role="async", metrics_listen=f"{LOOPBACK}:{port}")
+    sockets = []
+    try:
+        for _ in range(METRICS_CONNECTIONS_MAX - 2):  # a request begun and never finished
+            sock = socket.create_connection((LOOPBACK, port), timeout=10)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            sockets.append(sock)
+        wait_until(lambda: gauges(port)["hasvc_metrics_connections"] == METRICS_CONNECTIONS_MAX - 1, message="counted")  # and the scrape's
+        for _ in range(4):
+            sock = socket.create_connection((LOOPBACK, port), timeout=10)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            sockets.append(sock)
+        shown = wait_until(lambda: (g := gauges(port))["hasvc_metrics_connections_evicted_total"] > 0 and g, message="evicted")
+        assert shown["hasvc_metrics_connections"] <= METRICS_CONNECTIONS_MAX
+    finally:
+        for sock in sockets:
+            sock.close()
+    wait_until(lambda: gauges(port)["hasvc_metrics_connections"] == 1, message="only the scrape's left")

@@ -15,15 +15,16 @@ import sys
 import threading
 import urllib.request
 
+import pytest
 import trio
 
 from hasvc.protocol import ha, wire
 from hasvc.tools.partition import LOOPBACK, free_port
-from tests.cluster import send_many, status, wait_until
+from tests.cluster import BrokerProcess, Cluster, send_many, status, wait_until
 from tests.system.test_hostile_clients import RssWatch, _host_port, _receive, _send_one, preface, read_flooder, rss_bytes
 
-# What the master may grow by while a slave holds its frames unread (it grew by nothing measurable:
-# its writer waits for the socket and holds no copy of a frame).
+# What the master may grow by while a slave holds its frames unread (measured: 0-2 MiB; its writer
+# waits for the socket and holds no copy of a frame).
 HA_STALL_GROWTH_MAX_BYTES = 64 * 1024 * 1024
 # The fake slave's receive buffer: small, so the master's socket is full after a few frames.
 STALLED_RECEIVE_BUFFER_SIZE = 4096
@@ -129,11 +130,8 @@ def test_a_client_that_never_reads_shows_on_the_metrics_endpoint_until_it_closes
 
 
 def test_a_consumer_that_never_reads_its_messages_shows_on_the_proxys_metrics_until_it_cancels(tmp_path) -> None:
-    import grpc
-    import pytest
-
     pb = pytest.importorskip("hasvc.proxy.pb")
-    from tests.cluster import BrokerProcess, Cluster
+    import grpc
 
     cluster = Cluster(tmp_path, segment_size=32 * 1024 * 1024)
     try:

@@ -147,6 +147,12 @@ class BrokerConfig:
         1024 * 1024, "RocketMQ's haTransferBatchSize is 32 KiB. Each frame costs a fixed ~20 us of Python here, so "
         "catch-up at 32 KiB frames would be capped near 1.5 GB/s in theory and far less on a slow VM; 1 MiB frames "
         "amortise it. Must not exceed the slave's ha_frame_size_max.", processes=CLASSIC, above=0)  # fmt: skip
+    ha_send_stalled_timeout_seconds: float = setting(
+        30.0, "A slave connection whose socket has not taken the rest of a frame (at most ha_transfer_batch_size) "
+        "within this long is closed: the slave reports but does not read (its reports alone keep "
+        "ha_housekeeping_interval_ms from closing it). Until then the master holds one frame for it and the kernel's "
+        "buffer the rest. 30 s as client_muted_timeout_seconds: 1 MiB in it needs 35 KB/s.",
+        processes=CLASSIC, above=0)  # fmt: skip
     ha_frame_size_max: int = setting(4 * 1024 * 1024, "The largest replication frame a slave reads (the slave's read "
                                      "buffer in RocketMQ: 4 MiB).", processes=CLASSIC)  # fmt: skip
     ha_transfer_readahead_size: int = setting(
@@ -304,6 +310,7 @@ class BrokerConfig:
         for name in ("ha_send_heartbeat_interval_ms", "ha_housekeeping_interval_ms", "slave_timeout_ms",
                      "ha_transfer_batch_size", "frame_size_max", "requests_in_flight_max", "connections_max",
                      "client_answer_bytes_max", "client_answer_bytes_total_max", "client_muted_timeout_seconds",
+                     "ha_send_stalled_timeout_seconds",
                      "producer_sequence_window", "producers_max"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

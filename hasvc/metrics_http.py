@@ -7,6 +7,11 @@ and writes time out, and at most METRICS_CONNECTIONS_MAX are served at once; a n
 beyond closes the oldest (a scrape takes milliseconds: the oldest is a stalled one), so a scrape
 is served however many stalled connections came before it. A request's size is bounded by the
 standard library's HTTP parser (a 64 KiB request line, 100 headers of 64 KiB at most).
+
+The endpoint shows its own limits beside the rest: ``hasvc_metrics_connections`` (open now, at
+most METRICS_CONNECTIONS_MAX) and ``hasvc_metrics_connections_evicted_total``. An answer waiting
+for a client that does not read is one scrape's text in its thread, for at most
+METRICS_REQUEST_TIMEOUT_SECONDS.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import socket
 import threading
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler, make_wsgi_app
 from wsgiref.simple_server import make_server
 
@@ -52,10 +58,27 @@ class BoundedMetricsServer(ThreadingWSGIServer):
             self._open[request] = None
         super().process_request(request, client_address)
 
+    @property
+    def connections(self) -> int:
+        return len(self._open)
+
     def shutdown_request(self, request) -> None:
         with self._lock:
             self._open.pop(request, None)
         super().shutdown_request(request)
+
+
+class _ServerMetrics:
+    """The endpoint's own connections, as metrics of the registry it serves."""
+
+    def __init__(self, server: BoundedMetricsServer) -> None:
+        self.server = server
+
+    def collect(self):
+        yield GaugeMetricFamily("hasvc_metrics_connections", "Connections open on the metrics endpoint "
+                                f"(at most {METRICS_CONNECTIONS_MAX})", value=self.server.connections)  # fmt: skip
+        yield CounterMetricFamily("hasvc_metrics_connections_evicted", "Metrics connections closed for a newer one "
+                                  "(METRICS_CONNECTIONS_MAX)", value=self.server.evicted)  # fmt: skip
 
 
 def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry) -> tuple[BoundedMetricsServer, threading.Thread]:
@@ -66,6 +89,7 @@ def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry) 
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     server = make_server(host, port, make_wsgi_app(registry), Server, handler_class=_TimedHandler)
+    registry.register(_ServerMetrics(server))
     thread = threading.Thread(target=server.serve_forever, name="hasvc metrics", daemon=True)
     thread.start()
     return server, thread

@@ -67,6 +67,7 @@ class Connection:
         # have (trio's registration is level-triggered: the wait returns at the next pass).
         self._drained = False
         self._send_lock = trio.Lock()
+        self.bytes_waiting = 0  # what a send_all has yet to hand to the stream (metrics: the peer reads too slowly)
         raw = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._socket = raw
         if raw is not None:
@@ -78,9 +79,14 @@ class Connection:
     async def send_all(self, *parts) -> None:
         """Send ``parts`` back to back; safe to call from several tasks."""
         async with self._send_lock:
-            for part in parts:
-                if len(part):
-                    await self.stream.send_all(part)
+            waiting = self.bytes_waiting = sum(len(part) for part in parts)
+            try:
+                for part in parts:
+                    if len(part):
+                        await self.stream.send_all(part)
+                        waiting = self.bytes_waiting = waiting - len(part)
+            finally:
+                self.bytes_waiting = 0
 
     async def send_parts(self, parts: list) -> None:
         """Send ``parts`` (bytes or views) back to back, and empty the list: as much as the

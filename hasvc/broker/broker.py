@@ -397,7 +397,7 @@ class Broker:
         statistics = {**self.client_port.admission.statistics(), **self.client_port.answer_budget.statistics()}
         service = self.ha_service  # read once: the metrics thread calls this too, and a demotion drops it
         if service is not None:
-            statistics.update(service.admission.statistics())
+            statistics.update(service.statistics())
         return statistics
 
 

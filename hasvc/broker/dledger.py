@@ -787,6 +787,11 @@ class RaftDriver:
             else:
                 pause = RAFT_RECONNECT_MIN_SECONDS
 
+    def bytes_queued(self, peer: str) -> int:
+        """What the sender to ``peer`` waits for its socket to take (raft_metrics: a peer not reading)."""
+        link = self._links.get(peer)
+        return link.bytes_waiting if link is not None else 0
+
     def _frame_parts(self, message, connection: transport.Connection) -> list:
         """The frames for ``message`` as parts for one writev: an APPEND's reference run read from
         the store as stored bytes -- a frame header and a view of the data file per run (a run
@@ -1396,7 +1401,7 @@ class DLedgerBroker:
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,
                              "behind_log_start": p.behind_log_start,
                              "last_contact_seconds": None if p.last_contact_seconds == float("inf") else round(p.last_contact_seconds, 3),
-                             "connected": self.driver.connected.get(peer, False)}
+                             "connected": self.driver.connected.get(peer, False), "bytes_queued": self.driver.bytes_queued(peer)}
                       for peer, p in raft.peers.items()},
         }  # fmt: skip
         if self.store.disk.full:

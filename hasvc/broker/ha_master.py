@@ -16,6 +16,12 @@ WriteSocketService:
   under TLS from the mapping. When caught up it waits for new appends, and sends a heartbeat
   (size 0) after ``ha_send_heartbeat_interval`` of silence.
 
+Bytes: a slave that does not read holds at most one frame here. Its writer waits for the socket
+(the kernel's buffer holds the rest back), ``push`` leaves a waiting writer alone, and the wait is
+counted (``statistics``: ``ha_bytes_queued``, ``ha_connections_muted``). A wait longer than
+``ha_send_stalled_timeout_seconds`` closes the connection: a slave that reports without reading
+keeps the report watchdog fed and would hold its writer for good.
+
 Epochs: the master sends its epoch history in the handshake. A slave whose history shares no
 entry with the master's is refused (a store from another cluster); a related slave that knows a
 newer epoch than the master fences the master (it stops taking writes: a newer master exists).
@@ -92,6 +98,34 @@ class HAService:
         self._writers: set[SlaveWriter] = set()
         self._writers_changed: trio.Event | None = None  # made by wait_for_writers, set by attach_writer
         self._clock: trio.abc.Clock | None = None  # trio's clock, once a writer is attached (push reads it per put)
+        self.bytes_queued = 0  # bytes of frames whose writer waits for the slave's socket to take them
+        self.connections_muted = 0  # writers waiting so
+        self.closed_stalled = 0  # connections closed after ha_send_stalled_timeout_seconds of it
+
+    def statistics(self) -> dict[str, int]:
+        """STATUS fields (and metrics, ``hasvc_`` before each name): the port's connections, and
+        what its writers wait to send."""
+        return {**self.admission.statistics(), "ha_bytes_queued": self.bytes_queued,
+                "ha_connections_muted": self.connections_muted, "ha_connections_closed_stalled": self.closed_stalled}  # fmt: skip
+
+    async def _send_waiting(self, size: int, send, *args) -> None:
+        """``await send(*args)`` for ``size`` bytes of a frame the slave's socket did not take at
+        once (under TLS, every frame): counted meanwhile; not taken within
+        ``ha_send_stalled_timeout_seconds``, the connection ends (TooSlowError)."""
+        timeout = self.config.ha_send_stalled_timeout_seconds
+        self.bytes_queued += size
+        self.connections_muted += 1
+        try:
+            with trio.move_on_after(timeout) as scope:
+                await send(*args)
+        finally:
+            self.bytes_queued -= size
+            self.connections_muted -= 1
+            assert self.bytes_queued >= 0 and self.connections_muted >= 0
+        if scope.cancelled_caught:
+            self.closed_stalled += 1
+            raise trio.TooSlowError(f"the slave did not take {size} bytes in {timeout:g} s (ha_send_stalled_timeout_seconds): "
+                                    "it reports but does not read")  # fmt: skip
 
     async def handle(self, stream, ticket: port_admission.Ticket | None = None) -> None:
         connection = transport.Connection(stream, transport.peer_name(stream))
@@ -213,7 +247,7 @@ class HAService:
             while True:  # busy (pushes stay out) everywhere but in the wait for new appends
                 if writer.remainder:  # the rest of a frame a push began
                     remainder, writer.remainder = writer.remainder, b""
-                    await connection.send_all(remainder)
+                    await self._send_waiting(len(remainder), connection.send_all, remainder)
                 frame = cursor.frame(commit_log.max_offset)
                 if frame is not None:
                     await self._send_frame(writer, segment, frame)
@@ -230,7 +264,8 @@ class HAService:
                 if cursor.frame(commit_log.max_offset) is None:
                     next_step = cursor.heartbeat(trio.current_time())
                     if isinstance(next_step, Heartbeat):
-                        await connection.send_all(ha.encode_transfer_header(next_step.offset, 0))
+                        heartbeat = ha.encode_transfer_header(next_step.offset, 0)
+                        await self._send_waiting(len(heartbeat), connection.send_all, heartbeat)
                         cursor.heartbeat_sent(now=trio.current_time())
             raise AssertionError("unreachable")
         finally:
@@ -275,13 +310,15 @@ class HAService:
             fd = segment.open(mapped_file)
             header, sent_to = connection.send_file_now(ha.encode_transfer_header(frame.offset, size), fd, position, size)
             if header or sent_to < position + size:  # the socket is full: the rest waits for room
-                await connection.send_file(header, fd, sent_to, position + size - sent_to)
+                rest = position + size - sent_to
+                await self._send_waiting(len(header) + rest, connection.send_file, header, fd, sent_to, rest)
             elif not unflushed:  # a catch-up's frames: let the clients' tasks in between them
                 await trio.lowlevel.checkpoint()
         else:  # TLS: from the mapping, through the TLS layer
             data = store.read(frame.offset, size)
             try:
-                await connection.send_all(ha.encode_transfer_header(frame.offset, size), data)
+                await self._send_waiting(ha.TRANSFER_HEADER.size + size, connection.send_all,
+                                         ha.encode_transfer_header(frame.offset, size), data)  # fmt: skip
             finally:
                 data.release()
         writer.cursor.sent(frame, size, now=trio.current_time())  # a push stays out while the task is busy

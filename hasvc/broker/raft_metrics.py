@@ -8,7 +8,14 @@ Every number in STATUS becomes a gauge ``hasvc_<field>`` (``hasvc_term``, ``hasv
 ``hasvc_raft_strangers_evicted``, ``hasvc_client_bytes_queued``, ...); the role is
 ``hasvc_raft_role{role=...}`` 1 for the member's role; each peer's numbers are gauges with a ``peer``
 label (``hasvc_peer_match_index{peer="n1"}``, ``hasvc_peer_lag_entries``, ``hasvc_peer_connected``,
-``hasvc_peer_last_contact_seconds``).
+``hasvc_peer_last_contact_seconds``, ``hasvc_peer_bytes_queued``).
+
+The Raft port's bytes: a member sends to a peer only on the connection it dialled (an inbound
+connection is only read, a frame at most ``FRAME_SIZE_MAX_DEFAULT``), so what it holds for a peer
+that reads too slowly, or not at all, is the rest of the one write its socket did not take
+(``peers.*.bytes_queued``; appends queued behind it are references to the log,
+``RAFT_SEND_QUEUE_MAX`` of them). Summed over the peers: ``hasvc_raft_bytes_queued``, and the
+peers with such a write waiting, ``hasvc_raft_connections_muted``.
 """
 
 from __future__ import annotations
@@ -74,6 +81,11 @@ class RaftMetrics(PutMetrics):
                     family = fields[name] = GaugeMetricFamily(f"hasvc_peer_{name}", f"STATUS peers.*.{name}", labels=["peer"])
                 family.add_metric([peer], number)
         yield from fields.values()
+        queued = [shown.get("bytes_queued") or 0 for shown in peers.values()]
+        yield GaugeMetricFamily("hasvc_raft_bytes_queued", "Bytes the senders to every peer wait for their sockets to take",
+                                value=sum(queued))  # fmt: skip
+        yield GaugeMetricFamily("hasvc_raft_connections_muted", "Peers whose sender waits for its socket to take a write",
+                                value=sum(1 for size in queued if size))  # fmt: skip
 
 
 async def serve_raft_metrics(address: tuple[str, int], *, status: Callable[[], dict],

@@ -19,22 +19,20 @@ request goes through one :class:`hasvc.client.FailoverClient`, which follows the
   deadline that passed), or its time is up.
 * **Ack / ChangeInvisibleDuration**: the receipt handle must name the current delivery (its nonce);
   the event is appended and the answer waits until it is stored.
-* **Progress topic**: one writer appends events in the order they were applied (a batch per
-  record, queue 0) and, every ``snapshot_every_events``, the whole table (queue 1) with the queue-0
-  offset replay starts from. On start the gateway loads the last snapshot and replays the events
-  after it.
+* **Progress topic** (``hasvc/proxy/progress_log.py``): one writer appends events in the order
+  they were applied (a batch per record, queue 0) and, every ``snapshot_every_events``, the whole
+  table (queue 1) with the queue-0 offset replay starts from. On start the gateway loads the last
+  snapshot and replays the events after it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import random
 import secrets
 import time
 import zlib
-import collections
 from collections import OrderedDict
 
 import trio
@@ -46,13 +44,13 @@ from hasvc.state.dedupe import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ
 from hasvc.proxy import convert
 from hasvc.proxy.convert import Refused
 from hasvc.proxy.pb import Code
-from hasvc.proxy.progress import ProgressError, ProgressTable, QueueProgress
+from hasvc.proxy.progress import ProgressTable, QueueProgress
+from hasvc.proxy.progress_log import (  # noqa: F401 -- SNAPSHOT_QUEUE, PROGRESS_TOPIC: the progress topic's, named here too
+    PROGRESS_RECORD_INTERVAL_SECONDS, PROGRESS_TOPIC, PROGRESS_TOPIC_PREFIX, SNAPSHOT_EVENTS_DEFAULT, SNAPSHOT_QUEUE, ProgressLog,
+)
 
 log = logging.getLogger("hasvc.proxy")
 
-PROGRESS_TOPIC_PREFIX = "%HASVC_PROXY"  # reserved: clients cannot send to or consume these topics
-PROGRESS_TOPIC = f"{PROGRESS_TOPIC_PREFIX}_PROGRESS"
-EVENTS_QUEUE, SNAPSHOT_QUEUE = 0, 1
 DLQ_PREFIX = "%DLQ%"  # RocketMQ's MixAll.DLQ_GROUP_TOPIC_PREFIX: a group's dead-letter topic
 DLQ_ORIGIN_PROPERTY = "HASVC_DLQ_ORIGIN"  # topic/queue/offset the message was consumed from
 # RocketMQ: a producer creates topics with 4 queues (DefaultMQProducer.defaultTopicQueueNums).
@@ -70,19 +68,6 @@ RECEIVE_BATCH_MAX = 32
 # Messages other clients write reach a waiting receive within this (RocketMQ's broker re-checks
 # held pulls every 1 s with short polling; sends through this proxy wake it at once).
 RECEIVE_RECHECK_SECONDS = 0.5
-EVENTS_PER_RECORD_MAX = 4096  # ~60 bytes an event: well under the 4 MiB body limit
-SNAPSHOT_EVENTS_DEFAULT = 10_000
-# Event records start at most this often (Gateway.writer). Each record is a replicated put (the
-# master's and the slave's CPU, and a round trip of the trio side); at 16 senders' consumption
-# records went out every ~2 ms with 2.4 consumed messages each, and holding the next one to 5 ms
-# after the last gave ~10 messages a record and ~140 µs less CPU a consumed message over the
-# proxy, master and slave (docs/PROXY.md). An ack waits at most this much longer, and only while
-# records answer several calls and not all of their callers are back (Gateway.writer).
-PROGRESS_RECORD_INTERVAL_SECONDS = 0.005
-# ... and at least this often while events come: the progress topic ages out with the brokers'
-# retention (72 h) like any topic, so the last snapshot must always be far younger than that.
-SNAPSHOT_INTERVAL_SECONDS = 3600.0
-PULL_PAGE = 1024  # the broker's PULL_COUNT_MAX
 # A message id that is not a v1 id (not one of the official clients') is keyed by the proxy: it
 # remembers this many such ids (a retry of an id it forgot is stored again).
 FOREIGN_IDS_MAX = 65536
@@ -158,44 +143,31 @@ def new_nonce() -> int:
     return _NONCES.getrandbits(63)
 
 
-@dataclasses.dataclass(slots=True)
-class _Write:
-    """Events waiting for the progress writer, and who waits for their put status: tasks on
-    ``done``, or callbacks (acks answered without a task of their own, see ``Gateway.ack_soon``)."""
-
-    events: list
-    done: trio.Event = dataclasses.field(default_factory=trio.Event)
-    status: str = ""
-    callbacks: list = dataclasses.field(default_factory=list)
-    answers: bool = False  # a call (an AckMessage, a ChangeInvisibleDuration) waits for it
-
-    def finish(self, status: str) -> None:
-        self.status = status
-        self.done.set()
-        for callback in self.callbacks:
-            callback(status)
-
-
 class Gateway:
     def __init__(self, cluster: hc.FailoverClient, config: GatewayConfig):
         self.cluster = cluster
         self.config = config
-        self.table = ProgressTable()
+        self.stats = {"sent": 0, "delivered": 0, "acked": 0, "events": 0, "records": 0, "replayed": 0}
+        self.progress = ProgressLog(cluster, config, self.stats)  # the progress topic: events stored, replayed
         self._locks: dict[tuple, trio.Lock] = {}
         self._arrivals: dict[str, trio.Event] = {}
         self._sending: dict[tuple[str, int], trio.Event] = {}
         self._foreign_ids: OrderedDict[str, int] = OrderedDict()
         self._foreign_producer = "rmq-proxy-" + secrets.token_hex(8)
         self._foreign_next = 0
-        self._writes: collections.deque[_Write] = collections.deque()
-        self._write_wakeup = trio.Event()
-        self._events_since_snapshot = 0
-        self._last_snapshot = trio.current_time() if trio.lowlevel.in_trio_run() else 0.0
-        self._last_record_at = -float("inf")  # when the writer last started an event record (trio's clock)
-        self._answers_queued = 0  # writes in self._writes that a call waits for
-        self._answers_wanted = 0  # ... that the writer's hold waits for (0: it does not)
-        self._answers_enough = trio.Event()  # set once _answers_queued reaches _answers_wanted
-        self.stats = {"sent": 0, "delivered": 0, "acked": 0, "events": 0, "records": 0, "replayed": 0}
+
+    @property
+    def table(self) -> ProgressTable:
+        """Consumer progress (the progress log's: a replay may replace it)."""
+        return self.progress.table
+
+    async def writer(self) -> None:
+        """The progress topic's writer task (``ProgressLog.run``)."""
+        await self.progress.run()
+
+    async def replay(self) -> None:
+        """Load consumer progress from the progress topic (before serving)."""
+        await self.progress.replay()
 
     # --- topics ---
 
@@ -326,7 +298,7 @@ class Gateway:
             # never stored is only forgotten by a restart (and delivered again), and an ack of it
             # is queued after it, so the log never holds the ack without the delivery.
             if events:
-                self._enqueue(events)
+                self.progress.enqueue(events)
         deliveries = [d for d in deliveries if d is not None]
         self.stats["delivered"] += len(deliveries)
         return deliveries
@@ -426,7 +398,7 @@ class Gateway:
                 answers[index] = code
             answer(answers)
 
-        self._enqueue(events, answers=True).callbacks.append(stored)
+        self.progress.enqueue(events, answers=True).callbacks.append(stored)
 
     async def ack(self, group: str, topic: str, handle: str) -> tuple[int, str]:
         answered = trio.Event()
@@ -455,7 +427,7 @@ class Gateway:
         nonce = new_nonce()
         events: list[list] = []
         self._event(events, ["c", group, topic, queue_id, offset, nonce, now_ms() + invisible_ms])
-        code, message = self._persist_code(await self._persist(events))
+        code, message = self._persist_code(await self.progress.persist(events))
         return code, message, convert.encode_receipt_handle(queue_id, offset, nonce)
 
     async def dead_letter(self, group: str, topic: str, handle: str) -> tuple[int, str]:
@@ -489,134 +461,6 @@ class Gateway:
     def _persist_code(status: str) -> tuple[int, str]:
         code = convert.send_status_code(status) if not status.startswith("ERROR") else Code.PROXY_TIMEOUT
         return code, "OK" if code == Code.OK else f"progress not stored safely: {status}"
-
-    # --- the progress topic ---
-
-    def _enqueue(self, events: list[list], answers: bool = False) -> _Write:
-        write = _Write(events, answers=answers)
-        self._writes.append(write)
-        self._write_wakeup.set()
-        if answers:
-            self._answers_queued += 1
-            if self._answers_wanted and self._answers_queued >= self._answers_wanted:
-                self._answers_enough.set()
-        return write
-
-    async def _persist(self, events: list[list]) -> str:
-        """Queue ``events`` for the writer and wait until they are stored; the put status."""
-        write = self._enqueue(events, answers=True)
-        await write.done.wait()
-        return write.status
-
-    async def writer(self) -> None:
-        """The one task that appends events, in the order they were applied.
-
-        Group commit: after a record that answered N >= 2 calls, the next one waits until N
-        calls wait for it again (the callers the last record answered are back) or until
-        ``progress_record_interval_seconds`` after the last record started, whichever is first,
-        so that the acks (and deliveries) arriving meanwhile ride in one record: each record is a
-        put the master and the slave pay for, and the official clients send one ack per
-        AckMessage. The first record after a pause goes at once, and so does the one after a
-        record that answered a single call: a consumer that acknowledges one message at a time
-        is never held, and a few concurrent ones only until each is back."""
-        interval = self.config.progress_record_interval_seconds
-        answered = 0  # calls the last record answered
-        while True:
-            await self._write_wakeup.wait()
-            self._write_wakeup = trio.Event()
-            while self._writes:
-                wait = self._last_record_at + interval - trio.current_time()
-                if wait > 0 and answered >= 2 and self._answers_queued < answered:
-                    self._answers_wanted, self._answers_enough = answered, trio.Event()
-                    with trio.move_on_after(wait):
-                        await self._answers_enough.wait()
-                    self._answers_wanted = 0
-                self._last_record_at = trio.current_time()
-                batch, count = [], 0
-                while self._writes and count < EVENTS_PER_RECORD_MAX:
-                    batch.append(self._writes.popleft())
-                    count += len(batch[-1].events)
-                answered = sum(write.answers for write in batch)
-                self._answers_queued -= answered
-                status, queue_offset = await self._append([e for write in batch for e in write.events], EVENTS_QUEUE)
-                for write in batch:
-                    write.finish(status)
-                self.stats["events"] += count
-                self.stats["records"] += 1
-                self._events_since_snapshot += count
-                due = (self._events_since_snapshot >= self.config.snapshot_every_events
-                       or trio.current_time() - self._last_snapshot >= SNAPSHOT_INTERVAL_SECONDS)  # fmt: skip
-                if queue_offset >= 0 and due:
-                    await self._snapshot(queue_offset + 1)
-
-    async def _append(self, payload, queue_id: int) -> tuple[str, int]:
-        body = json.dumps(payload, separators=(",", ":")).encode()
-        try:
-            result = await self.cluster.send(PROGRESS_TOPIC, body, queue_id=queue_id, retry=True)
-        except hc.ClientError as error:
-            log.warning("progress not stored: %s", error)
-            return f"ERROR {error}", -1
-        if not result.ok:
-            log.warning("progress stored with status %s %s", result.status, result.reason)
-        return result.status, result.queue_offset if result.offset >= 0 else -1
-
-    async def _snapshot(self, events_next: int) -> None:
-        status, _ = await self._append({"events_next": events_next, "table": self.table.snapshot()}, SNAPSHOT_QUEUE)
-        self._events_since_snapshot = 0  # on failure too: the next try comes after as many events again
-        self._last_snapshot = trio.current_time()
-        if status == "PUT_OK":
-            log.info("progress snapshot stored: %d queues, replay from event record %d", len(self.table.queues), events_next)
-        else:
-            log.error("progress snapshot not stored (%s): a restart replays from the previous one", status)
-
-    async def replay(self) -> None:
-        """Load the last snapshot and the events after it (before serving)."""
-        start = 0
-        last = await self.cluster.pull(PROGRESS_TOPIC, SNAPSHOT_QUEUE, 0, count_max=1)
-        if last.max_queue_offset > 0:
-            snapshot = await self.cluster.pull(PROGRESS_TOPIC, SNAPSHOT_QUEUE, last.max_queue_offset - 1, count_max=1)
-            if snapshot.records:
-                try:
-                    data = json.loads(bytes(snapshot.records[0].body))
-                    self.table.load(data["table"])
-                    start = int(data["events_next"])
-                except (ValueError, KeyError, TypeError, ProgressError) as error:
-                    log.error("progress snapshot at %d unreadable (%s): replaying every event", last.max_queue_offset - 1, error)
-                    self.table = ProgressTable()
-        offset = start
-        while True:
-            try:
-                pulled = await self.cluster.pull(PROGRESS_TOPIC, EVENTS_QUEUE, offset, count_max=PULL_PAGE)
-            except hc.DamagedRecordError:
-                try:  # the page held a damaged record: is it the first one?
-                    pulled = await self.cluster.pull(PROGRESS_TOPIC, EVENTS_QUEUE, offset, count_max=1)
-                except hc.DamagedRecordError as error:  # skipped as a garbage record is
-                    log.error("progress event record at queue offset %d skipped: %s", offset, error)
-                    offset += 1
-                    continue
-            if not pulled.records:
-                break
-            for record in pulled.records:
-                self._replay_record(record)
-            offset = pulled.next_queue_offset
-        log.info("progress replayed: snapshot then event records [%d, %d), %d events; %d group queues",
-                 start, offset, self.stats["replayed"], len(self.table.queues))  # fmt: skip
-
-    def _replay_record(self, record: rec.Record) -> None:
-        try:
-            events = json.loads(bytes(record.body))
-            if not isinstance(events, list):
-                raise ValueError("not a list of events")
-        except ValueError as error:
-            log.error("progress event record at queue offset %d skipped: %s", record.queue_offset, error)
-            return
-        for event in events:
-            try:
-                self.table.apply(event)
-            except ProgressError as error:
-                log.error("progress event in the record at queue offset %d skipped: %s", record.queue_offset, error)
-                continue
-            self.stats["replayed"] += 1
 
     def summary(self) -> dict:
         return {**self.stats, "group_queues": len(self.table.queues)}

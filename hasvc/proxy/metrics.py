@@ -62,6 +62,12 @@ class ProxyMetrics:
         yield GaugeMetricFamily("hasvc_proxy_inflight_messages", "Messages delivered and not yet acknowledged",
                                 value=sum(len(q.inflight) for q in queues))  # fmt: skip
         yield GaugeMetricFamily("hasvc_proxy_clients", "Clients with settings (open Telemetry streams)", value=len(self.servicer.settings))
+        yield GaugeMetricFamily("hasvc_proxy_bytes_queued", "Bytes of ReceiveMessage answers handed to grpc and not yet taken "
+                                "(a stream whose client does not read waits there)", value=self.servicer.bytes_queued)  # fmt: skip
+        yield GaugeMetricFamily("hasvc_proxy_streams_muted", "ReceiveMessage streams waiting for grpc to take an answer",
+                                value=self.servicer.streams_muted)  # fmt: skip
+        yield GaugeMetricFamily("hasvc_proxy_progress_events_queued", "Consumer progress events waiting for the progress "
+                                "topic's writer", value=self.gate.progress.events_queued)  # fmt: skip
 
 
 def serve_metrics(gate, servicer, address: tuple[str, int]) -> tuple[ProxyMetrics, int]:

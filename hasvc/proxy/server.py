@@ -204,6 +204,11 @@ class Servicer(service_grpc.MessagingServiceServicer):
         # idempotence key -> the attempt in flight, and the event its retries wait on (None until one
         # waits): a retry of a message waits for the attempt before it
         self._sending: dict[tuple[str, int], asyncio.Event | None] = {}
+        # ReceiveMessage's messages handed to grpc and not yet taken by it (grpc takes one when the
+        # stream's HTTP/2 window has room: a client that does not read holds its stream there),
+        # and the streams waiting so: the metrics' hasvc_proxy_bytes_queued, hasvc_proxy_streams_muted.
+        self.bytes_queued = 0
+        self.streams_muted = 0
 
     # --- routes and client lifecycle ---
 
@@ -391,7 +396,15 @@ class Servicer(service_grpc.MessagingServiceServicer):
             message = convert.delivered_message(delivery.record, receipt_handle=delivery.receipt_handle,
                                                 attempt=delivery.attempt, invisible_ms=delivery.invisible_ms)  # fmt: skip
             message.topic.CopyFrom(request.message_queue.topic)
-            yield service.ReceiveMessageResponse(message=message)
+            response = service.ReceiveMessageResponse(message=message)
+            size = response.ByteSize()
+            self.bytes_queued += size
+            self.streams_muted += 1
+            try:
+                yield response  # returns once grpc took it; GeneratorExit when the call ends first
+            finally:
+                self.bytes_queued -= size
+                self.streams_muted -= 1
 
     async def AckMessage(self, request, context):
         topic = gateway.wrap_topic(request.topic)

@@ -590,7 +590,8 @@ def test_a_member_serves_prometheus_metrics_from_its_status(tmp_path) -> None:
         assert 'hasvc_raft_role{role="LEADER"} 1.0' in text
         assert "hasvc_appended_messages_total 5.0" in text
         assert 'hasvc_put_latency_seconds_count{status="PUT_OK"} 5.0' in text
-        for line in ("hasvc_term ", "hasvc_committed_index ", "hasvc_raft_strangers_evicted ", "hasvc_client_bytes_queued "):
+        for line in ("hasvc_term ", "hasvc_committed_index ", "hasvc_raft_strangers_evicted ", "hasvc_client_bytes_queued ",
+                     "hasvc_raft_bytes_queued ", "hasvc_raft_connections_muted ", "hasvc_peer_bytes_queued{"):
             assert line in text, line
         followers = [member for member in nodes if member != leader]
         assert all(f'hasvc_peer_match_index{{peer="{member}"}}' in text for member in followers)

@@ -63,9 +63,9 @@ def record(body: bytes, queue_offset: int = 0):
 
 def test_replay_applies_events_and_skips_what_it_cannot_read():
     gate = gateway.Gateway(None, gateway.GatewayConfig())
-    gate._replay_record(record(json.dumps([["d", "G", "T", 0, 0, 5, 100, 1], ["a", "G", "T", 0, 0]]).encode()))
-    gate._replay_record(record(b"not json"))
-    gate._replay_record(record(json.dumps([["d", "G", "T", 0, 7, 5, 100, 1], ["d", "G", "T", 0, 1, 6, 100, 1]]).encode()))
+    gate.progress.replay_record(record(json.dumps([["d", "G", "T", 0, 0, 5, 100, 1], ["a", "G", "T", 0, 0]]).encode()))
+    gate.progress.replay_record(record(b"not json"))
+    gate.progress.replay_record(record(json.dumps([["d", "G", "T", 0, 7, 5, 100, 1], ["d", "G", "T", 0, 1, 6, 100, 1]]).encode()))
     progress = gate.table.queues[("G", "T", 0)]
     assert (progress.committed, sorted(progress.inflight)) == (1, [1])  # the gap at 7 skipped, the next event applied
 
@@ -97,7 +97,7 @@ def test_a_damaged_progress_record_is_skipped_as_a_garbage_one_is():
 @given(st.binary(max_size=200))
 def test_garbage_progress_records_never_stop_a_replay(data):
     gate = gateway.Gateway(None, gateway.GatewayConfig())
-    gate._replay_record(record(data))
+    gate.progress.replay_record(record(data))
     for progress in gate.table.queues.values():
         progress.check_all()
 

@@ -1,0 +1,61 @@
+"""What a member's sender waits to send to a peer that does not read: counted per peer
+(STATUS ``peers.*.bytes_queued``) and summed in the metrics (``hasvc_raft_bytes_queued``,
+``hasvc_raft_connections_muted``), back to zero once the peer is gone."""
+
+from __future__ import annotations
+
+import functools
+import socket
+
+import trio
+import trio.testing
+from prometheus_client import CollectorRegistry
+
+from hasvc import transport
+from hasvc.broker.dledger import _Rest
+from hasvc.broker.raft_metrics import RaftMetrics
+from hasvc.protocol import wire
+from tests.driver.test_raft_sender import WAIT_SECONDS, _driver_of_n0
+
+REST_SIZE = 16 * 1024 * 1024  # far more than loopback's socket buffers hold
+
+
+async def test_a_peer_that_never_reads_shows_its_queued_bytes_until_it_closes():
+    gone = trio.Event()
+    prefaced = trio.Event()
+
+    async def silent_peer(stream: trio.SocketStream) -> None:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        connection = transport.Connection(stream, transport.peer_name(stream))
+        await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=None)
+        prefaced.set()
+        await gone.wait()  # reads nothing more
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent_peer, 0, host="127.0.0.1"))
+        driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
+        nursery.start_soon(driver._sender, "n1")
+        with trio.fail_after(WAIT_SECONDS):
+            await prefaced.wait()
+            while not driver.connected["n1"]:
+                await trio.sleep(0.01)
+        assert driver.bytes_queued("n1") == 0 and driver.bytes_queued("n2") == 0
+        driver._queues["n1"][0].send_nowait(_Rest(driver._links["n1"], b"x" * REST_SIZE))
+        await trio.testing.wait_all_tasks_blocked()
+        waiting = driver.bytes_queued("n1")
+        assert 0 < waiting < REST_SIZE  # the socket took some, the rest waits
+
+        status = {"peers": {"n1": {"bytes_queued": waiting}, "n2": {"bytes_queued": 0}}}
+        metrics = RaftMetrics(status=lambda: status, registry=CollectorRegistry(), trio_token=trio.lowlevel.current_trio_token())
+        shown = {family.name: family.samples for family in await trio.to_thread.run_sync(lambda: list(metrics.collect()))}
+        assert shown["hasvc_raft_bytes_queued"][0].value == waiting
+        assert shown["hasvc_raft_connections_muted"][0].value == 1
+        assert {sample.labels["peer"]: sample.value for sample in shown["hasvc_peer_bytes_queued"]} == {"n1": waiting, "n2": 0}
+
+        gone.set()  # the peer closes: the send fails, the connection ends, nothing waits any more
+        with trio.fail_after(WAIT_SECONDS):
+            while driver.connected["n1"]:
+                await trio.sleep(0.01)
+        assert driver.bytes_queued("n1") == 0
+        nursery.cancel_scope.cancel()

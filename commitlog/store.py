@@ -45,12 +45,13 @@ from commitlog import identity as store_identity
 from commitlog import read_check
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock, create_abort_file, remove_abort_file
-from commitlog.commit_log import AppendResult, CommitLog, RecoveryReport
+from commitlog.commit_log import AppendResult, CommitLog
 from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.consume_queue import ConsumeQueueStore
 from commitlog.damage import DamagedRange
 from commitlog.disk_watch import DiskWatch, disk_used_ratio
 from commitlog.epoch import EpochFile
+from commitlog.log_recovery import RecoveryReport
 from commitlog.mapped_file import FilesCreated, StoreError
 from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog.store_reads import StoreReads

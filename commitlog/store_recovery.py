@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from commitlog.commit_log import DamagedLogError
+from commitlog.log_recovery import DamagedLogError
 from commitlog.dispatch import _runs_between, _topic_name
 from commitlog.epoch import truncate_suffix_by_offset
 from commitlog.mapped_file import StoreError
 
 if TYPE_CHECKING:
     from commitlog.checkpoint import StoreCheckpoint
-    from commitlog.commit_log import CommitLog, RecoveryReport
+    from commitlog.commit_log import CommitLog
+    from commitlog.log_recovery import RecoveryReport
     from commitlog.config import StoreConfig
     from commitlog.consume_queue import ConsumeQueueStore
     from commitlog.epoch import EpochFile

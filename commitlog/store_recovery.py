@@ -18,10 +18,11 @@ from commitlog.mapped_file import StoreError
 if TYPE_CHECKING:
     from commitlog.checkpoint import StoreCheckpoint
     from commitlog.commit_log import CommitLog
-    from commitlog.log_recovery import RecoveryReport
     from commitlog.config import StoreConfig
     from commitlog.consume_queue import ConsumeQueueStore
     from commitlog.epoch import EpochFile
+    from commitlog.log_recovery import RecoveryReport
+    from commitlog.record_crc import CrcFunction
 
 
 class StoreRecovery:
@@ -29,7 +30,7 @@ class StoreRecovery:
 
     path: str
     config: StoreConfig
-    crc_function: object
+    crc_function: CrcFunction
     commit_log: CommitLog
     consume_queues: ConsumeQueueStore
     checkpoint: StoreCheckpoint

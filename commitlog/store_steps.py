@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from commitlog.commit_log import CommitLog
     from commitlog.config import StoreConfig
     from commitlog.consume_queue import ConsumeQueueStore
+    from commitlog.store import TransientStorePool
 
 
 class StoreSteps:
@@ -38,7 +39,7 @@ class StoreSteps:
     path: str
     config: StoreConfig
     sync_flush: bool
-    pool: object  # TransientStorePool | None
+    pool: TransientStorePool | None
     commit_log: CommitLog
     consume_queues: ConsumeQueueStore
     checkpoint: StoreCheckpoint

@@ -13,6 +13,7 @@ import mmap
 import os
 from collections.abc import Iterator
 
+from commitlog import dispatch
 from commitlog import record as rec
 from commitlog.mapped_file import StoreError, nonzero_extent
 from commitlog.mapped_file_queue import MappedFileQueue
@@ -278,8 +279,6 @@ class _Rebuilt:
 def rebuild_consume_queues(store_path: str, check: QueueCheck | None = None) -> dict[tuple[str, int], _Rebuilt]:
     """The units a full dispatch of ``store_path``'s commit log builds, per (topic, queue id);
     duplicated queue offsets and gaps are noted in ``check``. Read-only."""
-    from commitlog import store as message_store  # noqa: PLC0415 (the store module is the dispatcher)
-
     check = check if check is not None else QueueCheck()
     queues: dict[tuple[str, int], _Rebuilt] = {}
     broken: set[tuple[str, int]] = set()  # a gap: the dispatcher stops there, so does the rebuild
@@ -290,13 +289,13 @@ def rebuild_consume_queues(store_path: str, check: QueueCheck | None = None) -> 
                 position, limit = 0, len(mapping)
                 while position < limit:
                     before = position
-                    position, stop, _records, runs = message_store.dispatch_units(view, position, limit, base,
-                                                                                  message_store.DISPATCH_RECORDS_PER_CALL)  # fmt: skip
-                    if stop == message_store._STOP_SLOW:
+                    position, stop, _records, runs = dispatch.dispatch_units(view, position, limit, base,
+                                                                             dispatch.DISPATCH_RECORDS_PER_CALL)  # fmt: skip
+                    if stop == dispatch._STOP_SLOW:
                         _rebuild_runs(runs, queues, broken, check)
-                        position, stop, _records, runs = message_store._dispatch_units_python(view, position, limit, base, records_max=1)
+                        position, stop, _records, runs = dispatch._dispatch_units_python(view, position, limit, base, records_max=1)
                     _rebuild_runs(runs, queues, broken, check)
-                    if stop != message_store._STOP_LIMIT or position == before:
+                    if stop != dispatch._STOP_LIMIT or position == before:
                         break  # a blank (the segment's end), or the end of the data
             finally:
                 view.release()
@@ -304,10 +303,8 @@ def rebuild_consume_queues(store_path: str, check: QueueCheck | None = None) -> 
 
 
 def _rebuild_runs(runs, queues: dict, broken: set, check: QueueCheck) -> None:
-    from commitlog.store import _topic_name  # noqa: PLC0415
-
     for topic, queue_id, first, count, units, _first_offset, _last_end, _store_ts in runs:
-        name = _topic_name(topic)
+        name = dispatch._topic_name(topic)
         if name is None:
             continue
         key = (name, queue_id)

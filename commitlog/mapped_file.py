@@ -80,7 +80,7 @@ def is_disk_full(error: BaseException) -> bool:
 
 class FilesCreated:
     """How many segments this process has created (``MappedFile(create=True)``, any queue): a
-    store's disk check measures the disk again once this moves (``commitlog.store.DiskWatch``),
+    store's disk check measures the disk again once this moves (``commitlog.disk_watch.DiskWatch``),
     since preallocated files change the disk's use only when one is made. Incremented from worker
     threads without a lock: a lost increment delays a measurement to the next file or interval."""
 

@@ -31,7 +31,8 @@ from collections.abc import Callable
 
 from commitlog import record as rec
 from commitlog.checkpoint import StoreCheckpoint, StoreLock
-from commitlog.commit_log import CommitLog, RecoveryReport
+from commitlog.commit_log import CommitLog
+from commitlog.log_recovery import RecoveryReport
 from commitlog.damage import DamagedRange
 from commitlog.mapped_file import StoreError, fsync_directory, nonzero_extent
 from commitlog.mapped_file_queue import MappedFileQueue

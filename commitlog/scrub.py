@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+from commitlog import dispatch
 from commitlog import native
 from commitlog import read_check
 from commitlog import record as rec
@@ -179,7 +180,7 @@ class EntryScrubStatistics(ScrubStatistics):
 
 
 class EntryScrubber:
-    """The scrub of a DLedger member's store (``commitlog.dledger.message_store.DLedgerMessageStore``):
+    """The scrub of a DLedger member's store (``commitlog.dledger.dispatch.DLedgerMessageStore``):
     every data file, entry by entry, from the log's first entry to the last one dispatched, at the
     broker's rate, then again. Each entry is checked whole, as nothing else re-checks an old one
     (recovery scans the newest data files only, a read checks only the record it serves):
@@ -368,9 +369,7 @@ class EntryScrubber:
 
 
 def _topic_name_of(topic: bytes) -> str | None:
-    from commitlog.store import _topic_name  # noqa: PLC0415
-
-    return _topic_name(topic)
+    return dispatch._topic_name(topic)
 
 
 def _rewrite_differing(store, topic: str | None, queue_id: int, first: int, units: bytes) -> list[tuple[str, int, int]]:
@@ -420,26 +419,22 @@ def _damage(code: ScanCode) -> bool:
 def _expected_units(view, start: int, limit: int, base: int):
     """(topic, queue id, first queue offset, packed units) of the records in ``view[start:limit]``,
     built as the dispatcher builds them (the native walk, one record in Python where it defers)."""
-    from commitlog import store as message_store  # noqa: PLC0415 (the store may import this module)
-
     position = start
     while position < limit:
         position_before = position
-        position, stop, _records, runs = message_store.dispatch_units(view, position, limit, base,
-                                                                      message_store.DISPATCH_RECORDS_PER_CALL)  # fmt: skip
-        if stop == message_store._STOP_SLOW:
+        position, stop, _records, runs = dispatch.dispatch_units(view, position, limit, base,
+                                                                 dispatch.DISPATCH_RECORDS_PER_CALL)  # fmt: skip
+        if stop == dispatch._STOP_SLOW:
             yield from _named(runs)
-            position, stop, _records, runs = message_store._dispatch_units_python(view, position, limit, base, records_max=1)
+            position, stop, _records, runs = dispatch._dispatch_units_python(view, position, limit, base, records_max=1)
         yield from _named(runs)
-        if stop != message_store._STOP_LIMIT or position == position_before:
+        if stop != dispatch._STOP_LIMIT or position == position_before:
             return
 
 
 def _named(runs):
-    from commitlog.store import _topic_name  # noqa: PLC0415
-
     for topic, queue_id, first, _count, units, _first_offset, _last_end, _store_ts in runs:
-        name = _topic_name(topic)
+        name = dispatch._topic_name(topic)
         if name is not None:
             yield name, queue_id, first, bytes(units)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from commitlog.dledger import entry_codec as codec
 from commitlog.mapped_file import DiskFullError, StoreError
-from commitlog.store import (
+from commitlog.dispatch import (
     _STOP_BLANK,
     _STOP_LIMIT,
     _STOP_MALFORMED,

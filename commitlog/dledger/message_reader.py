@@ -20,7 +20,7 @@ from commitlog.commit_log import ReadError
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.upgrade import LogPart
 from commitlog.mapped_file import StoreError
-from commitlog.store import RecordPlace
+from commitlog.dispatch import RecordPlace
 
 BODY_OFFSET = codec.BODY_OFFSET  # PHYSICALOFFSET = entry pos + 48 (DLedgerCommitLog's BODY_OFFSET)
 _SIZE_WORD = struct.Struct(">i")  # a record's TOTALSIZE

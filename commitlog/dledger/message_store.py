@@ -302,10 +302,8 @@ class DLedgerMessageStore(MessagePlanner, MessageReader, MessageDispatch):
 
     # -- flush, checkpoint, retention ----------------------------------------------------
 
-    def flush_consume_queues(self, least_pages: int = 0) -> None:
-        newest = self.consume_queues.flush(least_pages)
-        if newest:
-            self.checkpoint.logics_msg_timestamp = newest
+    # The classic store's step (commitlog.store_steps), on the same attributes.
+    flush_consume_queues = MessageStore.flush_consume_queues
 
     def write_checkpoint(self) -> None:
         """The store checkpoint and the entries' checkpoint (endIndex, committedIndex, flushedIndex)."""

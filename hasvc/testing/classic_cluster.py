@@ -25,27 +25,27 @@ broker's disk (a flipped bit in a record, or flushed bytes gone) is found when i
 ``damage`` holds the range; the operator repairs it from a peer or accepts the loss
 (``repair``, ``accept_loss``) before ``restart``, which refuses a damaged store.
 
-``ClassicChecker`` (see its docstring) is called after every delivery and every tick.
+``ClassicChecker`` (``hasvc.testing.classic_checker``; see its docstring) is called after every
+delivery and every tick.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
-from commitlog.epoch import EpochEntry, find_consistent_point, truncate_suffix_by_offset, validate
-from commitlog.memory_log import MemoryLog
+from commitlog.epoch import EpochEntry, truncate_suffix_by_offset
 from commitlog.record import PutMessageStatus
 from hasvc.config import BrokerRole
 from hasvc.protocol import ha
 from hasvc.state import follower, handshake, succession
 from hasvc.state.puts import PutTracker, final_status
-from hasvc.state.replication import ReplicaSet, ReplicationViolation, SlaveProgress
-from hasvc.state.role import RoleState
+from hasvc.state.replication import ReplicationViolation, SlaveProgress
 from hasvc.state.transfer import Heartbeat, TransferCursor
+from hasvc.testing.classic_broker import SEGMENT_SIZE, Broker, Pending, SafetyViolation, Session, _read
+from hasvc.testing.classic_checker import ClassicChecker
+from hasvc.testing.classic_storage_faults import StorageFaults
 from hasvc.testing.network import NetworkConfig, SimNetwork
 
-SEGMENT_SIZE = 4096  # small segments: frames cross boundaries often
 BATCH_SIZE = 256  # bytes per frame at most (RocketMQ: 32 KiB; small here to cut frames often)
 HEARTBEAT_SECONDS = 0.05  # RocketMQ's haSendHeartbeatInterval is 5 s; scaled down with the run
 HELLO_RETRY_SECONDS = 0.05  # a slave without a session says hello again this often
@@ -56,274 +56,10 @@ SESSION_TIMEOUT_SECONDS = 4 * HEARTBEAT_SECONDS  # a slave that hears nothing th
 TICK_SECONDS = 0.005  # how often nodes look at their timers
 
 
-class SafetyViolation(AssertionError):
-    """The simulated cluster broke a property the cores promise."""
-
-
-class FaultyLog(MemoryLog):
-    """``MemoryLog`` with the disk's faults: bytes changed in place (a flipped bit, a repair
-    writing a range back) and bytes lost below the flushed offset. Each bumps ``generation`` so
-    that the checker compares the log again in full."""
-
-    def flip(self, offset: int, bit: int) -> None:
-        self._data[offset - self.min_offset] ^= 1 << bit
-        self.generation += 1
-
-    def write_back(self, offset: int, data: bytes) -> None:
-        """A repair: ``data`` over ``[offset, offset + len(data))``, which may run past the end
-        (flushed bytes that were lost come back); flushed, as the repair fsyncs."""
-        start = offset - self.min_offset
-        assert 0 <= start <= len(self._data), (offset, self.min_offset, self.max_offset)
-        self._data[start : start + len(data)] = data
-        self.generation += 1
-        self.flush()
-
-    def lose_flushed(self, offset: int) -> None:
-        """Everything from ``offset`` on is gone, flushed or not (a disk that lied about an fsync,
-        a lost segment file)."""
-        self.truncate(offset)
-
-
-@dataclasses.dataclass(frozen=True)
-class Damage:
-    """What recovery finds on a stopped broker's disk: ``[start, end)`` holds other bytes than
-    ``truth`` (a flipped bit: the record that holds it), or is gone (lost writes: from where the
-    log now ends to the checkpoint's flushed offset). ``claimed_end``: where the log ended before."""
-
-    start: int
-    end: int
-    reason: str
-    truth: bytes
-    claimed_end: int
-
-
-@dataclasses.dataclass
-class Session:
-    number: int
-    established: bool = False
-    reports: follower.Reports | None = None
-
-
-@dataclasses.dataclass
-class Pending:
-    put_id: int
-    offset: int
-    end: int
-    deadline: float
-    epoch: int
-    generations: tuple[int, ...]  # every log's generation when it was stored (see acknowledged)
-
-
-class Broker:
-    """One broker's state: disk (log, epochs) survives a crash; the rest is rebuilt on start."""
-
-    def __init__(self, name: str, role: BrokerRole, master: str | None) -> None:
-        self.name = name
-        self.log = FaultyLog(segment_size=SEGMENT_SIZE)
-        self.epochs: list[EpochEntry] = []
-        self.up = False
-        self.clean_stop = False  # the last stop was clean (no abort file): a master keeps its epoch
-        self.damage: Damage | None = None  # found by recovery: the store refuses to start
-        self.disk_full_until = -1.0  # appends fail with ENOSPC before this time
-        self.fail_next_write = False  # the next append fails with EIO
-        self.fail_next_fsync = False  # the next fsync fails with EIO
-        self.start(role, master)
-
-    def start(self, role: BrokerRole, master: str | None) -> None:
-        self.up = True
-        self.master = master
-        self.role = RoleState(role, (master, 0) if master else None)
-        self.replicas = ReplicaSet()  # master: the slaves by session number
-        self.cursors: dict[int, TransferCursor] = {}
-        self.session_of: dict[str, int] = {}  # master: slave name -> its current session
-        self.pending: list[Pending] = []
-        self.session: Session | None = None  # slave: its session with the master
-        self.hello_at = -1.0
-        self.flush_at = 0.0
-        self.io_failed = ""  # why a write or an fsync failed: nothing acknowledged until a restart
-
-    def view(self) -> handshake.LogView:
-        return handshake.LogView(tuple(self.epochs), self.log.min_offset, self.log.max_offset, SEGMENT_SIZE)
-
-    @property
-    def last_epoch(self) -> int:
-        return self.epochs[-1].epoch if self.epochs else 0
-
-
-class ClassicChecker:
-    """Safety after every step.
-
-    * acknowledged, when it is: ``in_sync_replicas`` other brokers hold the bytes (SYNC_MASTER's promise);
-    * acknowledged, ever after: a put answered PUT_OK by a SYNC_MASTER after its slave ack is in the current
-      (unfenced, running) master's log, same bytes at the same offset -- unless a crash destroyed
-      every copy: right after each crash, puts that no log (running or not) holds any more are
-      ``forgiven`` (counted). With flush before ack on both ends no put may ever be forgiven.
-    * a slave in an established session of the running master holds the master's bytes, byte for
-      byte, up to its own end (so a rejoined log matches);
-    * the highest acknowledged end never decreases within one master epoch;
-    * no put is stored while its master is fenced or a slave;
-    * every epoch table strictly increases (a promotion reusing an epoch is counted: ``epoch_reuses``);
-    * storage damage: a repair writes back exactly the bytes that were there (``repaired``); a loss
-      is accepted only when no other log holds the damaged bytes, and the acknowledged puts no log
-      holds after it are counted apart as ``accepted`` (``accepted_loss``), never silently; a slave
-      is never cut inside its master's current epoch to match a master whose log ends shorter
-      there (``slave_cut``: a healthy copy is never cut to match a damaged or shorter one).
-
-    Incremental: a ``MemoryLog`` only grows between two changes of its ``generation`` (a
-    truncation or a lossy crash), so the checker remembers what it has compared -- the acknowledged
-    puts verified in the master's log, and how far each slave's session has been compared -- under
-    a key of who is master, which session and which generations, and compares only what is new.
-    A new key starts over with a full comparison. (A full comparison after every step cost about
-    0.4 s of CPU per seed; see ``full_checks``.)
-    """
-
-    def __init__(self) -> None:
-        self.acked: dict[int, tuple[int, bytes]] = {}  # put id -> (offset, bytes), in ack order
-        self.forgiven: set[int] = set()
-        self.accepted: set[int] = set()  # lost to a loss the operator accepted (no healthy copy)
-        self.acked_to: dict[tuple[str, int], int] = {}
-        self.highest_epoch = 0
-        self.epoch_reuses = 0
-        self.in_sync_replicas = 1  # how many other brokers must hold an acknowledged put
-        self.full_checks = 0  # how often the key changed and everything was compared again
-        self._acked_key: tuple | None = None
-        self._acked_order: list[int] = []
-        self._acked_checked = 0  # the first this many of ``_acked_order`` hold under _acked_key
-        self._slave_checked: dict[str, tuple[tuple, int]] = {}  # slave -> (key, compared up to)
-
-    def stored(self, broker: Broker) -> None:
-        if broker.role.write_refusal() is not None:
-            raise SafetyViolation(f"{broker.name} stored a put while refusing writes: {broker.role.write_refusal()}")
-
-    def acknowledged(self, broker: Broker, put_id: int, offset: int, data: bytes, epoch: int, brokers: list[Broker],
-                     *, excused: bool = False) -> None:  # fmt: skip
-        """SYNC_MASTER's promise, checked as it is made: the bytes are on another broker. ``excused``:
-        a slave acknowledged them from its page cache and has lost bytes since (a power loss; without
-        flush before ack that is allowed, as in RocketMQ: the ack was already on its way)."""
-        holders = sum(1 for b in brokers if b is not broker and _held(b, offset, data))
-        if not excused and holders < self.in_sync_replicas:
-            raise SafetyViolation(f"{broker.name} acknowledged put {put_id} at {offset} under SYNC_MASTER, "
-                                  f"but {holders} other broker(s) hold it, in_sync_replicas is {self.in_sync_replicas}")  # fmt: skip
-        self.acked[put_id] = (offset, data)
-        self._acked_order.append(put_id)
-        key = (broker.name, epoch)
-        end = offset + len(data)
-        self.acked_to[key] = max(self.acked_to.get(key, 0), end)
-
-    def promoted(self, epoch: int) -> None:
-        # A slave that never heard of the newest master's epoch opens it again (``highest_epoch``
-        # knows only its log and its peers): counted, not failed; the byte checks judge the result.
-        if epoch <= self.highest_epoch:
-            self.epoch_reuses += 1
-        self.highest_epoch = max(self.highest_epoch, epoch)
-
-    def after_crash(self, brokers: list[Broker]) -> None:
-        """Also after flushed bytes were lost: what went past the flushed offset with them went
-        as a power loss takes it (what went below it is in the damage, repaired or accepted)."""
-        for put_id, (offset, data) in self.acked.items():
-            if put_id not in self.forgiven and not any(_held(b, offset, data) for b in brokers):
-                self.forgiven.add(put_id)
-
-    def repaired(self, broker: Broker, damage: Damage) -> None:
-        if _read(broker.log, damage.start, damage.end) != damage.truth:
-            raise SafetyViolation(f"{broker.name}'s repair of [{damage.start}, {damage.end}) ({damage.reason}) "
-                                  f"wrote other bytes than it had held")  # fmt: skip
-
-    def accepted_loss(self, broker: Broker, damage: Damage, brokers: list[Broker]) -> None:
-        """The operator cut ``broker``'s log at ``damage.start``: no other log may hold the damaged
-        bytes (a healthy copy existed); the acknowledged puts now held nowhere are counted apart."""
-        for other in brokers:
-            if other is not broker and _holds(other.log, damage.start, damage.truth):
-                raise SafetyViolation(f"{broker.name} accepted the loss of [{damage.start}, {damage.end}) "
-                                      f"({damage.reason}) while {other.name} holds those bytes")  # fmt: skip
-        for put_id, (offset, data) in self.acked.items():
-            if put_id not in self.forgiven and put_id not in self.accepted \
-                    and not any(_holds(b.log, offset, data) for b in brokers):  # fmt: skip
-                self.accepted.add(put_id)
-
-    def slave_cut(self, slave: Broker, truncate_to: int, hello: ha.MasterHello) -> None:
-        """A slave cuts its log to ``truncate_to`` to follow the master that answered ``hello``
-        (judged by what that answer said: a master may have died since it sent it): never bytes
-        of the master's current epoch that the master's log no longer reaches."""
-        if not hello.epochs or slave.log.max_offset <= hello.max_offset:
-            return
-        epoch, start = hello.epochs[-1]
-        held = any(e.epoch == epoch and e.start_offset == start for e in slave.epochs)
-        if held and truncate_to >= start:
-            raise SafetyViolation(f"slave {slave.name} cut to {truncate_to}, inside master {slave.master}'s epoch "
-                                  f"{epoch}, to match the master's shorter log (end {hello.max_offset}, "
-                                  f"ours {slave.log.max_offset})")  # fmt: skip
-
-    def check(self, brokers: list[Broker]) -> None:
-        for broker in brokers:
-            validate(broker.epochs)
-            broker.log.check_invariants()
-        masters = [b for b in brokers if b.up and not b.role.is_slave and b.role.fenced_by is None]
-        if len(masters) > 1:
-            raise SafetyViolation(f"two writable masters: {[m.name for m in masters]}")
-        if not masters:
-            return
-        master = masters[0]
-        key = (master.name, master.log.generation)
-        if key != self._acked_key:
-            self._acked_key, self._acked_checked = key, 0
-            self.full_checks += 1
-        for put_id in self._acked_order[self._acked_checked :]:
-            offset, data = self.acked[put_id]
-            if put_id not in self.forgiven and put_id not in self.accepted and not _holds(master.log, offset, data):
-                raise SafetyViolation(f"put {put_id} acknowledged at {offset} under SYNC_MASTER is not in "
-                                      f"master {master.name}'s log (end {master.log.max_offset})")  # fmt: skip
-        self._acked_checked = len(self._acked_order)
-        for slave in brokers:
-            if slave.up and slave.role.is_slave and slave.master == master.name and slave.session \
-                    and slave.session.established and master.session_of.get(slave.name) == slave.session.number:  # fmt: skip
-                self._check_slave(master, slave)
-
-    def _check_slave(self, master: Broker, slave: Broker) -> None:
-        end = slave.log.max_offset
-        if end > master.log.max_offset:
-            raise SafetyViolation(f"slave {slave.name}'s log ends at {end}, past master {master.name}'s "
-                                  f"end {master.log.max_offset}")  # fmt: skip
-        key = (master.name, slave.session.number, master.log.generation, slave.log.generation, slave.log.min_offset)
-        known_key, compared = self._slave_checked.get(slave.name, (None, 0))
-        start = compared if known_key == key else slave.log.min_offset
-        if _read(slave.log, start, end) != _read(master.log, start, end):
-            raise SafetyViolation(f"slave {slave.name}'s log [{start}, {end}) differs from master "
-                                  f"{master.name}'s (end {master.log.max_offset})")  # fmt: skip
-        self._slave_checked[slave.name] = (key, end)
-
-
-def _read(log: MemoryLog, start: int, end: int) -> bytes:
-    if start < log.min_offset or end > log.max_offset:
-        return b"<outside>"
-    out = bytearray()
-    while start < end:
-        piece = bytes(log.read(start, end - start))
-        out += piece
-        start += len(piece)
-    return bytes(out)
-
-
-def _holds(log: MemoryLog, offset: int, data: bytes) -> bool:
-    return _read(log, offset, offset + len(data)) == data
-
-
-def _held(broker: Broker, offset: int, data: bytes) -> bool:
-    """``broker`` held these bytes before its disk damaged them (a stopped broker's report still in
-    flight acknowledges them: damage done later is a fault of its own, judged at repair)."""
-    if _holds(broker.log, offset, data):
-        return True
-    damage = broker.damage
-    if damage is None or not damage.start <= offset < damage.end:
-        return False
-    if offset + len(data) <= damage.end:
-        return damage.truth[offset - damage.start : offset - damage.start + len(data)] == data
-    head = damage.end - offset  # a record that runs past the damaged range: the rest is on the log
-    return damage.truth[offset - damage.start :] == data[:head] and _holds(broker.log, damage.end, data[head:])
-
-
-class ClassicCluster:
-    """``names[0]`` starts as master (epoch 1), the others as its slaves."""
+class ClassicCluster(StorageFaults):
+    """``names[0]`` starts as master (epoch 1), the others as its slaves. The brokers are in
+    ``classic_broker``, the checker in ``classic_checker``, the storage faults and the operator's
+    repair in ``StorageFaults`` (``classic_storage_faults``, a base class)."""
 
     def __init__(self, rng: random.Random, names: list[str], *, role: BrokerRole, flush_before_ack: bool,
                  network: NetworkConfig, in_sync_replicas: int = 1, min_in_sync_replicas: int = 0) -> None:  # fmt: skip
@@ -693,93 +429,3 @@ class ClassicCluster:
                 other.master = name
                 other.role.master_ha = (name, 0)
                 other.session = None
-
-    # ------------------------------------------------------------------ storage faults and the operator's repair
-
-    def _fault(self, kind: str) -> None:
-        self.storage_faults[kind] = self.storage_faults.get(kind, 0) + 1
-
-    def disk_full(self, name: str, seconds: float) -> None:
-        self.brokers[name].disk_full_until = self.now + seconds
-        self._fault("enospc")
-
-    def fail_write(self, name: str) -> None:
-        self.brokers[name].fail_next_write = True
-        self._fault("eio-write")
-
-    def fail_fsync(self, name: str) -> None:
-        self.brokers[name].fail_next_fsync = True
-        self._fault("eio-fsync")
-
-    def _held_records(self, broker: Broker, rng: random.Random, below: int, tries: int = 24) -> list[tuple[int, bytes]]:
-        """Some records ``broker``'s log holds whole below ``below`` (sampled: the list is long)."""
-        if not self.records:
-            return []
-        picks = [self.records[rng.randrange(len(self.records))] for _ in range(tries)]
-        return [(offset, data) for offset, data in picks
-                if broker.log.min_offset <= offset and offset + len(data) <= below and _holds(broker.log, offset, data)]
-
-    def flip_bit(self, name: str, rng: random.Random) -> bool:
-        """A stopped broker's disk flips one bit in a record below its flushed offset (what a
-        restart then finds as damage, not a torn tail)."""
-        broker = self.brokers[name]
-        assert not broker.up and broker.damage is None
-        held = self._held_records(broker, rng, broker.log.flushed_offset)
-        if not held:
-            return False
-        offset, data = held[0]
-        where = offset + rng.randrange(len(data))
-        broker.log.flip(where, rng.randrange(8))
-        broker.damage = Damage(offset, offset + len(data), f"body CRC mismatch at {offset} (bit flipped at {where})",
-                               data, broker.log.max_offset)  # fmt: skip
-        self._fault("flip")
-        return True
-
-    def lose_writes(self, name: str, rng: random.Random) -> bool:
-        """A stopped broker's log ends below its checkpoint's flushed offset: flushed bytes gone
-        from a record's start on (the disk lied about an fsync, or a segment file went)."""
-        broker = self.brokers[name]
-        assert not broker.up and broker.damage is None
-        flushed = broker.log.flushed_offset
-        held = self._held_records(broker, rng, flushed)
-        if not held:
-            return False
-        start = held[0][0]
-        truth = _read(broker.log, start, flushed)
-        claimed = broker.log.max_offset
-        broker.log.lose_flushed(start)
-        reason = f"lost writes: the log ends at {start}, flushed to {flushed}"
-        broker.damage = Damage(start, flushed, reason, truth, claimed)
-        self.checker.after_crash(list(self.brokers.values()))  # the unflushed tail went too
-        self._fault("lost-writes")
-        return True
-
-    def repair_source(self, name: str) -> Broker | None:
-        """A running peer that holds the damaged range under the same epoch history (the logs
-        are byte-identical there), or None."""
-        broker = self.brokers[name]
-        damage = broker.damage
-        for peer in self.brokers.values():
-            if peer is broker or not peer.up or peer.log.min_offset > damage.start or peer.log.max_offset < damage.end:
-                continue
-            if broker.epochs and peer.epochs and find_consistent_point(
-                    broker.epochs, damage.claimed_end, peer.epochs, peer.log.max_offset) >= damage.end:  # fmt: skip
-                return peer
-        return None
-
-    def repair(self, name: str, source: str) -> None:
-        """``hasvc store repair DIR --from PEER``: the damaged range copied back from the peer."""
-        broker, damage = self.brokers[name], self.brokers[name].damage
-        broker.log.write_back(damage.start, _read(self.brokers[source].log, damage.start, damage.end))
-        broker.damage = None
-        self.repairs += 1
-        self.checker.repaired(broker, damage)
-
-    def accept_loss(self, name: str) -> None:
-        """``hasvc store repair DIR --accept-loss``: cut at the damage (no peer holds the range)."""
-        broker, damage = self.brokers[name], self.brokers[name].damage
-        broker.log.truncate(min(damage.start, broker.log.max_offset))
-        broker.epochs = truncate_suffix_by_offset(broker.epochs, broker.log.max_offset + 1)
-        broker.damage = None
-        self.accepted_losses += 1
-        self.checker.accepted_loss(broker, damage, list(self.brokers.values()))

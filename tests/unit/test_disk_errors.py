@@ -111,7 +111,7 @@ def test_the_disk_is_measured_again_as_soon_as_a_file_was_created(tmp_path, smal
     """Files are preallocated whole: the disk's use jumps when one is made. The ratio measured
     at t is trusted until t + interval only while no file was created meanwhile."""
     measured = []
-    monkeypatch.setattr("commitlog.store.disk_used_ratio", lambda path: measured.append(path) or 0.1)
+    monkeypatch.setattr("commitlog.disk_watch.disk_used_ratio", lambda path: measured.append(path) or 0.1)
     with MessageStore.open(str(tmp_path), small_config) as store:
         assert store.disk_full_at(100.0) is False and len(measured) == 1
         assert store.disk_full_at(100.5) is False and len(measured) == 1

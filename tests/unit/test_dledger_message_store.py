@@ -527,7 +527,7 @@ def test_dispatch_walks_entries_natively_as_its_twin_does(tmp_path_factory, item
     entry header); the Python twin gives the same stops and units, and the consume queues hold
     every message at its queue offset (no-ops, several queues and data-file ends between)."""
     from commitlog import native
-    from commitlog.store import _dispatch_entries_python
+    from commitlog.dispatch import _dispatch_entries_python
 
     rng = random.Random(seed)
     store = open_store(tmp_path_factory.mktemp("walk"))

@@ -44,7 +44,7 @@ ENTROPY_CALLS = frozenset({"os.urandom", "os.getrandom"})
 # (module, function) -> why it may read the clock. "*" allows the whole module.
 ALLOWED_CLOCK_READS = {
     ("commitlog.commit_log", "now_ms"): "the store timestamp of a record (RocketMQ's storeTimestamp)",
-    ("commitlog.commit_log", "CommitLog.recover"): "the recovery report's duration",
+    ("commitlog.log_recovery", "LogRecovery.recover"): "the recovery report's duration",
     ("commitlog.store", "MessageStore.disk_full"): "the append path's clock for disk_full_at(now), the decision",
     ("commitlog.services", "*"): "the threaded driver of the store's background loops",
 }

@@ -242,7 +242,7 @@ tag_values = st.one_of(st.just(None), st.text(max_size=6).filter(lambda v: "\x01
 @pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
 @given(st.lists(st.tuples(messages, tag_values), max_size=12), st.booleans())
 def test_native_dispatch_units_match_the_python_twin(items, gap):
-    from commitlog.store import _dispatch_units_python
+    from commitlog.dispatch import _dispatch_units_python
 
     built = []
     for message, tags in items:

@@ -302,7 +302,7 @@ def test_damage_in_the_middle_of_the_log_is_refused_not_cut(tmp_path, small_conf
 
 
 def test_a_slave_log_ending_mid_record_dispatches_up_to_it_and_then_the_rest(tmp_path, small_config):
-    from commitlog.store import _dispatch_units_python
+    from commitlog.dispatch import _dispatch_units_python
 
     with MessageStore.open(str(tmp_path / "master"), small_config) as master:
         results = fill(master, 20)
@@ -380,7 +380,7 @@ def test_the_disk_is_measured_at_most_once_per_check_interval_of_the_time_given(
         measured.append(path)
         return usage["ratio"]
 
-    monkeypatch.setattr("commitlog.store.disk_used_ratio", fake_ratio)
+    monkeypatch.setattr("commitlog.disk_watch.disk_used_ratio", fake_ratio)
     config = StoreConfig(commitlog_segment_size=SEGMENT_SIZE, disk_check_interval_ms=1000, disk_max_used_space_ratio=0.75)
     with MessageStore.open(str(tmp_path), config) as store:
         assert store.disk_full_at(100.0) is False and len(measured) == 1

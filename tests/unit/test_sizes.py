@@ -24,7 +24,6 @@ SPLITS_UNDER_WAY = {
     "hasvc/broker/dledger.py": "split into the hasvc/broker/raft/ package",
     "hasvc/controller/server.py": "the controller's server, split by concern",
     "hasvc/testing/controller_sim.py": "the controller simulator, split by concern",
-    "hasvc/proxy/gateway.py": "the gRPC gateway (its Gateway class)",
 }
 
 

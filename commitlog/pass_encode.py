@@ -1,0 +1,242 @@
+"""A pass of SENDs appended in one call: the classic master's per-message work, native when built.
+
+Theory of operation
+-------------------
+The client port hands the put path every SEND read in one pass of its loop. Appended group by
+group (a batch per topic and queue), the pass cost Python per message: the grouping, a merged
+batch, its checks, an append result cut out per request, the answer built field by field. Here a
+pass is two calls, each one loop over every message of every request, native when the optional
+module is built (``commitlog/_scan.c`` ``plan_pass`` and ``write_pass``, twins of the functions
+below: same results, same bytes):
+
+1. ``plan_pass(requests, body_size_max=, record_crc=)``: each request's queue key ((topic, queue
+   id), numbered in the order first seen), the requests whose content ``record.prepare_batch``
+   would refuse as a batch of their own (no message, properties not one per body, the store's
+   record CRC property, bodies over ``body_size_max`` together, properties over
+   ``PROPERTIES_SIZE_MAX``), and per key the messages and the bytes of bodies and properties (the
+   CRC tail counted) of the requests kept. The caller checks each key's topic and queue id once
+   (``record._batch_shape``, cached) and gets the status and reason of every refused request
+   from ``record.prepare_batch`` itself, so refusals read word for word as the batch path's.
+2. ``write_pass(buffer, position, ...)``: every request kept, in the order read, encoded at
+   ``buffer[position:]`` as ``record.write_batch`` would write it as a batch of its own (the
+   same bytes: test_pass_encode), with queue offsets following on per key from
+   ``first_queue_offsets``; returned with the records' offsets and queue offsets and, per
+   request, its offsets packed for its answer (queue id, n, then n pairs of offset and queue
+   offset, big-endian ``>iI`` + n x ``>qq``: the client protocol's SEND answer after its status).
+
+Records of one queue keep their order (a connection's SENDs to a queue land as sent); records of
+different queues read in one pass interleave as they were read. Nothing is decided here: who may
+write, the limits' values and what a put waits for are the caller's; a transactional sysflag is
+not this path's (client SENDs carry none).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from commitlog import native as _native
+from commitlog import record as rec
+
+_PLAN_NATIVE = _native.module.plan_pass if _native.module is not None else None
+_WRITE_NATIVE = _native.module.write_pass if _native.module is not None else None
+
+_ANSWER_HEAD = struct.Struct(">iI")  # queue id, n
+_ANSWER_PAIR = struct.Struct(">qq")  # offset, queue offset
+
+
+def plan_pass_python(requests, *, body_size_max: int, record_crc: bool) -> tuple[list, list[int], list[int], list[int], list[int]]:
+    """(keys, key_of, refused, counts, variable): ``keys`` the (topic, queue id) of the pass in
+    the order first seen, ``key_of`` each request's index in ``keys``, ``refused`` the indexes of
+    the requests refused for their content, ``counts`` and ``variable`` per key the messages and
+    the body and properties bytes (with the CRC tail when ``record_crc``) of the requests kept."""
+    keys: list = []
+    index_of: dict = {}
+    key_of: list[int] = []
+    refused: list[int] = []
+    counts: list[int] = []
+    variable: list[int] = []
+    for number, request in enumerate(requests):
+        topic = request.topic
+        if type(topic) is not str:
+            raise TypeError("a request's topic must be a str")
+        key = (topic, request.queue_id)
+        index = index_of.get(key)
+        if index is None:
+            index = index_of[key] = len(keys)
+            keys.append(key)
+            counts.append(0)
+            variable.append(0)
+        key_of.append(index)
+        bodies, properties = request.bodies, request.properties
+        body_total = sum(len(body) for body in bodies)
+        property_sizes = [len(p) + (rec.record_crc_extra_size(p) if record_crc else 0) for p in properties]
+        if (not bodies or len(properties) != len(bodies) or any(rec.RECORD_CRC_TAIL_PREFIX in p for p in properties)
+                or body_total > body_size_max or max(property_sizes) > rec.PROPERTIES_SIZE_MAX):  # fmt: skip
+            refused.append(number)
+            continue
+        counts[index] += len(bodies)
+        variable[index] += body_total + sum(property_sizes)
+    return keys, key_of, refused, counts, variable
+
+
+def write_pass_python(buffer, position: int, *, physical_base: int, store_timestamp: int, store_ip: bytes, store_port: int,
+                      born_ip: bytes, born_port: int, sysflag: int, record_crc: bool, requests, key_of: list[int],
+                      excluded: bytes, topics: list[bytes], first_queue_offsets: list[int]) -> tuple[int, tuple, tuple, list]:  # fmt: skip
+    """(bytes written, the records' offsets, their queue offsets, per request its packed answer
+    offsets or None when excluded): the requests not ``excluded`` (one byte a request, nonzero
+    to leave it out) written at ``buffer[position:]`` in their order, each as ``record.write_batch``
+    writes a batch of it; ``topics`` the encoded topic of each key."""
+    assert not sysflag & rec.SYSFLAG_TRANSACTION_MASK, sysflag
+    next_queue_offsets = list(first_queue_offsets)
+    offsets: list[int] = []
+    queue_offsets: list[int] = []
+    answers: list = []
+    start = position
+    for number, request in enumerate(requests):
+        if excluded[number]:
+            answers.append(None)
+            continue
+        index = key_of[number]
+        topic = topics[index]
+        v2 = len(topic) > rec.TOPIC_SIZE_MAX_V1
+        properties = request.properties
+        batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(properties),
+                                 flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
+        fixed = rec._fixed_record_size(len(topic), sysflag, v2)
+        sizes = [fixed + len(body) + len(p) + (rec.record_crc_extra_size(p) if record_crc else 0)
+                 for body, p in zip(request.bodies, properties, strict=True)]  # fmt: skip
+        prepared = rec.PreparedBatch(batch, topic, list(properties), sysflag, born_ip, born_port, sizes, sum(sizes), record_crc)
+        first = next_queue_offsets[index]
+        next_queue_offsets[index] = first + len(sizes)
+        written = rec.write_batch(buffer, position, prepared, queue_offset_first=first, physical_base=physical_base,
+                                  store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port, native=False)  # fmt: skip
+        assert written == prepared.total, (written, prepared.total)
+        mine = []
+        answer = bytearray(_ANSWER_HEAD.pack(request.queue_id, len(sizes)))
+        for offset, size in enumerate(sizes, start=first):
+            offsets.append(physical_base + position)
+            queue_offsets.append(offset)
+            mine.append(_ANSWER_PAIR.pack(physical_base + position, offset))
+            position += size
+        answers.append(bytes(answer + b"".join(mine)))
+    return position - start, tuple(offsets), tuple(queue_offsets), answers
+
+
+def plan_pass(requests, *, body_size_max: int, record_crc: bool, native: bool | None = None):
+    """``plan_pass_python``, in one native call when the module is built."""
+    if _PLAN_NATIVE is not None and native is not False:
+        return _PLAN_NATIVE(requests, body_size_max, record_crc)
+    return plan_pass_python(requests, body_size_max=body_size_max, record_crc=record_crc)
+
+
+def write_pass(buffer, position: int, *, physical_base: int, store_timestamp: int, store_ip: bytes, store_port: int,
+               born_ip: bytes, born_port: int, sysflag: int, record_crc: bool, requests, key_of: list[int], excluded: bytes,
+               topics: list[bytes], first_queue_offsets: list[int], native: bool | None = None) -> tuple[int, tuple, tuple, list]:  # fmt: skip
+    """``write_pass_python``, in one native call when the module is built (CRC32C bodies only)."""
+    if _WRITE_NATIVE is not None and native is not False:
+        return _WRITE_NATIVE(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port,
+                             sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets)  # fmt: skip
+    return write_pass_python(
+        buffer, position, physical_base=physical_base, store_timestamp=store_timestamp, store_ip=store_ip,
+        store_port=store_port, born_ip=born_ip, born_port=born_port, sysflag=sysflag, record_crc=record_crc,
+        requests=requests, key_of=key_of, excluded=excluded, topics=topics, first_queue_offsets=first_queue_offsets,
+    )  # fmt: skip
+
+
+# Client SENDs carry no born host: their records hold MessageBatch's default, as the batch path's.
+BORN_HOST = ("127.0.0.1", 0)
+assert rec.MessageBatch.__dataclass_fields__["born_host"].default == BORN_HOST
+
+
+class PassAppend:
+    """What ``append_pass`` did: ``result`` the append of every request kept (one result for the
+    pass, None when every request was refused), ``answers`` per request its packed answer offsets
+    (None when refused) and ``refusals`` the refused ones by index, each the ``MessageRejected``
+    that ``record.prepare_batch`` raises for it."""
+
+    __slots__ = ("result", "answers", "refusals")
+
+    def __init__(self, result, answers: list, refusals: dict[int, rec.MessageRejected]) -> None:
+        self.result = result
+        self.answers = answers
+        self.refusals = refusals
+
+
+def refusal_of(request, *, body_size_max: int, store_v6: bool, record_crc: bool) -> rec.MessageRejected:
+    """Why ``record.prepare_batch`` refuses a request as a batch of its own (a request this module
+    found refused: never None)."""
+    properties = request.properties
+    batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(properties),
+                             flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
+    try:
+        rec.prepare_batch(batch, body_size_max=body_size_max, store_v6=store_v6, record_crc=record_crc)
+    except rec.MessageRejected as refusal:
+        return refusal
+    raise AssertionError(f"request to {request.topic!r}/{request.queue_id} refused by the pass but not by prepare_batch")
+
+
+def append_pass(store, requests, *, native: bool | None = None) -> PassAppend | None:
+    """Append a pass of SENDs (``requests``: topic, queue_id, flag, born_timestamp, bodies and
+    properties one per body) to ``store``'s commit log in one append, the records of the requests
+    kept in their order; the refused ones answered apart. None when the pass must take the batch
+    path, which answers those cases itself: the store refuses writes (a failed sync, the disk full),
+    hashes bodies with another CRC than CRC32C, the pass does not fit one segment, or no segment
+    had room (DISK_FULL, noted as the batch path notes it)."""
+    config, commit_log = store.config, store.commit_log
+    if store.crc_function is not rec.CRC_FUNCTIONS["crc32c"] or store.write_failure is not None or store.disk_full():
+        return None
+    body_size_max, record_crc, store_v6 = config.max_message_size, config.append_record_crc, commit_log.store_v6
+    keys, key_of, refused, counts, variable = plan_pass(requests, body_size_max=body_size_max, record_crc=record_crc, native=native)
+    topics: list[bytes] = []
+    bad_keys: set[int] = set()
+    total = 0
+    born_ip = born_port = sysflag = None
+    for index, (topic, queue_id) in enumerate(keys):
+        try:
+            topic_bytes, born_ip, born_port, sysflag, v2 = rec._batch_shape(topic, queue_id, BORN_HOST, 0)
+        except rec.MessageRejected:
+            bad_keys.add(index)
+            topics.append(b"")
+            continue
+        sysflag |= rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0
+        topics.append(topic_bytes)
+        total += rec._fixed_record_size(len(topic_bytes), sysflag, v2) * counts[index] + variable[index]
+    excluded = bytearray(len(requests))
+    for number in refused:
+        excluded[number] = 1
+    if bad_keys:
+        for number, index in enumerate(key_of):
+            if index in bad_keys:
+                excluded[number] = 1
+    refusals = {number: refusal_of(requests[number], body_size_max=body_size_max, store_v6=store_v6, record_crc=record_crc)
+                for number, excluded_one in enumerate(excluded) if excluded_one} if refused or bad_keys else {}  # fmt: skip
+    if total == 0:
+        return PassAppend(None, [None] * len(requests), refusals)
+    if total + rec.BLANK_SIZE > commit_log.segment_size:
+        return None
+    answers: list = []
+
+    def write(buffer, position: int, base: int, store_timestamp: int) -> tuple[tuple, tuple]:
+        table = commit_log.topic_queue_table  # the queue offsets reserved under the put lock, as append_batch does
+        first_queue_offsets = []
+        for index, key in enumerate(keys):
+            first = table.get(key, 0)
+            first_queue_offsets.append(first)
+            if index not in bad_keys and counts[index]:
+                table[key] = first + counts[index]
+        written, offsets, queue_offsets, pieces = write_pass(
+            buffer, position, physical_base=base, store_timestamp=store_timestamp, store_ip=commit_log.store_ip,
+            store_port=commit_log.store_port, born_ip=born_ip, born_port=born_port, sysflag=sysflag, record_crc=record_crc,
+            requests=requests, key_of=key_of, excluded=bytes(excluded), topics=topics, first_queue_offsets=first_queue_offsets,
+            native=native,
+        )  # fmt: skip
+        assert written == total, (written, total)
+        answers.extend(pieces)
+        return offsets, queue_offsets
+
+    result = commit_log._append_locked(total, write)
+    if result.status is not rec.PutMessageStatus.PUT_OK:
+        if result.status is rec.PutMessageStatus.DISK_FULL:
+            store.disk.no_room(result.reason)
+        return None
+    return PassAppend(result, answers, refusals)

@@ -240,3 +240,6 @@ def append_pass(store, requests, *, native: bool | None = None) -> PassAppend | 
             store.disk.no_room(result.reason)
         return None
     return PassAppend(result, answers, refusals)
+
+
+NATIVE = _PLAN_NATIVE is not None  # whether plan_pass and write_pass run natively

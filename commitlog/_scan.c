@@ -1289,86 +1289,196 @@ done:
 
 static PyObject *str_topic, *str_queue_id, *str_flag, *str_born_timestamp, *str_bodies, *str_properties;
 
-/* A request's bodies and properties as buffers, released by pass_views_release. */
-struct pass_views {
-    PyObject *bodies, *properties;  /* PySequence_Fast */
-    Py_ssize_t count, held;
-    Py_buffer *views;               /* body i at 2i, its properties at 2i + 1 */
+/* One request of a pass: a request object (topic, queue_id, flag, born_timestamp, bodies and
+ * properties one per body) or a SEND's payload (the client protocol's, as hasvc.protocol.client
+ * decode_send reads it: topic, >iiqI queue id, flag, born timestamp and n, then n x (blob16
+ * properties, blob32 body), nothing after). Its messages as spans: body j at 2j, properties at
+ * 2j + 1. Released by pass_request_release. */
+struct pass_request {
+    PyObject *bodies, *properties;  /* PySequence_Fast, a request object's */
+    Py_buffer *views;
+    Py_ssize_t held;
+    Py_buffer payload;
+    int has_payload;
+    Py_ssize_t count;
+    const uint8_t **data;
+    Py_ssize_t *size;
+    const uint8_t *topic;           /* a payload's topic bytes */
+    Py_ssize_t topic_size;
+    long long queue_id, flag, born_ts;  /* a payload's head */
 };
 
-static void pass_views_release(struct pass_views *v) {
-    for (Py_ssize_t i = 0; i < v->held; i++) PyBuffer_Release(&v->views[i]);
-    PyMem_Free(v->views);
-    Py_XDECREF(v->bodies);
-    Py_XDECREF(v->properties);
-    memset(v, 0, sizeof(*v));
+#define PASS_MALFORMED 2    /* a payload decode_send refuses */
+#define PASS_MISSHAPEN 1    /* no body, or not one properties entry per body */
+
+static void pass_request_release(struct pass_request *r) {
+    for (Py_ssize_t i = 0; i < r->held; i++) PyBuffer_Release(&r->views[i]);
+    if (r->has_payload) PyBuffer_Release(&r->payload);
+    PyMem_Free(r->views);
+    PyMem_Free(r->data);
+    PyMem_Free(r->size);
+    Py_XDECREF(r->bodies);
+    Py_XDECREF(r->properties);
+    memset(r, 0, sizeof(*r));
 }
 
-/* 0 with the views held (one properties entry per body), 1 when the counts differ or there is no
- * body (nothing held), -1 with an exception set. */
-static int pass_views_get(PyObject *request, struct pass_views *v) {
-    memset(v, 0, sizeof(*v));
-    PyObject *bodies = PyObject_GetAttr(request, str_bodies);
+static int pass_request_spans(struct pass_request *r) {
+    r->data = PyMem_Calloc(2 * r->count, sizeof(*r->data));
+    r->size = PyMem_Calloc(2 * r->count, sizeof(*r->size));
+    if (!r->data || !r->size) { PyErr_NoMemory(); return -1; }
+    return 0;
+}
+
+/* A payload's fields and spans: 0, or PASS_MALFORMED (the buffer still held: release it). */
+static int pass_payload_parse(struct pass_request *r, Py_ssize_t messages_max) {
+    const uint8_t *p = (const uint8_t *)r->payload.buf;
+    Py_ssize_t end = r->payload.len, position = 0;
+    if (end < 2) return PASS_MALFORMED;
+    r->topic_size = ((Py_ssize_t)p[0] << 8) | p[1];
+    r->topic = p + 2;
+    position = 2 + r->topic_size;
+    if (position + 20 > end) return PASS_MALFORMED;
+    r->queue_id = (int32_t)be32(p + position);
+    r->flag = (int32_t)be32(p + position + 4);
+    r->born_ts = be64(p + position + 8);
+    uint32_t count = be32(p + position + 16);
+    position += 20;
+    if (count == 0 || (Py_ssize_t)count > messages_max) return PASS_MALFORMED;
+    r->count = count;
+    if (pass_request_spans(r) < 0) return -1;
+    for (Py_ssize_t j = 0; j < r->count; j++) {
+        if (position + 2 > end) return PASS_MALFORMED;
+        Py_ssize_t size = ((Py_ssize_t)p[position] << 8) | p[position + 1];
+        position += 2;
+        if (position + size > end) return PASS_MALFORMED;
+        r->data[2 * j + 1] = p + position;
+        r->size[2 * j + 1] = size;
+        position += size;
+        if (position + 4 > end) return PASS_MALFORMED;
+        size = (Py_ssize_t)be32(p + position);
+        position += 4;
+        if (size > end - position) return PASS_MALFORMED;
+        r->data[2 * j] = p + position;
+        r->size[2 * j] = size;
+        position += size;
+    }
+    return position == end ? 0 : PASS_MALFORMED;
+}
+
+/* 0 with the request's spans held, PASS_MISSHAPEN or PASS_MALFORMED (nothing held), -1 with an
+ * exception set. */
+static int pass_request_get(PyObject *item, struct pass_request *r, Py_ssize_t messages_max) {
+    memset(r, 0, sizeof(*r));
+    if (PyObject_CheckBuffer(item)) {
+        if (PyObject_GetBuffer(item, &r->payload, PyBUF_SIMPLE) < 0) return -1;
+        r->has_payload = 1;
+        int parsed = pass_payload_parse(r, messages_max);
+        if (parsed != 0) pass_request_release(r);
+        return parsed;
+    }
+    PyObject *bodies = PyObject_GetAttr(item, str_bodies);
     if (!bodies) return -1;
-    v->bodies = PySequence_Fast(bodies, "a request's bodies must be a sequence");
+    r->bodies = PySequence_Fast(bodies, "a request's bodies must be a sequence");
     Py_DECREF(bodies);
-    if (!v->bodies) return -1;
-    PyObject *properties = PyObject_GetAttr(request, str_properties);
-    if (!properties) { pass_views_release(v); return -1; }
-    v->properties = PySequence_Fast(properties, "a request's properties must be a sequence");
+    if (!r->bodies) return -1;
+    PyObject *properties = PyObject_GetAttr(item, str_properties);
+    if (!properties) { pass_request_release(r); return -1; }
+    r->properties = PySequence_Fast(properties, "a request's properties must be a sequence");
     Py_DECREF(properties);
-    if (!v->properties) { pass_views_release(v); return -1; }
-    v->count = PySequence_Fast_GET_SIZE(v->bodies);
-    if (v->count == 0 || PySequence_Fast_GET_SIZE(v->properties) != v->count) { pass_views_release(v); return 1; }
-    v->views = PyMem_Calloc(2 * v->count, sizeof(Py_buffer));
-    if (!v->views) { pass_views_release(v); PyErr_NoMemory(); return -1; }
-    for (Py_ssize_t i = 0; i < v->count; i++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(v->bodies, i), &v->views[2 * i], PyBUF_SIMPLE) < 0) { pass_views_release(v); return -1; }
-        v->held++;
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(v->properties, i), &v->views[2 * i + 1], PyBUF_SIMPLE) < 0) { pass_views_release(v); return -1; }
-        v->held++;
+    if (!r->properties) { pass_request_release(r); return -1; }
+    r->count = PySequence_Fast_GET_SIZE(r->bodies);
+    if (r->count == 0 || PySequence_Fast_GET_SIZE(r->properties) != r->count) { pass_request_release(r); return PASS_MISSHAPEN; }
+    r->views = PyMem_Calloc(2 * r->count, sizeof(Py_buffer));
+    if (!r->views || pass_request_spans(r) < 0) { pass_request_release(r); if (!PyErr_Occurred()) PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < 2 * r->count; i++) {
+        PyObject *entry = PySequence_Fast_GET_ITEM(i % 2 ? r->properties : r->bodies, i / 2);
+        if (PyObject_GetBuffer(entry, &r->views[i], PyBUF_SIMPLE) < 0) { pass_request_release(r); return -1; }
+        r->held++;
+        r->data[i] = (const uint8_t *)r->views[i].buf;
+        r->size[i] = r->views[i].len;
     }
     return 0;
 }
 
-static int has_tail_prefix(const Py_buffer *prop) {
-    const uint8_t *p = (const uint8_t *)prop->buf;
-    for (Py_ssize_t i = 0; i + TAIL_PREFIX_SIZE <= prop->len; i++)
+static inline Py_ssize_t properties_stored_size(const uint8_t *p, Py_ssize_t n, int record_crc) {
+    return n + (record_crc ? TAIL_SIZE + (n > 0 && p[n - 1] != 0x02) : 0);
+}
+
+static int has_tail_prefix(const uint8_t *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i + TAIL_PREFIX_SIZE <= n; i++)
         if (p[i] == '_' && memcmp(p + i, TAIL_PREFIX, TAIL_PREFIX_SIZE) == 0) return 1;
     return 0;
 }
 
-/* plan_pass(requests, body_size_max, record_crc) -> (keys, key_of, refused, counts, variable):
- * twin of pass_encode.plan_pass_python. */
+static int append_index(PyObject *list, Py_ssize_t i) {
+    PyObject *at = PyLong_FromSsize_t(i);
+    int failed = !at || PyList_Append(list, at) < 0;
+    Py_XDECREF(at);
+    return failed ? -1 : 0;
+}
+
+/* A request's queue key (topic str, queue id), new; NULL with *malformed set for a payload whose
+ * topic is not UTF-8, NULL with an exception set on error. */
+static PyObject *pass_key(PyObject *item, const struct pass_request *r, int *malformed) {
+    PyObject *topic, *queue_id;
+    if (r->has_payload) {
+        topic = PyUnicode_DecodeUTF8((const char *)r->topic, r->topic_size, NULL);
+        if (!topic) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return NULL;
+            PyErr_Clear();
+            *malformed = 1;
+            return NULL;
+        }
+        queue_id = PyLong_FromLongLong(r->queue_id);
+    } else {
+        topic = PyObject_GetAttr(item, str_topic);
+        if (!topic) return NULL;
+        if (!PyUnicode_CheckExact(topic)) { Py_DECREF(topic); PyErr_SetString(PyExc_TypeError, "a request's topic must be a str"); return NULL; }
+        queue_id = PyObject_GetAttr(item, str_queue_id);
+    }
+    if (!queue_id) { Py_DECREF(topic); return NULL; }
+    PyObject *key = PyTuple_Pack(2, topic, queue_id);
+    Py_DECREF(topic);
+    Py_DECREF(queue_id);
+    return key;
+}
+
+/* plan_pass(requests, body_size_max, record_crc, messages_max)
+ *   -> (keys, key_of, refused, counts, variable, malformed): twin of pass_encode.plan_pass_python. */
 static PyObject *plan_pass(PyObject *self, PyObject *args) {
     PyObject *requests;
     long long body_size_max;
     int record_crc;
-    if (!PyArg_ParseTuple(args, "OLp", &requests, &body_size_max, &record_crc)) return NULL;
+    Py_ssize_t messages_max;
+    if (!PyArg_ParseTuple(args, "OLpn", &requests, &body_size_max, &record_crc, &messages_max)) return NULL;
     PyObject *seq = PySequence_Fast(requests, "requests must be a sequence");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), key_count = 0, capacity = 0;
     long long *counts = NULL, *variable = NULL;
     PyObject *result = NULL, *counts_list = NULL, *variable_list = NULL;
     PyObject *keys = PyList_New(0), *index_of = PyDict_New(), *key_of = PyList_New(n), *refused = PyList_New(0);
-    if (!keys || !index_of || !key_of || !refused) goto done;
+    PyObject *malformed_list = PyList_New(0);
+    if (!keys || !index_of || !key_of || !refused || !malformed_list) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *request = PySequence_Fast_GET_ITEM(seq, i);
-        PyObject *topic = PyObject_GetAttr(request, str_topic);
-        if (!topic) goto done;
-        if (!PyUnicode_CheckExact(topic)) { Py_DECREF(topic); PyErr_SetString(PyExc_TypeError, "a request's topic must be a str"); goto done; }
-        PyObject *queue_id = PyObject_GetAttr(request, str_queue_id);
-        if (!queue_id) { Py_DECREF(topic); goto done; }
-        PyObject *key = PyTuple_Pack(2, topic, queue_id);
-        Py_DECREF(topic);
-        Py_DECREF(queue_id);
-        if (!key) goto done;
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        struct pass_request r;
+        int got = pass_request_get(item, &r, messages_max);
+        if (got < 0) goto done;
+        int malformed = got == PASS_MALFORMED;
+        PyObject *key = malformed ? NULL : pass_key(item, &r, &malformed);
+        if (!key) {
+            pass_request_release(&r);
+            if (!malformed) goto done;
+            PyList_SET_ITEM(key_of, i, PyLong_FromLong(-1));
+            if (!PyList_GET_ITEM(key_of, i) || append_index(malformed_list, i) < 0) goto done;
+            continue;
+        }
         PyObject *found = PyDict_GetItemWithError(index_of, key);  /* borrowed */
         Py_ssize_t index;
         if (found) {
             index = PyLong_AsSsize_t(found);
         } else {
-            if (PyErr_Occurred()) { Py_DECREF(key); goto done; }
+            if (PyErr_Occurred()) { Py_DECREF(key); pass_request_release(&r); goto done; }
             index = key_count;
             if (key_count == capacity) {
                 capacity = capacity ? 2 * capacity : 8;
@@ -1376,42 +1486,35 @@ static PyObject *plan_pass(PyObject *self, PyObject *args) {
                 if (grown) counts = grown;
                 long long *grown_variable = grown ? PyMem_Realloc(variable, capacity * sizeof(long long)) : NULL;
                 if (grown_variable) variable = grown_variable;
-                if (!grown || !grown_variable) { Py_DECREF(key); PyErr_NoMemory(); goto done; }
+                if (!grown || !grown_variable) { Py_DECREF(key); pass_request_release(&r); PyErr_NoMemory(); goto done; }
             }
             counts[index] = variable[index] = 0;
             PyObject *number = PyLong_FromSsize_t(index);
             int failed = !number || PyDict_SetItem(index_of, key, number) < 0 || PyList_Append(keys, key) < 0;
             Py_XDECREF(number);
-            if (failed) { Py_DECREF(key); goto done; }
+            if (failed) { Py_DECREF(key); pass_request_release(&r); goto done; }
             key_count++;
         }
         Py_DECREF(key);
         PyObject *number = PyLong_FromSsize_t(index);
-        if (!number) goto done;
+        if (!number) { pass_request_release(&r); goto done; }
         PyList_SET_ITEM(key_of, i, number);
-        struct pass_views v;
-        int shape = pass_views_get(request, &v);
-        if (shape < 0) goto done;
-        int bad = shape == 1;
+        int bad = got == PASS_MISSHAPEN;
         long long body_total = 0, properties_total = 0;
-        for (Py_ssize_t j = 0; !bad && j < v.count; j++) {
-            const Py_buffer *body = &v.views[2 * j], *prop = &v.views[2 * j + 1];
-            Py_ssize_t prop_size = record_size_of(0, 0, prop, record_crc);
-            body_total += body->len;
+        for (Py_ssize_t j = 0; !bad && j < r.count; j++) {
+            Py_ssize_t prop_size = properties_stored_size(r.data[2 * j + 1], r.size[2 * j + 1], record_crc);
+            body_total += r.size[2 * j];
             properties_total += prop_size;
-            bad = has_tail_prefix(prop) || prop_size > 32767;
+            bad = has_tail_prefix(r.data[2 * j + 1], r.size[2 * j + 1]) || prop_size > 32767;
         }
         if (!bad) bad = body_total > body_size_max;
         if (bad) {
-            PyObject *at = PyLong_FromSsize_t(i);
-            int failed = !at || PyList_Append(refused, at) < 0;
-            Py_XDECREF(at);
-            if (failed) { pass_views_release(&v); goto done; }
+            if (append_index(refused, i) < 0) { pass_request_release(&r); goto done; }
         } else {
-            counts[index] += v.count;
+            counts[index] += r.count;
             variable[index] += body_total + properties_total;
         }
-        pass_views_release(&v);
+        pass_request_release(&r);
     }
     counts_list = PyList_New(key_count);
     variable_list = PyList_New(key_count);
@@ -1422,7 +1525,7 @@ static PyObject *plan_pass(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(counts_list, k, count);
         PyList_SET_ITEM(variable_list, k, bytes);
     }
-    result = PyTuple_Pack(5, keys, key_of, refused, counts_list, variable_list);
+    result = PyTuple_Pack(6, keys, key_of, refused, counts_list, variable_list, malformed_list);
 done:
     PyMem_Free(counts);
     PyMem_Free(variable);
@@ -1432,6 +1535,7 @@ done:
     Py_XDECREF(index_of);
     Py_XDECREF(key_of);
     Py_XDECREF(refused);
+    Py_XDECREF(malformed_list);
     Py_DECREF(seq);
     return result;
 }
@@ -1445,17 +1549,19 @@ static int long_attr(PyObject *object, PyObject *name, long long *value) {
 }
 
 /* write_pass(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port,
- *            sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets)
- *   -> (written, offsets, queue_offsets, answers): twin of pass_encode.write_pass_python. A record
- * that would not fit the buffer raises ValueError (the caller sized the pass: a bug). */
+ *            sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max)
+ *   -> (written, offsets, queue_offsets, answers): twin of pass_encode.write_pass_python. A request
+ * kept that is misshapen or malformed, or a record that would not fit the buffer, raises ValueError
+ * (the caller planned the pass: a bug). */
 static PyObject *write_pass(PyObject *self, PyObject *args) {
     Py_buffer target, store_ip, born_ip, excluded;
-    Py_ssize_t position;
+    Py_ssize_t position, messages_max;
     long long physical_base, store_ts;
     int store_port, born_port, sysflag, record_crc;
     PyObject *requests, *key_of, *topics, *first_queue_offsets;
-    if (!PyArg_ParseTuple(args, "w*nLLy*iy*iipOOy*OO", &target, &position, &physical_base, &store_ts, &store_ip, &store_port,
-                          &born_ip, &born_port, &sysflag, &record_crc, &requests, &key_of, &excluded, &topics, &first_queue_offsets))
+    if (!PyArg_ParseTuple(args, "w*nLLy*iy*iipOOy*OOn", &target, &position, &physical_base, &store_ts, &store_ip, &store_port,
+                          &born_ip, &born_port, &sysflag, &record_crc, &requests, &key_of, &excluded, &topics,
+                          &first_queue_offsets, &messages_max))
         return NULL;
     PyObject *seq = NULL, *key_seq = NULL, *topic_seq = NULL, *first_seq = NULL, *answers = NULL, *result = NULL;
     PyObject *offsets = NULL, *queue_offsets = NULL;
@@ -1493,7 +1599,7 @@ static PyObject *write_pass(PyObject *self, PyObject *args) {
             PyList_SET_ITEM(answers, i, Py_None);
             continue;
         }
-        PyObject *request = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
         Py_ssize_t index = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(key_seq, i));
         if (index == -1 && PyErr_Occurred()) goto done;
         if (index < 0 || index >= key_count) { PyErr_SetString(PyExc_ValueError, "key index out of range"); goto done; }
@@ -1503,59 +1609,65 @@ static PyObject *write_pass(PyObject *self, PyObject *args) {
                                      store_ts, record_crc};
         if (shape.topic_size > 32767) { PyErr_SetString(PyExc_ValueError, "topic too long"); goto done; }
         Py_ssize_t fixed = fixed_record_size(shape.topic_size, born_ip.len, store_ip.len);
-        long long queue_id, flag, born_ts;
-        if (long_attr(request, str_queue_id, &queue_id) < 0 || long_attr(request, str_flag, &flag) < 0
-            || long_attr(request, str_born_timestamp, &born_ts) < 0)
-            goto done;
-        struct pass_views v;
-        int got = pass_views_get(request, &v);
+        struct pass_request r;
+        int got = pass_request_get(item, &r, messages_max);
         if (got < 0) goto done;
-        if (got == 1) { PyErr_SetString(PyExc_ValueError, "a request kept has no body or not one properties entry per body"); goto done; }
-        PyObject *answer = PyBytes_FromStringAndSize(NULL, 8 + 16 * v.count);
-        if (!answer) { pass_views_release(&v); goto done; }
+        if (got != 0) { PyErr_SetString(PyExc_ValueError, "a request kept is misshapen or malformed"); goto done; }
+        long long queue_id = r.queue_id, flag = r.flag, born_ts = r.born_ts;
+        if (!r.has_payload && (long_attr(item, str_queue_id, &queue_id) < 0 || long_attr(item, str_flag, &flag) < 0
+                               || long_attr(item, str_born_timestamp, &born_ts) < 0)) {
+            pass_request_release(&r);
+            goto done;
+        }
+        PyObject *answer = PyBytes_FromStringAndSize(NULL, 8 + 16 * r.count);
+        if (!answer) { pass_request_release(&r); goto done; }
         PyList_SET_ITEM(answers, i, answer);
         uint8_t *a = (uint8_t *)PyBytes_AS_STRING(answer);
         put32(a, (uint32_t)queue_id);
-        put32(a + 4, (uint32_t)v.count);
-        if (records + v.count > records_capacity) {
-            records_capacity = 2 * (records + v.count) + 16;
+        put32(a + 4, (uint32_t)r.count);
+        if (records + r.count > records_capacity) {
+            records_capacity = 2 * (records + r.count) + 16;
             long long *grown = PyMem_Realloc(record_offsets_v, records_capacity * sizeof(long long));
             if (grown) record_offsets_v = grown;
             long long *grown_queue = grown ? PyMem_Realloc(record_queue_v, records_capacity * sizeof(long long)) : NULL;
             if (grown_queue) record_queue_v = grown_queue;
-            if (!grown || !grown_queue) { pass_views_release(&v); PyErr_NoMemory(); goto done; }
+            if (!grown || !grown_queue) { pass_request_release(&r); PyErr_NoMemory(); goto done; }
         }
-        for (Py_ssize_t j = 0; j < v.count; j++) {
-            const Py_buffer *body = &v.views[2 * j], *prop = &v.views[2 * j + 1];
-            Py_ssize_t size = record_size_of(fixed, body->len, prop, record_crc);
-            if (prop->len + (size - fixed - body->len - prop->len) > 32767) {
-                pass_views_release(&v);
+        for (Py_ssize_t j = 0; j < r.count; j++) {
+            Py_buffer body = {0}, prop = {0};
+            body.buf = (void *)r.data[2 * j];
+            body.len = r.size[2 * j];
+            prop.buf = (void *)r.data[2 * j + 1];
+            prop.len = r.size[2 * j + 1];
+            Py_ssize_t size = record_size_of(fixed, body.len, &prop, record_crc);
+            if (properties_stored_size(r.data[2 * j + 1], prop.len, record_crc) > 32767) {
+                pass_request_release(&r);
                 PyErr_SetString(PyExc_ValueError, "properties too long");
                 goto done;
             }
             if (size > target.len - position - written) {
-                pass_views_release(&v);
+                pass_request_release(&r);
                 PyErr_Format(PyExc_ValueError, "record of %zd bytes does not fit at %zd in %zd", size, position + written, target.len);
                 goto done;
             }
             long long offset = physical_base + position + written, queue_offset = next_queue[index]++;
-            encode_record(out + position + written, fixed, &shape, body, prop, (int)queue_id, (int)flag, queue_offset, offset, born_ts);
+            encode_record(out + position + written, fixed, &shape, &body, &prop, (int)queue_id, (int)flag, queue_offset, offset, born_ts);
             written += size;
             record_offsets_v[records] = offset;
             record_queue_v[records++] = queue_offset;
             put64(a + 8 + 16 * j, (uint64_t)offset);
             put64(a + 16 + 16 * j, (uint64_t)queue_offset);
         }
-        pass_views_release(&v);
+        pass_request_release(&r);
     }
     offsets = PyTuple_New(records);
     queue_offsets = PyTuple_New(records);
     if (!offsets || !queue_offsets) goto done;
-    for (Py_ssize_t r = 0; r < records; r++) {
-        PyObject *offset = PyLong_FromLongLong(record_offsets_v[r]), *queue_offset = PyLong_FromLongLong(record_queue_v[r]);
+    for (Py_ssize_t k = 0; k < records; k++) {
+        PyObject *offset = PyLong_FromLongLong(record_offsets_v[k]), *queue_offset = PyLong_FromLongLong(record_queue_v[k]);
         if (!offset || !queue_offset) { Py_XDECREF(offset); Py_XDECREF(queue_offset); goto done; }
-        PyTuple_SET_ITEM(offsets, r, offset);
-        PyTuple_SET_ITEM(queue_offsets, r, queue_offset);
+        PyTuple_SET_ITEM(offsets, k, offset);
+        PyTuple_SET_ITEM(queue_offsets, k, queue_offset);
     }
     result = Py_BuildValue("(nOOO)", written, offsets, queue_offsets, answers);
 done:
@@ -1599,10 +1711,10 @@ static PyMethodDef methods[] = {
      "write_entries(mapping, position, limit, file_from, entries, start) -> (end, position, units)"},
     {"index_units", index_units, METH_VARARGS, "index_units(run, count) -> bytes: 32-byte DLedger index units"},
     {"plan_pass", plan_pass, METH_VARARGS,
-     "plan_pass(requests, body_size_max, record_crc) -> (keys, key_of, refused, counts, variable)"},
+     "plan_pass(requests, body_size_max, record_crc, messages_max) -> (keys, key_of, refused, counts, variable, malformed)"},
     {"write_pass", write_pass, METH_VARARGS,
      "write_pass(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port, sysflag, "
-     "record_crc, requests, key_of, excluded, topics, first_queue_offsets) -> (written, offsets, queue_offsets, answers)"},
+     "record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max) -> (written, offsets, queue_offsets, answers)"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(buffer) -> int (zlib's CRC32, for testing)"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer) -> int (for testing the native CRC)"},
     {NULL, NULL, 0, NULL}};

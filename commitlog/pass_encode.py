@@ -33,6 +33,7 @@ not this path's (client SENDs carry none).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from commitlog import native as _native
 from commitlog import record as rec
@@ -44,18 +45,35 @@ _ANSWER_HEAD = struct.Struct(">iI")  # queue id, n
 _ANSWER_PAIR = struct.Struct(">qq")  # offset, queue offset
 
 
-def plan_pass_python(requests, *, body_size_max: int, record_crc: bool) -> tuple[list, list[int], list[int], list[int], list[int]]:
-    """(keys, key_of, refused, counts, variable): ``keys`` the (topic, queue id) of the pass in
-    the order first seen, ``key_of`` each request's index in ``keys``, ``refused`` the indexes of
-    the requests refused for their content, ``counts`` and ``variable`` per key the messages and
-    the body and properties bytes (with the CRC tail when ``record_crc``) of the requests kept."""
+def _is_payload(request) -> bool:
+    return isinstance(request, bytes | bytearray | memoryview)
+
+
+def plan_pass_python(requests, *, body_size_max: int, record_crc: bool, messages_max: int,
+                     decode: Callable | None = None) -> tuple[list, list[int], list[int], list[int], list[int], list[int]]:  # fmt: skip
+    """(keys, key_of, refused, counts, variable, malformed): ``keys`` the (topic, queue id) of the
+    pass in the order first seen, ``key_of`` each request's index in ``keys`` (-1 when malformed),
+    ``refused`` the indexes of the requests refused for their content, ``counts`` and
+    ``variable`` per key the messages and the body and properties bytes (with the CRC tail when
+    ``record_crc``) of the requests kept, ``malformed`` the indexes of the SEND payloads that
+    ``decode`` (the client protocol's, given ``messages_max``) finds malformed: it returns None
+    for those. A request is a request object or a SEND's payload (bytes or a view)."""
     keys: list = []
     index_of: dict = {}
     key_of: list[int] = []
     refused: list[int] = []
     counts: list[int] = []
     variable: list[int] = []
+    malformed: list[int] = []
     for number, request in enumerate(requests):
+        if _is_payload(request):
+            if decode is None:
+                raise TypeError("a SEND payload in a pass planned without a decoder")
+            request = decode(request)
+            if request is None:
+                key_of.append(-1)
+                malformed.append(number)
+                continue
         topic = request.topic
         if type(topic) is not str:
             raise TypeError("a request's topic must be a str")
@@ -76,12 +94,13 @@ def plan_pass_python(requests, *, body_size_max: int, record_crc: bool) -> tuple
             continue
         counts[index] += len(bodies)
         variable[index] += body_total + sum(property_sizes)
-    return keys, key_of, refused, counts, variable
+    return keys, key_of, refused, counts, variable, malformed
 
 
 def write_pass_python(buffer, position: int, *, physical_base: int, store_timestamp: int, store_ip: bytes, store_port: int,
                       born_ip: bytes, born_port: int, sysflag: int, record_crc: bool, requests, key_of: list[int],
-                      excluded: bytes, topics: list[bytes], first_queue_offsets: list[int]) -> tuple[int, tuple, tuple, list]:  # fmt: skip
+                      excluded: bytes, topics: list[bytes], first_queue_offsets: list[int], messages_max: int,
+                      decode: Callable | None = None) -> tuple[int, tuple, tuple, list]:  # fmt: skip
     """(bytes written, the records' offsets, their queue offsets, per request its packed answer
     offsets or None when excluded): the requests not ``excluded`` (one byte a request, nonzero
     to leave it out) written at ``buffer[position:]`` in their order, each as ``record.write_batch``
@@ -96,6 +115,8 @@ def write_pass_python(buffer, position: int, *, physical_base: int, store_timest
         if excluded[number]:
             answers.append(None)
             continue
+        if _is_payload(request):
+            request = decode(request)
         index = key_of[number]
         topic = topics[index]
         v2 = len(topic) > rec.TOPIC_SIZE_MAX_V1
@@ -122,24 +143,28 @@ def write_pass_python(buffer, position: int, *, physical_base: int, store_timest
     return position - start, tuple(offsets), tuple(queue_offsets), answers
 
 
-def plan_pass(requests, *, body_size_max: int, record_crc: bool, native: bool | None = None):
-    """``plan_pass_python``, in one native call when the module is built."""
+def plan_pass(requests, *, body_size_max: int, record_crc: bool, messages_max: int, decode: Callable | None = None,
+              native: bool | None = None):  # fmt: skip
+    """``plan_pass_python``, in one native call when the module is built (which reads SEND
+    payloads itself: ``decode`` is for the twin)."""
     if _PLAN_NATIVE is not None and native is not False:
-        return _PLAN_NATIVE(requests, body_size_max, record_crc)
-    return plan_pass_python(requests, body_size_max=body_size_max, record_crc=record_crc)
+        return _PLAN_NATIVE(requests, body_size_max, record_crc, messages_max)
+    return plan_pass_python(requests, body_size_max=body_size_max, record_crc=record_crc, messages_max=messages_max, decode=decode)
 
 
 def write_pass(buffer, position: int, *, physical_base: int, store_timestamp: int, store_ip: bytes, store_port: int,
                born_ip: bytes, born_port: int, sysflag: int, record_crc: bool, requests, key_of: list[int], excluded: bytes,
-               topics: list[bytes], first_queue_offsets: list[int], native: bool | None = None) -> tuple[int, tuple, tuple, list]:  # fmt: skip
+               topics: list[bytes], first_queue_offsets: list[int], messages_max: int, decode: Callable | None = None,
+               native: bool | None = None) -> tuple[int, tuple, tuple, list]:  # fmt: skip
     """``write_pass_python``, in one native call when the module is built (CRC32C bodies only)."""
     if _WRITE_NATIVE is not None and native is not False:
         return _WRITE_NATIVE(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port,
-                             sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets)  # fmt: skip
+                             sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max)  # fmt: skip
     return write_pass_python(
         buffer, position, physical_base=physical_base, store_timestamp=store_timestamp, store_ip=store_ip,
         store_port=store_port, born_ip=born_ip, born_port=born_port, sysflag=sysflag, record_crc=record_crc,
         requests=requests, key_of=key_of, excluded=excluded, topics=topics, first_queue_offsets=first_queue_offsets,
+        messages_max=messages_max, decode=decode,
     )  # fmt: skip
 
 
@@ -151,15 +176,17 @@ assert rec.MessageBatch.__dataclass_fields__["born_host"].default == BORN_HOST
 class PassAppend:
     """What ``append_pass`` did: ``result`` the append of every request kept (one result for the
     pass, None when every request was refused), ``answers`` per request its packed answer offsets
-    (None when refused) and ``refusals`` the refused ones by index, each the ``MessageRejected``
-    that ``record.prepare_batch`` raises for it."""
+    (None when refused or malformed), ``refusals`` the refused ones by index, each the
+    ``MessageRejected`` that ``record.prepare_batch`` raises for it, and ``malformed`` the indexes
+    of the SEND payloads the client protocol refuses (the caller answers them with its error)."""
 
-    __slots__ = ("result", "answers", "refusals")
+    __slots__ = ("result", "answers", "refusals", "malformed")
 
-    def __init__(self, result, answers: list, refusals: dict[int, rec.MessageRejected]) -> None:
+    def __init__(self, result, answers: list, refusals: dict[int, rec.MessageRejected], malformed: list[int]) -> None:
         self.result = result
         self.answers = answers
         self.refusals = refusals
+        self.malformed = malformed
 
 
 def refusal_of(request, *, body_size_max: int, store_v6: bool, record_crc: bool) -> rec.MessageRejected:
@@ -175,10 +202,11 @@ def refusal_of(request, *, body_size_max: int, store_v6: bool, record_crc: bool)
     raise AssertionError(f"request to {request.topic!r}/{request.queue_id} refused by the pass but not by prepare_batch")
 
 
-def append_pass(store, requests, *, native: bool | None = None) -> PassAppend | None:
-    """Append a pass of SENDs (``requests``: topic, queue_id, flag, born_timestamp, bodies and
-    properties one per body) to ``store``'s commit log in one append, the records of the requests
-    kept in their order; the refused ones answered apart. None when the pass must take the batch
+def append_pass(store, requests, *, messages_max: int, decode: Callable, native: bool | None = None) -> PassAppend | None:
+    """Append a pass of SENDs (``requests``: each a request object with topic, queue_id, flag,
+    born_timestamp, bodies and properties one per body, or a SEND's payload, which ``decode``
+    turns into one or None when malformed) to ``store``'s commit log in one append, the records of
+    the requests kept in their order; the refused and malformed ones answered apart. None when the pass must take the batch
     path, which answers those cases itself: the store refuses writes (a failed sync, the disk full),
     hashes bodies with another CRC than CRC32C, the pass does not fit one segment, or no segment
     had room (DISK_FULL, noted as the batch path notes it)."""
@@ -186,7 +214,9 @@ def append_pass(store, requests, *, native: bool | None = None) -> PassAppend | 
     if store.crc_function is not rec.CRC_FUNCTIONS["crc32c"] or store.write_failure is not None or store.disk_full():
         return None
     body_size_max, record_crc, store_v6 = config.max_message_size, config.append_record_crc, commit_log.store_v6
-    keys, key_of, refused, counts, variable = plan_pass(requests, body_size_max=body_size_max, record_crc=record_crc, native=native)
+    keys, key_of, refused, counts, variable, malformed = plan_pass(
+        requests, body_size_max=body_size_max, record_crc=record_crc, messages_max=messages_max, decode=decode, native=native,
+    )  # fmt: skip
     topics: list[bytes] = []
     bad_keys: set[int] = set()
     total = 0
@@ -202,16 +232,19 @@ def append_pass(store, requests, *, native: bool | None = None) -> PassAppend | 
         topics.append(topic_bytes)
         total += rec._fixed_record_size(len(topic_bytes), sysflag, v2) * counts[index] + variable[index]
     excluded = bytearray(len(requests))
-    for number in refused:
+    for number in refused + malformed:
         excluded[number] = 1
     if bad_keys:
         for number, index in enumerate(key_of):
             if index in bad_keys:
                 excluded[number] = 1
-    refusals = {number: refusal_of(requests[number], body_size_max=body_size_max, store_v6=store_v6, record_crc=record_crc)
-                for number, excluded_one in enumerate(excluded) if excluded_one} if refused or bad_keys else {}  # fmt: skip
+    refusals = {}
+    if refused or bad_keys:
+        for number in sorted({*refused, *(n for n, index in enumerate(key_of) if index in bad_keys)}):
+            request = decode(requests[number]) if _is_payload(requests[number]) else requests[number]
+            refusals[number] = refusal_of(request, body_size_max=body_size_max, store_v6=store_v6, record_crc=record_crc)
     if total == 0:
-        return PassAppend(None, [None] * len(requests), refusals)
+        return PassAppend(None, [None] * len(requests), refusals, malformed)
     if total + rec.BLANK_SIZE > commit_log.segment_size:
         return None
     answers: list = []
@@ -228,7 +261,7 @@ def append_pass(store, requests, *, native: bool | None = None) -> PassAppend | 
             buffer, position, physical_base=base, store_timestamp=store_timestamp, store_ip=commit_log.store_ip,
             store_port=commit_log.store_port, born_ip=born_ip, born_port=born_port, sysflag=sysflag, record_crc=record_crc,
             requests=requests, key_of=key_of, excluded=bytes(excluded), topics=topics, first_queue_offsets=first_queue_offsets,
-            native=native,
+            messages_max=messages_max, decode=decode, native=native,
         )  # fmt: skip
         assert written == total, (written, total)
         answers.extend(pieces)
@@ -239,7 +272,7 @@ def append_pass(store, requests, *, native: bool | None = None) -> PassAppend | 
         if result.status is rec.PutMessageStatus.DISK_FULL:
             store.disk.no_room(result.reason)
         return None
-    return PassAppend(result, answers, refusals)
+    return PassAppend(result, answers, refusals, malformed)
 
 
 NATIVE = _PLAN_NATIVE is not None  # whether plan_pass and write_pass run natively

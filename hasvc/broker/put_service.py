@@ -312,6 +312,7 @@ class PutService:
         # The classic log with the native module: a pass of plain SENDs is appended by one call
         # (``_put_pass``); without it the batch path below is faster than the pure twins.
         self._pass_store = store if pass_encode.NATIVE and self._append_batches is None and isinstance(store, MessageStore) else None
+        self.decodes_sends = self._pass_store is not None  # the client port leaves plain SENDs undecoded (None)
         self.tracker = PutTracker(
             sync_flush=store_config.flush_disk_type is FlushDiskType.SYNC_FLUSH, in_sync_replicas=config.in_sync_replicas,
             min_in_sync_replicas=config.min_in_sync_replicas, flush_timeout_seconds=store_config.sync_flush_timeout_seconds,
@@ -330,8 +331,12 @@ class PutService:
         """Append a pass of SENDs, send them to the idle slaves, then register the waits and
         answer the refusals: the slave works on the frame while the master does the rest (it
         is only read after this step, so no ack can come before its waits exist)."""
-        if self._pass_store is not None and self._put_pass(items):
-            return
+        if self._pass_store is not None:
+            if self._put_pass(items):
+                return
+            items = _decoded(items)
+            if not items:
+                return
         if len(items) == 1 and items[0][1].kind == cp.SEND:  # a lone producer's put: nothing to group
             outbox, frame, request = items[0]
             answered = [[((outbox, frame), self.append(request))]]
@@ -362,12 +367,16 @@ class PutService:
         together once the pass's end is as safe as configured. False, with nothing done, when
         the pass is the batch path's: a SEND_IDEMPOTENT in it (the producer table), a refusal
         of the put itself (role, replicas) or of the store (see ``append_pass``)."""
-        send = cp.SEND
-        if any(frame.kind != send for _, frame, _ in items) or self._write_refusal() is not None:
+        if cp.SEND_IDEMPOTENT in {frame.kind for _, frame, _ in items} or self._write_refusal() is not None:
             return False
-        appended = pass_encode.append_pass(self._pass_store, [request for _, _, request in items])
+        requests = [frame.payload if request is None else request for _, frame, request in items]
+        appended = pass_encode.append_pass(self._pass_store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none)
         if appended is None:
             return False
+        for number in appended.malformed:  # the client port's answer to a SEND it cannot decode
+            outbox, frame, _ = items[number]
+            outbox.respond(frame, error_response(frame, _protocol_error(frame.payload)))
+            outbox.flush()
         started = time.perf_counter()
         self.replicator.appended()
         self._after_appends_pending = True
@@ -646,6 +655,40 @@ class PutService:
             for wait in self._flush_waiters.expire(now) + self._ack_waiters.expire(now):
                 wait.finish(False)
         raise AssertionError("unreachable")
+
+
+def _decode_or_none(payload) -> cp.SendRequest | None:
+    """A SEND's payload decoded, None when malformed (the pure twins' decoder)."""
+    try:
+        return cp.decode_send(payload)
+    except cp.ProtocolError:
+        return None
+
+
+def _protocol_error(payload) -> str:
+    try:
+        cp.decode_send(payload)
+    except cp.ProtocolError as error:
+        return str(error)
+    raise AssertionError("a SEND the pass found malformed decodes")
+
+
+def _decoded(items: list) -> list:
+    """A pass's SENDs left undecoded by the client port (``PutService.decodes_sends``) decoded
+    for the batch path; a malformed one answered MESSAGE_ILLEGAL, as the port answers it."""
+    if all(request is not None for _, _, request in items):
+        return items
+    kept = []
+    for outbox, frame, request in items:
+        if request is None:
+            try:
+                request = cp.decode_send(frame.payload)
+            except cp.ProtocolError as error:
+                outbox.respond(frame, error_response(frame, str(error)))
+                outbox.flush()
+                continue
+        kept.append((outbox, frame, request))
+    return kept
 
 
 def tag_properties(properties: bytes, producer_id: str, sequence: int) -> bytes:

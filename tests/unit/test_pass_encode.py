@@ -17,6 +17,7 @@ from commitlog import pass_encode as pe
 from commitlog import record as rec
 from commitlog.config import StoreConfig
 from commitlog.store import MessageStore
+from hasvc.protocol import client as cp
 
 BODY_SIZE_MAX = 600  # small, so that generated requests pass it alone and together
 HUGE_PROPERTIES = b"k\x01" + b"v" * rec.PROPERTIES_SIZE_MAX  # over PROPERTIES_SIZE_MAX by itself
@@ -52,11 +53,44 @@ def requests(draw):
     return Request(topic, queue_id, bodies, properties, flag, born_timestamp)
 
 
-passes = st.lists(requests(), min_size=1, max_size=12)
+def decode(payload):
+    """The client protocol's SEND decoder, None when malformed: the pure twins' view of a payload."""
+    try:
+        return cp.decode_send(payload)
+    except cp.ProtocolError:
+        return None
+
+
+@st.composite
+def items(draw):
+    """A request of a pass: an object, or a SEND's payload as the client port leaves it (whole,
+    cut, with a byte more, with a topic that is not UTF-8, or garbage)."""
+    request = draw(requests())
+    encodable = -(1 << 31) <= request.queue_id < 1 << 31 and len(request.bodies) == len(request.properties)
+    form = draw(st.sampled_from(["object", "payload", "payload", "cut", "longer", "not utf-8", "garbage"]))
+    if form == "garbage":
+        return draw(st.binary(max_size=60))
+    if form == "object" or not encodable:
+        return request
+    payload = cp.encode_send(cp.SendRequest(request.topic, request.queue_id, request.bodies, request.properties,
+                                            request.flag, request.born_timestamp))  # fmt: skip
+    if form == "cut":
+        return memoryview(payload)[: draw(st.integers(0, len(payload)))]
+    if form == "longer":
+        return payload + b"x"
+    if form == "not utf-8" and request.topic:
+        return payload[:2] + b"\xff" + payload[3:]
+    return memoryview(payload)
+
+
+passes = st.lists(items(), min_size=1, max_size=12)
+PLANNING = {"body_size_max": BODY_SIZE_MAX, "messages_max": cp.SEND_MESSAGES_MAX, "decode": decode}
 
 
 def batch_refusal(request, *, store_v6=False, record_crc=False):
     """What prepare_batch says of the request as a batch of its own (None: it is kept)."""
+    if pe._is_payload(request):
+        request = decode(request)
     batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(request.properties),
                              flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
     try:
@@ -69,11 +103,16 @@ def batch_refusal(request, *, store_v6=False, record_crc=False):
 @pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
 @given(passes, st.booleans())
 def test_native_and_python_pass_plans_agree_and_refuse_what_the_batch_path_refuses(pass_requests, record_crc):
-    plan = pe.plan_pass(pass_requests, body_size_max=BODY_SIZE_MAX, record_crc=record_crc, native=True)
-    assert plan == pe.plan_pass_python(pass_requests, body_size_max=BODY_SIZE_MAX, record_crc=record_crc)
-    keys, key_of, refused, _counts, _variable = plan
-    assert [keys[index] for index in key_of] == [(request.topic, request.queue_id) for request in pass_requests]
-    for number, request in enumerate(pass_requests):
+    plan = pe.plan_pass(pass_requests, record_crc=record_crc, native=True, **PLANNING)
+    assert plan == pe.plan_pass_python(pass_requests, record_crc=record_crc, **PLANNING)
+    keys, key_of, refused, _counts, _variable, malformed = plan
+    decoded = [decode(item) if pe._is_payload(item) else item for item in pass_requests]
+    assert malformed == [number for number, request in enumerate(decoded) if request is None]
+    assert [keys[index] if index >= 0 else None for index in key_of] == [
+        None if request is None else (request.topic, request.queue_id) for request in decoded]
+    for number, request in enumerate(decoded):
+        if request is None:
+            continue
         refusal = batch_refusal(request, record_crc=record_crc)
         try:  # a refused topic or queue id is the caller's check, once per key
             rec._batch_shape(request.topic, request.queue_id, pe.BORN_HOST, 0)
@@ -84,8 +123,8 @@ def test_native_and_python_pass_plans_agree_and_refuse_what_the_batch_path_refus
 
 
 def _written(pass_requests, *, record_crc, store_v6, use_native):
-    keys, key_of, refused, counts, _variable = pe.plan_pass(pass_requests, body_size_max=BODY_SIZE_MAX,
-                                                           record_crc=record_crc, native=use_native)  # fmt: skip
+    keys, key_of, refused, counts, _variable, malformed = pe.plan_pass(pass_requests, record_crc=record_crc, native=use_native,
+                                                                      **PLANNING)  # fmt: skip
     excluded = bytearray(len(pass_requests))
     topics = []
     for index, (topic, queue_id) in enumerate(keys):
@@ -94,14 +133,15 @@ def _written(pass_requests, *, record_crc, store_v6, use_native):
         except rec.MessageRejected:
             topics.append(b"")
             excluded[:] = bytes(1 if key_of[n] == index or excluded[n] else 0 for n in range(len(pass_requests)))
-    for number in refused:
+    for number in refused + malformed:
         excluded[number] = 1
     buffer = bytearray(2 * 1024 * 1024)  # 12 requests of 4 messages with properties near 32 KiB
     outcome = pe.write_pass(
         buffer, 100, physical_base=1 << 40, store_timestamp=1_700_000_000_123, store_ip=bytes(16) if store_v6 else b"\x7f\0\0\1",
         store_port=10911, born_ip=b"\x7f\0\0\1", born_port=0, sysflag=rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0,
         record_crc=record_crc, requests=pass_requests, key_of=key_of, excluded=bytes(excluded), topics=topics,
-        first_queue_offsets=[7 * index for index in range(len(keys))], native=use_native,
+        first_queue_offsets=[7 * index for index in range(len(keys))], messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
+        native=use_native,
     )  # fmt: skip
     return buffer, outcome, excluded, key_of, keys
 
@@ -123,6 +163,7 @@ def test_native_and_python_passes_write_the_batch_paths_bytes(pass_requests, rec
         if excluded[number]:
             assert answers[number] is None
             continue
+        request = decode(request) if pe._is_payload(request) else request
         batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(request.properties),
                                  flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
         prepared = rec.prepare_batch(batch, body_size_max=BODY_SIZE_MAX, store_v6=store_v6, record_crc=record_crc)
@@ -138,21 +179,22 @@ def test_native_and_python_passes_write_the_batch_paths_bytes(pass_requests, rec
         assert answers[number] == request.queue_id.to_bytes(4, "big") + len(starts).to_bytes(4, "big") + pairs
     assert fast == reference
     assert written == position - 100
-    assert len(offsets) == len(queue_offsets) == sum(len(r.bodies) for n, r in enumerate(pass_requests) if not excluded[n])
+    assert len(offsets) == len(queue_offsets) == sum(len((decode(r) if pe._is_payload(r) else r).bodies)
+                                                     for n, r in enumerate(pass_requests) if not excluded[n])  # fmt: skip
 
 
 @pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
 def test_a_malformed_request_kept_raises_rather_than_writes():
     request = Request("T", 0, [b"a", b"b"], [b""])
-    with pytest.raises(ValueError, match="one properties entry per body"):
+    with pytest.raises(ValueError, match="misshapen or malformed"):
         pe.write_pass(bytearray(4096), 0, physical_base=0, store_timestamp=0, store_ip=b"\x7f\0\0\1", store_port=1,
                       born_ip=b"\x7f\0\0\1", born_port=0, sysflag=0, record_crc=False, requests=[request], key_of=[0],
-                      excluded=b"\0", topics=[b"T"], first_queue_offsets=[0], native=True)  # fmt: skip
+                      excluded=b"\0", topics=[b"T"], first_queue_offsets=[0], messages_max=1, native=True)  # fmt: skip
     with pytest.raises(ValueError, match="does not fit"):
         pe.write_pass(bytearray(100), 0, physical_base=0, store_timestamp=0, store_ip=b"\x7f\0\0\1", store_port=1,
                       born_ip=b"\x7f\0\0\1", born_port=0, sysflag=0, record_crc=False,
                       requests=[Request("T", 0, [b"x" * 200], [b""])], key_of=[0], excluded=b"\0", topics=[b"T"],
-                      first_queue_offsets=[0], native=True)  # fmt: skip
+                      first_queue_offsets=[0], messages_max=1, native=True)  # fmt: skip
 
 
 def _store_bytes(store) -> bytes:
@@ -175,7 +217,11 @@ def test_append_pass_stores_what_the_batch_path_stores_and_refuses_alike(tmp_pat
             store.append_batch(rec.MessageBatch("T", [b"before"], queue_id=1))  # queue offsets and offsets not at 0
             if way == "batches":
                 outcomes = []
-                for request in pass_requests:
+                for item in pass_requests:
+                    request = decode(item) if pe._is_payload(item) else item
+                    if request is None:
+                        outcomes.append("malformed")
+                        continue
                     batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id,
                                              properties=list(request.properties), flag=request.flag,
                                              born_timestamp=request.born_timestamp)  # fmt: skip
@@ -185,10 +231,14 @@ def test_append_pass_stores_what_the_batch_path_stores_and_refuses_alike(tmp_pat
                     else:
                         outcomes.append((result.status, result.reason))
             else:
-                done = pe.append_pass(store, pass_requests, native=way == "native")
+                done = pe.append_pass(store, pass_requests, messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
+                                      native=way == "native")  # fmt: skip
                 assert done is not None
                 outcomes = []
                 for number, request in enumerate(pass_requests):
+                    if number in done.malformed:
+                        outcomes.append("malformed")
+                        continue
                     if number in done.refusals:
                         outcomes.append((done.refusals[number].status, done.refusals[number].reason))
                         continue

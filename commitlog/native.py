@@ -44,3 +44,5 @@ cut_records = module.cut_records if module else None
 record_sizes = module.record_sizes if module else None
 record_offsets = module.record_offsets if module else None
 pack_offset_pairs = module.pack_offset_pairs if module else None
+plan_pass = module.plan_pass if module else None
+write_pass = module.write_pass if module else None

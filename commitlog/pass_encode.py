@@ -2,24 +2,28 @@
 
 Theory of operation
 -------------------
-The client port hands the put path every SEND read in one pass of its loop. Appended group by
-group (a batch per topic and queue), the pass cost Python per message: the grouping, a merged
-batch, its checks, an append result cut out per request, the answer built field by field. Here a
-pass is two calls, each one loop over every message of every request, native when the optional
-module is built (``commitlog/_scan.c`` ``plan_pass`` and ``write_pass``, twins of the functions
-below: same results, same bytes):
+The client port hands the put path every SEND read in one pass of its loop. Decoded one by one
+and appended group by group (a batch per topic and queue), a pass cost Python per message: the
+decode, the grouping, a merged batch and its checks, an append result cut out per request, an
+answer built field by field. Here a pass is two calls, each one loop over every message of every
+request, native when the optional module is built (``commitlog/_scan.c`` ``plan_pass`` and
+``write_pass``, twins of the functions below: same results, same bytes). A request is a request
+object (topic, queue_id, flag, born_timestamp, bodies, properties one per body) or a SEND's
+payload as the client port read it: the native functions read the client protocol's SEND layout
+themselves (as ``split_messages`` does), the twins are given its decoder.
 
-1. ``plan_pass(requests, body_size_max=, record_crc=)``: each request's queue key ((topic, queue
-   id), numbered in the order first seen), the requests whose content ``record.prepare_batch``
-   would refuse as a batch of their own (no message, properties not one per body, the store's
-   record CRC property, bodies over ``body_size_max`` together, properties over
-   ``PROPERTIES_SIZE_MAX``), and per key the messages and the bytes of bodies and properties (the
-   CRC tail counted) of the requests kept. The caller checks each key's topic and queue id once
-   (``record._batch_shape``, cached) and gets the status and reason of every refused request
-   from ``record.prepare_batch`` itself, so refusals read word for word as the batch path's.
-2. ``write_pass(buffer, position, ...)``: every request kept, in the order read, encoded at
-   ``buffer[position:]`` as ``record.write_batch`` would write it as a batch of its own (the
-   same bytes: test_pass_encode), with queue offsets following on per key from
+1. ``plan_pass``: each request's queue key ((topic, queue id), numbered in the order first
+   seen), the payloads the decoder refuses (malformed), the requests whose content
+   ``record.prepare_batch`` would refuse as a batch of their own (no message, properties not one
+   per body, the store's record CRC property, bodies over ``body_size_max`` together, properties
+   over ``PROPERTIES_SIZE_MAX``), and per key the messages and the bytes of bodies and properties
+   (the CRC tail counted) of the requests kept. ``append_pass`` checks each key's topic and queue
+   id once (``record._batch_shape``, cached) and gets the status and reason of every refused
+   request from ``record.prepare_batch`` itself, so refusals read word for word as the batch
+   path's (and a malformed SEND's error is the decoder's: the caller's to ask).
+2. ``write_pass``: every request kept, in the order read, encoded at ``buffer[position:]`` as
+   ``record.write_batch`` would write it as a batch of its own (the same bytes:
+   tests/unit/test_pass_encode.py), with queue offsets following on per key from
    ``first_queue_offsets``; returned with the records' offsets and queue offsets and, per
    request, its offsets packed for its answer (queue id, n, then n pairs of offset and queue
    offset, big-endian ``>iI`` + n x ``>qq``: the client protocol's SEND answer after its status).
@@ -38,8 +42,8 @@ from collections.abc import Callable
 from commitlog import native as _native
 from commitlog import record as rec
 
-_PLAN_NATIVE = _native.module.plan_pass if _native.module is not None else None
-_WRITE_NATIVE = _native.module.write_pass if _native.module is not None else None
+_PLAN_NATIVE = _native.plan_pass
+_WRITE_NATIVE = _native.write_pass
 
 _ANSWER_HEAD = struct.Struct(">iI")  # queue id, n
 _ANSWER_PAIR = struct.Struct(">qq")  # offset, queue offset

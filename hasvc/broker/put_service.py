@@ -310,7 +310,8 @@ class PutService:
         # where a group's append costs no more than its share of one).
         self._append_batches = getattr(store, "append_batches", None)
         # The classic log with the native module: a pass of plain SENDs is appended by one call
-        # (``_put_pass``); without it the batch path below is faster than the pure twins.
+        # (``_put_pass``); without it the batch path below stays (the pure twins write a batch per
+        # request: they are the reference the tests compare with, not a faster path).
         self._pass_store = store if pass_encode.NATIVE and self._append_batches is None and isinstance(store, MessageStore) else None
         self.decodes_sends = self._pass_store is not None  # the client port leaves plain SENDs undecoded (None)
         self.tracker = PutTracker(

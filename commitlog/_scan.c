@@ -434,6 +434,64 @@ static inline void put32(uint8_t *p, uint32_t v) { p[0] = v >> 24; p[1] = v >> 1
 static inline void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
 static inline void put16(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = v; }
 
+/* What the records of a batch or a pass share besides queue, flag, offsets and born timestamp. */
+struct record_shape {
+    const uint8_t *topic; Py_ssize_t topic_size;
+    const uint8_t *born_ip; Py_ssize_t born_ip_size; int born_port;
+    const uint8_t *store_ip; Py_ssize_t store_ip_size; int store_port;
+    int sysflag; long long store_timestamp; int record_crc;
+};
+
+/* A record's bytes besides body and properties: the fields, the hosts (4 or 16-byte addresses and
+ * a port), the topic and its length (two bytes past 127: V2), the properties' length. */
+static inline Py_ssize_t fixed_record_size(Py_ssize_t topic_size, Py_ssize_t born_ip_size, Py_ssize_t store_ip_size) {
+    return 48 + born_ip_size + 4 + 8 + store_ip_size + 4 + 12 + 4 + (topic_size > 127 ? 2 : 1) + topic_size + 2;
+}
+
+/* The size of a record of `fixed` bytes besides body and properties (the fixed size of its topic
+ * and hosts): with the record CRC its properties get the tail, and a 0x02 before it when they do
+ * not end with one. */
+static inline Py_ssize_t record_size_of(Py_ssize_t fixed, Py_ssize_t body_size, const Py_buffer *prop, int record_crc) {
+    Py_ssize_t tail = record_crc ? TAIL_SIZE + (prop->len > 0 && ((const uint8_t *)prop->buf)[prop->len - 1] != 0x02) : 0;
+    return fixed + body_size + prop->len + tail;
+}
+
+/* Encode one record at p (its whole size is writable); returns its size. Sealed with the record CRC
+ * tail when the shape says so, once every other field is in place. */
+static Py_ssize_t encode_record(uint8_t *p, Py_ssize_t fixed, const struct record_shape *shape, const Py_buffer *body,
+                                const Py_buffer *prop, int queue_id, int flag, long long queue_offset,
+                                long long physical_offset, long long born_ts) {
+    int v2 = shape->topic_size > 127;
+    Py_ssize_t size = record_size_of(fixed, body->len, prop, shape->record_crc);
+    Py_ssize_t tail = size - fixed - body->len - prop->len;
+    put32(p, (uint32_t)size);
+    put32(p + 4, v2 ? MAGIC_V2 : MAGIC_V1);
+    put32(p + 8, crc32c((const uint8_t *)body->buf, (size_t)body->len) & 0x7FFFFFFFu);
+    put32(p + 12, (uint32_t)queue_id);
+    put32(p + 16, (uint32_t)flag);
+    put64(p + 20, (uint64_t)queue_offset);
+    put64(p + 28, (uint64_t)physical_offset);
+    put32(p + 36, (uint32_t)shape->sysflag);
+    put64(p + 40, (uint64_t)born_ts);
+    uint8_t *q = p + 48;
+    memcpy(q, shape->born_ip, shape->born_ip_size); q += shape->born_ip_size; put32(q, (uint32_t)shape->born_port); q += 4;
+    put64(q, (uint64_t)shape->store_timestamp); q += 8;
+    memcpy(q, shape->store_ip, shape->store_ip_size); q += shape->store_ip_size; put32(q, (uint32_t)shape->store_port); q += 4;
+    put32(q, 0); q += 4;           /* RECONSUMETIMES */
+    put64(q, 0); q += 8;           /* PREPARED_TX_OFFSET */
+    put32(q, (uint32_t)body->len); q += 4;
+    memcpy(q, body->buf, body->len); q += body->len;
+    if (v2) { put16(q, (uint16_t)shape->topic_size); q += 2; } else { *q++ = (uint8_t)shape->topic_size; }
+    memcpy(q, shape->topic, shape->topic_size); q += shape->topic_size;
+    put16(q, (uint16_t)(prop->len + tail)); q += 2;
+    memcpy(q, prop->buf, prop->len); q += prop->len;
+    if (shape->record_crc) {
+        if (tail > TAIL_SIZE) *q++ = 0x02;
+        seal_record(p, size);
+    }
+    return size;
+}
+
 /* write_batch(target, position, physical_base, queue_offset_first, store_timestamp, topic, queue_id,
  *             flag, sysflag, born_timestamp, born_ip, born_port, store_ip, store_port, bodies, properties
  *             [, record_crc])
@@ -488,15 +546,9 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
         Py_ssize_t tail = record_crc ? TAIL_SIZE + (prop->len > 0 && ((const uint8_t *)prop->buf)[prop->len - 1] != 0x02) : 0;
         if (prop->len + tail > 32767) { done_props++; PyErr_SetString(PyExc_ValueError, "properties too long"); goto done; }
     }
-    int born_v6 = born_ip.len == 16, store_v6 = store_ip.len == 16, v2 = topic.len > 127;
-    Py_ssize_t born_size = born_v6 ? 20 : 8, store_size = store_v6 ? 20 : 8;
-    Py_ssize_t fixed = 48 + born_size + 8 + store_size + 12 + 4 + (v2 ? 2 : 1) + topic.len + 2;
+    Py_ssize_t fixed = fixed_record_size(topic.len, born_ip.len, store_ip.len);
     Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        Py_buffer *prop = &prop_views[shared_props ? 0 : i];
-        total += fixed + body_views[i].len + prop->len;
-        if (record_crc) total += TAIL_SIZE + (prop->len > 0 && ((const uint8_t *)prop->buf)[prop->len - 1] != 0x02);
-    }
+    for (Py_ssize_t i = 0; i < count; i++) total += record_size_of(fixed, body_views[i].len, &prop_views[shared_props ? 0 : i], record_crc);
     if (position < 0 || position + total > target.len) {
         PyErr_Format(PyExc_ValueError, "batch of %zd bytes does not fit at %zd in %zd", total, position, target.len);
         goto done;
@@ -504,39 +556,12 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
     uint8_t *out = (uint8_t *)target.buf + position;
     Py_ssize_t written = 0;
     int transactional = (sysflag & 0xC) == 0x4 || (sysflag & 0xC) == 0xC;
-    uint32_t magic = v2 ? MAGIC_V2 : MAGIC_V1;
+    struct record_shape shape = {(const uint8_t *)topic.buf, topic.len, (const uint8_t *)born_ip.buf, born_ip.len, born_port,
+                                 (const uint8_t *)store_ip.buf, store_ip.len, store_port, sysflag, store_ts, record_crc};
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_buffer *body = &body_views[i], *prop = &prop_views[shared_props ? 0 : i];
-        Py_ssize_t separator = record_crc && prop->len > 0 && ((const uint8_t *)prop->buf)[prop->len - 1] != 0x02;
-        Py_ssize_t tail = record_crc ? TAIL_SIZE + separator : 0;
-        Py_ssize_t size = fixed + body->len + prop->len + tail;
-        uint8_t *p = out + written;
-        put32(p, (uint32_t)size);
-        put32(p + 4, magic);
-        put32(p + 8, crc32c((const uint8_t *)body->buf, (size_t)body->len) & 0x7FFFFFFFu);
-        put32(p + 12, (uint32_t)queue_id);
-        put32(p + 16, (uint32_t)flag);
-        put64(p + 20, (uint64_t)(transactional ? 0 : queue_offset_first + i));
-        put64(p + 28, (uint64_t)(physical_base + position + written));
-        put32(p + 36, (uint32_t)sysflag);
-        put64(p + 40, (uint64_t)born_ts);
-        uint8_t *q = p + 48;
-        memcpy(q, born_ip.buf, born_ip.len); q += born_ip.len; put32(q, (uint32_t)born_port); q += 4;
-        put64(q, (uint64_t)store_ts); q += 8;
-        memcpy(q, store_ip.buf, store_ip.len); q += store_ip.len; put32(q, (uint32_t)store_port); q += 4;
-        put32(q, 0); q += 4;           /* RECONSUMETIMES */
-        put64(q, 0); q += 8;           /* PREPARED_TX_OFFSET */
-        put32(q, (uint32_t)body->len); q += 4;
-        memcpy(q, body->buf, body->len); q += body->len;
-        if (v2) { put16(q, (uint16_t)topic.len); q += 2; } else { *q++ = (uint8_t)topic.len; }
-        memcpy(q, topic.buf, topic.len); q += topic.len;
-        put16(q, (uint16_t)(prop->len + tail)); q += 2;
-        memcpy(q, prop->buf, prop->len); q += prop->len;
-        if (record_crc) {
-            if (separator) *q++ = 0x02;
-            seal_record(p, size);  /* every other field is in place: offsets, store timestamp */
-        }
-        written += size;
+        written += encode_record(out + written, fixed, &shape, body, prop, queue_id, flag,
+                                 transactional ? 0 : queue_offset_first + i, physical_base + position + written, born_ts);
     }
     result = PyLong_FromSsize_t(written);
 done:
@@ -1260,6 +1285,409 @@ done:
     return out;
 }
 
+/* -- a pass of SENDs (commitlog/pass_encode.py: the twins and the theory) ------------------------ */
+
+static PyObject *str_topic, *str_queue_id, *str_flag, *str_born_timestamp, *str_bodies, *str_properties;
+
+/* One request of a pass: a request object (topic, queue_id, flag, born_timestamp, bodies and
+ * properties one per body) or a SEND's payload (the client protocol's, as hasvc.protocol.client
+ * decode_send reads it: topic, >iiqI queue id, flag, born timestamp and n, then n x (blob16
+ * properties, blob32 body), nothing after). Its messages as spans: body j at 2j, properties at
+ * 2j + 1. Released by pass_request_release. */
+struct pass_request {
+    PyObject *bodies, *properties;  /* PySequence_Fast, a request object's */
+    Py_buffer *views;
+    Py_ssize_t held;
+    Py_buffer payload;
+    int has_payload;
+    Py_ssize_t count;
+    const uint8_t **data;
+    Py_ssize_t *size;
+    const uint8_t *topic;           /* a payload's topic bytes */
+    Py_ssize_t topic_size;
+    long long queue_id, flag, born_ts;  /* a payload's head */
+};
+
+#define PASS_MALFORMED 2    /* a payload decode_send refuses */
+#define PASS_MISSHAPEN 1    /* no body, or not one properties entry per body */
+
+static void pass_request_release(struct pass_request *r) {
+    for (Py_ssize_t i = 0; i < r->held; i++) PyBuffer_Release(&r->views[i]);
+    if (r->has_payload) PyBuffer_Release(&r->payload);
+    PyMem_Free(r->views);
+    PyMem_Free(r->data);
+    PyMem_Free(r->size);
+    Py_XDECREF(r->bodies);
+    Py_XDECREF(r->properties);
+    memset(r, 0, sizeof(*r));
+}
+
+static int pass_request_spans(struct pass_request *r) {
+    r->data = PyMem_Calloc(2 * r->count, sizeof(*r->data));
+    r->size = PyMem_Calloc(2 * r->count, sizeof(*r->size));
+    if (!r->data || !r->size) { PyErr_NoMemory(); return -1; }
+    return 0;
+}
+
+/* A payload's fields and spans: 0, or PASS_MALFORMED (the buffer still held: release it). */
+static int pass_payload_parse(struct pass_request *r, Py_ssize_t messages_max) {
+    const uint8_t *p = (const uint8_t *)r->payload.buf;
+    Py_ssize_t end = r->payload.len, position = 0;
+    if (end < 2) return PASS_MALFORMED;
+    r->topic_size = ((Py_ssize_t)p[0] << 8) | p[1];
+    r->topic = p + 2;
+    position = 2 + r->topic_size;
+    if (position + 20 > end) return PASS_MALFORMED;
+    r->queue_id = (int32_t)be32(p + position);
+    r->flag = (int32_t)be32(p + position + 4);
+    r->born_ts = be64(p + position + 8);
+    uint32_t count = be32(p + position + 16);
+    position += 20;
+    if (count == 0 || (Py_ssize_t)count > messages_max) return PASS_MALFORMED;
+    r->count = count;
+    if (pass_request_spans(r) < 0) return -1;
+    for (Py_ssize_t j = 0; j < r->count; j++) {
+        if (position + 2 > end) return PASS_MALFORMED;
+        Py_ssize_t size = ((Py_ssize_t)p[position] << 8) | p[position + 1];
+        position += 2;
+        if (position + size > end) return PASS_MALFORMED;
+        r->data[2 * j + 1] = p + position;
+        r->size[2 * j + 1] = size;
+        position += size;
+        if (position + 4 > end) return PASS_MALFORMED;
+        size = (Py_ssize_t)be32(p + position);
+        position += 4;
+        if (size > end - position) return PASS_MALFORMED;
+        r->data[2 * j] = p + position;
+        r->size[2 * j] = size;
+        position += size;
+    }
+    return position == end ? 0 : PASS_MALFORMED;
+}
+
+/* 0 with the request's spans held, PASS_MISSHAPEN or PASS_MALFORMED (nothing held), -1 with an
+ * exception set. */
+static int pass_request_get(PyObject *item, struct pass_request *r, Py_ssize_t messages_max) {
+    memset(r, 0, sizeof(*r));
+    if (PyObject_CheckBuffer(item)) {
+        if (PyObject_GetBuffer(item, &r->payload, PyBUF_SIMPLE) < 0) return -1;
+        r->has_payload = 1;
+        int parsed = pass_payload_parse(r, messages_max);
+        if (parsed != 0) pass_request_release(r);
+        return parsed;
+    }
+    PyObject *bodies = PyObject_GetAttr(item, str_bodies);
+    if (!bodies) return -1;
+    r->bodies = PySequence_Fast(bodies, "a request's bodies must be a sequence");
+    Py_DECREF(bodies);
+    if (!r->bodies) return -1;
+    PyObject *properties = PyObject_GetAttr(item, str_properties);
+    if (!properties) { pass_request_release(r); return -1; }
+    r->properties = PySequence_Fast(properties, "a request's properties must be a sequence");
+    Py_DECREF(properties);
+    if (!r->properties) { pass_request_release(r); return -1; }
+    r->count = PySequence_Fast_GET_SIZE(r->bodies);
+    if (r->count == 0 || PySequence_Fast_GET_SIZE(r->properties) != r->count) { pass_request_release(r); return PASS_MISSHAPEN; }
+    r->views = PyMem_Calloc(2 * r->count, sizeof(Py_buffer));
+    if (!r->views || pass_request_spans(r) < 0) { pass_request_release(r); if (!PyErr_Occurred()) PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < 2 * r->count; i++) {
+        PyObject *entry = PySequence_Fast_GET_ITEM(i % 2 ? r->properties : r->bodies, i / 2);
+        if (PyObject_GetBuffer(entry, &r->views[i], PyBUF_SIMPLE) < 0) { pass_request_release(r); return -1; }
+        r->held++;
+        r->data[i] = (const uint8_t *)r->views[i].buf;
+        r->size[i] = r->views[i].len;
+    }
+    return 0;
+}
+
+static inline Py_ssize_t properties_stored_size(const uint8_t *p, Py_ssize_t n, int record_crc) {
+    return n + (record_crc ? TAIL_SIZE + (n > 0 && p[n - 1] != 0x02) : 0);
+}
+
+static int has_tail_prefix(const uint8_t *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i + TAIL_PREFIX_SIZE <= n; i++)
+        if (p[i] == '_' && memcmp(p + i, TAIL_PREFIX, TAIL_PREFIX_SIZE) == 0) return 1;
+    return 0;
+}
+
+static int append_index(PyObject *list, Py_ssize_t i) {
+    PyObject *at = PyLong_FromSsize_t(i);
+    int failed = !at || PyList_Append(list, at) < 0;
+    Py_XDECREF(at);
+    return failed ? -1 : 0;
+}
+
+/* A request's queue key (topic str, queue id), new; NULL with *malformed set for a payload whose
+ * topic is not UTF-8, NULL with an exception set on error. */
+static PyObject *pass_key(PyObject *item, const struct pass_request *r, int *malformed) {
+    PyObject *topic, *queue_id;
+    if (r->has_payload) {
+        topic = PyUnicode_DecodeUTF8((const char *)r->topic, r->topic_size, NULL);
+        if (!topic) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return NULL;
+            PyErr_Clear();
+            *malformed = 1;
+            return NULL;
+        }
+        queue_id = PyLong_FromLongLong(r->queue_id);
+    } else {
+        topic = PyObject_GetAttr(item, str_topic);
+        if (!topic) return NULL;
+        if (!PyUnicode_CheckExact(topic)) { Py_DECREF(topic); PyErr_SetString(PyExc_TypeError, "a request's topic must be a str"); return NULL; }
+        queue_id = PyObject_GetAttr(item, str_queue_id);
+    }
+    if (!queue_id) { Py_DECREF(topic); return NULL; }
+    PyObject *key = PyTuple_Pack(2, topic, queue_id);
+    Py_DECREF(topic);
+    Py_DECREF(queue_id);
+    return key;
+}
+
+/* plan_pass(requests, body_size_max, record_crc, messages_max)
+ *   -> (keys, key_of, refused, counts, variable, malformed): twin of pass_encode.plan_pass_python. */
+static PyObject *plan_pass(PyObject *self, PyObject *args) {
+    PyObject *requests;
+    long long body_size_max;
+    int record_crc;
+    Py_ssize_t messages_max;
+    if (!PyArg_ParseTuple(args, "OLpn", &requests, &body_size_max, &record_crc, &messages_max)) return NULL;
+    PyObject *seq = PySequence_Fast(requests, "requests must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), key_count = 0, capacity = 0;
+    long long *counts = NULL, *variable = NULL;
+    PyObject *result = NULL, *counts_list = NULL, *variable_list = NULL;
+    PyObject *keys = PyList_New(0), *index_of = PyDict_New(), *key_of = PyList_New(n), *refused = PyList_New(0);
+    PyObject *malformed_list = PyList_New(0);
+    if (!keys || !index_of || !key_of || !refused || !malformed_list) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        struct pass_request r;
+        int got = pass_request_get(item, &r, messages_max);
+        if (got < 0) goto done;
+        int malformed = got == PASS_MALFORMED;
+        PyObject *key = malformed ? NULL : pass_key(item, &r, &malformed);
+        if (!key) {
+            pass_request_release(&r);
+            if (!malformed) goto done;
+            PyList_SET_ITEM(key_of, i, PyLong_FromLong(-1));
+            if (!PyList_GET_ITEM(key_of, i) || append_index(malformed_list, i) < 0) goto done;
+            continue;
+        }
+        PyObject *found = PyDict_GetItemWithError(index_of, key);  /* borrowed */
+        Py_ssize_t index;
+        if (found) {
+            index = PyLong_AsSsize_t(found);
+        } else {
+            if (PyErr_Occurred()) { Py_DECREF(key); pass_request_release(&r); goto done; }
+            index = key_count;
+            if (key_count == capacity) {
+                capacity = capacity ? 2 * capacity : 8;
+                long long *grown = PyMem_Realloc(counts, capacity * sizeof(long long));
+                if (grown) counts = grown;
+                long long *grown_variable = grown ? PyMem_Realloc(variable, capacity * sizeof(long long)) : NULL;
+                if (grown_variable) variable = grown_variable;
+                if (!grown || !grown_variable) { Py_DECREF(key); pass_request_release(&r); PyErr_NoMemory(); goto done; }
+            }
+            counts[index] = variable[index] = 0;
+            PyObject *number = PyLong_FromSsize_t(index);
+            int failed = !number || PyDict_SetItem(index_of, key, number) < 0 || PyList_Append(keys, key) < 0;
+            Py_XDECREF(number);
+            if (failed) { Py_DECREF(key); pass_request_release(&r); goto done; }
+            key_count++;
+        }
+        Py_DECREF(key);
+        PyObject *number = PyLong_FromSsize_t(index);
+        if (!number) { pass_request_release(&r); goto done; }
+        PyList_SET_ITEM(key_of, i, number);
+        int bad = got == PASS_MISSHAPEN;
+        long long body_total = 0, properties_total = 0;
+        for (Py_ssize_t j = 0; !bad && j < r.count; j++) {
+            Py_ssize_t prop_size = properties_stored_size(r.data[2 * j + 1], r.size[2 * j + 1], record_crc);
+            body_total += r.size[2 * j];
+            properties_total += prop_size;
+            bad = has_tail_prefix(r.data[2 * j + 1], r.size[2 * j + 1]) || prop_size > 32767;
+        }
+        if (!bad) bad = body_total > body_size_max;
+        if (bad) {
+            if (append_index(refused, i) < 0) { pass_request_release(&r); goto done; }
+        } else {
+            counts[index] += r.count;
+            variable[index] += body_total + properties_total;
+        }
+        pass_request_release(&r);
+    }
+    counts_list = PyList_New(key_count);
+    variable_list = PyList_New(key_count);
+    if (!counts_list || !variable_list) goto done;
+    for (Py_ssize_t k = 0; k < key_count; k++) {
+        PyObject *count = PyLong_FromLongLong(counts[k]), *bytes = PyLong_FromLongLong(variable[k]);
+        if (!count || !bytes) { Py_XDECREF(count); Py_XDECREF(bytes); goto done; }
+        PyList_SET_ITEM(counts_list, k, count);
+        PyList_SET_ITEM(variable_list, k, bytes);
+    }
+    result = PyTuple_Pack(6, keys, key_of, refused, counts_list, variable_list, malformed_list);
+done:
+    PyMem_Free(counts);
+    PyMem_Free(variable);
+    Py_XDECREF(counts_list);
+    Py_XDECREF(variable_list);
+    Py_XDECREF(keys);
+    Py_XDECREF(index_of);
+    Py_XDECREF(key_of);
+    Py_XDECREF(refused);
+    Py_XDECREF(malformed_list);
+    Py_DECREF(seq);
+    return result;
+}
+
+static int long_attr(PyObject *object, PyObject *name, long long *value) {
+    PyObject *attr = PyObject_GetAttr(object, name);
+    if (!attr) return -1;
+    *value = PyLong_AsLongLong(attr);
+    Py_DECREF(attr);
+    return (*value == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* write_pass(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port,
+ *            sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max)
+ *   -> (written, offsets, queue_offsets, answers): twin of pass_encode.write_pass_python. A request
+ * kept that is misshapen or malformed, or a record that would not fit the buffer, raises ValueError
+ * (the caller planned the pass: a bug). */
+static PyObject *write_pass(PyObject *self, PyObject *args) {
+    Py_buffer target, store_ip, born_ip, excluded;
+    Py_ssize_t position, messages_max;
+    long long physical_base, store_ts;
+    int store_port, born_port, sysflag, record_crc;
+    PyObject *requests, *key_of, *topics, *first_queue_offsets;
+    if (!PyArg_ParseTuple(args, "w*nLLy*iy*iipOOy*OOn", &target, &position, &physical_base, &store_ts, &store_ip, &store_port,
+                          &born_ip, &born_port, &sysflag, &record_crc, &requests, &key_of, &excluded, &topics,
+                          &first_queue_offsets, &messages_max))
+        return NULL;
+    PyObject *seq = NULL, *key_seq = NULL, *topic_seq = NULL, *first_seq = NULL, *answers = NULL, *result = NULL;
+    PyObject *offsets = NULL, *queue_offsets = NULL;
+    long long *next_queue = NULL, *record_offsets_v = NULL, *record_queue_v = NULL;
+    Py_ssize_t records = 0, records_capacity = 0, written = 0;
+    if ((born_ip.len != 4 && born_ip.len != 16) || (store_ip.len != 4 && store_ip.len != 16)) {
+        PyErr_SetString(PyExc_ValueError, "host addresses are 4 or 16 bytes");
+        goto done;
+    }
+    if ((sysflag & 0xC) == 0x4 || (sysflag & 0xC) == 0xC) { PyErr_SetString(PyExc_ValueError, "a transactional sysflag"); goto done; }
+    seq = PySequence_Fast(requests, "requests must be a sequence");
+    key_seq = seq ? PySequence_Fast(key_of, "key_of must be a sequence") : NULL;
+    topic_seq = key_seq ? PySequence_Fast(topics, "topics must be a sequence") : NULL;
+    first_seq = topic_seq ? PySequence_Fast(first_queue_offsets, "first_queue_offsets must be a sequence") : NULL;
+    if (!first_seq) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), key_count = PySequence_Fast_GET_SIZE(topic_seq);
+    if (PySequence_Fast_GET_SIZE(key_seq) != n || excluded.len != n || PySequence_Fast_GET_SIZE(first_seq) != key_count) {
+        PyErr_SetString(PyExc_ValueError, "key_of and excluded: one per request; first_queue_offsets: one per topic");
+        goto done;
+    }
+    next_queue = PyMem_Calloc(key_count ? key_count : 1, sizeof(long long));
+    if (!next_queue) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t k = 0; k < key_count; k++) {
+        next_queue[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(first_seq, k));
+        if (next_queue[k] == -1 && PyErr_Occurred()) goto done;
+        if (!PyBytes_Check(PySequence_Fast_GET_ITEM(topic_seq, k))) { PyErr_SetString(PyExc_TypeError, "topics must be bytes"); goto done; }
+    }
+    answers = PyList_New(n);
+    if (!answers) goto done;
+    uint8_t *out = (uint8_t *)target.buf;
+    if (position < 0 || position > target.len) { PyErr_SetString(PyExc_ValueError, "position outside the buffer"); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (((const uint8_t *)excluded.buf)[i]) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(answers, i, Py_None);
+            continue;
+        }
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        Py_ssize_t index = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(key_seq, i));
+        if (index == -1 && PyErr_Occurred()) goto done;
+        if (index < 0 || index >= key_count) { PyErr_SetString(PyExc_ValueError, "key index out of range"); goto done; }
+        PyObject *topic = PySequence_Fast_GET_ITEM(topic_seq, index);
+        struct record_shape shape = {(const uint8_t *)PyBytes_AS_STRING(topic), PyBytes_GET_SIZE(topic), (const uint8_t *)born_ip.buf,
+                                     born_ip.len, born_port, (const uint8_t *)store_ip.buf, store_ip.len, store_port, sysflag,
+                                     store_ts, record_crc};
+        if (shape.topic_size > 32767) { PyErr_SetString(PyExc_ValueError, "topic too long"); goto done; }
+        Py_ssize_t fixed = fixed_record_size(shape.topic_size, born_ip.len, store_ip.len);
+        struct pass_request r;
+        int got = pass_request_get(item, &r, messages_max);
+        if (got < 0) goto done;
+        if (got != 0) { PyErr_SetString(PyExc_ValueError, "a request kept is misshapen or malformed"); goto done; }
+        long long queue_id = r.queue_id, flag = r.flag, born_ts = r.born_ts;
+        if (!r.has_payload && (long_attr(item, str_queue_id, &queue_id) < 0 || long_attr(item, str_flag, &flag) < 0
+                               || long_attr(item, str_born_timestamp, &born_ts) < 0)) {
+            pass_request_release(&r);
+            goto done;
+        }
+        PyObject *answer = PyBytes_FromStringAndSize(NULL, 8 + 16 * r.count);
+        if (!answer) { pass_request_release(&r); goto done; }
+        PyList_SET_ITEM(answers, i, answer);
+        uint8_t *a = (uint8_t *)PyBytes_AS_STRING(answer);
+        put32(a, (uint32_t)queue_id);
+        put32(a + 4, (uint32_t)r.count);
+        if (records + r.count > records_capacity) {
+            records_capacity = 2 * (records + r.count) + 16;
+            long long *grown = PyMem_Realloc(record_offsets_v, records_capacity * sizeof(long long));
+            if (grown) record_offsets_v = grown;
+            long long *grown_queue = grown ? PyMem_Realloc(record_queue_v, records_capacity * sizeof(long long)) : NULL;
+            if (grown_queue) record_queue_v = grown_queue;
+            if (!grown || !grown_queue) { pass_request_release(&r); PyErr_NoMemory(); goto done; }
+        }
+        for (Py_ssize_t j = 0; j < r.count; j++) {
+            Py_buffer body = {0}, prop = {0};
+            body.buf = (void *)r.data[2 * j];
+            body.len = r.size[2 * j];
+            prop.buf = (void *)r.data[2 * j + 1];
+            prop.len = r.size[2 * j + 1];
+            Py_ssize_t size = record_size_of(fixed, body.len, &prop, record_crc);
+            if (properties_stored_size(r.data[2 * j + 1], prop.len, record_crc) > 32767) {
+                pass_request_release(&r);
+                PyErr_SetString(PyExc_ValueError, "properties too long");
+                goto done;
+            }
+            if (size > target.len - position - written) {
+                pass_request_release(&r);
+                PyErr_Format(PyExc_ValueError, "record of %zd bytes does not fit at %zd in %zd", size, position + written, target.len);
+                goto done;
+            }
+            long long offset = physical_base + position + written, queue_offset = next_queue[index]++;
+            encode_record(out + position + written, fixed, &shape, &body, &prop, (int)queue_id, (int)flag, queue_offset, offset, born_ts);
+            written += size;
+            record_offsets_v[records] = offset;
+            record_queue_v[records++] = queue_offset;
+            put64(a + 8 + 16 * j, (uint64_t)offset);
+            put64(a + 16 + 16 * j, (uint64_t)queue_offset);
+        }
+        pass_request_release(&r);
+    }
+    offsets = PyTuple_New(records);
+    queue_offsets = PyTuple_New(records);
+    if (!offsets || !queue_offsets) goto done;
+    for (Py_ssize_t k = 0; k < records; k++) {
+        PyObject *offset = PyLong_FromLongLong(record_offsets_v[k]), *queue_offset = PyLong_FromLongLong(record_queue_v[k]);
+        if (!offset || !queue_offset) { Py_XDECREF(offset); Py_XDECREF(queue_offset); goto done; }
+        PyTuple_SET_ITEM(offsets, k, offset);
+        PyTuple_SET_ITEM(queue_offsets, k, queue_offset);
+    }
+    result = Py_BuildValue("(nOOO)", written, offsets, queue_offsets, answers);
+done:
+    PyMem_Free(next_queue);
+    PyMem_Free(record_offsets_v);
+    PyMem_Free(record_queue_v);
+    Py_XDECREF(offsets);
+    Py_XDECREF(queue_offsets);
+    Py_XDECREF(answers);
+    Py_XDECREF(seq);
+    Py_XDECREF(key_seq);
+    Py_XDECREF(topic_seq);
+    Py_XDECREF(first_seq);
+    PyBuffer_Release(&target);
+    PyBuffer_Release(&store_ip);
+    PyBuffer_Release(&born_ip);
+    PyBuffer_Release(&excluded);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buffer, start, end, file_from_offset, check_crc) -> (position, count, code, last_record_position)"},
@@ -1282,6 +1710,11 @@ static PyMethodDef methods[] = {
     {"write_entries", write_entries, METH_VARARGS,
      "write_entries(mapping, position, limit, file_from, entries, start) -> (end, position, units)"},
     {"index_units", index_units, METH_VARARGS, "index_units(run, count) -> bytes: 32-byte DLedger index units"},
+    {"plan_pass", plan_pass, METH_VARARGS,
+     "plan_pass(requests, body_size_max, record_crc, messages_max) -> (keys, key_of, refused, counts, variable, malformed)"},
+    {"write_pass", write_pass, METH_VARARGS,
+     "write_pass(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port, sysflag, "
+     "record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max) -> (written, offsets, queue_offsets, answers)"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(buffer) -> int (zlib's CRC32, for testing)"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer) -> int (for testing the native CRC)"},
     {NULL, NULL, 0, NULL}};
@@ -1289,7 +1722,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 8
+#define NATIVE_VERSION 9
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();
@@ -1299,7 +1732,15 @@ PyMODINIT_FUNC PyInit__scan(void) {
     str_index = PyUnicode_InternFromString("index");
     str_term = PyUnicode_InternFromString("term");
     str_body = PyUnicode_InternFromString("body");
-    if (!str_index || !str_term || !str_body) return NULL;
+    str_topic = PyUnicode_InternFromString("topic");
+    str_queue_id = PyUnicode_InternFromString("queue_id");
+    str_flag = PyUnicode_InternFromString("flag");
+    str_born_timestamp = PyUnicode_InternFromString("born_timestamp");
+    str_bodies = PyUnicode_InternFromString("bodies");
+    str_properties = PyUnicode_InternFromString("properties");
+    if (!str_index || !str_term || !str_body || !str_topic || !str_queue_id || !str_flag || !str_born_timestamp || !str_bodies
+        || !str_properties)
+        return NULL;
 #ifdef HAVE_X86
     __builtin_cpu_init();
     have_sse42 = __builtin_cpu_supports("sse4.2");

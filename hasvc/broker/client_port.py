@@ -96,8 +96,9 @@ class ClientPort:
         self.transfer_leader = transfer_leader
         self.fence = fence  # FENCE: a classic broker only
         self.metrics = None  # BrokerMetrics when served: counts reads that met damage
-        # SENDs read and not yet put, in the order read: (outbox, frame, request).
-        self._sends: list[tuple[Outbox, cp.Frame, cp.SendRequest]] = []
+        # SENDs read and not yet put, in the order read: (outbox, frame, request), the request
+        # None when the put path decodes it (``PutService.decodes_sends``).
+        self._sends: list[tuple[Outbox, cp.Frame, cp.SendRequest | None]] = []
         self._sends_ready = trio.Event()
         self._client_connections = 0
         self.answer_budget = AnswerBudget(config.client_answer_bytes_total_max)  # every connection's queued answers
@@ -208,6 +209,9 @@ class ClientPort:
                 continue
             if frame.kind not in cp.SEND_KINDS:
                 outbox.respond_counted(frame, self.answer(frame))  # counted: a READ's is up to 4 MiB
+                continue
+            if frame.kind == cp.SEND and self.puts.decodes_sends:  # decoded with its pass, natively
+                self._sends.append((outbox, frame, None))
                 continue
             try:
                 request = cp.decode_send(frame.payload, idempotent=frame.kind == cp.SEND_IDEMPOTENT)

@@ -34,6 +34,7 @@ from itertools import chain
 
 import trio
 
+from commitlog import pass_encode
 from commitlog import record as rec
 from commitlog.commit_log import AppendResult
 from commitlog.store import MessageStore
@@ -205,7 +206,11 @@ class _StoredAnswer:
         status, reason = self.status, self.reason
         if (flush_wait is not None and not flush_wait.ok) or (ack_wait is not None and not ack_wait.ok):
             status, reason = puts._final_status(status, reason, flush_wait, ack_wait)
-        name = status._name_  # the member's name (``.name`` is a property: two calls a put)
+        self._answer(status._name_, reason)  # the member's name (``.name`` is a property: two calls a put)
+        puts.run_after_appends()
+
+    def _answer(self, name: str, reason: str) -> None:
+        puts = self.puts
         if puts.metrics:
             puts.metrics.put_done_many(name, time.perf_counter() - self.started, len(self.stored))
         prefix = cp.send_response_prefix(name, reason)
@@ -216,7 +221,43 @@ class _StoredAnswer:
             outboxes.add(outbox)
         for outbox in outboxes:
             outbox.flush()
-        puts.run_after_appends()
+
+
+class _PassAnswer(_StoredAnswer):
+    """The answers to a pass appended in one call (``PutService._put_pass``): the pass's end is
+    its highest offset, and each request kept has its answer's offsets packed already."""
+
+    __slots__ = ("items", "answers", "kept")
+
+    def __init__(self, puts: PutService, items: list, appended: pass_encode.PassAppend, started: float) -> None:
+        self.puts = puts
+        self.started = started
+        self.registered = False
+        self.stored = ()
+        self.items, self.answers = items, appended.answers
+        self.kept = len(items) - len(appended.refusals)
+        highest = Appended(rec.PutMessageStatus.PUT_OK, "", appended.result)
+        self.status, self.reason, self.flush_wait, self.ack_wait = puts._begin_wait(highest, self._one_done)
+        self.registered = True
+        self._one_done()
+
+    def _answer(self, name: str, reason: str) -> None:
+        answer_pass(self.puts, self.items, self.answers, self.kept, name, reason, self.started)
+
+
+def answer_pass(puts: PutService, items: list, answers: list, kept: int, name: str, reason: str, started: float) -> None:
+    """Answer the requests of a pass that were kept (``answers``: per request its packed offsets,
+    None when refused) with ``name`` and ``reason``."""
+    if puts.metrics:
+        puts.metrics.put_done_many(name, time.perf_counter() - started, kept)
+    prefix = cp.send_response_prefix(name, reason)
+    outboxes = set()
+    for (outbox, frame, _), answer in zip(items, answers, strict=True):
+        if answer is not None:
+            outbox.respond(frame, prefix + answer)
+            outboxes.add(outbox)
+    for outbox in outboxes:
+        outbox.flush()
 
 
 class WaiterTimer:
@@ -268,6 +309,11 @@ class PutService:
         # used for a pass's groups over several queues; None: a call per group (the classic log,
         # where a group's append costs no more than its share of one).
         self._append_batches = getattr(store, "append_batches", None)
+        # The classic log with the native module: a pass of plain SENDs is appended by one call
+        # (``_put_pass``); without it the batch path below stays (the pure twins write a batch per
+        # request: they are the reference the tests compare with, not a faster path).
+        self._pass_store = store if pass_encode.NATIVE and self._append_batches is None and isinstance(store, MessageStore) else None
+        self.decodes_sends = self._pass_store is not None  # the client port leaves plain SENDs undecoded (None)
         self.tracker = PutTracker(
             sync_flush=store_config.flush_disk_type is FlushDiskType.SYNC_FLUSH, in_sync_replicas=config.in_sync_replicas,
             min_in_sync_replicas=config.min_in_sync_replicas, flush_timeout_seconds=store_config.sync_flush_timeout_seconds,
@@ -286,6 +332,12 @@ class PutService:
         """Append a pass of SENDs, send them to the idle slaves, then register the waits and
         answer the refusals: the slave works on the frame while the master does the rest (it
         is only read after this step, so no ack can come before its waits exist)."""
+        if self._pass_store is not None:
+            if self._put_pass(items):
+                return
+            items = _decoded(items)
+            if not items:
+                return
         if len(items) == 1 and items[0][1].kind == cp.SEND:  # a lone producer's put: nothing to group
             outbox, frame, request = items[0]
             answered = [[((outbox, frame), self.append(request))]]
@@ -308,6 +360,44 @@ class PutService:
                 waiting |= self._respond_when_safe(each)
         if not waiting:
             self.run_after_appends()
+
+    def _put_pass(self, items: list[tuple[Outbox, cp.Frame, cp.SendRequest]]) -> bool:
+        """``put_items`` for a pass of plain SENDs on the classic log: every request appended by
+        one call (``pass_encode.append_pass``: the records in the order read, each request's
+        answer offsets packed there), the refused ones answered at once, the rest answered
+        together once the pass's end is as safe as configured. False, with nothing done, when
+        the pass is the batch path's: a SEND_IDEMPOTENT in it (the producer table), a refusal
+        of the put itself (role, replicas) or of the store (see ``append_pass``)."""
+        if cp.SEND_IDEMPOTENT in {frame.kind for _, frame, _ in items} or self._write_refusal() is not None:
+            return False
+        requests = [frame.payload if request is None else request for _, frame, request in items]
+        appended = pass_encode.append_pass(self._pass_store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none)
+        if appended is None:
+            return False
+        for number in appended.malformed:  # the client port's answer to a SEND it cannot decode
+            outbox, frame, _ = items[number]
+            outbox.respond(frame, error_response(frame, _protocol_error(frame.payload)))
+            outbox.flush()
+        started = time.perf_counter()
+        self.replicator.appended()
+        self._after_appends_pending = True
+        result = appended.result
+        if result is not None and self.metrics:
+            self.metrics.appended(result)
+        for number, refusal in appended.refusals.items():  # answered at once, as the batch path does
+            outbox, frame, _ = items[number]
+            if self.metrics:
+                self.metrics.put_done(refusal.status.name, time.perf_counter() - started)
+            outbox.respond(frame, cp.encode_send_response_fields(refusal.status.name, refusal.reason, -1, [], []))
+            outbox.flush()
+        if result is not None:
+            if self.tracker.must_wait(self.role):
+                if _PassAnswer(self, items, appended, started).registered:
+                    return True
+            else:
+                answer_pass(self, items, appended.answers, len(items) - len(appended.refusals), "PUT_OK", "", started)
+        self.run_after_appends()
+        return True
 
     def run_after_appends(self) -> None:
         """``after_appends`` (the consume queue units, the warm-up's look) for the passes appended
@@ -566,6 +656,40 @@ class PutService:
             for wait in self._flush_waiters.expire(now) + self._ack_waiters.expire(now):
                 wait.finish(False)
         raise AssertionError("unreachable")
+
+
+def _decode_or_none(payload) -> cp.SendRequest | None:
+    """A SEND's payload decoded, None when malformed (the pure twins' decoder)."""
+    try:
+        return cp.decode_send(payload)
+    except cp.ProtocolError:
+        return None
+
+
+def _protocol_error(payload) -> str:
+    try:
+        cp.decode_send(payload)
+    except cp.ProtocolError as error:
+        return str(error)
+    raise AssertionError("a SEND the pass found malformed decodes")
+
+
+def _decoded(items: list) -> list:
+    """A pass's SENDs left undecoded by the client port (``PutService.decodes_sends``) decoded
+    for the batch path; a malformed one answered MESSAGE_ILLEGAL, as the port answers it."""
+    if all(request is not None for _, _, request in items):
+        return items
+    kept = []
+    for outbox, frame, request in items:
+        if request is None:
+            try:
+                request = cp.decode_send(frame.payload)
+            except cp.ProtocolError as error:
+                outbox.respond(frame, error_response(frame, str(error)))
+                outbox.flush()
+                continue
+        kept.append((outbox, frame, request))
+    return kept
 
 
 def tag_properties(properties: bytes, producer_id: str, sequence: int) -> bytes:

@@ -2,7 +2,7 @@
 pass of SENDs handed to ``PutService.put_items`` to every answer, classic against DLedger.
 
     .venv/bin/python scripts/dev/put_path_inprocess.py [--mode classic|dledger] [--passes 2000]
-        [--rounds 5] [--requests 64] [--queues 4] [--size 1024] [--json FILE]
+        [--rounds 5] [--requests 64] [--queues 4] [--size 1024] [--decode] [--json FILE]
 
 ``classic``: a ``Broker`` playing ASYNC_MASTER (no slave to wait for: every put is answered once
 appended). ``dledger``: a ``DLedgerBroker`` alone in its group (its quorum is itself: a proposal
@@ -11,7 +11,11 @@ temporary store in /dev/shm when there is one. Each round hands PASSES passes of
 one-message SENDs (SIZE-byte bodies, spread over QUEUES queues, as the load generator spreads its
 producers) to ``put_items`` with an outbox that counts answers, yields to the event loop after
 each pass, waits for every answer, and prints the main thread's CPU (``time.thread_time``) per
-message. The first round warms the store up and is not counted in the median.
+message. The first round warms the store up and is not counted in the median. With ``--decode``
+the SENDs are handed as the client port hands them: frames with their payloads, decoded first
+(``decode_send``) unless the put path decodes them itself (``PutService.decodes_sends``), so
+that the decode is counted too. Run from one tree, the script measures another tree's code with
+``PYTHONPATH=TREE`` (an older tree decodes every SEND first).
 
 Why: in a running pair or group the put path shares the machine with its peers, the load
 generator and their wake-ups (docs/performance.md: rates move ±15-30 % between rounds), and a
@@ -64,16 +68,26 @@ class CountingOutbox:
         pass
 
 
-def requests_pool(requests: int, queues: int, size: int) -> list[list[tuple[cp.Frame, cp.SendRequest]]]:
+def requests_pool(requests: int, queues: int, size: int, decode: bool) -> list[list[tuple[cp.Frame, cp.SendRequest]]]:
     pool = []
     for number in range(POOL_PASSES):
         sends = []
         for index in range(requests):
             properties = [f"KEYS\x01k{number}-{index}\x02".encode()]
             request = cp.SendRequest("BenchTopic", index % queues, [os.urandom(size)], properties, 0, 0)
-            sends.append((cp.Frame(cp.SEND, index, b""), request))
+            payload = memoryview(cp.encode_send(request)) if decode else b""
+            sends.append((cp.Frame(cp.SEND, index, payload), request))
         pool.append(sends)
     return pool
+
+
+def pass_items(outbox, sends, decode: bool, put_decodes: bool) -> list:
+    """A pass's (outbox, frame, request) items, as the client port hands them with ``decode``."""
+    if not decode:
+        return [(outbox, frame, request) for frame, request in sends]
+    if put_decodes:
+        return [(outbox, frame, None) for frame, _ in sends]
+    return [(outbox, frame, cp.decode_send(frame.payload)) for frame, _ in sends]
 
 
 async def _run(args, store: str) -> list[float]:
@@ -90,14 +104,15 @@ async def _run(args, store: str) -> list[float]:
                 while broker.role_state.role is not BrokerRole.SYNC_MASTER:
                     await trio.sleep(0.01)
         outbox = CountingOutbox()
-        pool = requests_pool(args.requests, args.queues, args.size)
+        pool = requests_pool(args.requests, args.queues, args.size, args.decode)
         put_items = broker.put_service.put_items
+        put_decodes = getattr(broker.put_service, "decodes_sends", False)
         messages = args.passes * args.requests
         for _ in range(args.rounds):
             expected = outbox.answers + messages
             started = time.thread_time()
             for number in range(args.passes):
-                put_items([(outbox, frame, request) for frame, request in pool[number % POOL_PASSES]])
+                put_items(pass_items(outbox, pool[number % POOL_PASSES], args.decode, put_decodes))
                 await trio.sleep(0)
             while outbox.answers < expected:
                 await trio.sleep(0)
@@ -117,6 +132,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64, help="one-message SENDs a pass")
     parser.add_argument("--queues", type=int, default=4)
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--decode", action="store_true", help="hand SEND frames with payloads, decoded as the client port does")
     parser.add_argument("--json", help="write the rounds and their median here too")
     args = parser.parse_args()
     if args.rounds < 2:
@@ -130,7 +146,7 @@ def main() -> None:
     print(f"{args.mode}: median {median:.2f} us of CPU a message over rounds 2-{args.rounds}")
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"mode": args.mode, "requests": args.requests, "queues": args.queues, "size": args.size,
+            json.dump({"mode": args.mode, "decode": args.decode, "requests": args.requests, "queues": args.queues, "size": args.size,
                        "passes": args.passes, "cpu_us_per_message": rounds, "median": median}, file, indent=1)  # fmt: skip
     sys.stdout.flush()
 

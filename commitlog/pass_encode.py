@@ -1,0 +1,282 @@
+"""A pass of SENDs appended in one call: the classic master's per-message work, native when built.
+
+Theory of operation
+-------------------
+The client port hands the put path every SEND read in one pass of its loop. Decoded one by one
+and appended group by group (a batch per topic and queue), a pass cost Python per message: the
+decode, the grouping, a merged batch and its checks, an append result cut out per request, an
+answer built field by field. Here a pass is two calls, each one loop over every message of every
+request, native when the optional module is built (``commitlog/_scan.c`` ``plan_pass`` and
+``write_pass``, twins of the functions below: same results, same bytes). A request is a request
+object (topic, queue_id, flag, born_timestamp, bodies, properties one per body) or a SEND's
+payload as the client port read it: the native functions read the client protocol's SEND layout
+themselves (as ``split_messages`` does), the twins are given its decoder.
+
+1. ``plan_pass``: each request's queue key ((topic, queue id), numbered in the order first
+   seen), the payloads the decoder refuses (malformed), the requests whose content
+   ``record.prepare_batch`` would refuse as a batch of their own (no message, properties not one
+   per body, the store's record CRC property, bodies over ``body_size_max`` together, properties
+   over ``PROPERTIES_SIZE_MAX``), and per key the messages and the bytes of bodies and properties
+   (the CRC tail counted) of the requests kept. ``append_pass`` checks each key's topic and queue
+   id once (``record._batch_shape``, cached) and gets the status and reason of every refused
+   request from ``record.prepare_batch`` itself, so refusals read word for word as the batch
+   path's (and a malformed SEND's error is the decoder's: the caller's to ask).
+2. ``write_pass``: every request kept, in the order read, encoded at ``buffer[position:]`` as
+   ``record.write_batch`` would write it as a batch of its own (the same bytes:
+   tests/unit/test_pass_encode.py), with queue offsets following on per key from
+   ``first_queue_offsets``; returned with the records' offsets and queue offsets and, per
+   request, its offsets packed for its answer (queue id, n, then n pairs of offset and queue
+   offset, big-endian ``>iI`` + n x ``>qq``: the client protocol's SEND answer after its status).
+
+Records of one queue keep their order (a connection's SENDs to a queue land as sent); records of
+different queues read in one pass interleave as they were read. Nothing is decided here: who may
+write, the limits' values and what a put waits for are the caller's; a transactional sysflag is
+not this path's (client SENDs carry none).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from commitlog import native as _native
+from commitlog import record as rec
+
+_PLAN_NATIVE = _native.plan_pass
+_WRITE_NATIVE = _native.write_pass
+
+_ANSWER_HEAD = struct.Struct(">iI")  # queue id, n
+_ANSWER_PAIR = struct.Struct(">qq")  # offset, queue offset
+
+
+def _is_payload(request) -> bool:
+    return isinstance(request, bytes | bytearray | memoryview)
+
+
+def plan_pass_python(requests, *, body_size_max: int, record_crc: bool, messages_max: int,
+                     decode: Callable | None = None) -> tuple[list, list[int], list[int], list[int], list[int], list[int]]:  # fmt: skip
+    """(keys, key_of, refused, counts, variable, malformed): ``keys`` the (topic, queue id) of the
+    pass in the order first seen, ``key_of`` each request's index in ``keys`` (-1 when malformed),
+    ``refused`` the indexes of the requests refused for their content, ``counts`` and
+    ``variable`` per key the messages and the body and properties bytes (with the CRC tail when
+    ``record_crc``) of the requests kept, ``malformed`` the indexes of the SEND payloads that
+    ``decode`` (the client protocol's, given ``messages_max``) finds malformed: it returns None
+    for those. A request is a request object or a SEND's payload (bytes or a view)."""
+    keys: list = []
+    index_of: dict = {}
+    key_of: list[int] = []
+    refused: list[int] = []
+    counts: list[int] = []
+    variable: list[int] = []
+    malformed: list[int] = []
+    for number, request in enumerate(requests):
+        if _is_payload(request):
+            if decode is None:
+                raise TypeError("a SEND payload in a pass planned without a decoder")
+            request = decode(request)
+            if request is None:
+                key_of.append(-1)
+                malformed.append(number)
+                continue
+        topic = request.topic
+        if type(topic) is not str:
+            raise TypeError("a request's topic must be a str")
+        key = (topic, request.queue_id)
+        index = index_of.get(key)
+        if index is None:
+            index = index_of[key] = len(keys)
+            keys.append(key)
+            counts.append(0)
+            variable.append(0)
+        key_of.append(index)
+        bodies, properties = request.bodies, request.properties
+        body_total = sum(len(body) for body in bodies)
+        property_sizes = [len(p) + (rec.record_crc_extra_size(p) if record_crc else 0) for p in properties]
+        if (not bodies or len(properties) != len(bodies) or any(rec.RECORD_CRC_TAIL_PREFIX in p for p in properties)
+                or body_total > body_size_max or max(property_sizes) > rec.PROPERTIES_SIZE_MAX):  # fmt: skip
+            refused.append(number)
+            continue
+        counts[index] += len(bodies)
+        variable[index] += body_total + sum(property_sizes)
+    return keys, key_of, refused, counts, variable, malformed
+
+
+def write_pass_python(buffer, position: int, *, physical_base: int, store_timestamp: int, store_ip: bytes, store_port: int,
+                      born_ip: bytes, born_port: int, sysflag: int, record_crc: bool, requests, key_of: list[int],
+                      excluded: bytes, topics: list[bytes], first_queue_offsets: list[int], messages_max: int,
+                      decode: Callable | None = None) -> tuple[int, tuple, tuple, list]:  # fmt: skip
+    """(bytes written, the records' offsets, their queue offsets, per request its packed answer
+    offsets or None when excluded): the requests not ``excluded`` (one byte a request, nonzero
+    to leave it out) written at ``buffer[position:]`` in their order, each as ``record.write_batch``
+    writes a batch of it; ``topics`` the encoded topic of each key."""
+    assert not sysflag & rec.SYSFLAG_TRANSACTION_MASK, sysflag
+    next_queue_offsets = list(first_queue_offsets)
+    offsets: list[int] = []
+    queue_offsets: list[int] = []
+    answers: list = []
+    start = position
+    for number, request in enumerate(requests):
+        if excluded[number]:
+            answers.append(None)
+            continue
+        if _is_payload(request):
+            request = decode(request)
+        index = key_of[number]
+        topic = topics[index]
+        v2 = len(topic) > rec.TOPIC_SIZE_MAX_V1
+        properties = request.properties
+        batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(properties),
+                                 flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
+        fixed = rec._fixed_record_size(len(topic), sysflag, v2)
+        sizes = [fixed + len(body) + len(p) + (rec.record_crc_extra_size(p) if record_crc else 0)
+                 for body, p in zip(request.bodies, properties, strict=True)]  # fmt: skip
+        prepared = rec.PreparedBatch(batch, topic, list(properties), sysflag, born_ip, born_port, sizes, sum(sizes), record_crc)
+        first = next_queue_offsets[index]
+        next_queue_offsets[index] = first + len(sizes)
+        written = rec.write_batch(buffer, position, prepared, queue_offset_first=first, physical_base=physical_base,
+                                  store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port, native=False)  # fmt: skip
+        assert written == prepared.total, (written, prepared.total)
+        mine = []
+        answer = bytearray(_ANSWER_HEAD.pack(request.queue_id, len(sizes)))
+        for offset, size in enumerate(sizes, start=first):
+            offsets.append(physical_base + position)
+            queue_offsets.append(offset)
+            mine.append(_ANSWER_PAIR.pack(physical_base + position, offset))
+            position += size
+        answers.append(bytes(answer + b"".join(mine)))
+    return position - start, tuple(offsets), tuple(queue_offsets), answers
+
+
+def plan_pass(requests, *, body_size_max: int, record_crc: bool, messages_max: int, decode: Callable | None = None,
+              native: bool | None = None):  # fmt: skip
+    """``plan_pass_python``, in one native call when the module is built (which reads SEND
+    payloads itself: ``decode`` is for the twin)."""
+    if _PLAN_NATIVE is not None and native is not False:
+        return _PLAN_NATIVE(requests, body_size_max, record_crc, messages_max)
+    return plan_pass_python(requests, body_size_max=body_size_max, record_crc=record_crc, messages_max=messages_max, decode=decode)
+
+
+def write_pass(buffer, position: int, *, physical_base: int, store_timestamp: int, store_ip: bytes, store_port: int,
+               born_ip: bytes, born_port: int, sysflag: int, record_crc: bool, requests, key_of: list[int], excluded: bytes,
+               topics: list[bytes], first_queue_offsets: list[int], messages_max: int, decode: Callable | None = None,
+               native: bool | None = None) -> tuple[int, tuple, tuple, list]:  # fmt: skip
+    """``write_pass_python``, in one native call when the module is built (CRC32C bodies only)."""
+    if _WRITE_NATIVE is not None and native is not False:
+        return _WRITE_NATIVE(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port,
+                             sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max)  # fmt: skip
+    return write_pass_python(
+        buffer, position, physical_base=physical_base, store_timestamp=store_timestamp, store_ip=store_ip,
+        store_port=store_port, born_ip=born_ip, born_port=born_port, sysflag=sysflag, record_crc=record_crc,
+        requests=requests, key_of=key_of, excluded=excluded, topics=topics, first_queue_offsets=first_queue_offsets,
+        messages_max=messages_max, decode=decode,
+    )  # fmt: skip
+
+
+# Client SENDs carry no born host: their records hold MessageBatch's default, as the batch path's.
+BORN_HOST = ("127.0.0.1", 0)
+assert rec.MessageBatch.__dataclass_fields__["born_host"].default == BORN_HOST
+
+
+class PassAppend:
+    """What ``append_pass`` did: ``result`` the append of every request kept (one result for the
+    pass, None when every request was refused), ``answers`` per request its packed answer offsets
+    (None when refused or malformed), ``refusals`` the refused ones by index, each the
+    ``MessageRejected`` that ``record.prepare_batch`` raises for it, and ``malformed`` the indexes
+    of the SEND payloads the client protocol refuses (the caller answers them with its error)."""
+
+    __slots__ = ("result", "answers", "refusals", "malformed")
+
+    def __init__(self, result, answers: list, refusals: dict[int, rec.MessageRejected], malformed: list[int]) -> None:
+        self.result = result
+        self.answers = answers
+        self.refusals = refusals
+        self.malformed = malformed
+
+
+def refusal_of(request, *, body_size_max: int, store_v6: bool, record_crc: bool) -> rec.MessageRejected:
+    """Why ``record.prepare_batch`` refuses a request as a batch of its own (a request this module
+    found refused: never None)."""
+    properties = request.properties
+    batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(properties),
+                             flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
+    try:
+        rec.prepare_batch(batch, body_size_max=body_size_max, store_v6=store_v6, record_crc=record_crc)
+    except rec.MessageRejected as refusal:
+        return refusal
+    raise AssertionError(f"request to {request.topic!r}/{request.queue_id} refused by the pass but not by prepare_batch")
+
+
+def append_pass(store, requests, *, messages_max: int, decode: Callable, native: bool | None = None) -> PassAppend | None:
+    """Append a pass of SENDs (``requests``: each a request object with topic, queue_id, flag,
+    born_timestamp, bodies and properties one per body, or a SEND's payload, which ``decode``
+    turns into one or None when malformed) to ``store``'s commit log in one append, the records of
+    the requests kept in their order; the refused and malformed ones answered apart. None when the pass must take the batch
+    path, which answers those cases itself: the store refuses writes (a failed sync, the disk full),
+    hashes bodies with another CRC than CRC32C, the pass does not fit one segment, or no segment
+    had room (DISK_FULL, noted as the batch path notes it)."""
+    config, commit_log = store.config, store.commit_log
+    if store.crc_function is not rec.CRC_FUNCTIONS["crc32c"] or store.write_failure is not None or store.disk_full():
+        return None
+    body_size_max, record_crc, store_v6 = config.max_message_size, config.append_record_crc, commit_log.store_v6
+    keys, key_of, refused, counts, variable, malformed = plan_pass(
+        requests, body_size_max=body_size_max, record_crc=record_crc, messages_max=messages_max, decode=decode, native=native,
+    )  # fmt: skip
+    topics: list[bytes] = []
+    bad_keys: set[int] = set()
+    total = 0
+    born_ip = born_port = sysflag = None
+    for index, (topic, queue_id) in enumerate(keys):
+        try:
+            topic_bytes, born_ip, born_port, sysflag, v2 = rec._batch_shape(topic, queue_id, BORN_HOST, 0)
+        except rec.MessageRejected:
+            bad_keys.add(index)
+            topics.append(b"")
+            continue
+        sysflag |= rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0
+        topics.append(topic_bytes)
+        total += rec._fixed_record_size(len(topic_bytes), sysflag, v2) * counts[index] + variable[index]
+    excluded = bytearray(len(requests))
+    for number in refused + malformed:
+        excluded[number] = 1
+    if bad_keys:
+        for number, index in enumerate(key_of):
+            if index in bad_keys:
+                excluded[number] = 1
+    refusals = {}
+    if refused or bad_keys:
+        for number in sorted({*refused, *(n for n, index in enumerate(key_of) if index in bad_keys)}):
+            request = decode(requests[number]) if _is_payload(requests[number]) else requests[number]
+            refusals[number] = refusal_of(request, body_size_max=body_size_max, store_v6=store_v6, record_crc=record_crc)
+    if total == 0:
+        return PassAppend(None, [None] * len(requests), refusals, malformed)
+    if total + rec.BLANK_SIZE > commit_log.segment_size:
+        return None
+    answers: list = []
+
+    def write(buffer, position: int, base: int, store_timestamp: int) -> tuple[tuple, tuple]:
+        table = commit_log.topic_queue_table  # the queue offsets reserved under the put lock, as append_batch does
+        first_queue_offsets = []
+        for index, key in enumerate(keys):
+            first = table.get(key, 0)
+            first_queue_offsets.append(first)
+            if index not in bad_keys and counts[index]:
+                table[key] = first + counts[index]
+        written, offsets, queue_offsets, pieces = write_pass(
+            buffer, position, physical_base=base, store_timestamp=store_timestamp, store_ip=commit_log.store_ip,
+            store_port=commit_log.store_port, born_ip=born_ip, born_port=born_port, sysflag=sysflag, record_crc=record_crc,
+            requests=requests, key_of=key_of, excluded=bytes(excluded), topics=topics, first_queue_offsets=first_queue_offsets,
+            messages_max=messages_max, decode=decode, native=native,
+        )  # fmt: skip
+        assert written == total, (written, total)
+        answers.extend(pieces)
+        return offsets, queue_offsets
+
+    result = commit_log._append_locked(total, write)
+    if result.status is not rec.PutMessageStatus.PUT_OK:
+        if result.status is rec.PutMessageStatus.DISK_FULL:
+            store.disk.no_room(result.reason)
+        return None
+    return PassAppend(result, answers, refusals, malformed)
+
+
+NATIVE = _PLAN_NATIVE is not None  # whether plan_pass and write_pass run natively

@@ -1,0 +1,280 @@
+"""A pass of SENDs in one call (commitlog/pass_encode.py): the native functions against their
+pure-Python twins, and both against the batch path (``record.prepare_batch``/``write_batch``,
+``MessageStore.append_batch``): the same refusals, word for word, and the same bytes."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from commitlog import commit_log as commit_log_module
+from commitlog import native
+from commitlog import pass_encode as pe
+from commitlog import record as rec
+from commitlog.config import StoreConfig
+from commitlog.store import MessageStore
+from hasvc.protocol import client as cp
+
+BODY_SIZE_MAX = 600  # small, so that generated requests pass it alone and together
+HUGE_PROPERTIES = b"k\x01" + b"v" * rec.PROPERTIES_SIZE_MAX  # over PROPERTIES_SIZE_MAX by itself
+NEAR_PROPERTIES = b"k\x01" + b"v" * (rec.PROPERTIES_SIZE_MAX - 12)  # under it, over it with the CRC tail
+
+
+@dataclasses.dataclass
+class Request:  # the fields pass_encode reads (hasvc's SendRequest has these and more)
+    topic: str
+    queue_id: int
+    bodies: list
+    properties: list
+    flag: int = 0
+    born_timestamp: int = 0
+
+
+properties_entries = st.one_of(
+    st.binary(max_size=40),
+    st.sampled_from([b"", b"KEYS\x01k\x02", b"a\x01b", b"x\x01" + rec.RECORD_CRC_TAIL_PREFIX + b"\x02", HUGE_PROPERTIES, NEAR_PROPERTIES]),
+)  # fmt: skip
+
+
+@st.composite
+def requests(draw):
+    topic = draw(st.sampled_from(["T", "Orders", "bad topic!", "", "L" * 200]))
+    queue_id = draw(st.sampled_from([0, 1, 3, -1, 1 << 31]))
+    bodies = draw(st.lists(st.binary(max_size=250), max_size=4))
+    properties = draw(st.lists(properties_entries, min_size=len(bodies), max_size=len(bodies)))
+    if draw(st.integers(0, 9)) == 0:  # not one properties entry per body
+        properties = properties[:-1] if properties else [b""]
+    flag = draw(st.integers(-(1 << 31), (1 << 31) - 1))
+    born_timestamp = draw(st.integers(0, 1 << 62))
+    return Request(topic, queue_id, bodies, properties, flag, born_timestamp)
+
+
+def decode(payload):
+    """The client protocol's SEND decoder, None when malformed: the pure twins' view of a payload."""
+    try:
+        return cp.decode_send(payload)
+    except cp.ProtocolError:
+        return None
+
+
+@st.composite
+def items(draw):
+    """A request of a pass: an object, or a SEND's payload as the client port leaves it (whole,
+    cut, with a byte more, with a topic that is not UTF-8, or garbage)."""
+    request = draw(requests())
+    encodable = -(1 << 31) <= request.queue_id < 1 << 31 and len(request.bodies) == len(request.properties)
+    form = draw(st.sampled_from(["object", "payload", "payload", "cut", "longer", "not utf-8", "garbage"]))
+    if form == "garbage":
+        return draw(st.binary(max_size=60))
+    if form == "object" or not encodable:
+        return request
+    payload = cp.encode_send(cp.SendRequest(request.topic, request.queue_id, request.bodies, request.properties,
+                                            request.flag, request.born_timestamp))  # fmt: skip
+    if form == "cut":
+        return memoryview(payload)[: draw(st.integers(0, len(payload)))]
+    if form == "longer":
+        return payload + b"x"
+    if form == "not utf-8" and request.topic:
+        return payload[:2] + b"\xff" + payload[3:]
+    return memoryview(payload)
+
+
+passes = st.lists(items(), min_size=1, max_size=12)
+PLANNING = {"body_size_max": BODY_SIZE_MAX, "messages_max": cp.SEND_MESSAGES_MAX, "decode": decode}
+
+
+def batch_refusal(request, *, store_v6=False, record_crc=False):
+    """What prepare_batch says of the request as a batch of its own (None: it is kept)."""
+    if pe._is_payload(request):
+        request = decode(request)
+    batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(request.properties),
+                             flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
+    try:
+        rec.prepare_batch(batch, body_size_max=BODY_SIZE_MAX, store_v6=store_v6, record_crc=record_crc)
+    except rec.MessageRejected as refusal:
+        return refusal
+    return None
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
+@given(passes, st.booleans())
+def test_native_and_python_pass_plans_agree_and_refuse_what_the_batch_path_refuses(pass_requests, record_crc):
+    plan = pe.plan_pass(pass_requests, record_crc=record_crc, native=True, **PLANNING)
+    assert plan == pe.plan_pass_python(pass_requests, record_crc=record_crc, **PLANNING)
+    keys, key_of, refused, _counts, _variable, malformed = plan
+    decoded = [decode(item) if pe._is_payload(item) else item for item in pass_requests]
+    assert malformed == [number for number, request in enumerate(decoded) if request is None]
+    assert [keys[index] if index >= 0 else None for index in key_of] == [
+        None if request is None else (request.topic, request.queue_id) for request in decoded]
+    for number, request in enumerate(decoded):
+        if request is None:
+            continue
+        refusal = batch_refusal(request, record_crc=record_crc)
+        try:  # a refused topic or queue id is the caller's check, once per key
+            rec._batch_shape(request.topic, request.queue_id, pe.BORN_HOST, 0)
+        except rec.MessageRejected:
+            assert refusal is not None
+            continue
+        assert (number in refused) == (refusal is not None), (request, refusal)
+
+
+def _written(pass_requests, *, record_crc, store_v6, use_native):
+    keys, key_of, refused, counts, _variable, malformed = pe.plan_pass(pass_requests, record_crc=record_crc, native=use_native,
+                                                                      **PLANNING)  # fmt: skip
+    excluded = bytearray(len(pass_requests))
+    topics = []
+    for index, (topic, queue_id) in enumerate(keys):
+        try:
+            topics.append(rec._batch_shape(topic, queue_id, pe.BORN_HOST, 0)[0])
+        except rec.MessageRejected:
+            topics.append(b"")
+            excluded[:] = bytes(1 if key_of[n] == index or excluded[n] else 0 for n in range(len(pass_requests)))
+    for number in refused + malformed:
+        excluded[number] = 1
+    buffer = bytearray(2 * 1024 * 1024)  # 12 requests of 4 messages with properties near 32 KiB
+    outcome = pe.write_pass(
+        buffer, 100, physical_base=1 << 40, store_timestamp=1_700_000_000_123, store_ip=bytes(16) if store_v6 else b"\x7f\0\0\1",
+        store_port=10911, born_ip=b"\x7f\0\0\1", born_port=0, sysflag=rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0,
+        record_crc=record_crc, requests=pass_requests, key_of=key_of, excluded=bytes(excluded), topics=topics,
+        first_queue_offsets=[7 * index for index in range(len(keys))], messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
+        native=use_native,
+    )  # fmt: skip
+    return buffer, outcome, excluded, key_of, keys
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
+@given(passes, st.booleans(), st.booleans())
+@settings(max_examples=200)
+def test_native_and_python_passes_write_the_batch_paths_bytes(pass_requests, record_crc, store_v6):
+    fast, fast_outcome, excluded, key_of, keys = _written(pass_requests, record_crc=record_crc, store_v6=store_v6, use_native=True)
+    slow, slow_outcome, _, _, _ = _written(pass_requests, record_crc=record_crc, store_v6=store_v6, use_native=False)
+    assert fast == slow
+    assert fast_outcome == slow_outcome
+    written, offsets, queue_offsets, answers = fast_outcome
+    # The reference: each request kept written by record.write_batch as a batch of its own, in order.
+    reference = bytearray(len(fast))
+    position = 100
+    next_queue = [7 * index for index in range(len(keys))]
+    for number, request in enumerate(pass_requests):
+        if excluded[number]:
+            assert answers[number] is None
+            continue
+        request = decode(request) if pe._is_payload(request) else request
+        batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(request.properties),
+                                 flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
+        prepared = rec.prepare_batch(batch, body_size_max=BODY_SIZE_MAX, store_v6=store_v6, record_crc=record_crc)
+        first = next_queue[key_of[number]]
+        next_queue[key_of[number]] += len(request.bodies)
+        start = position
+        position += rec.write_batch(reference, position, prepared, queue_offset_first=first, physical_base=1 << 40,
+                                    store_timestamp=1_700_000_000_123, store_ip=bytes(16) if store_v6 else b"\x7f\0\0\1",
+                                    store_port=10911, native=False)  # fmt: skip
+        starts = [(1 << 40) + start + sum(prepared.sizes[:i]) for i in range(len(request.bodies))]
+        pairs = b"".join(offset.to_bytes(8, "big") + queue.to_bytes(8, "big")
+                         for offset, queue in zip(starts, range(first, first + len(starts))))  # fmt: skip
+        assert answers[number] == request.queue_id.to_bytes(4, "big") + len(starts).to_bytes(4, "big") + pairs
+    assert fast == reference
+    assert written == position - 100
+    assert len(offsets) == len(queue_offsets) == sum(len((decode(r) if pe._is_payload(r) else r).bodies)
+                                                     for n, r in enumerate(pass_requests) if not excluded[n])  # fmt: skip
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
+def test_a_malformed_request_kept_raises_rather_than_writes():
+    request = Request("T", 0, [b"a", b"b"], [b""])
+    with pytest.raises(ValueError, match="misshapen or malformed"):
+        pe.write_pass(bytearray(4096), 0, physical_base=0, store_timestamp=0, store_ip=b"\x7f\0\0\1", store_port=1,
+                      born_ip=b"\x7f\0\0\1", born_port=0, sysflag=0, record_crc=False, requests=[request], key_of=[0],
+                      excluded=b"\0", topics=[b"T"], first_queue_offsets=[0], messages_max=1, native=True)  # fmt: skip
+    with pytest.raises(ValueError, match="does not fit"):
+        pe.write_pass(bytearray(100), 0, physical_base=0, store_timestamp=0, store_ip=b"\x7f\0\0\1", store_port=1,
+                      born_ip=b"\x7f\0\0\1", born_port=0, sysflag=0, record_crc=False,
+                      requests=[Request("T", 0, [b"x" * 200], [b""])], key_of=[0], excluded=b"\0", topics=[b"T"],
+                      first_queue_offsets=[0], messages_max=1, native=True)  # fmt: skip
+
+
+def _store_bytes(store) -> bytes:
+    mapped = store.commit_log.mapped_file_queue.mapped_files[-1]
+    return bytes(mapped.writable_view()[: mapped.wrote_position])
+
+
+@given(passes, st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_append_pass_stores_what_the_batch_path_stores_and_refuses_alike(tmp_path_factory, pass_requests, record_crc):
+    """The pass (native and pure) against ``MessageStore.append_batch`` request by request: the same
+    log bytes, the same offsets and queue offsets, the same refusals (status and reason)."""
+    config = StoreConfig(commitlog_segment_size=4 * 1024 * 1024, max_message_size=BODY_SIZE_MAX, append_record_crc=record_crc,
+                         disk_max_used_space_ratio=1.0, disk_clean_ratio=1.0)  # fmt: skip
+    logs = []
+    for way in ("native", "python", "batches"):
+        if way == "native" and not native.AVAILABLE:
+            continue
+        with MessageStore.open(str(tmp_path_factory.mktemp(way)), config) as store, _fixed_clock():
+            store.append_batch(rec.MessageBatch("T", [b"before"], queue_id=1))  # queue offsets and offsets not at 0
+            if way == "batches":
+                outcomes = []
+                for item in pass_requests:
+                    request = decode(item) if pe._is_payload(item) else item
+                    if request is None:
+                        outcomes.append("malformed")
+                        continue
+                    batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id,
+                                             properties=list(request.properties), flag=request.flag,
+                                             born_timestamp=request.born_timestamp)  # fmt: skip
+                    result = store.append_batch(batch)
+                    if result.status is rec.PutMessageStatus.PUT_OK:
+                        outcomes.append(("stored", result.offsets, result.queue_offsets))
+                    else:
+                        outcomes.append((result.status, result.reason))
+            else:
+                done = pe.append_pass(store, pass_requests, messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
+                                      native=way == "native")  # fmt: skip
+                assert done is not None
+                outcomes = []
+                for number, request in enumerate(pass_requests):
+                    if number in done.malformed:
+                        outcomes.append("malformed")
+                        continue
+                    if number in done.refusals:
+                        outcomes.append((done.refusals[number].status, done.refusals[number].reason))
+                        continue
+                    answer = done.answers[number]
+                    count = int.from_bytes(answer[4:8], "big")
+                    pairs = [(int.from_bytes(answer[8 + 16 * i: 16 + 16 * i], "big"), int.from_bytes(answer[16 + 16 * i: 24 + 16 * i], "big"))
+                             for i in range(count)]  # fmt: skip
+                    outcomes.append(("stored", tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)))
+            logs.append((way, _store_bytes(store), outcomes, dict(store.commit_log.topic_queue_table)))
+    reference = logs[-1]
+    for way, data, outcomes, table in logs[:-1]:
+        assert outcomes == reference[2], way
+        assert data == reference[1], way
+        assert table == reference[3], way
+
+
+class _fixed_clock:
+    """Every append of the test at one store timestamp, so that logs written apart compare byte for byte."""
+
+    def __enter__(self):
+        self.saved = commit_log_module.now_ms
+        commit_log_module.now_ms = lambda: 1_700_000_000_000
+        return self
+
+    def __exit__(self, *exc):
+        commit_log_module.now_ms = self.saved
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="without the native module the put path tests already run pure")
+def test_put_path_tests_pass_without_the_native_module():
+    """A machine without a C compiler runs the pure twins: the pass and put path tests, with them."""
+    environment = {**os.environ, "HASVC_NO_NATIVE": "1"}
+    tests = [__file__, os.path.join(os.path.dirname(__file__), "..", "driver", "test_drivers.py"),
+             os.path.join(os.path.dirname(__file__), "..", "driver", "test_broker_answers.py")]  # fmt: skip
+    completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests,
+                                "-k", "not test_put_path_tests_pass_without_the_native_module"],
+                               env=environment, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert " passed" in completed.stdout

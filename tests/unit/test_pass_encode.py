@@ -235,7 +235,7 @@ def test_append_pass_stores_what_the_batch_path_stores_and_refuses_alike(tmp_pat
                                       native=way == "native")  # fmt: skip
                 assert done is not None
                 outcomes = []
-                for number, request in enumerate(pass_requests):
+                for number in range(len(pass_requests)):
                     if number in done.malformed:
                         outcomes.append("malformed")
                         continue

@@ -11,13 +11,18 @@ import click
 @click.option("--producers", type=int, default=16, show_default=True)
 @click.option("--keep/--no-keep", default=True, show_default=True, help="Keep the stores and logs afterwards.")
 @click.option("--dledger", is_flag=True, help="A DLedger group of 3 nodes instead: Raft elects, SIGKILL the leader, nobody promotes.")
-def demo(producers, keep, dledger) -> None:
+@click.option("--controller", is_flag=True,
+              help="A pair in controller mode instead: a controller elects the master, SIGKILL it, nobody promotes.")
+def demo(producers, keep, dledger, controller) -> None:
     """The main job: a local master and slave with a generated secret, SYNC_MASTER writes with a
     live progress line, their status, one failover round verified from disk, a summary.
-    --dledger: the same with a Raft group of three nodes that elects its leader by itself."""
-    from hasvc.tools.demo import run_demo, run_dledger_demo
+    --dledger: the same with a Raft group of three nodes that elects its leader by itself.
+    --controller: the same with a pair whose controller elects the master and fails it over."""
+    from hasvc.tools.demo import run_controller_demo, run_demo, run_dledger_demo
 
-    run = run_dledger_demo if dledger else run_demo
+    if dledger and controller:
+        raise click.UsageError("--dledger or --controller, not both")
+    run = run_dledger_demo if dledger else run_controller_demo if controller else run_demo
     if not run(producers=producers, keep=keep, echo=click.echo):
         sys.exit(1)
 

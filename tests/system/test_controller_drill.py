@@ -6,6 +6,8 @@ and all find the new leader by themselves; nothing acknowledged is lost (checked
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -34,3 +36,15 @@ def test_a_controller_leader_sigkill_under_load_does_not_stop_writes(tmp_path) -
 def test_a_controller_leader_kill_needs_a_group_of_controllers() -> None:
     done = _drill("--fault", "kill-controller-leader")
     assert done.returncode == 2 and "--controllers 3" in done.stderr
+
+
+def test_the_demo_in_controller_mode_fails_a_pair_over_by_itself_and_removes_its_stores() -> None:
+    done = subprocess.run([sys.executable, "-m", "hasvc.cli", "demo", "--controller", "--producers", "4", "--no-keep"],
+                          capture_output=True, text=True, timeout=DRILL_TIMEOUT_SECONDS)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "summary: OK" in out and "0 lost, 0 duplicated" in out and "nobody promoted anyone" in out
+    assert "new master" in out and "logs and consume queues byte-identical: True" in out
+    assert "SYNC_MASTER" in out and "SLAVE" in out and "controller c0: master" in out
+    removed = re.search(r"stores removed \((.+)\)", out)
+    assert removed and not os.path.exists(removed.group(1))

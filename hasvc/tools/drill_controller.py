@@ -65,7 +65,7 @@ from hasvc.config import format_address, parse_address
 from hasvc.protocol import controller as cp
 from hasvc.protocol import wire
 from hasvc.testing.controlled_group import ControlledGroup
-from hasvc.tools.partition import Link, _receive
+from hasvc.tools.partition import COPY_BUFFER_SIZE, Link
 from hasvc.tools.drill import DRILL_TOPIC, files_agree_with_log, log_digest, queue_file_digests
 from hasvc.tools.drill_dledger import percentile
 from hasvc.tools.drill_producer import send_numbered
@@ -137,7 +137,7 @@ class ControllerLink(Link):
         preface = wire.HELLO.size + wire.AUTH_OK.size
         decoder = cp.ControllerDecoder(answers=True)
         try:
-            while data := await _receive(source):
+            while data := await source.receive_some(COPY_BUFFER_SIZE):
                 self.bytes_forwarded += len(data)
                 self._note()
                 if preface:

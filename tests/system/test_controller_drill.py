@@ -33,6 +33,17 @@ def test_a_controller_leader_sigkill_under_load_does_not_stop_writes(tmp_path) -
     assert round_["writes_during"] > 0  # acknowledged between the kill and the brokers finding the new leader
 
 
+def test_a_master_cut_off_from_three_controllers_is_replaced_and_loses_nothing(tmp_path) -> None:
+    # each broker reaches each controller only through its relays, also after a NOT_LEADER answer
+    # named the leader: cutting the master's relays cuts it off from all three
+    report_path = tmp_path / "report.json"
+    done = _drill("--controllers", "3", "--fault", "partition-master", "--rounds", "1", "--producers", "2",
+                  "--report", str(report_path))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (round_,) = json.loads(report_path.read_text())["rounds"]
+    assert round_["new_master"] != round_["killed"] and round_["lost"] == 0 and round_["identical"]
+
+
 def test_a_controller_leader_kill_needs_a_group_of_controllers() -> None:
     done = _drill("--fault", "kill-controller-leader")
     assert done.returncode == 2 and "--controllers 3" in done.stderr

@@ -2,13 +2,13 @@
 
 Theory of operation
 -------------------
-One ``hasvc controller`` (or a group of three: ``--controllers 3``) and ``--nodes`` ``hasvc broker --controllers ... --group`` processes on
-loopback (``hasvc.testing.controlled_group``). Producers write uniquely numbered messages through
-the failover client (idempotent retries: a send retried on the new master is answered with its
-original offsets, never stored twice) for the whole drill. Each broker calls the controller
-through relays of its own, one per controller (``ControllerLink``), which can cut it off from
-the controllers while clients and its peers still reach it. Each round injects one fault at a random
-moment under load, and nobody promotes anyone:
+One ``hasvc controller`` (or a group of three: ``--controllers 3``) and ``--nodes`` ``hasvc broker
+--controllers ... --group`` processes on loopback (``hasvc.testing.controlled_group``). Producers
+write uniquely numbered messages through the failover client (idempotent retries: a send retried
+on the new master is answered with its original offsets, never stored twice) for the whole drill.
+Each broker calls the controllers through relays of its own, one per controller
+(``ControllerLink``), which can cut it off from the controllers while clients and its peers still
+reach it. Each round injects one fault at a random moment under load, and nobody promotes anyone:
 
 - ``kill-master``: SIGKILL of the master; the controller elects the member of the SyncStateSet
   with the highest log, which promotes itself to the epoch the controller chose; the killed

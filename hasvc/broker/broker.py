@@ -71,6 +71,7 @@ class Broker:
         self._ha_client_scope: trio.CancelScope | None = None
         self._ha_client_done: trio.Event | None = None  # set when the running HA client's task has ended
         self._ha_service_scope: trio.CancelScope | None = None
+        self._ha_service_closed = trio.Event()  # set once the running HA service's listener is closed
         self.ha_service: HAService | None = None  # a master's HAService, for pushing appends to its slaves
         self.started_at = time.time()  # wall clock, for the status's uptime
         self.metrics: BrokerMetrics | None = None
@@ -261,6 +262,10 @@ class Broker:
                 case role_effects.StopHAService():
                     if self._ha_service_scope is not None:
                         self._ha_service_scope.cancel()
+                        # its listener closed before this returns: a master named again in a
+                        # newer epoch binds the same HA port next (EADDRINUSE while a slave's
+                        # connection was still being torn down: the broker exited)
+                        await self._ha_service_closed.wait()
                     self.replicator.detach()
                     self.ha_service = None
                     self.ha_address = None
@@ -293,16 +298,19 @@ class Broker:
         ha_listener, ha_socket = await transport.open_listener(self.config.effective_ha_listen, ssl_context=ssl_context)
         self.ha_address = transport.listener_address(ha_socket)
         self._ha_service_scope = trio.CancelScope()
+        self._ha_service_closed = closed = trio.Event()
         self.ha_service = self.make_ha_service()
         self.replicator.attach(self.ha_service)
-        nursery.start_soon(self._serve_ha, ha_listener, self.ha_service, self._ha_service_scope)
+        nursery.start_soon(self._serve_ha, ha_listener, self.ha_service, self._ha_service_scope, closed)
 
-    async def _serve_ha(self, listener, service: HAService, scope: trio.CancelScope) -> None:
+    async def _serve_ha(self, listener, service: HAService, scope: trio.CancelScope, closed: trio.Event) -> None:
         try:
             with scope:
                 await serve_admitted(listener, service.handle, service.admission)
         finally:
-            await listener.aclose()
+            with trio.CancelScope(shield=True):
+                await listener.aclose()
+            closed.set()
 
     async def demote(self, master_ha) -> None:
         """Master -> slave of ``master_ha``: close the HA port and every slave connection, answer

@@ -81,8 +81,10 @@ def bench_read(size_gib, segment_mib, count_max, run_records, pairs, directory, 
 @click.option("--duration", type=float, default=5.0, show_default=True, help="Seconds per run.")
 @click.option("--runs", type=int, default=3, show_default=True)
 @click.option("--role", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
-@click.option("--mode", type=click.Choice(["classic", "dledger"]), default="classic", show_default=True,
-              help="classic: a master + slave (--role); dledger: a Raft group of --nodes `hasvc node`s, etcd-like timing.")
+@click.option("--mode", type=click.Choice(["classic", "dledger", "controller"]), default="classic", show_default=True,
+              help="classic: a master + slave (--role); dledger: a Raft group of --nodes `hasvc node`s, etcd-like timing; "
+                   "controller: one `hasvc controller` and two `hasvc broker --controllers`, the elected master "
+                   "SYNC_MASTER against its SyncStateSet (run it alternately with classic to compare).")
 @click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True, help="dledger: group size.")
 @click.option("--flush", type=click.Choice(["sync", "async"]), default="async", show_default=True,
               help="classic: the master's flush; dledger: sync = a quorum fsyncs an entry before it counts (etcd's promise).")
@@ -102,8 +104,10 @@ def bench_sync_write(producers, connections, size, batch, duration, runs, role, 
     from hasvc.tools.bench.store import write_json
     from hasvc.tools.bench.sync_write import bench_sync_write as run
 
+    if mode == "controller" and (role != "sync" or master is not None):
+        raise click.UsageError("--mode controller starts its own pair, SYNC_MASTER: no --role async, no --master")
     data = run(producers=producers, connections=connections, size=size, batch=batch, duration=duration, runs=runs,
-               role="dledger" if mode == "dledger" else role, nodes=int(nodes), flush=flush, master=master, slave_flush_before_ack=slave_flush_before_ack,
+               role=mode if mode != "classic" else role, nodes=int(nodes), flush=flush, master=master, slave_flush_before_ack=slave_flush_before_ack,
                secret=client_secret(secret_file), load_generator=load_generator,
                page_cache_keep_size=page_cache_keep_mib * 1024 * 1024, echo=click.echo)  # fmt: skip
     write_json(json_path, data)

@@ -11,13 +11,18 @@ import click
 @click.option("--producers", type=int, default=16, show_default=True)
 @click.option("--keep/--no-keep", default=True, show_default=True, help="Keep the stores and logs afterwards.")
 @click.option("--dledger", is_flag=True, help="A DLedger group of 3 nodes instead: Raft elects, SIGKILL the leader, nobody promotes.")
-def demo(producers, keep, dledger) -> None:
+@click.option("--controller", is_flag=True,
+              help="A pair in controller mode instead: a controller elects the master, SIGKILL it, nobody promotes.")
+def demo(producers, keep, dledger, controller) -> None:
     """The main job: a local master and slave with a generated secret, SYNC_MASTER writes with a
     live progress line, their status, one failover round verified from disk, a summary.
-    --dledger: the same with a Raft group of three nodes that elects its leader by itself."""
-    from hasvc.tools.demo import run_demo, run_dledger_demo
+    --dledger: the same with a Raft group of three nodes that elects its leader by itself.
+    --controller: the same with a pair whose controller elects the master and fails it over."""
+    from hasvc.tools.demo import run_controller_demo, run_demo, run_dledger_demo
 
-    run = run_dledger_demo if dledger else run_demo
+    if dledger and controller:
+        raise click.UsageError("--dledger or --controller, not both")
+    run = run_dledger_demo if dledger else run_controller_demo if controller else run_demo
     if not run(producers=producers, keep=keep, echo=click.echo):
         sys.exit(1)
 
@@ -31,7 +36,8 @@ def demo(producers, keep, dledger) -> None:
 @click.option("--nodes", type=click.Choice(["2", "3", "5"]), default="3", show_default=True,
               help="dledger: group size (3 or 5); controller: brokers in the group.")
 @click.option("--fault", type=click.Choice(["kill-leader", "kill-follower", "partition-leader", "mixed", "corrupt", "disk-full",
-                                            "switchover", "kill-master", "partition-master", "kill-slave"]),
+                                            "switchover", "kill-master", "partition-master", "kill-slave",
+                                            "kill-controller-leader"]),
               default=None, help="The fault each round injects. dledger: kill-leader (the default), kill-follower, "
               "partition-leader, mixed, corrupt, disk-full. sync: corrupt, disk-full, switchover; without --fault, a "
               "failover round. corrupt: stop a replica, flip one bit in one file of its store, restart it under load "
@@ -39,7 +45,11 @@ def demo(producers, keep, dledger) -> None:
               "disk-full: one replica's store, on a tmpfs the drill mounts as root, filled and freed under load. "
               "switchover (sync or async): a planned hasvc switchover under load each round, back and forth. "
               "controller: kill-master (the default: SIGKILL the master, the controller elects, it rejoins as a slave), "
-              "partition-master (cut the master off from the controller, clients still reach it), kill-slave, mixed.")
+              "partition-master (cut the master off from the controller, clients still reach it), kill-slave, "
+              "kill-controller-leader (with --controllers 3: SIGKILL the controller leader; the brokers must keep "
+              "serving while a new one is elected), mixed (with --controllers 3, a controller leader's kill among them).")
+@click.option("--controllers", "controller_count", type=click.Choice(["1", "3"]), default="1", show_default=True,
+              help="controller: the controller group's size.")
 @click.option("--dledger-timing", is_flag=True, help="dledger: DLedger's election defaults instead of etcd-like ones.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds when and whom the fault hits.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
@@ -51,7 +61,8 @@ def demo(producers, keep, dledger) -> None:
 @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), help="dledger: its private key.")
 @click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True),
               help="dledger: mutual TLS between members with this CA (the drill's clients verify with it, else with --tls-cert).")
-def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_path, keep, plot, tls_cert, tls_key, tls_ca) -> None:
+def drill(rounds, producers, mode, nodes, fault, controller_count, dledger_timing, seed, report_path, keep, plot, tls_cert, tls_key,
+          tls_ca) -> None:  # fmt: skip
     """Failover rounds on loopback, checked from the stores on disk; exits 1 on any loss.
 
     sync/async: SIGKILL the master under load, promote the slave, rejoin the old master as a slave;
@@ -65,9 +76,10 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
     slave's last byte, promote, demote); no acknowledged write lost or duplicated, nothing cut,
     logs identical.
 
-    controller: one controller and --nodes `hasvc broker --controllers` processes; each round
-    SIGKILLs the master under load, the controller elects a member of the SyncStateSet and the
-    killed broker rejoins as its slave; the same checks, and failover time p50/p99.
+    controller: one controller (or --controllers 3) and --nodes `hasvc broker --controllers`
+    processes; each round SIGKILLs the master under load (or the --fault given), the controller
+    elects a member of the SyncStateSet and the killed broker rejoins as its slave; the same
+    checks, and failover time p50/p99.
 
     --fault corrupt: a replica is stopped, one bit of one file of its store flipped, and it is
     restarted under load; the same checks. A classic broker that refuses to open its store is
@@ -82,17 +94,23 @@ def drill(rounds, producers, mode, nodes, fault, dledger_timing, seed, report_pa
         raise click.UsageError("--nodes goes with --mode dledger or controller")
     if (mode == "dledger" and nodes == "2") or (mode == "controller" and nodes == "5"):
         raise click.UsageError(f"--mode {mode} runs with --nodes {'3 or 5' if mode == 'dledger' else '2 or 3'}")
+    if controller_count != "1" and mode != "controller":
+        raise click.UsageError("--controllers goes with --mode controller")
     if mode == "controller":
-        if fault not in (None, "kill-master", "partition-master", "kill-slave", "mixed"):
-            raise click.UsageError(f"--mode controller runs --fault kill-master, partition-master, kill-slave or mixed (not {fault})")
+        if fault not in (None, "kill-master", "partition-master", "kill-slave", "kill-controller-leader", "mixed"):
+            raise click.UsageError(f"--mode controller runs --fault kill-master, partition-master, kill-slave, "
+                                   f"kill-controller-leader or mixed (not {fault})")  # fmt: skip
+        if fault == "kill-controller-leader" and controller_count == "1":
+            raise click.UsageError("--fault kill-controller-leader needs a group of controllers: --controllers 3")
         from hasvc.tools.drill_controller import run_controller_drill
 
         ok = run_controller_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-master",
-                                  seed=seed, report_path=report_path, keep=keep, plot=plot, echo=click.echo)  # fmt: skip
+                                  seed=seed, report_path=report_path, keep=keep, plot=plot, echo=click.echo,
+                                  controllers=int(controller_count))  # fmt: skip
         if not ok:
             sys.exit(1)
         return
-    if fault in ("kill-master", "partition-master", "kill-slave"):
+    if fault in ("kill-master", "partition-master", "kill-slave", "kill-controller-leader"):
         raise click.UsageError(f"--fault {fault} runs with --mode controller")
     if fault == "disk-full" and mode != "dledger":
         if mode != "sync":

@@ -32,7 +32,9 @@ after each heartbeat from a group without a master the leader asks the election 
 (``ElectionTracker.decide``) what to do and proposes the ``Elect``s they decide, one in flight
 per group; a heartbeat's answer, lease included, is the tracker's (``ElectionTracker.answer``),
 but that a new leader also withholds the lease from a master an earlier leader elected until
-``master_lease_seconds`` after it applied that election (``_inherited_election``).
+``master_lease_seconds`` after it applied that election (``ControllerPort.inherited_election``; the
+requests themselves are answered in ``hasvc.controller.port``; STATUS and metrics in
+``hasvc.controller.observe``; the limits and ``ControllerConfig`` in ``hasvc.controller.config``).
 
 Snapshots: after ``snapshot_interval_entries`` applied entries (and at a clean stop) the state
 is written to ``STORE/controller/snapshot`` (``ControllerState.snapshot``: CRC32C, with the Raft
@@ -58,98 +60,27 @@ import trio
 
 from commitlog import record as rec
 from commitlog.config import StoreConfig
-from commitlog.dledger import entry_codec
 from commitlog.dledger.entry_store import DLedgerStoreConfig
 from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.mapped_file import fsync_directory
 from hasvc import admission as port_admission
 from hasvc import transport
-from hasvc.broker.dledger import GroupConfig, RaftDriver
+from hasvc.broker.dledger import RaftDriver
 from hasvc.config import Address, format_address
 from hasvc.protocol import controller as cp
-from hasvc.protocol import wire
 from hasvc.state.controller import state as cs
-from hasvc.state.controller.config import ControllerTimings
 from hasvc.state.controller.elect import ElectionTracker
-from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.ready import Role
 
+
+from hasvc.controller.config import (CONTROLLER_CONNECTIONS_MAX, CONTROLLER_INDEX_FILE_SIZE, CONTROLLER_RAFT,  # noqa: F401 (CONTROLLER_RAFT: hasvc.cli.controller's)
+                                     CONTROLLER_RAFT_GROUP, CONTROLLER_STRANGER_TIMEOUT_SECONDS, CONTROLLER_STRANGERS_MAX,
+                                     CONTROLLER_TOPIC, COMMAND_COMMIT_TIMEOUT_SECONDS, ELECTION_CHECK_INTERVAL_SECONDS,
+                                     SNAPSHOT_DIRECTORY, SNAPSHOT_FILE, ControllerConfig)  # fmt: skip
+from hasvc.controller.observe import controller_status, serve_controller_metrics
+from hasvc.controller.port import ControllerPort
+
 LOGGER = logging.getLogger(__name__)
-
-# The topic of the records that carry controller commands (one queue).
-CONTROLLER_TOPIC = "HASVC_CONTROLLER"
-# The Raft group name every controller's HELLO carries.
-CONTROLLER_RAFT_GROUP = "hasvc-controller"
-# The controller group's Raft timings: a small group on a LAN. Heartbeat 50 ms and an election
-# timeout of 0.4-0.6 s: a controller leader's death is noticed and replaced in about half a
-# second, well inside a broker's call_timeout_seconds (3 s), and the masters' leases (0.4 s,
-# renewed every 0.1 s by heartbeats to any leader) ride it out when the new leader comes quickly.
-# flush_sync: an entry counts toward the quorum only once flushed.
-CONTROLLER_RAFT = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.4,
-                             election_timeout_max_seconds=0.6, quorum_ack_timeout_seconds=2.0, flush_sync=True,
-                             push_batch_size_max=256 * 1024)  # fmt: skip
-# The entry files: commands are a few hundred bytes, so small files let retention cut the log
-# soon after a snapshot (an entry file is deleted whole). 4 MiB holds ~10k commands.
-CONTROLLER_DATA_FILE_SIZE = 4 * 1024 * 1024
-# A data file must hold a command or two (a Register with long names is ~1.3 KiB as an entry).
-LOG_FILE_SIZE_MIN = 16 * 1024
-CONTROLLER_INDEX_FILE_SIZE = entry_codec.INDEX_UNIT_SIZE * 128 * 1024  # 128 Ki entries' units (4 MiB)
-# A snapshot after this many applied entries: a restart replays at most this many.
-SNAPSHOT_INTERVAL_ENTRIES = 1000
-# How often the leader checks for lapsed masters (elect.py's decisions). Small against
-# broker_heartbeat_timeout_seconds (0.7 s): an election starts at most this late.
-ELECTION_CHECK_INTERVAL_SECONDS = 0.05
-# A proposed command not committed within this is answered NOT_LEADER (the broker asks again,
-# perhaps another controller): the group lost its quorum or its leader meanwhile.
-COMMAND_COMMIT_TIMEOUT_SECONDS = 2.0
-# The controller port's connections (hasvc/admission.py): brokers keep a few each
-# (ControllerClient's connections_per_controller_max); strangers must finish the preface and
-# send a request within the timeout.
-CONTROLLER_STRANGERS_MAX = 64
-CONTROLLER_STRANGER_TIMEOUT_SECONDS = 3.0
-CONTROLLER_CONNECTIONS_MAX = 4096
-SNAPSHOT_DIRECTORY = "controller"
-SNAPSHOT_FILE = "snapshot"
-
-
-@dataclasses.dataclass(frozen=True)
-class ControllerConfig:
-    store: str
-    listen: Address  # the controller port
-    self_id: str = "c0"
-    peers: dict[str, Address] | None = None  # every controller's Raft address (None: a group of 1)
-    raft: RaftConfig = CONTROLLER_RAFT
-    timings: ControllerTimings = ControllerTimings()
-    secret: bytes | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_ca: str | None = None
-    metrics_listen: Address | None = None
-    snapshot_interval_entries: int = SNAPSHOT_INTERVAL_ENTRIES
-    log_file_size: int = CONTROLLER_DATA_FILE_SIZE  # each entry data file's size (retention deletes whole files)
-
-    def group_config(self) -> GroupConfig:
-        # A group of one: no peer connects, so its Raft port is any free port on loopback.
-        peers = self.peers if self.peers is not None else {self.self_id: ("127.0.0.1", 0)}
-        return GroupConfig(group=CONTROLLER_RAFT_GROUP, self_id=self.self_id, peers=peers, raft=self.raft)
-
-    def validate(self) -> ControllerConfig:
-        group = self.group_config()
-        if len(group.peers) not in (1, 3, 5):
-            raise ValueError(f"a controller group has 1, 3 or 5 controllers, not {len(group.peers)}")
-        group.validate()
-        self.timings.validate()
-        if self.raft.election_timeout_min_seconds < self.timings.master_lease_seconds:
-            raise ValueError(f"election_timeout_min_seconds ({self.raft.election_timeout_min_seconds}) of the controller "
-                             f"group must not be below master_lease_seconds ({self.timings.master_lease_seconds}): a lease "
-                             "an old controller leader granted must have run out when a new leader answers")  # fmt: skip
-        if self.snapshot_interval_entries < 1:
-            raise ValueError(f"snapshot_interval_entries must be >= 1, not {self.snapshot_interval_entries}")
-        if not LOG_FILE_SIZE_MIN <= self.log_file_size < 1 << 31:
-            raise ValueError(f"log_file_size must be {LOG_FILE_SIZE_MIN} bytes to 2 GiB, not {self.log_file_size}")
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("--tls-cert and --tls-key go together")
-        return self
 
 
 @dataclasses.dataclass
@@ -191,6 +122,7 @@ class ControllerServer:
         self.elections = 0  # Elects this controller proposed that were accepted (STATUS, metrics)
         self.requests = {name: 0 for name in cp.KIND_NAMES.values()}
         self.connections_refused = 0  # bad preface or bad frame
+        self.port = ControllerPort(self)  # the controller port's requests
 
     # -- lifetime --------------------------------------------------------------------------
 
@@ -280,7 +212,7 @@ class ControllerServer:
         self.driver.client_address = self._announced_address()
         if self.config.metrics_listen is not None:
             self.metrics_address = await nursery.start(serve_controller_metrics, self.config.metrics_listen, self)
-        nursery.start_soon(port_admission.serve_admitted, listener, self._serve_connection, self.admission)
+        nursery.start_soon(port_admission.serve_admitted, listener, self.port.serve_connection, self.admission)
         nursery.start_soon(self._election_timer)
         nursery.start_soon(self._snapshotter)
         await self.driver.run(nursery, raft_listener)
@@ -439,84 +371,6 @@ class ControllerServer:
         self.driver.drain()  # after the proposal is known: a group of one may commit within the drain
         return proposal
 
-    # -- the controller port ---------------------------------------------------------------
-
-    async def _serve_connection(self, stream, ticket: port_admission.Ticket | None = None) -> None:
-        connection = transport.Connection(stream, transport.peer_name(stream))
-        try:
-            await transport.server_preface(connection, port_kind=wire.PORT_KIND_CONTROLLER, secret=self.config.secret)
-            self.admission.authenticated(ticket)
-        except (transport.AuthenticationError, wire.ProtocolError, trio.TooSlowError, trio.BrokenResourceError,
-                EOFError, OSError) as error:  # fmt: skip
-            self.connections_refused += 1
-            LOGGER.warning("controller port: %s refused: %s", connection.peer, error)
-            return
-        decoder = cp.ControllerDecoder(answers=False)
-        try:
-            while True:
-                data = await connection.receive_some()
-                if not data:
-                    return
-                decoder.receive_data(data)
-                while (frame := decoder.next_event()) is not None:
-                    if not self.admission.identified(ticket):
-                        return
-                    answer = await self._answer(frame.message)
-                    await connection.send_all(cp.encode_answer(frame.request_id, answer))
-        except wire.ProtocolError as error:
-            self.connections_refused += 1
-            LOGGER.warning("controller port: %s sent a bad frame, connection closed: %s", connection.peer, error)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, EOFError):
-            pass
-
-    async def _answer(self, request: cp.Request) -> cp.Answer:
-        self.requests[cp.KIND_NAMES[request.KIND]] += 1
-        if isinstance(request, cp.StatusRequest):
-            return cp.Answer(cp.STATUS, cp.STATUS_OK, controller=self.status())
-        refusal = self._not_leader(request.KIND)
-        if refusal is not None:
-            return refusal
-        if isinstance(request, cp.HeartbeatRequest):
-            return self._heartbeat(request)
-        if isinstance(request, cp.RegisterRequest):
-            command = cs.Register(request.group, request.identity, request.client_address, request.ha_address)
-        elif isinstance(request, cp.AlterSyncStateSetRequest):
-            command = cs.AlterSyncStateSet(request.group, request.master_id, request.epoch,
-                                           request.sync_state_set_epoch, frozenset(request.sync_state_set))  # fmt: skip
-        else:
-            command = self._switchover(request)
-            if isinstance(command, cp.Answer):
-                return command
-        with_view = request.KIND == cp.ALTER_SYNC_STATE_SET  # a refused set change says what the set is
-        try:
-            outcome = await self._execute(command)
-        except cs.StateFormatError as error:  # a field over the state's bounds (a long identity, ...)
-            return cp.refused(request.KIND, str(error), self._view(command.group) if with_view else None)
-        if isinstance(outcome, str):
-            return cp.not_leader(request.KIND, self._leader_address(), outcome)
-        view = self._view(command.group, outcome.group)  # the group just after the command (as it was if refused)
-        if not outcome.accepted:
-            return cp.refused(request.KIND, outcome.reason, view if with_view else None)
-        if isinstance(command, cs.Register):
-            self._election_due.set()
-            return cp.Answer(cp.REGISTER, cp.STATUS_OK, view=view, broker_id=outcome.broker_id)
-        return cp.Answer(request.KIND, cp.STATUS_OK, view=view)
-
-    def _not_leader(self, kind: int) -> cp.Answer | None:
-        """NOT_LEADER unless this controller serves as leader and (HEARTBEAT) holds its lease."""
-        if not self._serving:
-            node = self.driver.node
-            if node.role is Role.LEADER:
-                return cp.not_leader(kind, None, f"{self.group.self_id} leads term {node.term} but has not applied its "
-                                                 "log yet")  # fmt: skip
-            leader = self._leader_address()
-            return cp.not_leader(kind, leader, f"{self.group.self_id} does not lead" +
-                                 (f": {node.leader_id} does" if node.leader_id else ": no leader is known yet"))  # fmt: skip
-        if kind == cp.HEARTBEAT and not self.holds_lease(trio.current_time()):
-            return cp.not_leader(kind, None, f"{self.group.self_id} has not heard from a quorum of controllers within "
-                                             f"{self.group.raft.election_timeout_min_seconds} s")  # fmt: skip
-        return None
-
     def holds_lease(self, now: float) -> bool:
         """Leading, and a quorum (this controller counted) heard from within the election timeout:
         no other controller can have been elected meanwhile (the core's check-quorum)."""
@@ -534,76 +388,8 @@ class ControllerServer:
             return None
         return self.driver.client_address_of(leader)
 
-    def _view(self, name: str, group: cs.GroupState | None = None) -> cp.GroupView:
-        """``name``'s view: of ``group`` when given, else of the current state."""
-        group = group if group is not None else self.state.groups.get(name)
-        if group is None:
-            return cp.GroupView(name, None, None, None, 0, (), 0)
-        master = group.members.get(group.master_id) if group.master_id is not None else None
-        return cp.GroupView(name, group.master_id, master.client_address if master else None,
-                            master.ha_address if master else None, group.epoch, tuple(sorted(group.sync_state_set)),
-                            group.sync_state_set_epoch)  # fmt: skip
-
-    def _heartbeat(self, request: cp.HeartbeatRequest) -> cp.Answer:
-        group = self.state.groups.get(request.group)
-        if group is None or request.broker_id not in group.members:
-            return cp.refused(cp.HEARTBEAT, f"broker {request.broker_id} is not a member of group {request.group!r}: "
-                                            "register first")  # fmt: skip
-        now = trio.current_time()
-        self.tracker.heartbeat(request.group, request.broker_id, request.epoch, request.max_offset, now)
-        if group.master_id is None:
-            self._election_due.set()
-        answer = self.tracker.answer(self.state, request.group, request.broker_id, now)
-        lease = answer.lease and not self._inherited_election(request.group, now)
-        return cp.Answer(cp.HEARTBEAT, cp.STATUS_OK, view=cp.GroupView(
-            request.group, answer.master_id, answer.master_client_address, answer.master_ha_address, answer.epoch,
-            tuple(sorted(answer.sync_state_set)), answer.sync_state_set_epoch, lease=lease))  # fmt: skip
-
-    def _inherited_election(self, name: str, now: float) -> bool:
-        """The group's master was elected by an earlier controller leader less than
-        master_lease_seconds before this controller applied it: that leader may have granted the
-        previous master a lease until then, which this one never heard of (the tracker withholds
-        a newer epoch's lease only behind the grants it made itself). A controller leader that
-        dies is replaced within ~0.1 s (its followers see its connections end), before such a
-        lease runs out."""
-        elected_at = self._elected_at.get(name)
-        return (elected_at is not None and elected_at <= self.tracker.leader_since
-                and now < elected_at + self.config.timings.master_lease_seconds)  # fmt: skip
 
     # -- elections -------------------------------------------------------------------------
-
-    def _switchover(self, request: cp.ElectRequest) -> cs.Elect | cp.Answer:
-        """An operator's ELECT: the named broker (alive, in the SyncStateSet unless unclean
-        elections are allowed) or, None, the best other candidate."""
-        group = self.state.groups.get(request.group)
-        if group is None:
-            return cp.refused(cp.ELECT, f"no group {request.group!r}")
-        now = trio.current_time()
-        if request.broker_id is None:
-            candidates = self._candidates(request.group, group, now)
-            if not candidates:
-                return cp.refused(cp.ELECT, "no other alive member of the SyncStateSet to elect")
-            target = candidates[0]
-        else:
-            target = request.broker_id
-            if target == group.master_id:
-                return cp.refused(cp.ELECT, f"broker {target} is the master already (epoch {group.epoch})")
-            if target not in group.members:
-                return cp.refused(cp.ELECT, f"broker {target} is not a member of group {request.group!r}")
-            if target not in group.sync_state_set and not self.config.timings.allow_unclean_election:
-                return cp.refused(cp.ELECT, f"broker {target} is not in the SyncStateSet {sorted(group.sync_state_set)} "
-                                            "(it may lack acknowledged writes; unclean elections are off)")  # fmt: skip
-            if not self.tracker.alive(request.group, target, now):
-                return cp.refused(cp.ELECT, f"broker {target} has not heartbeaten within "
-                                            f"{self.config.timings.broker_heartbeat_timeout_seconds} s")  # fmt: skip
-        return cs.Elect(request.group, target, group.epoch, "an operator's switchover (ELECT)")
-
-    def _candidates(self, name: str, group: cs.GroupState, now: float) -> list[int]:
-        """An operator's switchover without a target: the alive members of the SyncStateSet but
-        the master, best first (highest (epoch, max_offset), then the lowest id)."""
-        alive = [b for b in sorted(group.sync_state_set) if b != group.master_id and self.tracker.alive(name, b, now)]
-        key = {b: self.tracker.liveness(name, b) for b in alive}
-        return sorted(alive, key=lambda b: (-key[b].epoch, -key[b].max_offset, b))
 
     async def _election_timer(self) -> None:
         while True:
@@ -687,77 +473,4 @@ class ControllerServer:
     # -- status ----------------------------------------------------------------------------
 
     def status(self) -> dict:
-        now = trio.current_time()
-        node = self.driver.node
-        raft = node.status(now)
-        leader = raft.leader_id
-        groups = {}
-        for name, group in sorted(self.state.groups.items()):
-            members = {}
-            for broker_id, member in sorted(group.members.items()):
-                heartbeat = self.tracker.liveness(name, broker_id)
-                members[str(broker_id)] = {
-                    "identity": member.identity, "client_address": member.client_address,
-                    "ha_address": member.ha_address,
-                    "alive": self.tracker.alive(name, broker_id, now) if self._serving else None,
-                    "last_heartbeat_seconds": round(now - heartbeat.received_at, 3) if heartbeat else None,
-                    "epoch": heartbeat.epoch if heartbeat else None,
-                    "max_offset": heartbeat.max_offset if heartbeat else None}  # fmt: skip
-            groups[name] = {"master_id": group.master_id, "epoch": group.epoch,
-                            "sync_state_set": sorted(group.sync_state_set),
-                            "sync_state_set_epoch": group.sync_state_set_epoch, "members": members}  # fmt: skip
-        entries = self.store.entries
-        return {
-            "mode": "controller", "self_id": self.group.self_id, "raft_role": raft.role.value,
-            "role": "LEADER" if self._serving else ("CANDIDATE" if raft.role is Role.LEADER else "FOLLOWER"),
-            "term": raft.term, "leader_id": leader,
-            "leader_address": self._announced_address() if leader == self.group.self_id else self._leader_address(),
-            "holds_lease": self.holds_lease(now), "listen": format_address(self.listen_address),
-            "raft_listen": format_address(self.raft_address), "pid": os.getpid(), "store": self.config.store,
-            "uptime_seconds": round(time.time() - self.started_at, 3),
-            "applied_index": self.applied_index, "committed_index": raft.committed_index,
-            "snapshot_index": self.snapshot_index, "log_first_index": entries.first_index(),
-            "log_last_index": entries.last_index(), "elections": self.elections, "requests": dict(self.requests),
-            "controller_connections_refused": self.connections_refused, **self.admission.statistics(),
-            "raft_messages_dropped": self.driver.dropped_messages,
-            "raft_connections_refused": self.driver.refused_connections,
-            "damaged": [damage.to_json() for damage in self.store.damaged],
-            "peers": {peer: {"match_index": p.match_index,
-                             "last_contact_seconds": None if p.last_contact_seconds == float("inf") else round(p.last_contact_seconds, 3),
-                             "connected": self.driver.connected.get(peer, False)}
-                      for peer, p in raft.peers.items()},
-            "groups": groups,
-        }  # fmt: skip
-
-
-async def serve_controller_metrics(address: Address, server: ControllerServer, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """The controller's metrics on ``address`` (prometheus-client, ``hasvc.metrics_http``)."""
-    from prometheus_client import CollectorRegistry
-    from prometheus_client.core import GaugeMetricFamily
-
-    from hasvc.metrics_http import start_metrics_server
-
-    class Collector:
-        def collect(self):
-            node = server.driver.node
-            for name, value, text in (
-                ("hasvc_controller_leader", int(server._serving), "This controller serves as the group's leader"),
-                ("hasvc_controller_term", node.term, "The controller group's Raft term"),
-                ("hasvc_controller_applied_index", server.applied_index, "The last Raft entry applied to the state"),
-                ("hasvc_controller_snapshot_index", server.snapshot_index, "The Raft entry the snapshot reflects"),
-                ("hasvc_controller_groups", len(server.state.groups), "Broker groups the controllers know"),
-                ("hasvc_controller_elections", server.elections, "Elections this controller proposed and saw accepted"),
-            ):
-                yield GaugeMetricFamily(name, text, value=value)
-            for name, value in server.admission.statistics().items():
-                yield GaugeMetricFamily(f"hasvc_{name}", f"STATUS {name}", value=value)
-
-    registry = CollectorRegistry()
-    registry.register(Collector())
-    http, _thread = start_metrics_server(address, registry)
-    task_status.started(http.server_address[:2])
-    try:
-        await trio.sleep_forever()
-    finally:
-        http.shutdown()
-        http.server_close()
+        return controller_status(self)

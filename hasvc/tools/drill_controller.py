@@ -2,13 +2,13 @@
 
 Theory of operation
 -------------------
-One ``hasvc controller`` and ``--nodes`` ``hasvc broker --controllers ... --group`` processes on
-loopback (``hasvc.testing.controlled_group``). Producers write uniquely numbered messages through
-the failover client (idempotent retries: a send retried on the new master is answered with its
-original offsets, never stored twice) for the whole drill. Each broker calls the controller
-through a relay of its own (``hasvc.tools.partition.Link``), which can cut it off from the
-controller while clients and its peers still reach it. Each round injects one fault at a random
-moment under load, and nobody promotes anyone:
+One ``hasvc controller`` (or a group of three: ``--controllers 3``) and ``--nodes`` ``hasvc broker
+--controllers ... --group`` processes on loopback (``hasvc.testing.controlled_group``). Producers
+write uniquely numbered messages through the failover client (idempotent retries: a send retried
+on the new master is answered with its original offsets, never stored twice) for the whole drill.
+Each broker calls the controllers through relays of its own, one per controller
+(``ControllerLink``), which can cut it off from the controllers while clients and its peers still
+reach it. Each round injects one fault at a random moment under load, and nobody promotes anyone:
 
 - ``kill-master``: SIGKILL of the master; the controller elects the member of the SyncStateSet
   with the highest log, which promotes itself to the epoch the controller chose; the killed
@@ -19,7 +19,15 @@ moment under load, and nobody promotes anyone:
   acknowledged after that would be missing from the new master: counted lost); then healed, it
   follows the new master and cuts its unacknowledged tail;
 - ``kill-slave``: SIGKILL of a slave, restarted: the SyncStateSet shrinks and expands again;
-- ``mixed``: each round one of the three, drawn from the seed.
+- ``kill-controller-leader`` (``--controllers 3``): SIGKILL of the controller leader under load;
+  the other two elect a new one, every broker finds it by itself (the relays rename the leader
+  a NOT_LEADER answer names to the broker's own relay to it), and the brokers keep serving
+  meanwhile: the round checks that the master and its epoch stayed (no broker election), that
+  writes were acknowledged between the kill and the moment every broker heartbeats to the new
+  leader, and reports the longest pause between two PUT_OKs in that window; the killed
+  controller is restarted (same store and ports) and rejoins as a follower;
+- ``mixed``: each round one of the faults above, drawn from the seed (with three controllers,
+  a controller leader's kill among them).
 
 A master fault's round measures the time from the fault to the first PUT_OK of a send started
 after it and answered by another broker than the old master (a put the dying or cut-off master
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import shutil
 import statistics
@@ -52,15 +61,22 @@ import trio
 
 from commitlog.inspect import iter_records
 from hasvc import client as hc
-from hasvc.config import parse_address
+from hasvc.config import format_address, parse_address
+from hasvc.protocol import controller as cp
+from hasvc.protocol import wire
 from hasvc.testing.controlled_group import ControlledGroup
-from hasvc.tools.partition import Link
+from hasvc.tools.partition import COPY_BUFFER_SIZE, Link
 from hasvc.tools.drill import DRILL_TOPIC, files_agree_with_log, log_digest, queue_file_digests
 from hasvc.tools.drill_dledger import percentile
+from hasvc.tools.drill_producer import send_numbered
 from hasvc.tools.timeline import Timeline
 from hasvc.tools.timeline_plot import finish
 
+LOGGER = logging.getLogger(__name__)
+
 FAULTS = ("kill-master", "partition-master", "kill-slave")
+CONTROLLER_FAULT = "kill-controller-leader"  # with three controllers only
+CONTROLLER_COUNTS = (1, 3)
 SETTLE_SECONDS = 1.0  # writes go on this long (times 0.5-2, from the seed) before a fault, and after a rejoin
 FAILOVER_WAIT_SECONDS = 60.0  # no PUT_OK this long after the fault: the round fails
 SENDS_FINISHED_SECONDS = 60.0  # sends still in flight this long after the pause: the round fails
@@ -84,21 +100,80 @@ class ControllerRoundReport:
     identical: bool
     epochs_agree: bool
     files_agree: bool
+    # kill-controller-leader: the new controller leader, the PUT_OKs answered between the kill and
+    # every broker heartbeating to it, the longest pause between two PUT_OKs in that window, and
+    # whether the master and its epoch stayed (a controller's failover must not move the master)
+    controller_leader: str = ""
+    writes_during: int = 0
+    longest_pause_seconds: float = 0.0
+    master_kept: bool = True
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.duplicated == 0 and self.identical and self.epochs_agree and self.files_agree
+        kept = self.fault != CONTROLLER_FAULT or (self.master_kept and self.writes_during > 0)
+        return (self.lost == 0 and self.duplicated == 0 and self.identical and self.epochs_agree and self.files_agree
+                and kept)  # fmt: skip
+
+
+class ControllerLink(Link):
+    """A broker's relay to one controller that also renames the leader a NOT_LEADER answer names
+    (a controller port) to this broker's relay to that controller (``renames``, filled once every
+    relay listens): a broker that followed the answer would otherwise call the leader around its
+    relays, and cutting them would not cut it off. The controller's side is the preface (HELLO,
+    AUTH_OK; a drill's controllers have no TLS), then answer frames, decoded and encoded again."""
+
+    def __init__(self, source: str, target: str, target_address, renames: dict[str, str]) -> None:
+        super().__init__(source, target, target_address)
+        self.renames = renames
+
+    async def _forward(self, stream: trio.SocketStream) -> None:
+        try:
+            upstream = await trio.open_tcp_stream(*self.target_address)
+        except OSError:  # the controller is down: the broker sees its connection closed
+            return
+        async with upstream, trio.open_nursery() as nursery:
+            nursery.start_soon(self._copy, stream, upstream, nursery.cancel_scope)
+            nursery.start_soon(self._copy_answers, upstream, stream, nursery.cancel_scope)
+
+    async def _copy_answers(self, source: trio.SocketStream, sink: trio.SocketStream, both: trio.CancelScope) -> None:
+        preface = wire.HELLO.size + wire.AUTH_OK.size
+        decoder = cp.ControllerDecoder(answers=True)
+        try:
+            while data := await source.receive_some(COPY_BUFFER_SIZE):
+                self.bytes_forwarded += len(data)
+                self._note()
+                if preface:
+                    head, data = data[:preface], data[preface:]
+                    preface -= len(head)
+                    await sink.send_all(head)
+                decoder.receive_data(data)
+                out = bytearray()
+                while (frame := decoder.next_event()) is not None:
+                    answer = frame.message
+                    if answer.status == cp.STATUS_NOT_LEADER and answer.leader in self.renames:
+                        answer = dataclasses.replace(answer, leader=self.renames[answer.leader])
+                    out += cp.encode_answer(frame.request_id, answer)
+                if out:
+                    await sink.send_all(bytes(out))
+        except wire.ProtocolError as error:  # not ours to judge: the broker sees its connection closed
+            LOGGER.warning("%r: %s", self, error)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            both.cancel()
 
 
 class ControllerDrill:
     def __init__(self, *, nodes: int, producers: int, seed: int, echo=print, root: str | None = None,
-                 segment_size: int = 4 * 1024 * 1024) -> None:  # fmt: skip
+                 segment_size: int = 4 * 1024 * 1024, controllers: int = 1) -> None:  # fmt: skip
+        if controllers not in CONTROLLER_COUNTS:
+            raise ValueError(f"a controller drill runs 1 or 3 controllers, not {controllers}")
         self.names = [f"b{number}" for number in range(nodes)]
         self.producers = producers
         self.random = random.Random(seed)
         self.echo = echo
         self.root = root or tempfile.mkdtemp(prefix="hasvc-drill-controller-")
-        self.group = ControlledGroup(self.root, segment_size=segment_size, settings=BROKER_SETTINGS)
+        self.group = ControlledGroup(self.root, controllers=controllers, segment_size=segment_size, settings=BROKER_SETTINGS)
         self.next_number = 0
         self.acked: dict[int, int] = {}
         self.lost: set[int] = set()
@@ -106,37 +181,40 @@ class ControllerDrill:
         self.timeline = Timeline()  # the same, with the faults and failover gaps (--plot, --report)
         self.sends_in_flight = 0
         self.paused = False
-        self.links: dict[str, Link] = {}  # broker -> its relay to the controller
+        self.links: dict[str, dict[str, ControllerLink]] = {}  # broker -> controller id -> its relay there
 
     async def start_links(self, nursery: trio.Nursery) -> None:
-        controller = parse_address(self.group.controllers.addresses[0])
+        controllers = self.group.controllers
         for name in self.names:
-            self.links[name] = Link(name, "c0", controller)
-            await nursery.start(self.links[name].serve)
+            renames: dict[str, str] = {}
+            self.links[name] = {}
+            for member in controllers.ids:
+                link = ControllerLink(name, member, parse_address(controllers.address(member)), renames)
+                await nursery.start(link.serve)
+                self.links[name][member] = link
+                renames[controllers.address(member)] = format_address(link.address)
+
+    def link_addresses(self, name: str) -> list[str]:
+        """What broker ``name`` calls the controllers at (its relays), in controller id order."""
+        return [format_address(link.address) for link in self.links[name].values()]
+
+    def set_cut(self, name: str, cut: bool) -> None:
+        for link in self.links[name].values():
+            link.set_cut(cut)
 
     def start(self) -> None:
         for name in self.names:
-            self.group.start_broker(name, controllers=["{}:{}".format(*self.links[name].address)])
+            self.group.start_broker(name, controllers=self.link_addresses(name))
         master = self.group.master()
         self.group.wait(lambda: self.group.in_sync(master, [n for n in self.names if n != master]), "every broker in sync")
 
     async def producer(self, client: hc.FailoverClient) -> None:
         addresses = {self.group.address(name): name for name in self.names}
         while True:
-            while self.paused:
-                await trio.sleep(0.01)
-            number = self.next_number
-            self.next_number += 1
-            started = time.monotonic()
-            self.sends_in_flight += 1
-            try:
-                result = await client.send(DRILL_TOPIC, f"m{number}:".encode() + b"d" * 200, queue_id=number % 4)
-            except hc.ClientError:
-                continue  # not acknowledged: the failover client found no master in time
-            finally:
-                self.sends_in_flight -= 1
+            _number, started, result = await send_numbered(self, client, DRILL_TOPIC)
+            if result is None:
+                continue
             if result.status == "PUT_OK":
-                self.acked[number] = result.offset
                 self.ok_times.append((started, time.monotonic(), addresses.get(client.address, "")))
                 self.timeline.ack(*self.ok_times[-1][:2])
             else:
@@ -154,26 +232,75 @@ class ControllerDrill:
     async def run_round(self, number: int, fault: str) -> ControllerRoundReport:
         group = self.group
         await trio.sleep(SETTLE_SECONDS * self.random.uniform(0.5, 2.0))
+        if fault == CONTROLLER_FAULT:
+            return await self._controller_round(number)
         master = await trio.to_thread.run_sync(group.master)
         victim = master if fault != "kill-slave" else self.random.choice([n for n in self.names if n != master])
         log_before = group.brokers[victim].log()
         failover = 0.0
+        # min_in_sync_replicas 2: with two brokers the new master acknowledges only once the
+        # victim is back as its slave, so the first PUT_OK is awaited after the heal or restart
+        alone = len(self.names) == 2
         if fault == "partition-master":
             moment = time.monotonic()
-            self.links[victim].set_cut(True)
-            failover = await self.first_ok_after(moment, sent_after=moment, not_by=victim)
+            self.set_cut(victim, True)
+            if not alone:
+                failover = await self.first_ok_after(moment, sent_after=moment, not_by=victim)
             new_master = await trio.to_thread.run_sync(lambda: group.master(excluding=victim))
-            self.links[victim].set_cut(False)
+            self.set_cut(victim, False)
+            if alone:
+                failover = await self.first_ok_after(moment, sent_after=moment, not_by=victim)
         else:
             moment, reaped = await trio.to_thread.run_sync(group.kill, victim)
-            if fault == "kill-master":
+            if fault == "kill-master" and not alone:
                 failover = await self.first_ok_after(moment, sent_after=reaped, not_by=victim)
             new_master = await trio.to_thread.run_sync(lambda: group.master(excluding=victim if victim == master else None))
             await trio.to_thread.run_sync(group.restart, victim)
+            if fault == "kill-master" and alone:
+                failover = await self.first_ok_after(moment, sent_after=reaped, not_by=victim)
         self.timeline.fault(f"{fault} {victim}", moment).close()  # to the heal or the restart
         if fault != "kill-slave":
             self.timeline.gap("failover", moment, failover)
-        await trio.sleep(SETTLE_SECONDS)  # writes go on while the victim rejoins
+        report = await self._settle_and_verify(number, fault, victim, new_master, failover)
+        return dataclasses.replace(report, truncated_bytes=_cut_bytes(group.brokers[victim].log()[len(log_before):]))
+
+    async def _controller_round(self, number: int) -> ControllerRoundReport:
+        """SIGKILL the controller leader under load; the brokers must go on serving while the
+        other controllers elect and every broker finds the new leader; then restart it."""
+        group, controllers = self.group, self.group.controllers
+        leader = await trio.to_thread.run_sync(controllers.leader)
+        master = await trio.to_thread.run_sync(group.master)
+        epoch = (await trio.to_thread.run_sync(group.status, master))["epoch"]
+        moment, _reaped = await trio.to_thread.run_sync(controllers.processes[leader].kill)
+        new_leader = await trio.to_thread.run_sync(controllers.leader)
+        await trio.to_thread.run_sync(lambda: group.wait(lambda: self.heartbeating_to(new_leader),
+                                                         "every broker heartbeating to the new controller leader"))  # fmt: skip
+        refound = time.monotonic()
+        answered = sorted(done for _started, done, by in self.ok_times if moment < done <= refound and by == master)
+        marks = [moment, *answered, refound]
+        pause = max(later - earlier for earlier, later in zip(marks, marks[1:]))
+        status = await trio.to_thread.run_sync(group.status, master)
+        kept = status is not None and status["role"] != "SLAVE" and status["epoch"] == epoch
+        await trio.to_thread.run_sync(controllers.start, leader)
+        self.timeline.fault(f"{CONTROLLER_FAULT} {leader}", moment).close()  # to the brokers' finding the new leader
+        report = await self._settle_and_verify(number, CONTROLLER_FAULT, leader, master, refound - moment)
+        return dataclasses.replace(report, controller_leader=new_leader, writes_during=len(answered),
+                                   longest_pause_seconds=pause, master_kept=kept)  # fmt: skip
+
+    def heartbeating_to(self, member: str) -> bool:
+        """Whether every broker's controller client calls controller ``member`` the leader."""
+        for name in self.names:
+            status = self.group.status(name)
+            if status is None or status["controller_leader"] != format_address(self.links[name][member].address):
+                return False
+        return True
+
+    async def _settle_and_verify(self, number: int, fault: str, victim: str, new_master: str,
+                                 failover: float) -> ControllerRoundReport:  # fmt: skip
+        """Writes go on while the victim rejoins; then every broker in the SyncStateSet, the
+        producers paused, the sends in flight finished, every broker in sync: the checks."""
+        group = self.group
+        await trio.sleep(SETTLE_SECONDS)
         others = [name for name in self.names if name != new_master]
         await trio.to_thread.run_sync(lambda: group.wait(lambda: group.in_set(new_master, others), "every broker in the SyncStateSet"))
         self.paused = True
@@ -185,8 +312,7 @@ class ControllerDrill:
                     raise RuntimeError(f"{self.sends_in_flight} sends in flight {SENDS_FINISHED_SECONDS:.0f} s after the pause")
                 await trio.sleep(0.01)
             await trio.to_thread.run_sync(lambda: group.wait(lambda: group.in_sync(new_master, others), "every broker in sync"))
-            truncated = _cut_bytes(group.brokers[victim].log()[len(log_before):])
-            return await trio.to_thread.run_sync(self.verify, number, fault, victim, new_master, failover, truncated)
+            return await trio.to_thread.run_sync(self.verify, number, fault, victim, new_master, failover, 0)
         finally:
             self.paused = False
             self.timeline.resume()
@@ -229,14 +355,17 @@ def _cut_bytes(log: str) -> int:
 
 
 def run_controller_drill(*, nodes: int, rounds: int, producers: int, fault: str, seed: int, report_path: str | None,
-                         keep: bool, echo=print, plot: str | None = None) -> bool:  # fmt: skip
-    if fault not in (*FAULTS, "mixed"):
-        raise ValueError(f"--mode controller runs --fault {', '.join(FAULTS)} or mixed (not {fault})")
-    drill = ControllerDrill(nodes=nodes, producers=producers, seed=seed, echo=echo)
+                         keep: bool, echo=print, controllers: int = 1, plot: str | None = None) -> bool:  # fmt: skip
+    faults = FAULTS + ((CONTROLLER_FAULT,) if controllers > 1 else ())
+    if fault not in (*faults, "mixed"):
+        if fault == CONTROLLER_FAULT:
+            raise ValueError(f"--fault {CONTROLLER_FAULT} needs a group of controllers (--controllers 3)")
+        raise ValueError(f"--mode controller runs --fault {', '.join(faults)} or mixed (not {fault})")
+    drill = ControllerDrill(nodes=nodes, producers=producers, seed=seed, echo=echo, controllers=controllers)
     reports: list[ControllerRoundReport] = []
-    echo(f"drill: controller mode, 1 controller and {nodes} brokers, {rounds} round(s), fault {fault}, {producers} producers, "
-         f"seed {seed}, no promote; stores under {drill.root}")  # fmt: skip
-    echo(f"{'round':>5} {'fault':>16} {'victim':>6} {'master':>6} {'epoch':>5} {'acked*':>8} {'lost':>5} {'dup':>4} {'failover s':>10} "
+    echo(f"drill: controller mode, {controllers} controller{'s' if controllers > 1 else ''} and {nodes} brokers, {rounds} round(s), "
+         f"fault {fault}, {producers} producers, seed {seed}, no promote; stores under {drill.root}")  # fmt: skip
+    echo(f"{'round':>5} {'fault':>22} {'victim':>6} {'master':>6} {'epoch':>5} {'acked*':>8} {'lost':>5} {'dup':>4} {'failover s':>10} "
          f"{'truncated B':>11} {'identical':>9} {'epochs':>6} {'files':>5}")  # fmt: skip
 
     async def main() -> None:
@@ -252,12 +381,15 @@ def run_controller_drill(*, nodes: int, rounds: int, producers: int, fault: str,
             for _ in range(producers):
                 nursery.start_soon(drill.producer, client)
             for number in range(1, rounds + 1):
-                kind = drill.random.choice(FAULTS) if fault == "mixed" else fault
+                kind = drill.random.choice(faults) if fault == "mixed" else fault
                 report = await drill.run_round(number, kind)
                 reports.append(report)
-                echo(f"{report.round:>5} {report.fault:>16} {report.killed:>6} {report.new_master:>6} {report.epoch:>5} {report.acked:>8} "
+                echo(f"{report.round:>5} {report.fault:>22} {report.killed:>6} {report.new_master:>6} {report.epoch:>5} {report.acked:>8} "
                      f"{report.lost:>5} {report.duplicated:>4} {report.failover_seconds:>10.3f} {report.truncated_bytes:>11} "
-                     f"{str(report.identical):>9} {str(report.epochs_agree):>6} {str(report.files_agree):>5}")  # fmt: skip
+                     f"{str(report.identical):>9} {str(report.epochs_agree):>6} {str(report.files_agree):>5}"
+                     + (f"  new controller leader {report.controller_leader}; {report.writes_during} PUT_OK meanwhile, longest "
+                        f"pause {report.longest_pause_seconds:.3f} s; master {'kept' if report.master_kept else 'MOVED'}"
+                        if report.fault == CONTROLLER_FAULT else ""))  # fmt: skip
                 if not report.ok:
                     break
             nursery.cancel_scope.cancel()
@@ -269,14 +401,20 @@ def run_controller_drill(*, nodes: int, rounds: int, producers: int, fault: str,
         drill.close(keep or not ok)
         if not ok:
             echo(f"the stores and logs are kept under {drill.root}")
-    failovers = [r.failover_seconds for r in reports if r.fault != "kill-slave"]
+    failovers = [r.failover_seconds for r in reports if r.fault in ("kill-master", "partition-master")]
     if failovers:
         echo(f"failover (fault -> first PUT_OK on the new master): p50 {statistics.median(failovers):.3f} s, "
              f"p99 {percentile(failovers, 0.99):.3f} s over {len(failovers)} round(s)")  # fmt: skip
+    switches = [r for r in reports if r.fault == CONTROLLER_FAULT]
+    if switches:
+        echo(f"controller leader failover (SIGKILL -> every broker heartbeating to the new leader): p50 "
+             f"{statistics.median(r.failover_seconds for r in switches):.3f} s over {len(switches)} round(s); writes went on: "
+             f"{min(r.writes_during for r in switches)} PUT_OK at least, longest pause "
+             f"{max(r.longest_pause_seconds for r in switches):.3f} s, master kept in {sum(r.master_kept for r in switches)}")  # fmt: skip
     echo(f"  (* acknowledged writes so far; the rest is this round's)\nsummary: {len(reports)} round(s), "
          f"{len(drill.acked)} acknowledged writes, {sum(r.lost for r in reports)} lost, "
          f"{sum(r.duplicated for r in reports)} duplicated: {'OK' if ok else 'FAILED'}")  # fmt: skip
-    result = {"mode": "controller", "nodes": nodes, "fault": fault, "seed": seed, "producers": producers,
+    result = {"mode": "controller", "nodes": nodes, "controllers": controllers, "fault": fault, "seed": seed, "producers": producers,
               "rounds": [dataclasses.asdict(r) for r in reports], "acknowledged": len(drill.acked), "ok": ok,
               "failover_p50_seconds": statistics.median(failovers) if failovers else None,
               "failover_p99_seconds": percentile(failovers, 0.99) if failovers else None,

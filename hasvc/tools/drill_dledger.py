@@ -42,6 +42,7 @@ from commitlog.dledger.inspect import iter_entries
 from hasvc import client as hc
 from hasvc.testing.launch import ReadyProcess, StartError, hasvc_command
 from hasvc.tools.drill import queue_file_digests
+from hasvc.tools.drill_producer import send_numbered
 from hasvc.tools.faults import flip_random_byte
 from hasvc.tools.partition import LOOPBACK, PartitionRelay, free_port
 from hasvc.tools.timeline import Timeline
@@ -201,20 +202,8 @@ class DLedgerDrill:
 
     async def producer(self, client: hc.FailoverClient) -> None:
         while True:
-            while self.paused:
-                await trio.sleep(0.01)
-            number = self.next_number
-            self.next_number += 1
-            started = time.monotonic()
-            self.sends_in_flight += 1
-            try:
-                result = await client.send(DRILL_TOPIC, f"m{number}:".encode() + b"d" * 200, queue_id=number % 4)
-            except hc.ClientError:
-                continue  # not acknowledged: the failover client found no leader in time
-            finally:
-                self.sends_in_flight -= 1
-            if result.status == "PUT_OK":
-                self.acked[number] = result.offset
+            _number, started, result = await send_numbered(self, client, DRILL_TOPIC)
+            if result is not None and result.status == "PUT_OK":
                 self.ok_times.append((started, time.monotonic()))
                 self.timeline.ack(*self.ok_times[-1])
 

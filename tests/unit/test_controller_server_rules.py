@@ -14,19 +14,19 @@ def test_an_election_applied_before_this_leader_took_office_holds_the_lease_back
     lease = server.config.timings.master_lease_seconds
     server._elected_at["g"] = 10.0  # applied as a follower
     server.tracker.became_leader(10.1)
-    assert server._inherited_election("g", 10.1)
-    assert server._inherited_election("g", 10.0 + lease - 0.01)
-    assert not server._inherited_election("g", 10.0 + lease)
+    assert server.port.inherited_election("g", 10.1)
+    assert server.port.inherited_election("g", 10.0 + lease - 0.01)
+    assert not server.port.inherited_election("g", 10.0 + lease)
 
 
 def test_an_election_this_leader_made_and_an_old_one_do_not(tmp_path):
     server = _server(tmp_path)
     server.tracker.became_leader(10.0)
     server._elected_at["g"] = 10.2  # applied while leading: the tracker's own grants rule covers it
-    assert not server._inherited_election("g", 10.3)
-    assert not server._inherited_election("other", 10.3)  # never elected here
+    assert not server.port.inherited_election("g", 10.3)
+    assert not server.port.inherited_election("other", 10.3)  # never elected here
     server._elected_at["h"] = 5.0  # long before: the previous master's lease ran out long ago
-    assert not server._inherited_election("h", 10.0)
+    assert not server.port.inherited_election("h", 10.0)
 
 
 def test_the_controller_group_timings_are_checked(tmp_path):

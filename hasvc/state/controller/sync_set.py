@@ -178,9 +178,10 @@ class SyncStateSetTracker:
     def _propose(self, now: float) -> AlterSyncStateSet | None:
         if self.proposal is not None:
             return None  # one at a time; tick() retries it
-        wanted = (self.sync_state_set - self._to_shrink(now)) | self._to_expand()
-        if wanted == self.sync_state_set:
-            return None
+        shrink, expand = self._to_shrink(now), self._to_expand()
+        if not shrink and not expand:  # (shrink holds members only, expand none: either one changes the set)
+            return None  # the common case, on every ack: no set built
+        wanted = (self.sync_state_set - shrink) | expand
         self.proposal = AlterSyncStateSet(self.group, self.master_id, self.epoch, self.sync_state_set_epoch, wanted)
         self.proposed_at = now
         self.check_invariants()
@@ -189,7 +190,9 @@ class SyncStateSetTracker:
     def _to_shrink(self, now: float) -> frozenset[int]:
         lag_max = self.timings.sync_set_lag_seconds_max
         out = set()
-        for slave_id in self.sync_state_set - {self.master_id}:
+        for slave_id in self.sync_state_set:
+            if slave_id == self.master_id:
+                continue
             progress = self.slaves.get(slave_id)
             if progress is None:
                 if now - self.started_at > lag_max:
@@ -199,10 +202,13 @@ class SyncStateSetTracker:
         return frozenset(out)
 
     def _to_expand(self) -> frozenset[int]:
+        outside = [(slave_id, progress) for slave_id, progress in self.slaves.items()
+                   if slave_id not in self.sync_state_set and progress.connected]  # fmt: skip
+        if not outside:
+            return frozenset()  # the common case, on every ack: no watermark computed
         confirm = self._watermark(self.sync_state_set)
-        return frozenset(slave_id for slave_id, progress in self.slaves.items()
-                         if slave_id not in self.sync_state_set and progress.connected
-                         and progress.ack_offset >= confirm and progress.ack_offset >= self.epoch_start_offset)  # fmt: skip
+        return frozenset(slave_id for slave_id, progress in outside
+                         if progress.ack_offset >= confirm and progress.ack_offset >= self.epoch_start_offset)  # fmt: skip
 
     # -- what the master may acknowledge -------------------------------------------------------
 
@@ -215,7 +221,9 @@ class SyncStateSetTracker:
 
     def _watermark(self, members: frozenset[int]) -> int:
         watermark = self.master_end
-        for slave_id in members - {self.master_id}:
+        for slave_id in members:
+            if slave_id == self.master_id:
+                continue
             progress = self.slaves.get(slave_id)
             watermark = min(watermark, progress.ack_offset if progress is not None else 0)
         return watermark

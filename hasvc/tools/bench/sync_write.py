@@ -1,6 +1,9 @@
 """``hasvc bench sync-write``: acknowledged writes per second against a master with a slave.
 
-Starts a master and a slave as separate processes on loopback (temporary stores, free ports), or
+Starts a master and a slave as separate processes on loopback (temporary stores, free ports), a
+DLedger group (``--mode dledger``), a controller-managed pair (``--mode controller``: one
+``hasvc controller`` and two ``hasvc broker --controllers``, the elected master SYNC_MASTER
+against its SyncStateSet; run it alternately with a plain pair to compare), or
 targets a running master (``--master``), then runs ``producers`` concurrent producers for
 ``duration`` seconds: each sends one request at a time (one message, or a batch of ``batch``) and
 records its latency. ``runs`` repetitions; the table shows medians with min–max, and the CPU
@@ -280,6 +283,68 @@ class LocalGroup:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+class LocalControlledPair:
+    """One controller and two ``hasvc broker --controllers`` processes with temporary stores: the
+    controller elects one broker master and the other follows it; ``master`` is the elected one
+    once the other is in its SyncStateSet (before, a put is answered SLAVE_NOT_AVAILABLE). The
+    brokers get the same options as a plain pair's (``flush``, ``settings``), so the two can be
+    compared. Stopped by PID on exit."""
+
+    GROUP = "bench"
+
+    def __init__(self, *, flush: str, slave_flush_before_ack: bool = False, settings: dict[str, str] | None = None):
+        """``slave_flush_before_ack``: given to both brokers (either may be the slave; a master ignores it)."""
+        from hasvc.testing.controller_group import ControllerGroup
+
+        self.root = tempfile.mkdtemp(prefix="hasvc-bench-controller-")
+        self.processes: list[ReadyProcess] = []
+        both = [arg for name, value in (settings or {}).items() for arg in ("--set", f"{name}={value}")]
+        if slave_flush_before_ack:
+            both += ["--set", "flush_before_ack=true"]
+        try:
+            self.controllers = ControllerGroup(os.path.join(self.root, "controllers"), 1)
+        except RuntimeError:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
+        controller = self.controllers.addresses[0]
+        for name in ("a", "b"):
+            command = hasvc_command("broker", "--controllers", controller, "--group", self.GROUP, "--flush", flush,
+                                    "--store", os.path.join(self.root, name), "--listen", "127.0.0.1:0",
+                                    "--ha-listen", "127.0.0.1:0", *both)  # fmt: skip
+            try:
+                self.processes.append(ReadyProcess(f"broker {name}", command, os.path.join(self.root, f"{name}.log")))
+            except RuntimeError:
+                self.close()
+                raise
+        self.master = {"listen": ""}
+
+    def wait_connected(self, timeout: float = 60.0) -> None:
+        """Until one broker serves as master, unfenced, with the other in its SyncStateSet."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for process in self.processes:
+                with hc.BlockingClient(process.address) as client:
+                    status = client.status()
+                if (status["role"] != "SLAVE" and not status.get("fenced_by") and len(status["sync_state_set"]) == 2
+                        and status.get("sync_state_set_proposed") is None):  # fmt: skip
+                    self.master = {"listen": process.address}
+                    self._master_pid = process.pid
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"no master with its slave in the SyncStateSet within {timeout:.0f} s; logs under {self.root}")
+
+    @property
+    def pids(self) -> dict[str, int]:
+        slave = next(process.pid for process in self.processes if process.pid != self._master_pid)
+        return {"master": self._master_pid, "slave": slave, "controller": self.controllers.processes["c0"].pid}
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.stop()
+        self.controllers.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 # Given to the local brokers (``page_cache_keep_size``), as scripts/bench_peers gives its hasvc
 # processes: flushed log pages more than this far behind are dropped from the page cache. On this
 # project's VMs (virtio-balloon free page reporting hands free memory back to the host) a page the
@@ -294,7 +359,7 @@ def bench_sync_write(*, producers: int, connections: int, size: int, batch: int,
                      flush: str, master: str | None, slave_flush_before_ack: bool, secret=None, load_generator: str = "auto",
                      nodes: int = 3, page_cache_keep_size: int = PAGE_CACHE_KEEP_SIZE, echo=print) -> dict:  # fmt: skip
     """``role`` sync/async: a classic pair; "dledger": a group of ``nodes`` (``flush`` sync: the
-    quorum fsyncs before a put is acknowledged). ``page_cache_keep_size``: given to the local
+    quorum fsyncs before a put is acknowledged); "controller": a controller-managed pair. ``page_cache_keep_size``: given to the local
     brokers (0: the store's default, nothing dropped)."""
     load_kind, load_binary = choose_load_generator(load_generator, secret)
     pair = None
@@ -302,9 +367,15 @@ def bench_sync_write(*, producers: int, connections: int, size: int, batch: int,
         settings = {"page_cache_keep_size": str(page_cache_keep_size)} if page_cache_keep_size else None
         if role == "dledger":
             pair = LocalGroup(nodes=nodes, flush=flush, settings=settings)
+        elif role == "controller":
+            pair = LocalControlledPair(flush=flush, slave_flush_before_ack=slave_flush_before_ack, settings=settings)
         else:
             pair = LocalPair(role=role, flush=flush, slave_flush_before_ack=slave_flush_before_ack, settings=settings)
-        pair.wait_connected()
+        try:
+            pair.wait_connected()
+        except BaseException:
+            pair.close()
+            raise
         address, pids = pair.master["listen"], pair.pids
     else:
         address, pids = master, {}
@@ -336,7 +407,7 @@ def bench_sync_write(*, producers: int, connections: int, size: int, batch: int,
     echo(f"  cpu %         {', '.join(f'{name} {value:.0f}' for name, value in cpu.items())}")
     settings = {"producers": producers, "connections": connections, "size": size, "batch": batch, "duration": duration,
                 "runs": runs, "role": role, "flush": flush, "slave_flush_before_ack": slave_flush_before_ack,
-                "target": master or ("local DLedger group" if role == "dledger" else "local pair"),
+                "target": master or {"dledger": "local DLedger group", "controller": "local controller-managed pair"}.get(role, "local pair"),
                 "nodes": nodes if role == "dledger" else None, "load_generator": load_kind,
                 "page_cache_keep_size": page_cache_keep_size if master is None else None}  # fmt: skip
     return envelope(

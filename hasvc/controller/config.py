@@ -1,0 +1,90 @@
+"""The controller process's configuration (``hasvc controller``): its limits and timings, each
+with its reason, and ``ControllerConfig``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from commitlog.dledger import entry_codec
+from hasvc.broker.dledger import GroupConfig
+from hasvc.config import Address
+from hasvc.state.controller.config import ControllerTimings
+from hasvc.state.raft.config import RaftConfig
+
+
+# The topic of the records that carry controller commands (one queue).
+CONTROLLER_TOPIC = "HASVC_CONTROLLER"
+# The Raft group name every controller's HELLO carries.
+CONTROLLER_RAFT_GROUP = "hasvc-controller"
+# The controller group's Raft timings: a small group on a LAN. Heartbeat 50 ms and an election
+# timeout of 0.4-0.6 s: a controller leader's death is noticed and replaced in about half a
+# second, well inside a broker's call_timeout_seconds (3 s), and the masters' leases (0.4 s,
+# renewed every 0.1 s by heartbeats to any leader) ride it out when the new leader comes quickly.
+# flush_sync: an entry counts toward the quorum only once flushed.
+CONTROLLER_RAFT = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.4,
+                             election_timeout_max_seconds=0.6, quorum_ack_timeout_seconds=2.0, flush_sync=True,
+                             push_batch_size_max=256 * 1024)  # fmt: skip
+# The entry files: commands are a few hundred bytes, so small files let retention cut the log
+# soon after a snapshot (an entry file is deleted whole). 4 MiB holds ~10k commands.
+CONTROLLER_DATA_FILE_SIZE = 4 * 1024 * 1024
+# A data file must hold a command or two (a Register with long names is ~1.3 KiB as an entry).
+LOG_FILE_SIZE_MIN = 16 * 1024
+CONTROLLER_INDEX_FILE_SIZE = entry_codec.INDEX_UNIT_SIZE * 128 * 1024  # 128 Ki entries' units (4 MiB)
+# A snapshot after this many applied entries: a restart replays at most this many.
+SNAPSHOT_INTERVAL_ENTRIES = 1000
+# How often the leader checks for lapsed masters (elect.py's decisions). Small against
+# broker_heartbeat_timeout_seconds (0.7 s): an election starts at most this late.
+ELECTION_CHECK_INTERVAL_SECONDS = 0.05
+# A proposed command not committed within this is answered NOT_LEADER (the broker asks again,
+# perhaps another controller): the group lost its quorum or its leader meanwhile.
+COMMAND_COMMIT_TIMEOUT_SECONDS = 2.0
+# The controller port's connections (hasvc/admission.py): brokers keep a few each
+# (ControllerClient's connections_per_controller_max); strangers must finish the preface and
+# send a request within the timeout.
+CONTROLLER_STRANGERS_MAX = 64
+CONTROLLER_STRANGER_TIMEOUT_SECONDS = 3.0
+CONTROLLER_CONNECTIONS_MAX = 4096
+SNAPSHOT_DIRECTORY = "controller"
+SNAPSHOT_FILE = "snapshot"
+
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerConfig:
+    store: str
+    listen: Address  # the controller port
+    self_id: str = "c0"
+    peers: dict[str, Address] | None = None  # every controller's Raft address (None: a group of 1)
+    raft: RaftConfig = CONTROLLER_RAFT
+    timings: ControllerTimings = ControllerTimings()
+    secret: bytes | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    metrics_listen: Address | None = None
+    snapshot_interval_entries: int = SNAPSHOT_INTERVAL_ENTRIES
+    log_file_size: int = CONTROLLER_DATA_FILE_SIZE  # each entry data file's size (retention deletes whole files)
+
+    def group_config(self) -> GroupConfig:
+        # A group of one: no peer connects, so its Raft port is any free port on loopback.
+        peers = self.peers if self.peers is not None else {self.self_id: ("127.0.0.1", 0)}
+        return GroupConfig(group=CONTROLLER_RAFT_GROUP, self_id=self.self_id, peers=peers, raft=self.raft)
+
+    def validate(self) -> ControllerConfig:
+        group = self.group_config()
+        if len(group.peers) not in (1, 3, 5):
+            raise ValueError(f"a controller group has 1, 3 or 5 controllers, not {len(group.peers)}")
+        group.validate()
+        self.timings.validate()
+        if self.raft.election_timeout_min_seconds < self.timings.master_lease_seconds:
+            raise ValueError(f"election_timeout_min_seconds ({self.raft.election_timeout_min_seconds}) of the controller "
+                             f"group must not be below master_lease_seconds ({self.timings.master_lease_seconds}): a lease "
+                             "an old controller leader granted must have run out when a new leader answers")  # fmt: skip
+        if self.snapshot_interval_entries < 1:
+            raise ValueError(f"snapshot_interval_entries must be >= 1, not {self.snapshot_interval_entries}")
+        if not LOG_FILE_SIZE_MIN <= self.log_file_size < 1 << 31:
+            raise ValueError(f"log_file_size must be {LOG_FILE_SIZE_MIN} bytes to 2 GiB, not {self.log_file_size}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        return self
+

@@ -1,0 +1,230 @@
+"""The controller-mode simulation's vocabulary (``hasvc.testing.controller_sim``): its timings,
+the messages brokers, controllers and the client exchange, the report of a seed, the invariants'
+checker, and the mutations (one core rule broken on purpose, for the checker to catch)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from commitlog.epoch import EpochEntry
+from hasvc.state.controller.elect import ElectionTracker
+from hasvc.state.controller.sync_set import SyncStateSetTracker
+from hasvc.testing.checker import SafetyViolation
+
+
+GROUP = "g"
+CONTROLLERS = ("c0", "c1", "c2")
+CLIENT = "client"
+CHAOS_SECONDS = 4.0  # simulated seconds of faults
+SETTLE_SECONDS = 4.0  # healed, all up: then the master must acknowledge writes again
+SETTLE_PROGRESS_SECONDS = 1.0  # ... within this last part of the settle
+DECIDE_EVERY_SECONDS = 0.05  # how often the controller leader runs decide()
+COMMIT_DELAY_SECONDS = (0.002, 0.01)  # a controller proposal's Raft round trip
+CONTROLLER_ELECTION_SECONDS = (0.4, 0.6)  # the controller group's election timeout (>= the master lease)
+DEPOSED_TAIL_SECONDS = 0.05  # a deposed controller leader answers at most this long after the change
+TRANSFER_EVERY_SECONDS = 0.005  # a master sends to each slave behind it this often
+BATCH_SIZE_MAX = 32  # writes per transfer
+HELLO_RETRY_SECONDS = 0.3  # a slave with no word from its master says hello again after this
+SESSION_IDLE_SECONDS = 1.0  # a master drops a slave session silent this long (the HA housekeeping)
+WRITE_TIMEOUT_SECONDS = 1.0  # a write waiting for acks longer than this fails (FLUSH_SLAVE_TIMEOUT)
+CLIENT_RETRY_SECONDS = 0.3  # the client tries another broker after this long without an answer
+UNCLEAN_SHARE = 0.1  # of the seeds allow unclean election (the loss checks are off there)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SeedReport:
+    seed: int
+    brokers: int
+    min_in_sync_replicas: int
+    unclean: bool
+    events: int
+    crashes: int
+    acked: int
+    elections: int
+    controller_changes: int
+    switchovers: int
+    truncations: int
+    set_changes: int
+    # Simulated seconds from a master's kill to the first write acknowledged in a newer epoch,
+    # one per kill of an acknowledging master followed by a failover (other faults may intervene).
+    failovers: tuple[float, ...] = ()
+
+
+# -- messages ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ControllerRequest:
+    request_id: int
+    body: Any  # Register | HeartbeatBody | AlterSyncStateSet
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeartbeatBody:
+    broker_id: int
+    epoch: int
+    max_offset: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ControllerReply:
+    request_id: int
+    status: str  # OK, NOT_LEADER
+    leader: str | None = None
+    body: Any = None  # broker id (Register), HeartbeatAnswer, (accepted, set, set epoch) (Alter)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hello:
+    session: int
+    slave_id: int
+    epochs: tuple[EpochEntry, ...]
+    end: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HelloAnswer:
+    session: int
+    epochs: tuple[EpochEntry, ...]
+    end: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Transfer:
+    session: int
+    from_offset: int
+    items: tuple[tuple[int, int], ...]  # (epoch, write id)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ack:
+    session: int
+    slave_id: int
+    offset: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bye:
+    session: int
+    slave_id: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Put:
+    write_id: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PutReply:
+    write_id: int
+    ok: bool
+    master: str | None = None
+
+
+# -- the checker ---------------------------------------------------------------------------------
+
+
+class ControllerChecker:
+    def __init__(self, unclean: bool) -> None:
+        self.unclean = unclean
+        # (write id, offset) -> epoch; a duplicated Put is stored (and may be acknowledged) twice
+        self.acked: dict[tuple[int, int], int] = {}
+        self.ackers: dict[int, str] = {}  # epoch -> the broker that acknowledged in it
+        self.acked_epoch_max = 0
+        self.killed_master: tuple[float, int] | None = None  # (when, its epoch): a failover under way
+        self.failovers: list[float] = []
+
+    def on_kill(self, epoch: int, now: float) -> None:
+        if self.killed_master is None and epoch == self.acked_epoch_max:
+            self.killed_master = (now, epoch)
+
+    def on_ack(self, broker: str, epoch: int, offset: int, write_id: int, now: float) -> None:
+        if self.killed_master is not None and epoch > self.killed_master[1]:
+            self.failovers.append(now - self.killed_master[0])
+            self.killed_master = None
+        other = self.ackers.setdefault(epoch, broker)
+        if other != broker:
+            raise SafetyViolation(f"{broker} and {other} both acknowledged writes in epoch {epoch}")
+        if epoch < self.acked_epoch_max:
+            raise SafetyViolation(f"{broker} acknowledged in epoch {epoch} after an acknowledgement in epoch "
+                                  f"{self.acked_epoch_max}")  # fmt: skip
+        self.acked_epoch_max = epoch
+        assert (write_id, offset) not in self.acked
+        self.acked[(write_id, offset)] = epoch
+
+    def missing(self, log: list[int]) -> list[int]:
+        return sorted(w for w, offset in self.acked if offset >= len(log) or log[offset] != w)
+
+    def on_promote(self, broker: str, epoch: int, log: list[int]) -> None:
+        if not self.unclean and (lost := self.missing(log)):
+            raise SafetyViolation(f"{broker} became master in epoch {epoch} without acknowledged writes {lost[:5]}")
+
+    def on_truncate(self, broker: str, log: list[int], cut: int) -> None:
+        if self.unclean:
+            return
+        gone = [w for offset, w in enumerate(log[cut:], cut) if (w, offset) in self.acked]
+        if gone:
+            raise SafetyViolation(f"{broker} cut acknowledged writes {gone[:5]} (log cut to {cut})")
+
+    def masters_at_once(self, masters: list[str], now: float, what: str) -> None:
+        if len(masters) > 1:
+            raise SafetyViolation(f"{masters} all act as master {what} at {now:.4f}")
+
+
+# -- mutations: one core rule broken on purpose, to see the checker catch it ------------------------
+
+
+class _ExpandAfterAccept(SyncStateSetTracker):
+    """apache/rocketmq#5663: a pending expansion not waited for until the controller accepts it."""
+
+    __slots__ = ()
+
+    def counted_members(self) -> frozenset[int]:
+        if self.proposal is not None and self.proposal.new_set > self.sync_state_set:
+            return self.sync_state_set
+        return super().counted_members()
+
+
+class _ShrinkBeforeAccept(SyncStateSetTracker):
+    """A pending shrink taken at once: the slave still in the controller's set stops being waited for."""
+
+    __slots__ = ()
+
+    def counted_members(self) -> frozenset[int]:
+        if self.proposal is not None and self.proposal.new_set < self.sync_state_set:
+            return self.proposal.new_set
+        return super().counted_members()
+
+
+class _AckWithoutLease(SyncStateSetTracker):
+    __slots__ = ()
+
+    def confirm_offset(self, now: float) -> int | None:
+        return self.ack_watermark() if self.admit() else None
+
+
+class _GrantWithoutHold(ElectionTracker):
+    """Renew a lease to a master the leader decided lapsed, and to a new master at once."""
+
+    __slots__ = ()
+
+    def _may_grant(self, name, group, now) -> bool:
+        return now >= self.leader_since
+
+
+class _ElectOutsideSet(ElectionTracker):
+    """Elect the best alive member whether in the SyncStateSet or not (unclean, unannounced)."""
+
+    __slots__ = ()
+
+    def _choose(self, name, group, now, *, exclude):
+        alive = [b for b in sorted(group.members) if b != exclude and self.alive(name, b, now)]
+        return self._best(name, alive), True
+
+
+MUTATIONS = {"expand-after-accept": "tracker", "shrink-before-accept": "tracker", "ack-without-lease": "tracker",
+             "grant-without-hold": "elect", "elect-outside-set": "elect"}  # fmt: skip
+_MUTATED = {"expand-after-accept": _ExpandAfterAccept, "shrink-before-accept": _ShrinkBeforeAccept,
+            "ack-without-lease": _AckWithoutLease, "grant-without-hold": _GrantWithoutHold,
+            "elect-outside-set": _ElectOutsideSet}  # fmt: skip

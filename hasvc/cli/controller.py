@@ -70,7 +70,7 @@ def controller(store_dir, listen, peers, self_id, allow_unclean_election, metric
     controller-managed group is master (hasvc broker --controllers). The group replicates its
     state by Raft; its leader answers brokers' heartbeats and elects a new master when one
     falls silent. Prints `READY {json}` on stdout when serving, exits cleanly on SIGTERM/SIGINT."""
-    from hasvc.broker.dledger import parse_peers
+    from hasvc.broker.raft.group import parse_peers
     from hasvc.config import is_loopback, parse_address, read_secret
     from hasvc.controller.server import CONTROLLER_RAFT, ControllerConfig
     from hasvc.state.controller.config import ControllerTimings

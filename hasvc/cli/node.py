@@ -84,7 +84,7 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
     majority of it runs; no promote. The leader plays SYNC_MASTER once caught up (a put is
     PUT_OK once a quorum has its entry), the others SLAVE (committed reads; writes refused naming
     the leader). Prints `READY {json}` on stdout when serving, exits cleanly on SIGTERM/SIGINT."""
-    from hasvc.broker.dledger import GroupConfig, parse_peers
+    from hasvc.broker.raft.group import GroupConfig, parse_peers
     from hasvc.config import is_loopback
     from hasvc.state.raft.config import RaftConfig
 
@@ -139,7 +139,7 @@ def _run_node(config, group_config) -> None:
 
     import trio
 
-    from hasvc.broker.dledger import DLedgerBroker
+    from hasvc.broker.raft.broker import DLedgerBroker
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()

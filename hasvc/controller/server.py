@@ -64,7 +64,8 @@ from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.mapped_file import fsync_directory
 from hasvc import admission as port_admission
 from hasvc import transport
-from hasvc.broker.dledger import GroupConfig, RaftDriver
+from hasvc.broker.raft.driver import RaftDriver
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.config import Address, format_address
 from hasvc.protocol import controller as cp
 from hasvc.protocol import wire

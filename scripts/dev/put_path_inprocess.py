@@ -37,7 +37,8 @@ import time
 import trio
 
 from hasvc.broker.broker import Broker
-from hasvc.broker.dledger import DLedgerBroker, GroupConfig
+from hasvc.broker.raft.broker import DLedgerBroker
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
 from hasvc.state.raft.config import RaftConfig

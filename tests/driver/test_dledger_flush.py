@@ -14,8 +14,9 @@ import trio.testing
 
 from commitlog.dledger.entry_store import DLedgerMmapFileStore
 from hasvc import client as hc
-from hasvc.broker import dledger
-from hasvc.broker.dledger import DLedgerBroker, GroupConfig
+from hasvc.broker.raft import driver as raft_driver
+from hasvc.broker.raft.broker import DLedgerBroker
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.ready import Role
@@ -72,7 +73,7 @@ async def _wait_for(predicate, message: str) -> None:
 
 
 async def test_a_hung_flush_leaves_the_loop_serving_and_a_sync_put_waits_for_its_flush(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(dledger, "SYNC_INLINE_ENTRIES_MAX", -1)  # every flush in the worker thread
+    monkeypatch.setattr(raft_driver, "SYNC_INLINE_ENTRIES_MAX", -1)  # every flush in the worker thread
     gate = FlushGate(monkeypatch)
     broker = _one_member(tmp_path)
     async with trio.open_nursery() as nursery:
@@ -165,7 +166,7 @@ async def test_a_small_sync_flush_runs_in_the_loop_and_a_bigger_one_in_the_threa
                     assert entries.flushed_index() == entries.last_index(), (entries.flushed_index(), entries.last_index())
                 if round_ == 0:  # a put that meets the index files' sync (INDEX_FLUSH_INTERVAL_SECONDS, in the thread) waits for it
                     assert threads.count(loop_thread) >= 3, threads  # and its flush follows it there
-                    monkeypatch.setattr(dledger, "SYNC_INLINE_ENTRIES_MAX", 0)
+                    monkeypatch.setattr(raft_driver, "SYNC_INLINE_ENTRIES_MAX", 0)
                 else:
                     assert threads and loop_thread not in threads, threads
         nursery.cancel_scope.cancel()
@@ -177,7 +178,7 @@ async def test_the_index_files_are_synced_at_most_once_an_interval(tmp_path, mon
     which put a worker thread's hand-off behind one put in ten at one writer). Here the interval
     is 0.1 s and puts go on for five of them: the index files are synced, never twice within one."""
     interval = 0.1
-    monkeypatch.setattr(dledger, "INDEX_FLUSH_INTERVAL_SECONDS", interval)
+    monkeypatch.setattr(raft_driver, "INDEX_FLUSH_INTERVAL_SECONDS", interval)
     started: list[float] = []
     real = DLedgerMmapFileStore.sync_index_files
 

@@ -9,7 +9,8 @@ import trio
 
 from commitlog import record as rec
 from hasvc import client as hc
-from hasvc.broker.dledger import DLedgerBroker, GroupConfig
+from hasvc.broker.raft.broker import DLedgerBroker
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
 from hasvc.state.puts import PutTracker

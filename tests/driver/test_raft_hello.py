@@ -16,7 +16,8 @@ import trio
 import trio.testing
 
 from hasvc import transport
-from hasvc.broker.dledger import GroupConfig, RaftDriver
+from hasvc.broker.raft.driver import RaftDriver
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.raft.config import RaftConfig

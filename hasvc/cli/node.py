@@ -139,7 +139,7 @@ def _run_node(config, group_config) -> None:
 
     import trio
 
-    from hasvc.broker.raft.broker import DLedgerBroker
+    from hasvc.broker.raft.broker import RaftBroker
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
@@ -150,7 +150,7 @@ def _run_node(config, group_config) -> None:
 
     async def serve() -> None:
         nonlocal ready
-        broker = DLedgerBroker(config, group_config)
+        broker = RaftBroker(config, group_config)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 addresses = await nursery.start(broker.run)

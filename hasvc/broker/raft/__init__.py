@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-``DLedgerBroker`` composes, in one trio loop: the member's store (``DLedgerMessageStore``: records
+``RaftBroker`` composes, in one trio loop: the member's store (``DLedgerMessageStore``: records
 in DLedger entries, consume queues over committed ones), the pure Raft core (``RaftNode``), its
 driver (``RaftDriver``: the Raft port, one outbound connection per peer, timers, the background
 flush), and the classic put path and client port unchanged: ``PutService`` appends through

@@ -14,47 +14,28 @@ import time
 
 import trio
 
-from commitlog.dledger.entry_codec import BODY_OFFSET as ENTRY_HEADER_SIZE
-from commitlog.dledger.entry_codec import ENTRY_SIZE_MAX
 from commitlog.dledger.entry_store import DLedgerStoreConfig
 from commitlog.dledger.message_store import DLedgerMessageStore
-from commitlog.mapped_file import StoreError
-from commitlog.scrub import EntryScrubber
 from commitlog.store import disk_used_ratio
 from hasvc import admission as port_admission
 from hasvc import transport
 from hasvc.broker.client_port import ClientPort
 from hasvc.broker.put_service import PutService, rebuild_producer_table
-from hasvc.broker.raft.driver import DISK_FULL_RETRY_SECONDS, RaftDriver
+from hasvc.broker.raft.driver import RaftDriver
+from hasvc.broker.raft.repair import EntryRepair
+from hasvc.broker.raft.sync import DISK_FULL_RETRY_SECONDS
 from hasvc.broker.raft.group import GroupConfig
 from hasvc.broker.raft.replicator import RaftLog, RaftReplicator
 from hasvc.broker.raft_metrics import serve_raft_metrics
-from hasvc.broker.store_tasks import SCRUB_PASS_PAUSE_SECONDS, SCRUB_STEP_PAUSE_MIN_SECONDS
-from hasvc.client import ClientError, connect
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
-from hasvc.protocol import wire
 from hasvc.state.dedupe import ProducerTable
 from hasvc.state.raft.ready import Role
-from hasvc.state.role import RoleState
+from hasvc.state.raft.role import RaftRole
 
 LOGGER = logging.getLogger(__name__)
 
 CONSUME_QUEUE_FLUSH_INTERVAL_SECONDS = 1.0
 DISPATCH_INLINE_BYTES_MAX = 256 * 1024  # entries a commit dispatches inline; beyond, the dispatcher task
-# The scrub walks at most this many entry bytes a step, on the trio thread (native checks of the
-# entries and of their messages' CRCs, a comparison of the units: well under a millisecond here).
-DLEDGER_SCRUB_STEP_BYTES = 256 * 1024
-# Fetching one damaged entry from one member for its repair (connect, two READs or a few for the
-# largest entry): longer than any answer of a member that serves, shorter than a pass's pause.
-REPAIR_FETCH_TIMEOUT_SECONDS = 10.0
-# A damaged entry no member gave a copy of is tried again this many times a pass, this long apart
-# (a member that just started learns its peers' client ports from their HELLOs within a second or
-# two), then passed over until the next pass.
-REPAIR_ATTEMPTS_PER_PASS = 3
-REPAIR_RETRY_SECONDS = 1.0
-# What fetching from one member may fail with (the next member is tried); anything else is our bug.
-REPAIR_FETCH_ERRORS = (transport.AuthenticationError, OSError, EOFError, wire.ProtocolError, trio.TooSlowError,
-                       trio.BrokenResourceError, trio.ClosedResourceError, ClientError)  # fmt: skip
 # TRANSFER_LEADER (``hasvc transfer-leader``) answers at the latest this long after it started:
 # the core aborts a transfer its target did not complete within election_timeout_min_seconds
 # (6.3 s by default, 1 s with etcd timing), so this is a backstop for a leader that steps down
@@ -65,33 +46,13 @@ TRANSFER_LEADER_WAIT_SECONDS = 10.0
 RETAIN_NOTHING_INDEX = 1 << 62
 
 
-class DLedgerRole(RoleState):
-    """RoleState for a member: SLAVE means "not a leader that has caught up"; the refusal names
-    the leader this member knows."""
-
-    __slots__ = ("leader_hint",)
-
-    def __init__(self) -> None:
-        super().__init__(BrokerRole.SYNC_MASTER, None)
-        self.role = BrokerRole.SLAVE
-        self.leader_hint = "no leader is known yet"
-
-    def check_invariants(self) -> None:
-        assert self.fenced_by is None
-
-    def write_refusal(self) -> str | None:
-        if self.role is BrokerRole.SLAVE:
-            return f"this DLedger member does not lead: {self.leader_hint}"
-        return None
-
-
-class DLedgerBroker:
-    """A DLedger member: see the module."""
+class RaftBroker:
+    """A Raft member (``hasvc node``): see ``hasvc.broker.raft``."""
 
     def __init__(self, config: BrokerConfig, group: GroupConfig) -> None:
         self.config = config.validate()
         self.group = group.validate()
-        self.role_state = DLedgerRole()
+        self.role_state = RaftRole()
         self.producers = ProducerTable(window=config.producer_sequence_window, producers_max=config.producers_max)
         self.store: DLedgerMessageStore | None = None
         self.driver: RaftDriver | None = None
@@ -110,7 +71,7 @@ class DLedgerBroker:
         # leader takes writes once it is done, if it still leads that term.
         self._rebuilding_for: int | None = None
         self.retention_passes = 0  # retention passes done (status: lets a test wait for one)
-        self.scrubber: EntryScrubber | None = None  # the store's background check, once running
+        self.repair: EntryRepair | None = None  # the scrub and repair task, once serving
         # Held while a worker thread flushes the consume queues (StoreTasks.maintenance's role)
         # and while retention deletes files (consume queue files among them).
         self.maintenance = trio.Lock()
@@ -188,7 +149,9 @@ class DLedgerBroker:
         nursery.start_soon(self._dispatcher)
         nursery.start_soon(self._consume_queue_flusher)
         nursery.start_soon(self._retention)
-        nursery.start_soon(self._scrub)
+        self.repair = EntryRepair(config=self.config, group=self.group, store=self.store, driver=self.driver,
+                                  maintenance=self.maintenance)  # fmt: skip
+        nursery.start_soon(self.repair.run)
         await self.driver.run(nursery, raft_listener)
         if self.config.metrics_listen is not None:  # after the driver runs: a scrape reads STATUS
             self.metrics, self.metrics_address = await nursery.start(
@@ -312,99 +275,6 @@ class DLedgerBroker:
                                " (disk above disk_clean_ratio: regardless of the members' needs)" if over_ratio else "",
                                store.entries.first_index(), store.min_offset)  # fmt: skip
 
-    async def _scrub(self) -> None:
-        """The member's store re-checked in the background (``commitlog.scrub.EntryScrubber``),
-        ``scrub_bytes_per_second`` (0: off): every data file, every entry whole (header against
-        its index unit, bodyCrc, the message's CRCs) and its consume-queue units (rewritten from
-        the record where they differ). A damaged entry -- found by the scrub, or by a read
-        (STATUS ``damaged``) -- is repaired in place from a member that holds it committed
-        (``_repair_entry``): never cut, and nothing of a healthy copy changes. On the trio thread,
-        a step of at most DLEDGER_SCRUB_STEP_BYTES at a time with ``maintenance`` held, as
-        retention runs (the entry files are never reset or deleted under it)."""
-        rate = self.store.config.scrub_bytes_per_second
-        if rate <= 0:
-            return
-        self.scrubber = EntryScrubber(self.store)
-        tried: set[tuple[str, int]] = set()  # damage reads found that a repair was tried for this pass
-        while True:
-            async with self.maintenance:
-                step = self.scrubber.step(DLEDGER_SCRUB_STEP_BYTES)
-            for topic, queue_id, queue_offset in step.units_repaired:
-                LOGGER.warning("scrub: consume queue %s/%d unit %d did not match its record: rewritten from it",
-                               topic, queue_id, queue_offset)  # fmt: skip
-            for damage in step.damaged:
-                tried.add((damage.file, damage.from_offset))
-                if self.store.record_damage(damage):
-                    LOGGER.error("scrub: damaged entry at %s: repairing it from a member that holds it", damage.describe())
-                for attempt in range(1, REPAIR_ATTEMPTS_PER_PASS + 1):  # the peers' ports are learnt as they connect
-                    if await self._repair_entry(damage, damage.index, damage.from_offset,
-                                                last_attempt=attempt == REPAIR_ATTEMPTS_PER_PASS):  # fmt: skip
-                        self.scrubber.repaired(damage)
-                        break
-                    if attempt < REPAIR_ATTEMPTS_PER_PASS:
-                        await trio.sleep(REPAIR_RETRY_SECONDS)
-                else:
-                    self.scrubber.skip(damage)
-            for damage in [d for d in self.store.read_damaged if (d.file, d.from_offset) not in tried]:
-                tried.add((damage.file, damage.from_offset))  # found by a read: once a pass
-                found = self.store.damaged_entry(damage)
-                if found is not None:
-                    await self._repair_entry(damage, *found)
-            if step.pass_completed:
-                tried.clear()
-                await trio.sleep(SCRUB_PASS_PAUSE_SECONDS)
-            else:
-                await trio.sleep(max((step.checked_to - step.checked_from) / rate, SCRUB_STEP_PAUSE_MIN_SECONDS))
-        raise AssertionError("unreachable")
-
-    async def _repair_entry(self, damage, index: int, pos: int, *, last_attempt: bool = True) -> bool:
-        """Fetch committed entry ``index`` (at data offset ``pos``) from each member that announced
-        its client port in turn, with READ (the members' data files are byte-identical), and
-        write the first copy that checks over this member's (``DLedgerMessageStore.repair_entry``:
-        the entry, its message and agreement with what is left of this copy). True once repaired;
-        False when no member gave a copy that checks (said in one line on the ``last_attempt``:
-        where, what each member answered, and that the next pass tries again)."""
-        tried = []
-        for member, address in sorted(self.driver.peer_client_addresses.items()):
-            if member == self.group.self_id or not address:
-                continue
-            try:
-                with trio.fail_after(REPAIR_FETCH_TIMEOUT_SECONDS):
-                    data = await self._fetch_entry(address, pos)
-            except REPAIR_FETCH_ERRORS as error:
-                tried.append(f"{member}: {transport.describe(error) if isinstance(error, OSError) else error}")
-                continue
-            async with self.maintenance:
-                try:
-                    rewritten = self.store.repair_entry(index, pos, data)
-                except StoreError as error:
-                    tried.append(f"{member}: {error}")
-                    continue
-            LOGGER.warning("scrub: entry %d at offset %d repaired from %s's copy (%s)", index, pos, member,
-                           ", ".join(rewritten) or "this copy was whole again: nothing rewritten")  # fmt: skip
-            return True
-        if last_attempt:
-            LOGGER.error("scrub: damaged entry at %s not repaired: no member gave a copy that checks (%s); it stays in "
-                         "STATUS damaged, reads of it answer DAMAGED, and the scrub tries again next pass",
-                         damage.describe(), "; ".join(tried) or ("a group of one has no other copy" if len(self.group.peers) == 1
-                                                                  else "no member's client port is known yet"))  # fmt: skip
-        return False
-
-    async def _fetch_entry(self, address: str, pos: int) -> bytes:
-        """The stored bytes of the entry at data offset ``pos`` on the member at ``address``
-        (READ serves committed entries only, headers included), its header's size long."""
-        async with connect(address, self.config.secret, tls_ca=self.config.tls_ca) as client:
-            data = bytearray(await client.read(pos, size_max=ENTRY_HEADER_SIZE))
-            size = int.from_bytes(data[4:8], "big", signed=True) if len(data) >= 8 else -1
-            if not ENTRY_HEADER_SIZE <= size <= ENTRY_SIZE_MAX:
-                raise ClientError(f"no entry at offset {pos} there (size word {size})")
-            while len(data) < size:
-                more = await client.read(pos + len(data), size_max=size - len(data))
-                if not more:
-                    raise ClientError(f"the entry at offset {pos} ends at {pos + len(data)} there")
-                data += more
-            return bytes(data[:size])
-
     def _on_role(self) -> None:
         """Play SYNC_MASTER while leading with every entry committed and dispatched, else SLAVE."""
         node = self.driver.node
@@ -479,7 +349,7 @@ class DLedgerBroker:
             **self.client_port.answer_budget.statistics(),
             "appends_dropped_disk_full": self.driver.appends_dropped_disk_full,
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
-            "scrub": self.scrubber.statistics.to_json() if self.scrubber is not None else None,
+            "scrub": self.repair.scrubber.statistics.to_json() if self.repair.scrubber is not None else None,
             "catch_up_index": raft.catch_up_index,
             "damaged": [damage.to_json() for damage in self.store.damaged],
             "peers": {peer: {"match_index": p.match_index, "lag_entries": p.lag_entries,

@@ -1,4 +1,19 @@
-"""DLedger mode: a broker whose log is replicated by Raft (``hasvc node``).
+"""Raft mode: a broker whose log is replicated by Raft (``hasvc node``; its store keeps DLedger's
+on-disk format, ``commitlog.dledger``).
+
+Modules, by concern
+-------------------
+- ``broker.py``: ``RaftBroker``, the member: store, driver, put path, client port, dispatch,
+  retention, role changes, STATUS.
+- ``driver.py``: ``RaftDriver``, one ``RaftNode`` over trio: Readies carried out, proposals, the
+  timer, the checkpoint, leadership transfer.
+- ``peers.py``: ``RaftSenders``, one outbound connection per peer and its bounded queue.
+- ``listener.py``: ``RaftListener``, the Raft port: preface, HELLO, messages stepped into the core.
+- ``sync.py``: ``EntrySync``, the entry files' syncs (group commit) and ``files_quiet``.
+- ``replicator.py``: ``RaftReplicator`` and ``RaftLog``, the seams the classic put path uses.
+- ``repair.py``: ``EntryRepair``, the scrub and the repair of damaged entries from peers.
+- ``group.py``: ``GroupConfig`` and ``parse_peers`` (``--group --self --peers``).
+The broker role a member plays is ``hasvc.state.raft.role.RaftRole``.
 
 Theory of operation
 -------------------
@@ -37,21 +52,21 @@ Flushing does not block the loop: the msync of the entry files runs in a worker 
 loop goes on appending, every 10 ms (DLedger's FlushDataService) or, with ``--flush sync``, as soon
 as entries were appended. The one exception is a small flush with ``--flush sync`` (at most
 SYNC_INLINE_ENTRIES_MAX entries waiting, as with one writer): it runs in the loop at the end of the
-drain that appended them, after that drain's messages left (``_sync_after_append``). It is a group commit: the index appended when a flush starts is what it
+drain that appended them, after that drain's messages left (``EntrySync.after_append``). It is a group commit: the index appended when a flush starts is what it
 marks flushed (``persisted``), and entries appended meanwhile wait for the next one; with
 ``--flush sync`` the core counts (leader) and acknowledges (follower) an entry only once it is
 marked flushed. Only the data files decide what is flushed: recovery trusts them alone and
 rebuilds the index units that do not match them, so the index files are synced after the
 ``persisted`` step, off the acknowledgement's path, at most every INDEX_FLUSH_INTERVAL_SECONDS (an
 index unit not yet synced costs a longer recovery scan after a crash, never an entry). One sync runs at
-a time, in a worker thread started from the loop (``_start_sync``: by an append with
+a time, in a worker thread started from the loop (``EntrySync.start``: by an append with
 ``--flush sync``, by the end of the previous sync, and every FLUSH_INTERVAL_SECONDS), its end
 handled by a callback. A full disk ends no task and no process: a leader answers puts DISK_FULL
 (the disk above ``disk_max_used_space_ratio``, or no room for the files the proposal's entries
 need: ``make_room`` before the core takes them), a follower drops an APPEND it has no room for
 (the leader sends it again), the warm-up and the checkpoint try again later; an append that
 still fails (the term-start no-op) is rolled back whole by the store and the core starts over as
-a follower from the stored log (``_append_failed``). A leader does not step down for a full disk
+a follower from the stored log (``RaftDriver._append_failed``). A leader does not step down for a full disk
 (no member knows the others' room). A truncate (a TRUNCATE push from the leader) and retention cut and delete
 files, so they hold the files quiet (``files_quiet``): they wait for the sync in flight, and none
 starts until they are done. A reset (a RESET from the leader: this member needs entries the group

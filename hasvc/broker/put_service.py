@@ -31,11 +31,13 @@ import re
 import time
 from collections.abc import Callable
 from itertools import chain
+from typing import ClassVar, Protocol
 
 import trio
 
 from commitlog import record as rec
 from commitlog.commit_log import AppendResult
+from commitlog.config import StoreConfig
 from commitlog.store import MessageStore
 from commitlog.waiters import OffsetWaiters, WaitersFull
 from hasvc.broker.outbox import Outbox, error_response
@@ -249,13 +251,39 @@ class WaiterTimer:
         self._wakeup = trio.Event()
 
 
+class PutSink(Protocol):
+    """What ``PutService`` appends to: the classic store (``StoreSink``) or a Raft member's log
+    (``hasvc.broker.raft.replicator.RaftLog``: its appends propose). ``config``: the store's (flush
+    type, waits). ``append_batches``: several batches (a pass's groups over several queues) in one
+    call, one result for them all, cut per group by the caller (a Raft member: one proposal); None:
+    a call per group."""
+
+    config: StoreConfig
+    append_batches: Callable[[list[rec.MessageBatch]], AppendResult] | None
+
+    def append_batch(self, batch: rec.MessageBatch) -> AppendResult: ...
+
+
+class StoreSink:
+    """The classic store as a ``PutSink``: ``append_batch`` is the store's own (bound here, so a
+    put calls ``MessageStore.append_batch`` with no layer between); a call per group, where a
+    group's append costs no more than its share of one (no ``append_batches``)."""
+
+    __slots__ = ("config", "append_batch")
+    append_batches: ClassVar[None] = None
+
+    def __init__(self, store: MessageStore) -> None:
+        self.config = store.config
+        self.append_batch = store.append_batch
+
+
 class PutService:
     """Drives the put path of one broker (see the module): what it needs is passed in, the store
     (open), the role (who may write), the replicator (how far records are replicated), the
     producer table (idempotent sends) and ``after_appends``, the store's follow-up to a pass of
     appends. ``metrics`` is set when the broker serves them."""
 
-    def __init__(self, *, config: BrokerConfig, store: MessageStore, role: RoleState, replicator: Replicator,
+    def __init__(self, *, config: BrokerConfig, store: PutSink, role: RoleState, replicator: Replicator,
                  producers: ProducerTable, after_appends: Callable[[], None]) -> None:  # fmt: skip
         store_config = store.config
         self.config = config
@@ -264,10 +292,7 @@ class PutService:
         self.replicator = replicator
         self.producers = producers
         self.after_appends = after_appends
-        # A store that appends several batches in one call (DLedger: one Raft proposal for them),
-        # used for a pass's groups over several queues; None: a call per group (the classic log,
-        # where a group's append costs no more than its share of one).
-        self._append_batches = getattr(store, "append_batches", None)
+        self._append_batches = store.append_batches  # None: a call per group (``PutSink``)
         self.tracker = PutTracker(
             sync_flush=store_config.flush_disk_type is FlushDiskType.SYNC_FLUSH, in_sync_replicas=config.in_sync_replicas,
             min_in_sync_replicas=config.min_in_sync_replicas, flush_timeout_seconds=store_config.sync_flush_timeout_seconds,

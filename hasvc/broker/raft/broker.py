@@ -125,7 +125,7 @@ class RaftBroker:
         log = RaftLog(self.store, self.driver)
         self.put_service = PutService(config=self.config, store=log, role=self.role_state, replicator=self.replicator,
                                       producers=self.producers, after_appends=lambda: None)  # fmt: skip
-        self.client_port = ClientPort(config=self.config, store=log, puts=self.put_service, status=self.status,
+        self.client_port = ClientPort(config=self.config, store=self.store, puts=self.put_service, status=self.status,
                                       promote=self._no_promote, demote=self._no_promote,
                                       transfer_leader=self.transfer_leader)  # fmt: skip
         own = self.group.peers[self.group.self_id]

@@ -1,6 +1,6 @@
 """The seams between the classic put path and a Raft member: ``RaftReplicator`` (the
-``Replicator`` of ``PutService``: replicated = committed by the group) and ``RaftLog`` (what
-``PutService`` appends to: a put proposes its records through the driver)."""
+``Replicator`` of ``PutService``: replicated = committed by the group) and ``RaftLog`` (its
+``PutSink``, what it appends to: a put proposes its records through the driver)."""
 
 from __future__ import annotations
 
@@ -50,15 +50,16 @@ class RaftReplicator:
 
 
 class RaftLog:
-    """What ``PutService`` and ``ClientPort`` use as a store: the member's store, whose
-    ``append_batch`` proposes through the Raft core."""
+    """A member's ``PutSink`` (``hasvc.broker.put_service``): its appends *propose* the records,
+    planned at their final offsets by the member's store, through the driver. Reads go to the
+    store itself (``ClientPort`` is given the store)."""
+
+    __slots__ = ("config", "_store", "_driver")
 
     def __init__(self, store: DLedgerMessageStore, driver: RaftDriver) -> None:
+        self.config = store.config  # the store's (frozen): PutService's flush type and waits
         self._store = store
         self._driver = driver
-
-    def __getattr__(self, name):
-        return getattr(self._store, name)
 
     def append_batch(self, batch: rec.MessageBatch) -> AppendResult:
         """Propose ``batch``; its Ready is carried out once the pass of puts is proposed

@@ -14,8 +14,10 @@ L1  ``hasvc.protocol``    sans-IO codecs: bytes in, events out.
 L2  drivers (trio)        ``hasvc.transport``, ``hasvc.admission`` (who holds a connection on the
                           Raft and HA ports), ``hasvc.metrics_http`` (the bounded metrics server),
                           ``hasvc.broker`` (client port, put service, outbox,
-                          store tasks, HA master and slave, metrics), ``hasvc.replicator`` (what
-                          the put path needs of replication), ``hasvc.client``: they feed the L1
+                          store tasks, HA master and slave, metrics; ``hasvc.broker.raft``, the
+                          Raft member, beside the classic drivers and importing none of them),
+                          ``hasvc.replicator`` (what the put path needs of replication),
+                          ``hasvc.client``: they feed the L1
                           cores bytes and time and carry out what those return.
 L3  ``hasvc.tools``       benchmarks, drills, demos, the crash writer: library code the CLI runs.
     ``hasvc.spark``       the Spark data source and jobs (imports ``commitlog`` only, no trio).

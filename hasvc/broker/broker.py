@@ -36,7 +36,7 @@ from hasvc.broker.ha_master import HAService
 from hasvc.broker.ha_slave import HAClient
 from hasvc.broker.online_repair import OnlineRepair, repair_sources
 from hasvc.broker.metrics import BrokerMetrics, serve_metrics
-from hasvc.broker.put_service import PutService, rebuild_producer_table
+from hasvc.broker.put_service import PutService, StoreSink, rebuild_producer_table
 from hasvc.broker.repairing import repair_from_a_slave
 from hasvc.broker.store_tasks import StoreTasks
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
@@ -82,8 +82,9 @@ class Broker:
         assert self.store is None, "one store per broker"
         self.store = store
         self.store_tasks = StoreTasks(store=store, role=self.role_state, warm_ahead_size=store.config.warm_ahead_size)
-        self.put_service = PutService(config=self.config, store=store, role=self.role_state, replicator=self.replicator,
-                                      producers=self.producers, after_appends=self.store_tasks.after_appends)  # fmt: skip
+        self.put_service = PutService(config=self.config, store=StoreSink(store), role=self.role_state,
+                                      replicator=self.replicator, producers=self.producers,
+                                      after_appends=self.store_tasks.after_appends)  # fmt: skip
         self.client_port = ClientPort(config=self.config, store=store, puts=self.put_service, status=self.status,
                                       promote=self.promote, demote=self.demote, fence=self.fence)  # fmt: skip
         self.online_repair = OnlineRepair(store=store, maintenance=self.store_tasks.maintenance, sources=self._repair_sources,

@@ -8,9 +8,7 @@ import sys
 
 import click
 
-from commitlog.mapped_file import is_disk_full
-from hasvc.cli.common import (EXIT_FAILED, EXIT_UNAVAILABLE, CommandError, check_can_listen, check_store_free, explain,
-                              meaningful_leaf, start_busy_polling, tune_malloc)
+from hasvc.cli.common import check_can_listen, check_store_free, serve_until_signal, start_busy_polling, tune_malloc
 
 
 def _broker_options(function):
@@ -155,9 +153,6 @@ def _reason(error: BaseException) -> str:
 def _run_broker(config, controlled=None) -> None:
     """``controlled``: (group, controllers, timings) of a controller-mode broker."""
     import logging
-    import signal
-
-    import trio
 
     from hasvc.broker import Broker
 
@@ -169,38 +164,15 @@ def _run_broker(config, controlled=None) -> None:
     tune_malloc()
     start_busy_polling(config.busy_poll_us)
 
-    ready = False
-
-    async def serve() -> None:
-        nonlocal ready
+    def make_broker():
         if controlled is None:
-            broker = Broker(config)
-        else:
-            from hasvc.broker.controlled import ControlledBroker, ControlledOptions
+            return Broker(config)
+        from hasvc.broker.controlled import ControlledBroker, ControlledOptions
 
-            group, controllers, timings = controlled
-            broker = ControlledBroker(config, ControlledOptions(group, controllers, timings))
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                addresses = await nursery.start(broker.run)
-                ready = True
-                click.echo("READY " + json.dumps(addresses))
-                sys.stdout.flush()
-                async for signum in signals:
-                    logging.getLogger("hasvc").info("%s: shutting down", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    break
+        group, controllers, timings = controlled
+        return ControlledBroker(config, ControlledOptions(group, controllers, timings))
 
-    try:
-        trio.run(serve)
-    except Exception as error:  # a start-up failure (groups included) is said by the boundary (hasvc.cli)
-        if ready:  # not a start-up failure: the log gets the whole story
-            logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
-            raise CommandError(f"stopped: {explain(error)[0]}", EXIT_FAILED) from None
-        leaf = meaningful_leaf(error)
-        if isinstance(leaf, OSError) and is_disk_full(leaf):  # a small file of the store (lock, abort, checkpoint) at start
-            raise CommandError(f"{leaf.filename or config.store}: the disk is full: {leaf.strerror}", EXIT_UNAVAILABLE) from None
-        raise
+    serve_until_signal(make_broker, store=config.store)
 
 
 @click.command()

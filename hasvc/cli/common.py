@@ -169,6 +169,50 @@ def explain(error: BaseException) -> tuple[str, int]:
     return f"unexpected {name}: {text} (a bug: run again with --debug for the traceback, and report it)", EXIT_FAILED
 
 
+def serve_until_signal(make_server, *, store: str | None = None) -> None:
+    """Run the server ``make_server()`` builds (inside the trio loop) until SIGTERM or SIGINT: one
+    line ``READY {json}`` on stdout once its ``run`` reports its addresses, then a clean shutdown
+    (its nursery cancelled) on the signal -- what ``hasvc master|slave|node|controller`` share.
+    An error after READY is logged whole and said in one line (exit 1). One before it, a start-up
+    failure, goes on to the boundary (``hasvc.cli``), which says it in one line; with ``store``, a
+    full disk met writing one of its small files (lock, abort, checkpoint) is said here (exit 3)."""
+    import json
+    import logging
+    import signal
+    import sys
+
+    import trio
+
+    from commitlog.mapped_file import is_disk_full
+
+    ready = False
+
+    async def serve() -> None:
+        nonlocal ready
+        server = make_server()
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                addresses = await nursery.start(server.run)
+                ready = True
+                click.echo("READY " + json.dumps(addresses))
+                sys.stdout.flush()
+                async for signum in signals:
+                    logging.getLogger("hasvc").info("%s: shutting down", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(serve)
+    except Exception as error:  # a start-up failure (groups included) is said by the boundary (hasvc.cli)
+        if ready:  # not a start-up failure: the log gets the whole story
+            logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
+            raise CommandError(f"stopped: {explain(error)[0]}", EXIT_FAILED) from None
+        leaf = meaningful_leaf(error)
+        if store is not None and isinstance(leaf, OSError) and is_disk_full(leaf):
+            raise CommandError(f"{leaf.filename or store}: the disk is full: {leaf.strerror}", EXIT_UNAVAILABLE) from None
+        raise
+
+
 def debug_requested() -> bool:
     import os
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 
 import click
 
 from hasvc.cli.broker import _check_tls_files, _suggest, _typed
-from hasvc.cli.common import EXIT_FAILED, CommandError, check_can_listen, check_store_free, explain
+from hasvc.cli.common import check_can_listen, check_store_free, serve_until_signal
 
 
 OWN_SETTINGS = ("snapshot_interval_entries", "log_file_size")
@@ -70,7 +69,7 @@ def controller(store_dir, listen, peers, self_id, allow_unclean_election, metric
     controller-managed group is master (hasvc broker --controllers). The group replicates its
     state by Raft; its leader answers brokers' heartbeats and elects a new master when one
     falls silent. Prints `READY {json}` on stdout when serving, exits cleanly on SIGTERM/SIGINT."""
-    from hasvc.broker.dledger import parse_peers
+    from hasvc.broker.raft.group import parse_peers
     from hasvc.config import is_loopback, parse_address, read_secret
     from hasvc.controller.server import CONTROLLER_RAFT, ControllerConfig
     from hasvc.state.controller.config import ControllerTimings
@@ -109,37 +108,12 @@ def controller(store_dir, listen, peers, self_id, allow_unclean_election, metric
 
 def _run_controller(config) -> None:
     import logging
-    import signal
-
-    import trio
 
     from hasvc.controller.server import ControllerServer
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hasvc").info("controller %s: raft %s; timings %s", config.self_id, config.raft, config.timings)
-    ready = False
-
-    async def serve() -> None:
-        nonlocal ready
-        server = ControllerServer(config)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                addresses = await nursery.start(server.run)
-                ready = True
-                click.echo("READY " + json.dumps(addresses))
-                sys.stdout.flush()
-                async for signum in signals:
-                    logging.getLogger("hasvc").info("%s: shutting down", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    break
-
-    try:
-        trio.run(serve)
-    except Exception as error:  # a start-up failure is said by the boundary (hasvc.cli)
-        if ready:
-            logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
-            raise CommandError(f"stopped: {explain(error)[0]}", EXIT_FAILED) from None
-        raise
+    serve_until_signal(lambda: ControllerServer(config))
 
 
 def controller_status(address: str, secret: bytes | None, tls_ca: str | None) -> dict:

@@ -9,9 +9,7 @@ import sys
 import click
 
 from hasvc.cli.broker import _build_config, _typed
-from commitlog.mapped_file import is_disk_full
-from hasvc.cli.common import (EXIT_FAILED, EXIT_UNAVAILABLE, CommandError, check_can_listen, check_store_free, explain,
-                              meaningful_leaf, start_busy_polling, tune_malloc)
+from hasvc.cli.common import check_can_listen, check_store_free, serve_until_signal, start_busy_polling, tune_malloc
 
 RAFT_PRESETS = ("dledger", "etcd")
 
@@ -84,7 +82,7 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
     majority of it runs; no promote. The leader plays SYNC_MASTER once caught up (a put is
     PUT_OK once a quorum has its entry), the others SLAVE (committed reads; writes refused naming
     the leader). Prints `READY {json}` on stdout when serving, exits cleanly on SIGTERM/SIGINT."""
-    from hasvc.broker.dledger import GroupConfig, parse_peers
+    from hasvc.broker.raft.group import GroupConfig, parse_peers
     from hasvc.config import is_loopback
     from hasvc.state.raft.config import RaftConfig
 
@@ -135,40 +133,12 @@ def _refuse_unapplied(config) -> None:
 
 def _run_node(config, group_config) -> None:
     import logging
-    import signal
 
-    import trio
-
-    from hasvc.broker.dledger import DLedgerBroker
+    from hasvc.broker.raft.broker import RaftBroker
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     start_busy_polling(config.busy_poll_us)
     logging.getLogger("hasvc").info("effective configuration: %s; raft %s", json.dumps(config.describe()), group_config.raft)
 
-    ready = False
-
-    async def serve() -> None:
-        nonlocal ready
-        broker = DLedgerBroker(config, group_config)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                addresses = await nursery.start(broker.run)
-                ready = True
-                click.echo("READY " + json.dumps(addresses))
-                sys.stdout.flush()
-                async for signum in signals:
-                    logging.getLogger("hasvc").info("%s: shutting down", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    break
-
-    try:
-        trio.run(serve)
-    except Exception as error:  # a start-up failure (groups included) is said by the boundary (hasvc.cli)
-        if ready:  # not a start-up failure: the log gets the whole story
-            logging.getLogger("hasvc").error("stopped by an error", exc_info=error)
-            raise CommandError(f"stopped: {explain(error)[0]}", EXIT_FAILED) from None
-        leaf = meaningful_leaf(error)
-        if isinstance(leaf, OSError) and is_disk_full(leaf):  # a small file of the store (lock, abort, checkpoint) at start
-            raise CommandError(f"{leaf.filename or config.store}: the disk is full: {leaf.strerror}", EXIT_UNAVAILABLE) from None
-        raise
+    serve_until_signal(lambda: RaftBroker(config, group_config), store=config.store)

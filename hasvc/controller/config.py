@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from commitlog.dledger import entry_codec
-from hasvc.broker.dledger import GroupConfig
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.config import Address
 from hasvc.state.controller.config import ControllerTimings
 from hasvc.state.raft.config import RaftConfig

@@ -65,7 +65,7 @@ from commitlog.dledger.message_store import DLedgerMessageStore
 from commitlog.mapped_file import fsync_directory
 from hasvc import admission as port_admission
 from hasvc import transport
-from hasvc.broker.dledger import RaftDriver
+from hasvc.broker.raft.driver import RaftDriver
 from hasvc.config import Address, format_address
 from hasvc.protocol import controller as cp
 from hasvc.state.controller import state as cs

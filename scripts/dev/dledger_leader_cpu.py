@@ -46,7 +46,7 @@ def main() -> None:
             entries.save_hard_state(ready.hard_state)
         if ready.entries:
             entries.append(ready.entries)
-        for message in ready.messages:  # what a sender reads of each push (RaftDriver._frame_parts)
+        for message in ready.messages:  # what a sender reads of each push (RaftSenders._frame_parts)
             run = getattr(message, "entries", None)
             if getattr(message, "type", None) is PushType.APPEND and run.data is None:
                 entries.read_runs(run.first_index, run.count, run.last_term)

@@ -5,7 +5,7 @@ pass of SENDs handed to ``PutService.put_items`` to every answer, classic agains
         [--rounds 5] [--requests 64] [--queues 4] [--size 1024] [--decode] [--json FILE]
 
 ``classic``: a ``Broker`` playing ASYNC_MASTER (no slave to wait for: every put is answered once
-appended). ``dledger``: a ``DLedgerBroker`` alone in its group (its quorum is itself: a proposal
+appended). ``dledger``: a ``RaftBroker`` alone in its group (its quorum is itself: a proposal
 commits in the Ready that appends it), SYNC_MASTER once its no-op is committed. Both with a
 temporary store in /dev/shm when there is one. Each round hands PASSES passes of REQUESTS
 one-message SENDs (SIZE-byte bodies, spread over QUEUES queues, as the load generator spreads its
@@ -41,7 +41,8 @@ import time
 import trio
 
 from hasvc.broker.broker import Broker
-from hasvc.broker.dledger import DLedgerBroker, GroupConfig
+from hasvc.broker.raft.broker import RaftBroker
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
 from hasvc.state.raft.config import RaftConfig
@@ -98,7 +99,7 @@ async def _run(args, store: str) -> list[float]:
             await nursery.start(broker.run)
         else:
             config = BrokerConfig(store=store, role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0))
-            broker = DLedgerBroker(config, GroupConfig(group="inprocess", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=RAFT))
+            broker = RaftBroker(config, GroupConfig(group="inprocess", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=RAFT))
             await nursery.start(broker.run)
             with trio.fail_after(LEAD_TIMEOUT_SECONDS):
                 while broker.role_state.role is not BrokerRole.SYNC_MASTER:

@@ -14,8 +14,9 @@ import trio.testing
 
 from commitlog.dledger.entry_store import DLedgerMmapFileStore
 from hasvc import client as hc
-from hasvc.broker import dledger
-from hasvc.broker.dledger import DLedgerBroker, GroupConfig
+from hasvc.broker.raft import sync as raft_sync
+from hasvc.broker.raft.broker import RaftBroker
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.ready import Role
@@ -25,11 +26,11 @@ FAST = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=
 WAIT_SECONDS = 10.0  # anything that takes longer failed
 
 
-def _one_member(tmp_path, raft: RaftConfig = FAST) -> DLedgerBroker:
+def _one_member(tmp_path, raft: RaftConfig = FAST) -> RaftBroker:
     """A DLedger group of one member (its quorum is itself; 1 MiB segments), not started yet."""
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
                           commitlog_segment_size=1024 * 1024)  # fmt: skip
-    return DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=raft))
+    return RaftBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=raft))
 
 
 class FlushGate:
@@ -72,7 +73,7 @@ async def _wait_for(predicate, message: str) -> None:
 
 
 async def test_a_hung_flush_leaves_the_loop_serving_and_a_sync_put_waits_for_its_flush(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(dledger, "SYNC_INLINE_ENTRIES_MAX", -1)  # every flush in the worker thread
+    monkeypatch.setattr(raft_sync, "SYNC_INLINE_ENTRIES_MAX", -1)  # every flush in the worker thread
     gate = FlushGate(monkeypatch)
     broker = _one_member(tmp_path)
     async with trio.open_nursery() as nursery:
@@ -165,7 +166,7 @@ async def test_a_small_sync_flush_runs_in_the_loop_and_a_bigger_one_in_the_threa
                     assert entries.flushed_index() == entries.last_index(), (entries.flushed_index(), entries.last_index())
                 if round_ == 0:  # a put that meets the index files' sync (INDEX_FLUSH_INTERVAL_SECONDS, in the thread) waits for it
                     assert threads.count(loop_thread) >= 3, threads  # and its flush follows it there
-                    monkeypatch.setattr(dledger, "SYNC_INLINE_ENTRIES_MAX", 0)
+                    monkeypatch.setattr(raft_sync, "SYNC_INLINE_ENTRIES_MAX", 0)
                 else:
                     assert threads and loop_thread not in threads, threads
         nursery.cancel_scope.cancel()
@@ -177,7 +178,7 @@ async def test_the_index_files_are_synced_at_most_once_an_interval(tmp_path, mon
     which put a worker thread's hand-off behind one put in ten at one writer). Here the interval
     is 0.1 s and puts go on for five of them: the index files are synced, never twice within one."""
     interval = 0.1
-    monkeypatch.setattr(dledger, "INDEX_FLUSH_INTERVAL_SECONDS", interval)
+    monkeypatch.setattr(raft_sync, "INDEX_FLUSH_INTERVAL_SECONDS", interval)
     started: list[float] = []
     real = DLedgerMmapFileStore.sync_index_files
 
@@ -256,7 +257,7 @@ async def test_a_member_that_does_not_lead_warms_nothing_ahead(tmp_path, monkeyp
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
                           commitlog_segment_size=1024 * 1024)  # fmt: skip
     peers = {"n0": ("127.0.0.1", 0), "n1": ("127.0.0.1", 1), "n2": ("127.0.0.1", 1)}
-    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers=peers, raft=FAST))
+    broker = RaftBroker(config, GroupConfig(group="g", self_id="n0", peers=peers, raft=FAST))
     async with trio.open_nursery() as nursery:
         await nursery.start(broker.run)
         await trio.sleep(0.5)  # ~50 flush ticks and two or three elections it cannot win

@@ -9,7 +9,8 @@ import trio
 
 from commitlog import record as rec
 from hasvc import client as hc
-from hasvc.broker.dledger import DLedgerBroker, GroupConfig
+from hasvc.broker.raft.broker import RaftBroker
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
 from hasvc.state.puts import PutTracker
@@ -32,11 +33,11 @@ class _Outbox:
         pass
 
 
-async def _leading(tmp_path, nursery) -> DLedgerBroker:
+async def _leading(tmp_path, nursery) -> RaftBroker:
     """A group of one member (its quorum is itself), SYNC_MASTER once its no-op is committed."""
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
                           commitlog_segment_size=1024 * 1024, max_message_size=BODY_MAX)  # fmt: skip
-    broker = DLedgerBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST))
+    broker = RaftBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST))
     await nursery.start(broker.run)
     with trio.fail_after(WAIT_SECONDS):
         while broker.role_state.role is not BrokerRole.SYNC_MASTER:

@@ -12,7 +12,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from hasvc import transport
-from hasvc.broker.dledger import _Rest
+from hasvc.broker.raft.peers import _Rest
 from hasvc.broker.raft_metrics import RaftMetrics
 from hasvc.protocol import wire
 from tests.driver.test_raft_sender import WAIT_SECONDS, _driver_of_n0
@@ -35,15 +35,15 @@ async def test_a_peer_that_never_reads_shows_its_queued_bytes_until_it_closes():
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(functools.partial(trio.serve_tcp, silent_peer, 0, host="127.0.0.1"))
         driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
-        nursery.start_soon(driver._sender, "n1")
+        nursery.start_soon(driver.senders.sender, "n1")
         with trio.fail_after(WAIT_SECONDS):
             await prefaced.wait()
             while not driver.connected["n1"]:
                 await trio.sleep(0.01)
-        assert driver.bytes_queued("n1") == 0 and driver.bytes_queued("n2") == 0
-        driver._queues["n1"][0].send_nowait(_Rest(driver._links["n1"], b"x" * REST_SIZE))
+        assert driver.senders.bytes_queued("n1") == 0 and driver.senders.bytes_queued("n2") == 0
+        driver.senders.queues["n1"][0].send_nowait(_Rest(driver.senders.links["n1"], b"x" * REST_SIZE))
         await trio.testing.wait_all_tasks_blocked()
-        waiting = driver.bytes_queued("n1")
+        waiting = driver.senders.bytes_queued("n1")
         assert 0 < waiting < REST_SIZE  # the socket took some, the rest waits
 
         status = {"peers": {"n1": {"bytes_queued": waiting}, "n2": {"bytes_queued": 0}}}
@@ -57,5 +57,5 @@ async def test_a_peer_that_never_reads_shows_its_queued_bytes_until_it_closes():
         with trio.fail_after(WAIT_SECONDS):
             while driver.connected["n1"]:
                 await trio.sleep(0.01)
-        assert driver.bytes_queued("n1") == 0
+        assert driver.senders.bytes_queued("n1") == 0
         nursery.cancel_scope.cancel()

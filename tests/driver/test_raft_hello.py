@@ -16,7 +16,8 @@ import trio
 import trio.testing
 
 from hasvc import transport
-from hasvc.broker.dledger import GroupConfig, RaftDriver
+from hasvc.broker.raft.driver import RaftDriver
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.raft.config import RaftConfig
@@ -56,7 +57,7 @@ async def test_the_sender_says_its_data_file_size_in_its_hello():
         listeners = await nursery.start(functools.partial(trio.serve_tcp, peer, 0, host="127.0.0.1"))
         driver = _driver("n0", {"n0": 1, "n1": listeners[0].socket.getsockname()[1], "n2": 1},
                          data_file_size=64 * 1024 * 1024)  # fmt: skip
-        nursery.start_soon(driver._sender, "n1")
+        nursery.start_soon(driver.senders.sender, "n1")
         with trio.fail_after(WAIT_SECONDS):
             await got.wait()
         assert hellos == [raft_wire.Hello("g", "n0", "n1", data_file_size=64 * 1024 * 1024)]
@@ -84,7 +85,7 @@ async def test_a_hello_with_another_data_file_size_is_refused_with_the_reason(ca
     caplog.set_level(logging.WARNING, logger="hasvc")
     driver = _driver("n0", {"n0": 1, "n1": 1, "n2": 1}, data_file_size=FILE_SIZE)
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(functools.partial(trio.serve_tcp, driver._serve_peer, 0, host="127.0.0.1"))
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, driver.listener.serve_peer, 0, host="127.0.0.1"))
         port = listeners[0].socket.getsockname()[1]
         other = await _connect_as_n1(port, raft_wire.Hello("g", "n1", "n0", data_file_size=FILE_SIZE // 2))
         assert await _closed(other)
@@ -102,6 +103,6 @@ async def test_a_hello_with_another_data_file_size_is_refused_with_the_reason(ca
             assert driver.refused_connections == 1
             await same.stream.aclose()
             with trio.fail_after(WAIT_SECONDS):
-                while "n1" in driver._inbound:
+                while "n1" in driver.listener.inbound:
                     await trio.sleep(0.01)
         nursery.cancel_scope.cancel()

@@ -15,7 +15,8 @@ import trio
 import trio.testing
 
 from hasvc import transport
-from hasvc.broker.dledger import GroupConfig, RaftDriver
+from hasvc.broker.raft.driver import RaftDriver
+from hasvc.broker.raft.group import GroupConfig
 from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.raft.config import RaftConfig
@@ -53,7 +54,7 @@ async def test_a_sender_reconnects_when_its_idle_peer_closes_the_connection():
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(functools.partial(trio.serve_tcp, fake_peer, 0, host="127.0.0.1"))
-        nursery.start_soon(_driver_of_n0(listeners[0].socket.getsockname()[1])._sender, "n1")
+        nursery.start_soon(_driver_of_n0(listeners[0].socket.getsockname()[1]).senders.sender, "n1")
         with trio.fail_after(WAIT_SECONDS):
             await second.wait()  # reconnected with nothing queued for n1
         assert len(hellos) == 2
@@ -76,7 +77,7 @@ async def test_a_peer_that_closes_at_once_is_not_reconnected_to_in_a_tight_loop(
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(functools.partial(trio.serve_tcp, refusing_peer, 0, host="127.0.0.1"))
-        nursery.start_soon(_driver_of_n0(listeners[0].socket.getsockname()[1])._sender, "n1")
+        nursery.start_soon(_driver_of_n0(listeners[0].socket.getsockname()[1]).senders.sender, "n1")
         await trio.sleep(0.5)  # pauses 0.05 + 0.1 + 0.2 (+ 0.4): at most 4 or 5 connections
         assert 1 <= connections <= 6, connections
         nursery.cancel_scope.cancel()
@@ -99,7 +100,7 @@ async def _n0_sending_to_a_reading_n1(nursery: trio.Nursery, received: list, cou
 
     listeners = await nursery.start(functools.partial(trio.serve_tcp, reading_peer, 0, host="127.0.0.1"))
     driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
-    nursery.start_soon(driver._sender, "n1")
+    nursery.start_soon(driver.senders.sender, "n1")
     with trio.fail_after(WAIT_SECONDS):
         while not driver.connected["n1"]:
             await trio.sleep(0.01)
@@ -118,7 +119,7 @@ async def test_the_messages_of_one_ready_for_a_peer_go_in_one_write():
 
     async with trio.open_nursery() as nursery:
         driver = await _n0_sending_to_a_reading_n1(nursery, received, 1 + len(messages), got_all)  # the HELLO, then the messages
-        link = driver._links["n1"]
+        link = driver.senders.links["n1"]
         writes = []
         writev_now = link.writev_now
         link.writev_now = lambda parts: writes.append(len(parts)) or writev_now(parts)
@@ -142,14 +143,14 @@ async def test_what_the_one_write_did_not_send_is_the_rest_of_one_message_and_th
 
     async with trio.open_nursery() as nursery:
         driver = await _n0_sending_to_a_reading_n1(nursery, received, 1 + len(messages), got_all)
-        link = driver._links["n1"]
+        link = driver.senders.links["n1"]
         frame = len(raft_wire.encode(messages[0]))
         writev_now = link.writev_now
         link.writev_now = lambda parts: writev_now([b"".join(parts)[: frame + 3]])  # the second one begun
         queued = []
-        send_nowait = driver._queues["n1"][0].send_nowait
-        driver._queues["n1"] = (types.SimpleNamespace(send_nowait=lambda item: queued.append(item) or send_nowait(item)),
-                                driver._queues["n1"][1])  # fmt: skip
+        send_nowait = driver.senders.queues["n1"][0].send_nowait
+        driver.senders.queues["n1"] = (types.SimpleNamespace(send_nowait=lambda item: queued.append(item) or send_nowait(item)),
+                                driver.senders.queues["n1"][1])  # fmt: skip
         driver.node.ready = lambda: Ready(messages=tuple(messages))
         driver.drain()
         assert [type(item).__name__ for item in queued] == ["_Rest", "VoteRequest", "VoteRequest"]

@@ -141,8 +141,8 @@ def test_put_path_time_times_the_put_path_in_every_broker(tmp_path, mode):
     taker = "master" if mode == "classic" else next(name for name in processes if name.startswith("leader"))
     functions = processes[taker]["functions"]
     assert "hasvc.broker.put_service:PutService.put_items" in functions, functions.keys()
-    own = "hasvc.broker.ha_master:HAService.push" if mode == "classic" else "hasvc.broker.dledger:RaftDriver.propose_plan"
-    other = "hasvc.broker.dledger:RaftDriver.propose_plan" if mode == "classic" else "hasvc.broker.ha_master:HAService.push"
+    own = "hasvc.broker.ha_master:HAService.push" if mode == "classic" else "hasvc.broker.raft.driver:RaftDriver.propose_plan"
+    other = "hasvc.broker.raft.driver:RaftDriver.propose_plan" if mode == "classic" else "hasvc.broker.ha_master:HAService.push"
     assert own in functions and other not in functions, functions.keys()
     for row in functions.values():
         assert row["calls_per_request"] > 0 and row["wall_us_per_message"] > 0 and row["cpu_us_per_message"] >= 0, row

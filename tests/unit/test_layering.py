@@ -17,6 +17,9 @@ The rule, precisely:
    ``hasvc.testing`` or ``hasvc.cli``; ``hasvc.tools`` and ``hasvc.testing`` import no ``hasvc.cli``.
    ``hasvc.__main__`` (``python -m hasvc``) is the CLI's entry and counts as the CLI.
 5. ``hasvc.spark`` (what Spark executors import) imports no trio and no hasvc outside itself.
+6. The mode is an axis: the classic drivers (``CLASSIC_DRIVERS``) and the Raft member's
+   (``hasvc.broker.raft``) import nothing of each other; both build on the shared put path, client
+   port and store tasks.
 """
 
 import ast
@@ -35,6 +38,8 @@ PURE_PACKAGES = ("hasvc.state", "hasvc.protocol")
 PURE_MAY_IMPORT = ("commitlog", "hasvc.config", *PURE_PACKAGES)
 CLI_LAYER = ("hasvc.cli", "hasvc.__main__")  # hasvc.__main__: ``python -m hasvc``, the CLI's entry
 UPPER_LAYERS = ("hasvc.tools", "hasvc.testing", *CLI_LAYER)
+CLASSIC_DRIVERS = ("hasvc.broker.broker", "hasvc.broker.ha_master", "hasvc.broker.ha_slave", "hasvc.replicator")
+RAFT_DRIVERS = ("hasvc.broker.raft",)
 CLOCK_CALLS = frozenset(
     {"time.time", "time.time_ns", "time.monotonic", "time.monotonic_ns", "time.perf_counter",
      "time.perf_counter_ns", "datetime.now", "datetime.utcnow", "datetime.datetime.now", "date.today"}
@@ -154,6 +159,9 @@ def violations(module: str, reader: _Reader) -> list[str]:
         if _within(module, ("hasvc.spark",)) and (_top(name) == "trio" or (
                 _top(name) == "hasvc" and not _within(name, ("hasvc.spark",)))):  # fmt: skip
             found.append(f"{where}: Spark's executors import no trio and no hasvc beyond hasvc.spark")
+        if (_within(module, CLASSIC_DRIVERS) and _within(name, RAFT_DRIVERS)) or (
+                _within(module, RAFT_DRIVERS) and _within(name, CLASSIC_DRIVERS)):  # fmt: skip
+            found.append(f"{where}: the classic and Raft drivers share the put path, never each other")
         if pure and name.startswith("random.") and name != "random.Random":
             found.append(f"{where}: a pure package takes its rng as an argument (random.Random for its type only)")
         if name in ENTROPY_CALLS and (pure or _within(module, ("commitlog",))):
@@ -173,6 +181,7 @@ def violations(module: str, reader: _Reader) -> list[str]:
 def test_every_module_keeps_the_layer_rule():
     modules = source_modules()
     assert "hasvc.cli" in modules and "commitlog.store" in modules and "hasvc.protocol.wire" in modules
+    assert {"hasvc.broker.raft", "hasvc.broker.raft.driver", "hasvc.broker.raft.broker", "hasvc.proxy"} <= set(modules)
     found = [
         problem
         for module, path in sorted(modules.items())
@@ -211,6 +220,13 @@ def test_the_rule_catches_each_kind_of_violation():
         ("hasvc.ha_master", "from hasvc import cli\n"): "never imports tools",
         ("hasvc.tools.drill", "import hasvc.cli.store\n"): "nothing imports the CLI",
         ("hasvc.spark.jobs", "import trio\n"): "Spark's executors",
+        ("hasvc.broker.raft.driver", "from hasvc.tools import drill\n"): "never imports tools",
+        ("hasvc.broker.raft.peers", "from hasvc.cli import node\n"): "never imports tools",
+        ("hasvc.state.raft.role", "from hasvc.broker.raft.driver import RaftDriver\n"): "only the standard library",
+        ("hasvc.protocol.raft", "from ..broker.raft import broker\n"): "only the standard library",
+        ("hasvc.broker.raft.broker", "from hasvc.broker.ha_master import HAService\n"): "never each other",
+        ("hasvc.broker.ha_master", "from hasvc.broker.raft import driver\n"): "never each other",
+        ("hasvc.broker.broker", "from .raft.broker import RaftBroker\n"): "never each other",
     }
     for (module, source), reason in samples.items():
         problems = violations(module, read(module, source))
@@ -219,6 +235,8 @@ def test_the_rule_catches_each_kind_of_violation():
     rng_argument = "import random\ndef step(rng: random.Random, seed: int):\n    return rng.random(), random.Random(seed)\n"
     assert not violations("hasvc.state.x", read("hasvc.state.x", rng_argument))
     assert not violations("hasvc.cli.x", read("hasvc.cli.x", "from hasvc.tools import drill\n"))
+    shared = "from hasvc.broker.put_service import PutService\nfrom hasvc.state.raft.role import RaftRole\n"
+    assert not violations("hasvc.broker.raft.broker", read("hasvc.broker.raft.broker", shared))
 
 
 def test_pure_packages_pull_in_no_trio():

@@ -21,7 +21,6 @@ CLASS_LINES_MAX = 400
 # ``test_the_allowance_holds_no_module_within_the_limits`` fails while one is left that no longer
 # needs it, so that the list ends empty.
 SPLITS_UNDER_WAY = {
-    "hasvc/broker/dledger.py": "split into the hasvc/broker/raft/ package",
     "hasvc/controller/server.py": "the controller's server, split by concern",
     "hasvc/testing/controller_sim.py": "the controller simulator, split by concern",
 }

@@ -178,7 +178,18 @@ class EntryLogLoader:
         value = "true" if setting == "recovery_accept_lost_entries" else "N"
         return (f"recovery refuses to end the log at offset {scan.end_offset} ({where}: {scan.reason}; the log "
                 f"would end at entry {scan.last_index}): {why}. Inspect the files; set {setting}={value} (hasvc node "
-                "--set) to accept the loss.")  # fmt: skip
+                f"--set) to accept the loss{self._repair_command()}.")  # fmt: skip
+
+    def _repair_command(self) -> str:
+        """The offline repair of this member's store, when its files lie where a node keeps them
+        (``STORE/dledger-ID/data``)."""
+        member_directory = os.path.dirname(os.path.abspath(self.data_file_list.directory))
+        name = os.path.basename(member_directory)
+        if not name.startswith("dledger-"):
+            return ""
+        store = os.path.dirname(member_directory)
+        command = f"hasvc store repair {store} --member {name[len('dledger-'):]}"
+        return f", or with the member stopped: {command} --from HOST:PORT (a live member's client port) or {command} --accept-loss"
 
     def _check_last_term(self, scan: DataScan) -> None:
         """The last entry kept is the one whose damaged term nothing after it can show (no entry

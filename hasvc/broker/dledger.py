@@ -98,6 +98,7 @@ from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.messages import Push, PushResponse, PushType, ResetPush
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.ready import Proposed, Role
+from hasvc.state.raft.retention import node_keep_from
 from hasvc.state.replication import Admission
 from hasvc.state.role import RoleState
 
@@ -1214,7 +1215,7 @@ class DLedgerBroker:
         while True:
             await trio.sleep(self.config.dledger_clean_interval_seconds)
             over_ratio = disk_used_ratio(store.path) > store.config.disk_clean_ratio
-            keep_from = RETAIN_NOTHING_INDEX if over_ratio else self.driver.node.retention_floor()
+            keep_from = node_keep_from(self.driver.node, over_ratio=over_ratio, now=trio.current_time())  # never strands a member that is down
             async with self.maintenance, self.driver.files_quiet():
                 deleted = store.clean_expired(keep_from_index=keep_from, over_ratio=over_ratio)
             self.retention_passes += 1

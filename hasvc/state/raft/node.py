@@ -346,8 +346,9 @@ class RaftNode(Election, Replication):
         """The lowest index some member may still need from this member's log: retention keeps
         every entry at or above it (-1: keep everything). A leader's is its committed index and
         every peer's match index, whatever their last contact: a member that is down holds
-        retention back until it returns (a forced clean above the disk ratio does not wait; a
-        member it strands is RESET to the leader's first index). Entries below it are committed and
+        retention back until it returns (above the disk ratio a leader leaves out only the members
+        whose match it does not know: ``hasvc.state.raft.retention``; a member it strands is RESET
+        to the leader's first index). Entries below it are committed and
         held by every member, which never truncates at or below its committed index, so no
         member needs them again. A follower keeps from the highest floor a leader announced
         (heartbeats), at most its own committed index: it may lead later, and then must still

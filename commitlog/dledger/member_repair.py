@@ -102,14 +102,17 @@ def _plan(directory: str, config: DLedgerStoreConfig) -> tuple[RecoveryPlan, Ent
         raise
 
 
-def damaged_entry(plan: RecoveryPlan) -> tuple[int, int] | None:
-    """(index, pos) of the entry recovery would cut by this plan, None when it finds no damage."""
+def damaged_entries(plan: RecoveryPlan) -> list[tuple[int, int]]:
+    """(index, pos) of the entries this plan's damage may lie in, in the order to try them; empty
+    when recovery finds no damage. A term that goes down between two whole entries is either the
+    first's raised or the second's lowered (the term is under no CRC): both are tried, and the
+    one whose copy differs from this store's bytes is the damaged one."""
     if plan.damage is None:
-        return None
+        return []
     scan = plan.scan
-    if scan.damaged:  # the last entry kept has the damaged term
-        return scan.last_index, scan.last_pos
-    return scan.last_index + 1, scan.end_offset
+    if scan.damaged:
+        return [(scan.last_index, scan.last_pos), (scan.last_index + 1, scan.end_offset)]
+    return [(scan.last_index + 1, scan.end_offset)]
 
 
 def fetch_entry(fetch: Fetch, pos: int) -> bytes:
@@ -177,32 +180,46 @@ def repair_member_from(store_root: str, member: str, fetch: Fetch) -> MemberRepa
         for _ in range(REPAIR_ENTRIES_MAX + 1):
             plan, loader = _plan(directory, config)
             try:
-                found = damaged_entry(plan)
-                if found is None:
+                candidates = damaged_entries(plan)
+                if not candidates:
                     return MemberRepairReport(tuple(repaired), written)
-                index, pos = found
-                where = f"{plan.scan.stop_path or directory}: entry {index} at offset {pos} ({plan.scan.reason})"
-                if found == previous:
-                    raise MemberRepairError(f"{where}: still damaged after it was rewritten")
-                if len(repaired) == REPAIR_ENTRIES_MAX:
-                    raise MemberRepairError(f"{where}: more than {REPAIR_ENTRIES_MAX} damaged entries: start the member "
-                                            "with recovery_repair_from_peers=true, the leader catches it up")  # fmt: skip
-                try:
-                    data = fetch_entry(fetch, pos)
-                    check_copy(loader, index, pos, data)
-                except MemberRepairError as error:
-                    raise MemberRepairError(f"{where}: {error}") from None
-                mapped_file = loader.data_file_list.find_mapped_file_by_offset(pos)
-                _write(mapped_file.path, pos - mapped_file.file_from_offset, data)
-                repaired.append(DamagedRange(mapped_file.path, pos, pos + len(data), plan.scan.reason, index))
-                written += len(data)
-                previous = found
+                found = _rewrite_one(loader, directory, plan, candidates, fetch, last_round=len(repaired) == REPAIR_ENTRIES_MAX)
+                if found.from_offset == previous:
+                    raise MemberRepairError(f"{found.describe()}: still damaged after it was rewritten")
+                repaired.append(found)
+                written += found.to_offset - found.from_offset
+                previous = found.from_offset
             finally:
                 loader.data_file_list.close()
                 loader.index_file_list.close()
         raise AssertionError("unreachable")
     finally:
         lock.release()
+
+
+def _rewrite_one(loader: EntryLogLoader, directory: str, plan: RecoveryPlan, candidates: list[tuple[int, int]],
+                 fetch: Fetch, *, last_round: bool) -> DamagedRange:  # fmt: skip
+    """Write the first candidate whose fetched copy checks and differs from this store's bytes
+    (the last one's copy is written whatever its bytes: it must check); what was written."""
+    for number, (index, pos) in enumerate(candidates):
+        where = f"{plan.scan.stop_path or directory}: entry {index} at offset {pos} ({plan.scan.reason})"
+        if last_round:
+            raise MemberRepairError(f"{where}: more than {REPAIR_ENTRIES_MAX} damaged entries: start the member "
+                                    "with recovery_repair_from_peers=true, the leader catches it up")  # fmt: skip
+        try:
+            data = fetch_entry(fetch, pos)
+            check_copy(loader, index, pos, data)
+        except MemberRepairError as error:
+            if number + 1 < len(candidates):
+                continue
+            raise MemberRepairError(f"{where}: {error}") from None
+        mapped_file = loader.data_file_list.find_mapped_file_by_offset(pos)
+        position = pos - mapped_file.file_from_offset
+        if number + 1 < len(candidates) and bytes(mapped_file.view()[position : position + len(data)]) == data:
+            continue  # this copy is whole here: the damage is in the next candidate
+        _write(mapped_file.path, position, data)
+        return DamagedRange(mapped_file.path, pos, pos + len(data), plan.scan.reason, index)
+    raise AssertionError("unreachable")
 
 
 def accept_member_loss(store_root: str, member: str) -> MemberLossReport:
@@ -228,4 +245,4 @@ def _begin(directory: str, config: DLedgerStoreConfig) -> int:
 
 
 __all__ = ["REPAIR_ENTRIES_MAX", "MemberLossReport", "MemberRepairError", "MemberRepairReport", "accept_member_loss",
-           "check_copy", "damaged_entry", "fetch_entry", "repair_member_from"]
+           "check_copy", "damaged_entries", "fetch_entry", "repair_member_from"]

@@ -2,6 +2,8 @@
 follower that said it has room, and never twice in a cascade; the follower's flag on the wire
 (HEARTBEAT_RESPONSE's optional flags byte) and the core's use of it."""
 
+import random
+
 import pytest
 
 from hasvc.protocol import raft as wire
@@ -147,3 +149,31 @@ def test_a_preferred_leader_whose_disk_is_full_is_not_handed_leadership_back():
     assert seen[0] == "n0" and len(seen) == 2, seen  # handed over once, never back while n0 is full
     cluster.node("n0").disk_full = False  # space freed: the preferred leader gets it back
     assert _leaders(cluster, seconds=20)[-1] == "n0"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_disks_filling_and_freeing_never_cascade(seed):
+    """Disks fill and free at random moments (no crash, no partition: only the disks move the
+    leadership): two hand-overs are always at least the hold apart."""
+    rng = random.Random(f"disk-{seed}")
+    cluster, _leader = _started(1000 + seed)
+    full = {member: False for member in MEMBERS}
+    hold = ETCD_LIKE.election_timeout_max_seconds
+    changes: list[tuple[float, str]] = []
+    current = cluster.leader()
+    next_flip = cluster.now + rng.uniform(0.2, 3.0)
+    end = cluster.now + 60
+    while cluster.now < end:
+        cluster.run_until(cluster.now + 0.01)
+        if cluster.now >= next_flip:
+            member = rng.choice(MEMBERS)
+            full[member] = not full[member]
+            next_flip = cluster.now + rng.uniform(0.2, 3.0)
+        for member in MEMBERS:
+            cluster.node(member).disk_full = full[member]
+        leader = cluster.leader()
+        if leader is not None and leader != current:
+            changes.append((cluster.now, leader))
+            current = leader
+    times = [at for at, _ in changes]  # seen at most one poll (0.01 s) after they happened
+    assert all(b - a >= hold - 0.01 for a, b in zip(times, times[1:])), changes  # never two in a cascade

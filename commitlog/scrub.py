@@ -177,6 +177,7 @@ class EntryScrubStatistics(ScrubStatistics):
 
     entries_checked: int = 0
     entries_repaired: int = 0  # damaged entries rewritten from a healthy member's copy (the broker's repair)
+    blanks_rewritten: int = 0  # damaged blank records (a data file's padding) written again where they lie
 
 
 class EntryScrubber:
@@ -238,7 +239,7 @@ class EntryScrubber:
             return self._pass_done()
         base, file_size = mapped_file.file_from_offset, mapped_file.file_size
         view, start, limit = mapped_file.view(), self.next_pos - mapped_file.file_from_offset, mapped_file.wrote_position
-        if file_size - start < codec.MIN_BLANK_SIZE or codec.peek_blank(view, start) == file_size - start:
+        if file_size - start < codec.MIN_BLANK_SIZE or self._blank_here(entries, view, start, base, file_size):
             self.next_pos = base + file_size  # the end of this data file: the next entry starts the next one
             return ScrubStep(base + start, base + file_size, (), (), False)
         # How far this step goes: the entries whose stored units follow on from the walk's place.
@@ -295,6 +296,30 @@ class EntryScrubber:
         size = self._believed_size(units[good * 32 :], view, good_end, limit)
         step = self._damaged(mapped_file, good_end, size, reason)
         return dataclasses.replace(step, checked_from=base + start, units_repaired=repaired)
+
+    def _blank_here(self, entries, view, start: int, base: int, file_size: int) -> bool:
+        """Whether the rest of this data file is a blank record: its header says so, or the next
+        entry is the next data file's first (its header there, whole, says this index and pos).
+        A damaged one (size, magic or padding: ``scan.blank_damage``) is written again: a blank
+        is fully determined by where it lies, no other copy is needed."""
+        from commitlog.dledger import entry_codec as codec  # noqa: PLC0415
+        from commitlog.dledger.scan import blank_damage  # noqa: PLC0415
+
+        if codec.peek_blank(view, start) != file_size - start:
+            following = entries.data_file_list.find_mapped_file_by_offset(base + file_size)
+            if following is None or start == 0:
+                return False
+            try:
+                header = codec.decode_entry_header(following.view(), 0)
+                codec.check_body(header, following.view(), 0)
+            except codec.EntryFormatError:
+                return False
+            if (header.index, header.pos) != (self.next_index, base + file_size):
+                return False
+        if blank_damage(view, start, file_size) is not None:
+            entries.rewrite_blank(base + start)
+            self.statistics.blanks_rewritten += 1
+        return True
 
     def _believed_size(self, units: bytes, view, position: int, limit: int) -> int:
         """The size of the damaged entry at ``position``: its header's when its bodyCrc confirms

@@ -18,6 +18,7 @@ term (``DataScan.damaged``: the term is under no CRC, so a damaged byte there wo
 the log early and keep the damaged entry). Damage is refused, a StoreError naming the file and
 offset and nothing changed, unless ``recovery_accept_lost_entries`` accepts it or
 ``recovery_repair_from_peers`` cuts it after saving the catch-up mark (the end the log had).
+A damaged blank record the scan could tell for one (``scan``) is written again, not cut.
 
 The application (``EntryLogLoader.apply``) saves the mark, cuts the data files where the log
 ends, cuts the index after the last entry and rewrites the index units from the first that did
@@ -64,6 +65,7 @@ class RecoveryReport:
     deleted_data_files: tuple[str, ...]
     index_rebuilt_from: int | None  # first entry whose index unit was rewritten from the data
     lost_entries: int  # entries at or below the checkpoint's flushedIndex that were gone (accepted)
+    blanks_rewritten: tuple[DamagedRange, ...] = ()  # damaged blank records written again (``scan``)
 
 
 @dataclasses.dataclass
@@ -160,6 +162,7 @@ class EntryLogLoader:
         deleted = self._cut_data_after_scan(scan, cut_segments_max=None if damage is not None else
                                             self.config.recovery_cut_segments_max)  # fmt: skip
         self._cut_index_after_scan(scan)
+        blanks = self._rewrite_blanks(scan)
         # What the scan read may have been only in the page cache (the process was killed, the
         # machine was not): sync it before calling it flushed.
         for mapped_file in [*self.data_file_list.mapped_files[plan.start_number:], *self.index_file_list.mapped_files]:
@@ -168,17 +171,44 @@ class EntryLogLoader:
         begin = self.state_files.begin
         report = RecoveryReport(plan.start_offset, scan.end_offset, first_index, scan.last_index, scan.count,
                                 scan.reason, None if scan.clean else scan.end_offset, deleted,
-                                scan.index_mismatch_from, plan.lost)  # fmt: skip
+                                scan.index_mismatch_from, plan.lost, blanks)  # fmt: skip
         return LoadedLog(first_index, scan.last_index, scan.last_term,
                          begin[1] if begin is not None and begin[0] == first_index else -1, self.data_start_offset,
                          plan.committed_hint, bool(plan.lost or plan.resetting), report, tuple(damaged))  # fmt: skip
+
+    def _rewrite_blanks(self, scan: DataScan) -> tuple[DamagedRange, ...]:
+        """Write again each damaged blank record the scan passed (``scan``: the next data file
+        starts with the entry that follows, so a blank is all those bytes can have been);
+        durable when this returns (``MappedFile.rewrite``)."""
+        rewritten = []
+        for path, offset, reason in scan.blanks_damaged:
+            if offset >= scan.end_offset:
+                continue
+            mapped_file = self.data_file_list.find_mapped_file_by_offset(offset)
+            assert mapped_file is not None and mapped_file.path == path, (path, offset)
+            position = offset - mapped_file.file_from_offset
+            remaining = mapped_file.file_size - position
+            mapped_file.rewrite(position, codec.encode_blank(remaining) + bytes(remaining - codec.MIN_BLANK_SIZE))
+            rewritten.append(DamagedRange(path, offset, offset + remaining, f"blank record: {reason}"))
+        return tuple(rewritten)
 
     def _refusal(self, scan: DataScan, why: str, setting: str) -> str:
         where = scan.stop_path or self.data_file_list.directory
         value = "true" if setting == "recovery_accept_lost_entries" else "N"
         return (f"recovery refuses to end the log at offset {scan.end_offset} ({where}: {scan.reason}; the log "
                 f"would end at entry {scan.last_index}): {why}. Inspect the files; set {setting}={value} (hasvc node "
-                "--set) to accept the loss.")  # fmt: skip
+                f"--set) to accept the loss{self._repair_command()}.")  # fmt: skip
+
+    def _repair_command(self) -> str:
+        """The offline repair of this member's store, when its files lie where a node keeps them
+        (``STORE/dledger-ID/data``)."""
+        member_directory = os.path.dirname(os.path.abspath(self.data_file_list.directory))
+        name = os.path.basename(member_directory)
+        if not name.startswith("dledger-"):
+            return ""
+        store = os.path.dirname(member_directory)
+        command = f"hasvc store repair {store} --member {name[len('dledger-'):]}"
+        return f", or with the member stopped: {command} --from HOST:PORT (a live member's client port) or {command} --accept-loss"
 
     def _check_last_term(self, scan: DataScan) -> None:
         """The last entry kept is the one whose damaged term nothing after it can show (no entry

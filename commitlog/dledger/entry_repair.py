@@ -34,6 +34,19 @@ class EntryRepair:
         count = min(count, (mapped_file.wrote_position - position) // codec.INDEX_UNIT_SIZE)
         return bytes(mapped_file.view()[position : position + max(count, 0) * codec.INDEX_UNIT_SIZE])
 
+    def rewrite_blank(self, pos: int) -> str:
+        """Write the blank record from data offset ``pos`` to the end of its data file again
+        (``[int32 -1][int32 remaining]`` and zeros: all determined by where it lies), over a
+        damaged one, in a data file the writer has moved past; durable when this returns.
+        Returns the file's path. The caller knows a blank lies there (the scrub: the next entry
+        starts the next data file)."""
+        mapped_file = self.data_file_list.find_mapped_file_by_offset(pos)
+        assert mapped_file is not None and mapped_file.wrote_position == mapped_file.file_size, pos
+        position = pos - mapped_file.file_from_offset
+        remaining = mapped_file.file_size - position
+        mapped_file.rewrite(position, codec.encode_blank(remaining) + bytes(remaining - codec.MIN_BLANK_SIZE))
+        return mapped_file.path
+
     def rewrite_entry(self, index: int, pos: int, data) -> tuple[str, ...]:
         """Write ``data`` -- entry ``index`` at ``pos`` as a healthy member's log holds it (the data
         files of the members are byte-identical) -- over this log's damaged copy, and its index

@@ -116,6 +116,9 @@ def _verify(directory: str, data: _ReadOnlyFiles, index: _ReadOnlyFiles) -> DLed
     corrupt, reason = (None if scan.clean else end), scan.reason
     if scan.clean and later:
         corrupt, reason = end, "data ends early but later data files hold entries"
+    elif scan.clean and scan.blanks_damaged:
+        path, offset, why = scan.blanks_damaged[0]
+        corrupt, reason = offset, f"damaged blank record in {os.path.basename(path)}: {why} (recovery writes it again)"
     elif scan.clean and (stop := data.find(end)) is not None:
         with memoryview(stop.view) as view:
             if nonzero_extent(view, end - stop.file_from_offset, data.file_size):

@@ -10,6 +10,15 @@ fields, body inside the file, bodyCrc when not 0) lying at its own ``pos``, with
 + 1 and a term not below the previous one. The first that is not ends the log there (not clean).
 ``unit_matches`` tells whether an entry's index unit agrees with it; the first entry whose unit
 does not is remembered (recovery rewrites the index from there).
+
+A blank record is fully determined by where it lies: ``[int32 -1][int32 remaining]`` and zeros to
+the file's end (``blank_damage`` checks all of it, padding included). Where the bytes from the
+scan's place to the file's end are not that -- a blank whose size, magic or padding is damaged --
+and the next data file starts with the entry that follows the last one scanned (at its own pos,
+its index unit agreeing), those bytes can only have been a blank record: the place is listed in
+``blanks_damaged`` (recovery writes the blank again) and the scan goes on in the next file. No
+torn write makes that (the writer pads a file before it starts the next one); a torn tail ends at
+zeros, and zeros still end the log.
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ class DataScan:
     first_index_expected: int | None = None  # the index the first entry scanned must have (None: any)
     last_pos: int = -1  # where the last entry scanned lies (its validated header's pos)
     previous_term: int = -1  # the term of the entry before it (-1: none scanned)
+    # (data file path, data offset, why) of each blank record that was damaged (see the module)
+    blanks_damaged: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,36 +69,80 @@ def scan_data_files(files: Sequence[DataFile], *, file_size: int,
     under no CRC, and nothing before it would tell a damaged one); None: any."""
     scan = DataScan(end_offset=files[0].file_from_offset)
     scan.first_index_expected = first_index
-    for data_file in files:
+    for number, data_file in enumerate(files):
         scan.stop_path = data_file.path
-        if not _scan_file(data_file, file_size, scan, unit_matches):
+        next_file = files[number + 1] if number + 1 < len(files) else None
+        if not _scan_file(data_file, file_size, scan, unit_matches, next_file):
             return scan
     scan.end_offset = files[-1].file_from_offset + file_size
     scan.reason = "end of the last data file (blank record)"
     return scan
 
 
+def blank_damage(view, position: int, file_size: int) -> str | None:
+    """Why the bytes from ``position`` to the end of the data file in ``view`` are not the blank
+    record a writer leaves there (None: they are)."""
+    remaining = file_size - position
+    if remaining < codec.MIN_BLANK_SIZE:
+        return f"{remaining} bytes left, no room for a blank record"
+    magic, size = codec.BLANK.unpack_from(view, position)
+    if magic != codec.BLANK_MAGIC_CODE:
+        return f"blank record magic {magic}"
+    if size != remaining:
+        return f"blank record of {size} bytes, {remaining} left"
+    padding = bytes(view[position + codec.MIN_BLANK_SIZE : file_size])
+    if padding.count(0) != len(padding):
+        nonzero = len(padding) - len(padding.lstrip(b"\0"))
+        return f"a nonzero byte in the blank record's padding at offset {position + codec.MIN_BLANK_SIZE + nonzero}"
+    return None
+
+
+def _blank_was_here(data_file: DataFile, position: int, file_size: int, scan: DataScan,
+                    unit_matches: Callable[[codec.EntryHeader], bool], next_file: DataFile | None) -> bool:  # fmt: skip
+    """Whether the bytes from ``position`` on were a blank record, now damaged (see the module):
+    then it is listed and the scan moves to the next file."""
+    reason = blank_damage(data_file.view, position, file_size)
+    if reason is None:
+        return True
+    if codec.peek_blank(data_file.view, position) == file_size - position:  # its header is whole: the padding
+        scan.blanks_damaged.append((data_file.path, data_file.file_from_offset + position, reason))
+        return True
+    if next_file is None or scan.last_index < 0 or position == 0:
+        return False
+    try:
+        header = codec.decode_entry_header(next_file.view, 0)
+        codec.check_body(header, next_file.view, 0)
+    except codec.EntryFormatError:
+        return False
+    if (header.index, header.pos) != (scan.last_index + 1, next_file.file_from_offset) or not unit_matches(header):
+        return False
+    scan.blanks_damaged.append((data_file.path, data_file.file_from_offset + position, reason))
+    return True
+
+
 def _scan_file(data_file: DataFile, file_size: int, scan: DataScan,
-               unit_matches: Callable[[codec.EntryHeader], bool]) -> bool:  # fmt: skip
-    """Scan one data file into ``scan``; True when it ends with a blank record."""
+               unit_matches: Callable[[codec.EntryHeader], bool], next_file: DataFile | None = None) -> bool:  # fmt: skip
+    """Scan one data file into ``scan``; True when it ends with a blank record (or a damaged one,
+    listed in ``blanks_damaged``)."""
     view = data_file.view
     position = 0
     while True:
         scan.end_offset = data_file.file_from_offset + position
+        blank_here = lambda: _blank_was_here(data_file, position, file_size, scan, unit_matches, next_file)  # noqa: E731, B023
         if file_size - position < codec.MIN_BLANK_SIZE:
             return _stop(scan, f"{file_size - position} bytes left, no room for a record", clean=False)
         blank = codec.peek_blank(view, position)
         if blank is not None:
-            if blank != file_size - position:
-                return _stop(scan, f"blank record of {blank} bytes, {file_size - position} left", clean=False)
-            return True
+            if blank_here():
+                return True
+            return _stop(scan, f"blank record of {blank} bytes, {file_size - position} left", clean=False)
         if not any(view[position : position + codec.MIN_BLANK_SIZE]):
             return _stop(scan, "end of written data", clean=True)
         try:
             header = codec.decode_entry_header(view, position)
             codec.check_body(header, view, position)
         except codec.EntryFormatError as error:
-            return _stop(scan, error.reason, clean=False)
+            return True if blank_here() else _stop(scan, error.reason, clean=False)
         problem = _misplaced(header, scan, data_file.file_from_offset + position)
         if problem:
             scan.damaged = header.term < scan.last_term and header.pos == scan.end_offset and header.index == scan.last_index + 1

@@ -293,10 +293,11 @@ def _dump_member(directory: str, member: str, from_offset: int | None, count: in
               help="A broker (the master or a slave, its client port) that holds the damaged bytes: they are fetched from it.")
 @click.option("--accept-loss", is_flag=True, help="Cut the log at the first damaged record, dropping it and everything after it.")
 @click.option("--crc", type=click.Choice(sorted(CRC_FUNCTIONS)), default="crc32c", show_default=True)
+@member_option
 @secret_option
 @tls_option
-def store_repair(directory: str, peer: str | None, accept_loss: bool, crc: str, secret_file, tls_ca) -> None:
-    """Repair a classic store that refuses to open because its commit log is damaged.
+def store_repair(directory: str, peer: str | None, accept_loss: bool, crc: str, member: str | None, secret_file, tls_ca) -> None:  # fmt: skip
+    """Repair a store that refuses to open because its log is damaged.
 
     The broker must be stopped. Every segment is checked (size, magic, fields, PHYSICALOFFSET,
     body CRC). With --from HOST:PORT each damaged range (from the invalid record to the next valid
@@ -305,12 +306,24 @@ def store_repair(directory: str, peer: str | None, accept_loss: bool, crc: str, 
     byte-identical. Nothing is written unless the fetched bytes check. With --accept-loss the log
     is cut at the first damaged record, as recovery did before it told damage from a torn tail;
     the line printed says how much was dropped. Exits 1 when the repair could not be done.
+
+    With --member ID: a DLedger member's store (the node stopped), when its recovery refuses to
+    start. With --from HOST:PORT (a live member's client port) each entry recovery would cut is
+    read from that member (READ serves its committed data bytes; the members' data files are
+    byte-identical), checked (a whole entry, bodyCrc, with this index and pos, and the term and
+    size this store's header or index unit still say) and written over the damaged bytes, until
+    recovery finds no damage. With --accept-loss the log ends at its last good entry, as
+    recovery_accept_lost_entries=true does (no catch-up mark: the member may then vote with its
+    shorter log, as DLedger's own recovery lets it).
     """
     from commitlog import repair
 
     if (peer is None) == (not accept_loss):
         raise click.UsageError("give one of --from HOST:PORT or --accept-loss")
-    _check_member(directory, None)
+    _check_member(directory, member)
+    if member is not None:
+        _repair_member(directory, member, peer, secret_file, tls_ca)
+        return
     try:
         if accept_loss:
             loss = repair.accept_loss(directory, crc=crc)
@@ -334,8 +347,39 @@ def store_repair(directory: str, peer: str | None, accept_loss: bool, crc: str, 
                    + "; ".join(damage.describe() for damage in report.repaired))  # fmt: skip
 
 
+def _repair_member(directory: str, member: str, peer: str | None, secret_file, tls_ca) -> None:
+    from commitlog.dledger import member_repair
+
+    try:
+        if peer is None:
+            loss = member_repair.accept_member_loss(directory, member)
+            if not loss.damaged:
+                click.echo(f"{directory} (member {member}): no damage found; nothing cut")
+            else:
+                click.echo(f"{directory} (member {member}): the log now ends at entry {loss.last_index}, "
+                           f"{loss.lost_entries} entries it knew flushed are gone: "
+                           + "; ".join(damage.describe() for damage in loss.damaged))  # fmt: skip
+            return
+        report = _with_peer(peer, secret_file, tls_ca, lambda fetch: member_repair.repair_member_from(directory, member, fetch))
+    except StoreError as error:
+        raise click.ClickException(str(error)) from None
+    if not report.repaired:
+        click.echo(f"{directory} (member {member}): no damage found; nothing written")
+    else:
+        click.echo(f"{directory} (member {member}): repaired {len(report.repaired)} entries from {peer} "
+                   f"({report.bytes_written} bytes checked and written): "
+                   + "; ".join(damage.describe() for damage in report.repaired))  # fmt: skip
+
+
 def _repair_from(directory: str, peer: str, crc: str, secret_file, tls_ca):
     from commitlog import repair
+
+    return _with_peer(peer, secret_file, tls_ca, lambda fetch: repair.repair_from(directory, fetch, crc=crc))
+
+
+def _with_peer(peer: str, secret_file, tls_ca, repair_with):
+    """``repair_with(fetch)`` where ``fetch(offset, size_max)`` READs the log bytes of ``peer``
+    (b"" where its log ends)."""
     from hasvc.client.blocking import BlockingClient
     from hasvc.client.results import ClientError
     from hasvc.protocol import client as cp
@@ -354,7 +398,7 @@ def _repair_from(directory: str, peer: str, crc: str, secret_file, tls_ca):
             raise click.ClickException(f"{peer}: READ at offset {offset}: {error}") from None
 
     with client:
-        return repair.repair_from(directory, fetch, crc=crc)
+        return repair_with(fetch)
 
 
 @store.command("demo")

@@ -16,7 +16,7 @@ are those of the HELLO; the accepting side sends nothing on that connection. Eve
                               (flags bit 0: pre-vote, bit 1: transfer)
     kind 2 VOTE_RESPONSE      i64 term | u8 result (VoteResult) | u8 flags (bit 0: pre-vote)
     kind 3 HEARTBEAT          i64 term | i64 commit index [| i64 retain-from index (when >= 0)]
-    kind 4 HEARTBEAT_RESPONSE i64 term | u8 result (HeartbeatResult)
+    kind 4 HEARTBEAT_RESPONSE i64 term | u8 result (HeartbeatResult) [| u8 flags (bit 0: disk full; sent when set)]
     kind 5 PUSH               COMPARE/TRUNCATE (not 3 APPEND, 4 RESET): i64 term | u8 type (PushType)
                               | i64 index | i64 previous term
                               | i64 commit index | u32 n | n x (i64 index | i64 term | u32 size | body)
@@ -83,6 +83,8 @@ RETAIN_FROM = struct.Struct(">q")  # HEARTBEAT's optional last field: the leader
 assert RETAIN_FROM.size == 8
 HEARTBEAT_RESPONSE = struct.Struct(">qB")  # term, result
 assert HEARTBEAT_RESPONSE.size == 9
+HEARTBEAT_RESPONSE_FLAGS = struct.Struct(">B")  # HEARTBEAT_RESPONSE's optional last field (sent when not 0)
+assert HEARTBEAT_RESPONSE_FLAGS.size == 1
 PUSH = struct.Struct(">qBqqqI")  # term, type, index, previous term, commit index, entry count
 assert PUSH.size == 37
 ENTRY_HEADER = struct.Struct(">qqI")  # index, term, body size
@@ -114,6 +116,7 @@ RESET_KIND: Final = 9
 
 FLAG_PRE_VOTE: Final = 0x1
 FLAG_TRANSFER: Final = 0x2
+FLAG_DISK_FULL: Final = 0x1  # HEARTBEAT_RESPONSE: the follower cannot append now (no room on its disk)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -195,7 +198,10 @@ def encode(message: Message) -> bytes:
             body += RETAIN_FROM.pack(message.retain_from_index)
         return _frame(HEARTBEAT_KIND, body)
     if isinstance(message, HeartbeatResponse):
-        return _frame(HEARTBEAT_RESPONSE_KIND, HEARTBEAT_RESPONSE.pack(message.term, message.result))
+        body = HEARTBEAT_RESPONSE.pack(message.term, message.result)
+        if message.disk_full:
+            body += HEARTBEAT_RESPONSE_FLAGS.pack(FLAG_DISK_FULL)
+        return _frame(HEARTBEAT_RESPONSE_KIND, body)
     if isinstance(message, TimeoutNow):
         return _frame(TIMEOUT_NOW_KIND, TIMEOUT_NOW.pack(message.term))
     if isinstance(message, ResetPush):
@@ -360,7 +366,11 @@ def _decode_message(kind: int, body: _Body, source: str, target: str) -> Message
         return Heartbeat(source, target, _check_term(term), _check_index(commit, "commit index"), retain_from)
     if kind == HEARTBEAT_RESPONSE_KIND:
         term, result = body.unpack(HEARTBEAT_RESPONSE)
-        return HeartbeatResponse(source, target, _check_term(term), _enum(HeartbeatResult, result))
+        flags = body.unpack(HEARTBEAT_RESPONSE_FLAGS)[0] if body.position < len(body.data) else 0  # optional
+        if flags & ~FLAG_DISK_FULL:
+            raise ProtocolError(f"HEARTBEAT_RESPONSE flags {flags:#04x}: unknown bits")
+        return HeartbeatResponse(source, target, _check_term(term), _enum(HeartbeatResult, result),
+                                 bool(flags & FLAG_DISK_FULL))  # fmt: skip
     if kind == TIMEOUT_NOW_KIND:
         (term,) = body.unpack(TIMEOUT_NOW)
         return TimeoutNow(source, target, _check_term(term))

@@ -30,6 +30,7 @@ from hasvc.state.raft.messages import Message, Push, PushResponse, PushType, Vot
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.storage import Entry, EntryRun
 from hasvc.state.raft.ready import BecameLeader, ProposalStatus, Proposed, Refused, Role
+from hasvc.state.raft.retention import node_keep_from
 from hasvc.testing.digest import canonical
 from hasvc.testing.checker import RaftChecker
 from hasvc.testing.log import SimLog
@@ -41,8 +42,6 @@ EVENTS_PER_RUN_MAX = 1_000_000
 # come in the same "read" (a little early: as if the network were that much faster), so that
 # several are stepped before one Ready in most seeds, not only when two fall due at one instant.
 ACKNOWLEDGEMENTS_READ_TOGETHER_SECONDS = 0.005
-# keep_from_index of a forced clean: no member's need holds it back (the broker's RETAIN_NOTHING_INDEX).
-FORCED_KEEP_FROM_INDEX = 1 << 62
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -208,11 +207,12 @@ class SimCluster:
 
     def compact(self, member: str, *, forced: bool = False) -> int:
         """Retention on ``member``: drop the entries below its core's ``retention_floor`` (as the
-        driver's retention pass does) or, ``forced`` (a disk above its ratio), every committed and
-        flushed one regardless of what the others need; returns the log's first index now."""
+        driver's retention pass does) or, ``forced`` (a disk above its ratio), below where
+        ``hasvc.state.raft.retention`` keeps from then (a leader: the lowest match index it knows;
+        a follower whose match it does not know may be stranded); returns the log's first index now."""
         node, log = self.node(member), self.logs[member]
         before = log.first_index()
-        keep_from = FORCED_KEEP_FROM_INDEX if forced else node.retention_floor()
+        keep_from = node_keep_from(node, over_ratio=True, now=self.now) if forced else node.retention_floor()
         first = log.compact(keep_from_index=keep_from, committed_index=node.committed_index)
         if first > before:
             self.checker.on_compact(member, log, first, self.logs, forced=forced)

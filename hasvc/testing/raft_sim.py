@@ -8,8 +8,9 @@ check-quorum sometimes off, network loss, duplication and reordering), the clien
 the faults (crashes that lose unflushed entries and end their connections, restarts, partitions
 that come and go, connections reset between running members, leadership transfers) and retention
 (a member drops the entries below its core's ``retention_floor``, or -- a clean forced by a full
-disk -- every committed and flushed entry whatever the others need, which strands members that
-the leader then RESETs to its first index), and in half the seeds storage faults: a member
+disk -- below where ``hasvc.state.raft.retention`` keeps from then: a leader below the lowest
+match index it knows, which strands the members whose match it does not know, and it RESETs them
+to its first index), and in half the seeds storage faults: a member
 crashes and comes back without the tail of its log from a random index, committed entries
 included, its catch-up mark saved (damage its recovery cut; only while every committed entry it
 loses is held by another member). The checker also requires that no member ever grants a vote

@@ -80,7 +80,8 @@ def test_a_leader_whose_disk_fills_answers_disk_full_and_no_member_exits(tmp_pat
     disk filled by a file but for ROOM_LEFT; no ratio (1.0): the disk really fills. The leader
     answers DISK_FULL (its next data file cannot be made: the proposal is refused before the
     Raft core takes it), every member stays up (before: the leader's warm-up killed it, then the
-    next leader's), reads go on; the filler deleted, writes succeed again."""
+    next leader's), reads go on; it hands leadership to a follower that said it has room, and the
+    group takes writes again while its disk is still full; the filler deleted, it catches up."""
     with group_on_tmpfs(tmp_path, "full") as nodes:
         leader = _leader(nodes)
         with hc.BlockingClient(leader.client_address) as client:
@@ -98,9 +99,16 @@ def test_a_leader_whose_disk_fills_answers_disk_full_and_no_member_exits(tmp_pat
             assert "disk_full" in client.status()
             assert client.pull("T", 0, 0, count_max=1).records  # reads go on
             assert all(node.alive for node in nodes.values())
-            os.unlink(filler)
-            wait_until(lambda: client.send("T", b"again").status == "PUT_OK", timeout=60,
-                       message="a put to succeed once the filler is gone")  # fmt: skip
+        wait_until(lambda: _status(leader)["role"] != "SYNC_MASTER", timeout=60,
+                   message="the full leader to hand leadership over")  # fmt: skip
+        roomy = _leader(nodes)
+        assert roomy is not leader
+        with hc.BlockingClient(roomy.client_address) as client:
+            assert client.send("T", b"again").status == "PUT_OK"  # the group takes writes, the old disk still full
+        os.unlink(filler)
+        wait_until(lambda: _status(leader)["ledger_end_index"] == _status(roomy)["ledger_end_index"], timeout=60,
+                   message="the member whose disk was full to catch up once the filler is gone")  # fmt: skip
+        assert _leader(nodes) is roomy  # no hand-back
 
 
 def test_a_follower_whose_disk_fills_drops_appends_stays_up_and_catches_up_once_space_frees(tmp_path):

@@ -42,6 +42,7 @@ MESSAGES = {
     "heartbeat-16": Heartbeat("n0", "n1", 5, -1),
     "heartbeat-24": Heartbeat("n0", "n1", 5, 42, 40),
     "heartbeat-response": HeartbeatResponse("n1", "n0", 5, HeartbeatResult.SUCCESS),
+    "heartbeat-response-disk-full": HeartbeatResponse("n1", "n0", 5, HeartbeatResult.SUCCESS, disk_full=True),
     "compare": Push("n0", "n1", 5, PushType.COMPARE, 41, -1, 40, (Entry(41, 5, b""),)),
     "truncate": Push("n0", "n1", 5, PushType.TRUNCATE, 40, -1, 40, (Entry(40, 4, b"ab"), Entry(41, 5, b""))),
     "append": Push("n0", "n1", 5, PushType.APPEND, 41, 4, 40, EntryRun(41, 2, 5, RUN)),

@@ -31,7 +31,7 @@ messages = st.one_of(
     st.builds(VoteRequest, st.just("n0"), st.just("n1"), terms, indexes, indexes, st.booleans(), st.booleans()),
     st.builds(VoteResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(VoteResult), st.booleans()),
     st.builds(Heartbeat, st.just("n0"), st.just("n1"), terms, indexes, indexes),
-    st.builds(HeartbeatResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(HeartbeatResult)),
+    st.builds(HeartbeatResponse, st.just("n0"), st.just("n1"), terms, st.sampled_from(HeartbeatResult), st.booleans()),
     st.builds(Push, st.just("n0"), st.just("n1"), terms, st.sampled_from([PushType.COMPARE, PushType.TRUNCATE]),
               indexes, indexes, indexes, entries),  # fmt: skip
     st.integers(1, 3).flatmap(lambda count: st.builds(
@@ -64,6 +64,7 @@ SAMPLES = [
     Heartbeat("n0", "n1", 3, 9),
     Heartbeat("n0", "n1", 3, 9, 7),
     HeartbeatResponse("n0", "n1", 3, HeartbeatResult.EXPIRED_TERM),
+    HeartbeatResponse("n0", "n1", 3, HeartbeatResult.SUCCESS, disk_full=True),
     Push("n0", "n1", 3, PushType.COMPARE, 7, -1, 6, (Entry(7, 3, b"abc"),)),
     Push("n0", "n1", 3, PushType.TRUNCATE, 7, -1, 6, (Entry(7, 3, b"abc"), Entry(8, 3, b""))),
     Push("n0", "n1", 3, PushType.APPEND, 7, 2, 6, EntryRun(7, 2, 3, bytes(range(48)) + b"abc" + bytes(48))),

@@ -66,8 +66,8 @@ handled by a callback. A full disk ends no task and no process: a leader answers
 need: ``make_room`` before the core takes them), a follower drops an APPEND it has no room for
 (the leader sends it again), the warm-up and the checkpoint try again later; an append that
 still fails (the term-start no-op) is rolled back whole by the store and the core starts over as
-a follower from the stored log (``RaftDriver._append_failed``). A leader does not step down for a full disk
-(no member knows the others' room). A truncate (a TRUNCATE push from the leader) and retention cut and delete
+a follower from the stored log (``RaftDriver._append_failed``). A leader hands over for a full disk
+only to a member that said it has room (``hasvc.state.raft.disk_room``). A truncate (a TRUNCATE push from the leader) and retention cut and delete
 files, so they hold the files quiet (``files_quiet``): they wait for the sync in flight, and none
 starts until they are done. A reset (a RESET from the leader: this member needs entries the group
 deleted) deletes every entry and consume-queue file (``DLedgerMessageStore.reset_log``) before its

@@ -30,6 +30,7 @@ from hasvc.broker.raft_metrics import serve_raft_metrics
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
 from hasvc.state.dedupe import ProducerTable
 from hasvc.state.raft.ready import Role
+from hasvc.state.raft.retention import node_keep_from
 from hasvc.state.raft.role import RaftRole
 
 LOGGER = logging.getLogger(__name__)
@@ -41,9 +42,6 @@ DISPATCH_INLINE_BYTES_MAX = 256 * 1024  # entries a commit dispatches inline; be
 # (6.3 s by default, 1 s with etcd timing), so this is a backstop for a leader that steps down
 # and hears of no successor. The same order as the ~10 s a DLedger admin request waits.
 TRANSFER_LEADER_WAIT_SECONDS = 10.0
-# keep_from_index of a forced clean (disk above disk_clean_ratio): no member's need holds it back;
-# the store's own limits (committed, flushed, dispatched, the file being written) still do.
-RETAIN_NOTHING_INDEX = 1 << 62
 
 
 class RaftBroker:
@@ -266,7 +264,7 @@ class RaftBroker:
         while True:
             await trio.sleep(self.config.dledger_clean_interval_seconds)
             over_ratio = disk_used_ratio(store.path) > store.config.disk_clean_ratio
-            keep_from = RETAIN_NOTHING_INDEX if over_ratio else self.driver.node.retention_floor()
+            keep_from = node_keep_from(self.driver.node, over_ratio=over_ratio, now=trio.current_time())  # never strands a member that is down
             async with self.maintenance, self.driver.files_quiet():
                 deleted = store.clean_expired(keep_from_index=keep_from, over_ratio=over_ratio)
             self.retention_passes += 1

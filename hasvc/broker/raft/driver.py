@@ -103,6 +103,7 @@ class RaftDriver:
     # -- carrying a Ready out ------------------------------------------------------------
 
     def drain(self) -> None:
+        self.node.disk_full = self.store.disk_full()  # for the core's next event: hasvc.state.raft.disk_room
         ready = self.node.ready()
         entries = self.store.entries
         if ready.hard_state is not None:

@@ -284,6 +284,7 @@ class Election:
             or preferred == self.self_id
             or self._transfer is not None
             or preferred not in self._progress
+            or self._progress[preferred].disk_full  # no room there: it would hand back (disk_room)
         ):
             return
         if (

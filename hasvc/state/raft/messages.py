@@ -92,6 +92,10 @@ class HeartbeatResponse:
     target: str
     term: int
     result: HeartbeatResult
+    # The follower cannot append now (its disk above disk_max_used_space_ratio, or no room for the
+    # files its next entries need): a leader whose own disk is full hands over only to a member
+    # that said it has room (``hasvc.state.raft.disk_room``).
+    disk_full: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

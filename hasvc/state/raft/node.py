@@ -86,6 +86,7 @@ from collections.abc import Sequence
 
 from hasvc.state.raft import quorum
 from hasvc.state.raft.config import RaftConfig
+from hasvc.state.raft.disk_room import disk_step_down_target
 from hasvc.state.raft.election import NO_OP, Campaign, Election, Transfer
 from hasvc.state.raft.log_view import LogView
 from hasvc.state.raft.messages import (
@@ -169,6 +170,10 @@ class RaftNode(Election, Replication):
         self._acked_index = -1  # follower: the highest ack_index sent to the current leader
         self._gap_reported_end = -2  # follower: OUT_OF_ORDER answered once per end index (no storms)
         self._retain_from_index = -1  # follower: the highest retention floor a leader announced
+        # Set by the driver before each event: this member cannot append now (a full disk). A
+        # follower says so in its heartbeat responses; a leader hands over to a member with room.
+        self.disk_full = False
+        self._disk_full_since: float | None = None  # leader: when a tick first saw disk_full (None: room)
         self._leader_contact_at = -math.inf
         self._election_deadline = now + self._election_timeout()
         self._heartbeat_at = math.inf
@@ -346,8 +351,9 @@ class RaftNode(Election, Replication):
         """The lowest index some member may still need from this member's log: retention keeps
         every entry at or above it (-1: keep everything). A leader's is its committed index and
         every peer's match index, whatever their last contact: a member that is down holds
-        retention back until it returns (a forced clean above the disk ratio does not wait; a
-        member it strands is RESET to the leader's first index). Entries below it are committed and
+        retention back until it returns (above the disk ratio a leader leaves out only the members
+        whose match it does not know: ``hasvc.state.raft.retention``; a member it strands is RESET
+        to the leader's first index). Entries below it are committed and
         held by every member, which never truncates at or below its committed index, so no
         member needs them again. A follower keeps from the highest floor a leader announced
         (heartbeats), at most its own committed index: it may lead later, and then must still
@@ -381,6 +387,7 @@ class RaftNode(Election, Replication):
                 self._become_follower(self.term, None, now)
                 return
             self._maybe_transfer_to_preferred(now)
+            self._maybe_step_down_for_disk(now)
         while self._pending and self._pending[0].deadline <= now:
             pending = self._pending.popleft()
             self._pending_count -= pending.last_index - pending.first_index + 1
@@ -389,6 +396,22 @@ class RaftNode(Election, Replication):
         if self._transfer is not None and now >= self._transfer.deadline:
             self._transfers_aborted.append(TransferAborted(self._transfer.target))
             self._transfer = None
+
+    def _maybe_step_down_for_disk(self, now: float) -> None:
+        """A leader that cannot append hands leadership to a follower that said it has room
+        (``disk_room.disk_step_down_target``: never to a full one, never twice in a cascade)."""
+        if not self.disk_full:
+            self._disk_full_since = None
+            return
+        if self._disk_full_since is None:
+            self._disk_full_since = now
+        followers = {peer: (p.disk_full, p.match_index, now - p.disk_said_at) for peer, p in self._progress.items()}
+        target = disk_step_down_target(full_seconds=now - self._disk_full_since, led_seconds=now - self._became_leader_at,
+                                       hold_seconds=self.config.election_timeout_max_seconds,
+                                       transferring=self._transfer is not None, followers=followers,
+                                       contact_window_seconds=self.config.election_timeout_min_seconds)  # fmt: skip
+        if target is not None and self._transfer_refusal(target, now) is None:
+            self._transfer = Transfer(target, now + self.config.election_timeout_min_seconds)
 
     def _maybe_commit(self, last: int) -> None:
         """Commit what a quorum holds (``last``: the log's last index)."""

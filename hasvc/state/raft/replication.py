@@ -100,7 +100,7 @@ class Replication:
                 # (see node's "Lost entries"). Say where our log ends, or it would wait for a proposal.
                 self._gap_reported_end = last
                 self._send_push_response(m.source, PushType.APPEND, PushResult.OUT_OF_ORDER, -1)
-        self._messages.append(HeartbeatResponse(self.self_id, m.source, self.term, result))
+        self._messages.append(HeartbeatResponse(self.self_id, m.source, self.term, result, self.disk_full))
 
     def _follow_commit(self, leader_commit: int) -> None:
         commit = min(leader_commit, self._matched_index)
@@ -261,6 +261,7 @@ class Replication:
             self._become_follower(m.term, None, now)
         elif m.term == self.term and self.role is Role.LEADER:
             self._progress[m.source].last_contact_at = now
+            self._progress[m.source].disk_full, self._progress[m.source].disk_said_at = m.disk_full, now
 
     def _on_push_response(self, m: PushResponse, now: float) -> None:
         if m.term > self.term:

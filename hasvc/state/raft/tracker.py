@@ -56,6 +56,8 @@ class Progress:
     follower_end: int = -1  # the follower's last index, as last reported
     compare_floor: int = -1
     compare_mismatch_from: float = math.inf
+    disk_full: bool | None = None  # as its last HEARTBEAT_RESPONSE in this term said (None: none yet)
+    disk_said_at: float = -math.inf  # when that response came
 
     # ------------------------------------------------------------------ responses
 

@@ -59,3 +59,41 @@ async def test_a_peer_that_never_reads_shows_its_queued_bytes_until_it_closes():
                 await trio.sleep(0.01)
         assert driver.senders.bytes_queued("n1") == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_never_reads_is_closed_after_the_stall_timeout_and_dialled_again():
+    connections: list[trio.SocketStream] = []
+    dialled_again = trio.Event()
+
+    async def silent_peer(stream: trio.SocketStream) -> None:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        connection = transport.Connection(stream, transport.peer_name(stream))
+        await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=None)
+        connections.append(stream)
+        if len(connections) == 2:
+            dialled_again.set()
+        await trio.sleep_forever()  # reads nothing more, never closes
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent_peer, 0, host="127.0.0.1"))
+        driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
+        driver.senders.stalled_timeout_seconds = 0.5  # raft_send_stalled_timeout_seconds, short for the test
+        nursery.start_soon(driver.senders.sender, "n1")
+        with trio.fail_after(WAIT_SECONDS):
+            while not driver.connected["n1"]:
+                await trio.sleep(0.01)
+        assert driver.senders.closed_stalled == {"n1": 0, "n2": 0}
+        assert driver.senders.statistics() == {"raft_connections_closed_stalled": 0}
+        driver.senders.queues["n1"][0].send_nowait(_Rest(driver.senders.links["n1"], b"x" * REST_SIZE))
+        with trio.fail_after(WAIT_SECONDS):
+            while not driver.senders.bytes_queued("n1"):
+                await trio.sleep(0.01)  # the write waits for the socket
+            await dialled_again.wait()  # closed after the timeout, then dialled as after a lost connection
+        assert driver.senders.closed_stalled == {"n1": 1, "n2": 0}
+        assert driver.senders.statistics() == {"raft_connections_closed_stalled": 1}
+        assert await connections[0].receive_some(REST_SIZE)  # the first connection's bytes, then its EOF
+        with trio.fail_after(WAIT_SECONDS):
+            while await connections[0].receive_some(REST_SIZE):
+                pass
+        assert driver.senders.bytes_queued("n1") == 0  # the new connection holds nothing
+        nursery.cancel_scope.cancel()

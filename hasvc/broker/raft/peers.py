@@ -5,7 +5,15 @@ messages for a peer whose sender is idle are written from the loop itself in one
 view of the mapping per data file, written with the frame headers in one ``writev``); what the
 socket does not take is copied before any wait, so no view of a mapping is held while a truncate or
 retention may change it. The peer never sends on this connection after the preface: a read
-watches for its EOF only."""
+watches for its EOF only.
+
+Bytes: what a peer's socket has not taken is the rest of one write, copied (``bytes_queued``;
+the pushes queued behind it are references to the log, ``RAFT_SEND_QUEUE_MAX`` of them). A peer
+that accepts and never reads would hold that write and its sender for good: a write whose rest
+is not taken within ``raft_send_stalled_timeout_seconds`` closes the connection (counted per peer,
+``closed_stalled``; logged once per close) and the sender dials the peer again as after any lost
+connection. A peer that reads nothing also reads no heartbeat, so a member would start its own
+election long before that timeout: the close never cuts a peer that still follows."""
 
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from hasvc import transport
-from hasvc.config import format_address
+from hasvc.config import BrokerConfig, format_address
 from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.raft.messages import Push, PushType
@@ -56,6 +64,13 @@ class RaftSenders:
         self.connected: dict[str, bool] = {peer: False for peer in self.queues}
         self.links: dict[str, transport.Connection] = {}  # the senders' live connections (``_send_now``)
         self.dropped_messages = 0
+        # raft_send_stalled_timeout_seconds (the broker sets its config's; a controller keeps the default)
+        self.stalled_timeout_seconds: float = BrokerConfig.__dataclass_fields__["raft_send_stalled_timeout_seconds"].default
+        self.closed_stalled: dict[str, int] = {peer: 0 for peer in self.queues}  # connections closed so, per peer
+
+    def statistics(self) -> dict[str, int]:
+        """STATUS fields (and metrics, ``hasvc_`` before each name) of the outbound connections."""
+        return {"raft_connections_closed_stalled": sum(self.closed_stalled.values())}
 
     def send(self, messages) -> None:
         """Send a Ready's messages, each peer's in their order: written from here in one
@@ -167,15 +182,20 @@ class RaftSenders:
                             except trio.WouldBlock:
                                 break
                         try:
-                            await connection.send_parts(parts)
+                            await self._send_or_close(peer, connection, parts)
                         finally:
                             parts.clear()  # views of the data files: never held while the log may change
             except BaseException as error:
                 # The nursery wraps what the loop raised in an exception group: a broken
                 # connection is expected, anything else (Cancelled among them) goes on up.
-                if not transport.is_expected(error, (OSError, trio.BrokenResourceError, trio.ClosedResourceError)):
+                if not transport.is_expected(error, (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                                                     trio.TooSlowError)):  # fmt: skip
                     raise
-                LOGGER.info("raft: connection to %s lost: %s", peer, transport.describe(error))
+                if isinstance(transport.first_leaf(error), trio.TooSlowError):
+                    LOGGER.warning("raft: connection to %s at %s closed: %s", peer, format_address(address),
+                                   transport.describe(error))  # fmt: skip
+                else:
+                    LOGGER.info("raft: connection to %s lost: %s", peer, transport.describe(error))
             finally:
                 self.connected[peer] = False
                 del self.links[peer]
@@ -186,6 +206,18 @@ class RaftSenders:
                 pause = min(pause * 2, RAFT_RECONNECT_MAX_SECONDS)
             else:
                 pause = RAFT_RECONNECT_MIN_SECONDS
+
+    async def _send_or_close(self, peer: str, connection: transport.Connection, parts: list) -> None:
+        """Send ``parts`` on ``peer``'s ``connection`` (``send_parts``: what the socket takes at
+        once, then the rest copied); a rest its socket has not taken within
+        ``stalled_timeout_seconds`` ends the connection (TooSlowError, counted)."""
+        timeout = self.stalled_timeout_seconds
+        with trio.move_on_after(timeout) as scope:
+            await connection.send_parts(parts)
+        if scope.cancelled_caught:
+            self.closed_stalled[peer] += 1
+            raise trio.TooSlowError(f"{peer} did not take the rest of a write in {timeout:g} s "
+                                    "(raft_send_stalled_timeout_seconds): it accepts and does not read")  # fmt: skip
 
     def bytes_queued(self, peer: str) -> int:
         """What the sender to ``peer`` waits for its socket to take (raft_metrics: a peer not reading)."""

@@ -97,3 +97,41 @@ async def test_a_peer_that_never_reads_is_closed_after_the_stall_timeout_and_dia
                 pass
         assert driver.senders.bytes_queued("n1") == 0  # the new connection holds nothing
         nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_reads_slowly_is_not_closed_however_long_the_whole_write_takes():
+    """The timeout bounds each piece of a write (RAFT_SEND_STALL_PIECE_SIZE), not the write: a
+    drained queue of pushes to a peer that reads, slowly, is sent whole on its connection."""
+    got = 0
+    done = trio.Event()
+    read_size, pause = 256 * 1024, 0.05  # at most 5 MiB/s: the 16 MiB take over 3 s, past the 2 s timeout
+
+    async def slow_peer(stream: trio.SocketStream) -> None:
+        nonlocal got
+        connection = transport.Connection(stream, transport.peer_name(stream))
+        await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=None)
+        while got < REST_SIZE:
+            await trio.sleep(pause)
+            data = await stream.receive_some(read_size)
+            if not data:
+                return
+            got += len(data)
+        done.set()
+        await trio.sleep_forever()  # the connection stays up
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, slow_peer, 0, host="127.0.0.1"))
+        driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
+        driver.senders.stalled_timeout_seconds = 2.0
+        nursery.start_soon(driver.senders.sender, "n1")
+        with trio.fail_after(WAIT_SECONDS):
+            while not driver.connected["n1"]:
+                await trio.sleep(0.01)
+        link = driver.senders.links["n1"]
+        started = trio.current_time()
+        driver.senders.queues["n1"][0].send_nowait(_Rest(link, b"x" * REST_SIZE))
+        with trio.fail_after(WAIT_SECONDS):
+            await done.wait()
+        assert trio.current_time() - started > driver.senders.stalled_timeout_seconds  # else this proves nothing
+        assert driver.senders.closed_stalled["n1"] == 0 and driver.senders.links.get("n1") is link
+        nursery.cancel_scope.cancel()

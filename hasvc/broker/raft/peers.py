@@ -9,11 +9,13 @@ watches for its EOF only.
 
 Bytes: what a peer's socket has not taken is the rest of one write, copied (``bytes_queued``;
 the pushes queued behind it are references to the log, ``RAFT_SEND_QUEUE_MAX`` of them). A peer
-that accepts and never reads would hold that write and its sender for good: a write whose rest
-is not taken within ``raft_send_stalled_timeout_seconds`` closes the connection (counted per peer,
-``closed_stalled``; logged once per close) and the sender dials the peer again as after any lost
-connection. A peer that reads nothing also reads no heartbeat, so a member would start its own
-election long before that timeout: the close never cuts a peer that still follows."""
+that accepts and never reads would hold that write and its sender for good: the rest goes in
+pieces of ``RAFT_SEND_STALL_PIECE_SIZE`` (1 MiB), and a piece not taken within
+``raft_send_stalled_timeout_seconds`` closes the connection (counted per peer, ``closed_stalled``;
+logged once per close); the sender dials the peer again as after any lost connection. A peer that
+reads slowly is never closed for the size of a write (a drained queue of pushes can be many MiB),
+and one that reads nothing also reads no heartbeat, so it starts its own election long before
+that timeout: the close never cuts a peer that still follows."""
 
 from __future__ import annotations
 
@@ -41,6 +43,11 @@ RAFT_RECONNECT_MIN_SECONDS = 0.05
 RAFT_RECONNECT_MAX_SECONDS = 1.0
 # A sender's read of its own connection, which only watches for the peer's EOF (nothing is sent back).
 RAFT_WATCH_READ_SIZE = 4096
+# What a peer's socket must take of a write within raft_send_stalled_timeout_seconds (the write's
+# rest is sent in pieces of this size, each with the timeout): a write of a whole drained queue (a
+# window of pushes, many MiB) to a peer that reads slowly but reads is never closed for its size.
+# push_batch_size_max's default: 1 MiB in 30 s is 35 KB/s.
+RAFT_SEND_STALL_PIECE_SIZE = 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,6 +74,7 @@ class RaftSenders:
         # raft_send_stalled_timeout_seconds (the broker sets its config's; a controller keeps the default)
         self.stalled_timeout_seconds: float = BrokerConfig.__dataclass_fields__["raft_send_stalled_timeout_seconds"].default
         self.closed_stalled: dict[str, int] = {peer: 0 for peer in self.queues}  # connections closed so, per peer
+        self._waiting_after: dict[str, int] = {peer: 0 for peer in self.queues}  # a write's rest after its piece in progress
 
     def statistics(self) -> dict[str, int]:
         """STATUS fields (and metrics, ``hasvc_`` before each name) of the outbound connections."""
@@ -208,21 +216,37 @@ class RaftSenders:
                 pause = RAFT_RECONNECT_MIN_SECONDS
 
     async def _send_or_close(self, peer: str, connection: transport.Connection, parts: list) -> None:
-        """Send ``parts`` on ``peer``'s ``connection`` (``send_parts``: what the socket takes at
-        once, then the rest copied); a rest its socket has not taken within
-        ``stalled_timeout_seconds`` ends the connection (TooSlowError, counted)."""
+        """Send ``parts`` on ``peer``'s ``connection``, and empty the list: what the socket takes at
+        once (``write_now``), then the rest, copied, in pieces of ``RAFT_SEND_STALL_PIECE_SIZE``; a
+        piece its socket has not taken within ``stalled_timeout_seconds`` ends the connection
+        (TooSlowError, counted)."""
+        rest = connection.write_now(parts)
+        if rest is None:  # TLS, or a send in progress (a _send_now's rest is queued, not sent from there)
+            rest = b"".join(parts)  # a copy (bytes of each view)
+            parts.clear()
+        if not rest:
+            return
         timeout = self.stalled_timeout_seconds
-        with trio.move_on_after(timeout) as scope:
-            await connection.send_parts(parts)
-        if scope.cancelled_caught:
-            self.closed_stalled[peer] += 1
-            raise trio.TooSlowError(f"{peer} did not take the rest of a write in {timeout:g} s "
-                                    "(raft_send_stalled_timeout_seconds): it accepts and does not read")  # fmt: skip
+        pieces = range(0, len(rest), RAFT_SEND_STALL_PIECE_SIZE)
+        view = memoryview(rest)  # of the copy: no data file's mapping is held across the waits
+        try:
+            for start in pieces:
+                piece = view[start : start + RAFT_SEND_STALL_PIECE_SIZE]
+                self._waiting_after[peer] = len(rest) - start - len(piece)
+                with trio.move_on_after(timeout) as scope:
+                    await connection.send_all(piece)
+                if scope.cancelled_caught:
+                    self.closed_stalled[peer] += 1
+                    raise trio.TooSlowError(f"{peer} did not take {len(piece)} bytes in {timeout:g} s "
+                                            "(raft_send_stalled_timeout_seconds): it accepts and does not read")  # fmt: skip
+        finally:
+            self._waiting_after[peer] = 0
 
     def bytes_queued(self, peer: str) -> int:
         """What the sender to ``peer`` waits for its socket to take (raft_metrics: a peer not reading)."""
         link = self.links.get(peer)
-        return link.bytes_waiting if link is not None else 0
+        waiting = link.bytes_waiting if link is not None else 0
+        return waiting + self._waiting_after[peer] if waiting else 0
 
     def _frame_parts(self, message, connection: transport.Connection) -> list:
         """The frames for ``message`` as parts for one writev: an APPEND's reference run read from

@@ -12,7 +12,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from hasvc import transport
-from hasvc.broker.raft.peers import _Rest
+from hasvc.broker.raft.peers import RAFT_SEND_WRITE_SIZE_MAX, _Rest
 from hasvc.broker.raft_metrics import RaftMetrics
 from hasvc.protocol import wire
 from tests.driver.test_raft_sender import WAIT_SECONDS, _driver_of_n0
@@ -134,4 +134,39 @@ async def test_a_peer_that_reads_slowly_is_not_closed_however_long_the_whole_wri
             await done.wait()
         assert trio.current_time() - started > driver.senders.stalled_timeout_seconds  # else this proves nothing
         assert driver.senders.closed_stalled["n1"] == 0 and driver.senders.links.get("n1") is link
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_write_gathers_a_bounded_share_of_the_queue_and_the_rest_stays_queued():
+    """What a peer that stops reading makes a member copy is one write's rest: a write gathers at
+    most RAFT_SEND_WRITE_SIZE_MAX (and one message) of the queue, the rest stays queued."""
+    prefaced = trio.Event()
+    piece = 1024 * 1024
+
+    async def silent_peer(stream: trio.SocketStream) -> None:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        connection = transport.Connection(stream, transport.peer_name(stream))
+        await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=None)
+        prefaced.set()
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent_peer, 0, host="127.0.0.1"))
+        driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
+        nursery.start_soon(driver.senders.sender, "n1")
+        with trio.fail_after(WAIT_SECONDS):
+            await prefaced.wait()
+            while not driver.connected["n1"]:
+                await trio.sleep(0.01)
+        queue = driver.senders.queues["n1"]
+        link = driver.senders.links["n1"]
+        count = 4 * RAFT_SEND_WRITE_SIZE_MAX // piece
+        for _ in range(count):
+            queue[0].send_nowait(_Rest(link, b"x" * piece))
+        with trio.fail_after(WAIT_SECONDS):
+            while not driver.senders.bytes_queued("n1"):
+                await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
+        assert 0 < driver.senders.bytes_queued("n1") <= RAFT_SEND_WRITE_SIZE_MAX + piece
+        assert queue[1].statistics().current_buffer_used >= count - (RAFT_SEND_WRITE_SIZE_MAX // piece + 1)
         nursery.cancel_scope.cancel()

@@ -7,15 +7,16 @@ socket does not take is copied before any wait, so no view of a mapping is held 
 retention may change it. The peer never sends on this connection after the preface: a read
 watches for its EOF only.
 
-Bytes: what a peer's socket has not taken is the rest of one write, copied (``bytes_queued``;
-the pushes queued behind it are references to the log, ``RAFT_SEND_QUEUE_MAX`` of them). A peer
-that accepts and never reads would hold that write and its sender for good: the rest goes in
-pieces of ``RAFT_SEND_STALL_PIECE_SIZE`` (1 MiB), and a piece not taken within
+Bytes: what a peer's socket has not taken is the rest of one write, copied (``bytes_queued``). A
+write gathers at most ``RAFT_SEND_WRITE_SIZE_MAX`` and one message of what is queued; the pushes
+left queued are references to the log, ``RAFT_SEND_QUEUE_MAX`` of them. A peer that accepts and
+never reads would hold that write and its sender for good: the rest goes in pieces of
+``RAFT_SEND_STALL_PIECE_SIZE`` (1 MiB), and a piece not taken within
 ``raft_send_stalled_timeout_seconds`` closes the connection (counted per peer, ``closed_stalled``;
 logged once per close); the sender dials the peer again as after any lost connection. A peer that
-reads slowly is never closed for the size of a write (a drained queue of pushes can be many MiB),
-and one that reads nothing also reads no heartbeat, so it starts its own election long before
-that timeout: the close never cuts a peer that still follows."""
+reads slowly is never closed for the size of a write, and one that reads nothing also reads no
+heartbeat, so it starts its own election long before that timeout: the close never cuts a peer
+that still follows."""
 
 from __future__ import annotations
 
@@ -48,6 +49,12 @@ RAFT_WATCH_READ_SIZE = 4096
 # window of pushes, many MiB) to a peer that reads slowly but reads is never closed for its size.
 # push_batch_size_max's default: 1 MiB in 30 s is 35 KB/s.
 RAFT_SEND_STALL_PIECE_SIZE = 1024 * 1024
+# A sender gathers what is queued for its peer into one write up to this many bytes (one message
+# more may pass it); the rest stays queued, as references to the log. What the socket does not take
+# of a write is copied: this bounds the copy a peer that stops reading makes a member hold (a
+# drained queue was up to RAFT_SEND_QUEUE_MAX pushes of push_batch_size_max, GiBs, while a push
+# timeout re-queues the window unanswered). 4 MiB is sixteen 256 KiB passes of puts in one write.
+RAFT_SEND_WRITE_SIZE_MAX = 4 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -184,11 +191,14 @@ class RaftSenders:
                     nursery.start_soon(self._watch_closed, connection, peer, nursery.cancel_scope)
                     while True:
                         parts = self._frame_parts(await receive.receive(), connection)
-                        while True:  # what else is queued goes in the same write
+                        size = sum(map(len, parts))
+                        while size < RAFT_SEND_WRITE_SIZE_MAX:  # what else is queued goes in the same write
                             try:
-                                parts += self._frame_parts(receive.receive_nowait(), connection)
+                                more = self._frame_parts(receive.receive_nowait(), connection)
                             except trio.WouldBlock:
                                 break
+                            parts += more
+                            size += sum(map(len, more))
                         try:
                             await self._send_or_close(peer, connection, parts)
                         finally:

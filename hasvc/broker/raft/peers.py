@@ -45,9 +45,9 @@ RAFT_RECONNECT_MAX_SECONDS = 1.0
 # A sender's read of its own connection, which only watches for the peer's EOF (nothing is sent back).
 RAFT_WATCH_READ_SIZE = 4096
 # What a peer's socket must take of a write within raft_send_stalled_timeout_seconds (the write's
-# rest is sent in pieces of this size, each with the timeout): a write of a whole drained queue (a
-# window of pushes, many MiB) to a peer that reads slowly but reads is never closed for its size.
-# push_batch_size_max's default: 1 MiB in 30 s is 35 KB/s.
+# rest is sent in pieces of this size, each with the timeout): a write (up to
+# RAFT_SEND_WRITE_SIZE_MAX and a message) to a peer that reads slowly but reads is never closed for
+# its size. push_batch_size_max's default: 1 MiB in 30 s is 35 KB/s.
 RAFT_SEND_STALL_PIECE_SIZE = 1024 * 1024
 # A sender gathers what is queued for its peer into one write up to this many bytes (one message
 # more may pass it); the rest stays queued, as references to the log. What the socket does not take
@@ -231,7 +231,7 @@ class RaftSenders:
         piece its socket has not taken within ``stalled_timeout_seconds`` ends the connection
         (TooSlowError, counted)."""
         rest = connection.write_now(parts)
-        if rest is None:  # TLS, or a send in progress (a _send_now's rest is queued, not sent from there)
+        if rest is None:  # TLS (or closed: the send below says so): all of it
             rest = b"".join(parts)  # a copy (bytes of each view)
             parts.clear()
         if not rest:

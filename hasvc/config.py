@@ -92,6 +92,14 @@ class BrokerConfig:
     dledger_clean_interval_seconds: float = setting(10.0, "How often a DLedger member's retention pass runs: RocketMQ's "
                                                     "CleanCommitLogService runs every 10 s (the classic broker's period is "
                                                     "fixed, StoreTasks' CLEAN_INTERVAL_SECONDS).", processes=("node",), above=0)  # fmt: skip
+    raft_send_stalled_timeout_seconds: float = setting(
+        30.0, "A DLedger member's connection to a peer whose socket has not taken 1 MiB of a write (the rest of a "
+        "write goes in pieces of RAFT_SEND_STALL_PIECE_SIZE: a drained queue of pushes may be many MiB) within this "
+        "long is closed and dialled again: the peer accepted and does not read, and would hold its sender and that "
+        "write for good. Longer than any election timeout (7 s by default: a member that reads nothing for that long "
+        "starts an election itself, so no peer that still follows is cut) and than 1 MiB (a push, "
+        "push_batch_size_max) on a slow link (35 KB/s), as ha_send_stalled_timeout_seconds.",
+        processes=("node",), above=0)  # fmt: skip
     scrub_bytes_per_second: int = setting(
         16 * 1024 * 1024, "The broker re-checks its whole log and consume queues in the background at this rate (0: off): "
         "16 MiB/s re-reads 1 GiB in ~64 s, costs well under 1 % of a core for the CRC walk, and keeps its disk reads a "
@@ -310,7 +318,7 @@ class BrokerConfig:
         for name in ("ha_send_heartbeat_interval_ms", "ha_housekeeping_interval_ms", "slave_timeout_ms",
                      "ha_transfer_batch_size", "frame_size_max", "requests_in_flight_max", "connections_max",
                      "client_answer_bytes_max", "client_answer_bytes_total_max", "client_muted_timeout_seconds",
-                     "ha_send_stalled_timeout_seconds",
+                     "ha_send_stalled_timeout_seconds", "raft_send_stalled_timeout_seconds",
                      "producer_sequence_window", "producers_max"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

@@ -15,7 +15,10 @@ connection is only read, a frame at most ``FRAME_SIZE_MAX_DEFAULT``), so what it
 that reads too slowly, or not at all, is the rest of the one write its socket did not take
 (``peers.*.bytes_queued``; appends queued behind it are references to the log,
 ``RAFT_SEND_QUEUE_MAX`` of them). Summed over the peers: ``hasvc_raft_bytes_queued``, and the
-peers with such a write waiting, ``hasvc_raft_connections_muted``.
+peers with such a write waiting, ``hasvc_raft_connections_muted``. A write not taken within
+``raft_send_stalled_timeout_seconds`` closes that connection (``hasvc/broker/raft/peers.py``):
+``hasvc_raft_connections_closed_stalled`` (STATUS ``raft_connections_closed_stalled``) and, per
+peer, ``hasvc_peer_closed_stalled``.
 """
 
 from __future__ import annotations

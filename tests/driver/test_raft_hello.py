@@ -33,7 +33,7 @@ def _driver(self_id: str, ports: dict[str, int], *, data_file_size: int) -> Raft
     log.data_start_offset = 0
     log.data_file_size = data_file_size
     group = GroupConfig("g", self_id, {member: ("127.0.0.1", port) for member, port in ports.items()}, RaftConfig())
-    return RaftDriver(group=group, store=types.SimpleNamespace(entries=log, disk_full=lambda: False), secret=None,
+    return RaftDriver(group=group, store=types.SimpleNamespace(entries=log, disk_full=lambda: None), secret=None,
                       on_commit=lambda *_: None, on_role=lambda *_: None)  # fmt: skip
 
 

@@ -33,7 +33,7 @@ def _driver_of_n0(n1_port: int) -> RaftDriver:
     log.data_start_offset = 0
     group = GroupConfig("g", "n0", {"n0": ("127.0.0.1", 1), "n1": ("127.0.0.1", n1_port), "n2": ("127.0.0.1", 1)},
                         RaftConfig())  # fmt: skip
-    return RaftDriver(group=group, store=types.SimpleNamespace(entries=log, disk_full=lambda: False), secret=None,
+    return RaftDriver(group=group, store=types.SimpleNamespace(entries=log, disk_full=lambda: None), secret=None,
                       on_commit=lambda *_: None, on_role=lambda *_: None)  # fmt: skip
 
 

@@ -119,6 +119,7 @@ class RaftBroker:
         self.driver = RaftDriver(group=self.group, store=self.store, secret=self.config.secret,
                                  on_commit=self._on_commit, on_role=self._on_role,
                                  maintenance=self.maintenance)  # fmt: skip
+        self.driver.senders.stalled_timeout_seconds = self.config.raft_send_stalled_timeout_seconds
         self.replicator = RaftReplicator(self.store, after_proposals=self.driver.drain)
         log = RaftLog(self.store, self.driver)
         self.put_service = PutService(config=self.config, store=log, role=self.role_state, replicator=self.replicator,
@@ -343,7 +344,7 @@ class RaftBroker:
             "duplicate_sends": self.put_service.duplicate_sends,
             "raft_messages_dropped": self.driver.dropped_messages,
             "raft_connections_refused": self.driver.refused_connections,
-            **self.driver.admission.statistics(), **self.client_port.admission.statistics(),
+            **self.driver.admission.statistics(), **self.driver.senders.statistics(), **self.client_port.admission.statistics(),
             **self.client_port.answer_budget.statistics(),
             "appends_dropped_disk_full": self.driver.appends_dropped_disk_full,
             "retention_floor_index": node.retention_floor(), "retention_passes": self.retention_passes,
@@ -354,7 +355,8 @@ class RaftBroker:
                              "behind_log_start": p.behind_log_start,
                              "last_contact_seconds": None if p.last_contact_seconds == float("inf") else round(p.last_contact_seconds, 3),
                              "connected": self.driver.connected.get(peer, False),
-                             "bytes_queued": self.driver.senders.bytes_queued(peer)}
+                             "bytes_queued": self.driver.senders.bytes_queued(peer),
+                             "closed_stalled": self.driver.senders.closed_stalled.get(peer, 0)}
                       for peer, p in raft.peers.items()},
         }  # fmt: skip
         if self.store.disk.full:

@@ -5,7 +5,18 @@ messages for a peer whose sender is idle are written from the loop itself in one
 view of the mapping per data file, written with the frame headers in one ``writev``); what the
 socket does not take is copied before any wait, so no view of a mapping is held while a truncate or
 retention may change it. The peer never sends on this connection after the preface: a read
-watches for its EOF only."""
+watches for its EOF only.
+
+Bytes: what a peer's socket has not taken is the rest of one write, copied (``bytes_queued``). A
+write gathers at most ``RAFT_SEND_WRITE_SIZE_MAX`` and one message of what is queued; the pushes
+left queued are references to the log, ``RAFT_SEND_QUEUE_MAX`` of them. A peer that accepts and
+never reads would hold that write and its sender for good: the rest goes in pieces of
+``RAFT_SEND_STALL_PIECE_SIZE`` (1 MiB), and a piece not taken within
+``raft_send_stalled_timeout_seconds`` closes the connection (counted per peer, ``closed_stalled``;
+logged once per close); the sender dials the peer again as after any lost connection. A peer that
+reads slowly is never closed for the size of a write, and one that reads nothing also reads no
+heartbeat, so it starts its own election long before that timeout: the close never cuts a peer
+that still follows."""
 
 from __future__ import annotations
 
@@ -16,7 +27,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from hasvc import transport
-from hasvc.config import format_address
+from hasvc.config import BrokerConfig, format_address
 from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.raft.messages import Push, PushType
@@ -33,6 +44,17 @@ RAFT_RECONNECT_MIN_SECONDS = 0.05
 RAFT_RECONNECT_MAX_SECONDS = 1.0
 # A sender's read of its own connection, which only watches for the peer's EOF (nothing is sent back).
 RAFT_WATCH_READ_SIZE = 4096
+# What a peer's socket must take of a write within raft_send_stalled_timeout_seconds (the write's
+# rest is sent in pieces of this size, each with the timeout): a write (up to
+# RAFT_SEND_WRITE_SIZE_MAX and a message) to a peer that reads slowly but reads is never closed for
+# its size. push_batch_size_max's default: 1 MiB in 30 s is 35 KB/s.
+RAFT_SEND_STALL_PIECE_SIZE = 1024 * 1024
+# A sender gathers what is queued for its peer into one write up to this many bytes (one message
+# more may pass it); the rest stays queued, as references to the log. What the socket does not take
+# of a write is copied: this bounds the copy a peer that stops reading makes a member hold (a
+# drained queue was up to RAFT_SEND_QUEUE_MAX pushes of push_batch_size_max, GiBs, while a push
+# timeout re-queues the window unanswered). 4 MiB is sixteen 256 KiB passes of puts in one write.
+RAFT_SEND_WRITE_SIZE_MAX = 4 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,6 +78,14 @@ class RaftSenders:
         self.connected: dict[str, bool] = {peer: False for peer in self.queues}
         self.links: dict[str, transport.Connection] = {}  # the senders' live connections (``_send_now``)
         self.dropped_messages = 0
+        # raft_send_stalled_timeout_seconds (the broker sets its config's; a controller keeps the default)
+        self.stalled_timeout_seconds: float = BrokerConfig.__dataclass_fields__["raft_send_stalled_timeout_seconds"].default
+        self.closed_stalled: dict[str, int] = {peer: 0 for peer in self.queues}  # connections closed so, per peer
+        self._waiting_after: dict[str, int] = {peer: 0 for peer in self.queues}  # a write's rest after its piece in progress
+
+    def statistics(self) -> dict[str, int]:
+        """STATUS fields (and metrics, ``hasvc_`` before each name) of the outbound connections."""
+        return {"raft_connections_closed_stalled": sum(self.closed_stalled.values())}
 
     def send(self, messages) -> None:
         """Send a Ready's messages, each peer's in their order: written from here in one
@@ -161,21 +191,29 @@ class RaftSenders:
                     nursery.start_soon(self._watch_closed, connection, peer, nursery.cancel_scope)
                     while True:
                         parts = self._frame_parts(await receive.receive(), connection)
-                        while True:  # what else is queued goes in the same write
+                        size = sum(map(len, parts))
+                        while size < RAFT_SEND_WRITE_SIZE_MAX:  # what else is queued goes in the same write
                             try:
-                                parts += self._frame_parts(receive.receive_nowait(), connection)
+                                more = self._frame_parts(receive.receive_nowait(), connection)
                             except trio.WouldBlock:
                                 break
+                            parts += more
+                            size += sum(map(len, more))
                         try:
-                            await connection.send_parts(parts)
+                            await self._send_or_close(peer, connection, parts)
                         finally:
                             parts.clear()  # views of the data files: never held while the log may change
             except BaseException as error:
                 # The nursery wraps what the loop raised in an exception group: a broken
                 # connection is expected, anything else (Cancelled among them) goes on up.
-                if not transport.is_expected(error, (OSError, trio.BrokenResourceError, trio.ClosedResourceError)):
+                if not transport.is_expected(error, (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                                                     trio.TooSlowError)):  # fmt: skip
                     raise
-                LOGGER.info("raft: connection to %s lost: %s", peer, transport.describe(error))
+                if isinstance(transport.first_leaf(error), trio.TooSlowError):
+                    LOGGER.warning("raft: connection to %s at %s closed: %s", peer, format_address(address),
+                                   transport.describe(error))  # fmt: skip
+                else:
+                    LOGGER.info("raft: connection to %s lost: %s", peer, transport.describe(error))
             finally:
                 self.connected[peer] = False
                 del self.links[peer]
@@ -187,10 +225,38 @@ class RaftSenders:
             else:
                 pause = RAFT_RECONNECT_MIN_SECONDS
 
+    async def _send_or_close(self, peer: str, connection: transport.Connection, parts: list) -> None:
+        """Send ``parts`` on ``peer``'s ``connection``, and empty the list: what the socket takes at
+        once (``write_now``), then the rest, copied, in pieces of ``RAFT_SEND_STALL_PIECE_SIZE``; a
+        piece its socket has not taken within ``stalled_timeout_seconds`` ends the connection
+        (TooSlowError, counted)."""
+        rest = connection.write_now(parts)
+        if rest is None:  # TLS (or closed: the send below says so): all of it
+            rest = b"".join(parts)  # a copy (bytes of each view)
+            parts.clear()
+        if not rest:
+            return
+        timeout = self.stalled_timeout_seconds
+        pieces = range(0, len(rest), RAFT_SEND_STALL_PIECE_SIZE)
+        view = memoryview(rest)  # of the copy: no data file's mapping is held across the waits
+        try:
+            for start in pieces:
+                piece = view[start : start + RAFT_SEND_STALL_PIECE_SIZE]
+                self._waiting_after[peer] = len(rest) - start - len(piece)
+                with trio.move_on_after(timeout) as scope:
+                    await connection.send_all(piece)
+                if scope.cancelled_caught:
+                    self.closed_stalled[peer] += 1
+                    raise trio.TooSlowError(f"{peer} did not take {len(piece)} bytes in {timeout:g} s "
+                                            "(raft_send_stalled_timeout_seconds): it accepts and does not read")  # fmt: skip
+        finally:
+            self._waiting_after[peer] = 0
+
     def bytes_queued(self, peer: str) -> int:
         """What the sender to ``peer`` waits for its socket to take (raft_metrics: a peer not reading)."""
         link = self.links.get(peer)
-        return link.bytes_waiting if link is not None else 0
+        waiting = link.bytes_waiting if link is not None else 0
+        return waiting + self._waiting_after[peer] if waiting else 0
 
     def _frame_parts(self, message, connection: transport.Connection) -> list:
         """The frames for ``message`` as parts for one writev: an APPEND's reference run read from

@@ -14,6 +14,7 @@ each) could fill it (~2.8 MB on loopback before a write waits). No forged answer
 
 from __future__ import annotations
 
+import pathlib
 import os
 import socket
 import threading
@@ -154,7 +155,7 @@ def test_a_member_that_never_reads_is_closed_after_the_stall_timeout_and_the_gro
         closed = [line for line in metrics.splitlines() if line.startswith("hasvc_raft_connections_closed_stalled ")]
         assert closed and float(closed[0].split()[1]) >= 1, closed
         assert 'hasvc_peer_closed_stalled{peer="n2"}' in metrics
-        log = open(node.log_path).read()
+        log = pathlib.Path(node.log_path).read_text()
         assert "raft_send_stalled_timeout_seconds" in log and "closed" in log
     finally:
         for node in nodes.values():

@@ -47,13 +47,12 @@ import time
 import trio
 
 from commitlog import record as rec
-from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog.dledger.entry_codec import EntryFormatError
 from commitlog.dledger.entry_store import DATA_DIRECTORY
 from commitlog.dledger.inspect import iter_entries
+from commitlog.mapped_file_queue import MappedFileQueue
 from hasvc import client as hc
 from hasvc.testing.launch import ReadyProcess, StartError, hasvc_command
-from hasvc.tools.drill import queue_file_digests
 from hasvc.tools.drill_verify import FileDigests, PrefixDigests
 from hasvc.tools.faults import flip_random_byte
 from hasvc.tools.partition import LOOPBACK, PartitionRelay, free_port

@@ -164,7 +164,7 @@ class QueueRebuild:
             mine = stored[: len(theirs)]
             check.units += len(theirs) // 20
             if mine != theirs:
-                index = next((i for i in range(0, len(theirs), 20) if mine[i : i + 20] != theirs[i : i + 20]))
+                index = next(i for i in range(0, len(theirs), 20) if mine[i : i + 20] != theirs[i : i + 20])
                 check.differences.append(QueueDifference(*key, first + index // 20, QUEUE_UNIT.unpack_from(mine, index)
                                                          if len(mine) >= index + 20 else None, QUEUE_UNIT.unpack_from(theirs, index)))  # fmt: skip
             elif any(stored[len(theirs) :]):

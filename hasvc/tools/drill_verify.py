@@ -7,23 +7,27 @@ any file a buggy recovery or repair rewrote. These helpers make that difference 
 
 - ``PrefixDigests``: for each file, the SHA-256 of the part that was verified (its first
   ``length`` bytes) and the file's signature (inode, size, mtime, ctime) when it was recorded.
-  ``changed(forced)`` re-reads the recorded part of every file whose signature moved (the file
-  being appended to, one a repair rewrote, one deleted) and of every ``forced`` file (the one the
-  drill damaged: its signature is not trusted, a flip could keep it), and names the files whose
-  recorded part no longer has the recorded digest. A drill that finds one re-runs its full check.
-  The bytes a round reads are the changed files only: the active segment, the damaged file.
+  ``changed(forced)`` re-reads the recorded part of every file whose signature moved (one a
+  repair rewrote, one deleted), of the newest file of each directory (the one being appended to)
+  and of every ``forced`` file (the one the drill damaged: its signature is not trusted), and
+  names the files whose recorded part no longer has the recorded digest. A drill that finds one
+  re-runs its full check. A round reads those files only: the active segment, the damaged file.
 - ``QueueRebuild``: the consume queues a full dispatch of the log builds, carried from round to
   round (each queue's end, its gaps), fed only the records appended since; the units they add are
   compared with the stored queue files at those queue offsets. With ``PrefixDigests`` guarding the
   stored queues' compared part, that is ``check_consume_queues`` over the whole log.
-- ``FileDigests``: ``queue_file_digests`` with each file's digest kept while its signature holds.
+- ``FileDigests``: ``queue_file_digests`` with each older file's digest kept while its signature
+  holds (the newest of each queue is always read again).
 
 Why it is equivalent: a check over an append-only log is the conjunction of the same check over
 its parts; the part verified last round is proven unchanged (same bytes, by digest) before its
 result is reused, and everything else is checked now. The signature is the only thing trusted
-without reading: Linux moves mtime/ctime on write(2), truncate and a shared mapping's first write
-after writeback; a write it missed (a page still dirty in a mapping that outlived the check) is
-caught by the drill's last round, which checks everything from disk with no reuse.
+without reading, and only for files no process is appending to: Linux moves mtime/ctime on
+write(2) and truncate, but a write through a shared mapping to a page already dirty does not move
+them, so the newest file of each directory (the one being appended through a mapping) is always
+re-read. A write to an older file through a page left dirty in a live mapping would still be
+missed mid-drill; the drill's last round, which checks everything from disk with no reuse,
+finds it.
 """
 
 from __future__ import annotations
@@ -84,10 +88,12 @@ class PrefixDigests:
 
     def changed(self, forced: tuple[str, ...] | list[str] = ()) -> list[str]:
         """The recorded files whose recorded part differs now (re-read: those whose signature
-        moved, and every ``forced`` one)."""
+        moved, every ``forced`` one, and the newest of each directory, which a process may still
+        be writing through a mapping that does not move its times)."""
         found = []
+        newest = newest_by_directory(self.files)
         for path, (signature, length, digest) in sorted(self.files.items()):
-            if path not in forced and file_signature(path) == signature:
+            if path not in forced and path not in newest and file_signature(path) == signature:
                 continue
             if prefix_digest(path, length) != digest:
                 found.append(path)
@@ -97,9 +103,21 @@ class PrefixDigests:
         self.files.clear()
 
 
+def newest_by_directory(paths) -> set[str]:
+    """The last path (by name: files are named by their start offset) of each directory."""
+    newest: dict[str, str] = {}
+    for path in paths:
+        directory, name = os.path.split(path)
+        held = newest.get(directory)
+        if held is None or (len(name), name) > (len(os.path.basename(held)), os.path.basename(held)):
+            newest[directory] = path
+    return set(newest.values())
+
+
 class FileDigests:
-    """``queue_file_digests`` (SHA-256 of every consume queue file) re-reading only the files
-    whose signature moved since they were last read."""
+    """``queue_file_digests`` (SHA-256 of every consume queue file) re-reading the newest file of
+    each queue (the one being written, through a mapping whose writes need not move the file's
+    times), the ``forced`` ones, and the others only when their signature moved."""
 
     def __init__(self) -> None:
         self.held: dict[str, tuple[tuple | None, str]] = {}
@@ -108,11 +126,12 @@ class FileDigests:
         found = {}
         root = os.path.join(store, "consumequeue")
         for directory, _, names in os.walk(root):
+            newest = newest_by_directory(os.path.join(directory, name) for name in names)
             for name in names:
                 path = os.path.join(directory, name)
                 signature = file_signature(path)
                 held = self.held.get(path)
-                if held is None or held[0] != signature or path in forced:
+                if held is None or held[0] != signature or path in forced or path in newest:
                     with open(path, "rb") as file:
                         held = self.held[path] = (signature, hashlib.sha256(file.read()).hexdigest())
                 found[os.path.relpath(path, root)] = held[1]

@@ -8,7 +8,7 @@ from commitlog import record as rec
 from commitlog.consume_queue import CQ_UNIT_SIZE
 from commitlog.inspect import check_consume_queues
 from commitlog.store import MessageStore
-from hasvc.tools.drill_verify import PrefixDigests, QueueRebuild, RoundClock, RoundTimeout
+from hasvc.tools.drill_verify import FileDigests, PrefixDigests, QueueRebuild, RoundClock, RoundTimeout, file_signature
 
 
 def _flip(path: str, position: int) -> None:
@@ -31,17 +31,41 @@ def test_a_changed_byte_in_the_verified_part_is_named_and_bytes_appended_after_i
     assert digests.changed() == [str(path)]
 
 
-def test_a_damaged_file_is_re_read_even_when_its_signature_did_not_move(tmp_path, monkeypatch):
-    # A flip the file's signature hides (same size; times the file system did not move): the
-    # damaged file is forced, so it is read again whatever its signature says.
-    path = tmp_path / "segment"
-    path.write_bytes(b"v" * 4096)
+def test_a_damaged_file_and_the_newest_of_its_directory_are_re_read_even_when_no_signature_moved(tmp_path, monkeypatch):
+    # Writes the files' signatures hide (a flip that kept the times; an append through a mapping
+    # to a page already dirty): the damaged file is forced and the newest file of a directory
+    # (the one being appended to) is always read again; an older one is trusted.
+    older, newest = tmp_path / "00000000000000000000", tmp_path / "00000000000000004096"
+    older.write_bytes(b"v" * 4096)
+    newest.write_bytes(b"w" * 4096)
     digests = PrefixDigests()
-    digests.record(str(path), 4096)
-    _flip(str(path), 17)
-    monkeypatch.setattr("hasvc.tools.drill_verify.file_signature", lambda _path: digests.files[str(path)][0])
+    digests.record(str(older), 4096)
+    digests.record(str(newest), 4096)
+    signatures = {path: held[0] for path, held in digests.files.items()}
+    monkeypatch.setattr("hasvc.tools.drill_verify.file_signature", lambda path: signatures[path])
+    _flip(str(older), 17)
     assert digests.changed() == []  # trusted: nothing moved
-    assert digests.changed([str(path)]) == [str(path)]  # the round's damaged file: read again
+    assert digests.changed([str(older)]) == [str(older)]  # the round's damaged file: read again
+    _flip(str(newest), 4000)
+    assert digests.changed() == [str(newest)]
+
+
+def test_the_newest_queue_file_is_hashed_again_even_when_its_signature_did_not_move(tmp_path, monkeypatch):
+    directory = tmp_path / "consumequeue" / "T" / "0"
+    directory.mkdir(parents=True)
+    older, newest = directory / "00000000000000000000", directory / "00000000000000000600"
+    older.write_bytes(b"u" * 600)
+    newest.write_bytes(b"u" * 20 + bytes(580))
+    files = FileDigests()
+    before = files.digests(str(tmp_path))
+    signatures = {str(path): file_signature(str(path)) for path in (older, newest)}
+    monkeypatch.setattr("hasvc.tools.drill_verify.file_signature", lambda path: signatures[path])
+    with open(newest, "r+b") as file:
+        file.seek(20)
+        file.write(b"u" * 20)  # a unit appended: the file's size and (here) times unchanged
+    after = files.digests(str(tmp_path))
+    assert after["T/0/00000000000000000600"] != before["T/0/00000000000000000600"]
+    assert after["T/0/00000000000000000000"] == before["T/0/00000000000000000000"]
 
 
 def test_a_shortened_or_deleted_file_is_named(tmp_path):

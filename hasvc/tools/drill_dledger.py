@@ -445,6 +445,7 @@ class DLedgerDrill:
     ) -> RoundReport:
         """The round's checks from the stores on disk over what changed since the last call (see the
         module's docstring): ``before`` holds the victim's entries from the position verified last."""
+        started = time.monotonic()
         held = self.verified
         why = ""
         if self.rounds is None or number >= self.rounds:
@@ -498,7 +499,7 @@ class DLedgerDrill:
                     held.data.record(path, min(os.path.getsize(path), held.next_pos - start))
         return RoundReport(
             number, fault, victim, len(self.acked), lost, duplicated, failover, truncated, identical, new_leader,
-            seconds=checked,
+            seconds=f"{checked} in {time.monotonic() - started:.1f} s",
         )
 
     def close(self, keep: bool) -> None:

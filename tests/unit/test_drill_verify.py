@@ -138,3 +138,14 @@ def test_a_round_past_its_bound_says_what_it_was_waiting_for():
         assert str(error) == "the round took over 0 s: still waiting for the replicas to converge"
     else:
         raise AssertionError("no RoundTimeout past the deadline")
+
+
+def test_a_file_holds_data_exactly_when_it_has_a_nonzero_byte_however_far_in(tmp_path):
+    from hasvc.tools.faults import HOLDS_DATA_CHUNK_SIZE, data_extent, holds_data
+
+    cases = {"empty": b"", "zeros": bytes(3 * HOLDS_DATA_CHUNK_SIZE), "first": b"\x01" + bytes(100),
+             "far": bytes(2 * HOLDS_DATA_CHUNK_SIZE + 5) + b"\x01" + bytes(7)}  # fmt: skip
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        assert holds_data(str(tmp_path / name)) == (data_extent(str(tmp_path / name)) > 0), name
+    assert [holds_data(str(tmp_path / name)) for name in cases] == [False, False, True, True]

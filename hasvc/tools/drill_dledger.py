@@ -18,6 +18,16 @@ stores on disk (``commitlog.dledger.inspect.iter_entries``, read-only):
 - the entries the returning member had on disk before it rejoined and that the group replaced
   (an uncommitted tail of an old term) are counted as truncated on rejoin.
 
+Each round's checks read only what changed since the round before verified the group (as the
+classic corrupt drill does, ``hasvc.tools.drill_verify``): every member's entries from the data
+position verified last (their numbers, offsets and bytes compared as above), after proving that
+each member's verified data-file bytes still have the digest recorded then (re-read: the files
+whose signature moved, and the file the round damaged); a moved part makes that round a full
+check, as are the first round and the last, which reads every store whole with nothing reused.
+Consume queue files are compared by digest, re-read when their signature moved. A round still
+waiting (for a leader, a restart, the members to catch up, a scrub pass) past
+``ROUND_TIMEOUT_SECONDS`` fails with what it was waiting for; its checks are not cut short.
+
 Election settings default to etcd's (heartbeat 100 ms, election timeout 1 000 ms), given to every
 node with ``--set`` (``ETCD_LIKE_SETTINGS``); ``--dledger-timing`` keeps DLedger's own defaults.
 """
@@ -26,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -38,11 +49,13 @@ import trio
 
 from commitlog import record as rec
 from commitlog.dledger.entry_codec import EntryFormatError
+from commitlog.dledger.entry_store import DATA_DIRECTORY
 from commitlog.dledger.inspect import iter_entries
+from commitlog.mapped_file_queue import MappedFileQueue
 from hasvc import client as hc
 from hasvc.testing.launch import ReadyProcess, StartError, hasvc_command
-from hasvc.tools.drill import queue_file_digests
 from hasvc.tools.drill_producer import send_numbered
+from hasvc.tools.drill_verify import FileDigests, PrefixDigests
 from hasvc.tools.faults import flip_random_byte
 from hasvc.tools.partition import LOOPBACK, PartitionRelay, free_port
 from hasvc.tools.timeline import Timeline
@@ -52,6 +65,9 @@ from hasvc.transport import is_expected
 ELECTION_WAIT_SECONDS = 60.0  # no leader (or no PUT_OK) this long after a fault: the round fails
 CATCH_UP_TIMEOUT_SECONDS = 120.0
 SETTLE_SECONDS = 0.5  # producers run this long before each fault
+# A round waits 10-30 s on a loaded 2-core machine (elections, restarts, catching up; its checks
+# of the stores are not counted: they end). Past this it is waiting for something not coming.
+ROUND_TIMEOUT_SECONDS = 600.0
 DRILL_TOPIC = "DLedgerDrill"
 GROUP = "drill"
 FAULTS = ("kill-leader", "kill-follower", "partition-leader")
@@ -89,6 +105,7 @@ class RoundReport:
     identical: bool  # committed entries and consume queues equal on every member
     new_leader: str
     damage: str = ""  # corrupt: the bit flipped, and what the member did about it
+    seconds: str = ""  # the round's duration; "checked since pos N" or "full check" (and why)
 
     @property
     def ok(self) -> bool:
@@ -127,6 +144,10 @@ class DLedgerDrill:
         self.sends_in_flight = 0  # sends started before a pause may still commit: the checks wait for them
         self.unprovoked_lead_changes = 0  # rounds whose leader changed before the fault (reported)
         self.mounts: list[str] = []  # disk-full: each member's store on a tmpfs of its own
+        self.rounds: int | None = None  # the drill's last round checks everything (None: every round does)
+        self.verified = _VerifiedEntries()  # what the checks proved so far
+        self.damaged_paths: list[str] = []  # the file the running round damaged (re-read by the checks)
+        self.waiting_for = "the round to start"  # what the running round waits for (said when it runs too long)
 
     @property
     def paused(self) -> bool:
@@ -186,6 +207,7 @@ class DLedgerDrill:
 
     async def leader(self, *, excluding: str | None = None) -> str:
         """The member that says it leads (not ``excluding``), waiting for one."""
+        self.waiting_for = "a leader"
         deadline = trio.current_time() + ELECTION_WAIT_SECONDS
         while trio.current_time() < deadline:
             for member, node in self.nodes.items():
@@ -214,6 +236,7 @@ class DLedgerDrill:
         (2 rounds in 30 measured 2-3 ms so, with the moment taken before a worker thread sent
         the signal)."""
         after = moment if sent_after is None else sent_after
+        self.waiting_for = "the first PUT_OK after the fault"
         deadline = trio.current_time() + ELECTION_WAIT_SECONDS
         while trio.current_time() < deadline:
             answered = [done for started, done in self.ok_times if started >= after]
@@ -223,6 +246,19 @@ class DLedgerDrill:
         raise RuntimeError(f"no PUT_OK within {ELECTION_WAIT_SECONDS:.0f} s of the fault")
 
     async def run_round(self, number: int, fault: str) -> RoundReport:
+        """One round under ``ROUND_TIMEOUT_SECONDS``: past it, the round fails with what it was waiting for."""
+        started = time.monotonic()
+        self.damaged_paths = []
+        with trio.move_on_after(ROUND_TIMEOUT_SECONDS):
+            report = await self._run_round(number, fault)
+            report.seconds = f"{time.monotonic() - started:.1f} s; {report.seconds or 'no check'}"
+            return report
+        self.paused = False
+        reason = f"the round took over {ROUND_TIMEOUT_SECONDS:.0f} s: still waiting for {self.waiting_for}"
+        self.echo(f"round {number}: {reason}")
+        return RoundReport(number, fault, "?", len(self.acked), 0, 0, 0.0, 0, False, "?", reason)
+
+    async def _run_round(self, number: int, fault: str) -> RoundReport:
         leader = await self.leader()
         await trio.sleep(SETTLE_SECONDS * self.random.uniform(0.5, 2.0))
         # The leader again, just before the fault: a lead that moved during the pause (no fault of
@@ -249,7 +285,7 @@ class DLedgerDrill:
         new_leader = await self.leader(excluding=victim if fault != "kill-follower" else None)
         # Reading stores takes a while: off the loop, which also relays every Raft connection
         # (a blocked relay looked like a partition to the group and deposed its leader).
-        before = await trio.to_thread.run_sync(entry_terms, self.nodes[victim].store, victim)
+        before = await trio.to_thread.run_sync(entry_terms, self.nodes[victim].store, victim, self.verified.next_pos)
         if fault == "partition-leader":
             self.relay.heal(victim)
         else:
@@ -260,7 +296,7 @@ class DLedgerDrill:
         try:
             await self.wait_sends_finished()
             await self.wait_caught_up()
-            return await trio.to_thread.run_sync(self.verify, number, fault, victim, failover, before, new_leader)
+            return await self.run_checks(number, fault, victim, failover, before, new_leader)
         finally:
             self.paused = False
 
@@ -280,11 +316,13 @@ class DLedgerDrill:
         if victim == leader:
             self.timeline.gap("failover", moment, failover)
         new_leader = await self.leader(excluding=victim)
-        before = await trio.to_thread.run_sync(entry_terms, node.store, victim)
+        before = await trio.to_thread.run_sync(entry_terms, node.store, victim, self.verified.next_pos)
         fault = await trio.to_thread.run_sync(flip_random_byte, node.store, self.fault_random)
         damage = fault.describe(self.root) if fault else "no file held data"
+        self.damaged_paths = [fault.path] if fault else []
+        self.waiting_for = f"{victim} to start again after {damage}"
         try:
-            await trio.to_thread.run_sync(node.start)
+            await trio.to_thread.run_sync(node.start, abandon_on_cancel=True)
             window.close()
         except StartError:
             refusal = _refusal_line(node.log())
@@ -302,7 +340,7 @@ class DLedgerDrill:
                 self.echo(f"round {number}: {error} after {damage}")
                 return RoundReport(number, "corrupt", victim, len(self.acked), 0, 0, failover, 0, False, new_leader,
                                    f"{damage}; {error}")  # fmt: skip
-            report = await trio.to_thread.run_sync(self.verify, number, "corrupt", victim, failover, before, new_leader)
+            report = await self.run_checks(number, "corrupt", victim, failover, before, new_leader)
         finally:
             self.paused = False
         repaired = scrub.get("entries_repaired", 0)
@@ -334,16 +372,24 @@ class DLedgerDrill:
         try:
             await self.wait_sends_finished()
             await self.wait_caught_up()
-            report = await trio.to_thread.run_sync(self.verify, number, "disk-full", victim, resumed, {}, new_leader)
+            report = await self.run_checks(number, "disk-full", victim, resumed, {}, new_leader)
         finally:
             self.paused = False
         report.damage = f"{victim}'s disk full {FULL_SECONDS:.0f} s; writes resumed {resumed:.2f} s after it was freed; no exit"
         return report
 
+    async def run_checks(self, *args) -> RoundReport:
+        """``verify(*args)`` off the loop (which also relays every Raft connection), shielded from
+        the round's bound: the bound is for waiting on the group; a check reads disks and ends
+        (the last round's, of every store whole, takes minutes after 200 rounds)."""
+        with trio.CancelScope(shield=True):
+            return await trio.to_thread.run_sync(self.verify, *args)
+
     async def wait_scrubbed(self, node: Node) -> dict:
         """Until the member's scrub (every entry, and the consume queues) has made a whole pass
         (STATUS ``scrub``): damage in data files recovery does not re-check is found and repaired
         from another member by then. Its STATUS ``scrub`` then."""
+        self.waiting_for = f"a scrub pass of {node.member}"
         deadline = trio.current_time() + CATCH_UP_TIMEOUT_SECONDS
         while trio.current_time() < deadline:
             status = await self.status(node)
@@ -356,6 +402,7 @@ class DLedgerDrill:
         """No send is in flight: one started before the pause (a failover client's retry, on a
         loaded machine seconds later) could otherwise commit while the stores are being read, and
         the members read first and last would differ by it."""
+        self.waiting_for = "the sends in flight to finish"
         deadline = trio.current_time() + CATCH_UP_TIMEOUT_SECONDS
         while self.sends_in_flight:
             if trio.current_time() > deadline:
@@ -366,6 +413,7 @@ class DLedgerDrill:
 
     async def wait_caught_up(self) -> None:
         """Every member has the same ledger end, all committed and dispatched."""
+        self.waiting_for = "the members to catch up with each other"
         deadline = trio.current_time() + CATCH_UP_TIMEOUT_SECONDS
         while trio.current_time() < deadline:
             statuses = [await self.status(node) for node in self.nodes.values()]
@@ -384,17 +432,32 @@ class DLedgerDrill:
     def verify(
         self, number: int, fault: str, victim: str, failover: float, before: dict[int, int], new_leader: str
     ) -> RoundReport:
+        """The round's checks from the stores on disk over what changed since the last call (see the
+        module's docstring): ``before`` holds the victim's entries from the position verified last."""
+        started = time.monotonic()
+        held = self.verified
+        why = ""
+        if self.rounds is None or number >= self.rounds:
+            why = "the last round" if self.rounds is not None else "every round"
+        elif held.next_pos is None:
+            why = "the first check"
+        else:
+            moved = held.data.changed(self.damaged_paths)
+            if moved:
+                why = "rewritten since verified: " + ", ".join(os.path.relpath(path, self.root) for path in moved[:3])
+        if why:
+            held = self.verified = _VerifiedEntries()
         logs = {}
         for member in self.members:
             try:
-                logs[member] = committed_entries(self.nodes[member].store, member)
+                logs[member] = committed_entries(self.nodes[member].store, member, from_pos=held.next_pos)
             except EntryFormatError as error:  # damage the member kept (not found, not cut, not repaired)
                 self.echo(f"round {number}: {member} keeps a damaged entry: {error}")
                 return RoundReport(number, fault, victim, len(self.acked), 0, 0, failover, 0, False, new_leader,
                                    f"{member} keeps a damaged entry: {error}")  # fmt: skip
         reference = logs[new_leader]
-        at_offset: dict[int, int] = {}
-        seen: set[int] = set()
+        at_offset = held.at_offset
+        seen = held.seen
         duplicated = 0
         for _index, _term, offset, body in reference:
             message = message_number(body)
@@ -402,18 +465,30 @@ class DLedgerDrill:
                 duplicated += message in seen
                 seen.add(message)
                 at_offset[offset] = message
-        missing = {m for m, offset in self.acked.items() if at_offset.get(offset) != m}
+        newly_acked = itertools.islice(self.acked.items(), held.acked_count, None)
+        missing = {m for m, offset in newly_acked if at_offset.get(offset) != m}
+        held.acked_count = len(self.acked)
         lost = len(missing - self.lost)
         self.lost |= missing
         digests = {member: entries_digest(log) for member, log in logs.items()}
-        queues = {member: queue_file_digests(self.nodes[member].store) for member in self.members}
+        queues = {member: held.queue_files.digests(self.nodes[member].store, forced=self.damaged_paths) for member in self.members}
         identical = len(set(digests.values())) == 1 and all(q == queues[new_leader] for q in queues.values())
         if not identical:
             self.echo(f"round {number}: members differ: {describe_differences(logs, queues, new_leader)}")
         after = {index: term for index, term, _offset, _body in logs[victim]}
         truncated = sum(1 for index, term in before.items() if after.get(index) != term)
+        checked = f"full check ({why})" if why else f"checked since pos {held.next_pos}"
+        if reference:
+            _index, _term, offset, body = reference[-1]
+            held.next_pos = offset + len(body)  # offset is where the body starts: the entry ends with it
+        for member in (self.members if held.next_pos is not None else ()):
+            directory = os.path.join(dledger_directory(self.nodes[member].store, member), DATA_DIRECTORY)
+            for start, path in MappedFileQueue.segment_files(directory):
+                if start < held.next_pos:
+                    held.data.record(path, min(os.path.getsize(path), held.next_pos - start))
         return RoundReport(
-            number, fault, victim, len(self.acked), lost, duplicated, failover, truncated, identical, new_leader
+            number, fault, victim, len(self.acked), lost, duplicated, failover, truncated, identical, new_leader,
+            seconds=f"{checked} in {time.monotonic() - started:.1f} s",
         )
 
     def close(self, keep: bool) -> None:
@@ -433,23 +508,40 @@ def _refusal_line(log: str) -> str:
     return lines[-1] if lines else "(empty log)"
 
 
+class _VerifiedEntries:
+    """What the checks proved so far: entries up to data position ``next_pos`` (the same on every
+    member), the acknowledged messages at their offsets, and the digests that say it still holds."""
+
+    def __init__(self) -> None:
+        self.next_pos: int | None = None  # after the last entry verified (None: nothing verified yet)
+        self.at_offset: dict[int, int] = {}  # PHYSICALOFFSET -> message number
+        self.seen: set[int] = set()
+        self.acked_count = 0  # acknowledged writes (in the order acknowledged) checked so far
+        self.data = PrefixDigests()  # every member's data files, up to next_pos
+        self.queue_files = FileDigests()  # every member's consume queue files, whole
+
+
 def dledger_directory(store: str, member: str) -> str:
     return os.path.join(store, f"dledger-{member}")
 
 
-def committed_entries(store: str, member: str) -> list[tuple[int, int, int, bytes]]:
-    """(index, term, PHYSICALOFFSET, body) of every entry on disk (called once all are committed)."""
+def committed_entries(store: str, member: str, *, from_pos: int | None = None) -> list[tuple[int, int, int, bytes]]:
+    """(index, term, PHYSICALOFFSET, body) of every entry on disk from data position ``from_pos``
+    (default: the first; called once all are committed)."""
+    if from_pos is not None and not os.path.isdir(os.path.join(dledger_directory(store, member), DATA_DIRECTORY)):
+        return []
     return [(header.index, header.term, header.pos + 48, bytes(body))
-            for header, body in iter_entries(dledger_directory(store, member))]  # fmt: skip
+            for header, body in iter_entries(dledger_directory(store, member), from_pos=from_pos)]  # fmt: skip
 
 
-def entry_terms(store: str, member: str) -> dict[int, int]:
-    """Index -> term of every entry a member has on disk (read before it rejoins). A member killed
+def entry_terms(store: str, member: str, from_pos: int | None = None) -> dict[int, int]:
+    """Index -> term of every entry a member has on disk from data position ``from_pos`` (default:
+    the first; read before it rejoins, from where the drill's checks verified it). A member killed
     while copying an entry into its mapping leaves that entry torn (its bodyCrc does not match):
     reading stops there, as the member's recovery will cut it (not the group's truncation)."""
     terms: dict[int, int] = {}
     try:
-        for header, _body in iter_entries(dledger_directory(store, member)):
+        for header, _body in iter_entries(dledger_directory(store, member), from_pos=from_pos):
             terms[header.index] = header.term
     except EntryFormatError:
         pass
@@ -501,6 +593,7 @@ def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, se
                       keep: bool, etcd_timing: bool = True, echo=print, tls: tuple[str, str, str | None] | None = None,
                       plot: str | None = None) -> bool:  # fmt: skip
     drill = DLedgerDrill(nodes=nodes, producers=producers, seed=seed, etcd_timing=etcd_timing, echo=echo, tls=tls)
+    drill.rounds = rounds  # the last round checks every store whole
     if fault == "disk-full":
         if os.geteuid() != 0:
             raise PermissionError("--fault disk-full mounts a small tmpfs for each store: run it as root")
@@ -530,7 +623,7 @@ def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, se
                     echo(f"{report.round:>5} {report.fault:>16} {report.member:>6} {report.acked:>8} {report.lost:>5} "
                          f"{report.duplicated:>4} {report.failover_seconds:>10.3f} {report.truncated_entries:>9} "
                          f"{str(report.identical):>9} {report.new_leader:>6}"
-                         + (f"  {report.damage}" if report.damage else ""))  # fmt: skip
+                         + (f"  {report.damage}" if report.damage else "") + f"  ({report.seconds})")  # fmt: skip
                     if not report.ok and report.fault in ("corrupt", "disk-full"):
                         break  # a member that did not rejoin leaves nothing to drill on
                 producers_nursery.cancel_scope.cancel()

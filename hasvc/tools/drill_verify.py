@@ -150,7 +150,7 @@ class QueueRebuild:
         self.check = QueueCheck()
 
     def advance(self, store: str, start: int, end: int) -> QueueCheck:
-        from commitlog import store as message_store  # noqa: PLC0415 (the store module is the dispatcher)
+        from commitlog import dispatch as message_store  # noqa: PLC0415 (the dispatcher both stores use)
 
         check = QueueCheck()
         before = {key: queue.end for key, queue in self.queues.items()}

@@ -1,4 +1,5 @@
-"""The proxy's connection and message limits, as grpc server options (grpc core's channel args).
+"""The proxy's connection and message limits, as grpc server options (grpc core's channel args),
+and the limit of its queue of consumer progress events.
 
 Every connection the proxy accepts is bounded by gRPC itself once these are set: a message's size
 both ways, the streams one connection may hold open, how long a connection may take to finish its
@@ -6,6 +7,10 @@ handshake and how long one may stay with no call at all; and the calls of the wh
 stream's unread answers are left to grpc's HTTP/2 flow control (a handler's ``write`` completes
 once grpc's transport takes the message; not measured here), so what a client that never reads
 can make the proxy hold is, by grpc's design, bounded by its streams times a message.
+
+Consumer progress (deliveries, acks, invisible-time changes) waits in one queue for the progress
+topic's writer (``hasvc/proxy/progress_log.py``); while the brokers are slow or unreachable it
+stops draining, so it has a limit of its own: ``progress_events_queued_max``.
 
 ``hasvc proxy --set NAME=VALUE`` sets any of them (``hasvc config list --process proxy``).
 """
@@ -18,6 +23,7 @@ from commitlog.setting import setting
 from hasvc.protocol import client as client_protocol
 
 STREAMS_PER_CONNECTION_MAX_DEFAULT = 1024
+PROGRESS_EVENTS_QUEUED_MAX_DEFAULT = 65_536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +53,13 @@ class ProxyLimits:
     message_overhead_max: int = setting(
         1024 * 1024, "What a message may carry beyond its body (properties, system properties, the envelope): a "
         "received message may be this much larger than the body limit.", unit="bytes", above=0)  # fmt: skip
+    progress_events_queued_max: int = setting(
+        PROGRESS_EVENTS_QUEUED_MAX_DEFAULT, "Consumer progress events (deliveries, acks, invisible-time changes) "
+        "waiting for the progress topic's writer; when the next call's would not fit, ReceiveMessage, AckMessage, "
+        "ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue are refused TOO_MANY_REQUESTS (RocketMQ's proxy's "
+        "flow-control answer, which the official consumers retry) until the brokers take the queue. 16 full event "
+        "records (4,096 events each): a few seconds of the fastest consumption while the brokers stall, ~300 bytes an "
+        "event, ~1 KiB with an ack call of its own: at most ~64 MiB.", unit="events", above=0)  # fmt: skip
 
     def validate(self) -> ProxyLimits:
         for field in dataclasses.fields(self):

@@ -38,6 +38,8 @@ class ProxyMetrics:
             ("hasvc_proxy_messages_delivered", "delivered", "Deliveries to consumers (redeliveries included)"),
             ("hasvc_proxy_messages_acked", "acked", "Acknowledgements by consumers"),
             ("hasvc_proxy_progress_events", "events", "Consumer progress events appended to the progress topic"),
+            ("hasvc_proxy_progress_refused", "progress_refused", "Calls refused TOO_MANY_REQUESTS: their progress events "
+             "would not fit under progress_events_queued_max (receives, acks, invisible-time changes, dead-letter forwards)"),
         ):
             yield CounterMetricFamily(name, text, value=stats.get(key, 0))
         lane = self.servicer.lane
@@ -68,6 +70,8 @@ class ProxyMetrics:
                                 value=self.servicer.streams_muted)  # fmt: skip
         yield GaugeMetricFamily("hasvc_proxy_progress_events_queued", "Consumer progress events waiting for the progress "
                                 "topic's writer", value=self.gate.progress.events_queued)  # fmt: skip
+        yield GaugeMetricFamily("hasvc_proxy_progress_events_queued_max", "The limit of hasvc_proxy_progress_events_queued "
+                                "(the setting progress_events_queued_max)", value=self.gate.config.progress_events_queued_max)  # fmt: skip
 
 
 def serve_metrics(gate, servicer, address: tuple[str, int]) -> tuple[ProxyMetrics, int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -377,6 +378,7 @@ class Servicer(service_grpc.MessagingServiceServicer):
             yield service.ReceiveMessageResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(error)))
             return
         if isinstance(result, Refused):
+            self._answered("ReceiveMessage", result.code)
             yield service.ReceiveMessageResponse(status=status(result.code, result.message))
             return
         if not result:
@@ -514,6 +516,7 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
     """``acl``: hasvc.proxy.acl.Acl, every call authenticated and authorized (AclInterceptor);
     ``server_limits``: the gRPC server's (the defaults when None)."""
     server_limits = server_limits or limits.ProxyLimits()
+    config = dataclasses.replace(config, progress_events_queued_max=server_limits.progress_events_queued_max)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

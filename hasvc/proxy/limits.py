@@ -58,8 +58,10 @@ class ProxyLimits:
         "waiting for the progress topic's writer; when the next call's would not fit, ReceiveMessage, AckMessage, "
         "ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue are refused TOO_MANY_REQUESTS (RocketMQ's proxy's "
         "flow-control answer, which the official consumers retry) until the brokers take the queue. 16 full event "
-        "records (4,096 events each): a few seconds of the fastest consumption while the brokers stall, ~300 bytes an "
-        "event, ~1 KiB with an ack call of its own: at most ~64 MiB.", unit="events", above=0)  # fmt: skip
+        "records (4,096 events each): a few seconds of the fastest consumption while the brokers stall; ~300 bytes a "
+        "delivery event, ~20 MiB in all. Receives do not wait for their events to be stored, so without it a consumer "
+        "grew the queue for as long as the brokers stalled; acks also hold their call until stored (calls_max).",
+        unit="events", above=0)  # fmt: skip
 
     def validate(self) -> ProxyLimits:
         for field in dataclasses.fields(self):

@@ -3,7 +3,9 @@ on loopback, raw gRPC calls. The master is stopped (SIGSTOP) so the proxy's prog
 for it; acks of thousands of in-flight deliveries arrive at once. The proxy queues at most
 ``progress_events_queued_max`` events, refuses the rest TOO_MANY_REQUESTS (counted in its metrics,
 beside the limit itself), stays small, and once the master runs again every ack a client retries
-is answered OK. No timings are asserted; waits are bounded by the harness."""
+is answered OK. Receives, which do not wait for their deliveries to be stored, meet the same limit
+while a SYNC_MASTER's slave is stopped, and every message still comes to every group once it runs.
+No timings are asserted; waits are bounded by the harness."""
 
 from __future__ import annotations
 
@@ -49,6 +51,20 @@ def code_of(call) -> int | None:
     return call.result().status.code
 
 
+def send_messages(messaging, topic: str) -> None:
+    """MESSAGES messages ``flood <n>``, 50 a call."""
+    for first in range(0, MESSAGES, 50):
+        messages = []
+        for number in range(first, first + 50):
+            message = definition.Message(body=b"flood %d" % number)
+            message.topic.name = topic
+            message.system_properties.message_id = f"01{os.getpid():016X}00000000{number:08X}"
+            message.system_properties.message_type = definition.NORMAL
+            messages.append(message)
+        sent = messaging.SendMessage(service.SendMessageRequest(messages=messages), metadata=METADATA, timeout=30)
+        assert sent.status.code == Code.OK, sent.status
+
+
 def receive_all(messaging, group: str, topic: str) -> list[str]:
     request = service.ReceiveMessageRequest(group=definition.Resource(name=group), batch_size=32)
     request.message_queue.topic.name = topic
@@ -75,16 +91,7 @@ def test_a_flood_of_acks_while_the_master_is_stopped_is_bounded_refused_and_retr
     try:
         with grpc.insecure_channel(proxy.address) as channel:
             messaging = pb.service_grpc.MessagingServiceStub(channel)
-            for first in range(0, MESSAGES, 50):
-                messages = []
-                for number in range(first, first + 50):
-                    message = definition.Message(body=b"flood %d" % number)
-                    message.topic.name = topic
-                    message.system_properties.message_id = f"01{os.getpid():016X}00000000{number:08X}"
-                    message.system_properties.message_type = definition.NORMAL
-                    messages.append(message)
-                sent = messaging.SendMessage(service.SendMessageRequest(messages=messages), metadata=METADATA, timeout=30)
-                assert sent.status.code == Code.OK, sent.status
+            send_messages(messaging, topic)
             handles = [(f"G{g}", handle) for g in range(GROUPS) for handle in receive_all(messaging, f"G{g}", topic)]
             before = gauges(port)
             assert before["hasvc_proxy_progress_events_queued_max"] == LIMIT
@@ -139,4 +146,59 @@ def test_a_flood_of_acks_while_the_master_is_stopped_is_bounded_refused_and_retr
     finally:
         if stopped:
             os.kill(master.pid, signal.SIGCONT)
+        cluster.close()
+
+
+def test_receives_while_the_slave_is_stopped_are_refused_beyond_the_limit_and_every_message_comes_once_it_runs(tmp_path) -> None:
+    """Receives do not wait for their deliveries to be stored: with a SYNC_MASTER whose slave is
+    stopped, every progress record waits for the slave timeout while consumers keep receiving."""
+    cluster = Cluster(tmp_path, segment_size=8 * 1024 * 1024)
+    master = cluster.start_master(role="sync")
+    slave = cluster.start_slave(master.ha_address)
+    command = [sys.executable, "-m", "hasvc.cli", "proxy", "--listen", "127.0.0.1:0", "--brokers", f"{master.address},{slave.address}",
+               "--queues", "1", "--invisible-min-seconds", "1", "--metrics-listen", "127.0.0.1:0",
+               "--set", f"progress_events_queued_max={LIMIT}"]  # fmt: skip
+    proxy = BrokerProcess("proxy", command, os.path.join(cluster.root, "proxy.log"))
+    cluster.brokers.append(proxy)
+    port = int(proxy.ready["metrics_listen"].rsplit(":", 1)[1])
+    topic = f"Slow-{uuid.uuid4().hex[:8]}"
+    stopped = False
+    try:
+        with grpc.insecure_channel(proxy.address) as channel:
+            messaging = pb.service_grpc.MessagingServiceStub(channel)
+            send_messages(messaging, topic)
+            os.kill(slave.pid, signal.SIGSTOP)  # each progress record now waits for the slave timeout
+            stopped = True
+            request = service.ReceiveMessageRequest(batch_size=32)
+            request.message_queue.topic.name = topic
+            request.invisible_duration.seconds = 600
+            calls = []
+            for group in range(GROUPS):
+                request.group.name = f"S{group}"
+                calls += [messaging.ReceiveMessage(request, timeout=120, metadata=METADATA) for _ in range(MESSAGES // 32 + 1)]
+            answers = [list(call) for call in calls]  # each call's responses, all at once (futures, in effect)
+            statuses = [a.status.code for answer in answers for a in answer if a.HasField("status")]
+            g = gauges(port)
+            assert g["hasvc_proxy_progress_events_queued"] <= LIMIT
+            assert statuses.count(Code.TOO_MANY_REQUESTS) == g["hasvc_proxy_progress_refused_total"] > 0
+            os.kill(slave.pid, signal.SIGCONT)
+            stopped = False
+            delivered: dict[int, list[bytes]] = {}  # an honest consumer retries: every message comes, once
+            for call_index, answer in enumerate(answers):
+                group = call_index // (MESSAGES // 32 + 1)
+                delivered.setdefault(group, []).extend(a.message.body for a in answer if a.HasField("message"))
+            for group in range(GROUPS):
+                request.group.name = f"S{group}"
+                request.long_polling_timeout.seconds = 1
+
+                def rest(group=group):
+                    delivered[group].extend(a.message.body for a in messaging.ReceiveMessage(request, timeout=30, metadata=METADATA)
+                                            if a.HasField("message"))  # fmt: skip
+                    return len(delivered[group]) >= MESSAGES
+
+                wait_until(rest, timeout=120, interval=0.1, message=f"group S{group} received every message")
+                assert sorted(delivered[group]) == sorted(b"flood %d" % n for n in range(MESSAGES))
+    finally:
+        if stopped:
+            os.kill(slave.pid, signal.SIGCONT)
         cluster.close()

@@ -24,6 +24,7 @@ from hasvc.protocol import client as client_protocol
 
 STREAMS_PER_CONNECTION_MAX_DEFAULT = 1024
 PROGRESS_EVENTS_QUEUED_MAX_DEFAULT = 65_536
+RECEIVE_BYTES_HELD_MAX_DEFAULT = 256 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,12 @@ class ProxyLimits:
         "delivery event, ~20 MiB in all. Receives do not wait for their events to be stored, so without it a consumer "
         "grew the queue for as long as the brokers stalled; acks also hold their call until stored (calls_max).",
         unit="events", above=0)  # fmt: skip
+    receive_bytes_held_max: int = setting(
+        RECEIVE_BYTES_HELD_MAX_DEFAULT, "Bodies of the messages ReceiveMessage calls took from the brokers and grpc has "
+        "not yet taken from them, all streams together: a consumer that does not read holds its receive's messages (up "
+        "to 32) in the proxy. While reached, a new receive is refused TOO_MANY_REQUESTS (the official consumers retry). "
+        "The brokers' client_answer_bytes_total_max is 256 MiB too; receives already under way may add theirs.",
+        unit="bytes", above=0)  # fmt: skip
 
     def validate(self) -> ProxyLimits:
         for field in dataclasses.fields(self):

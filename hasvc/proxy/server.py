@@ -207,6 +207,12 @@ class Servicer(service_grpc.MessagingServiceServicer):
         # and the streams waiting so: the metrics' hasvc_proxy_bytes_queued, hasvc_proxy_streams_muted.
         self.bytes_queued = 0
         self.streams_muted = 0
+        # bodies of the messages receives got from the gateway and grpc has not taken yet (all of a
+        # receive's, not only the one handed to grpc): hasvc_proxy_receive_bytes_held; new receives
+        # are refused while it is at receive_bytes_held_max (hasvc/proxy/limits.py)
+        self.receive_bytes_held = 0
+        self.receive_bytes_held_max = limits.RECEIVE_BYTES_HELD_MAX_DEFAULT
+        self.receives_refused = 0
 
     # --- routes and client lifecycle ---
 
@@ -371,6 +377,13 @@ class Servicer(service_grpc.MessagingServiceServicer):
         wait = min(wait, gateway.LONG_POLLING_MAX_SECONDS)
         if remaining is not None:
             wait = max(0.0, min(wait, remaining - gateway.LONG_POLLING_RESERVE_SECONDS))
+        if self.receive_bytes_held >= self.receive_bytes_held_max:
+            self.receives_refused += 1
+            self._answered("ReceiveMessage", Code.TOO_MANY_REQUESTS)
+            yield service.ReceiveMessageResponse(status=status(Code.TOO_MANY_REQUESTS, f"{self.receive_bytes_held} bytes of received "
+                                                 f"messages wait for their consumers to read them (receive_bytes_held_max "
+                                                 f"{self.receive_bytes_held_max}); retry later"))  # fmt: skip
+            return
         try:
             result = await self.bridge.call(self.gate.receive, request.group.name, topic, request.message_queue.id, tags,
                                             request.batch_size or 1, invisible_ms, wait)  # fmt: skip
@@ -386,24 +399,31 @@ class Servicer(service_grpc.MessagingServiceServicer):
             yield service.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
         self._answered("ReceiveMessage", Code.OK)
-        yield service.ReceiveMessageResponse(status=status(Code.OK))
-        # as RocketMQ's proxy: when the messages left (the clients measure receive latency with it)
-        delivered_at = service.ReceiveMessageResponse()
-        delivered_at.delivery_timestamp.GetCurrentTime()
-        yield delivered_at
-        for delivery in result:
-            message = convert.delivered_message(delivery.record, receipt_handle=delivery.receipt_handle,
-                                                attempt=delivery.attempt, invisible_ms=delivery.invisible_ms)  # fmt: skip
-            message.topic.CopyFrom(request.message_queue.topic)
-            response = service.ReceiveMessageResponse(message=message)
-            size = response.ByteSize()
-            self.bytes_queued += size
-            self.streams_muted += 1
-            try:
-                yield response  # returns once grpc took it; GeneratorExit when the call ends first
-            finally:
-                self.bytes_queued -= size
-                self.streams_muted -= 1
+        held = sum(len(delivery.record.body) for delivery in result)  # until grpc takes each message
+        self.receive_bytes_held += held
+        try:
+            yield service.ReceiveMessageResponse(status=status(Code.OK))
+            # as RocketMQ's proxy: when the messages left (the clients measure receive latency with it)
+            delivered_at = service.ReceiveMessageResponse()
+            delivered_at.delivery_timestamp.GetCurrentTime()
+            yield delivered_at
+            for delivery in result:
+                message = convert.delivered_message(delivery.record, receipt_handle=delivery.receipt_handle,
+                                                    attempt=delivery.attempt, invisible_ms=delivery.invisible_ms)  # fmt: skip
+                message.topic.CopyFrom(request.message_queue.topic)
+                response = service.ReceiveMessageResponse(message=message)
+                size = response.ByteSize()
+                self.bytes_queued += size
+                self.streams_muted += 1
+                try:
+                    yield response  # returns once grpc took it; GeneratorExit when the call ends first
+                finally:
+                    self.bytes_queued -= size
+                    self.streams_muted -= 1
+                    held -= len(delivery.record.body)
+                    self.receive_bytes_held -= len(delivery.record.body)
+        finally:
+            self.receive_bytes_held -= held
 
     async def AckMessage(self, request, context):
         topic = gateway.wrap_topic(request.topic)
@@ -527,6 +547,7 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
                                  maximum_concurrent_rpcs=server_limits.calls_max,
                                  interceptors=[interceptor] if interceptor is not None else None)  # fmt: skip
         servicer = Servicer(bridge, gate, listen, advertise)
+        servicer.receive_bytes_held_max = server_limits.receive_bytes_held_max
         servicer.acl_interceptor = interceptor
         if interceptor is not None:
             interceptor.on_answered = servicer._answered

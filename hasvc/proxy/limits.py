@@ -10,7 +10,9 @@ can make the proxy hold is, by grpc's design, bounded by its streams times a mes
 
 Consumer progress (deliveries, acks, invisible-time changes) waits in one queue for the progress
 topic's writer (``hasvc/proxy/progress_log.py``); while the brokers are slow or unreachable it
-stops draining, so it has a limit of its own: ``progress_events_queued_max``.
+stops draining, so it has a limit of its own: ``progress_events_queued_max``. The messages a
+receive took from the brokers wait in its handler until grpc takes them (a consumer that does not
+read holds them), all streams together under ``receive_bytes_held_max``.
 
 ``hasvc proxy --set NAME=VALUE`` sets any of them (``hasvc config list --process proxy``).
 """

@@ -44,7 +44,7 @@ from hasvc.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE, CommandError, check_c
               "signed by one (the official clients' Credentials) and permitted to it (docs/security.md).")
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback listener without --acl (anyone who reaches it sends and consumes).")
 @click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
-              help="A connection limit by its name ('hasvc config list --process proxy'), e.g. --set calls_max=20480.")
+              help="A proxy limit by its name ('hasvc config list --process proxy'), e.g. --set calls_max=20480.")
 def proxy(listen, brokers, tls_listen, tls_cert, tls_key, metrics_listen, advertise, queues, topics, invisible_min_seconds, start_at_end, snapshot_every_events,
           send_lane, loop_name, null_sends, secret_file, tls_ca, acl_file, insecure, settings) -> None:
     """A RocketMQ 5 gRPC proxy (apache.rocketmq.v2.MessagingService) in front of hasvc brokers.

@@ -22,7 +22,11 @@ request goes through one :class:`hasvc.client.FailoverClient`, which follows the
 * **Progress topic** (``hasvc/proxy/progress_log.py``): one writer appends events in the order
   they were applied (a batch per record, queue 0) and, every ``snapshot_every_events``, the whole
   table (queue 1) with the queue-0 offset replay starts from. On start the gateway loads the last
-  snapshot and replays the events after it.
+  snapshot and replays the events after it. The events waiting for the writer are bounded
+  (``progress_events_queued_max``): a receive, ack, invisible-time change or dead-letter forward
+  that finds no room is refused ``TOO_MANY_REQUESTS`` before it changes anything.
+* **Per-name state** (the locks of group queues, the events receives wait on) lives only while a
+  receive uses it, so names clients make up cost nothing once their calls are over.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from hasvc.protocol import client as cp
 from hasvc.state.dedupe import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ
 from hasvc.proxy import convert
 from hasvc.proxy.convert import Refused
+from hasvc.proxy.limits import PROGRESS_EVENTS_QUEUED_MAX_DEFAULT
 from hasvc.proxy.pb import Code
 from hasvc.proxy.progress import ProgressTable, QueueProgress
 from hasvc.proxy.progress_log import (  # noqa: F401 -- SNAPSHOT_QUEUE, PROGRESS_TOPIC: the progress topic's, named here too
@@ -86,6 +91,7 @@ class GatewayConfig:
     send_lane: bool = True  # sends straight from the gRPC loop (hasvc/proxy/lane.py); off: all through trio
     # at least this long from one progress event record's start to the next's (0: none)
     progress_record_interval_seconds: float = PROGRESS_RECORD_INTERVAL_SECONDS
+    progress_events_queued_max: int = PROGRESS_EVENTS_QUEUED_MAX_DEFAULT  # hasvc/proxy/limits.py
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,10 +153,11 @@ class Gateway:
     def __init__(self, cluster: hc.FailoverClient, config: GatewayConfig):
         self.cluster = cluster
         self.config = config
-        self.stats = {"sent": 0, "delivered": 0, "acked": 0, "events": 0, "records": 0, "replayed": 0}
+        self.stats = {"sent": 0, "delivered": 0, "acked": 0, "events": 0, "records": 0, "replayed": 0, "progress_refused": 0}
         self.progress = ProgressLog(cluster, config, self.stats)  # the progress topic: events stored, replayed
-        self._locks: dict[tuple, trio.Lock] = {}
-        self._arrivals: dict[str, trio.Event] = {}
+        self._locks: dict[tuple, trio.Lock] = {}  # (group, topic, queue) -> its lock, while held or waited for
+        self._arrivals: dict[str, trio.Event] = {}  # topic -> what its receives wait on, while one is in progress
+        self._receiving: dict[str, int] = {}  # topic -> receives in progress
         self._sending: dict[tuple[str, int], trio.Event] = {}
         self._foreign_ids: OrderedDict[str, int] = OrderedDict()
         self._foreign_producer = "rmq-proxy-" + secrets.token_hex(8)
@@ -259,6 +266,19 @@ class Gateway:
             lock = self._locks[key] = trio.Lock()
         return lock
 
+    def _unlocked(self, key: tuple, lock: trio.Lock) -> None:
+        """Forget ``key``'s lock once nobody holds or waits for it (a release hands it to the next
+        waiter at once, and a task that took it from ``_locks`` acquires it before its next checkpoint)."""
+        if not lock.locked() and self._locks.get(key) is lock:
+            del self._locks[key]
+
+    def _progress_refused(self) -> Refused:
+        """The answer to a call whose progress events would not fit (``progress_events_queued_max``)."""
+        self.stats["progress_refused"] += 1
+        progress = self.progress
+        return Refused(Code.TOO_MANY_REQUESTS, f"consumer progress is not stored fast enough: {progress.events_queued} events "
+                       f"wait for the brokers (progress_events_queued_max {self.config.progress_events_queued_max}); retry later")  # fmt: skip
+
     async def receive(self, group: str, topic: str, queue_hint: int, tags: frozenset[str] | None, batch: int,
                       invisible_ms: int, wait_seconds: float) -> list[Delivery] | Refused:  # fmt: skip
         """Up to ``batch`` messages for ``group``, waiting up to ``wait_seconds`` for the first."""
@@ -270,12 +290,26 @@ class Gateway:
                            f"[{self.config.invisible_min_seconds:g} s, {INVISIBLE_MAX_SECONDS:g} s]")  # fmt: skip
         batch = max(1, min(batch, RECEIVE_BATCH_MAX))
         deadline = trio.current_time() + max(0.0, wait_seconds)
+        self._receiving[topic] = self._receiving.get(topic, 0) + 1
+        try:
+            return await self._receive(group, topic, queue_hint, tags, batch, invisible_ms, deadline)
+        finally:
+            self._receiving[topic] -= 1
+            if not self._receiving[topic]:
+                del self._receiving[topic]
+                self._arrivals.pop(topic, None)  # nobody waits on it any more
+
+    async def _receive(self, group: str, topic: str, queue_hint: int, tags, batch: int, invisible_ms: int,
+                       deadline: float) -> list[Delivery] | Refused:  # fmt: skip
         while True:
             arrival = self._arrivals.setdefault(topic, trio.Event())
             deliveries: list[Delivery] = []
             for index in range(self.config.queues):
                 queue_id = (queue_hint + index) % self.config.queues
-                deliveries += await self._collect(group, topic, queue_id, tags, batch - len(deliveries), invisible_ms)
+                collected = await self._collect(group, topic, queue_id, tags, batch - len(deliveries), invisible_ms)
+                if collected is None:  # no room for its progress events: what we have, or the refusal
+                    return deliveries or self._progress_refused()
+                deliveries += collected
                 if len(deliveries) >= batch:
                     break
             now = trio.current_time()
@@ -286,13 +320,20 @@ class Gateway:
             if trio.current_time() >= deadline:
                 return []  # time is up: answer now rather than pull once more
 
-    async def _collect(self, group: str, topic: str, queue_id: int, tags, count: int, invisible_ms: int) -> list[Delivery]:
+    async def _collect(self, group: str, topic: str, queue_id: int, tags, count: int, invisible_ms: int) -> list[Delivery] | None:
+        """Up to ``count`` deliveries from one queue; None when the progress queue has no room for
+        the events it could make: a delivery or filtered ack each, an expired message gone, a start
+        and a skip (reserved before the pulls, released as they are enqueued)."""
         key = (group, topic, queue_id)
         events: list[list] = []
         deliveries: list[Delivery] = []
+        reserved = 2 * count + 2
+        if not self.progress.reserve(reserved):
+            return None
         try:
             await self._collect_locked(key, tags, count, invisible_ms, events, deliveries)
         finally:
+            self.progress.release(reserved)
             # Applied events are queued for the writer, even when the receive was abandoned
             # half-way, and the messages go out without waiting for them: a delivery that is
             # never stored is only forgotten by a restart (and delivered again), and an ack of it
@@ -304,26 +345,33 @@ class Gateway:
         return deliveries
 
     async def _collect_locked(self, key: tuple, tags, count: int, invisible_ms: int, events: list, deliveries: list) -> None:
+        lock = self._lock(key)
+        try:
+            async with lock:
+                await self._collect_queue(key, tags, count, invisible_ms, events, deliveries)
+        finally:
+            self._unlocked(key, lock)
+
+    async def _collect_queue(self, key: tuple, tags, count: int, invisible_ms: int, events: list, deliveries: list) -> None:
         group, topic, queue_id = key
-        async with self._lock(key):
-            if key not in self.table.queues and self.config.start_at_end:
-                await self._start_at_end(key, events)
-            # a queue this group never touched gets an entry only once something happens on it
-            progress = self.table.queues.get(key) or QueueProgress()
-            now = now_ms()
-            for offset in progress.expired(now)[:count]:
-                pulled = await self.cluster.pull(topic, queue_id, offset, count_max=1)
-                if not pulled.records or pulled.records[0].queue_offset != offset:
-                    self._event(events, ["a", group, topic, queue_id, offset])  # gone (retention)
-                    continue
-                deliveries.append(self._deliver(events, key, pulled.records[0], invisible_ms, now, tags))
-            room = min(count - len(deliveries), progress.room())
-            if room > 0:
-                pulled = await self.cluster.pull(topic, queue_id, progress.next_new, count_max=room)
-                if pulled.records and pulled.records[0].queue_offset > progress.next_new:
-                    self._event(events, ["s", group, topic, queue_id, pulled.records[0].queue_offset])  # retention
-                for record in pulled.records:
-                    deliveries.append(self._deliver(events, key, record, invisible_ms, now, tags))
+        if key not in self.table.queues and self.config.start_at_end:
+            await self._start_at_end(key, events)
+        # a queue this group never touched gets an entry only once something happens on it
+        progress = self.table.queues.get(key) or QueueProgress()
+        now = now_ms()
+        for offset in progress.expired(now)[:count]:
+            pulled = await self.cluster.pull(topic, queue_id, offset, count_max=1)
+            if not pulled.records or pulled.records[0].queue_offset != offset:
+                self._event(events, ["a", group, topic, queue_id, offset])  # gone (retention)
+                continue
+            deliveries.append(self._deliver(events, key, pulled.records[0], invisible_ms, now, tags))
+        room = min(count - len(deliveries), progress.room())
+        if room > 0:
+            pulled = await self.cluster.pull(topic, queue_id, progress.next_new, count_max=room)
+            if pulled.records and pulled.records[0].queue_offset > progress.next_new:
+                self._event(events, ["s", group, topic, queue_id, pulled.records[0].queue_offset])  # retention
+            for record in pulled.records:
+                deliveries.append(self._deliver(events, key, record, invisible_ms, now, tags))
 
     async def _start_at_end(self, key: tuple, events: list) -> None:
         group, topic, queue_id = key
@@ -369,6 +417,8 @@ class Gateway:
         per handle, at once when none needs storing, else when the one record holding them all is
         stored. Synchronous (no task per ack): called in the trio thread by the bridge."""
         refused = self.check_topic(topic, group)
+        if refused is None and not self.progress.has_room(len(handles)):
+            refused = self._progress_refused()
         if refused is not None:
             answer([(refused.code, refused.message)] * len(handles))
             return
@@ -424,6 +474,9 @@ class Gateway:
         state, queue_id, offset = found
         if state == "done":
             return Code.INVALID_RECEIPT_HANDLE, "the message is already acknowledged", ""
+        if not self.progress.has_room(1):
+            refused = self._progress_refused()
+            return refused.code, refused.message, ""
         nonce = new_nonce()
         events: list[list] = []
         self._event(events, ["c", group, topic, queue_id, offset, nonce, now_ms() + invisible_ms])
@@ -435,6 +488,8 @@ class Gateway:
         (RocketMQ's dead-letter topic, queue 0), then acknowledge it for the group. A retry of a
         forward that was copied but not yet acknowledged copies it again (at least once)."""
         refused = self.check_topic(topic, group)
+        if refused is None and not self.progress.has_room(1):  # before the copy: its ack would be refused
+            refused = self._progress_refused()
         found = refused or self._current_delivery(group, topic, handle)
         if isinstance(found, Refused):
             return found.code, found.message

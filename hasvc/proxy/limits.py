@@ -1,4 +1,5 @@
-"""The proxy's connection and message limits, as grpc server options (grpc core's channel args).
+"""The proxy's connection and message limits, as grpc server options (grpc core's channel args),
+and the limit of its queue of consumer progress events.
 
 Every connection the proxy accepts is bounded by gRPC itself once these are set: a message's size
 both ways, the streams one connection may hold open, how long a connection may take to finish its
@@ -6,6 +7,12 @@ handshake and how long one may stay with no call at all; and the calls of the wh
 stream's unread answers are left to grpc's HTTP/2 flow control (a handler's ``write`` completes
 once grpc's transport takes the message; not measured here), so what a client that never reads
 can make the proxy hold is, by grpc's design, bounded by its streams times a message.
+
+Consumer progress (deliveries, acks, invisible-time changes) waits in one queue for the progress
+topic's writer (``hasvc/proxy/progress_log.py``); while the brokers are slow or unreachable it
+stops draining, so it has a limit of its own: ``progress_events_queued_max``. The messages a
+receive took from the brokers wait in its handler until grpc takes them (a consumer that does not
+read holds them), all streams together under ``receive_bytes_held_max``.
 
 ``hasvc proxy --set NAME=VALUE`` sets any of them (``hasvc config list --process proxy``).
 """
@@ -18,6 +25,8 @@ from commitlog.setting import setting
 from hasvc.protocol import client as client_protocol
 
 STREAMS_PER_CONNECTION_MAX_DEFAULT = 1024
+PROGRESS_EVENTS_QUEUED_MAX_DEFAULT = 65_536
+RECEIVE_BYTES_HELD_MAX_DEFAULT = 256 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +56,21 @@ class ProxyLimits:
     message_overhead_max: int = setting(
         1024 * 1024, "What a message may carry beyond its body (properties, system properties, the envelope): a "
         "received message may be this much larger than the body limit.", unit="bytes", above=0)  # fmt: skip
+    progress_events_queued_max: int = setting(
+        PROGRESS_EVENTS_QUEUED_MAX_DEFAULT, "Consumer progress events (deliveries, acks, invisible-time changes) "
+        "waiting for the progress topic's writer; when the next call's would not fit, ReceiveMessage, AckMessage, "
+        "ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue are refused TOO_MANY_REQUESTS (RocketMQ's proxy's "
+        "flow-control answer, which the official consumers retry) until the brokers take the queue. 16 full event "
+        "records (4,096 events each): a few seconds of the fastest consumption while the brokers stall; ~300 bytes a "
+        "delivery event, ~20 MiB in all. Receives do not wait for their events to be stored, so without it a consumer "
+        "grew the queue for as long as the brokers stalled; acks also hold their call until stored (calls_max).",
+        unit="events", above=0)  # fmt: skip
+    receive_bytes_held_max: int = setting(
+        RECEIVE_BYTES_HELD_MAX_DEFAULT, "Bodies of the messages ReceiveMessage calls took from the brokers and grpc has "
+        "not yet taken from them, all streams together: a consumer that does not read holds its receive's messages (up "
+        "to 32) in the proxy. While reached, a new receive is refused TOO_MANY_REQUESTS (the official consumers retry). "
+        "The brokers' client_answer_bytes_total_max is 256 MiB too; receives already under way may add theirs.",
+        unit="bytes", above=0)  # fmt: skip
 
     def validate(self) -> ProxyLimits:
         for field in dataclasses.fields(self):

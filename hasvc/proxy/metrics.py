@@ -38,8 +38,12 @@ class ProxyMetrics:
             ("hasvc_proxy_messages_delivered", "delivered", "Deliveries to consumers (redeliveries included)"),
             ("hasvc_proxy_messages_acked", "acked", "Acknowledgements by consumers"),
             ("hasvc_proxy_progress_events", "events", "Consumer progress events appended to the progress topic"),
+            ("hasvc_proxy_progress_refused", "progress_refused", "Calls refused TOO_MANY_REQUESTS: their progress events "
+             "would not fit under progress_events_queued_max (receives, acks, invisible-time changes, dead-letter forwards)"),
         ):
             yield CounterMetricFamily(name, text, value=stats.get(key, 0))
+        yield CounterMetricFamily("hasvc_proxy_receives_refused", "ReceiveMessage calls refused TOO_MANY_REQUESTS: "
+                                  "receive_bytes_held_max reached", value=self.servicer.receives_refused)  # fmt: skip
         lane = self.servicer.lane
         if lane is not None:
             lane_stats = dict(lane.stats)
@@ -68,6 +72,13 @@ class ProxyMetrics:
                                 value=self.servicer.streams_muted)  # fmt: skip
         yield GaugeMetricFamily("hasvc_proxy_progress_events_queued", "Consumer progress events waiting for the progress "
                                 "topic's writer", value=self.gate.progress.events_queued)  # fmt: skip
+        yield GaugeMetricFamily("hasvc_proxy_receive_bytes_held", "Bodies of the messages receives took from the brokers "
+                                "and grpc has not yet taken (all of a receive's, not only the one handed to grpc)",
+                                value=self.servicer.receive_bytes_held)  # fmt: skip
+        yield GaugeMetricFamily("hasvc_proxy_receive_bytes_held_max", "The limit of hasvc_proxy_receive_bytes_held (the setting "
+                                "receive_bytes_held_max)", value=self.servicer.receive_bytes_held_max)  # fmt: skip
+        yield GaugeMetricFamily("hasvc_proxy_progress_events_queued_max", "The limit of hasvc_proxy_progress_events_queued "
+                                "(the setting progress_events_queued_max)", value=self.gate.config.progress_events_queued_max)  # fmt: skip
 
 
 def serve_metrics(gate, servicer, address: tuple[str, int]) -> tuple[ProxyMetrics, int]:

@@ -48,3 +48,8 @@ class _Codes:
 
 definition, service, service_grpc = _load_generated()
 Code = _Codes(definition.Code)
+
+
+def status(code: int, message: str = ""):
+    """An ``apache.rocketmq.v2.Status``; without a message, the code's name."""
+    return definition.Status(code=code, message=message or definition.Code.Name(code))

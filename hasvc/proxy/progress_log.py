@@ -10,6 +10,13 @@ The gateway applies deliveries, acks and invisible-time changes to its
 the whole table on queue 1 with the queue-0 offset replay starts from. On start ``replay`` loads
 the last snapshot and applies the events after it. ``events_queued`` is what waits for the
 writer (the proxy's metrics show it).
+
+The queue is bounded: while the brokers are slow or unreachable the writer stops draining it, and
+a call that would make events (a receive, an ack) first asks ``reserve`` for room under
+``progress_events_queued_max`` (``hasvc/proxy/limits.py``); the gateway refuses it when there is
+none. A receive reserves before its pulls and enqueues after them, so the events it will add
+count from the start; any count fits an empty queue, so what waits is at most the limit, or one
+call's events.
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ class ProgressLog:
     """The progress topic of one gateway: ``table`` (replaced by ``replay`` when a snapshot is
     unreadable), ``stats`` (the gateway's counters: events, records, replayed), the events queued
     for the writer task. ``config`` is the gateway's (snapshot_every_events,
-    progress_record_interval_seconds)."""
+    progress_record_interval_seconds, progress_events_queued_max)."""
 
     def __init__(self, cluster: hc.FailoverClient, config, stats: dict[str, int]) -> None:
         self.cluster = cluster
@@ -77,6 +84,7 @@ class ProgressLog:
         self._writes: collections.deque[_Write] = collections.deque()
         self._write_wakeup = trio.Event()
         self.events_queued = 0  # events in self._writes (read by the metrics thread)
+        self.events_reserved = 0  # events calls in progress will enqueue (reserve, release)
         self._events_since_snapshot = 0
         self._last_snapshot = trio.current_time() if trio.lowlevel.in_trio_run() else 0.0
         self._last_record_at = -float("inf")  # when the writer last started an event record (trio's clock)
@@ -84,6 +92,23 @@ class ProgressLog:
         self._answers_wanted = 0  # ... that the writer's hold waits for (0: it does not)
         self._answers_enough = trio.Event()  # set once _answers_queued reaches _answers_wanted
 
+    def has_room(self, count: int) -> bool:
+        """Whether ``count`` more events fit beside those queued and reserved (any count fits an
+        empty queue). For a caller that enqueues them before its next checkpoint."""
+        taken = self.events_queued + self.events_reserved
+        return not taken or taken + count <= self.config.progress_events_queued_max
+
+    def reserve(self, count: int) -> bool:
+        """``has_room``, and the room taken: True when taken, to be given back with ``release``
+        once the events are enqueued (for a caller that waits in between)."""
+        if not self.has_room(count):
+            return False
+        self.events_reserved += count
+        return True
+
+    def release(self, count: int) -> None:
+        self.events_reserved -= count
+        assert self.events_reserved >= 0, self.events_reserved
 
     def enqueue(self, events: list[list], answers: bool = False) -> _Write:
         write = _Write(events, answers=answers)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -38,7 +39,8 @@ from hasvc import client as hc
 from hasvc.proxy import convert, gateway, limits
 from hasvc.proxy.convert import Refused
 from hasvc.proxy.lane import SendLane
-from hasvc.proxy.pb import Code, definition, service, service_grpc
+from hasvc.proxy.acl_grpc import AclInterceptor
+from hasvc.proxy.pb import Code, definition, service, service_grpc, status
 
 log = logging.getLogger("hasvc.proxy")
 
@@ -168,10 +170,6 @@ class TrioBridge:
         return await future
 
 
-def status(code: int, message: str = ""):
-    return definition.Status(code=code, message=message or definition.Code.Name(code))
-
-
 def _endpoints(host: str, port: int):
     endpoints = definition.Endpoints()
     try:
@@ -209,6 +207,12 @@ class Servicer(service_grpc.MessagingServiceServicer):
         # and the streams waiting so: the metrics' hasvc_proxy_bytes_queued, hasvc_proxy_streams_muted.
         self.bytes_queued = 0
         self.streams_muted = 0
+        # bodies of the messages receives got from the gateway and grpc has not taken yet (all of a
+        # receive's, not only the one handed to grpc): hasvc_proxy_receive_bytes_held; new receives
+        # are refused while it is at receive_bytes_held_max (hasvc/proxy/limits.py)
+        self.receive_bytes_held = 0
+        self.receive_bytes_held_max = limits.RECEIVE_BYTES_HELD_MAX_DEFAULT
+        self.receives_refused = 0
 
     # --- routes and client lifecycle ---
 
@@ -373,6 +377,13 @@ class Servicer(service_grpc.MessagingServiceServicer):
         wait = min(wait, gateway.LONG_POLLING_MAX_SECONDS)
         if remaining is not None:
             wait = max(0.0, min(wait, remaining - gateway.LONG_POLLING_RESERVE_SECONDS))
+        if self.receive_bytes_held >= self.receive_bytes_held_max:
+            self.receives_refused += 1
+            self._answered("ReceiveMessage", Code.TOO_MANY_REQUESTS)
+            yield service.ReceiveMessageResponse(status=status(Code.TOO_MANY_REQUESTS, f"{self.receive_bytes_held} bytes of received "
+                                                 f"messages wait for their consumers to read them (receive_bytes_held_max "
+                                                 f"{self.receive_bytes_held_max}); retry later"))  # fmt: skip
+            return
         try:
             result = await self.bridge.call(self.gate.receive, request.group.name, topic, request.message_queue.id, tags,
                                             request.batch_size or 1, invisible_ms, wait)  # fmt: skip
@@ -380,6 +391,7 @@ class Servicer(service_grpc.MessagingServiceServicer):
             yield service.ReceiveMessageResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(error)))
             return
         if isinstance(result, Refused):
+            self._answered("ReceiveMessage", result.code)
             yield service.ReceiveMessageResponse(status=status(result.code, result.message))
             return
         if not result:
@@ -387,24 +399,31 @@ class Servicer(service_grpc.MessagingServiceServicer):
             yield service.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
         self._answered("ReceiveMessage", Code.OK)
-        yield service.ReceiveMessageResponse(status=status(Code.OK))
-        # as RocketMQ's proxy: when the messages left (the clients measure receive latency with it)
-        delivered_at = service.ReceiveMessageResponse()
-        delivered_at.delivery_timestamp.GetCurrentTime()
-        yield delivered_at
-        for delivery in result:
-            message = convert.delivered_message(delivery.record, receipt_handle=delivery.receipt_handle,
-                                                attempt=delivery.attempt, invisible_ms=delivery.invisible_ms)  # fmt: skip
-            message.topic.CopyFrom(request.message_queue.topic)
-            response = service.ReceiveMessageResponse(message=message)
-            size = response.ByteSize()
-            self.bytes_queued += size
-            self.streams_muted += 1
-            try:
-                yield response  # returns once grpc took it; GeneratorExit when the call ends first
-            finally:
-                self.bytes_queued -= size
-                self.streams_muted -= 1
+        held = sum(len(delivery.record.body) for delivery in result)  # until grpc takes each message
+        self.receive_bytes_held += held
+        try:
+            yield service.ReceiveMessageResponse(status=status(Code.OK))
+            # as RocketMQ's proxy: when the messages left (the clients measure receive latency with it)
+            delivered_at = service.ReceiveMessageResponse()
+            delivered_at.delivery_timestamp.GetCurrentTime()
+            yield delivered_at
+            for delivery in result:
+                message = convert.delivered_message(delivery.record, receipt_handle=delivery.receipt_handle,
+                                                    attempt=delivery.attempt, invisible_ms=delivery.invisible_ms)  # fmt: skip
+                message.topic.CopyFrom(request.message_queue.topic)
+                response = service.ReceiveMessageResponse(message=message)
+                size = response.ByteSize()
+                self.bytes_queued += size
+                self.streams_muted += 1
+                try:
+                    yield response  # returns once grpc took it; GeneratorExit when the call ends first
+                finally:
+                    self.bytes_queued -= size
+                    self.streams_muted -= 1
+                    held -= len(delivery.record.body)
+                    self.receive_bytes_held -= len(delivery.record.body)
+        finally:
+            self.receive_bytes_held -= held
 
     async def AckMessage(self, request, context):
         topic = gateway.wrap_topic(request.topic)
@@ -495,133 +514,6 @@ def trio_thread(brokers: list[str], secret, tls_ca, config: gateway.GatewayConfi
         thread.join()
 
 
-# What each call is about, for the ACL: (actions any of which permits it, topic, group) per resource.
-# QueryRoute serves producers and consumers alike; the other calls not named need a valid signature only.
-def _acl_resources(method: str, request) -> list[tuple[tuple[str, ...], str | None, str | None]] | None:
-    if method == "SendMessage":
-        return [(("pub",), gateway.wrap_topic(message.topic), None) for message in request.messages]
-    if method == "QueryRoute":
-        return [(("pub", "sub"), gateway.wrap_topic(request.topic), None)]
-    if method == "ReceiveMessage":
-        return [(("sub",), gateway.wrap_topic(request.message_queue.topic), gateway.wrap_topic(request.group))]
-    if method in ("QueryAssignment", "AckMessage", "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue"):
-        return [(("sub",), gateway.wrap_topic(request.topic), gateway.wrap_topic(request.group))]
-    return None
-
-
-# Refusals logged one line each for the first this many (reason, access key) pairs; the rest are
-# counted only (hasvc_proxy_acl_refused): a client retrying with a wrong key must not flood the log.
-ACL_LOGGED_REFUSALS_MAX = 1024
-
-
-class AclInterceptor(grpc.aio.ServerInterceptor):
-    """``--acl``: every call is authenticated (its MQv2-HMAC-SHA1 signature) and the calls that
-    name a topic or group are authorized (hasvc/proxy/acl.py) before the servicer sees them. A
-    refused call is answered with its method's response and status UNAUTHORIZED (not signed,
-    unknown key, bad signature, time outside the window) or FORBIDDEN (not permitted), which the
-    official clients raise as UnauthorizedException / ForbiddenException; nothing reaches the
-    gateway, so nothing is stored."""
-
-    def __init__(self, acl_rules) -> None:
-        from hasvc.proxy import acl
-
-        self.acl = acl_rules
-        self.refused = dict.fromkeys(acl.REASONS, 0)  # reason -> calls refused (metrics)
-        self.on_answered = None  # Servicer._answered, once the servicer exists
-        self._logged: set[tuple[str, str]] = set()
-
-    async def intercept_service(self, continuation, handler_call_details):
-        from hasvc.proxy.acl import AUTHORIZATION_HEADER, DATE_TIME_HEADER, Refusal
-
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method.rpartition("/")[2]
-        authorization = date_time = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == AUTHORIZATION_HEADER:
-                authorization = value
-            elif key == DATE_TIME_HEADER:
-                date_time = value
-        verdict = self.acl.authenticate(authorization, date_time, now=time.time())
-        if isinstance(verdict, Refusal):
-            return self._refusing(handler, method, verdict)
-        if method not in ("SendMessage", "QueryRoute", "ReceiveMessage", "QueryAssignment", "AckMessage",
-                          "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue"):  # fmt: skip
-            return handler
-        return self._authorizing(handler, method, verdict)
-
-    def _refusal(self, method: str, refusal):
-        code = Code.FORBIDDEN if refusal.authenticated else Code.UNAUTHORIZED
-        self.refused[refusal.reason] += 1
-        if self.on_answered is not None:
-            self.on_answered(method, code)
-        key = (refusal.reason, refusal.message[:80])
-        if key not in self._logged and len(self._logged) < ACL_LOGGED_REFUSALS_MAX:
-            self._logged.add(key)
-            log.warning("acl: %s refused (%s): %s", method, refusal.reason, refusal.message)
-        response_class = service.TelemetryCommand if method == "Telemetry" else getattr(service, f"{method}Response")
-        return response_class(status=status(code, refusal.message))
-
-    def _refusing(self, handler, method: str, refusal):
-        """A handler that answers the call with the refusal, whatever its shape."""
-        options = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
-        if handler.unary_unary is not None:
-            async def unary(request, context):
-                return self._refusal(method, refusal)
-
-            return grpc.unary_unary_rpc_method_handler(unary, **options)
-        if handler.unary_stream is not None:
-            async def unary_stream(request, context):
-                yield self._refusal(method, refusal)
-
-            return grpc.unary_stream_rpc_method_handler(unary_stream, **options)
-        if handler.stream_stream is not None:
-            async def stream_stream(request_iterator, context):
-                yield self._refusal(method, refusal)
-
-            return grpc.stream_stream_rpc_method_handler(stream_stream, **options)
-
-        async def stream_unary(request_iterator, context):
-            return self._refusal(method, refusal)
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **options)
-
-    def _authorizing(self, handler, method: str, account):
-        """``handler`` behind the account's permissions for what the request names."""
-        options = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
-
-        def refusal_of(request):
-            for actions, topic, group in _acl_resources(method, request) or ():
-                refusal = self.acl.authorize(account, actions, topic=topic, group=group)
-                if refusal is not None:
-                    return refusal
-            return None
-
-        if handler.unary_unary is not None:
-            inner = handler.unary_unary
-
-            async def unary(request, context):
-                refusal = refusal_of(request)
-                if refusal is not None:
-                    return self._refusal(method, refusal)
-                return await inner(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(unary, **options)
-        inner_stream = handler.unary_stream
-        assert inner_stream is not None, f"{method}: a streaming request names no resource to authorize"
-
-        async def unary_stream(request, context):
-            refusal = refusal_of(request)
-            if refusal is not None:
-                yield self._refusal(method, refusal)
-                return
-            async for response in inner_stream(request, context):
-                yield response
-
-        return grpc.unary_stream_rpc_method_handler(unary_stream, **options)
-
-
 def _bind(server, address: tuple[str, int], credentials=None) -> int:
     host, port = address
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -644,6 +536,7 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
     """``acl``: hasvc.proxy.acl.Acl, every call authenticated and authorized (AclInterceptor);
     ``server_limits``: the gRPC server's (the defaults when None)."""
     server_limits = server_limits or limits.ProxyLimits()
+    config = dataclasses.replace(config, progress_events_queued_max=server_limits.progress_events_queued_max)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -654,6 +547,7 @@ async def serve(listen: tuple[str, int], brokers: list[str], *, secret=None, tls
                                  maximum_concurrent_rpcs=server_limits.calls_max,
                                  interceptors=[interceptor] if interceptor is not None else None)  # fmt: skip
         servicer = Servicer(bridge, gate, listen, advertise)
+        servicer.receive_bytes_held_max = server_limits.receive_bytes_held_max
         servicer.acl_interceptor = interceptor
         if interceptor is not None:
             interceptor.on_answered = servicer._answered

@@ -44,12 +44,6 @@ from commitlog.dledger.message_planning import BODY_OFFSET, AppendPlan
 _WRITE_NATIVE = _native.write_entry_pass
 _PHYSICAL_OFFSET = struct.Struct(">q")  # a record's PHYSICALOFFSET field (rec.PHYSICAL_OFFSET_POSITION)
 
-# The largest fixed part of a record (a V2 topic of 32767 bytes, IPv6 hosts): with the largest body
-# and properties, the largest entry a request kept by the plan can make.
-_FIXED_SIZE_MAX = rec.calc_record_size(body_size=0, topic_size=32767, properties_size=0,
-                                       sysflag=rec.SYSFLAG_BORNHOST_V6 | rec.SYSFLAG_STOREHOST_V6, v2=True)  # fmt: skip
-
-
 def write_entry_pass_python(requests, *, key_of: list[int], excluded: bytes, topics: list[bytes], first_queue_offsets: list[int],
                             store_timestamp: int, store_ip: bytes, store_port: int, born_ip: bytes, born_port: int, sysflag: int,
                             messages_max: int, offset: int, file_size: int, decode: Callable | None = None) -> tuple:  # fmt: skip
@@ -144,15 +138,14 @@ def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, nat
     ``DLedgerMessageStore``, as one proposal of the requests kept, in their order; mutates
     nothing (the driver proposes the plan and the store accepts it). None when the pass must take
     the batch path, which answers those cases itself: bodies hashed with another CRC than CRC32C,
-    or data files small enough that an entry might not fit one (the batch path refuses the whole
-    proposal then)."""
+    or a queue's records of the pass together too large for a data file (then one entry might
+    not fit one: the batch path refuses the request holding it alone)."""
     config = store.config
     if store.crc_function is not rec.CRC_FUNCTIONS["crc32c"]:
         return None
     body_size_max = config.max_message_size
     file_size = store.dledger_config.data_file_size
-    if BODY_OFFSET + _FIXED_SIZE_MAX + body_size_max + rec.PROPERTIES_SIZE_MAX > file_size - codec.MIN_BLANK_SIZE:
-        return None
+    fit_max = file_size - codec.MIN_BLANK_SIZE  # an entry leaves room for a blank record (_plan_positions)
     store_ip, store_port, store_v6 = rec.encode_host(config.store_host)
     keys, key_of, refused, counts, variable, malformed = pass_encode.plan_pass(
         requests, body_size_max=body_size_max, record_crc=False, messages_max=messages_max, decode=decode, native=native,
@@ -163,7 +156,7 @@ def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, nat
     born_ip = born_port = sysflag = None
     for index, (topic, queue_id) in enumerate(keys):
         try:
-            topic_bytes, born_ip, born_port, sysflag, _v2 = rec._batch_shape(topic, queue_id, pass_encode.BORN_HOST, 0)
+            topic_bytes, born_ip, born_port, sysflag, v2 = rec._batch_shape(topic, queue_id, pass_encode.BORN_HOST, 0)
         except rec.MessageRejected:
             bad_keys.add(index)
             topics.append(b"")
@@ -171,6 +164,10 @@ def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, nat
         sysflag |= rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0
         topics.append(topic_bytes)
         kept += counts[index]
+        # No entry larger than all of its key's records together: when that may not fit a data file
+        # (small files), the batch path refuses the one request that holds the entry, alone.
+        if BODY_OFFSET + rec._fixed_record_size(len(topic_bytes), sysflag, v2) * counts[index] + variable[index] > fit_max:
+            return None
     excluded = bytearray(len(requests))
     for number in refused + malformed:
         excluded[number] = 1

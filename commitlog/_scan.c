@@ -1688,6 +1688,152 @@ done:
     return result;
 }
 
+/* write_entry_pass(requests, key_of, excluded, topics, first_queue_offsets, store_timestamp, store_ip, store_port,
+ *                  born_ip, born_port, sysflag, messages_max, offset, file_size)
+ *   -> (bodies, offsets, queue_ids, queue_offsets, positions, entry_sizes, answers): a DLedger leader's pass of SENDs
+ * as the bodies of its proposal's entries, twin of commitlog/entry_pass.py write_entry_pass_python: every request
+ * kept (excluded[i] == 0), in the order read, one V1/V2 record a message (no record CRC tail), each placed as
+ * entry_placement.plan_positions places an entry of 48 + its size from data offset `offset` in data files of
+ * `file_size` bytes, its PHYSICALOFFSET that entry's pos + 48; queue offsets follow on per key from
+ * first_queue_offsets; per request its answer's offsets packed as write_pass packs them. A request kept that is
+ * misshapen or malformed raises ValueError (the caller planned the pass: a bug). */
+static PyObject *write_entry_pass(PyObject *self, PyObject *args) {
+    Py_buffer store_ip, born_ip, excluded;
+    Py_ssize_t messages_max;
+    long long store_ts, offset, file_size;
+    int store_port, born_port, sysflag;
+    PyObject *requests, *key_of, *topics, *first_queue_offsets;
+    if (!PyArg_ParseTuple(args, "OOy*OOLy*iy*iinLL", &requests, &key_of, &excluded, &topics, &first_queue_offsets, &store_ts,
+                          &store_ip, &store_port, &born_ip, &born_port, &sysflag, &messages_max, &offset, &file_size))
+        return NULL;
+    PyObject *seq = NULL, *key_seq = NULL, *topic_seq = NULL, *first_seq = NULL, *answers = NULL, *result = NULL;
+    PyObject *bodies = NULL, *offsets = NULL, *queue_ids = NULL, *queue_offsets = NULL, *positions = NULL, *entry_sizes = NULL;
+    long long *next_queue = NULL;
+    if ((born_ip.len != 4 && born_ip.len != 16) || (store_ip.len != 4 && store_ip.len != 16)) {
+        PyErr_SetString(PyExc_ValueError, "host addresses are 4 or 16 bytes");
+        goto done;
+    }
+    if ((sysflag & 0xC) == 0x4 || (sysflag & 0xC) == 0xC) { PyErr_SetString(PyExc_ValueError, "a transactional sysflag"); goto done; }
+    if (file_size <= 0 || offset < 0) { PyErr_SetString(PyExc_ValueError, "a data file size above 0 and an offset from 0"); goto done; }
+    seq = PySequence_Fast(requests, "requests must be a sequence");
+    key_seq = seq ? PySequence_Fast(key_of, "key_of must be a sequence") : NULL;
+    topic_seq = key_seq ? PySequence_Fast(topics, "topics must be a sequence") : NULL;
+    first_seq = topic_seq ? PySequence_Fast(first_queue_offsets, "first_queue_offsets must be a sequence") : NULL;
+    if (!first_seq) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), key_count = PySequence_Fast_GET_SIZE(topic_seq);
+    if (PySequence_Fast_GET_SIZE(key_seq) != n || excluded.len != n || PySequence_Fast_GET_SIZE(first_seq) != key_count) {
+        PyErr_SetString(PyExc_ValueError, "key_of and excluded: one per request; first_queue_offsets: one per topic");
+        goto done;
+    }
+    next_queue = PyMem_Calloc(key_count ? key_count : 1, sizeof(long long));
+    if (!next_queue) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t k = 0; k < key_count; k++) {
+        next_queue[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(first_seq, k));
+        if (next_queue[k] == -1 && PyErr_Occurred()) goto done;
+        PyObject *topic = PySequence_Fast_GET_ITEM(topic_seq, k);
+        if (!PyBytes_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topics must be bytes"); goto done; }
+        if (PyBytes_GET_SIZE(topic) > 32767) { PyErr_SetString(PyExc_ValueError, "topic too long"); goto done; }
+    }
+    answers = PyList_New(n);
+    bodies = PyList_New(0);
+    offsets = PyList_New(0);
+    queue_ids = PyList_New(0);
+    queue_offsets = PyList_New(0);
+    positions = PyList_New(0);
+    entry_sizes = PyList_New(0);
+    if (!answers || !bodies || !offsets || !queue_ids || !queue_offsets || !positions || !entry_sizes) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (((const uint8_t *)excluded.buf)[i]) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(answers, i, Py_None);
+            continue;
+        }
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        Py_ssize_t index = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(key_seq, i));
+        if (index == -1 && PyErr_Occurred()) goto done;
+        if (index < 0 || index >= key_count) { PyErr_SetString(PyExc_ValueError, "key index out of range"); goto done; }
+        PyObject *topic = PySequence_Fast_GET_ITEM(topic_seq, index);
+        struct record_shape shape = {(const uint8_t *)PyBytes_AS_STRING(topic), PyBytes_GET_SIZE(topic), (const uint8_t *)born_ip.buf,
+                                     born_ip.len, born_port, (const uint8_t *)store_ip.buf, store_ip.len, store_port, sysflag,
+                                     store_ts, 0};
+        Py_ssize_t fixed = fixed_record_size(shape.topic_size, born_ip.len, store_ip.len);
+        struct pass_request r;
+        int got = pass_request_get(item, &r, messages_max);
+        if (got < 0) goto done;
+        if (got != 0) { PyErr_SetString(PyExc_ValueError, "a request kept is misshapen or malformed"); goto done; }
+        long long queue_id = r.queue_id, flag = r.flag, born_ts = r.born_ts;
+        if (!r.has_payload && (long_attr(item, str_queue_id, &queue_id) < 0 || long_attr(item, str_flag, &flag) < 0
+                               || long_attr(item, str_born_timestamp, &born_ts) < 0)) {
+            pass_request_release(&r);
+            goto done;
+        }
+        PyObject *answer = PyBytes_FromStringAndSize(NULL, 8 + 16 * r.count);
+        if (!answer) { pass_request_release(&r); goto done; }
+        PyList_SET_ITEM(answers, i, answer);
+        uint8_t *a = (uint8_t *)PyBytes_AS_STRING(answer);
+        put32(a, (uint32_t)queue_id);
+        put32(a + 4, (uint32_t)r.count);
+        PyObject *queue_id_object = PyLong_FromLongLong(queue_id);
+        if (!queue_id_object) { pass_request_release(&r); goto done; }
+        for (Py_ssize_t j = 0; j < r.count; j++) {
+            Py_buffer body = {0}, prop = {0};
+            body.buf = (void *)r.data[2 * j];
+            body.len = r.size[2 * j];
+            prop.buf = (void *)r.data[2 * j + 1];
+            prop.len = r.size[2 * j + 1];
+            if (prop.len > 32767) {
+                Py_DECREF(queue_id_object);
+                pass_request_release(&r);
+                PyErr_SetString(PyExc_ValueError, "properties too long");
+                goto done;
+            }
+            Py_ssize_t size = record_size_of(fixed, body.len, &prop, 0);
+            long long entry_size = DLEDGER_BODY_OFFSET + (long long)size;
+            long long remaining = file_size - offset % file_size;
+            if (entry_size + 8 > remaining) offset += remaining;  /* a blank record fills the rest (MIN_BLANK_SIZE 8) */
+            long long pos = offset, queue_offset = next_queue[index]++;
+            offset += entry_size;
+            PyObject *record = PyBytes_FromStringAndSize(NULL, size);
+            if (!record) { Py_DECREF(queue_id_object); pass_request_release(&r); goto done; }
+            encode_record((uint8_t *)PyBytes_AS_STRING(record), fixed, &shape, &body, &prop, (int)queue_id, (int)flag, queue_offset,
+                          pos + DLEDGER_BODY_OFFSET, born_ts);
+            PyObject *values[5] = {PyLong_FromLongLong(pos + DLEDGER_BODY_OFFSET), PyLong_FromLongLong(queue_offset),
+                                   PyLong_FromLongLong(pos), PyLong_FromLongLong(entry_size), NULL};
+            PyObject *lists[5] = {offsets, queue_offsets, positions, entry_sizes, NULL};
+            int failed = PyList_Append(bodies, record) < 0 || PyList_Append(queue_ids, queue_id_object) < 0;
+            Py_DECREF(record);
+            for (int v = 0; v < 4; v++) {
+                failed = failed || !values[v] || PyList_Append(lists[v], values[v]) < 0;
+                Py_XDECREF(values[v]);
+            }
+            if (failed) { Py_DECREF(queue_id_object); pass_request_release(&r); goto done; }
+            put64(a + 8 + 16 * j, (uint64_t)(pos + DLEDGER_BODY_OFFSET));
+            put64(a + 16 + 16 * j, (uint64_t)queue_offset);
+        }
+        Py_DECREF(queue_id_object);
+        pass_request_release(&r);
+    }
+    result = Py_BuildValue("(NNNNOOO)", PyList_AsTuple(bodies), PyList_AsTuple(offsets), PyList_AsTuple(queue_ids),
+                           PyList_AsTuple(queue_offsets), positions, entry_sizes, answers);
+done:
+    PyMem_Free(next_queue);
+    Py_XDECREF(bodies);
+    Py_XDECREF(offsets);
+    Py_XDECREF(queue_ids);
+    Py_XDECREF(queue_offsets);
+    Py_XDECREF(positions);
+    Py_XDECREF(entry_sizes);
+    Py_XDECREF(answers);
+    Py_XDECREF(seq);
+    Py_XDECREF(key_seq);
+    Py_XDECREF(topic_seq);
+    Py_XDECREF(first_seq);
+    PyBuffer_Release(&store_ip);
+    PyBuffer_Release(&born_ip);
+    PyBuffer_Release(&excluded);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buffer, start, end, file_from_offset, check_crc) -> (position, count, code, last_record_position)"},
@@ -1715,6 +1861,8 @@ static PyMethodDef methods[] = {
     {"write_pass", write_pass, METH_VARARGS,
      "write_pass(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port, sysflag, "
      "record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max) -> (written, offsets, queue_offsets, answers)"},
+    {"write_entry_pass", write_entry_pass, METH_VARARGS,
+     "write_entry_pass(requests, key_of, excluded, topics, first_queue_offsets, ...) -> a DLedger leader's pass as entry bodies"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(buffer) -> int (zlib's CRC32, for testing)"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer) -> int (for testing the native CRC)"},
     {NULL, NULL, 0, NULL}};
@@ -1722,7 +1870,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 9
+#define NATIVE_VERSION 10
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();

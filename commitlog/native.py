@@ -12,7 +12,7 @@ import warnings
 
 # The VERSION of _scan.c this code calls (its functions and their arguments): a build left in
 # place by an older checkout is not used (and a warning says to rebuild), never called wrongly.
-NATIVE_VERSION = 9
+NATIVE_VERSION = 10
 
 if os.environ.get("HASVC_NO_NATIVE") == "1":
     module = None
@@ -46,3 +46,4 @@ record_offsets = module.record_offsets if module else None
 pack_offset_pairs = module.pack_offset_pairs if module else None
 plan_pass = module.plan_pass if module else None
 write_pass = module.write_pass if module else None
+write_entry_pass = module.write_entry_pass if module else None

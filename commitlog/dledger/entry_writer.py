@@ -234,17 +234,18 @@ class EntryWriter:
         (DLedger's appendAsFollower requires the data to land at the entry's pos). ``start``:
         where the entries before them end (a leader's planned but not yet appended entries),
         instead of where the data files end."""
-        file_size = self.config.data_file_size
+        offset = self.plan_offset() if start is None else start
+        return placement.plan_positions(sizes, offset=offset, file_size=self.config.data_file_size)
+
+    def plan_offset(self) -> int:
+        """Where ``plan_positions`` starts placing entries appended now (before any blank record
+        the first one needs): the data files' end, or the next file's start when the last is full."""
         last = self.data_file_list.last
-        if start is not None:
-            offset = start
-        elif last is None:
-            offset = self._data_start_offset
-        elif last.full:
-            offset = last.file_from_offset + file_size
-        else:
-            offset = last.offset_of(last.wrote_position)
-        return placement.plan_positions(sizes, offset=offset, file_size=file_size)
+        if last is None:
+            return self._data_start_offset
+        if last.full:
+            return last.file_from_offset + self.config.data_file_size
+        return last.offset_of(last.wrote_position)
 
     def next_pos(self, size: int) -> int:
         """Where an entry of ``size`` bytes appended now would land (no side effects)."""

@@ -161,21 +161,27 @@ class MessagePlanner:
 
     def _plan_positions(self, record_sizes: list[int]) -> tuple[int, list[int], list[int]]:
         """(first index, entry positions, entry sizes) for records of these sizes after the pending plans;
-        MessageRejected when one cannot fit a data file (with the blank record DLedger needs).
-        Planned from where the newest pending entry ends: a pass of puts accepts a plan a request
-        before any is appended, so planning the pending entries again made a pass quadratic."""
+        MessageRejected when one cannot fit a data file (with the blank record DLedger needs)."""
         entry_sizes = [BODY_OFFSET + size for size in record_sizes]  # codec.entry_size, without a call per entry
         fit_max = self.dledger_config.data_file_size - codec.MIN_BLANK_SIZE
         if max(entry_sizes) > fit_max:
             raise rec.MessageRejected(rec.PutMessageStatus.MESSAGE_ILLEGAL,
                                       f"an entry of {max(entry_sizes)} bytes does not fit a DLedger data file of "
                                       f"{self.dledger_config.data_file_size} bytes")  # fmt: skip
+        first_index, offset = self.plan_start()
+        return first_index, self.entries.plan_positions(entry_sizes, start=offset), entry_sizes
+
+    def plan_start(self) -> tuple[int, int]:
+        """(index, data offset) where the next plan's entries start: after the accepted plans not
+        yet appended (checked first: ``_drop_appended_plans``), else at the log's end. Planned
+        from where the newest pending entry ends: a pass of puts accepts a plan a request
+        before any is appended, so planning the pending entries again made a pass quadratic."""
         self._drop_appended_plans()
         pending = self._pending
         if not pending:
-            return self.entries.last_index() + 1, self.entries.plan_positions(entry_sizes), entry_sizes
+            return self.entries.last_index() + 1, self.entries.plan_offset()
         index, pos, size = pending[-1]
-        return index + 1, self.entries.plan_positions(entry_sizes, start=pos + size), entry_sizes
+        return index + 1, pos + size
 
     def _drop_appended_plans(self) -> None:
         """Drop the accepted plans' entries that are appended now, after checking that the newest

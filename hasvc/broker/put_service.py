@@ -34,7 +34,7 @@ from typing import ClassVar, Protocol
 
 import trio
 
-from commitlog import pass_encode
+from commitlog import entry_pass, pass_encode
 from commitlog import record as rec
 from commitlog.commit_log import AppendResult
 from commitlog.config import StoreConfig
@@ -171,7 +171,9 @@ class PutService:
         # (``_put_pass``); without it the batch path below stays (the pure twins write a batch per
         # request: they are the reference the tests compare with, not a faster path).
         self._pass_store = store.store if pass_encode.NATIVE and isinstance(store, StoreSink) else None
-        self.decodes_sends = self._pass_store is not None  # the client port leaves plain SENDs undecoded (None)
+        # A Raft member's log: a pass of plain SENDs is one proposal planned by one call (``RaftLog.append_pass``).
+        self._pass_log = getattr(store, "append_pass", None) if entry_pass.NATIVE else None
+        self.decodes_sends = self._pass_store is not None or self._pass_log is not None  # the client port leaves plain SENDs undecoded (None)
         self.tracker = PutTracker(
             sync_flush=store_config.flush_disk_type is FlushDiskType.SYNC_FLUSH, in_sync_replicas=config.in_sync_replicas,
             min_in_sync_replicas=config.min_in_sync_replicas, flush_timeout_seconds=store_config.sync_flush_timeout_seconds,
@@ -190,7 +192,7 @@ class PutService:
         """Append a pass of SENDs, send them to the idle slaves, then register the waits and
         answer the refusals: the slave works on the frame while the master does the rest (it
         is only read after this step, so no ack can come before its waits exist)."""
-        if self._pass_store is not None:
+        if self._pass_store is not None or self._pass_log is not None:
             if self._put_pass(items):
                 return
             items = _decoded(items)
@@ -222,14 +224,18 @@ class PutService:
     def _put_pass(self, items: list[tuple[Outbox, cp.Frame, cp.SendRequest]]) -> bool:
         """``put_items`` for a pass of plain SENDs on the classic log: every request appended by
         one call (``pass_encode.append_pass``: the records in the order read, each request's
-        answer offsets packed there), the refused ones answered at once, the rest answered
+        answer offsets packed there; a Raft member's log proposes them as one proposal,
+        ``RaftLog.append_pass``), the refused ones answered at once, the rest answered
         together once the pass's end is as safe as configured. False, with nothing done, when
         the pass is the batch path's: a SEND_IDEMPOTENT in it (the producer table), a refusal
         of the put itself (role, replicas) or of the store (see ``append_pass``)."""
         if cp.SEND_IDEMPOTENT in {frame.kind for _, frame, _ in items} or self._write_refusal() is not None:
             return False
         requests = [frame.payload if request is None else request for _, frame, request in items]
-        appended = pass_encode.append_pass(self._pass_store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none)
+        if self._pass_log is not None:
+            appended = self._pass_log(requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none)
+        else:
+            appended = pass_encode.append_pass(self._pass_store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none)
         if appended is None:
             return False
         for number in appended.malformed:  # the client port's answer to a SEND it cannot decode

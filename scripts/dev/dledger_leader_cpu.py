@@ -1,6 +1,6 @@
 """CPU per message of a DLedger leader's proposal path in one process: no sockets, no other process.
 
-    python scripts/dev/dledger_leader_cpu.py TREE REQUESTS BATCH [PASSES] [ROUNDS]
+    python scripts/dev/dledger_leader_cpu.py TREE REQUESTS BATCH [PASSES] [ROUNDS] [batch|pass]
 
 Runs TREE's code (``sys.path``): a leader's ``DLedgerMessageStore`` (temporary directory, 64 MiB
 data files) and ``RaftNode`` of three members; PASSES passes, each of REQUESTS SENDs of BATCH 1 KiB
@@ -8,7 +8,11 @@ messages planned (``plan_batch``), proposed (``RaftNode.propose``) and accepted 
 as ``RaftDriver.propose_plan`` does, then the pass's Ready carried out as ``RaftDriver.drain``
 does (entries appended to the store, each push's entries read as stored runs), both followers
 acknowledging the last index, and the commit's Ready (committed index, dispatch); a first pass
-unmeasured (it creates the consume-queue files). Prints the
+unmeasured (it creates the consume-queue files). With ``pass`` (the last argument) each pass is
+one proposal, as ``PutService`` proposes a pass of plain SENDs: planned by
+``commitlog.entry_pass.plan_entry_pass`` when TREE has it (one native call), else by one
+``plan_batches`` of the pass's requests grouped by queue (the batch path's one proposal a pass;
+the grouping itself not counted). Prints the
 process CPU time (``time.process_time``) per message, the minimum and median of ROUNDS rounds
 (a fresh store each).
 
@@ -32,12 +36,30 @@ def main() -> None:
     tree, requests, batch = os.path.abspath(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     passes = int(sys.argv[4]) if len(sys.argv) > 4 else 20
     rounds = int(sys.argv[5]) if len(sys.argv) > 5 else 5
+    mode = sys.argv[6] if len(sys.argv) > 6 else "batch"
+    if mode not in ("batch", "pass"):
+        raise SystemExit(f"the mode is batch or pass, not {mode!r}")
     sys.path.insert(0, tree)
     from commitlog import record as rec
     from commitlog.config import StoreConfig
     from commitlog.dledger.message_store import DLedgerMessageStore
     from hasvc.state.raft import ETCD_LIKE, RaftNode, Role
     from hasvc.state.raft.messages import PushResponse, PushResult, PushType, VoteResponse, VoteResult
+    from hasvc.protocol import client as cp
+
+    entry_pass = None  # a tree from before it: a pass is one plan_batches
+    if os.path.exists(os.path.join(tree, "commitlog", "entry_pass.py")):
+        from commitlog import entry_pass
+
+    def propose_pass(node, store, batches, sends, now) -> None:
+        if entry_pass is not None:
+            planned = entry_pass.plan_entry_pass(store, sends, messages_max=cp.SEND_MESSAGES_MAX, decode=cp.decode_send)
+            assert planned is not None and not planned.refusals and not planned.malformed
+            plan = planned.plan
+        else:
+            plan = store.plan_batches(batches)
+        node.propose(plan.bodies, now)
+        store.accept_plan(plan)
 
     def carry_out(node, store) -> None:
         ready = node.ready()
@@ -73,12 +95,17 @@ def main() -> None:
                 node.step(PushResponse(peer, "n0", node.term, PushType.COMPARE, PushResult.SUCCESS, 0, 0, 0, 0), now)
             carry_out(node, store)
             batches = [rec.MessageBatch("T", [b"x" * 1024] * batch, queue_id=i % 4) for i in range(requests)]
+            sends = [cp.SendRequest("T", i % 4, [b"x" * 1024] * batch, [b""] * batch, 0, 0) for i in range(requests)]
+            merged = [rec.MessageBatch("T", [b"x" * 1024] * batch * len(range(queue, requests, 4)), queue_id=queue)
+                      for queue in range(min(requests, 4))]  # a pass's requests grouped by queue, as PutService groups them
             started = None
             for done in range(passes + 1):  # the first pass unmeasured: it creates the consume-queue files
                 if done == 1:
                     started = time.process_time()
                 now += 0.001
-                for message_batch in batches:
+                if mode == "pass":
+                    propose_pass(node, store, merged, sends, now)
+                for message_batch in batches if mode == "batch" else ():
                     plan = store.plan_batch(message_batch)
                     node.propose(plan.bodies, now)
                     store.accept_plan(plan)
@@ -96,7 +123,7 @@ def main() -> None:
             shutil.rmtree(path, ignore_errors=True)
 
     results = [one_round() for _ in range(rounds)]
-    print(f"{tree} {requests} x {batch}: {1e6 * min(results):.2f} us a message "
+    print(f"{tree} {requests} x {batch} ({mode}): {1e6 * min(results):.2f} us a message "
           f"(min of {rounds} rounds; median {1e6 * statistics.median(results):.2f})")  # fmt: skip
 
 

@@ -5,6 +5,7 @@ its content falls back to a proposal per group, so that only the bad request fai
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from commitlog import record as rec
@@ -101,8 +102,10 @@ async def test_a_pass_over_several_queues_is_one_proposal_answered_per_request(t
 
 
 async def test_a_bad_message_in_a_pass_fails_alone(tmp_path, monkeypatch) -> None:
-    """An oversize body refuses the pass's proposal as a whole; the groups are then proposed one
-    by one (and the bad group's requests one by one): only the request holding it fails."""
+    """Only the request holding an oversize body fails. On the batch path it refuses the pass's
+    proposal as a whole and the groups are then proposed one by one (and the bad group's
+    requests one by one); on the pass path (``RaftLog.append_pass``, with the native module) the
+    others stay one proposal."""
     async with trio.open_nursery() as nursery:
         broker = await _leading(tmp_path, nursery)
         proposals = _count_proposals(broker, monkeypatch)
@@ -112,7 +115,10 @@ async def test_a_bad_message_in_a_pass_fails_alone(tmp_path, monkeypatch) -> Non
         broker.put_service.put_items([(outbox, frame, request) for frame, request in sends])
         answers = await _answers(outbox, len(sends))
         assert {i: answers[i].status for i in answers} == {1: "PUT_OK", 2: "MESSAGE_ILLEGAL", 3: "PUT_OK", 4: "PUT_OK"}
-        assert sorted(proposals) == [1, 1, 1]  # group 0, then request 3 alone, group 2
+        if broker.put_service.decodes_sends:
+            assert proposals == [3]  # the pass's kept requests, one proposal
+        else:
+            assert sorted(proposals) == [1, 1, 1]  # group 0, then request 3 alone, group 2
         assert answers[3].queue_offsets == [0]  # the refused message took no queue offset
         nursery.cancel_scope.cancel()
 
@@ -152,6 +158,40 @@ async def test_a_pass_the_core_refuses_is_refused_whole_and_stores_nothing(tmp_p
         broker.put_service.put_items([(outbox, *_send(4, 1, [b"d"]))])
         assert (await _answers(outbox, 4))[4].queue_offsets == [0]  # queue 1 still starts at 0
         nursery.cancel_scope.cancel()
+
+async def test_a_pass_of_send_payloads_is_one_proposal_and_answers_each_request_as_the_batch_path(tmp_path, monkeypatch) -> None:
+    """With the native module a leader's pass of SENDs left undecoded by the client port (their
+    payloads) is one proposal of the requests kept (``RaftLog.append_pass``): a malformed SEND is
+    answered with the decoder's error, a refused one with ``prepare_batch``'s words, the others
+    PUT_OK with the offsets where their records lie once committed."""
+    async with trio.open_nursery() as nursery:
+        broker = await _leading(tmp_path, nursery)
+        if not broker.put_service.decodes_sends:
+            nursery.cancel_scope.cancel()
+            pytest.skip("without the native module SENDs are decoded by the client port (the batch path)")
+        proposals = _count_proposals(broker, monkeypatch)
+        outbox = _Outbox()
+        good = [_send(1, 0, [b"a1", b"a2"]), _send(3, 1, [b"b1"]), _send(5, 0, [b"a3"])]
+        frames = [cp.Frame(cp.SEND, frame.request_id, memoryview(cp.encode_send(request))) for frame, request in good]
+        frames.insert(1, cp.Frame(cp.SEND, 2, memoryview(cp.encode_send(_send(2, 0, [b"x" * (BODY_MAX + 1)])[1]))))
+        frames.insert(3, cp.Frame(cp.SEND, 4, memoryview(cp.encode_send(good[0][1]))[:-1]))  # cut: malformed
+        broker.put_service.put_items([(outbox, frame, None) for frame in frames])
+        assert proposals == [4]  # requests 1, 3 and 5: one proposal of their 4 messages
+        answers = await _answers(outbox, 5)
+        assert {i: answers[i].status for i in answers} == {1: "PUT_OK", 2: "MESSAGE_ILLEGAL", 3: "PUT_OK", 4: "MESSAGE_ILLEGAL",
+                                                            5: "PUT_OK"}  # fmt: skip
+        assert "max_message_size" in answers[2].reason and answers[2].queue_id == -1
+        assert answers[1].queue_offsets == [0, 1] and answers[5].queue_offsets == [2] and answers[3].queue_offsets == [0]
+        async with hc.connect(broker.addresses()["listen"]) as client:
+            for request_id, (_, request) in zip((1, 3, 5), good):
+                answer = answers[request_id]
+                pulled = await client.pull(request.topic, request.queue_id, answer.queue_offsets[0], count_max=len(request.bodies))
+                assert [(m.physical_offset, bytes(m.body), m.properties["KEYS"]) for m in pulled.records] == [
+                    (offset, body, f"k{request_id}-{i}")
+                    for i, (offset, body) in enumerate(zip(answer.offsets, request.bodies, strict=True))
+                ]
+        nursery.cancel_scope.cancel()
+
 
 class _Refused:
     status = rec.PutMessageStatus.SERVICE_NOT_AVAILABLE

@@ -1,0 +1,200 @@
+"""A DLedger leader's pass of SENDs planned as one proposal in one call: native when built.
+
+Theory of operation
+-------------------
+The classic master appends a pass of plain SENDs in two native calls (``commitlog/pass_encode.py``).
+A DLedger leader does not append: it *proposes* entries, one RocketMQ record each, whose place in
+the data files (``pos``) fixes each record's PHYSICALOFFSET (``pos + 48``) before the Raft core
+takes them (``commitlog/dledger/message_planning.py``). Planned batch by batch, a pass cost
+Python per message and per request: the decode, the grouping by queue, the merged batches, the
+result cut per request, each answer built field by field. Here a pass is two calls, each one
+loop over every message:
+
+1. ``pass_encode.plan_pass`` (the same as the classic master's, without the record CRC tail: a
+   DLedger entry's body CRC covers the whole record): each request's queue key, the malformed
+   and the refused ones, the messages per key;
+2. ``write_entry_pass`` (``commitlog/_scan.c``, twin ``write_entry_pass_python``): every request
+   kept, in the order read, as the records the batch path's ``plan_batch`` of that request alone
+   would make (the same bytes: tests/unit/test_entry_pass.py), each placed where
+   ``entry_placement.plan_positions`` places its entry from the plan's start, with the queue
+   offsets following on per key, and per request its answer's offsets packed (as
+   ``pass_encode.write_pass`` packs them).
+
+``plan_entry_pass`` returns the ``AppendPlan`` the Raft driver proposes as it proposes any plan
+(``propose_plan``: the room check, the core's verdict, ``accept_plan``); the entries' headers,
+CRC32 and index units are written by the store's one native call per Ready
+(``DLedgerMmapFileStore.append``: ``write_entries``). Nothing is decided here: who leads, the
+term, the indexes, the quorum and every refusal's meaning stay the caller's; refusals read word
+for word as the batch path's (``pass_encode.refusal_of``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from commitlog import native as _native
+from commitlog import pass_encode
+from commitlog import record as rec
+from commitlog.commit_log import now_ms
+from commitlog.dledger import entry_codec as codec
+from commitlog.dledger import entry_placement as placement
+from commitlog.dledger.message_planning import BODY_OFFSET, AppendPlan
+
+_WRITE_NATIVE = _native.write_entry_pass
+_PHYSICAL_OFFSET = struct.Struct(">q")  # a record's PHYSICALOFFSET field (rec.PHYSICAL_OFFSET_POSITION)
+
+def write_entry_pass_python(requests, *, key_of: list[int], excluded: bytes, topics: list[bytes], first_queue_offsets: list[int],
+                            store_timestamp: int, store_ip: bytes, store_port: int, born_ip: bytes, born_port: int, sysflag: int,
+                            messages_max: int, offset: int, file_size: int, decode: Callable | None = None) -> tuple:  # fmt: skip
+    """(bodies, offsets, queue_ids, queue_offsets, positions, entry_sizes, answers): each request
+    not ``excluded`` (one byte a request, nonzero to leave it out) written as ``record.write_batch``
+    writes a batch of it (no record CRC tail) and cut into records, as ``plan_batch`` does; the
+    records placed as entries from data offset ``offset`` in data files of ``file_size`` bytes,
+    each one's PHYSICALOFFSET its entry's pos + 48; ``topics`` the encoded topic of each key;
+    ``answers`` per request its answer's offsets packed as ``pass_encode.write_pass`` packs them
+    (None when excluded)."""
+    assert not sysflag & rec.SYSFLAG_TRANSACTION_MASK, sysflag
+    next_queue_offsets = list(first_queue_offsets)
+    records: list[bytes] = []
+    queue_ids: list[int] = []
+    queue_offsets: list[int] = []
+    kept: list = []  # per request: None, or (queue id, its first record's number, its records)
+    for number, request in enumerate(requests):
+        if excluded[number]:
+            kept.append(None)
+            continue
+        if pass_encode._is_payload(request):
+            request = decode(request)
+        index = key_of[number]
+        topic = topics[index]
+        properties = list(request.properties)
+        fixed = rec._fixed_record_size(len(topic), sysflag, len(topic) > rec.TOPIC_SIZE_MAX_V1)
+        sizes = [fixed + len(body) + len(p) for body, p in zip(request.bodies, properties, strict=True)]
+        batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=properties,
+                                 flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
+        prepared = rec.PreparedBatch(batch, topic, properties, sysflag, born_ip, born_port, sizes, sum(sizes), False)
+        first = next_queue_offsets[index]
+        next_queue_offsets[index] = first + len(sizes)
+        buffer = bytearray(prepared.total)
+        rec.write_batch(buffer, 0, prepared, queue_offset_first=first, physical_base=0, store_timestamp=store_timestamp,
+                        store_ip=store_ip, store_port=store_port, native=False)  # fmt: skip
+        kept.append((request.queue_id, len(records), len(sizes)))
+        start = 0
+        for size in sizes:
+            records.append(buffer[start : start + size])
+            start += size
+        queue_ids += [request.queue_id] * len(sizes)
+        queue_offsets += range(first, first + len(sizes))
+    entry_sizes = [BODY_OFFSET + len(record) for record in records]
+    positions = placement.plan_positions(entry_sizes, offset=offset, file_size=file_size)
+    offsets = [pos + BODY_OFFSET for pos in positions]
+    bodies = []
+    for record, physical in zip(records, offsets):
+        _PHYSICAL_OFFSET.pack_into(record, rec.PHYSICAL_OFFSET_POSITION, physical)  # under no CRC (BODYCRC covers the body)
+        bodies.append(bytes(record))
+    answers: list = []
+    for each in kept:
+        if each is None:
+            answers.append(None)
+            continue
+        queue_id, first_record, count = each
+        pairs = [pass_encode._ANSWER_PAIR.pack(offsets[k], queue_offsets[k]) for k in range(first_record, first_record + count)]
+        answers.append(pass_encode._ANSWER_HEAD.pack(queue_id, count) + b"".join(pairs))
+    return tuple(bodies), tuple(offsets), tuple(queue_ids), tuple(queue_offsets), positions, entry_sizes, answers
+
+
+def write_entry_pass(requests, *, key_of: list[int], excluded: bytes, topics: list[bytes], first_queue_offsets: list[int],
+                     store_timestamp: int, store_ip: bytes, store_port: int, born_ip: bytes, born_port: int, sysflag: int,
+                     messages_max: int, offset: int, file_size: int, decode: Callable | None = None,
+                     native: bool | None = None) -> tuple:  # fmt: skip
+    """``write_entry_pass_python``, in one native call when the module is built."""
+    if _WRITE_NATIVE is not None and native is not False:
+        return _WRITE_NATIVE(requests, key_of, excluded, topics, first_queue_offsets, store_timestamp, store_ip, store_port,
+                             born_ip, born_port, sysflag, messages_max, offset, file_size)  # fmt: skip
+    return write_entry_pass_python(
+        requests, key_of=key_of, excluded=excluded, topics=topics, first_queue_offsets=first_queue_offsets,
+        store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port, born_ip=born_ip, born_port=born_port,
+        sysflag=sysflag, messages_max=messages_max, offset=offset, file_size=file_size, decode=decode,
+    )  # fmt: skip
+
+
+class EntryPass:
+    """What ``plan_entry_pass`` planned: ``plan`` the proposal of every request kept (None when
+    every request was refused or malformed), ``answers``, ``refusals`` and ``malformed`` as
+    ``pass_encode.PassAppend``'s."""
+
+    __slots__ = ("plan", "answers", "refusals", "malformed")
+
+    def __init__(self, plan: AppendPlan | None, answers: list, refusals: dict[int, rec.MessageRejected], malformed: list[int]) -> None:
+        self.plan = plan
+        self.answers = answers
+        self.refusals = refusals
+        self.malformed = malformed
+
+
+def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, native: bool | None = None) -> EntryPass | None:
+    """Plan a pass of SENDs (as ``pass_encode.append_pass`` takes them) on ``store``, a leader's
+    ``DLedgerMessageStore``, as one proposal of the requests kept, in their order; mutates
+    nothing (the driver proposes the plan and the store accepts it). None when the pass must take
+    the batch path, which answers those cases itself: bodies hashed with another CRC than CRC32C,
+    or a queue's records of the pass together too large for a data file (then one entry might
+    not fit one: the batch path refuses the request holding it alone)."""
+    config = store.config
+    if store.crc_function is not rec.CRC_FUNCTIONS["crc32c"]:
+        return None
+    body_size_max = config.max_message_size
+    file_size = store.dledger_config.data_file_size
+    fit_max = file_size - codec.MIN_BLANK_SIZE  # an entry leaves room for a blank record (_plan_positions)
+    store_ip, store_port, store_v6 = rec.encode_host(config.store_host)
+    keys, key_of, refused, counts, variable, malformed = pass_encode.plan_pass(
+        requests, body_size_max=body_size_max, record_crc=False, messages_max=messages_max, decode=decode, native=native,
+    )  # fmt: skip
+    topics: list[bytes] = []
+    bad_keys: set[int] = set()
+    kept = 0
+    born_ip = born_port = sysflag = None
+    for index, (topic, queue_id) in enumerate(keys):
+        try:
+            topic_bytes, born_ip, born_port, sysflag, v2 = rec._batch_shape(topic, queue_id, pass_encode.BORN_HOST, 0)
+        except rec.MessageRejected:
+            bad_keys.add(index)
+            topics.append(b"")
+            continue
+        sysflag |= rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0
+        topics.append(topic_bytes)
+        kept += counts[index]
+        # No entry larger than all of its key's records together: when that may not fit a data file
+        # (small files), the batch path refuses the one request that holds the entry, alone.
+        if BODY_OFFSET + rec._fixed_record_size(len(topic_bytes), sysflag, v2) * counts[index] + variable[index] > fit_max:
+            return None
+    excluded = bytearray(len(requests))
+    for number in refused + malformed:
+        excluded[number] = 1
+    if bad_keys:
+        for number, index in enumerate(key_of):
+            if index in bad_keys:
+                excluded[number] = 1
+    refusals = {}
+    if refused or bad_keys:
+        for number in sorted({*refused, *(n for n, index in enumerate(key_of) if index in bad_keys)}):
+            request = decode(requests[number]) if pass_encode._is_payload(requests[number]) else requests[number]
+            refusals[number] = pass_encode.refusal_of(request, body_size_max=body_size_max, store_v6=store_v6, record_crc=False)
+    if kept == 0:
+        return EntryPass(None, [None] * len(requests), refusals, malformed)
+    first_index, offset = store.plan_start()
+    table = store._queue_table  # read, not changed: accept_plan advances it
+    first_queue_offsets = [table.get(key, 0) for key in keys]
+    queue_next = {key: first_queue_offsets[index] + counts[index]
+                  for index, key in enumerate(keys) if index not in bad_keys and counts[index]}  # fmt: skip
+    store_timestamp = max(now_ms(), store._last_store_timestamp)
+    bodies, offsets, queue_ids, queue_offsets, positions, entry_sizes, answers = write_entry_pass(
+        requests, key_of=key_of, excluded=bytes(excluded), topics=topics, first_queue_offsets=first_queue_offsets,
+        store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port, born_ip=born_ip, born_port=born_port,
+        sysflag=sysflag, messages_max=messages_max, offset=offset, file_size=file_size, decode=decode, native=native,
+    )  # fmt: skip
+    plan = AppendPlan(first_index, bodies, offsets, queue_ids, queue_offsets, store_timestamp, queue_next, positions, entry_sizes)
+    return EntryPass(plan, answers, refusals, malformed)
+
+
+NATIVE = pass_encode.NATIVE and _WRITE_NATIVE is not None  # whether plan_entry_pass runs natively

@@ -123,3 +123,10 @@ class ProducerTable:
         producer.high = max(sequence for sequence, _ in entries)
         while len(self._producers) > self.producers_max:
             self._producers.popitem(last=False)
+
+    def replace_with(self, other: ProducerTable) -> None:
+        """Know exactly what ``other`` knows (a table rebuilt aside, installed in one step)."""
+        self._producers.clear()
+        self._producers.update(other._producers)
+        while len(self._producers) > self.producers_max:
+            self._producers.popitem(last=False)

@@ -30,7 +30,8 @@ a quorum has its entry (in memory, or flushed with ``--flush sync``); a put whos
 commit in ``slave_timeout_ms`` is answered FLUSH_SLAVE_TIMEOUT, and one whose leader lost its
 term before the commit is answered SLAVE_NOT_AVAILABLE (the waits fail on the role change): never
 PUT_OK without a quorum. A retried idempotent send is recognised by the new leader, which rebuilds
-its producer table from the committed log before it takes writes.
+its producer table from its log once every entry of it is committed, before it takes writes (one
+rebuild at a time, built aside and installed when writes start: none runs beside them).
 
 Roles (``hasvc status``: ``raft_role`` is the core's, ``role`` the broker role the node plays): a
 leader plays SYNC_MASTER once every entry of its log is committed and dispatched (its no-op entry

@@ -65,9 +65,9 @@ class RaftBroker:
         self._dispatch_wakeup = trio.Event()
         self._taking_writes = False
         self._nursery: trio.Nursery | None = None
-        # The term whose producer table is being rebuilt in a worker thread (None: none is): a
-        # leader takes writes once it is done, if it still leads that term.
-        self._rebuilding_for: int | None = None
+        # A producer table is being rebuilt in a worker thread (``_take_writes``): one at a time,
+        # whatever the term; the leader takes writes once it is done, if it still leads that term.
+        self._rebuilding = False
         self.retention_passes = 0  # retention passes done (status: lets a test wait for one)
         self.repair: EntryRepair | None = None  # the scrub and repair task, once serving
         # Held while a worker thread flushes the consume queues (StoreTasks.maintenance's role)
@@ -294,27 +294,39 @@ class RaftBroker:
             if self.store.dispatched_index < self.store.entries.committed_index:
                 self._dispatch_wakeup.set()
                 return
-            if not self.store.caught_up() or self._rebuilding_for == node.term:
-                return
-            self._rebuilding_for = node.term
+            if not self.store.caught_up() or self._rebuilding:
+                return  # a rebuild for an earlier term decides again from now when it ends
+            self._rebuilding = True
             self._nursery.start_soon(self._take_writes, node.term)
 
     async def _take_writes(self, term: int) -> None:
         """Rebuild the producer table (the log's last ``producer_table_rebuild_bytes``) in a worker
         thread, then take writes if this member still leads ``term``. In the event loop the scan
         held it for up to 1.8 s on a busy machine: no heartbeats went out, the followers elected
-        another leader, and a drill's failover took 10-20 s of leaders deposed as they began."""
+        another leader, and a drill's failover took 10-20 s of leaders deposed as they began.
+
+        The rule: the table a leader takes writes with covers every entry of its log when it
+        starts taking them (the rebuild starts once all of them are committed, ``caught_up``,
+        and no entry is added before writes are taken), and no rebuild changes the table while
+        writes are taken. The table is built aside and installed whole here, on the trio thread,
+        only when writes start; one rebuild runs at a time. A rebuild of an earlier term used to
+        end by letting a second one start for the new term beside the first: it ran after
+        writes were taken, emptied the live table and refilled it only once its scan ended
+        (seconds on a busy machine), so retries of messages the log held looked new meanwhile
+        and were stored twice (a corrupt drill's 8 duplicates)."""
         node = self.driver.node
         started = trio.current_time()
+        rebuilt = ProducerTable(window=self.config.producer_sequence_window, producers_max=self.config.producers_max)
         try:
             async with self.maintenance:  # never beside retention deleting the files it reads
                 found = await trio.to_thread.run_sync(functools.partial(
-                    rebuild_producer_table, self.store, self.producers, span_bytes=self.config.producer_table_rebuild_bytes))
+                    rebuild_producer_table, self.store, rebuilt, span_bytes=self.config.producer_table_rebuild_bytes))
         finally:
-            self._rebuilding_for = None
+            self._rebuilding = False
         if node.role is not Role.LEADER or node.term != term or self._taking_writes or not self.store.caught_up():
             self._on_role()  # a later term, or a step down meanwhile: decide again from now
             return
+        self.producers.replace_with(rebuilt)
         self.store.resume_queue_offsets()
         self._taking_writes = True
         self.role_state.role = BrokerRole.SYNC_MASTER

@@ -44,6 +44,7 @@ def controller_status(server) -> dict:
         "uptime_seconds": round(time.time() - server.started_at, 3),
         "applied_index": server.applied_index, "committed_index": raft.committed_index,
         "snapshot_index": server.snapshot_index, "log_first_index": entries.first_index(),
+        "snapshot_needed": not server.replayable(), "snapshots_installed": server.snapshots.installed,
         "log_last_index": entries.last_index(), "elections": server.elections, "requests": dict(server.requests),
         "controller_connections_refused": server.connections_refused, **server.admission.statistics(),
         "raft_messages_dropped": server.driver.dropped_messages,

@@ -68,6 +68,8 @@ class ControllerPort:
         self.server.requests[cp.KIND_NAMES[request.KIND]] += 1
         if isinstance(request, cp.StatusRequest):
             return cp.Answer(cp.STATUS, cp.STATUS_OK, controller=self.server.status())
+        if isinstance(request, cp.SnapshotRequest):  # another controller's, leader or not
+            return self.server.snapshots.answer(request)
         refusal = self._not_leader(request.KIND)
         if refusal is not None:
             return refusal

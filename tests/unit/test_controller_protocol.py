@@ -119,6 +119,12 @@ def test_byte_table_of_a_heartbeat():
     assert data == (5 + len(body)).to_bytes(4, "big") + b"\x02" + (5).to_bytes(4, "big") + body
 
 
+def test_byte_table_of_a_snapshot_request():
+    """The bytes docs/PROTOCOL.md shows for SNAPSHOT."""
+    data = cp.encode_request(1, cp.SnapshotRequest(290, 0))
+    assert data == bytes.fromhex("0000001d" "06" "00000001") + b'{"index":290,"offset":0}'
+
+
 @given(st.lists(st.tuples(request_ids, requests), max_size=5), st.integers(1, 40))
 def test_requests_round_trip(frames, step):
     data = b"".join(cp.encode_request(request_id, request) for request_id, request in frames)

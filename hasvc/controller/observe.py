@@ -32,7 +32,8 @@ def controller_status(server) -> dict:
                 "max_offset": heartbeat.max_offset if heartbeat else None}  # fmt: skip
         groups[name] = {"master_id": group.master_id, "epoch": group.epoch,
                         "sync_state_set": sorted(group.sync_state_set),
-                        "sync_state_set_epoch": group.sync_state_set_epoch, "members": members}  # fmt: skip
+                        "sync_state_set_epoch": group.sync_state_set_epoch, "restarted": sorted(group.restarted),
+                        "members": members}  # fmt: skip
     entries = server.store.entries
     return {
         "mode": "controller", "self_id": server.group.self_id, "raft_role": raft.role.value,

@@ -158,6 +158,9 @@ class ControllerPort:
         group = self.server.state.groups.get(request.group)
         if group is None:
             return cp.refused(cp.ELECT, f"no group {request.group!r}")
+        if group.restarted:
+            return cp.refused(cp.ELECT, f"brokers {sorted(group.restarted)} of the SyncStateSet restarted (they may have "
+                                        "lost unflushed writes): the controller elects by log ends first")  # fmt: skip
         now = trio.current_time()
         if request.broker_id is None:
             candidates = self._candidates(request.group, group, now)

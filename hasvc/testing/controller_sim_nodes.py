@@ -387,9 +387,10 @@ class Controllers:
         """An operator's ELECT: another alive member of the set, while the master lives."""
         sim = self.sim
         group = self.state.groups.get(GROUP)
-        if group is None or group.master_id is None or group.restarted or not self.in_office(self.leader):
-            return  # (a restarted member: refused, the controller elects by log ends first)
-        others = [b for b in sorted(group.sync_state_set - {group.master_id}) if self.tracker.alive(GROUP, b, sim.now)]
+        if group is None or group.master_id is None or not self.in_office(self.leader):
+            return
+        others = [b for b in sorted(group.sync_state_set - {group.master_id} - group.restarted)  # a restarted one: refused
+                  if self.tracker.alive(GROUP, b, sim.now)]  # fmt: skip
         if others:
             sim.switchovers += 1
             self.propose(Elect(GROUP, sim.rng.choice(others), group.epoch, "operator switchover"), None)

@@ -148,6 +148,12 @@ class ControllerClient:
             answer, _ = await self._ask(address, cp.StatusRequest())
         return answer
 
+    async def ask(self, address: str, request: cp.Request) -> cp.Answer:
+        """``request`` answered by the controller at ``address``, leader or not (a controller
+        fetching another's snapshot: SNAPSHOT); no timeout of its own (the caller's)."""
+        answer, _sent_at = await self._ask(address, request)
+        return answer
+
     async def call(self, request: cp.Request) -> tuple[cp.Answer, float]:
         """``request`` answered by the controller leader: (answer, when the request was sent).
         Raises ControllerUnavailable (see the module)."""

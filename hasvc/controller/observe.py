@@ -32,7 +32,8 @@ def controller_status(server) -> dict:
                 "max_offset": heartbeat.max_offset if heartbeat else None}  # fmt: skip
         groups[name] = {"master_id": group.master_id, "epoch": group.epoch,
                         "sync_state_set": sorted(group.sync_state_set),
-                        "sync_state_set_epoch": group.sync_state_set_epoch, "members": members}  # fmt: skip
+                        "sync_state_set_epoch": group.sync_state_set_epoch, "restarted": sorted(group.restarted),
+                        "members": members}  # fmt: skip
     entries = server.store.entries
     return {
         "mode": "controller", "self_id": server.group.self_id, "raft_role": raft.role.value,
@@ -44,6 +45,7 @@ def controller_status(server) -> dict:
         "uptime_seconds": round(time.time() - server.started_at, 3),
         "applied_index": server.applied_index, "committed_index": raft.committed_index,
         "snapshot_index": server.snapshot_index, "log_first_index": entries.first_index(),
+        "snapshot_needed": not server.replayable(), "snapshots_installed": server.snapshots.installed,
         "log_last_index": entries.last_index(), "elections": server.elections, "requests": dict(server.requests),
         "controller_connections_refused": server.connections_refused, **server.admission.statistics(),
         "raft_messages_dropped": server.driver.dropped_messages,

@@ -68,6 +68,8 @@ class ControllerPort:
         self.server.requests[cp.KIND_NAMES[request.KIND]] += 1
         if isinstance(request, cp.StatusRequest):
             return cp.Answer(cp.STATUS, cp.STATUS_OK, controller=self.server.status())
+        if isinstance(request, cp.SnapshotRequest):  # another controller's, leader or not
+            return self.server.snapshots.answer(request)
         refusal = self._not_leader(request.KIND)
         if refusal is not None:
             return refusal
@@ -171,6 +173,9 @@ class ControllerPort:
             if target not in group.sync_state_set and not self.server.config.timings.allow_unclean_election:
                 return cp.refused(cp.ELECT, f"broker {target} is not in the SyncStateSet {sorted(group.sync_state_set)} "
                                             "(it may lack acknowledged writes; unclean elections are off)")  # fmt: skip
+            if target in group.restarted:
+                return cp.refused(cp.ELECT, f"broker {target} restarted since it entered the SyncStateSet (it may have lost "
+                                            "unflushed writes): the controller elects by log ends")  # fmt: skip
             if not self.server.tracker.alive(request.group, target, now):
                 return cp.refused(cp.ELECT, f"broker {target} has not heartbeaten within "
                                             f"{self.server.config.timings.broker_heartbeat_timeout_seconds} s")  # fmt: skip
@@ -179,7 +184,8 @@ class ControllerPort:
     def _candidates(self, name: str, group: cs.GroupState, now: float) -> list[int]:
         """An operator's switchover without a target: the alive members of the SyncStateSet but
         the master, best first (highest (epoch, max_offset), then the lowest id)."""
-        alive = [b for b in sorted(group.sync_state_set) if b != group.master_id and self.server.tracker.alive(name, b, now)]
+        alive = [b for b in sorted(group.sync_state_set - group.restarted)
+                 if b != group.master_id and self.server.tracker.alive(name, b, now)]  # fmt: skip
         key = {b: self.server.tracker.liveness(name, b) for b in alive}
         return sorted(alive, key=lambda b: (-key[b].epoch, -key[b].max_offset, b))
 

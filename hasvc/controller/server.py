@@ -36,14 +36,15 @@ but that a new leader also withholds the lease from a master an earlier leader e
 requests themselves are answered in ``hasvc.controller.port``; STATUS and metrics in
 ``hasvc.controller.observe``; the limits and ``ControllerConfig`` in ``hasvc.controller.config``).
 
-Snapshots: after ``snapshot_interval_entries`` applied entries (and at a clean stop) the state
-is written to ``STORE/controller/snapshot`` (``ControllerState.snapshot``: CRC32C, with the Raft
-index it reflects; written to a temporary file, fsynced, renamed). Retention then (after
-each snapshot) deletes whole entry files below ``min(snapshot index + 1, the core's retention
-floor)`` -- never an entry a member may still need -- so a restart reads the snapshot and replays
-only what follows it. A log
-that starts past the snapshot (a store wiped and RESET by the leader) cannot be replayed: the
-controller says so and stops, before it answers anything.
+Snapshots (``hasvc.controller.snapshots``): after ``snapshot_interval_entries`` applied entries
+(and at a clean stop) the state is written to ``STORE/controller/snapshot`` (``ControllerState.snapshot``:
+CRC32C, with the Raft index it reflects; written to a temporary file, fsynced, renamed). Retention
+then (after each snapshot) deletes whole entry files below ``min(snapshot index + 1, the core's
+retention floor)`` -- never an entry a member may still need -- so a restart reads the snapshot and
+replays only what follows it. A log that starts past the state (a store wiped, or a controller
+down while the group cut its log, RESET by the leader to its first index) cannot be replayed:
+the controller applies nothing and serves no broker until it fetched another controller's
+snapshot (SNAPSHOT on the controller port) and installed it (``install_state``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ from commitlog import record as rec
 from commitlog.config import StoreConfig
 from commitlog.dledger.entry_store import DLedgerStoreConfig
 from commitlog.dledger.message_store import DLedgerMessageStore
-from commitlog.mapped_file import fsync_directory
 from hasvc import admission as port_admission
 from hasvc import transport
 from hasvc.broker.raft.driver import RaftDriver
@@ -76,9 +76,10 @@ from hasvc.state.raft.ready import Role
 from hasvc.controller.config import (CONTROLLER_CONNECTIONS_MAX, CONTROLLER_INDEX_FILE_SIZE, CONTROLLER_RAFT,  # noqa: F401 (CONTROLLER_RAFT: hasvc.cli.controller's)
                                      CONTROLLER_RAFT_GROUP, CONTROLLER_STRANGER_TIMEOUT_SECONDS, CONTROLLER_STRANGERS_MAX,
                                      CONTROLLER_TOPIC, COMMAND_COMMIT_TIMEOUT_SECONDS, ELECTION_CHECK_INTERVAL_SECONDS,
-                                     SNAPSHOT_DIRECTORY, SNAPSHOT_FILE, ControllerConfig)  # fmt: skip
+                                     ControllerConfig)  # fmt: skip
 from hasvc.controller.observe import controller_status, serve_controller_metrics
 from hasvc.controller.port import ControllerPort
+from hasvc.controller.snapshots import ControllerSnapshots
 
 LOGGER = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class ControllerServer:
         # The leader's soft state: heartbeats, liveness, elections decided, leases granted.
         self.tracker = ElectionTracker(config.timings)
         self._elected_at: dict[str, float] = {}  # group -> when this controller applied its last election
-        self._snapshot_due = trio.Event()
+        self.snapshots = ControllerSnapshots(self)
         self._election_due = trio.Event()
         self.started_at = time.time()
         self.elections = 0  # Elects this controller proposed that were accepted (STATUS, metrics)
@@ -140,8 +141,8 @@ class ControllerServer:
             with trio.CancelScope(shield=True):
                 if self.driver is not None:
                     await self.driver.close()
-                if loaded and self.applied_index > self.snapshot_index and self._replayable():
-                    self._write_snapshot()  # a clean stop: the next start replays nothing
+                if loaded and self.applied_index > self.snapshot_index and self.replayable():
+                    self.snapshots.write_now()  # a clean stop: the next start replays nothing
                 await trio.to_thread.run_sync(self.store.close)
             LOGGER.info("store closed cleanly")
 
@@ -162,7 +163,7 @@ class ControllerServer:
 
     @property
     def snapshot_path(self) -> str:
-        return os.path.join(self.config.store, SNAPSHOT_DIRECTORY, SNAPSHOT_FILE)
+        return self.snapshots.path
 
     def _load_snapshot(self) -> None:
         """The state from the snapshot (if any), then every committed entry after it applied."""
@@ -179,19 +180,30 @@ class ControllerServer:
                                           "cannot rebuild its state: copy the file from another controller)") from None  # fmt: skip
             self.applied_index = self.snapshot_index = self.state.applied_index
         entries = self.store.entries
-        if not self._replayable():
-            raise cs.StateFormatError(
-                f"{self.config.store}: the log starts at entry {entries.first_index()} but the state reflects entry "
-                f"{self.applied_index} ({self.snapshot_path if data is not None else 'no snapshot'}): entries in "
-                "between are gone; copy the snapshot file from another controller (stopped) and start again")  # fmt: skip
+        if not self.replayable():
+            LOGGER.warning("%s: the log starts at entry %d but the state reflects entry %d (%s): a snapshot will be "
+                           "fetched from another controller", self.config.store, entries.first_index(),
+                           self.applied_index, self.snapshot_path if data is not None else "no snapshot")  # fmt: skip
+            self.snapshots.wanted.set()
+            return
         LOGGER.info("controller state: snapshot at entry %d, log %d..%d, committed %d", self.snapshot_index,
                     entries.first_index(), entries.last_index(), entries.committed_index)  # fmt: skip
         self._apply_committed()
 
-    def _replayable(self) -> bool:
+    def replayable(self) -> bool:
         """The log holds every entry after the applied one (or all of them from its start)."""
         entries = self.store.entries
         return entries.first_index() <= self.applied_index + 1 or entries.last_index() < entries.first_index() <= 0
+
+    def install_state(self, state: cs.ControllerState) -> None:
+        """Take a fetched snapshot's state (written to disk already) and apply what follows it."""
+        assert state.applied_index + 1 >= self.store.entries.first_index() and not self.replayable()
+        self.state = state
+        self.applied_index = self.snapshot_index = state.applied_index
+        self._elected_at.clear()  # elections before it: none of them applied here
+        self._apply_committed()
+        if self.driver.node.role is Role.LEADER:
+            self._on_role()
 
     async def _serve(self, nursery: trio.Nursery) -> None:
         self.driver = RaftDriver(group=self.group, store=self.store, secret=self.config.secret,
@@ -214,7 +226,8 @@ class ControllerServer:
             self.metrics_address = await nursery.start(serve_controller_metrics, self.config.metrics_listen, self)
         nursery.start_soon(port_admission.serve_admitted, listener, self.port.serve_connection, self.admission)
         nursery.start_soon(self._election_timer)
-        nursery.start_soon(self._snapshotter)
+        nursery.start_soon(self.snapshots.run_snapshotter)
+        nursery.start_soon(self.snapshots.run_fetcher)
         await self.driver.run(nursery, raft_listener)
 
     def _server_ssl(self):
@@ -257,10 +270,12 @@ class ControllerServer:
         while self.applied_index < entries.committed_index:
             index = self.applied_index + 1
             if index < entries.first_index():  # a RESET by the leader: the entries before are gone here
-                raise cs.StateFormatError(
-                    f"{self.config.store}: the log now starts at entry {entries.first_index()} (reset by the leader) but "
-                    f"the state reflects entry {self.applied_index}: copy the snapshot file from another controller "
-                    "(stopped) and start again")  # fmt: skip
+                if not self.snapshots.wanted.is_set() and not self.snapshots.fetching:
+                    LOGGER.warning("the log now starts at entry %d (reset by the leader) but the state reflects entry "
+                                   "%d: a snapshot will be fetched from another controller", entries.first_index(),
+                                   self.applied_index)  # fmt: skip
+                self.snapshots.wanted.set()
+                return
             stored = entries.get(index)
             command = self._command_of(index, stored.body)
             if command is None:
@@ -278,7 +293,7 @@ class ControllerServer:
                 proposal.answer = answer if stored.term == proposal.term else None
                 proposal.done.set()
             if self.applied_index - self.snapshot_index >= self.config.snapshot_interval_entries:
-                self._snapshot_due.set()
+                self.snapshots.due.set()
 
     def _command_of(self, index: int, body: bytes) -> cs.Command | None:
         """The command an entry carries; None for a no-op. A body that is not a command record
@@ -322,7 +337,8 @@ class ControllerServer:
             self.tracker.stepped_down()
             LOGGER.warning("no longer the controller leader (term %d)", node.term)
         elif leading and not self._serving:
-            if not self.store.caught_up() or self.applied_index < self.store.entries.committed_index:
+            if (not self.store.caught_up() or self.applied_index < self.store.entries.committed_index
+                    or not self.replayable()):  # fmt: skip
                 return
             self.store.resume_queue_offsets()
             self._serving = True
@@ -426,49 +442,8 @@ class ControllerServer:
                 del self._electing[group]
                 self._proposals.pop(proposal.index, None)
 
-    # -- snapshots and retention -----------------------------------------------------------
-
-    async def _snapshotter(self) -> None:
-        while True:
-            await self._snapshot_due.wait()
-            self._snapshot_due = trio.Event()
-            data, index = self.state.snapshot(), self.applied_index
-            await trio.to_thread.run_sync(self._write_snapshot_file, data)
-            self.snapshot_index = index
-            LOGGER.info("controller snapshot at entry %d (%d bytes)", index, len(data))
-            async with self.driver.files_quiet():  # no sync of a file being deleted
-                self.retain()
-        raise AssertionError("unreachable")
-
-    def _write_snapshot(self) -> None:
-        self._write_snapshot_file(self.state.snapshot())
-        self.snapshot_index = self.applied_index
-
-    def _write_snapshot_file(self, data: bytes) -> None:
-        """Write to a temporary file, fsync, rename over the snapshot, fsync the directory: the
-        snapshot on disk is always a whole one."""
-        directory = os.path.dirname(self.snapshot_path)
-        os.makedirs(directory, exist_ok=True)
-        temporary = self.snapshot_path + ".tmp"
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.snapshot_path)
-        fsync_directory(directory)
-
     def retain(self) -> list[str]:
-        """Delete whole entry files below the snapshot and the core's floor (what no member may
-        still need; never regardless of the floor), after each snapshot: entries the floor held
-        back go after a later one."""
-        keep_from = min(self.snapshot_index + 1, self.driver.node.retention_floor())
-        if keep_from <= self.store.entries.first_index():
-            return []
-        deleted = self.store.clean_expired(keep_from_index=keep_from, over_ratio=False)
-        if deleted:
-            LOGGER.info("retention deleted %d entry file(s); the log starts at entry %d (snapshot at %d)", len(deleted),
-                        self.store.entries.first_index(), self.snapshot_index)  # fmt: skip
-        return deleted
+        return self.snapshots.retain()
 
     # -- status ----------------------------------------------------------------------------
 

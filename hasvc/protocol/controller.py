@@ -12,6 +12,7 @@ controller answers each, in any order, matched by the request id the broker chos
     kind 3 ALTER_SYNC_STATE_SET  group, master_id, epoch, sync_state_set_epoch, sync_state_set
     kind 4 STATUS                (no field)
     kind 5 ELECT                 group, broker_id (the member to make master; null: the controller picks)
+    kind 6 SNAPSHOT              index, offset (a controller fetching another's state: one chunk)
     kind 128 + k                 the answer to kind k
 
 Every answer has ``status`` ("OK", "NOT_LEADER", "REFUSED"); one that is not OK has ``reason``,
@@ -20,7 +21,9 @@ the set it must go on with from it) (the controller leader's address as HOST:POR
 known). An OK answer to REGISTER, HEARTBEAT, ALTER_SYNC_STATE_SET or ELECT carries the group's
 view (``GroupView``: master, its addresses, epoch, SyncStateSet and its epoch; REGISTER's the
 broker's id too, HEARTBEAT's ``lease``: whether the asking master may acknowledge for
-``master_lease_seconds`` from when it sent the heartbeat); an OK answer to STATUS carries ``controller``, the controller's status object.
+``master_lease_seconds`` from when it sent the heartbeat); an OK answer to STATUS carries ``controller``, the controller's status object;
+an OK answer to SNAPSHOT one chunk of the answering controller's state snapshot (``SnapshotChunk``:
+``index``, ``size``, ``offset``, ``data`` as base64; ``hasvc.state.controller.snapshot_transfer``).
 
 Controller traffic is a few small requests a second per broker, off the data path, so bodies are
 JSON objects with named fields, as RocketMQ's remoting headers are. The decoder checks every
@@ -33,6 +36,8 @@ docs/PROTOCOL.md §5 has the byte tables.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import json
 import struct
@@ -49,6 +54,9 @@ TEXT_SIZE_MAX: Final = 4096
 SYNC_STATE_SET_SIZE_MAX: Final = 64
 # Request ids, broker ids, epochs and offsets fit an i64 (Java's long, the store's offsets).
 INT_MAX: Final = (1 << 63) - 1
+# One SNAPSHOT answer's chunk of a state snapshot: base64 makes it 683 KiB, under FRAME_SIZE_MAX_DEFAULT
+# with room for the other fields (a snapshot is up to 64 MiB: SNAPSHOT_SIZE_MAX, in 128 chunks).
+SNAPSHOT_CHUNK_SIZE_MAX: Final = 512 * 1024
 
 FRAME_HEADER = struct.Struct(">IBI")  # length of what follows (kind, request id, body), kind, request id
 assert FRAME_HEADER.size == 9
@@ -61,9 +69,10 @@ HEARTBEAT: Final = 2
 ALTER_SYNC_STATE_SET: Final = 3
 STATUS: Final = 4
 ELECT: Final = 5
+SNAPSHOT: Final = 6
 ANSWER: Final = 128  # answer kind = ANSWER + request kind
 KIND_NAMES: Final = {REGISTER: "REGISTER", HEARTBEAT: "HEARTBEAT", ALTER_SYNC_STATE_SET: "ALTER_SYNC_STATE_SET",
-                     STATUS: "STATUS", ELECT: "ELECT"}  # fmt: skip
+                     STATUS: "STATUS", ELECT: "ELECT", SNAPSHOT: "SNAPSHOT"}  # fmt: skip
 
 STATUS_OK: Final = "OK"
 STATUS_NOT_LEADER: Final = "NOT_LEADER"
@@ -143,6 +152,17 @@ def _object(value, name: str) -> dict:
     return value
 
 
+def _base64(value, name: str) -> bytes:
+    if type(value) is not str:
+        raise ProtocolError(f"field {name!r} must be a base64 string, not {_json_type(value)}")
+    if len(value) > (SNAPSHOT_CHUNK_SIZE_MAX + 2) // 3 * 4:
+        raise ProtocolError(f"field {name!r} holds more than {SNAPSHOT_CHUNK_SIZE_MAX} bytes")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError(f"field {name!r} is not base64") from None
+
+
 def _json_type(value) -> str:
     return {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
             bool: "true/false", type(None): "null"}.get(type(value), type(value).__name__)  # fmt: skip
@@ -150,7 +170,7 @@ def _json_type(value) -> str:
 
 _CHECKS = {"text": _name, "optional_text": _optional_text, "count": _count, "broker_id": _broker_id,
            "optional_broker_id": _optional_broker_id, "id_set": _id_set, "status": _status, "object": _object,
-           "boolean": _boolean}  # fmt: skip
+           "boolean": _boolean, "base64": _base64}  # fmt: skip
 
 
 def _checked(fields: dict[str, str], body: dict, what: str) -> dict:
@@ -222,9 +242,22 @@ class ElectRequest:
     broker_id: int | None
 
 
-Request = RegisterRequest | HeartbeatRequest | AlterSyncStateSetRequest | StatusRequest | ElectRequest
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotRequest:
+    """One chunk of the answering controller's state snapshot, asked by a controller whose log
+    starts past its state (the leader RESET it). ``offset`` 0: a snapshot reflecting at least
+    Raft entry ``index``; above 0: the bytes from ``offset`` of the snapshot of exactly ``index``
+    (the one the first chunk's answer named)."""
+
+    KIND: ClassVar[int] = SNAPSHOT
+    FIELDS: ClassVar[dict] = {"index": "count", "offset": "count"}
+    index: int
+    offset: int
+
+
+Request = RegisterRequest | HeartbeatRequest | AlterSyncStateSetRequest | StatusRequest | ElectRequest | SnapshotRequest
 REQUEST_TYPES: Final = {cls.KIND: cls for cls in (RegisterRequest, HeartbeatRequest, AlterSyncStateSetRequest,
-                                                  StatusRequest, ElectRequest)}  # fmt: skip
+                                                  StatusRequest, ElectRequest, SnapshotRequest)}  # fmt: skip
 
 
 # -- answers -----------------------------------------------------------------------------------
@@ -250,6 +283,22 @@ class GroupView:
     lease: bool | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    """An OK SNAPSHOT answer's part: ``data`` is the snapshot's bytes from ``offset`` (the last
+    chunk ends at ``size``)."""
+
+    FIELDS: ClassVar[dict] = {"index": "count", "size": "count", "offset": "count", "data": "base64"}
+    index: int  # the Raft index the snapshot reflects
+    size: int  # the whole snapshot's bytes
+    offset: int
+    data: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.data) > SNAPSHOT_CHUNK_SIZE_MAX or self.offset + len(self.data) > self.size:
+            raise ValueError(f"a snapshot chunk of {len(self.data)} bytes at {self.offset} of {self.size}")
+
+
 # OK answers: the fields each kind carries besides ``status`` (a GroupView's are flattened in).
 _OK_FIELDS: Final = {
     REGISTER: {"broker_id": "broker_id", **GroupView.FIELDS},
@@ -257,6 +306,7 @@ _OK_FIELDS: Final = {
     ALTER_SYNC_STATE_SET: dict(GroupView.FIELDS),
     ELECT: dict(GroupView.FIELDS),
     STATUS: {"controller": "object"},
+    SNAPSHOT: dict(SnapshotChunk.FIELDS),
 }
 
 
@@ -273,18 +323,21 @@ class Answer:
     view: GroupView | None = None
     broker_id: int | None = None  # REGISTER
     controller: dict | None = None  # STATUS
+    snapshot: SnapshotChunk | None = None  # SNAPSHOT
 
     def __post_init__(self) -> None:
         if self.kind not in REQUEST_TYPES or self.status not in ANSWER_STATUSES:
             raise ValueError(f"an answer of kind {self.kind} with status {self.status!r}")
         if self.status == STATUS_OK:
-            if (self.kind == STATUS) != (self.controller is not None) or (self.kind != STATUS) != (self.view is not None):
-                raise ValueError(f"an OK {KIND_NAMES[self.kind]} answer needs {'controller' if self.kind == STATUS else 'view'} alone")
+            if ((self.kind == STATUS) != (self.controller is not None) or (self.kind == SNAPSHOT) != (self.snapshot is not None)
+                    or (self.kind not in (STATUS, SNAPSHOT)) != (self.view is not None)):  # fmt: skip
+                raise ValueError(f"an OK {KIND_NAMES[self.kind]} answer needs "
+                                 f"{ {STATUS: 'controller', SNAPSHOT: 'snapshot'}.get(self.kind, 'view')} alone")
             if (self.kind == REGISTER) != (self.broker_id is not None):
                 raise ValueError("broker_id goes in an OK REGISTER answer only")
             if self.kind == HEARTBEAT and self.view.lease is None:
                 raise ValueError("an OK HEARTBEAT answer's view says whether it grants a lease (true or false)")
-        elif self.reason is None or self.controller is not None or self.broker_id is not None:
+        elif self.reason is None or self.controller is not None or self.broker_id is not None or self.snapshot is not None:
             raise ValueError(f"a {self.status} answer has a reason and nothing but leader (or a refused set change's view)")
         elif (self.view is not None) != (self.status == STATUS_REFUSED and self.kind == ALTER_SYNC_STATE_SET):
             raise ValueError("a REFUSED ALTER_SYNC_STATE_SET answer carries the group's view, no other answer that is not OK")
@@ -319,6 +372,10 @@ def _answer_body(answer: Answer) -> dict:
     if answer.kind == STATUS:
         body["controller"] = answer.controller
         return body
+    if answer.kind == SNAPSHOT:
+        chunk = answer.snapshot
+        body.update(index=chunk.index, size=chunk.size, offset=chunk.offset, data=base64.b64encode(chunk.data).decode())
+        return body
     if answer.kind == REGISTER:
         body["broker_id"] = answer.broker_id
     view = dataclasses.asdict(answer.view)
@@ -347,6 +404,11 @@ def _decode_answer(kind: int, body: dict) -> Answer:
     fields = _checked({"status": "status", **_OK_FIELDS[kind]}, body, what)
     if kind == STATUS:
         return Answer(kind, status, controller=fields["controller"])
+    if kind == SNAPSHOT:
+        try:
+            return Answer(kind, status, snapshot=SnapshotChunk(**{name: fields[name] for name in SnapshotChunk.FIELDS}))
+        except ValueError as error:
+            raise ProtocolError(f"{what}: {error}") from None
     return Answer(kind, status, view=_view(fields, what), broker_id=fields.get("broker_id"))
 
 

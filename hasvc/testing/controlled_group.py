@@ -25,7 +25,8 @@ GROUP = "g"
 
 class ControlledGroup:
     def __init__(self, directory: str, *, controllers: int = 1, segment_size: int = 1024 * 1024,
-                 settings: dict | None = None, group: str = GROUP, secret: bytes | None = None) -> None:  # fmt: skip
+                 settings: dict | None = None, group: str = GROUP, secret: bytes | None = None,
+                 controller_args: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.directory = str(directory)
         self.group = group
         self.segment_size = segment_size
@@ -36,7 +37,8 @@ class ControlledGroup:
             self.secret_file = os.path.join(self.directory, "secret")
             with open(os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
                 file.write(secret)
-        self.controllers = ControllerGroup(self.directory, controllers, secret_file=self.secret_file)
+        self.controllers = ControllerGroup(self.directory, controllers, secret_file=self.secret_file,
+                                           extra_args=controller_args)  # fmt: skip
         self.brokers: dict[str, ReadyProcess] = {}
         self.stores: dict[str, str] = {}
 

@@ -24,7 +24,11 @@ The model
   master acknowledges a write when ``confirm_offset(now)`` reaches it (lease, set size, every
   counted member holds it); writes wait at most ``WRITE_TIMEOUT_SECONDS``.
 * **Faults**: broker kills and restarts (a process kill: the page cache survives, so a killed
-  broker's log is intact; power loss is *not* modelled), partitions (a broker alone, a broker with
+  broker's log is intact), power losses of a master (in seeds with ``min_in_sync_replicas`` >= 2,
+  ``POWER_LOSS_SHARE`` of the kills of a master whose SyncStateSet holds another member: a
+  random part of what it appended since its last flush, every ``FLUSH_EVERY_SECONDS``, is gone
+  when it restarts; a set of one is left out: acknowledged writes it lost may then be held only
+  by members outside the set, which no clean election can pick), partitions (a broker alone, a broker with
   the client -- a master the clients reach but the controllers do not --, the controllers alone,
   any split of brokers, client and controllers),
   heals, message delay, loss, duplication and reordering, controller leader changes, and an
@@ -64,7 +68,8 @@ from hasvc.state.controller.elect import ElectionTracker
 from hasvc.state.controller.sync_set import SyncStateSetTracker
 from hasvc.testing.checker import SafetyViolation
 from hasvc.testing.controller_sim_model import (_MUTATED, CHAOS_SECONDS, CLIENT, CLIENT_RETRY_SECONDS, CONTROLLERS,
-                                                DECIDE_EVERY_SECONDS, GROUP, MUTATIONS, SETTLE_PROGRESS_SECONDS,
+                                                DECIDE_EVERY_SECONDS, FLUSH_EVERY_SECONDS, GROUP, MUTATIONS, POWER_LOSS_SHARE,
+                                                SETTLE_PROGRESS_SECONDS,
                                                 SETTLE_SECONDS, TRANSFER_EVERY_SECONDS, UNCLEAN_SHARE, Ack, Bye,
                                                 ControllerChecker, ControllerReply, ControllerRequest, Hello,
                                                 HelloAnswer, Put, PutReply, SeedReport, Transfer)  # fmt: skip
@@ -98,6 +103,8 @@ class ControllerSim:
         self._ids = 0
         self.checker = ControllerChecker(self.unclean)
         self.crashes = self.elections = self.controller_changes = self.switchovers = 0
+        self.power_losses = 0
+        self.power_rng = random.Random(f"controller-sim-power-{seed}")  # apart: the other faults' draws stay
         self.truncations = self.set_changes = 0
         self.epochs_elected: list[int] = []
         self.controllers = Controllers(self)
@@ -136,13 +143,20 @@ class ControllerSim:
         self.broker_timer(broker, self.timings.broker_heartbeat_interval_seconds, broker.heartbeat_timer)
         self.broker_timer(broker, TRANSFER_EVERY_SECONDS, broker.transfer_timer)
         self.broker_timer(broker, 0.05, broker.release)
+        self.broker_timer(broker, FLUSH_EVERY_SECONDS, broker.flush)
 
     def crash(self, broker: Broker, *, restart_after: float | None = None) -> None:
         self.crashes += 1
+        power_loss = (broker.tracker is not None and self.timings.min_in_sync_replicas >= 2
+                      and len(broker.tracker.sync_state_set) >= 2
+                      and self.power_rng.random() < POWER_LOSS_SHARE)  # fmt: skip
         if broker.tracker is not None:
             self.checker.on_kill(broker.tracker.epoch, self.now)
         broker.up = False
         broker.reset_process()  # its waiting writes are never answered: the client's retry notices
+        if power_loss:
+            self.power_losses += 1
+            broker.lose_power(self.power_rng)
         self.network.discard_to(broker.name)
         if restart_after is None:
             restart_after = self.rng.uniform(0.1, 1.5)
@@ -257,7 +271,7 @@ class ControllerSim:
         return SeedReport(self.seed, len(self.brokers), self.timings.min_in_sync_replicas, self.unclean, self.events,
                           self.crashes, len(self.checker.acked), self.elections, self.controller_changes,
                           self.switchovers, self.truncations, self.set_changes,
-                          tuple(self.checker.failovers))  # fmt: skip
+                          tuple(self.checker.failovers), self.power_losses)  # fmt: skip
 
     def settle(self) -> None:
         """Heal, bring every broker up, and require the controller's master to acknowledge writes
@@ -315,10 +329,11 @@ def kill_master_failover(seed: int, *, brokers: int = 3, min_in_sync_replicas: i
 def failover_summary(reports: list[SeedReport]) -> str:
     """p50 and p99 of the simulated kill-to-first-acknowledgement times over ``reports``."""
     times = sorted(t for report in reports for t in report.failovers)
+    power_losses = f"{sum(report.power_losses for report in reports)} power losses of a master, "
     if not times:
-        return "no failovers measured"
+        return power_losses + "no failovers measured"
     p50, p99 = times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))]
-    return (f"{len(times)} failovers (master killed -> first write acknowledged in a newer epoch) "
+    return (f"{power_losses}{len(times)} failovers (master killed -> first write acknowledged in a newer epoch) "
             f"p50 {p50:.2f} s, p99 {p99:.2f} s")  # fmt: skip
 
 

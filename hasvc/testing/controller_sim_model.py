@@ -10,6 +10,7 @@ from typing import Any
 from commitlog.epoch import EpochEntry
 from hasvc.state.controller.elect import ElectionTracker
 from hasvc.state.controller.sync_set import SyncStateSetTracker
+from hasvc.state.controller.state import ControllerState
 from hasvc.testing.checker import SafetyViolation
 
 
@@ -30,6 +31,11 @@ SESSION_IDLE_SECONDS = 1.0  # a master drops a slave session silent this long (t
 WRITE_TIMEOUT_SECONDS = 1.0  # a write waiting for acks longer than this fails (FLUSH_SLAVE_TIMEOUT)
 CLIENT_RETRY_SECONDS = 0.3  # the client tries another broker after this long without an answer
 UNCLEAN_SHARE = 0.1  # of the seeds allow unclean election (the loss checks are off there)
+FLUSH_EVERY_SECONDS = 0.2  # a broker's asynchronous flush: a power loss keeps what it flushed
+# Of the master kills in seeds with min_in_sync_replicas >= 2, these are power losses: the log
+# loses a random part of its unflushed tail (with min_in_sync_replicas 1 a lone master
+# acknowledges what only it holds, and a power loss loses it: that setting's stated cost).
+POWER_LOSS_SHARE = 0.5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,6 +55,7 @@ class SeedReport:
     # Simulated seconds from a master's kill to the first write acknowledged in a newer epoch,
     # one per kill of an acknowledging master followed by a failover (other faults may intervene).
     failovers: tuple[float, ...] = ()
+    power_losses: int = 0  # master kills that also dropped an unflushed tail
 
 
 # -- messages ------------------------------------------------------------------------------------
@@ -218,13 +225,32 @@ class _ElectOutsideSet(ElectionTracker):
 
     __slots__ = ()
 
-    def _choose(self, name, group, now, *, exclude):
+    def _choose(self, name, group, now, *, exclude, heard=None):
         alive = [b for b in sorted(group.members) if b != exclude and self.alive(name, b, now)]
         return self._best(name, alive), True
 
 
+class _ResumeAfterRestart(ElectionTracker):
+    """Restarts ignored (the rule before a power loss was considered): a restarted master is
+    named again in its own epoch with its lease, its shorter log serving the epoch whose writes
+    it acknowledged."""
+
+    __slots__ = ()
+
+    def decide(self, state, now):
+        return super().decide(_without_restarts(state), now)
+
+    def answer(self, state, group, broker_id, now):
+        return super().answer(_without_restarts(state), group, broker_id, now)
+
+
+def _without_restarts(state: ControllerState) -> ControllerState:
+    groups = {name: dataclasses.replace(group, restarted=frozenset()) for name, group in state.groups.items()}
+    return ControllerState(groups, state.applied_index)
+
+
 MUTATIONS = {"expand-after-accept": "tracker", "shrink-before-accept": "tracker", "ack-without-lease": "tracker",
-             "grant-without-hold": "elect", "elect-outside-set": "elect"}  # fmt: skip
+             "grant-without-hold": "elect", "elect-outside-set": "elect", "resume-after-restart": "elect"}  # fmt: skip
 _MUTATED = {"expand-after-accept": _ExpandAfterAccept, "shrink-before-accept": _ShrinkBeforeAccept,
             "ack-without-lease": _AckWithoutLease, "grant-without-hold": _GrantWithoutHold,
-            "elect-outside-set": _ElectOutsideSet}  # fmt: skip
+            "elect-outside-set": _ElectOutsideSet, "resume-after-restart": _ResumeAfterRestart}  # fmt: skip

@@ -36,12 +36,14 @@ class Broker:
         self.log_epochs: list[int] = []  # the epoch of each offset (for transfers)
         self.epochs: list[EpochEntry] = []
         self.broker_id: int | None = None
+        self.flushed = 0  # the log's length at the last flush: what a power loss keeps
         self.up = True
         self.reset_process()
 
     def reset_process(self) -> None:
         """What a process holds and loses on a kill (the log and epoch table stay)."""
         self.role = agent.Role.NONE
+        self.registered = False  # a process registers once, at its start (as hasvc broker does)
         self.following: int | None = None
         self.master_node: str | None = None
         self.tracker: SyncStateSetTracker | None = None
@@ -58,6 +60,18 @@ class Broker:
     @property
     def last_epoch(self) -> int:
         return self.epochs[-1].epoch if self.epochs else 0
+
+    def flush(self) -> None:
+        self.flushed = len(self.log)
+
+    def lose_power(self, rng) -> None:
+        """A power loss while down: a random part of the unflushed tail is gone (the epoch table,
+        written at each promotion, keeps the epochs that start within what is left)."""
+        cut = rng.randint(min(self.flushed, len(self.log)), len(self.log))
+        del self.log[cut:]
+        del self.log_epochs[cut:]
+        self.epochs = [entry for entry in self.epochs if entry.start_offset <= cut]
+        self.flushed = cut
 
     def local(self) -> agent.LocalState:
         return agent.LocalState(self.broker_id, self.role, self.last_epoch, len(self.log), self.following)
@@ -77,7 +91,7 @@ class Broker:
 
     def heartbeat_timer(self) -> None:
         sim = self.sim
-        if self.broker_id is None:
+        if not self.registered:
             self.ask_controller(Register(GROUP, self.identity, f"{self.name}:client", self.name))
         else:
             self.ask_controller(HeartbeatBody(self.broker_id, self.last_epoch, len(self.log)))
@@ -99,6 +113,7 @@ class Broker:
         self.controller = source
         if isinstance(body, Register):
             self.broker_id = reply.body
+            self.registered = True
         elif isinstance(body, HeartbeatBody):
             self.on_heartbeat_answer(reply.body, sent_at)
         elif self.tracker is not None and body.epoch == self.tracker.epoch:
@@ -374,7 +389,8 @@ class Controllers:
         group = self.state.groups.get(GROUP)
         if group is None or group.master_id is None or not self.in_office(self.leader):
             return
-        others = [b for b in sorted(group.sync_state_set - {group.master_id}) if self.tracker.alive(GROUP, b, sim.now)]
+        others = [b for b in sorted(group.sync_state_set - {group.master_id} - group.restarted)  # a restarted one: refused
+                  if self.tracker.alive(GROUP, b, sim.now)]  # fmt: skip
         if others:
             sim.switchovers += 1
             self.propose(Elect(GROUP, sim.rng.choice(others), group.epoch, "operator switchover"), None)

@@ -26,9 +26,13 @@ def test_a_slave_named_master_in_a_newer_epoch_promotes_then_renews():
     assert plan(local, _answer(1, 4, lease=True), 7.5) == [Promote(4), RenewLease(7.5)]
 
 
-def test_a_restarted_broker_named_master_in_its_own_epoch_resumes():
+def test_a_restarted_broker_named_master_in_its_own_epoch_resumes_only_with_a_lease():
+    """Without the lease the controller has not let it resume (it may have lost unflushed bytes
+    it acknowledged): appending at a shorter end would make its epoch differ from its slaves'."""
     local = LocalState(1, Role.NONE, 4, 500)
-    assert plan(local, _answer(1, 4), 1.0) == [Promote(4)]
+    assert plan(local, _answer(1, 4), 1.0) == []
+    assert plan(local, _answer(1, 4, lease=True), 1.0) == [Promote(4), RenewLease(1.0)]
+    assert plan(local, _answer(1, 5), 1.0) == [Promote(5)]  # elected again, into a new epoch
 
 
 def test_a_serving_master_only_renews_its_lease():

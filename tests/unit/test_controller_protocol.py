@@ -23,6 +23,7 @@ requests = st.one_of(
     st.builds(cp.AlterSyncStateSetRequest, names, broker_ids, counts, counts, id_sets),
     st.just(cp.StatusRequest()),
     st.builds(cp.ElectRequest, names, st.none() | broker_ids),
+    st.builds(cp.SnapshotRequest, counts, counts),
 )
 
 
@@ -42,6 +43,9 @@ answers = st.one_of(
     st.builds(lambda view, broker_id: cp.Answer(cp.REGISTER, "OK", view=view, broker_id=broker_id), views(), broker_ids),
     st.builds(lambda status: cp.Answer(cp.STATUS, "OK", controller=status),
               st.dictionaries(names, st.none() | st.integers() | names, max_size=4)),  # fmt: skip
+    st.builds(lambda index, offset, data, tail: cp.Answer(cp.SNAPSHOT, "OK", snapshot=cp.SnapshotChunk(
+        index, offset + len(data) + tail, offset, data)), counts, st.integers(0, 1 << 40), st.binary(max_size=64),
+        st.integers(0, 1 << 20)),  # fmt: skip
     st.builds(cp.not_leader, st.sampled_from(list(cp.REQUEST_TYPES)), st.none() | st.just("127.0.0.1:9"), names),
     st.builds(cp.refused, st.sampled_from([k for k in cp.REQUEST_TYPES if k != cp.ALTER_SYNC_STATE_SET]), names),
     st.builds(lambda reason, view: cp.refused(cp.ALTER_SYNC_STATE_SET, reason, view), names, views()),
@@ -54,6 +58,8 @@ SAMPLE_REQUESTS = [
     cp.StatusRequest(),
     cp.ElectRequest("g1", None),
     cp.ElectRequest("g1", 2),
+    cp.SnapshotRequest(1200, 0),
+    cp.SnapshotRequest(1203, 524288),
 ]
 VIEW = cp.GroupView("g1", 1, "127.0.0.1:10911", "127.0.0.1:10912", 3, (1, 2), 7)
 SAMPLE_ANSWERS = [
@@ -66,6 +72,8 @@ SAMPLE_ANSWERS = [
     cp.not_leader(cp.HEARTBEAT, None, "no leader is known yet"),
     cp.refused(cp.ALTER_SYNC_STATE_SET, "epoch 2 is not the current epoch 3", VIEW),
     cp.refused(cp.REGISTER, "the controller holds 4096 groups already"),
+    cp.Answer(cp.SNAPSHOT, "OK", snapshot=cp.SnapshotChunk(1203, 10, 4, b"\x00\xffHCS1")),
+    cp.refused(cp.SNAPSHOT, "the state reflects entry 12, below the 1200 asked"),
 ]
 
 
@@ -109,6 +117,12 @@ def test_byte_table_of_a_heartbeat():
     data = cp.encode_request(5, cp.HeartbeatRequest("g1", 2, 3, 4096))
     body = b'{"group":"g1","broker_id":2,"epoch":3,"max_offset":4096}'
     assert data == (5 + len(body)).to_bytes(4, "big") + b"\x02" + (5).to_bytes(4, "big") + body
+
+
+def test_byte_table_of_a_snapshot_request():
+    """The bytes docs/PROTOCOL.md shows for SNAPSHOT."""
+    data = cp.encode_request(1, cp.SnapshotRequest(290, 0))
+    assert data == bytes.fromhex("0000001d" "06" "00000001") + b'{"index":290,"offset":0}'
 
 
 @given(st.lists(st.tuples(request_ids, requests), max_size=5), st.integers(1, 40))
@@ -192,6 +206,12 @@ def _raw(kind: int, body: bytes, request_id: int = 1) -> bytes:
     (cp.ANSWER + cp.ELECT, b'{"status":"OK","group":"g","master_id":1,"master_client_address":null,'
      b'"master_ha_address":null,"epoch":1,"sync_state_set":[1],"sync_state_set_epoch":1,"lease":true}', True,
      "unknown field 'lease'"),
+    (cp.SNAPSHOT, b'{"index":1}', False, "'offset' is missing"),
+    (cp.ANSWER + cp.SNAPSHOT, b'{"status":"OK","index":1,"size":3,"offset":0,"data":"!!!!"}', True, "not base64"),
+    (cp.ANSWER + cp.SNAPSHOT, b'{"status":"OK","index":1,"size":3,"offset":0,"data":1}', True, "base64 string"),
+    (cp.ANSWER + cp.SNAPSHOT, b'{"status":"OK","index":1,"size":2,"offset":0,"data":"QUJD"}', True,
+     "a snapshot chunk of 3 bytes at 0 of 2"),
+    (cp.ANSWER + cp.SNAPSHOT, b'{"status":"OK","index":1,"size":3,"offset":0}', True, "'data' is missing"),
 ])  # fmt: skip
 def test_bad_fields_are_protocol_errors(kind, body, answers, message):
     with pytest.raises(ProtocolError, match=message):

@@ -42,3 +42,26 @@ def test_the_controller_group_timings_are_checked(tmp_path):
     with pytest.raises(ValueError, match="1, 3 or 5"):
         ControllerConfig(store=str(tmp_path), listen=("127.0.0.1", 0), self_id="a",
                          peers={"a": ("127.0.0.1", 1), "b": ("127.0.0.1", 2)}).validate()  # fmt: skip
+
+
+async def test_an_operators_elect_of_a_restarted_member_is_refused_and_another_is_picked(tmp_path):
+    """A member that restarted since it entered the SyncStateSet may have lost acknowledged writes
+    (a power loss): not elected by hand; any other member of the set holds them all."""
+    import trio
+
+    from hasvc.protocol import controller as cp
+    from hasvc.state.controller import state as cs
+
+    server = _server(tmp_path)
+    for number in (1, 2, 3):
+        server.state.apply(cs.Register("g", f"store-{number}", f"h{number}:1", f"h{number}:2"))
+    server.state.apply(cs.Elect("g", 1, 0, "first"))
+    server.state.apply(cs.AlterSyncStateSet("g", 1, 1, 1, frozenset({1, 2, 3})))
+    server.state.apply(cs.Register("g", "store-2", "h2:1", "h2:2"))  # broker 2's process started again
+    now = trio.current_time()
+    server.tracker.became_leader(now)
+    for broker_id, end in ((1, 100), (2, 900), (3, 300)):  # 2's longest log does not make it electable by hand
+        server.tracker.heartbeat("g", broker_id, 1, end, now)
+    refused = server.port._switchover(cp.ElectRequest("g", 2))
+    assert isinstance(refused, cp.Answer) and "restarted" in refused.reason
+    assert server.port._switchover(cp.ElectRequest("g", None)).new_master_id == 3

@@ -12,7 +12,11 @@ follows) and returns the effects, in order, for the driver to carry out:
   promotion (cut a partial record, append the epoch at the log's end, rebuild the producer
   table), then serve slaves with a new ``SyncStateSetTracker`` (its set from the answer);
 * named master in the epoch its log already ends in, but not serving as master (a restarted
-  process) → ``Promote(epoch)`` too: the driver resumes without appending the epoch again;
+  process) → ``Promote(epoch)`` too, but only on an answer that grants the lease: the driver
+  resumes without appending the epoch again. Without the lease nothing: the controller does not
+  let a restarted master resume in its epoch (it may have lost unflushed bytes it acknowledged;
+  appending new writes at a shorter end would make its epoch differ from its slaves' at the
+  same offsets) but elects the longest log of the SyncStateSet into a new epoch;
 * named master and serving → ``RenewLease(sent_at)`` when the answer grants it (the
   tracker's ``renew``), nothing otherwise (the lease runs out by itself);
 * another broker named master → ``FollowMaster(master_id, ha_address, client_address)`` unless
@@ -90,6 +94,8 @@ def plan(local: LocalState, answer: HeartbeatAnswer, sent_at: float) -> list[Eff
             return [Fence(f"the controller names no master of group {answer.group!r} in epoch {answer.epoch}")]
         return []
     if answer.master_id == local.broker_id:
+        if local.role is not Role.MASTER and answer.epoch == local.epoch and not answer.lease:
+            return []  # a restarted master: the controller elects into a new epoch (see the module)
         if local.role is not Role.MASTER or answer.epoch > local.epoch:
             effects: list[Effect] = [Promote(answer.epoch)]
         else:

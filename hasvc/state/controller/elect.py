@@ -21,11 +21,26 @@ that moment, so it never elects on what an older leader heard.
   (or, unclean, any). A decision is made once per (group, epoch, master); it is proposed again
   after another heartbeat timeout if the state has not moved (a lost proposal). A stale decision
   is harmless: ``Elect`` carries the epoch it was made in.
+* A master that **restarted** (in ``GroupState.restarted``: it registered again) may have
+  lost unflushed bytes it acknowledged (a power loss; a process kill loses nothing, the page
+  cache survives), so it is not named again in its epoch: once every member of the SyncStateSet
+  has heartbeaten since this leader noticed the restart or lapsed (their log ends cannot grow while their master is down, and every one of them holds
+  every acknowledged write), the member of the set so heard with the highest ``(epoch,
+  max_offset)`` is elected into a new epoch -- the
+  restarted master itself when its log is the longest (ties to the lowest id). A member that
+  lost entries it acknowledged does not count until caught up (the DLedger side's rule): the
+  restarted master never serves its shorter log in the epoch whose writes it acknowledged (until
+  the election the answers name no master: a power loss may have cut the epoch's entry from its
+  table too, and it must not open that epoch again at another offset). Any
+  election from a set with a restarted member (a lapsed master, a group with no master) waits
+  the same way and counts only the members heard since; and a restarted member is elected only
+  when every member of the set was heard since (a lapsed one -- down, or cut off from the
+  controllers -- may hold what it lost).
 * ``answer(state, group, broker_id, now)`` is what the leader tells a heartbeating broker: the
   master, its addresses, the epoch and the SyncStateSet, and ``lease``: whether the master may
   acknowledge for ``master_lease_seconds`` from when it sent this heartbeat. The lease is
   withheld (1) from a master this leader has decided lapsed (its ``Elect`` may be in flight: a
-  renewed lease would let it acknowledge after its successor starts) and (2) from the first
+  renewed lease would let it acknowledge after its successor starts) or that restarted, and (2) from the first
   master of a newer epoch until ``master_lease_seconds`` after this leader last granted a lease
   to an older epoch's master (an operator's switchover elects while the old master's lease
   holds; an election on a lapse waited far longer than that already).
@@ -80,7 +95,7 @@ class _Decision:
 class ElectionTracker:
     """The controller leader's view of the brokers (see the module's theory of operation)."""
 
-    __slots__ = ("timings", "leader_since", "_liveness", "_decisions", "_grants")
+    __slots__ = ("timings", "leader_since", "_liveness", "_decisions", "_grants", "_restarts")
 
     def __init__(self, timings: ControllerTimings) -> None:
         self.timings = timings.validate()
@@ -88,6 +103,7 @@ class ElectionTracker:
         self._liveness: dict[tuple[str, int], Liveness] = {}
         self._decisions: dict[str, _Decision] = {}  # group -> the Elect last proposed for it
         self._grants: dict[str, tuple[int, float]] = {}  # group -> (epoch, when) of the last lease granted
+        self._restarts: dict[str, tuple[tuple, float]] = {}  # group -> ((epoch, restarted), when this leader noticed them)
 
     def became_leader(self, now: float) -> None:
         """This controller leads from ``now``: forget everything an earlier term heard."""
@@ -95,12 +111,14 @@ class ElectionTracker:
         self._liveness.clear()
         self._decisions.clear()
         self._grants.clear()
+        self._restarts.clear()
 
     def stepped_down(self) -> None:
         self.leader_since = math.inf
         self._liveness.clear()
         self._decisions.clear()
         self._grants.clear()
+        self._restarts.clear()
 
     def heartbeat(self, group: str, broker_id: int, epoch: int, max_offset: int, now: float) -> None:
         self._liveness[(group, broker_id)] = Liveness(now, epoch, max_offset)
@@ -137,28 +155,78 @@ class ElectionTracker:
         return elections
 
     def _decide_group(self, name: str, group: GroupState, now: float) -> Elect | None:
-        if group.master_id is not None:
-            if not self.lapsed(name, group.master_id, now):
+        if group.master_id is not None and not self.lapsed(name, group.master_id, now):
+            return self._decide_restarted(name, group, now) if group.master_restarted else None
+        heard = None  # with a restarted member in the set: the members heard since (None: all alive count)
+        if group.restarted:
+            heard = self._heard_since_restart(name, group, now)
+            if heard is None:
                 return None
-            chosen, clean = self._choose(name, group, now, exclude=group.master_id)
+        if group.master_id is not None:
+            chosen, clean = self._choose(name, group, now, exclude=group.master_id, heard=heard)
             if chosen is None:
                 return Elect(name, None, group.epoch, f"master {group.master_id} lapsed; no member of the "
                              f"SyncStateSet {sorted(group.sync_state_set)} is alive")  # fmt: skip
             return Elect(name, chosen, group.epoch, f"master {group.master_id} lapsed" + _unclean_note(clean))
-        chosen, clean = self._choose(name, group, now, exclude=None)
+        chosen, clean = self._choose(name, group, now, exclude=None, heard=heard)
         if chosen is None:
             return None
         why = "first master of the group" if group.epoch == 0 else "a member the group may elect is back"
         return Elect(name, chosen, group.epoch, why + _unclean_note(clean))
 
-    def _choose(self, name: str, group: GroupState, now: float, *, exclude: int | None) -> tuple[int | None, bool]:
-        """(broker id, clean) of the best alive candidate; (None, True) when none may be elected."""
+    def _decide_restarted(self, name: str, group: GroupState, now: float) -> Elect | None:
+        """A restarted master that is alive: the longest log of the SyncStateSet heard since (the
+        master included) into a new epoch."""
+        heard = self._heard_since_restart(name, group, now)
+        if heard is None or group.master_id not in heard:
+            return None  # wait; or the master lapsed meanwhile: the lapse rule elects another
+        chosen = self._safe_after_restart(name, group, heard, [b for b in heard if self.alive(name, b, now)])
+        if chosen is None:
+            return None
+        return Elect(name, chosen, group.epoch, f"master {group.master_id} restarted (it may have lost unflushed "
+                     f"writes): broker {chosen} has the longest log of the SyncStateSet {sorted(group.sync_state_set)}")  # fmt: skip
+
+    def _heard_since_restart(self, name: str, group: GroupState, now: float) -> list[int] | None:
+        """The members of the set heard since this leader noticed the group's latest restart; None
+        while one is neither heard since nor lapsed (its log end from before may be short of what
+        it holds; a restarted one's, long of what it kept)."""
+        key = (group.epoch, group.restarted)
+        noticed = self._restarts.get(name)
+        if noticed is None or noticed[0] != key:
+            noticed = self._restarts[name] = (key, now)
+        heard = []
+        for broker_id in sorted(group.sync_state_set):
+            seen = self._liveness.get((name, broker_id))
+            if seen is not None and seen.received_at >= noticed[1]:
+                heard.append(broker_id)
+            elif not self.lapsed(name, broker_id, now):
+                return None
+        return heard
+
+    def _safe_after_restart(self, name: str, group: GroupState, heard: list[int], candidates: list[int]) -> int | None:
+        """The best of ``candidates``, unless it restarted and a member of the set not heard since,
+        or heard with a longer log (down since), may hold what it lost: None."""
+        chosen = self._best(name, candidates)
+        if chosen is None or chosen not in group.restarted:
+            return chosen  # never restarted since it entered the set: it holds every acknowledged write
+        if len(heard) < len(group.sync_state_set):
+            return None
+        seen = self._liveness[(name, chosen)]
+        longest = max((self._liveness[(name, b)].epoch, self._liveness[(name, b)].max_offset) for b in heard)
+        return chosen if (seen.epoch, seen.max_offset) >= longest else None
+
+    def _choose(self, name: str, group: GroupState, now: float, *, exclude: int | None,
+                heard: list[int] | None = None) -> tuple[int | None, bool]:  # fmt: skip
+        """(broker id, clean) of the best alive candidate; (None, True) when none may be elected.
+        ``heard``: the set's members that count (a restart in the set: those heard since)."""
         alive = [broker_id for broker_id in sorted(group.members)
                  if broker_id != exclude and self.alive(name, broker_id, now)]  # fmt: skip
         if group.epoch == 0:
             return self._best(name, alive), True  # never elected: nothing was ever acknowledged
-        in_set = [broker_id for broker_id in alive if broker_id in group.sync_state_set]
+        in_set = [b for b in alive if b in group.sync_state_set and (heard is None or b in heard)]
         if in_set:
+            if heard is not None:
+                return self._safe_after_restart(name, group, heard, in_set), True
             return self._best(name, in_set), True
         if self.timings.allow_unclean_election and alive:
             return self._best(name, alive), False
@@ -178,6 +246,8 @@ class ElectionTracker:
     def answer(self, state: ControllerState, group: str, broker_id: int, now: float) -> HeartbeatAnswer:
         """What to tell ``broker_id`` of ``group`` (a member: the driver checks that first)."""
         current = state.groups[group]
+        if current.master_restarted:  # named by nobody until elected again: it must not reopen its epoch
+            current = dataclasses.replace(current, master_id=None)
         master = current.members.get(current.master_id) if current.master_id is not None else None
         lease = current.master_id == broker_id and self._may_grant(group, current, now)
         if lease:
@@ -187,7 +257,7 @@ class ElectionTracker:
                                current.sync_state_set_epoch, lease)  # fmt: skip
 
     def _may_grant(self, name: str, group: GroupState, now: float) -> bool:
-        if now < self.leader_since:
+        if now < self.leader_since or group.master_restarted:
             return False
         decision = self._decisions.get(name)
         if decision is not None and (decision.epoch, decision.master_id) == (group.epoch, group.master_id):

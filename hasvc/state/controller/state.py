@@ -10,10 +10,16 @@ state exactly as it was. The commands (docs/design/controller.md):
 
 * ``Register(group, identity, client_address, ha_address)``: the broker whose store carries
   ``identity`` gets a ``broker_id`` (1, 2, ... in order of first registration, never reused); the
-  same identity gets the same id back and its addresses updated.
+  same identity gets the same id back and its addresses updated. A broker registers once per
+  process start, so a member of the SyncStateSet registering again has restarted: it joins
+  ``restarted`` (it may have lost unflushed bytes it acknowledged, a power loss). A restarted
+  master is not named again in its epoch: the election rules (``elect.py``) elect the member of
+  the set with the longest log into a new epoch, and withhold its lease meanwhile; any election
+  from a set with a restarted member compares log ends heard after the restart.
 * ``Elect(group, new_master_id, expected_epoch, reason)``: only when ``expected_epoch`` is the
   group's epoch (a deposed controller leader's stale decision, or a second copy, changes nothing).
-  A new master opens ``epoch + 1`` with the SyncStateSet ``{new_master_id}``. ``None`` records
+  A new master opens ``epoch + 1`` with the SyncStateSet ``{new_master_id}`` (the restarted
+  master itself when it has the longest log; ``restarted`` is emptied). ``None`` records
   "no master" (nobody electable): the epoch and the SyncStateSet stay, so the set's members stay
   the ones that may be elected when they come back.
 * ``AlterSyncStateSet(group, master_id, epoch, sync_state_set_epoch, new_set)``: the master's
@@ -77,9 +83,15 @@ class GroupState:
     epoch: int = 0  # the master epoch; bumped by every election of a master
     sync_state_set: frozenset[int] = frozenset()  # holds master_id when master_id is not None
     sync_state_set_epoch: int = 0  # bumped by every accepted change and every election of a master
+    restarted: frozenset[int] = frozenset()  # members of the set that registered again since they entered it
 
     def __hash__(self) -> int:  # members is a dict: hash what identifies the group's version
-        return hash((self.next_broker_id, self.master_id, self.epoch, self.sync_state_set, self.sync_state_set_epoch))
+        return hash((self.next_broker_id, self.master_id, self.epoch, self.sync_state_set, self.sync_state_set_epoch,
+                     self.restarted))  # fmt: skip
+
+    @property
+    def master_restarted(self) -> bool:
+        return self.master_id is not None and self.master_id in self.restarted
 
     def check_invariants(self) -> None:
         assert self.next_broker_id >= 1
@@ -93,6 +105,7 @@ class GroupState:
             assert self.master_id in self.members
             assert self.master_id in self.sync_state_set, (self.master_id, self.sync_state_set)
             assert self.epoch >= 1
+        assert self.restarted <= self.sync_state_set, (self.restarted, self.sync_state_set)
         identities = [member.identity for member in self.members.values()]
         assert len(set(identities)) == len(identities), "one identity, one broker id"
 
@@ -215,7 +228,8 @@ class ControllerState:
             group = dataclasses.replace(group, next_broker_id=broker_id + 1)
         members = dict(group.members)
         members[broker_id] = member
-        return Answer(True, "", broker_id, dataclasses.replace(group, members=members))
+        restarted = group.restarted | ({broker_id} & group.sync_state_set)
+        return Answer(True, "", broker_id, dataclasses.replace(group, members=members, restarted=restarted))
 
     def _elect(self, command: Elect, group: GroupState | None) -> Answer:
         if group is None:
@@ -225,12 +239,13 @@ class ControllerState:
         if command.new_master_id is None:
             if group.master_id is None:
                 return _refuse("the group has no master already", group)
-            return Answer(True, "", None, dataclasses.replace(group, master_id=None))
+            return Answer(True, "", None, dataclasses.replace(group, master_id=None))  # the set and its restarts stay
         if command.new_master_id not in group.members:
             return _refuse(f"broker {command.new_master_id} is not a member of group {command.group!r}", group)
         elected = dataclasses.replace(group, master_id=command.new_master_id, epoch=group.epoch + 1,
                                       sync_state_set=frozenset({command.new_master_id}),
-                                      sync_state_set_epoch=group.sync_state_set_epoch + 1)  # fmt: skip
+                                      sync_state_set_epoch=group.sync_state_set_epoch + 1,
+                                      restarted=frozenset())  # fmt: skip
         return Answer(True, "", command.new_master_id, elected)
 
     def _alter(self, command: AlterSyncStateSet, group: GroupState | None) -> Answer:
@@ -250,7 +265,8 @@ class ControllerState:
         if strangers:
             return _refuse(f"not members of group {command.group!r}: {strangers}", group)
         altered = dataclasses.replace(group, sync_state_set=command.new_set,
-                                      sync_state_set_epoch=group.sync_state_set_epoch + 1)  # fmt: skip
+                                      sync_state_set_epoch=group.sync_state_set_epoch + 1,
+                                      restarted=group.restarted & group.sync_state_set & command.new_set)  # fmt: skip
         return Answer(True, "", None, altered)
 
     # -- snapshot ----------------------------------------------------------------------------
@@ -411,13 +427,19 @@ _GROUP_FIELDS = {"members": dict, "next_broker_id": int, "master_id": (int, type
 def _group_to_json(group: GroupState) -> dict:
     return {"members": {str(broker_id): dataclasses.asdict(member) for broker_id, member in sorted(group.members.items())},
             "next_broker_id": group.next_broker_id, "master_id": group.master_id, "epoch": group.epoch,
-            "sync_state_set": sorted(group.sync_state_set), "sync_state_set_epoch": group.sync_state_set_epoch}  # fmt: skip
+            "sync_state_set": sorted(group.sync_state_set), "sync_state_set_epoch": group.sync_state_set_epoch,
+            **({"restarted": sorted(group.restarted)} if group.restarted else {})}  # fmt: skip
 
 
 def _group_from_json(value: object, name: str) -> GroupState:
     what = f"snapshot group {name[:GROUP_NAME_LENGTH_MAX]!r}"
     if not isinstance(value, dict):
         raise StateFormatError(f"{what} is {type(value).__name__}, not an object")
+    restarted = value.get("restarted", [])  # written only when not empty (older snapshots lack it)
+    if not isinstance(restarted, list):
+        raise StateFormatError(f"{what} restarted must be a list of broker ids")
+    restarted = _broker_ids(restarted, f"{what} restarted")
+    value = {key: field for key, field in value.items() if key != "restarted"}
     _check_fields(value, _GROUP_FIELDS, what)
     if len(value["members"]) > MEMBERS_PER_GROUP_MAX:
         raise StateFormatError(f"{what} has {len(value['members'])} members, over MEMBERS_PER_GROUP_MAX")
@@ -437,4 +459,5 @@ def _group_from_json(value: object, name: str) -> GroupState:
     if value["master_id"] is not None:
         _natural(value["master_id"], f"{what} master_id", minimum=1)
     return GroupState(members, value["next_broker_id"], value["master_id"], value["epoch"],
-                      _broker_ids(value["sync_state_set"], f"{what} sync_state_set"), value["sync_state_set_epoch"])  # fmt: skip
+                      _broker_ids(value["sync_state_set"], f"{what} sync_state_set"), value["sync_state_set_epoch"],
+                      restarted)  # fmt: skip

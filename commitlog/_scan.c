@@ -1417,6 +1417,19 @@ static int append_index(PyObject *list, Py_ssize_t i) {
     return failed ? -1 : 0;
 }
 
+/* n integers as a new list (or tuple: as_tuple); NULL with an exception set. */
+static PyObject *longs_as_sequence(const long long *values, Py_ssize_t n, int as_tuple) {
+    PyObject *sequence = as_tuple ? PyTuple_New(n) : PyList_New(n);
+    if (!sequence) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *value = PyLong_FromLongLong(values[k]);
+        if (!value) { Py_DECREF(sequence); return NULL; }
+        if (as_tuple) PyTuple_SET_ITEM(sequence, k, value);
+        else PyList_SET_ITEM(sequence, k, value);
+    }
+    return sequence;
+}
+
 /* A request's queue key (topic str, queue id), new; NULL with *malformed set for a payload whose
  * topic is not UTF-8, NULL with an exception set on error. */
 static PyObject *pass_key(PyObject *item, const struct pass_request *r, int *malformed) {
@@ -1516,15 +1529,9 @@ static PyObject *plan_pass(PyObject *self, PyObject *args) {
         }
         pass_request_release(&r);
     }
-    counts_list = PyList_New(key_count);
-    variable_list = PyList_New(key_count);
+    counts_list = longs_as_sequence(counts, key_count, 0);
+    variable_list = counts_list ? longs_as_sequence(variable, key_count, 0) : NULL;
     if (!counts_list || !variable_list) goto done;
-    for (Py_ssize_t k = 0; k < key_count; k++) {
-        PyObject *count = PyLong_FromLongLong(counts[k]), *bytes = PyLong_FromLongLong(variable[k]);
-        if (!count || !bytes) { Py_XDECREF(count); Py_XDECREF(bytes); goto done; }
-        PyList_SET_ITEM(counts_list, k, count);
-        PyList_SET_ITEM(variable_list, k, bytes);
-    }
     result = PyTuple_Pack(6, keys, key_of, refused, counts_list, variable_list, malformed_list);
 done:
     PyMem_Free(counts);
@@ -1728,15 +1735,9 @@ static PyObject *write_pass(PyObject *self, PyObject *args) {
         }
         pass_request_release(&r);
     }
-    offsets = PyTuple_New(records);
-    queue_offsets = PyTuple_New(records);
+    offsets = longs_as_sequence(record_offsets_v, records, 1);
+    queue_offsets = offsets ? longs_as_sequence(record_queue_v, records, 1) : NULL;
     if (!offsets || !queue_offsets) goto done;
-    for (Py_ssize_t k = 0; k < records; k++) {
-        PyObject *offset = PyLong_FromLongLong(record_offsets_v[k]), *queue_offset = PyLong_FromLongLong(record_queue_v[k]);
-        if (!offset || !queue_offset) { Py_XDECREF(offset); Py_XDECREF(queue_offset); goto done; }
-        PyTuple_SET_ITEM(offsets, k, offset);
-        PyTuple_SET_ITEM(queue_offsets, k, queue_offset);
-    }
     result = Py_BuildValue("(nOOO)", written, offsets, queue_offsets, w.answers);
 done:
     pass_walk_close(&w);

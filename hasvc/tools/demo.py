@@ -62,6 +62,19 @@ def run_demo(*, producers: int = 16, keep: bool = True, echo=print) -> bool:
     return ok
 
 
+def _run_to_the_end(drill, main, keep: bool, succeeded: str, verify: str, title: str, echo) -> bool:
+    """Run a trio demo's ``main`` (True when its round was OK), close its drill whatever happens,
+    then its summary (``succeeded`` saying what OK means) and where its stores are."""
+    ok = False
+    try:
+        ok = trio.run(main)
+    finally:
+        drill.close(keep)
+    echo(f"summary: {'OK — ' + succeeded if ok else 'FAILED'}")
+    _where_the_stores_are(drill, keep, verify, title, echo)
+    return ok
+
+
 def _where_the_stores_are(drill, keep: bool, verify: str, title: str, echo) -> None:
     """A demo's last lines: where its stores were kept (how big, how to check one) and its picture,
     or that they were removed."""
@@ -138,11 +151,10 @@ def run_dledger_demo(*, producers: int = 16, keep: bool = True, echo=print) -> b
     from hasvc.tools.drill_dledger import DLedgerDrill
 
     drill = DLedgerDrill(nodes=3, producers=producers, seed=int(time.time()), echo=echo)
-    ok = False
     echo(f"stores and logs: {drill.root}")
 
-    async def main() -> None:
-        nonlocal ok
+    async def main() -> bool:
+        ok = False
         async with trio.open_nursery() as nursery:
             await drill.relay.start(nursery)
             await drill.start_all()
@@ -170,15 +182,11 @@ def run_dledger_demo(*, producers: int = 16, keep: bool = True, echo=print) -> b
                 _print_member(await drill.status(node), echo)
             ok = report.ok
             nursery.cancel_scope.cancel()
+        return ok
 
-    try:
-        trio.run(main)
-    finally:
-        drill.close(keep)
-    echo(f"summary: {'OK — every acknowledged write survived the loss of the leader, with no human in the loop' if ok else 'FAILED'}")
-    _where_the_stores_are(drill, keep, f"{drill.root}/n0 --member n0",
-                          "hasvc demo --dledger: a group of 3, SIGKILL of the leader, Raft elects", echo)  # fmt: skip
-    return ok
+    return _run_to_the_end(drill, main, keep, "every acknowledged write survived the loss of the leader, with no human in the loop",
+                           f"{drill.root}/n0 --member n0", "hasvc demo --dledger: a group of 3, SIGKILL of the leader, Raft elects",
+                           echo)  # fmt: skip
 
 
 async def _dledger_progress(drill, leader: str, echo) -> None:
@@ -209,11 +217,10 @@ def run_controller_demo(*, producers: int = 16, keep: bool = True, echo=print) -
 
     drill = ControllerDrill(nodes=2, producers=producers, seed=int(time.time()), echo=echo)
     group = drill.group
-    ok = False
     echo(f"stores and logs: {drill.root}")
 
-    async def main() -> None:
-        nonlocal ok
+    async def main() -> bool:
+        ok = False
         async with trio.open_nursery() as relays:
             await drill.start_links(relays)
             await trio.to_thread.run_sync(drill.start)
@@ -242,15 +249,11 @@ def run_controller_demo(*, producers: int = 16, keep: bool = True, echo=print) -
             await trio.to_thread.run_sync(_print_controlled, drill, echo)
             ok = report.ok
             relays.cancel_scope.cancel()
+        return ok
 
-    try:
-        trio.run(main)
-    finally:
-        drill.close(keep)
-    echo(f"summary: {'OK — every acknowledged write survived the loss of the master; the controller failed the pair over' if ok else 'FAILED'}")
-    _where_the_stores_are(drill, keep, f"{drill.root}/b0",
-                          "hasvc demo --controller: a pair and a controller, SIGKILL of the master, the controller elects", echo)
-    return ok
+    return _run_to_the_end(drill, main, keep, "every acknowledged write survived the loss of the master; the controller failed the "
+                           "pair over", f"{drill.root}/b0",
+                           "hasvc demo --controller: a pair and a controller, SIGKILL of the master, the controller elects", echo)  # fmt: skip
 
 
 async def _controller_progress(drill, master: str, echo) -> None:

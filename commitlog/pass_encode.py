@@ -36,6 +36,7 @@ not this path's (client SENDs carry none).
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable
 
@@ -206,6 +207,7 @@ def refusal_of(request, *, body_size_max: int, store_v6: bool, record_crc: bool)
     raise AssertionError(f"request to {request.topic!r}/{request.queue_id} refused by the pass but not by prepare_batch")
 
 
+@dataclasses.dataclass(slots=True)
 class PassShape:
     """What a planned pass's keys and requests come to, as ``append_pass`` and
     ``entry_pass.plan_entry_pass`` both need it: per key its topic's bytes (b"" for a bad key, one
@@ -213,18 +215,15 @@ class PassShape:
     records' hosts and sysflag; one flag a request (1: not written: refused, malformed or of a bad
     key) and the refusal of each request refused or of a bad key, word for word the batch path's."""
 
-    __slots__ = ("topics", "bad_keys", "born_ip", "born_port", "sysflag", "excluded", "refusals", "key_sizes")
+    topics: list[bytes]
+    bad_keys: set[int]
+    born_ip: bytes | None
+    born_port: int | None
+    sysflag: int | None
+    excluded: bytes
+    refusals: dict[int, rec.MessageRejected]
+    key_sizes: list[int]
 
-    def __init__(self, topics: list[bytes], bad_keys: set[int], born_ip, born_port, sysflag, excluded: bytes,
-                 refusals: dict[int, rec.MessageRejected], key_sizes: list[int]) -> None:  # fmt: skip
-        self.topics = topics
-        self.bad_keys = bad_keys
-        self.born_ip = born_ip
-        self.born_port = born_port
-        self.sysflag = sysflag
-        self.excluded = excluded
-        self.refusals = refusals
-        self.key_sizes = key_sizes
 
 def shape_pass(requests, keys: list, key_of: list[int], refused: list[int], malformed: list[int], counts: list[int], *,
                body_size_max: int, store_v6: bool, record_crc: bool, decode: Callable) -> PassShape:  # fmt: skip

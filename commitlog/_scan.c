@@ -1417,6 +1417,19 @@ static int append_index(PyObject *list, Py_ssize_t i) {
     return failed ? -1 : 0;
 }
 
+/* n integers as a new list (or tuple: as_tuple); NULL with an exception set. */
+static PyObject *longs_as_sequence(const long long *values, Py_ssize_t n, int as_tuple) {
+    PyObject *sequence = as_tuple ? PyTuple_New(n) : PyList_New(n);
+    if (!sequence) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *value = PyLong_FromLongLong(values[k]);
+        if (!value) { Py_DECREF(sequence); return NULL; }
+        if (as_tuple) PyTuple_SET_ITEM(sequence, k, value);
+        else PyList_SET_ITEM(sequence, k, value);
+    }
+    return sequence;
+}
+
 /* A request's queue key (topic str, queue id), new; NULL with *malformed set for a payload whose
  * topic is not UTF-8, NULL with an exception set on error. */
 static PyObject *pass_key(PyObject *item, const struct pass_request *r, int *malformed) {
@@ -1516,15 +1529,9 @@ static PyObject *plan_pass(PyObject *self, PyObject *args) {
         }
         pass_request_release(&r);
     }
-    counts_list = PyList_New(key_count);
-    variable_list = PyList_New(key_count);
+    counts_list = longs_as_sequence(counts, key_count, 0);
+    variable_list = counts_list ? longs_as_sequence(variable, key_count, 0) : NULL;
     if (!counts_list || !variable_list) goto done;
-    for (Py_ssize_t k = 0; k < key_count; k++) {
-        PyObject *count = PyLong_FromLongLong(counts[k]), *bytes = PyLong_FromLongLong(variable[k]);
-        if (!count || !bytes) { Py_XDECREF(count); Py_XDECREF(bytes); goto done; }
-        PyList_SET_ITEM(counts_list, k, count);
-        PyList_SET_ITEM(variable_list, k, bytes);
-    }
     result = PyTuple_Pack(6, keys, key_of, refused, counts_list, variable_list, malformed_list);
 done:
     PyMem_Free(counts);
@@ -1548,6 +1555,129 @@ static int long_attr(PyObject *object, PyObject *name, long long *value) {
     return (*value == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* What the two native pass writers share (write_pass, the classic one, and write_entry_pass, the
+ * DLedger one): the requests with their key indexes, exclusion flags and topics; the queue offset
+ * next per key; one answer a request; the records' shape but for their topic. Opened by
+ * pass_walk_open, each kept request read by pass_walk_request, closed by pass_walk_close. */
+struct pass_walk {
+    PyObject *seq, *key_seq, *topic_seq, *first_seq, *answers;  /* answers: a list, one a request */
+    const uint8_t *excluded;
+    long long *next_queue;  /* per key */
+    Py_ssize_t count, key_count, messages_max;
+    struct record_shape shape;
+};
+
+/* One kept request's head, as pass_walk_request reads it. */
+struct pass_head {
+    Py_ssize_t index, fixed;  /* its key; its records' size besides body and properties */
+    long long queue_id, flag, born_ts;
+    uint8_t *answer;          /* its answer's bytes: queue id and count written, 16 a message to come */
+};
+
+static void pass_walk_close(struct pass_walk *w) {
+    PyMem_Free(w->next_queue);
+    Py_XDECREF(w->answers);
+    Py_XDECREF(w->seq);
+    Py_XDECREF(w->key_seq);
+    Py_XDECREF(w->topic_seq);
+    Py_XDECREF(w->first_seq);
+    memset(w, 0, sizeof(*w));
+}
+
+/* 0, or -1 with an exception set (close the walk either way). Every topic is checked here, once. */
+static int pass_walk_open(struct pass_walk *w, PyObject *requests, PyObject *key_of, const Py_buffer *excluded, PyObject *topics,
+                          PyObject *first_queue_offsets, Py_ssize_t messages_max, const struct record_shape *shape) {
+    memset(w, 0, sizeof(*w));
+    w->shape = *shape;
+    w->messages_max = messages_max;
+    w->excluded = (const uint8_t *)excluded->buf;
+    if ((shape->born_ip_size != 4 && shape->born_ip_size != 16) || (shape->store_ip_size != 4 && shape->store_ip_size != 16)) {
+        PyErr_SetString(PyExc_ValueError, "host addresses are 4 or 16 bytes");
+        return -1;
+    }
+    if ((shape->sysflag & 0xC) == 0x4 || (shape->sysflag & 0xC) == 0xC) { PyErr_SetString(PyExc_ValueError, "a transactional sysflag"); return -1; }
+    w->seq = PySequence_Fast(requests, "requests must be a sequence");
+    w->key_seq = w->seq ? PySequence_Fast(key_of, "key_of must be a sequence") : NULL;
+    w->topic_seq = w->key_seq ? PySequence_Fast(topics, "topics must be a sequence") : NULL;
+    w->first_seq = w->topic_seq ? PySequence_Fast(first_queue_offsets, "first_queue_offsets must be a sequence") : NULL;
+    if (!w->first_seq) return -1;
+    w->count = PySequence_Fast_GET_SIZE(w->seq);
+    w->key_count = PySequence_Fast_GET_SIZE(w->topic_seq);
+    if (PySequence_Fast_GET_SIZE(w->key_seq) != w->count || excluded->len != w->count || PySequence_Fast_GET_SIZE(w->first_seq) != w->key_count) {
+        PyErr_SetString(PyExc_ValueError, "key_of and excluded: one per request; first_queue_offsets: one per topic");
+        return -1;
+    }
+    w->next_queue = PyMem_Calloc(w->key_count ? w->key_count : 1, sizeof(long long));
+    if (!w->next_queue) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t k = 0; k < w->key_count; k++) {
+        w->next_queue[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(w->first_seq, k));
+        if (w->next_queue[k] == -1 && PyErr_Occurred()) return -1;
+        PyObject *topic = PySequence_Fast_GET_ITEM(w->topic_seq, k);
+        if (!PyBytes_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topics must be bytes"); return -1; }
+        if (PyBytes_GET_SIZE(topic) > 32767) { PyErr_SetString(PyExc_ValueError, "topic too long"); return -1; }
+    }
+    w->answers = PyList_New(w->count);
+    return w->answers ? 0 : -1;
+}
+
+/* Request i of the walk: 0 when excluded (its answer None); 1 with *r held, *head read, the walk's
+ * shape carrying its topic and its answer in place; -1 with an exception set, nothing held. */
+static int pass_walk_request(struct pass_walk *w, Py_ssize_t i, struct pass_request *r, struct pass_head *head) {
+    if (w->excluded[i]) {
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(w->answers, i, Py_None);
+        return 0;
+    }
+    PyObject *item = PySequence_Fast_GET_ITEM(w->seq, i);
+    Py_ssize_t index = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(w->key_seq, i));
+    if (index == -1 && PyErr_Occurred()) return -1;
+    if (index < 0 || index >= w->key_count) { PyErr_SetString(PyExc_ValueError, "key index out of range"); return -1; }
+    PyObject *topic = PySequence_Fast_GET_ITEM(w->topic_seq, index);
+    w->shape.topic = (const uint8_t *)PyBytes_AS_STRING(topic);
+    w->shape.topic_size = PyBytes_GET_SIZE(topic);
+    head->index = index;
+    head->fixed = fixed_record_size(w->shape.topic_size, w->shape.born_ip_size, w->shape.store_ip_size);
+    int got = pass_request_get(item, r, w->messages_max);
+    if (got < 0) return -1;
+    if (got != 0) { PyErr_SetString(PyExc_ValueError, "a request kept is misshapen or malformed"); return -1; }
+    head->queue_id = r->queue_id, head->flag = r->flag, head->born_ts = r->born_ts;
+    if (!r->has_payload && (long_attr(item, str_queue_id, &head->queue_id) < 0 || long_attr(item, str_flag, &head->flag) < 0
+                            || long_attr(item, str_born_timestamp, &head->born_ts) < 0)) {
+        pass_request_release(r);
+        return -1;
+    }
+    PyObject *answer = PyBytes_FromStringAndSize(NULL, 8 + 16 * r->count);
+    if (!answer) { pass_request_release(r); return -1; }
+    PyList_SET_ITEM(w->answers, i, answer);
+    head->answer = (uint8_t *)PyBytes_AS_STRING(answer);
+    put32(head->answer, (uint32_t)head->queue_id);
+    put32(head->answer + 4, (uint32_t)r->count);
+    return 1;
+}
+
+/* Message j of a kept request as body and properties views; its record's size, or -1 with
+ * ValueError when its properties, as stored, pass 32767 bytes. */
+static inline Py_ssize_t pass_message(const struct pass_walk *w, const struct pass_request *r, const struct pass_head *head, Py_ssize_t j,
+                               Py_buffer *body, Py_buffer *prop) {
+    memset(body, 0, sizeof(*body));
+    memset(prop, 0, sizeof(*prop));
+    body->buf = (void *)r->data[2 * j];
+    body->len = r->size[2 * j];
+    prop->buf = (void *)r->data[2 * j + 1];
+    prop->len = r->size[2 * j + 1];
+    if (properties_stored_size(r->data[2 * j + 1], prop->len, w->shape.record_crc) > 32767) {
+        PyErr_SetString(PyExc_ValueError, "properties too long");
+        return -1;
+    }
+    return record_size_of(head->fixed, body->len, prop, w->shape.record_crc);
+}
+
+/* Message j's offsets in its request's answer: >qq after the >ii head. */
+static inline void pass_answer_put(const struct pass_head *head, Py_ssize_t j, long long offset, long long queue_offset) {
+    put64(head->answer + 8 + 16 * j, (uint64_t)offset);
+    put64(head->answer + 16 + 16 * j, (uint64_t)queue_offset);
+}
+
 /* write_pass(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port,
  *            sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max)
  *   -> (written, offsets, queue_offsets, answers): twin of pass_encode.write_pass_python. A request
@@ -1563,68 +1693,21 @@ static PyObject *write_pass(PyObject *self, PyObject *args) {
                           &born_ip, &born_port, &sysflag, &record_crc, &requests, &key_of, &excluded, &topics,
                           &first_queue_offsets, &messages_max))
         return NULL;
-    PyObject *seq = NULL, *key_seq = NULL, *topic_seq = NULL, *first_seq = NULL, *answers = NULL, *result = NULL;
-    PyObject *offsets = NULL, *queue_offsets = NULL;
-    long long *next_queue = NULL, *record_offsets_v = NULL, *record_queue_v = NULL;
+    struct pass_walk w;
+    PyObject *result = NULL, *offsets = NULL, *queue_offsets = NULL;
+    long long *record_offsets_v = NULL, *record_queue_v = NULL;
     Py_ssize_t records = 0, records_capacity = 0, written = 0;
-    if ((born_ip.len != 4 && born_ip.len != 16) || (store_ip.len != 4 && store_ip.len != 16)) {
-        PyErr_SetString(PyExc_ValueError, "host addresses are 4 or 16 bytes");
-        goto done;
-    }
-    if ((sysflag & 0xC) == 0x4 || (sysflag & 0xC) == 0xC) { PyErr_SetString(PyExc_ValueError, "a transactional sysflag"); goto done; }
-    seq = PySequence_Fast(requests, "requests must be a sequence");
-    key_seq = seq ? PySequence_Fast(key_of, "key_of must be a sequence") : NULL;
-    topic_seq = key_seq ? PySequence_Fast(topics, "topics must be a sequence") : NULL;
-    first_seq = topic_seq ? PySequence_Fast(first_queue_offsets, "first_queue_offsets must be a sequence") : NULL;
-    if (!first_seq) goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), key_count = PySequence_Fast_GET_SIZE(topic_seq);
-    if (PySequence_Fast_GET_SIZE(key_seq) != n || excluded.len != n || PySequence_Fast_GET_SIZE(first_seq) != key_count) {
-        PyErr_SetString(PyExc_ValueError, "key_of and excluded: one per request; first_queue_offsets: one per topic");
-        goto done;
-    }
-    next_queue = PyMem_Calloc(key_count ? key_count : 1, sizeof(long long));
-    if (!next_queue) { PyErr_NoMemory(); goto done; }
-    for (Py_ssize_t k = 0; k < key_count; k++) {
-        next_queue[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(first_seq, k));
-        if (next_queue[k] == -1 && PyErr_Occurred()) goto done;
-        if (!PyBytes_Check(PySequence_Fast_GET_ITEM(topic_seq, k))) { PyErr_SetString(PyExc_TypeError, "topics must be bytes"); goto done; }
-    }
-    answers = PyList_New(n);
-    if (!answers) goto done;
+    struct record_shape shape = {NULL, 0, (const uint8_t *)born_ip.buf, born_ip.len, born_port, (const uint8_t *)store_ip.buf,
+                                 store_ip.len, store_port, sysflag, store_ts, record_crc};
+    if (pass_walk_open(&w, requests, key_of, &excluded, topics, first_queue_offsets, messages_max, &shape) < 0) goto done;
     uint8_t *out = (uint8_t *)target.buf;
     if (position < 0 || position > target.len) { PyErr_SetString(PyExc_ValueError, "position outside the buffer"); goto done; }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (((const uint8_t *)excluded.buf)[i]) {
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(answers, i, Py_None);
-            continue;
-        }
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-        Py_ssize_t index = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(key_seq, i));
-        if (index == -1 && PyErr_Occurred()) goto done;
-        if (index < 0 || index >= key_count) { PyErr_SetString(PyExc_ValueError, "key index out of range"); goto done; }
-        PyObject *topic = PySequence_Fast_GET_ITEM(topic_seq, index);
-        struct record_shape shape = {(const uint8_t *)PyBytes_AS_STRING(topic), PyBytes_GET_SIZE(topic), (const uint8_t *)born_ip.buf,
-                                     born_ip.len, born_port, (const uint8_t *)store_ip.buf, store_ip.len, store_port, sysflag,
-                                     store_ts, record_crc};
-        if (shape.topic_size > 32767) { PyErr_SetString(PyExc_ValueError, "topic too long"); goto done; }
-        Py_ssize_t fixed = fixed_record_size(shape.topic_size, born_ip.len, store_ip.len);
+    for (Py_ssize_t i = 0; i < w.count; i++) {
         struct pass_request r;
-        int got = pass_request_get(item, &r, messages_max);
+        struct pass_head head;
+        int got = pass_walk_request(&w, i, &r, &head);
         if (got < 0) goto done;
-        if (got != 0) { PyErr_SetString(PyExc_ValueError, "a request kept is misshapen or malformed"); goto done; }
-        long long queue_id = r.queue_id, flag = r.flag, born_ts = r.born_ts;
-        if (!r.has_payload && (long_attr(item, str_queue_id, &queue_id) < 0 || long_attr(item, str_flag, &flag) < 0
-                               || long_attr(item, str_born_timestamp, &born_ts) < 0)) {
-            pass_request_release(&r);
-            goto done;
-        }
-        PyObject *answer = PyBytes_FromStringAndSize(NULL, 8 + 16 * r.count);
-        if (!answer) { pass_request_release(&r); goto done; }
-        PyList_SET_ITEM(answers, i, answer);
-        uint8_t *a = (uint8_t *)PyBytes_AS_STRING(answer);
-        put32(a, (uint32_t)queue_id);
-        put32(a + 4, (uint32_t)r.count);
+        if (got == 0) continue;
         if (records + r.count > records_capacity) {
             records_capacity = 2 * (records + r.count) + 16;
             long long *grown = PyMem_Realloc(record_offsets_v, records_capacity * sizeof(long long));
@@ -1634,53 +1717,34 @@ static PyObject *write_pass(PyObject *self, PyObject *args) {
             if (!grown || !grown_queue) { pass_request_release(&r); PyErr_NoMemory(); goto done; }
         }
         for (Py_ssize_t j = 0; j < r.count; j++) {
-            Py_buffer body = {0}, prop = {0};
-            body.buf = (void *)r.data[2 * j];
-            body.len = r.size[2 * j];
-            prop.buf = (void *)r.data[2 * j + 1];
-            prop.len = r.size[2 * j + 1];
-            Py_ssize_t size = record_size_of(fixed, body.len, &prop, record_crc);
-            if (properties_stored_size(r.data[2 * j + 1], prop.len, record_crc) > 32767) {
-                pass_request_release(&r);
-                PyErr_SetString(PyExc_ValueError, "properties too long");
-                goto done;
-            }
+            Py_buffer body, prop;
+            Py_ssize_t size = pass_message(&w, &r, &head, j, &body, &prop);
+            if (size < 0) { pass_request_release(&r); goto done; }
             if (size > target.len - position - written) {
                 pass_request_release(&r);
                 PyErr_Format(PyExc_ValueError, "record of %zd bytes does not fit at %zd in %zd", size, position + written, target.len);
                 goto done;
             }
-            long long offset = physical_base + position + written, queue_offset = next_queue[index]++;
-            encode_record(out + position + written, fixed, &shape, &body, &prop, (int)queue_id, (int)flag, queue_offset, offset, born_ts);
+            long long offset = physical_base + position + written, queue_offset = w.next_queue[head.index]++;
+            encode_record(out + position + written, head.fixed, &w.shape, &body, &prop, (int)head.queue_id, (int)head.flag,
+                          queue_offset, offset, head.born_ts);
             written += size;
             record_offsets_v[records] = offset;
             record_queue_v[records++] = queue_offset;
-            put64(a + 8 + 16 * j, (uint64_t)offset);
-            put64(a + 16 + 16 * j, (uint64_t)queue_offset);
+            pass_answer_put(&head, j, offset, queue_offset);
         }
         pass_request_release(&r);
     }
-    offsets = PyTuple_New(records);
-    queue_offsets = PyTuple_New(records);
+    offsets = longs_as_sequence(record_offsets_v, records, 1);
+    queue_offsets = offsets ? longs_as_sequence(record_queue_v, records, 1) : NULL;
     if (!offsets || !queue_offsets) goto done;
-    for (Py_ssize_t k = 0; k < records; k++) {
-        PyObject *offset = PyLong_FromLongLong(record_offsets_v[k]), *queue_offset = PyLong_FromLongLong(record_queue_v[k]);
-        if (!offset || !queue_offset) { Py_XDECREF(offset); Py_XDECREF(queue_offset); goto done; }
-        PyTuple_SET_ITEM(offsets, k, offset);
-        PyTuple_SET_ITEM(queue_offsets, k, queue_offset);
-    }
-    result = Py_BuildValue("(nOOO)", written, offsets, queue_offsets, answers);
+    result = Py_BuildValue("(nOOO)", written, offsets, queue_offsets, w.answers);
 done:
-    PyMem_Free(next_queue);
+    pass_walk_close(&w);
     PyMem_Free(record_offsets_v);
     PyMem_Free(record_queue_v);
     Py_XDECREF(offsets);
     Py_XDECREF(queue_offsets);
-    Py_XDECREF(answers);
-    Py_XDECREF(seq);
-    Py_XDECREF(key_seq);
-    Py_XDECREF(topic_seq);
-    Py_XDECREF(first_seq);
     PyBuffer_Release(&target);
     PyBuffer_Release(&store_ip);
     PyBuffer_Release(&born_ip);
@@ -1706,97 +1770,41 @@ static PyObject *write_entry_pass(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOy*OOLy*iy*iinLL", &requests, &key_of, &excluded, &topics, &first_queue_offsets, &store_ts,
                           &store_ip, &store_port, &born_ip, &born_port, &sysflag, &messages_max, &offset, &file_size))
         return NULL;
-    PyObject *seq = NULL, *key_seq = NULL, *topic_seq = NULL, *first_seq = NULL, *answers = NULL, *result = NULL;
+    struct pass_walk w;
+    PyObject *result = NULL;
     PyObject *bodies = NULL, *offsets = NULL, *queue_ids = NULL, *queue_offsets = NULL, *positions = NULL, *entry_sizes = NULL;
-    long long *next_queue = NULL;
-    if ((born_ip.len != 4 && born_ip.len != 16) || (store_ip.len != 4 && store_ip.len != 16)) {
-        PyErr_SetString(PyExc_ValueError, "host addresses are 4 or 16 bytes");
-        goto done;
-    }
-    if ((sysflag & 0xC) == 0x4 || (sysflag & 0xC) == 0xC) { PyErr_SetString(PyExc_ValueError, "a transactional sysflag"); goto done; }
+    struct record_shape shape = {NULL, 0, (const uint8_t *)born_ip.buf, born_ip.len, born_port, (const uint8_t *)store_ip.buf,
+                                 store_ip.len, store_port, sysflag, store_ts, 0};
+    if (pass_walk_open(&w, requests, key_of, &excluded, topics, first_queue_offsets, messages_max, &shape) < 0) goto done;
     if (file_size <= 0 || offset < 0) { PyErr_SetString(PyExc_ValueError, "a data file size above 0 and an offset from 0"); goto done; }
-    seq = PySequence_Fast(requests, "requests must be a sequence");
-    key_seq = seq ? PySequence_Fast(key_of, "key_of must be a sequence") : NULL;
-    topic_seq = key_seq ? PySequence_Fast(topics, "topics must be a sequence") : NULL;
-    first_seq = topic_seq ? PySequence_Fast(first_queue_offsets, "first_queue_offsets must be a sequence") : NULL;
-    if (!first_seq) goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), key_count = PySequence_Fast_GET_SIZE(topic_seq);
-    if (PySequence_Fast_GET_SIZE(key_seq) != n || excluded.len != n || PySequence_Fast_GET_SIZE(first_seq) != key_count) {
-        PyErr_SetString(PyExc_ValueError, "key_of and excluded: one per request; first_queue_offsets: one per topic");
-        goto done;
-    }
-    next_queue = PyMem_Calloc(key_count ? key_count : 1, sizeof(long long));
-    if (!next_queue) { PyErr_NoMemory(); goto done; }
-    for (Py_ssize_t k = 0; k < key_count; k++) {
-        next_queue[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(first_seq, k));
-        if (next_queue[k] == -1 && PyErr_Occurred()) goto done;
-        PyObject *topic = PySequence_Fast_GET_ITEM(topic_seq, k);
-        if (!PyBytes_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topics must be bytes"); goto done; }
-        if (PyBytes_GET_SIZE(topic) > 32767) { PyErr_SetString(PyExc_ValueError, "topic too long"); goto done; }
-    }
-    answers = PyList_New(n);
     bodies = PyList_New(0);
     offsets = PyList_New(0);
     queue_ids = PyList_New(0);
     queue_offsets = PyList_New(0);
     positions = PyList_New(0);
     entry_sizes = PyList_New(0);
-    if (!answers || !bodies || !offsets || !queue_ids || !queue_offsets || !positions || !entry_sizes) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (((const uint8_t *)excluded.buf)[i]) {
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(answers, i, Py_None);
-            continue;
-        }
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-        Py_ssize_t index = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(key_seq, i));
-        if (index == -1 && PyErr_Occurred()) goto done;
-        if (index < 0 || index >= key_count) { PyErr_SetString(PyExc_ValueError, "key index out of range"); goto done; }
-        PyObject *topic = PySequence_Fast_GET_ITEM(topic_seq, index);
-        struct record_shape shape = {(const uint8_t *)PyBytes_AS_STRING(topic), PyBytes_GET_SIZE(topic), (const uint8_t *)born_ip.buf,
-                                     born_ip.len, born_port, (const uint8_t *)store_ip.buf, store_ip.len, store_port, sysflag,
-                                     store_ts, 0};
-        Py_ssize_t fixed = fixed_record_size(shape.topic_size, born_ip.len, store_ip.len);
+    if (!bodies || !offsets || !queue_ids || !queue_offsets || !positions || !entry_sizes) goto done;
+    for (Py_ssize_t i = 0; i < w.count; i++) {
         struct pass_request r;
-        int got = pass_request_get(item, &r, messages_max);
+        struct pass_head head;
+        int got = pass_walk_request(&w, i, &r, &head);
         if (got < 0) goto done;
-        if (got != 0) { PyErr_SetString(PyExc_ValueError, "a request kept is misshapen or malformed"); goto done; }
-        long long queue_id = r.queue_id, flag = r.flag, born_ts = r.born_ts;
-        if (!r.has_payload && (long_attr(item, str_queue_id, &queue_id) < 0 || long_attr(item, str_flag, &flag) < 0
-                               || long_attr(item, str_born_timestamp, &born_ts) < 0)) {
-            pass_request_release(&r);
-            goto done;
-        }
-        PyObject *answer = PyBytes_FromStringAndSize(NULL, 8 + 16 * r.count);
-        if (!answer) { pass_request_release(&r); goto done; }
-        PyList_SET_ITEM(answers, i, answer);
-        uint8_t *a = (uint8_t *)PyBytes_AS_STRING(answer);
-        put32(a, (uint32_t)queue_id);
-        put32(a + 4, (uint32_t)r.count);
-        PyObject *queue_id_object = PyLong_FromLongLong(queue_id);
+        if (got == 0) continue;
+        PyObject *queue_id_object = PyLong_FromLongLong(head.queue_id);
         if (!queue_id_object) { pass_request_release(&r); goto done; }
         for (Py_ssize_t j = 0; j < r.count; j++) {
-            Py_buffer body = {0}, prop = {0};
-            body.buf = (void *)r.data[2 * j];
-            body.len = r.size[2 * j];
-            prop.buf = (void *)r.data[2 * j + 1];
-            prop.len = r.size[2 * j + 1];
-            if (prop.len > 32767) {
-                Py_DECREF(queue_id_object);
-                pass_request_release(&r);
-                PyErr_SetString(PyExc_ValueError, "properties too long");
-                goto done;
-            }
-            Py_ssize_t size = record_size_of(fixed, body.len, &prop, 0);
+            Py_buffer body, prop;
+            Py_ssize_t size = pass_message(&w, &r, &head, j, &body, &prop);
+            if (size < 0) { Py_DECREF(queue_id_object); pass_request_release(&r); goto done; }
             long long entry_size = DLEDGER_BODY_OFFSET + (long long)size;
             long long remaining = file_size - offset % file_size;
             if (entry_size + 8 > remaining) offset += remaining;  /* a blank record fills the rest (MIN_BLANK_SIZE 8) */
-            long long pos = offset, queue_offset = next_queue[index]++;
+            long long pos = offset, queue_offset = w.next_queue[head.index]++;
             offset += entry_size;
             PyObject *record = PyBytes_FromStringAndSize(NULL, size);
             if (!record) { Py_DECREF(queue_id_object); pass_request_release(&r); goto done; }
-            encode_record((uint8_t *)PyBytes_AS_STRING(record), fixed, &shape, &body, &prop, (int)queue_id, (int)flag, queue_offset,
-                          pos + DLEDGER_BODY_OFFSET, born_ts);
+            encode_record((uint8_t *)PyBytes_AS_STRING(record), head.fixed, &w.shape, &body, &prop, (int)head.queue_id, (int)head.flag,
+                          queue_offset, pos + DLEDGER_BODY_OFFSET, head.born_ts);
             PyObject *values[5] = {PyLong_FromLongLong(pos + DLEDGER_BODY_OFFSET), PyLong_FromLongLong(queue_offset),
                                    PyLong_FromLongLong(pos), PyLong_FromLongLong(entry_size), NULL};
             PyObject *lists[5] = {offsets, queue_offsets, positions, entry_sizes, NULL};
@@ -1807,27 +1815,21 @@ static PyObject *write_entry_pass(PyObject *self, PyObject *args) {
                 Py_XDECREF(values[v]);
             }
             if (failed) { Py_DECREF(queue_id_object); pass_request_release(&r); goto done; }
-            put64(a + 8 + 16 * j, (uint64_t)(pos + DLEDGER_BODY_OFFSET));
-            put64(a + 16 + 16 * j, (uint64_t)queue_offset);
+            pass_answer_put(&head, j, pos + DLEDGER_BODY_OFFSET, queue_offset);
         }
         Py_DECREF(queue_id_object);
         pass_request_release(&r);
     }
     result = Py_BuildValue("(NNNNOOO)", PyList_AsTuple(bodies), PyList_AsTuple(offsets), PyList_AsTuple(queue_ids),
-                           PyList_AsTuple(queue_offsets), positions, entry_sizes, answers);
+                           PyList_AsTuple(queue_offsets), positions, entry_sizes, w.answers);
 done:
-    PyMem_Free(next_queue);
+    pass_walk_close(&w);
     Py_XDECREF(bodies);
     Py_XDECREF(offsets);
     Py_XDECREF(queue_ids);
     Py_XDECREF(queue_offsets);
     Py_XDECREF(positions);
     Py_XDECREF(entry_sizes);
-    Py_XDECREF(answers);
-    Py_XDECREF(seq);
-    Py_XDECREF(key_seq);
-    Py_XDECREF(topic_seq);
-    Py_XDECREF(first_seq);
     PyBuffer_Release(&store_ip);
     PyBuffer_Release(&born_ip);
     PyBuffer_Release(&excluded);

@@ -150,38 +150,20 @@ def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, nat
     keys, key_of, refused, counts, variable, malformed = pass_encode.plan_pass(
         requests, body_size_max=body_size_max, record_crc=False, messages_max=messages_max, decode=decode, native=native,
     )  # fmt: skip
-    topics: list[bytes] = []
-    bad_keys: set[int] = set()
+    shape = pass_encode.shape_pass(requests, keys, key_of, refused, malformed, counts, body_size_max=body_size_max,
+                                   store_v6=store_v6, record_crc=False, decode=decode)  # fmt: skip
+    bad_keys = shape.bad_keys
     kept = 0
-    born_ip = born_port = sysflag = None
-    for index, (topic, queue_id) in enumerate(keys):
-        try:
-            topic_bytes, born_ip, born_port, sysflag, v2 = rec._batch_shape(topic, queue_id, pass_encode.BORN_HOST, 0)
-        except rec.MessageRejected:
-            bad_keys.add(index)
-            topics.append(b"")
+    for index in range(len(keys)):
+        if index in bad_keys:
             continue
-        sysflag |= rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0
-        topics.append(topic_bytes)
         kept += counts[index]
         # No entry larger than all of its key's records together: when that may not fit a data file
         # (small files), the batch path refuses the one request that holds the entry, alone.
-        if BODY_OFFSET + rec._fixed_record_size(len(topic_bytes), sysflag, v2) * counts[index] + variable[index] > fit_max:
+        if BODY_OFFSET + shape.key_sizes[index] * counts[index] + variable[index] > fit_max:
             return None
-    excluded = bytearray(len(requests))
-    for number in refused + malformed:
-        excluded[number] = 1
-    if bad_keys:
-        for number, index in enumerate(key_of):
-            if index in bad_keys:
-                excluded[number] = 1
-    refusals = {}
-    if refused or bad_keys:
-        for number in sorted({*refused, *(n for n, index in enumerate(key_of) if index in bad_keys)}):
-            request = decode(requests[number]) if pass_encode._is_payload(requests[number]) else requests[number]
-            refusals[number] = pass_encode.refusal_of(request, body_size_max=body_size_max, store_v6=store_v6, record_crc=False)
     if kept == 0:
-        return EntryPass(None, [None] * len(requests), refusals, malformed)
+        return EntryPass(None, [None] * len(requests), shape.refusals, malformed)
     first_index, offset = store.plan_start()
     table = store._queue_table  # read, not changed: accept_plan advances it
     first_queue_offsets = [table.get(key, 0) for key in keys]
@@ -189,12 +171,12 @@ def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, nat
                   for index, key in enumerate(keys) if index not in bad_keys and counts[index]}  # fmt: skip
     store_timestamp = max(now_ms(), store._last_store_timestamp)
     bodies, offsets, queue_ids, queue_offsets, positions, entry_sizes, answers = write_entry_pass(
-        requests, key_of=key_of, excluded=bytes(excluded), topics=topics, first_queue_offsets=first_queue_offsets,
-        store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port, born_ip=born_ip, born_port=born_port,
-        sysflag=sysflag, messages_max=messages_max, offset=offset, file_size=file_size, decode=decode, native=native,
+        requests, key_of=key_of, excluded=shape.excluded, topics=shape.topics, first_queue_offsets=first_queue_offsets,
+        store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port, born_ip=shape.born_ip, born_port=shape.born_port,
+        sysflag=shape.sysflag, messages_max=messages_max, offset=offset, file_size=file_size, decode=decode, native=native,
     )  # fmt: skip
     plan = AppendPlan(first_index, bodies, offsets, queue_ids, queue_offsets, store_timestamp, queue_next, positions, entry_sizes)
-    return EntryPass(plan, answers, refusals, malformed)
+    return EntryPass(plan, answers, shape.refusals, malformed)
 
 
 NATIVE = pass_encode.NATIVE and _WRITE_NATIVE is not None  # whether plan_entry_pass runs natively

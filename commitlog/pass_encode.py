@@ -36,6 +36,7 @@ not this path's (client SENDs carry none).
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable
 
@@ -206,6 +207,58 @@ def refusal_of(request, *, body_size_max: int, store_v6: bool, record_crc: bool)
     raise AssertionError(f"request to {request.topic!r}/{request.queue_id} refused by the pass but not by prepare_batch")
 
 
+@dataclasses.dataclass(slots=True)
+class PassShape:
+    """What a planned pass's keys and requests come to, as ``append_pass`` and
+    ``entry_pass.plan_entry_pass`` both need it: per key its topic's bytes (b"" for a bad key, one
+    ``record._batch_shape`` refuses) and the fixed size of its records (0 for a bad key); the
+    records' hosts and sysflag; one flag a request (1: not written: refused, malformed or of a bad
+    key) and the refusal of each request refused or of a bad key, word for word the batch path's."""
+
+    topics: list[bytes]
+    bad_keys: set[int]
+    born_ip: bytes | None
+    born_port: int | None
+    sysflag: int | None
+    excluded: bytes
+    refusals: dict[int, rec.MessageRejected]
+    key_sizes: list[int]
+
+
+def shape_pass(requests, keys: list, key_of: list[int], refused: list[int], malformed: list[int], counts: list[int], *,
+               body_size_max: int, store_v6: bool, record_crc: bool, decode: Callable) -> PassShape:  # fmt: skip
+    """The ``PassShape`` of a pass ``plan_pass`` planned (its keys, key_of, refused, malformed and
+    counts): one ``record._batch_shape`` a key, one refusal a request refused."""
+    topics: list[bytes] = []
+    key_sizes: list[int] = []
+    bad_keys: set[int] = set()
+    born_ip = born_port = sysflag = None
+    for index, (topic, queue_id) in enumerate(keys):
+        try:
+            topic_bytes, born_ip, born_port, sysflag, v2 = rec._batch_shape(topic, queue_id, BORN_HOST, 0)
+        except rec.MessageRejected:
+            bad_keys.add(index)
+            topics.append(b"")
+            key_sizes.append(0)
+            continue
+        sysflag |= rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0
+        topics.append(topic_bytes)
+        key_sizes.append(rec._fixed_record_size(len(topic_bytes), sysflag, v2))
+    excluded = bytearray(len(requests))
+    for number in refused + malformed:
+        excluded[number] = 1
+    if bad_keys:
+        for number, index in enumerate(key_of):
+            if index in bad_keys:
+                excluded[number] = 1
+    refusals = {}
+    if refused or bad_keys:
+        for number in sorted({*refused, *(n for n, index in enumerate(key_of) if index in bad_keys)}):
+            request = decode(requests[number]) if _is_payload(requests[number]) else requests[number]
+            refusals[number] = refusal_of(request, body_size_max=body_size_max, store_v6=store_v6, record_crc=record_crc)
+    return PassShape(topics, bad_keys, born_ip, born_port, sysflag, bytes(excluded), refusals, key_sizes)
+
+
 def append_pass(store, requests, *, messages_max: int, decode: Callable, native: bool | None = None) -> PassAppend | None:
     """Append a pass of SENDs (``requests``: each a request object with topic, queue_id, flag,
     born_timestamp, bodies and properties one per body, or a SEND's payload, which ``decode``
@@ -221,34 +274,12 @@ def append_pass(store, requests, *, messages_max: int, decode: Callable, native:
     keys, key_of, refused, counts, variable, malformed = plan_pass(
         requests, body_size_max=body_size_max, record_crc=record_crc, messages_max=messages_max, decode=decode, native=native,
     )  # fmt: skip
-    topics: list[bytes] = []
-    bad_keys: set[int] = set()
-    total = 0
-    born_ip = born_port = sysflag = None
-    for index, (topic, queue_id) in enumerate(keys):
-        try:
-            topic_bytes, born_ip, born_port, sysflag, v2 = rec._batch_shape(topic, queue_id, BORN_HOST, 0)
-        except rec.MessageRejected:
-            bad_keys.add(index)
-            topics.append(b"")
-            continue
-        sysflag |= rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0
-        topics.append(topic_bytes)
-        total += rec._fixed_record_size(len(topic_bytes), sysflag, v2) * counts[index] + variable[index]
-    excluded = bytearray(len(requests))
-    for number in refused + malformed:
-        excluded[number] = 1
-    if bad_keys:
-        for number, index in enumerate(key_of):
-            if index in bad_keys:
-                excluded[number] = 1
-    refusals = {}
-    if refused or bad_keys:
-        for number in sorted({*refused, *(n for n, index in enumerate(key_of) if index in bad_keys)}):
-            request = decode(requests[number]) if _is_payload(requests[number]) else requests[number]
-            refusals[number] = refusal_of(request, body_size_max=body_size_max, store_v6=store_v6, record_crc=record_crc)
+    shape = shape_pass(requests, keys, key_of, refused, malformed, counts, body_size_max=body_size_max, store_v6=store_v6,
+                       record_crc=record_crc, decode=decode)  # fmt: skip
+    bad_keys = shape.bad_keys
+    total = sum(shape.key_sizes[index] * counts[index] + variable[index] for index in range(len(keys)) if index not in bad_keys)
     if total == 0:
-        return PassAppend(None, [None] * len(requests), refusals, malformed)
+        return PassAppend(None, [None] * len(requests), shape.refusals, malformed)
     if total + rec.BLANK_SIZE > commit_log.segment_size:
         return None
     answers: list = []
@@ -263,8 +294,9 @@ def append_pass(store, requests, *, messages_max: int, decode: Callable, native:
                 table[key] = first + counts[index]
         written, offsets, queue_offsets, pieces = write_pass(
             buffer, position, physical_base=base, store_timestamp=store_timestamp, store_ip=commit_log.store_ip,
-            store_port=commit_log.store_port, born_ip=born_ip, born_port=born_port, sysflag=sysflag, record_crc=record_crc,
-            requests=requests, key_of=key_of, excluded=bytes(excluded), topics=topics, first_queue_offsets=first_queue_offsets,
+            store_port=commit_log.store_port, born_ip=shape.born_ip, born_port=shape.born_port, sysflag=shape.sysflag,
+            record_crc=record_crc, requests=requests, key_of=key_of, excluded=shape.excluded, topics=shape.topics,
+            first_queue_offsets=first_queue_offsets,
             messages_max=messages_max, decode=decode, native=native,
         )  # fmt: skip
         assert written == total, (written, total)
@@ -276,7 +308,7 @@ def append_pass(store, requests, *, messages_max: int, decode: Callable, native:
         if result.status is rec.PutMessageStatus.DISK_FULL:
             store.disk.no_room(result.reason)
         return None
-    return PassAppend(result, answers, refusals, malformed)
+    return PassAppend(result, answers, shape.refusals, malformed)
 
 
 NATIVE = _PLAN_NATIVE is not None  # whether plan_pass and write_pass run natively

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from commitlog.dledger import entry_codec as codec
 from commitlog.dledger.entry_reader import index_unit_or_none
-from commitlog.mapped_file import StoreError
+from commitlog.mapped_file import MappedFile, StoreError
 from commitlog.mapped_file_queue import MappedFileQueue
 
 
@@ -59,27 +59,10 @@ class EntryRepair:
         if not self._first_index <= index <= self._committed_index:
             raise StoreError(f"{where}: not a committed entry of this log [{self._first_index}, {self._committed_index}]")
         try:
-            header = codec.decode_entry_header(data, 0)
-            codec.check_body(header, data, 0)
-        except codec.EntryFormatError as error:
-            raise StoreError(f"{where}: the copy fetched: {error.reason}") from None
-        if (header.index, header.pos, header.size) != (index, pos, len(data)) or header.channel or header.chain_crc:
-            raise StoreError(f"{where}: the copy fetched is entry {header.index} at {header.pos} of {header.size} "
-                             f"bytes ({len(data)} fetched)")  # fmt: skip
-        mapped_file = self.data_file_list.find_mapped_file_by_offset(pos)
-        position = pos - mapped_file.file_from_offset if mapped_file is not None else -1
-        if mapped_file is None or position + header.size > mapped_file.wrote_position:
-            raise StoreError(f"{where}: {header.size} bytes there pass this log's written data")
-        ours: list[tuple[int, int]] = []  # (term, size) this log's header and unit say
-        unit = index_unit_or_none(self.index_file_list, index)
-        if unit is not None and unit.pos == pos:
-            ours.append((unit.term, unit.size))
-        local = codec.ENTRY_HEADER.unpack_from(mapped_file.view(), position)
-        if local[0] == codec.MAGIC_1 and local[2] == index and local[4] == pos:
-            ours.append((local[3], local[1]))
-        if (header.term, header.size) not in ours:
-            raise StoreError(f"{where}: the copy fetched (term {header.term}, {header.size} bytes) is not what this "
-                             f"log's header or index unit say ({ours or 'nothing readable'})")  # fmt: skip
+            header, mapped_file, position = check_entry_copy(self.data_file_list, self.index_file_list, index, pos, data,
+                                                             within="written")  # fmt: skip
+        except EntryCopyRefused as error:
+            raise StoreError(f"{where}: {error.reason}") from None
         rewritten: list[str] = []
         if bytes(mapped_file.view()[position : position + header.size]) != bytes(data):
             mapped_file.rewrite(position, data)
@@ -95,3 +78,48 @@ class EntryRepair:
         if index == self._last_index:
             self._last_term = header.term
         return tuple(rewritten)
+
+
+class EntryCopyRefused(StoreError):
+    """A member's copy of an entry that must not be written over this log's (``reason`` says why)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def check_entry_copy(data_file_list: MappedFileQueue, index_file_list: MappedFileQueue, index: int, pos: int, data, *,
+                     within: str, holder: str = "this log") -> tuple[codec.EntryHeader, MappedFile, int]:  # fmt: skip
+    """(its header, the data file, the position in it) when ``data`` is entry ``index`` at ``pos``,
+    whole (magic, sizes, bodyCrc, reserved fields 0), lying ``within`` this log's data ("written":
+    before the data file's wrote position, a log open; "file": leaving a blank record's room in the
+    data file, a log not loaded), whose term and size this log's header or index unit there still
+    say (a single damage changes one of them, not both); EntryCopyRefused otherwise, its reason
+    naming the log as ``holder``. Shared by the live repair (``EntryRepair.rewrite_entry``) and the
+    offline one (``member_repair.check_copy``)."""
+    try:
+        header = codec.decode_entry_header(data, 0)
+        codec.check_body(header, data, 0)
+    except codec.EntryFormatError as error:
+        raise EntryCopyRefused(f"the copy fetched: {error.reason}") from None
+    if (header.index, header.pos, header.size) != (index, pos, len(data)) or header.channel or header.chain_crc:
+        raise EntryCopyRefused(f"the copy fetched is entry {header.index} at {header.pos} of {header.size} bytes "
+                               f"({len(data)} fetched)")  # fmt: skip
+    mapped_file = data_file_list.find_mapped_file_by_offset(pos)
+    position = pos - mapped_file.file_from_offset if mapped_file is not None else -1
+    if within == "written":
+        if mapped_file is None or position + header.size > mapped_file.wrote_position:
+            raise EntryCopyRefused(f"{header.size} bytes there pass {holder}'s written data")
+    elif mapped_file is None or position + header.size > mapped_file.file_size - codec.MIN_BLANK_SIZE:
+        raise EntryCopyRefused(f"{holder} has no data file that holds [{pos}, {pos + header.size})")
+    ours: list[tuple[int, int]] = []  # (term, size) this log's index unit and header say
+    unit = index_unit_or_none(index_file_list, index)
+    if unit is not None and unit.pos == pos:
+        ours.append((unit.term, unit.size))
+    local = codec.ENTRY_HEADER.unpack_from(mapped_file.view(), position)
+    if local[0] == codec.MAGIC_1 and local[2] == index and local[4] == pos:
+        ours.append((local[3], local[1]))
+    if (header.term, header.size) not in ours:
+        raise EntryCopyRefused(f"the copy fetched (term {header.term}, {header.size} bytes) is not what {holder}'s header "
+                               f"or index unit say ({ours or 'nothing readable'})")  # fmt: skip
+    return header, mapped_file, position

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from commitlog.checkpoint import StoreLock
 from commitlog.damage import DamagedRange
 from commitlog.dledger import entry_codec as codec
-from commitlog.dledger.entry_reader import index_unit_or_none
+from commitlog.dledger.entry_repair import EntryCopyRefused, check_entry_copy
 from commitlog.dledger.entry_recovery import EntryLogLoader, RecoveryPlan
 from commitlog.dledger.entry_store import DATA_DIRECTORY, INDEX_DIRECTORY, DLedgerMmapFileStore, DLedgerStoreConfig
 from commitlog.dledger.state_files import EntryStateFiles
@@ -134,27 +134,9 @@ def check_copy(loader: EntryLogLoader, index: int, pos: int, data: bytes) -> Non
     """MemberRepairError unless ``data`` is entry ``index`` at ``pos``, whole, and the entry this
     store held there (its own header or index unit says the same term and size)."""
     try:
-        header = codec.decode_entry_header(data, 0)
-        codec.check_body(header, data, 0)
-    except codec.EntryFormatError as error:
-        raise MemberRepairError(f"the copy fetched: {error.reason}") from None
-    if (header.index, header.pos, header.size) != (index, pos, len(data)) or header.channel or header.chain_crc:
-        raise MemberRepairError(f"the copy fetched is entry {header.index} at {header.pos} of {header.size} bytes "
-                                f"({len(data)} fetched)")  # fmt: skip
-    mapped_file = loader.data_file_list.find_mapped_file_by_offset(pos)
-    position = pos - mapped_file.file_from_offset if mapped_file is not None else -1
-    if mapped_file is None or position + header.size > mapped_file.file_size - codec.MIN_BLANK_SIZE:
-        raise MemberRepairError(f"this store has no data file that holds [{pos}, {pos + header.size})")
-    ours: list[tuple[int, int]] = []  # (term, size) this store's index unit and header say
-    unit = index_unit_or_none(loader.index_file_list, index)
-    if unit is not None and unit.pos == pos:
-        ours.append((unit.term, unit.size))
-    local = codec.ENTRY_HEADER.unpack_from(mapped_file.view(), position)
-    if local[0] == codec.MAGIC_1 and local[2] == index and local[4] == pos:
-        ours.append((local[3], local[1]))
-    if (header.term, header.size) not in ours:
-        raise MemberRepairError(f"the copy fetched (term {header.term}, {header.size} bytes) is not what this store's "
-                                f"header or index unit say ({ours or 'nothing readable'})")  # fmt: skip
+        check_entry_copy(loader.data_file_list, loader.index_file_list, index, pos, data, within="file", holder="this store")
+    except EntryCopyRefused as error:
+        raise MemberRepairError(error.reason) from None
 
 
 def _write(path: str, position: int, data: bytes) -> None:

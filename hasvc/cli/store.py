@@ -339,12 +339,18 @@ def store_repair(directory: str, peer: str | None, accept_loss: bool, crc: str, 
         report = _repair_from(directory, peer, crc, secret_file, tls_ca)
     except StoreError as error:
         raise click.ClickException(str(error)) from None
-    if not report.repaired:
-        click.echo(f"{directory}: no damage found; nothing written")
+    _echo_repaired(directory, peer, report.repaired, "damaged ranges",
+                   f"{report.bytes_written} bytes, {report.records_written} records")  # fmt: skip
+
+
+def _echo_repaired(where: str, peer: str, repaired, what: str, written: str) -> None:
+    """A repair from ``peer``'s report: nothing found, or what was rewritten (``repaired``, each
+    with ``describe()``) and how much (``written``) was checked and written."""
+    if not repaired:
+        click.echo(f"{where}: no damage found; nothing written")
     else:
-        click.echo(f"{directory}: repaired {len(report.repaired)} damaged ranges from {peer} "
-                   f"({report.bytes_written} bytes, {report.records_written} records checked and written): "
-                   + "; ".join(damage.describe() for damage in report.repaired))  # fmt: skip
+        click.echo(f"{where}: repaired {len(repaired)} {what} from {peer} ({written} checked and written): "
+                   + "; ".join(damage.describe() for damage in repaired))  # fmt: skip
 
 
 def _repair_member(directory: str, member: str, peer: str | None, secret_file, tls_ca) -> None:
@@ -363,12 +369,7 @@ def _repair_member(directory: str, member: str, peer: str | None, secret_file, t
         report = _with_peer(peer, secret_file, tls_ca, lambda fetch: member_repair.repair_member_from(directory, member, fetch))
     except StoreError as error:
         raise click.ClickException(str(error)) from None
-    if not report.repaired:
-        click.echo(f"{directory} (member {member}): no damage found; nothing written")
-    else:
-        click.echo(f"{directory} (member {member}): repaired {len(report.repaired)} entries from {peer} "
-                   f"({report.bytes_written} bytes checked and written): "
-                   + "; ".join(damage.describe() for damage in report.repaired))  # fmt: skip
+    _echo_repaired(f"{directory} (member {member})", peer, report.repaired, "entries", f"{report.bytes_written} bytes")
 
 
 def _repair_from(directory: str, peer: str, crc: str, secret_file, tls_ca):

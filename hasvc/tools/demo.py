@@ -58,11 +58,51 @@ def run_demo(*, producers: int = 16, keep: bool = True, echo=print) -> bool:
              if ok else "summary: FAILED")  # fmt: skip
     finally:
         drill.close(keep)
+    _where_the_stores_are(drill, keep, f"{drill.root}/a", "hasvc demo: SYNC_MASTER pair, SIGKILL of the master, promote", echo)
+    return ok
+
+
+def _run_to_the_end(drill, main, keep: bool, succeeded: str, verify: str, title: str, echo) -> bool:
+    """Run a trio demo's ``main`` (True when its round was OK), close its drill whatever happens,
+    then its summary (``succeeded`` saying what OK means) and where its stores are."""
+    ok = False
+    try:
+        ok = trio.run(main)
+    finally:
+        drill.close(keep)
+    echo(f"summary: {'OK — ' + succeeded if ok else 'FAILED'}")
+    _where_the_stores_are(drill, keep, verify, title, echo)
+    return ok
+
+
+def _where_the_stores_are(drill, keep: bool, verify: str, title: str, echo) -> None:
+    """A demo's last lines: where its stores were kept (how big, how to check one) and its picture,
+    or that they were removed."""
     if keep:
         echo(f"stores kept in {drill.root} ({_disk_used_mb(drill.root):,.0f} MB on disk; remove the directory when done, "
-             f"or run with --no-keep): `hasvc store verify {drill.root}/a` checks one")  # fmt: skip
-        _picture(drill, "hasvc demo: SYNC_MASTER pair, SIGKILL of the master, promote", echo)
-    return ok
+             f"or run with --no-keep): `hasvc store verify {verify}` checks one")  # fmt: skip
+        _picture(drill, title, echo)
+    else:
+        echo(f"stores removed ({drill.root})")
+
+
+async def _show_progress(drill, rest_of_line, echo) -> None:
+    """A demo's live progress for ``WRITE_SECONDS``: every half second the writes acknowledged so
+    far, their rate and ``await rest_of_line()`` (the status the demo shows), over the same line on
+    a terminal, a line each otherwise."""
+    started = trio.current_time()
+    while trio.current_time() - started < WRITE_SECONDS:
+        await trio.sleep(0.5)
+        rest = await rest_of_line()
+        rate = len(drill.acked) / (trio.current_time() - started)
+        line = f"   {len(drill.acked):>8,} acked  {rate:>8,.0f} msgs/s  {rest}"
+        if sys.stdout.isatty():
+            sys.stdout.write("\r" + line)
+            sys.stdout.flush()
+        else:
+            echo(line)
+    if sys.stdout.isatty():
+        sys.stdout.write("\n")
 
 
 def _picture(drill, title: str, echo) -> None:
@@ -84,21 +124,14 @@ async def _write_with_progress(drill: Drill, master, slave, echo) -> None:
     async with hc.connect_cluster([master.ready["listen"]], drill.secret) as producer, trio.open_nursery() as nursery:
         for _ in range(drill.producers):
             nursery.start_soon(drill._producer, producer)
-        started = trio.current_time()
         async with hc.connect(master.ready["listen"], drill.secret) as client:
-            while trio.current_time() - started < WRITE_SECONDS:
-                await trio.sleep(0.5)
+
+            async def rest_of_line() -> str:
                 status = await client.status()
                 lag = status["slaves"][0]["lag_bytes"] if status["slaves"] else "-"
-                rate = len(drill.acked) / (trio.current_time() - started)
-                line = f"   {len(drill.acked):>8,} acked  {rate:>8,.0f} msgs/s  master offset {status['max_offset']:>11,}  slave lag {lag} B"
-                if sys.stdout.isatty():
-                    sys.stdout.write("\r" + line)
-                    sys.stdout.flush()
-                else:
-                    echo(line)
-        if sys.stdout.isatty():
-            sys.stdout.write("\n")
+                return f"master offset {status['max_offset']:>11,}  slave lag {lag} B"
+
+            await _show_progress(drill, rest_of_line, echo)
         nursery.cancel_scope.cancel()
 
 
@@ -118,11 +151,10 @@ def run_dledger_demo(*, producers: int = 16, keep: bool = True, echo=print) -> b
     from hasvc.tools.drill_dledger import DLedgerDrill
 
     drill = DLedgerDrill(nodes=3, producers=producers, seed=int(time.time()), echo=echo)
-    ok = False
     echo(f"stores and logs: {drill.root}")
 
-    async def main() -> None:
-        nonlocal ok
+    async def main() -> bool:
+        ok = False
         async with trio.open_nursery() as nursery:
             await drill.relay.start(nursery)
             await drill.start_all()
@@ -150,35 +182,20 @@ def run_dledger_demo(*, producers: int = 16, keep: bool = True, echo=print) -> b
                 _print_member(await drill.status(node), echo)
             ok = report.ok
             nursery.cancel_scope.cancel()
+        return ok
 
-    try:
-        trio.run(main)
-    finally:
-        drill.close(keep)
-    echo(f"summary: {'OK — every acknowledged write survived the loss of the leader, with no human in the loop' if ok else 'FAILED'}")
-    if keep:
-        echo(f"stores kept in {drill.root} ({_disk_used_mb(drill.root):,.0f} MB on disk; remove the directory when done, "
-             f"or run with --no-keep): `hasvc store verify {drill.root}/n0 --member n0` checks one")  # fmt: skip
-        _picture(drill, "hasvc demo --dledger: a group of 3, SIGKILL of the leader, Raft elects", echo)
-    return ok
+    return _run_to_the_end(drill, main, keep, "every acknowledged write survived the loss of the leader, with no human in the loop",
+                           f"{drill.root}/n0 --member n0", "hasvc demo --dledger: a group of 3, SIGKILL of the leader, Raft elects",
+                           echo)  # fmt: skip
 
 
 async def _dledger_progress(drill, leader: str, echo) -> None:
-    started = trio.current_time()
-    while trio.current_time() - started < WRITE_SECONDS:
-        await trio.sleep(0.5)
+    async def rest_of_line() -> str:
         status = await drill.status(drill.nodes[leader]) or {}
-        rate = len(drill.acked) / (trio.current_time() - started)
         lags = ", ".join(f"{peer} {p.get('lag_entries', '-')}" for peer, p in (status.get("peers") or {}).items())
-        line = (f"   {len(drill.acked):>8,} acked  {rate:>8,.0f} msgs/s  committed index {status.get('committed_index', '-'):>8}"
-                f"  followers' lag (entries): {lags}")  # fmt: skip
-        if sys.stdout.isatty():
-            sys.stdout.write("\r" + line)
-            sys.stdout.flush()
-        else:
-            echo(line)
-    if sys.stdout.isatty():
-        sys.stdout.write("\n")
+        return f"committed index {status.get('committed_index', '-'):>8}  followers' lag (entries): {lags}"
+
+    await _show_progress(drill, rest_of_line, echo)
 
 
 def _print_member(status: dict | None, echo) -> None:
@@ -200,11 +217,10 @@ def run_controller_demo(*, producers: int = 16, keep: bool = True, echo=print) -
 
     drill = ControllerDrill(nodes=2, producers=producers, seed=int(time.time()), echo=echo)
     group = drill.group
-    ok = False
     echo(f"stores and logs: {drill.root}")
 
-    async def main() -> None:
-        nonlocal ok
+    async def main() -> bool:
+        ok = False
         async with trio.open_nursery() as relays:
             await drill.start_links(relays)
             await trio.to_thread.run_sync(drill.start)
@@ -233,37 +249,20 @@ def run_controller_demo(*, producers: int = 16, keep: bool = True, echo=print) -
             await trio.to_thread.run_sync(_print_controlled, drill, echo)
             ok = report.ok
             relays.cancel_scope.cancel()
+        return ok
 
-    try:
-        trio.run(main)
-    finally:
-        drill.close(keep)
-    echo(f"summary: {'OK — every acknowledged write survived the loss of the master; the controller failed the pair over' if ok else 'FAILED'}")
-    if keep:
-        echo(f"stores kept in {drill.root} ({_disk_used_mb(drill.root):,.0f} MB on disk; remove the directory when done, "
-             f"or run with --no-keep): `hasvc store verify {drill.root}/b0` checks one")  # fmt: skip
-        _picture(drill, "hasvc demo --controller: a pair and a controller, SIGKILL of the master, the controller elects", echo)
-    else:
-        echo(f"stores removed ({drill.root})")
-    return ok
+    return _run_to_the_end(drill, main, keep, "every acknowledged write survived the loss of the master; the controller failed the "
+                           "pair over", f"{drill.root}/b0",
+                           "hasvc demo --controller: a pair and a controller, SIGKILL of the master, the controller elects", echo)  # fmt: skip
 
 
 async def _controller_progress(drill, master: str, echo) -> None:
-    started = trio.current_time()
-    while trio.current_time() - started < WRITE_SECONDS:
-        await trio.sleep(0.5)
+    async def rest_of_line() -> str:
         status = await trio.to_thread.run_sync(drill.group.status, master) or {}
-        rate = len(drill.acked) / (trio.current_time() - started)
-        line = (f"   {len(drill.acked):>8,} acked  {rate:>8,.0f} msgs/s  master offset {status.get('max_offset', 0):>11,}  "
-                f"confirmed {status.get('confirm_offset') or 0:>11,}  SyncStateSet {status.get('sync_state_set')}  "
-                f"lease {status.get('lease_seconds_left', 0):.2f} s")  # fmt: skip
-        if sys.stdout.isatty():
-            sys.stdout.write("\r" + line)
-            sys.stdout.flush()
-        else:
-            echo(line)
-    if sys.stdout.isatty():
-        sys.stdout.write("\n")
+        return (f"master offset {status.get('max_offset', 0):>11,}  confirmed {status.get('confirm_offset') or 0:>11,}  "
+                f"SyncStateSet {status.get('sync_state_set')}  lease {status.get('lease_seconds_left', 0):.2f} s")  # fmt: skip
+
+    await _show_progress(drill, rest_of_line, echo)
 
 
 def _print_controlled(drill, echo) -> None:

@@ -14,7 +14,8 @@ import trio
 from commitlog import mapped_file
 from hasvc.config import BrokerRole
 from hasvc.state.raft.ready import Role
-from tests.driver.test_dledger_pass import WAIT_SECONDS, _leading, _Outbox, _send
+from tests.driver.dledger_leader import WAIT_SECONDS, Outbox
+from tests.driver.test_dledger_pass import _leading, _send
 
 BODY = b"b" * 4000  # a 1 MiB data file holds ~260
 
@@ -30,7 +31,7 @@ class NoRoom:
         return self.real(fd, offset, size)
 
 
-async def _put(broker, outbox: _Outbox, request_id: int) -> str:
+async def _put(broker, outbox: Outbox, request_id: int) -> str:
     broker.put_service.put_items([(outbox, *_send(request_id, 0, [BODY]))])
     with trio.fail_after(WAIT_SECONDS):
         while request_id not in outbox.answers:
@@ -43,7 +44,7 @@ async def test_a_leader_without_room_answers_disk_full_and_keeps_leading(tmp_pat
     monkeypatch.setattr(mapped_file.os, "posix_fallocate", no_room)
     async with trio.open_nursery() as nursery:
         broker = await _leading(tmp_path, nursery)
-        outbox = _Outbox()
+        outbox = Outbox()
         assert await _put(broker, outbox, 1) == "PUT_OK"
         no_room.full = True
         request_id, status = 1, "PUT_OK"
@@ -66,7 +67,7 @@ async def test_an_append_that_fails_after_the_core_took_it_restarts_the_core_not
     async with trio.open_nursery() as nursery:
         broker = await _leading(tmp_path, nursery)
         monkeypatch.setattr(broker.driver, "_room_refusal", lambda plan: None)  # as if no check had seen it
-        outbox = _Outbox()
+        outbox = Outbox()
         assert await _put(broker, outbox, 1) == "PUT_OK"
         no_room.full = True
         node = broker.driver.node

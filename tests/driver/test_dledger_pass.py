@@ -10,40 +10,16 @@ import trio
 
 from commitlog import record as rec
 from hasvc import client as hc
-from hasvc.broker.raft.broker import RaftBroker
-from hasvc.broker.raft.group import GroupConfig
-from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
 from hasvc.state.puts import PutTracker
-from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.ready import Refused, RefusalStatus
+from tests.driver.dledger_leader import Outbox, leading, until
 
-FAST = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
-WAIT_SECONDS = 10.0  # anything that takes longer failed
 BODY_MAX = 4096
 
 
-class _Outbox:
-    def __init__(self):
-        self.answers: dict[int, cp.SendResponse] = {}
-
-    def respond(self, frame, payload):
-        self.answers[frame.request_id] = cp.decode_send_response(payload)
-
-    def flush(self):
-        pass
-
-
-async def _leading(tmp_path, nursery) -> RaftBroker:
-    """A group of one member (its quorum is itself), SYNC_MASTER once its no-op is committed."""
-    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
-                          commitlog_segment_size=1024 * 1024, max_message_size=BODY_MAX)  # fmt: skip
-    broker = RaftBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST))
-    await nursery.start(broker.run)
-    with trio.fail_after(WAIT_SECONDS):
-        while broker.role_state.role is not BrokerRole.SYNC_MASTER:
-            await trio.sleep(0.01)
-    return broker
+async def _leading(tmp_path, nursery):
+    return await leading(tmp_path, nursery, max_message_size=BODY_MAX)
 
 
 def _count_proposals(broker, monkeypatch) -> list[int]:
@@ -55,10 +31,8 @@ def _count_proposals(broker, monkeypatch) -> list[int]:
     return sizes
 
 
-async def _answers(outbox: _Outbox, count: int) -> dict[int, cp.SendResponse]:
-    with trio.fail_after(WAIT_SECONDS):
-        while len(outbox.answers) < count:
-            await trio.sleep(0.01)
+async def _answers(outbox: Outbox, count: int) -> dict[int, cp.SendResponse]:
+    await until(lambda: len(outbox.answers) >= count)
     return outbox.answers
 
 
@@ -71,7 +45,7 @@ async def test_a_pass_over_several_queues_is_one_proposal_answered_per_request(t
     async with trio.open_nursery() as nursery:
         broker = await _leading(tmp_path, nursery)
         proposals = _count_proposals(broker, monkeypatch)
-        outbox = _Outbox()
+        outbox = Outbox()
         # Interleaved as producers spread over queues send them: 4 groups (T/0, T/1, T/2, U/1).
         sends = [_send(1, 0, [b"a1"]), _send(2, 1, [b"b1", b"b2"]), _send(3, 0, [b"a2", b"a3"]),
                  _send(4, 2, [b"c1"]), _send(5, 1, [b"b3"]), _send(6, 1, [b"u1"], topic="U")]  # fmt: skip
@@ -109,7 +83,7 @@ async def test_a_bad_message_in_a_pass_fails_alone(tmp_path, monkeypatch) -> Non
     async with trio.open_nursery() as nursery:
         broker = await _leading(tmp_path, nursery)
         proposals = _count_proposals(broker, monkeypatch)
-        outbox = _Outbox()
+        outbox = Outbox()
         sends = [_send(1, 0, [b"fine"]), _send(2, 1, [b"x" * (BODY_MAX + 1)]), _send(3, 1, [b"also fine"]),
                  _send(4, 2, [b"fine too"])]  # fmt: skip
         broker.put_service.put_items([(outbox, frame, request) for frame, request in sends])
@@ -128,7 +102,7 @@ async def test_a_member_that_cannot_take_writes_refuses_the_whole_pass(tmp_path,
         broker = await _leading(tmp_path, nursery)
         proposals = _count_proposals(broker, monkeypatch)
         monkeypatch.setattr(PutTracker, "refusal", lambda self, role, in_sync: _Refused())
-        outbox = _Outbox()
+        outbox = Outbox()
         sends = [_send(1, 0, [b"a"]), _send(2, 1, [b"b"]), _send(3, 0, [b"c"])]
         broker.put_service.put_items([(outbox, frame, request) for frame, request in sends])
         answers = await _answers(outbox, len(sends))
@@ -147,7 +121,7 @@ async def test_a_pass_the_core_refuses_is_refused_whole_and_stores_nothing(tmp_p
         real = node.propose
         last = broker.store.entries.last_index()
         monkeypatch.setattr(node, "propose", lambda bodies, now: Refused(RefusalStatus.LEADER_PENDING_FULL, "n0", "full (test)"))
-        outbox = _Outbox()
+        outbox = Outbox()
         sends = [_send(1, 0, [b"a"]), _send(2, 1, [b"b"]), _send(3, 0, [b"c"])]
         broker.put_service.put_items([(outbox, frame, request) for frame, request in sends])
         answers = await _answers(outbox, len(sends))
@@ -170,7 +144,7 @@ async def test_a_pass_of_send_payloads_is_one_proposal_and_answers_each_request_
             nursery.cancel_scope.cancel()
             pytest.skip("without the native module SENDs are decoded by the client port (the batch path)")
         proposals = _count_proposals(broker, monkeypatch)
-        outbox = _Outbox()
+        outbox = Outbox()
         good = [_send(1, 0, [b"a1", b"a2"]), _send(3, 1, [b"b1"]), _send(5, 0, [b"a3"])]
         frames = [cp.Frame(cp.SEND, frame.request_id, memoryview(cp.encode_send(request))) for frame, request in good]
         frames.insert(1, cp.Frame(cp.SEND, 2, memoryview(cp.encode_send(_send(2, 0, [b"x" * (BODY_MAX + 1)])[1]))))

@@ -15,51 +15,21 @@ import trio
 
 from commitlog.dledger.message_store import DLedgerMessageStore
 from hasvc.broker.raft.broker import RaftBroker
-from hasvc.broker.raft.group import GroupConfig
-from hasvc.config import BrokerConfig, BrokerRole
+from hasvc.config import BrokerRole
 from hasvc.protocol import client as cp
 from hasvc.state.dedupe import ProducerTable, Stored, Verdict
-from hasvc.state.raft.config import RaftConfig
 from hasvc.state.raft.ready import Role
+from tests.driver.dledger_leader import WAIT_SECONDS, Outbox, leading, until
 
-FAST = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
-WAIT_SECONDS = 10.0  # anything that takes longer failed
 PRODUCER = "p1"
 
 
-class _Outbox:
-    def __init__(self):
-        self.answers: dict[int, cp.SendResponse] = {}
-
-    def respond(self, frame, payload):
-        self.answers[frame.request_id] = cp.decode_send_response(payload)
-
-    def flush(self):
-        pass
-
-
-async def _leading(tmp_path, nursery) -> RaftBroker:
-    """A group of one member (its quorum is itself), SYNC_MASTER once its no-op is committed."""
-    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
-                          commitlog_segment_size=1024 * 1024)  # fmt: skip
-    broker = RaftBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=FAST))
-    await nursery.start(broker.run)
-    await _until(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER)
-    return broker
-
-
-async def _until(condition) -> None:
-    with trio.fail_after(WAIT_SECONDS):
-        while not condition():
-            await trio.sleep(0.01)
-
-
-async def _send(broker: RaftBroker, outbox: _Outbox, request_id: int, sequence: int,
+async def _send(broker: RaftBroker, outbox: Outbox, request_id: int, sequence: int,
                 producer: str = PRODUCER) -> cp.SendResponse:  # fmt: skip
     """SEND_IDEMPOTENT of one message of ``producer``, answered once committed."""
     request = cp.SendRequest("T", 0, [f"m{sequence}".encode()], [b""], producer_id=producer, first_sequence=sequence)
     broker.put_service.put_items([(outbox, cp.Frame(cp.SEND_IDEMPOTENT, request_id, b""), request)])
-    await _until(lambda: request_id in outbox.answers)
+    await until(lambda: request_id in outbox.answers)
     return outbox.answers[request_id]
 
 
@@ -70,7 +40,7 @@ async def _next_term(broker: RaftBroker) -> int:
     term = node.term + 1
     node._become_follower(term, None, trio.current_time())
     broker.driver.drain()
-    await _until(lambda: node.role is Role.LEADER and node.term > term and broker.store.caught_up())
+    await until(lambda: node.role is Role.LEADER and node.term > term and broker.store.caught_up())
     return node.term
 
 
@@ -103,22 +73,22 @@ class _Scans:
 
 async def test_a_rebuild_for_an_earlier_term_starts_no_second_one_beside_writes(tmp_path, monkeypatch) -> None:
     async with trio.open_nursery() as nursery:
-        broker = await _leading(tmp_path, nursery)
-        outbox = _Outbox()
+        broker = await leading(tmp_path, nursery)
+        outbox = Outbox()
         first = await _send(broker, outbox, 1, 0)
         assert first.status == "PUT_OK", first
         scans = _Scans(monkeypatch, broker, held=3)
         await _next_term(broker)  # leading again: its rebuild waits in its scan
-        await _until(lambda: scans.started == 1)
+        await until(lambda: scans.started == 1)
         await _next_term(broker)  # and again, that rebuild still running
         broker._on_role()  # what any commit or role change does next: decide from now
         scans.release(0)  # the earlier term's rebuild ends: the member rebuilds for its term
         scans.release(1)
-        await _until(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER)
+        await until(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER)
         # A rebuild started beside the writes would be scanning now, holding the files: wait
         # for it, or for no rebuild to be running or waiting for them.
         lock = broker.maintenance
-        await _until(lambda: scans.started > 2 or (not lock.locked() and lock.statistics().tasks_waiting == 0))
+        await until(lambda: scans.started > 2 or (not lock.locked() and lock.statistics().tasks_waiting == 0))
         try:
             # Retries are answered from the table the member took writes with: where the log holds them.
             last = broker.store.entries.last_index()
@@ -142,14 +112,14 @@ async def test_a_new_leader_forgets_sends_its_log_no_longer_holds(tmp_path) -> N
     retry of it is stored, not answered with offsets that now hold another message (the rebuild
     installs exactly what the log says)."""
     async with trio.open_nursery() as nursery:
-        broker = await _leading(tmp_path, nursery)
-        outbox = _Outbox()
+        broker = await leading(tmp_path, nursery)
+        outbox = Outbox()
         other = await _send(broker, outbox, 1, 0)
         assert other.status == "PUT_OK", other
         # As if "ghost" 0 had been appended where the log now holds PRODUCER's 0.
         broker.producers.remember("ghost", 0, [Stored(other.offsets[0], 1, 0, other.queue_offsets[0])])
         await _next_term(broker)
-        await _until(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER)
+        await until(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER)
         retry = await _send(broker, outbox, 2, 0, producer="ghost")
         assert retry.status == "PUT_OK", retry
         assert retry.offsets != other.offsets and broker.put_service.duplicate_sends == 0

@@ -20,8 +20,10 @@ from tests.driver.test_raft_sender import WAIT_SECONDS, _driver_of_n0
 REST_SIZE = 16 * 1024 * 1024  # far more than loopback's socket buffers hold
 
 
-async def test_a_peer_that_never_reads_shows_its_queued_bytes_until_it_closes():
-    gone = trio.Event()
+async def _sending_to_a_silent_peer(nursery, gone: trio.Event):
+    """n0's Raft driver with its sender to n1 running and connected; n1 a peer on loopback (a
+    small receive buffer) that answers the preface, then reads nothing more, and closes once
+    ``gone`` is set."""
     prefaced = trio.Event()
 
     async def silent_peer(stream: trio.SocketStream) -> None:
@@ -32,14 +34,20 @@ async def test_a_peer_that_never_reads_shows_its_queued_bytes_until_it_closes():
         await gone.wait()  # reads nothing more
         await stream.aclose()
 
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, silent_peer, 0, host="127.0.0.1"))
+    driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
+    nursery.start_soon(driver.senders.sender, "n1")
+    with trio.fail_after(WAIT_SECONDS):
+        await prefaced.wait()
+        while not driver.connected["n1"]:
+            await trio.sleep(0.01)
+    return driver
+
+
+async def test_a_peer_that_never_reads_shows_its_queued_bytes_until_it_closes():
+    gone = trio.Event()
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent_peer, 0, host="127.0.0.1"))
-        driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
-        nursery.start_soon(driver.senders.sender, "n1")
-        with trio.fail_after(WAIT_SECONDS):
-            await prefaced.wait()
-            while not driver.connected["n1"]:
-                await trio.sleep(0.01)
+        driver = await _sending_to_a_silent_peer(nursery, gone)
         assert driver.senders.bytes_queued("n1") == 0 and driver.senders.bytes_queued("n2") == 0
         driver.senders.queues["n1"][0].send_nowait(_Rest(driver.senders.links["n1"], b"x" * REST_SIZE))
         await trio.testing.wait_all_tasks_blocked()
@@ -140,24 +148,9 @@ async def test_a_peer_that_reads_slowly_is_not_closed_however_long_the_whole_wri
 async def test_a_write_gathers_a_bounded_share_of_the_queue_and_the_rest_stays_queued():
     """What a peer that stops reading makes a member copy is one write's rest: a write gathers at
     most RAFT_SEND_WRITE_SIZE_MAX (and one message) of the queue, the rest stays queued."""
-    prefaced = trio.Event()
     piece = 1024 * 1024
-
-    async def silent_peer(stream: trio.SocketStream) -> None:
-        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        connection = transport.Connection(stream, transport.peer_name(stream))
-        await transport.server_preface(connection, port_kind=wire.PORT_KIND_RAFT, secret=None)
-        prefaced.set()
-        await trio.sleep_forever()
-
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent_peer, 0, host="127.0.0.1"))
-        driver = _driver_of_n0(listeners[0].socket.getsockname()[1])
-        nursery.start_soon(driver.senders.sender, "n1")
-        with trio.fail_after(WAIT_SECONDS):
-            await prefaced.wait()
-            while not driver.connected["n1"]:
-                await trio.sleep(0.01)
+        driver = await _sending_to_a_silent_peer(nursery, trio.Event())  # never set: the peer stays
         queue = driver.senders.queues["n1"]
         link = driver.senders.links["n1"]
         count = 4 * RAFT_SEND_WRITE_SIZE_MAX // piece

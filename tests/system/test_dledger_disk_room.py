@@ -11,7 +11,7 @@ from hasvc import client as hc
 from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
 from hasvc.tools.partition import LOOPBACK, free_port
 from tests.cluster import wait_until
-from tests.system.test_dledger_system import _leader, _send, _status
+from tests.system.dledger_nodes import member_status, send_numbered, sole_leader
 
 FULL = "disk_max_used_space_ratio=0.001"  # above it whatever the test machine's disk holds: puts answer DISK_FULL
 
@@ -34,15 +34,15 @@ def test_a_full_leader_hands_over_to_the_member_with_room(tmp_path) -> None:
     try:
         nodes["n0"].start()
         nodes["n1"].start()
-        full_leader = _leader({m: nodes[m] for m in ("n0", "n1")})
+        full_leader = sole_leader({m: nodes[m] for m in ("n0", "n1")})
         assert trio.run(_put_status, nodes[full_leader].client_address) == "DISK_FULL"
         nodes["n2"].start()
-        wait_until(lambda: _status(nodes["n2"])["role"] == "SYNC_MASTER", timeout=60,
+        wait_until(lambda: member_status(nodes["n2"])["role"] == "SYNC_MASTER", timeout=60,
                    message="the member with room was handed leadership")  # fmt: skip
-        term = _status(nodes["n2"])["term"]
-        acked = trio.run(_send, [node.client_address for node in nodes.values()], 20, "r")
+        term = member_status(nodes["n2"])["term"]
+        acked = trio.run(send_numbered, [node.client_address for node in nodes.values()], 20, "r")
         assert len(acked) == 20
-        assert _leader(nodes) == "n2" and _status(nodes["n2"])["term"] == term  # it kept it: no hand-back
+        assert sole_leader(nodes) == "n2" and member_status(nodes["n2"])["term"] == term  # it kept it: no hand-back
         with open(nodes[full_leader].log_path) as log:
             assert "Traceback" not in log.read()
     finally:

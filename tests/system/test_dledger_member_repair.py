@@ -10,16 +10,9 @@ from click.testing import CliRunner
 
 from hasvc.cli import main as cli_main
 from tests.cluster import start_dledger_group, wait_until
-from tests.system.test_dledger_repair import _caught_up, _dump, _node_args, _stop_all_and_compare
-from tests.system.test_dledger_system import _leader, _send, _status
-
-
-def _flip(tmp_path, member: str, entry: dict, needle: bytes) -> tuple:
-    data_file = tmp_path / member / f"dledger-{member}" / "data" / f"{0:020d}"
-    content = bytearray(data_file.read_bytes())
-    content[content.index(needle, entry["offset"])] ^= 0x01  # one bit of a body: its entry's bodyCrc fails
-    data_file.write_bytes(bytes(content))
-    return data_file, bytes(content)
+from tests.system.dledger_repair_steps import (caught_up, dump_entries, flip, node_args, sent_to_a_group_of_one,
+                                                stop_all_and_compare)  # fmt: skip
+from tests.system.dledger_nodes import member_status, send_numbered, sole_leader
 
 
 def test_a_member_that_refuses_is_repaired_from_a_live_member_and_ends_byte_identical(tmp_path) -> None:
@@ -29,21 +22,21 @@ def test_a_member_that_refuses_is_repaired_from_a_live_member_and_ends_byte_iden
                                 member_args=lambda m: ["--set", "recovery_repair_from_peers=false"] if m == "n2" else [])  # fmt: skip
     try:
         addresses = [node.client_address for node in nodes.values()]
-        acked = trio.run(_send, addresses, 200, "q")
-        leader = _leader(nodes)
+        acked = trio.run(send_numbered, addresses, 200, "q")
+        leader = sole_leader(nodes)
         if leader == "n2":  # the refusing member must be a follower: hand leadership over by a restart
             nodes["n2"].stop()
             nodes["n2"].start()
-            wait_until(lambda: _leader(nodes) != "n2", message="another leader")
-            leader = _leader(nodes)
+            wait_until(lambda: sole_leader(nodes) != "n2", message="another leader")
+            leader = sole_leader(nodes)
         member = "n2"
-        wait_until(lambda: _caught_up(nodes, leader, member), message="the member caught up")
-        committed = _status(nodes[member])["committed_index"]
-        end = _status(nodes[member])["ledger_end_index"]
+        wait_until(lambda: caught_up(nodes, leader, member), message="the member caught up")
+        committed = member_status(nodes[member])["committed_index"]
+        end = member_status(nodes[member])["ledger_end_index"]
         nodes[member].stop()  # SIGTERM: a clean close
-        entry = next(d for d in _dump(tmp_path, member) if d["offset"] == acked[120])
+        entry = next(d for d in dump_entries(tmp_path, member) if d["offset"] == acked[120])
         assert entry["index"] < committed
-        data_file, damaged = _flip(tmp_path, member, entry, b"q120")
+        data_file, damaged = flip(tmp_path, member, entry, b"q120")
         done = CliRunner().invoke(cli_main, ["node", *nodes[member].args])
         assert done.exit_code == 3, done.output
         (line,) = done.output.strip().splitlines()
@@ -60,18 +53,18 @@ def test_a_member_that_refuses_is_repaired_from_a_live_member_and_ends_byte_iden
         done = CliRunner().invoke(cli_main, ["store", "verify", str(store), "--member", member])
         assert done.exit_code == 0, done.output
         nodes[member].start()
-        status = _status(nodes[member])
+        status = member_status(nodes[member])
         assert status["damaged"] == [] and status["catch_up_index"] == -1, status
         assert status["ledger_end_index"] >= end  # nothing was cut
-        more = trio.run(_send, addresses, 10, "p")
+        more = trio.run(send_numbered, addresses, 10, "p")
         assert len(more) == 10
-        leader = _leader(nodes)
-        wait_until(lambda: _caught_up(nodes, leader, member), timeout=60, message="the repaired member caught up")
+        leader = sole_leader(nodes)
+        wait_until(lambda: caught_up(nodes, leader, member), timeout=60, message="the repaired member caught up")
     except BaseException:
         for node in nodes.values():
             node.kill()
         raise
-    _stop_all_and_compare(tmp_path, nodes, leader, member)
+    stop_all_and_compare(tmp_path, nodes, leader, member)
 
 
 def test_a_repair_from_a_member_that_does_not_hold_the_entry_writes_nothing(tmp_path) -> None:
@@ -79,17 +72,11 @@ def test_a_repair_from_a_member_that_does_not_hold_the_entry_writes_nothing(tmp_
     as it was; --accept-loss then cuts it, and the member starts with the shorter log."""
     from hasvc.tools.drill_dledger import Node
 
-    args = _node_args(tmp_path)
-    node = Node(str(tmp_path), "n0", args)
-    node.start()
-    try:
-        acked = trio.run(_send, [node.client_address], 50, "u")
-    finally:
-        node.stop()
-    other = Node(str(tmp_path), "m0", _node_args(tmp_path, "m0"))  # another group of one, a shorter log
+    args = node_args(tmp_path)
+    entry = sent_to_a_group_of_one(tmp_path, args, 50, "u")[20]
+    other = Node(str(tmp_path), "m0", node_args(tmp_path, "m0"))  # another group of one, a shorter log
     other.start()
-    entry = next(d for d in _dump(tmp_path, "n0") if d["offset"] == acked[20])
-    data_file, damaged = _flip(tmp_path, "n0", entry, b"u20")
+    data_file, damaged = flip(tmp_path, "n0", entry, b"u20")
     try:
         done = CliRunner().invoke(cli_main, ["store", "repair", str(tmp_path / "n0"), "--member", "n0",
                                              "--from", other.client_address])  # fmt: skip
@@ -105,9 +92,9 @@ def test_a_repair_from_a_member_that_does_not_hold_the_entry_writes_nothing(tmp_
     node = Node(str(tmp_path), "n0", args)
     node.start()  # no setting needed now
     try:
-        status = _status(node)
+        status = member_status(node)
         assert status["ledger_end_index"] == entry["index"] - 1 and status["catch_up_index"] == -1
-        assert trio.run(_send, [node.client_address], 1, "v")  # it leads and takes writes
+        assert trio.run(send_numbered, [node.client_address], 1, "v")  # it leads and takes writes
     finally:
         node.stop()
-    assert len(_dump(tmp_path, "n0")) == 21  # u0..u19, then v0 (after the new term's no-op)
+    assert len(dump_entries(tmp_path, "n0")) == 21  # u0..u19, then v0 (after the new term's no-op)

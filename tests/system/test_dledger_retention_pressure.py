@@ -8,33 +8,27 @@ from __future__ import annotations
 import trio
 
 from tests.cluster import wait_until
-from tests.system.test_dledger_system import (RETENTION_SEGMENT_SIZE, _caught_up, _leader, _passes_after, _read_back, _send,
-                                              _start_retention_group, _status)  # fmt: skip
+from tests.system.dledger_nodes import (RETENTION_SEGMENT_SIZE, all_caught_up, member_status, one_member_down, passes_after,
+                                        read_back, send_numbered, sole_leader, start_retention_group)  # fmt: skip
 
 
 def test_a_forced_clean_keeps_what_a_member_that_is_down_needs(tmp_path) -> None:
-    nodes = _start_retention_group(tmp_path, ("disk_clean_ratio=0.01",))
+    nodes = start_retention_group(tmp_path, ("disk_clean_ratio=0.01",))
     try:
-        addresses = [node.client_address for node in nodes.values()]
-        trio.run(_send, addresses, 200, "a")
-        leader = _leader(nodes)
-        wait_until(lambda: _caught_up(nodes, leader), message="every member has every entry")
-        down = next(m for m in nodes if m != leader)
-        down_end = _status(nodes[down])["ledger_end_index"]
-        nodes[down].kill()
-        second = trio.run(_send, addresses, 400, "b")  # about 4 data files more
+        addresses, leader, down, down_end = one_member_down(nodes)
+        second = trio.run(send_numbered, addresses, 400, "b")  # about 4 data files more
         for member in nodes:
             if member != down:
-                _passes_after(nodes[member], 3)
-                status = _status(nodes[member])
+                passes_after(nodes[member], 3)
+                status = member_status(nodes[member])
                 assert status["ledger_begin_index"] <= down_end + 1, (member, status, down_end)
         nodes[down].start()
-        leader = _leader(nodes)
-        wait_until(lambda: _caught_up(nodes, leader), timeout=60, message="the member that was down caught up")
+        leader = sole_leader(nodes)
+        wait_until(lambda: all_caught_up(nodes, leader), timeout=60, message="the member that was down caught up")
         with open(nodes[down].log_path) as log:
             assert "reset by the leader" not in log.read()
         last_file = max(second.values()) // RETENTION_SEGMENT_SIZE  # forced cleans go on: the newest file stays
-        _read_back(nodes[down], {n: o for n, o in second.items() if o // RETENTION_SEGMENT_SIZE == last_file}, "b")
+        read_back(nodes[down], {n: o for n, o in second.items() if o // RETENTION_SEGMENT_SIZE == last_file}, "b")
     finally:
         for node in nodes.values():
             node.kill()

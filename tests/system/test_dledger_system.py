@@ -19,52 +19,17 @@ from hasvc.cli import main as cli_main
 from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.raft.messages import PushResponse, PushResult, PushType
-from hasvc.tools.drill_dledger import ETCD_LIKE_SETTINGS, Node
+from hasvc.tools.drill_dledger import Node
 from hasvc.tools.partition import LOOPBACK, free_port
 from tests.cluster import start_dledger_group, wait_until
+from tests.system.dledger_nodes import (RETENTION_SEGMENT_SIZE, all_caught_up, member_status, one_member_down, passes_after,
+                                        read_back, send_numbered, sole_leader, start_retention_group)  # fmt: skip
 
 DRILL_TIMEOUT_SECONDS = 300  # a drill that hangs fails the test instead of the CI run
 
 
 def _start_group(tmp_path, size: int, *extra_args: str) -> dict[str, Node]:
     return start_dledger_group(tmp_path, size, group="sys", extra_args=extra_args)
-
-
-def _status(node: Node) -> dict:
-    with hc.BlockingClient(node.client_address) as client:
-        return client.status()
-
-
-def _leader(nodes: dict[str, Node]) -> str:
-    found = []
-
-    def one() -> bool:
-        found[:] = [m for m, n in nodes.items() if n.alive and _status(n)["role"] == "SYNC_MASTER"]
-        return len(found) == 1
-
-    wait_until(one, timeout=60, message="one member playing SYNC_MASTER")
-    return found[0]
-
-
-async def _send(addresses: list[str], count: int, tag: str) -> dict[int, int]:
-    """``count`` numbered messages through the failover client; number -> acknowledged offset."""
-    acked: dict[int, int] = {}
-    async with hc.connect_cluster(addresses, retry_sends=True) as client:
-        for number in range(count):
-            result = await client.send("DL", f"{tag}{number}".encode(), queue_id=number % 4)
-            assert result.status == "PUT_OK", result
-            acked[number] = result.offset
-    return acked
-
-
-def _read_back(node: Node, acked: dict[int, int], tag: str) -> None:
-    async def check() -> None:
-        async with hc.connect(node.client_address) as client:
-            for number, offset in acked.items():
-                record = await client.read_record(offset)
-                assert bytes(record.body) == f"{tag}{number}".encode(), (number, offset)
-
-    trio.run(check)
 
 
 def test_drill_kills_and_partitions_leaders_and_loses_nothing() -> None:
@@ -78,25 +43,25 @@ def test_a_five_member_group_survives_two_deaths_and_the_dead_rejoin(tmp_path) -
     nodes = _start_group(tmp_path, 5)
     try:
         addresses = [node.client_address for node in nodes.values()]
-        before = trio.run(_send, addresses, 50, "a")
-        leader = _leader(nodes)
+        before = trio.run(send_numbered, addresses, 50, "a")
+        leader = sole_leader(nodes)
         follower = next(m for m in nodes if m != leader)
         nodes[leader].kill()
         nodes[follower].kill()
-        after = trio.run(_send, addresses, 50, "b")  # three of five: still a quorum, nobody promoted
+        after = trio.run(send_numbered, addresses, 50, "b")  # three of five: still a quorum, nobody promoted
         survivor = next(m for m in nodes if nodes[m].alive)
         # By offset, not index: no-op entries of new terms lie between the messages' entries.
         last = max(after.values())
-        wait_until(lambda: _status(nodes[survivor])["committed_offset"] > last, message="the writes committed")
-        _read_back(nodes[survivor], before, "a")
-        _read_back(nodes[survivor], after, "b")
+        wait_until(lambda: member_status(nodes[survivor])["committed_offset"] > last, message="the writes committed")
+        read_back(nodes[survivor], before, "a")
+        read_back(nodes[survivor], after, "b")
         for member in (leader, follower):
             nodes[member].start()  # same store, same ports
-        new_leader = _leader(nodes)
-        end = _status(nodes[new_leader])["ledger_end_index"]
-        wait_until(lambda: all(_status(n)["committed_index"] >= end for n in nodes.values()), message="everyone caught up")
-        _read_back(nodes[leader], before, "a")
-        _read_back(nodes[follower], after, "b")
+        new_leader = sole_leader(nodes)
+        end = member_status(nodes[new_leader])["ledger_end_index"]
+        wait_until(lambda: all(member_status(n)["committed_index"] >= end for n in nodes.values()), message="everyone caught up")
+        read_back(nodes[leader], before, "a")
+        read_back(nodes[follower], after, "b")
     finally:
         for node in nodes.values():
             node.kill()
@@ -110,21 +75,21 @@ def test_transfer_leader_hands_leadership_to_the_member_named_and_writes_go_on(t
     nodes = _start_group(tmp_path, 3)
     try:
         addresses = [node.client_address for node in nodes.values()]
-        before = trio.run(_send, addresses, 20, "t")
-        leader = _leader(nodes)
+        before = trio.run(send_numbered, addresses, 20, "t")
+        leader = sole_leader(nodes)
         target = next(m for m in nodes if m != leader)
         done = _cli("transfer-leader", nodes[leader].client_address, "--to", target, "--json")
         assert done.returncode == 0, done.stdout + done.stderr
         outcome = json.loads(done.stdout)
         assert outcome["status"] == "OK" and outcome["leader_id"] == target, outcome
         assert outcome["term"] > outcome["previous_term"] and outcome["elapsed_seconds"] < 10
-        assert _status(nodes[target])["raft_role"] == "LEADER"
-        assert _leader(nodes) == target  # and it plays SYNC_MASTER once caught up
-        after = trio.run(_send, addresses, 20, "u")  # the failover client finds the new leader
-        _read_back(nodes[target], before, "t")
-        end = _status(nodes[target])["committed_index"]
-        wait_until(lambda: _status(nodes[leader])["committed_index"] >= end, message="the old leader caught up")
-        _read_back(nodes[leader], after, "u")
+        assert member_status(nodes[target])["raft_role"] == "LEADER"
+        assert sole_leader(nodes) == target  # and it plays SYNC_MASTER once caught up
+        after = trio.run(send_numbered, addresses, 20, "u")  # the failover client finds the new leader
+        read_back(nodes[target], before, "t")
+        end = member_status(nodes[target])["committed_index"]
+        wait_until(lambda: member_status(nodes[leader])["committed_index"] >= end, message="the old leader caught up")
+        read_back(nodes[leader], after, "u")
         unknown = _cli("transfer-leader", nodes[target].client_address, "--to", "n9")
         assert unknown.returncode != 0, unknown.stdout
         assert "UNKNOWN_MEMBER" in unknown.stderr and "'n9' is not a member" in unknown.stderr, unknown.stderr
@@ -142,7 +107,7 @@ def test_transfer_leader_hands_leadership_to_the_member_named_and_writes_go_on(t
 def test_store_verify_and_dump_read_a_members_store_written_by_a_node(tmp_path) -> None:
     nodes = _start_group(tmp_path, 1)
     try:
-        acked = trio.run(_send, [nodes["n0"].client_address], 6, "m")
+        acked = trio.run(send_numbered, [nodes["n0"].client_address], 6, "m")
     finally:
         nodes["n0"].stop()  # SIGTERM: a clean close
     store = str(tmp_path / "n0")
@@ -191,28 +156,28 @@ def test_the_raft_port_closes_bad_connections_only(tmp_path) -> None:
                 _preface(stranger)
                 stranger.sendall(raft_wire.encode_hello(hello))
                 assert _closed(stranger), hello
-        status = _status(n0)
+        status = member_status(n0)
         assert status["mode"] == "dledger" and status["raft_connections_refused"] >= 4
-        assert trio.run(_send, [node.client_address for node in nodes.values()], 20, "c")  # the group still works
-        leader = _leader(nodes)
-        shown = _status(nodes[leader])
+        assert trio.run(send_numbered, [node.client_address for node in nodes.values()], 20, "c")  # the group still works
+        leader = sole_leader(nodes)
+        shown = member_status(nodes[leader])
         assert shown["raft_role"] == "LEADER" and shown["leader_id"] == leader and set(shown["peers"]) == set(nodes) - {leader}
         # A quorum acknowledged the sends; a member that started late on a busy machine may still
         # be reached by the leader's reconnect (its back-off doubles up to 1 s): wait for it.
-        wait_until(lambda: all(peer["match_index"] >= 0 for peer in _status(nodes[leader])["peers"].values()),
+        wait_until(lambda: all(peer["match_index"] >= 0 for peer in member_status(nodes[leader])["peers"].values()),
                    timeout=30, message="every follower matched the leader")  # fmt: skip
         # A well-formed frame no member could send (an acknowledgement past the leader's log, in
         # its term): that connection is closed, the leader goes on leading (it used to exit).
         impostor = next(m for m in nodes if m != leader)
         leader_port = int(nodes[leader].ready["raft_listen"].rsplit(":", 1)[1])
-        refused_before = _status(nodes[leader])["raft_connections_refused"]
+        refused_before = member_status(nodes[leader])["raft_connections_refused"]
         with socket.create_connection((LOOPBACK, leader_port), timeout=10) as rogue:
             _preface(rogue)
             rogue.sendall(raft_wire.encode_hello(raft_wire.Hello("sys", impostor, leader)) + raft_wire.encode(
                 PushResponse(impostor, leader, shown["term"], PushType.APPEND, PushResult.SUCCESS, -1, 1 << 40, 0, 1 << 40)))
             assert _closed(rogue)
-        assert nodes[leader].alive and _status(nodes[leader])["raft_connections_refused"] > refused_before
-        assert trio.run(_send, [node.client_address for node in nodes.values()], 5, "d")  # still works
+        assert nodes[leader].alive and member_status(nodes[leader])["raft_connections_refused"] > refused_before
+        assert trio.run(send_numbered, [node.client_address for node in nodes.values()], 5, "d")  # still works
     finally:
         for node in nodes.values():
             node.kill()
@@ -265,11 +230,11 @@ def test_smooth_upgrade_a_classic_group_becomes_a_dledger_group_and_old_offsets_
     nodes = _start_group(tmp_path, 3, "--upgrade-from-classic")  # the explicit step: each store becomes a member's
     try:
         addresses = [node.client_address for node in nodes.values()]
-        new = trio.run(_send, addresses, 30, "new")
+        new = trio.run(send_numbered, addresses, 30, "new")
         assert min(new.values()) >= 1048576 > classic_end, (min(new.values()), classic_end)  # after the divide
         for member, node in nodes.items():
-            status = _status(node)
-            wait_until(lambda node=node: _status(node)["committed_offset"] > max(new.values()), message=f"{member} committed")
+            status = member_status(node)
+            wait_until(lambda node=node: member_status(node)["committed_offset"] > max(new.values()), message=f"{member} committed")
 
             async def check(node=node) -> None:
                 async with hc.connect(node.client_address) as client:
@@ -278,7 +243,7 @@ def test_smooth_upgrade_a_classic_group_becomes_a_dledger_group_and_old_offsets_
                         assert bytes(record.body).startswith(f"m{i}:".encode()), (i, old[i].offset)
 
             trio.run(check)
-            _read_back(node, new, "new")
+            read_back(node, new, "new")
             assert status["mode"] == "dledger"
     finally:
         for node in nodes.values():
@@ -302,12 +267,12 @@ def test_an_empty_member_joins_an_upgraded_group_at_its_divide(tmp_path) -> None
     nodes = _start_group(tmp_path, 3, "--upgrade-from-classic")  # n2's empty store: the flag changes nothing
     try:
         addresses = [node.client_address for node in nodes.values()]
-        new = trio.run(_send, addresses, 30, "new")
+        new = trio.run(send_numbered, addresses, 30, "new")
         assert min(new.values()) >= 1048576
         last = max(new.values())
         for member, node in nodes.items():
-            wait_until(lambda node=node: _status(node)["committed_offset"] > last, message=f"{member} committed")
-            _read_back(node, new, "new")
+            wait_until(lambda node=node: member_status(node)["committed_offset"] > last, message=f"{member} committed")
+            read_back(node, new, "new")
         assert "where n" in (tmp_path / "n2.log").read_text()  # it adopted the divide from a peer's HELLO
 
         async def old_on(node) -> bytes:
@@ -339,7 +304,7 @@ def test_a_batch_keeps_its_tags_keys_properties_and_queue_on_every_member(tmp_pa
         assert [r.status for r in results] == ["PUT_OK"] * 3 and [r.queue_offset for r in results] == [0, 1, 2]
         last = max(r.offset for r in results)
         for member, node in nodes.items():
-            wait_until(lambda node=node: _status(node)["committed_offset"] > last, message=f"{member} committed")
+            wait_until(lambda node=node: member_status(node)["committed_offset"] > last, message=f"{member} committed")
 
             async def check(node=node) -> None:
                 async with hc.connect(node.client_address) as client:
@@ -364,7 +329,7 @@ def test_a_second_member_with_the_same_self_refuses_to_run(tmp_path) -> None:
                                 capture_output=True, text=True, timeout=60)  # fmt: skip
         assert second.returncode != 0 and "READY" not in second.stdout
         assert "is a member with --self n0 running already?" in second.stderr, second.stderr[-2000:]
-        assert nodes["n0"].alive and _status(nodes["n0"])["self_id"] == "n0"  # the first goes on
+        assert nodes["n0"].alive and member_status(nodes["n0"])["self_id"] == "n0"  # the first goes on
     finally:
         for node in nodes.values():
             node.kill()
@@ -373,10 +338,10 @@ def test_a_second_member_with_the_same_self_refuses_to_run(tmp_path) -> None:
 def test_a_follower_names_the_leaders_client_address_and_a_client_given_only_it_finds_the_leader(tmp_path) -> None:
     nodes = _start_group(tmp_path, 3)
     try:
-        leader = _leader(nodes)
+        leader = sole_leader(nodes)
         follower = next(m for m in nodes if m != leader)
         leader_address = nodes[leader].client_address
-        wait_until(lambda: _status(nodes[follower])["leader_client_address"] == leader_address,
+        wait_until(lambda: member_status(nodes[follower])["leader_client_address"] == leader_address,
                    message="the follower knows the leader's client port")  # fmt: skip
 
         async def refused() -> str:
@@ -386,32 +351,12 @@ def test_a_follower_names_the_leaders_client_address_and_a_client_given_only_it_
                 return result.reason
 
         assert f"client {leader_address}" in trio.run(refused)
-        acked = trio.run(_send, [nodes[follower].client_address], 10, "only")  # one follower's address, no more
-        _read_back(nodes[leader], acked, "only")
-        assert _status(nodes[leader])["leader_client_address"] == leader_address
+        acked = trio.run(send_numbered, [nodes[follower].client_address], 10, "only")  # one follower's address, no more
+        read_back(nodes[leader], acked, "only")
+        assert member_status(nodes[leader])["leader_client_address"] == leader_address
     finally:
         for node in nodes.values():
             node.kill()
-
-
-RETENTION_SEGMENT_SIZE = 16384
-RETENTION_SETTINGS = (f"commitlog_segment_size={RETENTION_SEGMENT_SIZE}", "file_reserved_time_hours=0.0001",  # 0.36 s
-                      "dledger_clean_interval_seconds=0.3")  # fmt: skip
-
-
-def _start_retention_group(tmp_path, extra_settings: tuple[str, ...] = ()) -> dict[str, Node]:
-    members = ["n0", "n1", "n2"]
-    raft_ports = {member: free_port() for member in members}
-    peers = ";".join(f"{member}-{LOOPBACK}:{port}" for member, port in raft_ports.items())
-    nodes = {}
-    for member in members:
-        args = ["--store", str(tmp_path / member), "--listen", f"{LOOPBACK}:{free_port()}", "--group", "sys",
-                "--peers", peers, "--self", member, "--set", "disk_max_used_space_ratio=1.0"]  # not the CI disk's fill  # fmt: skip
-        for setting in (*ETCD_LIKE_SETTINGS, *RETENTION_SETTINGS, *extra_settings):
-            args += ["--set", setting]
-        nodes[member] = Node(str(tmp_path), member, args)
-        nodes[member].start()
-    return nodes
 
 
 async def _pull_from_zero(node: Node):
@@ -419,46 +364,41 @@ async def _pull_from_zero(node: Node):
         return await client.pull("DL", 0, 0, count_max=1000)
 
 
-def _passes_after(node: Node, count: int) -> None:
-    start = _status(node)["retention_passes"]
-    wait_until(lambda: _status(node)["retention_passes"] >= start + count, message=f"{count} retention passes")
-
-
 def test_retention_deletes_head_files_but_waits_for_a_member_that_is_down(tmp_path) -> None:
     # disk_clean_ratio=1.0: never forced, whatever else fills the (shared) disk (at 87 % here once,
     # every pass was forced and deleted what the member that is down needs: that is the next test's)
-    nodes = _start_retention_group(tmp_path, ("disk_clean_ratio=1.0",))
+    nodes = start_retention_group(tmp_path, ("disk_clean_ratio=1.0",))
     try:
         addresses = [node.client_address for node in nodes.values()]
-        first = trio.run(_send, addresses, 400, "a")  # about 100 entries a 16 KiB data file
-        leader = _leader(nodes)
-        end = _status(nodes[leader])["ledger_end_index"]
-        wait_until(lambda: all(_status(n)["ledger_begin_index"] > 0 for n in nodes.values()),
+        first = trio.run(send_numbered, addresses, 400, "a")  # about 100 entries a 16 KiB data file
+        leader = sole_leader(nodes)
+        end = member_status(nodes[leader])["ledger_end_index"]
+        wait_until(lambda: all(member_status(n)["ledger_begin_index"] > 0 for n in nodes.values()),
                    message="every member deleted its head files")  # fmt: skip
         for node in nodes.values():
-            status = _status(node)
+            status = member_status(node)
             assert status["min_offset"] > min(first.values()) and status["retention_floor_index"] <= end + 1
         down = next(m for m in nodes if m != leader)
-        down_end = _status(nodes[down])["ledger_end_index"]
+        down_end = member_status(nodes[down])["ledger_end_index"]
         nodes[down].kill()
-        second = trio.run(_send, addresses, 400, "b")
+        second = trio.run(send_numbered, addresses, 400, "b")
         for member in nodes:
             if member != down:
-                _passes_after(nodes[member], 3)
-                status = _status(nodes[member])
+                passes_after(nodes[member], 3)
+                status = member_status(nodes[member])
                 # what the member that is down still needs stays, on every member
                 assert status["ledger_begin_index"] <= down_end, (member, status, down_end)
         nodes[down].start()  # same store: it is caught up from where it stopped
-        leader = _leader(nodes)
-        end = _status(nodes[leader])["ledger_end_index"]
-        wait_until(lambda: all(_status(n)["committed_index"] >= end for n in nodes.values()), message="caught up")
-        wait_until(lambda: all(_status(n)["ledger_begin_index"] > down_end for n in nodes.values()),
+        leader = sole_leader(nodes)
+        end = member_status(nodes[leader])["ledger_end_index"]
+        wait_until(lambda: all(member_status(n)["committed_index"] >= end for n in nodes.values()), message="caught up")
+        wait_until(lambda: all(member_status(n)["ledger_begin_index"] > down_end for n in nodes.values()),
                    message="retention goes on once the member is back")  # fmt: skip
         for node in nodes.values():
-            status = _status(node)
+            status = member_status(node)
             assert not any(peer["behind_log_start"] for peer in status["peers"].values()), status
             minimum = status["min_offset"]
-            _read_back(node, {n: o for n, o in second.items() if o >= minimum}, "b")
+            read_back(node, {n: o for n, o in second.items() if o >= minimum}, "b")
             assert any(o < minimum for o in second.values())  # the head is gone here too
             pulled = trio.run(_pull_from_zero, node)  # a consumer from queue offset 0 skips what retention removed
             assert pulled.status == "OK" and pulled.records, pulled
@@ -470,10 +410,10 @@ def test_retention_deletes_head_files_but_waits_for_a_member_that_is_down(tmp_pa
         assert begin > down_end and "retention keeps from" in shown.stdout, shown.stdout
         nodes[leader].kill()  # a SIGKILL, and the store reopens with its head deleted
         nodes[leader].start()
-        _leader(nodes)
-        wait_until(lambda: _status(nodes[leader])["committed_index"] >= end, message="the old leader recovered")
-        minimum = _status(nodes[leader])["min_offset"]
-        _read_back(nodes[leader], {n: o for n, o in second.items() if o >= minimum}, "b")
+        sole_leader(nodes)
+        wait_until(lambda: member_status(nodes[leader])["committed_index"] >= end, message="the old leader recovered")
+        minimum = member_status(nodes[leader])["min_offset"]
+        read_back(nodes[leader], {n: o for n, o in second.items() if o >= minimum}, "b")
     finally:
         for node in nodes.values():
             node.kill()
@@ -498,13 +438,6 @@ async def _pull_all(node: Node) -> list[tuple[int, int, int, bytes]]:
     return found
 
 
-def _caught_up(nodes: dict[str, Node], leader: str) -> bool:
-    status = _status(nodes[leader])
-    end = status["ledger_end_index"]
-    return (all(_status(n)["committed_index"] >= end and _status(n)["dispatched_index"] >= end for n in nodes.values())
-            and not any(p["behind_log_start"] for p in status["peers"].values()))  # fmt: skip
-
-
 def _dump(path, member: str) -> dict[int, tuple[int, str]]:
     done = CliRunner().invoke(cli_main, ["store", "dump", str(path), "--member", member, "--json"])
     assert done.exit_code == 0, done.output
@@ -517,42 +450,36 @@ def test_a_member_stranded_by_a_forced_clean_is_reset_and_converges(tmp_path) ->
     # only what the followers whose match index it knows need. The leader is restarted after the
     # member went down: the new one never heard from it, and deletes what it still needs (its
     # followers keep the floor it announces, held at -1 by the member it does not know).
-    nodes = _start_retention_group(tmp_path, ("disk_clean_ratio=0.01",))
+    nodes = start_retention_group(tmp_path, ("disk_clean_ratio=0.01",))
     try:
-        addresses = [node.client_address for node in nodes.values()]
-        trio.run(_send, addresses, 200, "a")
-        leader = _leader(nodes)
-        wait_until(lambda: _caught_up(nodes, leader), message="every member has every entry")
-        down = next(m for m in nodes if m != leader)
-        down_end = _status(nodes[down])["ledger_end_index"]
-        nodes[down].kill()
+        addresses, leader, down, down_end = one_member_down(nodes)
         nodes[leader].stop()
         nodes[leader].start()
-        leader = _leader(nodes)
-        second = trio.run(_send, addresses, 400, "b")
-        wait_until(lambda: _status(nodes[leader])["ledger_begin_index"] > down_end + 1,
+        leader = sole_leader(nodes)
+        second = trio.run(send_numbered, addresses, 400, "b")
+        wait_until(lambda: member_status(nodes[leader])["ledger_begin_index"] > down_end + 1,
                    message="the leader deleted entries the member that is down needs")  # (a follower keeps its floor)  # fmt: skip
         nodes[down].start()  # stranded: the next entry it needs is gone everywhere
-        leader = _leader(nodes)
-        wait_until(lambda: _caught_up(nodes, leader), timeout=60, message="the stranded member caught up")
-        status = _status(nodes[down])
+        leader = sole_leader(nodes)
+        wait_until(lambda: all_caught_up(nodes, leader), timeout=60, message="the stranded member caught up")
+        status = member_status(nodes[down])
         assert status["ledger_begin_index"] > down_end + 1 and status["min_offset"] > min(second.values()), status
         with open(nodes[down].log_path) as log:
             assert "reset by the leader" in log.read()
-        third = trio.run(_send, addresses, 60, "c")  # replicated to the reset member by APPEND
-        wait_until(lambda: _caught_up(nodes, leader), message="caught up again")
+        third = trio.run(send_numbered, addresses, 60, "c")  # replicated to the reset member by APPEND
+        wait_until(lambda: all_caught_up(nodes, leader), message="caught up again")
         # Forced cleans go on deleting; the data file holding the committed entry always stays.
         last_file = max(third.values()) // RETENTION_SEGMENT_SIZE
         kept = {n: o for n, o in third.items() if o // RETENTION_SEGMENT_SIZE == last_file}
-        _read_back(nodes[down], kept, "c")
+        read_back(nodes[down], kept, "c")
         nodes[down].kill()  # a SIGKILL after the reset: the store reopens as it was
         nodes[down].start()
-        leader = _leader(nodes)
-        wait_until(lambda: _caught_up(nodes, leader), message="the reset member recovered")
-        _read_back(nodes[down], kept, "c")
+        leader = sole_leader(nodes)
+        wait_until(lambda: all_caught_up(nodes, leader), message="the reset member recovered")
+        read_back(nodes[down], kept, "c")
         for node in nodes.values():
-            _passes_after(node, 3)  # no writes: the cleans have deleted all they can
-        minimum = max(_status(n)["min_offset"] for n in nodes.values())
+            passes_after(node, 3)  # no writes: the cleans have deleted all they can
+        minimum = max(member_status(n)["min_offset"] for n in nodes.values())
         pulls = {m: [p for p in trio.run(_pull_all, n) if p[2] >= minimum] for m, n in nodes.items()}
         assert pulls[down] and all(p == pulls[down] for p in pulls.values()), "consume queues differ"
         assert {p[3] for p in pulls[down]} >= {b"c%d" % n for n in kept}
@@ -584,8 +511,8 @@ def test_a_member_serves_prometheus_metrics_from_its_status(tmp_path) -> None:
     nodes = start_dledger_group(tmp_path, 3, group="metrics",
                                 member_args=lambda member: ["--metrics-listen", f"{LOOPBACK}:{free_port()}"])  # fmt: skip
     try:
-        leader = _leader(nodes)
-        trio.run(_send, [node.client_address for node in nodes.values()], 5, "m")
+        leader = sole_leader(nodes)
+        trio.run(send_numbered, [node.client_address for node in nodes.values()], 5, "m")
 
         def scrape(member: str) -> str:
             address = nodes[member].ready["metrics_listen"]

@@ -19,11 +19,18 @@ def _flip(path: str, position: int) -> None:
         file.write(bytes([byte ^ 0x10]))
 
 
+def _recorded(*files) -> PrefixDigests:
+    """A ``PrefixDigests`` of ``files`` ((path, content) each) written and each recorded whole."""
+    digests = PrefixDigests()
+    for path, content in files:
+        path.write_bytes(content)
+        digests.record(str(path), len(content))
+    return digests
+
+
 def test_a_changed_byte_in_the_verified_part_is_named_and_bytes_appended_after_it_are_not(tmp_path):
     path = tmp_path / "segment"
-    path.write_bytes(b"v" * 4096)
-    digests = PrefixDigests()
-    digests.record(str(path), 4096)
+    digests = _recorded((path, b"v" * 4096))
     with open(path, "ab") as file:
         file.write(b"appended")  # past the verified part: the next check's to read
     assert digests.changed() == []
@@ -36,11 +43,7 @@ def test_a_damaged_file_and_the_newest_of_its_directory_are_re_read_even_when_no
     # to a page already dirty): the damaged file is forced and the newest file of a directory
     # (the one being appended to) is always read again; an older one is trusted.
     older, newest = tmp_path / "00000000000000000000", tmp_path / "00000000000000004096"
-    older.write_bytes(b"v" * 4096)
-    newest.write_bytes(b"w" * 4096)
-    digests = PrefixDigests()
-    digests.record(str(older), 4096)
-    digests.record(str(newest), 4096)
+    digests = _recorded((older, b"v" * 4096), (newest, b"w" * 4096))
     signatures = {path: held[0] for path, held in digests.files.items()}
     monkeypatch.setattr("hasvc.tools.drill_verify.file_signature", lambda path: signatures[path])
     _flip(str(older), 17)
@@ -70,11 +73,7 @@ def test_the_newest_queue_file_is_hashed_again_even_when_its_signature_did_not_m
 
 def test_a_shortened_or_deleted_file_is_named(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
-    first.write_bytes(b"x" * 100)
-    second.write_bytes(b"y" * 100)
-    digests = PrefixDigests()
-    digests.record(str(first), 100)
-    digests.record(str(second), 100)
+    digests = _recorded((first, b"x" * 100), (second, b"y" * 100))
     os.truncate(first, 50)
     second.unlink()
     assert digests.changed() == [str(first), str(second)]

@@ -16,7 +16,7 @@ from commitlog.dledger import DLedgerStoreConfig, Entry
 from commitlog.dledger import message_planning
 from commitlog.dledger.message_store import DLedgerMessageStore
 from hasvc.protocol import client as cp
-from tests.unit.test_pass_encode import BODY_SIZE_MAX, Request, decode, passes
+from tests.unit.pass_requests import BODY_SIZE_MAX, Request, batch_of, decode, passes
 
 DATA_FILE_SIZE = 96 * 1024  # a generated request's records (up to ~66 KiB with 32 KiB properties) fit one data file
 LEAD_IN_BODY = b"L" * 500  # lead-in entries of ~650 bytes: ~150 a data file
@@ -116,13 +116,10 @@ def test_a_pass_proposes_what_the_batch_path_proposes_and_refuses_alike(tmp_path
             for _ in range(passes_count):  # passes planned and accepted one after the other, appended together after
                 if way == "batches":
                     for item in pass_requests:
-                        request = decode(item) if pe._is_payload(item) else item
-                        if request is None:
+                        batch = batch_of(item)
+                        if batch is None:
                             outcomes.append("malformed")
                             continue
-                        batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id,
-                                                 properties=list(request.properties), flag=request.flag,
-                                                 born_timestamp=request.born_timestamp)  # fmt: skip
                         try:
                             plan = store.plan_batch(batch)
                         except rec.MessageRejected as refusal:
@@ -130,7 +127,7 @@ def test_a_pass_proposes_what_the_batch_path_proposes_and_refuses_alike(tmp_path
                             continue
                         store.accept_plan(plan)
                         store.entries.append([Entry(plan.first_index + i, 1, body) for i, body in enumerate(plan.bodies)])
-                        outcomes.append((request.queue_id, plan.offsets, plan.queue_offsets))
+                        outcomes.append((batch.queue_id, plan.offsets, plan.queue_offsets))
                     continue
                 planned = ep.plan_entry_pass(store, pass_requests, messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
                                              native=way == "native")  # fmt: skip

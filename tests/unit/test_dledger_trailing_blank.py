@@ -6,6 +6,8 @@ every push and the group could commit nothing -- the raft-store simulator's seed
 
 import os
 
+import pytest
+
 from commitlog.dledger import DLedgerMmapFileStore, DLedgerStoreConfig, Entry
 from hasvc.state.raft.storage import EntryRun
 
@@ -22,15 +24,20 @@ def _store(directory) -> DLedgerMmapFileStore:
     return store
 
 
-def test_recovery_cuts_the_blank_a_lost_entry_left_and_a_follower_accepts_the_next_run(tmp_path):
+@pytest.mark.parametrize("loss", ["page zeroed", "file gone"])
+def test_recovery_cuts_the_blank_a_lost_entry_left_and_a_follower_accepts_the_next_run(tmp_path, loss):
     leader = _store(tmp_path / "leader")
     assert leader.data_end() == 966
     leader.append([Entry(19, 1, b"p19")])  # 51 bytes: a blank at 966, the entry at 1024
     leader.flush()
     assert leader.entry_span(19) == (1024, 51)
     leader.abandon()
-    with open(os.path.join(tmp_path / "leader", "data", f"{1024:020d}"), "r+b") as file:
-        file.write(bytes(1024))  # a power loss took data file 1's page: entry 19 is gone, the blank is not
+    second = os.path.join(tmp_path / "leader", "data", f"{1024:020d}")
+    if loss == "page zeroed":  # a power loss took data file 1's page: entry 19 is gone, the blank is not
+        with open(second, "r+b") as file:
+            file.write(bytes(1024))
+    else:  # or data file 1's creation was never synced
+        os.unlink(second)
     leader = DLedgerMmapFileStore.open(str(tmp_path / "leader"), CONFIG)
     follower = _store(tmp_path / "follower")
     try:

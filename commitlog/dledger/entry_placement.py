@@ -7,9 +7,11 @@ the rest of that file (8: ``MIN_BLANK_SIZE``, the blank record a file's end must
 otherwise a blank record fills the rest of the file and the entry starts the next one
 (DLedger's ``MmapFileList.preAppend``). So ``pos`` is a function of the log's prefix and the
 data-file size alone: two stores holding the same entries hold the same bytes at the same
-offsets. The entry store's ``pre_append`` does this on the files; ``plan_positions`` answers it
-ahead, for a follower checking a leader's ``pos`` and for the message store planning a leader's
-proposal (``DLedgerMessageStore`` plans through ``DLedgerMmapFileStore.plan_positions``).
+offsets. (That needs the data files to end where the last entry ends: recovery cuts a blank
+record whose entry was lost, ``entry_recovery``; truncation cuts at an entry's end.) The entry
+store's ``pre_append`` does this on the files; ``plan_positions`` answers it ahead, for a
+follower checking a leader's ``pos`` and for the message store planning a leader's proposal
+(``DLedgerMessageStore`` plans through ``DLedgerMmapFileStore.plan_positions``).
 """
 
 from __future__ import annotations

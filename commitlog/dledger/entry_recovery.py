@@ -24,6 +24,13 @@ The application (``EntryLogLoader.apply``) saves the mark, cuts the data files w
 ends, cuts the index after the last entry and rewrites the index units from the first that did
 not match its entry, syncs what the scan read (it may have been only in the page cache), and
 hands the store where its log begins and ends (``LoadedLog``).
+
+The data end after recovery is where the last entry ends, never past it. A scan that moved
+past a blank record and found nothing after it (zeros or a torn entry at the next file's start:
+the entry the blank made room for was lost) ends at the next file's start; the blank is cut
+too. Kept, it would put the next entry at the next file's start whatever its size, while
+``entry_placement`` (and every member holding the same entries) puts a small one after the last
+entry: a leader recovered so would push runs at a pos its followers refuse, forever.
 """
 
 from __future__ import annotations
@@ -162,6 +169,7 @@ class EntryLogLoader:
         deleted = self._cut_data_after_scan(scan, cut_segments_max=None if damage is not None else
                                             self.config.recovery_cut_segments_max)  # fmt: skip
         self._cut_index_after_scan(scan)
+        self._cut_trailing_blank(scan)
         blanks = self._rewrite_blanks(scan)
         # What the scan read may have been only in the page cache (the process was killed, the
         # machine was not): sync it before calling it flushed.
@@ -175,6 +183,25 @@ class EntryLogLoader:
         return LoadedLog(first_index, scan.last_index, scan.last_term,
                          begin[1] if begin is not None and begin[0] == first_index else -1, self.data_start_offset,
                          plan.committed_hint, bool(plan.lost or plan.resetting), report, tuple(damaged))  # fmt: skip
+
+    def _cut_trailing_blank(self, scan: DataScan) -> None:
+        """End the data where the last entry ends when the scan ended past a blank record (at the
+        next file's start: the entry the blank made room for was lost or cut). The blank goes
+        with it, so the next entry lands where ``entry_placement`` says for this log's prefix --
+        where a follower holding the same entries expects it (it refuses a run at another pos)
+        -- not at the next file's start whatever its size."""
+        file_size = self.config.data_file_size
+        if scan.last_index < 0 or scan.end_offset % file_size or not self.data_file_list.mapped_files:
+            return
+        unit = index_unit_or_none(self.index_file_list, scan.last_index)
+        if unit is None or unit.index != scan.last_index or unit.term != scan.last_term:
+            return
+        end = unit.pos + unit.size
+        if not scan.end_offset - file_size < end < scan.end_offset:
+            return
+        cut_queue(self.data_file_list, end)
+        self.data_file_list.flushed_where = self.data_file_list.committed_where = end
+        scan.end_offset = end
 
     def _rewrite_blanks(self, scan: DataScan) -> tuple[DamagedRange, ...]:
         """Write again each damaged blank record the scan passed (``scan``: the next data file

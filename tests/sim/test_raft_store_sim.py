@@ -26,3 +26,17 @@ def test_the_raft_simulator_stays_safe_and_live_on_the_dledger_store(tmp_path, n
     if nodes == 3:  # (the five 5-member seeds fill too few files: a member down holds the floor back)
         assert any(log.store.first_index() > 0 for log in logs)  # retention did delete head files
         assert resets > 0  # and a forced clean stranded a member, whose store was reset
+
+
+# Seeds that once failed, each with what it found.
+REGRESSION_SEEDS = [
+    # A leader's recovery kept a blank record whose entry a power loss took: its next entry went to
+    # the next data file's start while its followers (same entries) expected it after the last one.
+    (3, 100624),
+]
+
+
+@pytest.mark.parametrize(("nodes", "seed"), REGRESSION_SEEDS)
+def test_seeds_that_once_failed_pass(tmp_path, nodes, seed):
+    print(f"replay: {raft_store_sim.replay_command(seed, nodes)}")
+    raft_store_sim.run_seed(seed, nodes, directory=str(tmp_path))

@@ -69,6 +69,11 @@ class RaftDriver:
         self.client_address = ""  # this member's client port, sent in every HELLO (set before run)
         self.peer_ssl_context = None  # TLS to the peers' Raft ports (--tls-cert; verified with --tls-ca), set before run
         self._disk_full_logged_at: dict[str, float] = {}  # kind -> when it was last logged
+        # The last proposal was refused for want of room (its files could not be made), and none
+        # has passed the room check since: the core's ``disk_full`` (a hand-over to a member with
+        # room) holds while this member cannot append, not only until the store's next disk
+        # measurement, which with the ratio unreached says "not full" again (disk_check_interval).
+        self.no_room = False
         self.sync = EntrySync(self)
         self.senders = RaftSenders(self)
         self.listener = RaftListener(self)
@@ -103,7 +108,9 @@ class RaftDriver:
     # -- carrying a Ready out ------------------------------------------------------------
 
     def drain(self) -> None:
-        self.node.disk_full = self.store.disk_full()  # for the core's next event: hasvc.state.raft.disk_room
+        if self.no_room and self.node.role is not Role.LEADER:
+            self.no_room = False  # a leader's want of room; a follower's is its listener's (``_room_for``)
+        self.node.disk_full = self.no_room or self.store.disk_full()  # for the core's next event: hasvc.state.raft.disk_room
         ready = self.node.ready()
         entries = self.store.entries
         if ready.hard_state is not None:
@@ -176,7 +183,9 @@ class RaftDriver:
                                     count=plan.first_index + len(plan.bodies) - store.entries.last_index() - 1)  # fmt: skip
         except DiskFullError as error:
             store.disk.no_room(str(error))
+            self.no_room = True
             return AppendResult(rec.PutMessageStatus.DISK_FULL, reason=str(error))
+        self.no_room = False
         return None
 
     def _check_transfer(self, ready) -> None:

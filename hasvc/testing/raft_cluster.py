@@ -13,6 +13,8 @@ order (hard state, truncate, append, send, then commit and the rest) -- telling 
 else a process kill); ``crash_losing_tail(member, index)`` is a storage fault on top (the log
 comes back without its entries from ``index``, its catch-up mark saved, as a member's recovery
 cuts damage); ``start(member)`` builds a new core from the log, as a restart does.
+``set_disk_full(member, full)`` and ``disk.arm_fsync_failure(member)`` are disk faults
+(``hasvc.testing.raft_disk``): appends refused while full, a failed flush never believed.
 Scenario code (``hasvc.testing.raft_sim``, tests) decides when to propose, crash and partition,
 and calls ``run_until(t)`` in between.
 """

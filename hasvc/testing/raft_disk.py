@@ -83,4 +83,5 @@ class DiskFaults:
         led_term, since = self._led_since.get(member, (-1, now))
         if led_term == term and now - since < self.hold_seconds:
             raise SafetyViolation(f"{member} hands over to {target} for its full disk {now - since:.3f} s after it "
-                                  f"took the lead in term {term}: a leader holds {self.hold_seconds} s, never two step-downs in a cascade")  # fmt: skip
+                                  f"took the lead in term {term}: a leader holds {self.hold_seconds} s, "
+                                  "never two step-downs in a cascade")  # fmt: skip

@@ -13,6 +13,8 @@ order (hard state, truncate, append, send, then commit and the rest) -- telling 
 else a process kill); ``crash_losing_tail(member, index)`` is a storage fault on top (the log
 comes back without its entries from ``index``, its catch-up mark saved, as a member's recovery
 cuts damage); ``start(member)`` builds a new core from the log, as a restart does.
+``set_disk_full(member, full)`` and ``disk.arm_fsync_failure(member)`` are disk faults
+(``hasvc.testing.raft_disk``): appends refused while full, a failed flush never believed.
 Scenario code (``hasvc.testing.raft_sim``, tests) decides when to propose, crash and partition,
 and calls ``run_until(t)`` in between.
 """
@@ -26,7 +28,8 @@ import random
 from collections.abc import Callable, Sequence
 
 from hasvc.state.raft.config import RaftConfig
-from hasvc.state.raft.messages import Message, Push, PushResponse, PushType, VoteRequest, VoteResponse, VoteResult
+from hasvc.state.raft.messages import (Message, Push, PushResponse, PushType, TimeoutNow, VoteRequest, VoteResponse,
+                                       VoteResult)  # fmt: skip
 from hasvc.state.raft.node import RaftNode
 from hasvc.state.raft.storage import Entry, EntryRun
 from hasvc.state.raft.ready import BecameLeader, ProposalStatus, Proposed, Refused, Role
@@ -34,6 +37,7 @@ from hasvc.state.raft.retention import node_keep_from
 from hasvc.testing.digest import canonical
 from hasvc.testing.checker import RaftChecker
 from hasvc.testing.log import SimLog
+from hasvc.testing.raft_disk import DiskFaults
 from hasvc.testing.network import NetworkConfig, SimNetwork
 
 # A run_until() that handles more events than this without reaching its time is a livelock bug.
@@ -142,6 +146,9 @@ class SimCluster:
         self.results: dict[tuple[str, int], ProposalStatus] = {}  # (leader, first index) -> outcome
         # A hashlib object fed every delivery and every Ready (``hasvc.testing.digest``); None: off.
         self.digest = digest
+        # Full disks and failed fsyncs (``hasvc.testing.raft_disk``): none unless a scenario sets them.
+        self.disk = DiskFaults(self.members, hold_seconds=self.config.election_timeout_max_seconds,
+                               preferred=self.config.preferred_leader_id)  # fmt: skip
         for member in self.members:
             self.start(member)
 
@@ -162,6 +169,7 @@ class SimCluster:
         node = RaftNode(
             self_id=member, members=self.members, log=self.logs[member], config=self.config, rng=rng, now=self.now
         )
+        node.disk_full = self.disk.full[member]
         self.nodes[member] = node
         self.checker.on_start(member, self.logs[member], node.committed_index)
         self._drain(member)
@@ -204,6 +212,29 @@ class SimCluster:
         log.lose_from(lost_from)
         self.lost_tails += 1
         return True
+
+    def set_disk_full(self, member: str, full: bool) -> None:
+        """``member``'s disk fills (its appends fail, ``hasvc.testing.raft_disk``) or has room again."""
+        self.disk.fill(member) if full else self.disk.free(member)
+        if self.nodes[member] is not None:
+            self.node(member).disk_full = full
+
+    def _fsync_failed(self, member: str) -> None:
+        """A flush of ``member`` failed (EIO): never believed; the member stops, without its
+        unflushed tail (catch-up mark saved) when a healthy copy holds what that loses."""
+        log = self.logs[member]
+        if log.last_index() > log.flushed_index() >= log.first_index() - 1:
+            if self.crash_losing_tail(member, log.flushed_index() + 1):
+                return
+        self.crash(member)
+
+    def _append_failed(self, member: str) -> None:
+        """The Ready's entries found no room: the core starts over from the log, its messages
+        dropped and its connections kept (the driver's ``_append_failed``)."""
+        self.disk.append_failures += 1
+        self._proposals = {key: bodies for key, bodies in self._proposals.items() if key[0] != member}
+        self.nodes[member] = None
+        self.start(member)
 
     def compact(self, member: str, *, forced: bool = False) -> int:
         """Retention on ``member``: drop the entries below its core's ``retention_floor`` (as the
@@ -249,6 +280,7 @@ class SimCluster:
         return results
 
     def transfer_leadership(self, member: str, target: str) -> Refused | None:
+        self.disk.on_ordered_transfer(member, self.node(member).term)
         refusal = self.node(member).transfer_leadership(target, self.now)
         self._drain(member)
         return refusal
@@ -345,6 +377,9 @@ class SimCluster:
         for member in self.members:
             if self._flush_at[member] <= now:
                 self._flush_at[member] = math.inf
+                if self.disk.take_fsync_failure(member):
+                    self._fsync_failed(member)
+                    return
                 self.node(member).persisted(self.logs[member].flush(), now)
                 self._drain(member)
                 return
@@ -383,6 +418,9 @@ class SimCluster:
         if ready.truncate_after is not None:
             self.checker.on_truncate(member, log, ready.truncate_after)
             log.truncate(after_index=ready.truncate_after)
+        if (ready.entries or ready.runs) and self.disk.full[member]:
+            self._append_failed(member)
+            return
         if ready.entries:
             self.checker.on_append(member, log, ready.entries)
             log.append(ready.entries)
@@ -394,6 +432,8 @@ class SimCluster:
             self._flush_at[member] = self.now + self.rng.uniform(*self.flush_delay_seconds)
         for message in ready.messages:
             self._check_vote_or_acknowledgement(member, message, log)
+            if isinstance(message, TimeoutNow):
+                self.disk.on_handover(member, message.term, message.target, self.now)
             for wire_message in with_stored_runs(message, log):  # the sender's read of its log
                 if self.corrupt_run_probability and self._corrupt_rng.random() < self.corrupt_run_probability:
                     wire_message = _corrupted(wire_message, self._corrupt_rng)
@@ -402,6 +442,7 @@ class SimCluster:
         for change in ready.role_changes:
             if isinstance(change, BecameLeader):
                 self.checker.on_leader(member, change.term)
+                self.disk.on_leader(member, change.term, self.now)
         if ready.committed_index is not None:
             self.checker.on_commit(member, log, ready.committed_index)
         for done in ready.proposals:

@@ -1,7 +1,7 @@
 """Randomised fault schedules for the Raft core, one seed at a time, and the CLI that runs many.
 
-    python -m hasvc.testing.raft_sim --seeds 100000 [--nodes 3|5] [--first-seed N]
-    python -m hasvc.testing.raft_sim --nodes 5 --seed 1234          # replay one seed, verbosely
+    python -m hasvc.testing.sim raft --seeds 100000 [--nodes 3|5] [--first-seed N]
+    python -m hasvc.testing.sim raft --nodes 5 --seed 1234          # replay one seed, verbosely
 
 A seed fixes everything: the settings (flush_sync or not, batch and in-flight limits, pre-vote and
 check-quorum sometimes off, network loss, duplication and reordering), the clients' proposals and
@@ -13,10 +13,17 @@ match index it knows, which strands the members whose match it does not know, an
 to its first index), and in half the seeds storage faults: a member
 crashes and comes back without the tail of its log from a random index, committed entries
 included, its catch-up mark saved (damage its recovery cut; only while every committed entry it
-loses is held by another member). The checker also requires that no member ever grants a vote
-to a log that ends below a committed entry it acknowledged. A chaos phase of ``chaos_seconds`` is followed by a settle phase: the network heals,
-every member restarts, and within ``settle_seconds_max`` a leader must commit a final proposal and
-every member must hold the same committed log. The ``RaftChecker`` runs after every step. A
+loses is held by another member). In half the seeds (drawn apart) disk faults
+(``hasvc.testing.raft_disk``): a member's disk fills (its leader's proposals refused DISK_FULL,
+its appends failing: the core starts over from its log, as the driver does) and frees later; a
+member's fsync fails (never believed: it stops, without its unflushed tail); a member's entry at
+or below its commit index is found damaged at a restart (cut there, catch-up mark saved). With
+full disks a leader hands over only after leading an election timeout: never two step-downs in a
+cascade. The checker also requires that no member ever grants a vote to a log that ends below a
+committed entry it acknowledged. A chaos phase of ``chaos_seconds`` is followed by a settle phase
+(the last fault): the network heals, every member restarts, every disk has room again, and within
+``settle_seconds_max`` a leader must commit a final proposal and every member must hold the same
+committed log. The ``RaftChecker`` runs after every step. A
 failure prints the one command that replays it.
 """
 
@@ -43,6 +50,8 @@ PROGRESS_EVERY = 1000  # seeds between progress lines on stderr
 COMPACT_PROBABILITY = 0.5  # a fault event also runs retention on a live member this often
 FORCED_COMPACT_PROBABILITY = 0.3  # ... and that retention is a forced clean (disk full) this often
 LOSE_TAIL_PROBABILITY = 0.2  # in a seed with storage faults, a fault event also loses a member's tail this often
+DISK_FAULT_SEEDS = 0.5  # the share of seeds with disk faults
+DISK_FAULT_PROBABILITY = 0.5  # in such a seed, a fault event also brings a disk fault this often
 
 
 class LivenessFailure(AssertionError):
@@ -71,6 +80,7 @@ class SeedReport:
     outcomes: dict[str, int]
     refused_runs: int = 0  # APPEND runs corrupted on the way and refused by a follower's check
     lost_tails: int = 0  # storage faults: a member restarted without its log's tail (catch-up mark saved)
+    disk: dict[str, int] = dataclasses.field(default_factory=dict)  # disk faults by kind (``disk_summary``)
 
 
 def settings_for(rng: random.Random) -> SeedSettings:
@@ -111,6 +121,9 @@ def _client(cluster: SimCluster, rng: random.Random, counter: list[int]) -> None
     for _ in range(rng.randint(1, 3)):
         counter[0] += 1
         bodies.append(f"p{counter[0]}".encode())
+    if cluster.disk.full[target]:  # the driver's _room_refusal: DISK_FULL before the core sees it
+        cluster.disk.refused += 1
+        return
     if len(bodies) > 1 and cluster.together_rng.random() < 0.5:  # one proposal each, one Ready (a broker's pass)
         cluster.propose_together(target, [[body] for body in bodies])
     else:
@@ -161,9 +174,45 @@ def _lose_tail(cluster: SimCluster, rng: random.Random) -> None:
     cluster.crash_losing_tail(member, rng.randint(log.first_index(), log.last_index()))
 
 
+def _disk_fault(cluster: SimCluster, rng: random.Random, flipped: list[int]) -> None:
+    """A disk fills or frees, an fsync fails, or an entry at or below a member's commit index is
+    found damaged at its restart (``flipped[0]`` counts those)."""
+    alive, roll = cluster.alive(), rng.random()
+    full = [m for m in cluster.members if cluster.disk.full[m]]
+    leader = cluster.leader()
+    if roll < 0.35:
+        member = leader if leader is not None and rng.random() < 0.5 else rng.choice(cluster.members)
+        cluster.set_disk_full(member, True)
+    elif roll < 0.65 and full:
+        cluster.set_disk_full(rng.choice(full), False)
+    elif roll < 0.8 and alive:
+        cluster.disk.arm_fsync_failure(rng.choice(alive))
+    elif alive:
+        member = rng.choice(alive)
+        log, committed = cluster.logs[member], cluster.node(member).committed_index
+        below = min(committed, log.last_index())
+        if log.first_index() <= below:
+            flipped[0] += cluster.crash_losing_tail(member, rng.randint(log.first_index(), below))
+
+
+def disk_summary(reports) -> str:
+    """The disk faults of ``reports`` in one line (the CLI's summary)."""
+    kinds = ("fills", "refused", "append_failures", "fsync_failures", "handovers", "flipped")
+    totals = {kind: sum(r.disk.get(kind, 0) for r in reports) for kind in kinds}
+    seeds = sum(1 for r in reports if r.disk)
+    return (f"disk faults in {seeds} seeds: {totals['fills']} disks filled, {totals['refused']} proposals refused "
+            f"DISK_FULL, {totals['append_failures']} appends failed, "
+            f"{totals['handovers']} handovers for a full disk, "
+            f"{totals['fsync_failures']} fsyncs failed, {totals['flipped']} committed entries found damaged; "
+            f"{sum(r.lost_tails for r in reports)} tails lost")  # fmt: skip
+
+
 def _settle(cluster: SimCluster) -> None:
     """Heal, restart everyone; a leader must commit a last proposal and all logs must agree."""
     cluster.network.heal()
+    for member in cluster.members:  # the last fault: disks have room again, no fsync fails
+        cluster.set_disk_full(member, False)
+        cluster.disk.fsync_armed[member] = False
     for member in cluster.members:
         if cluster.nodes[member] is None:
             cluster.start(member)
@@ -206,6 +255,9 @@ def run_seed(seed: int, nodes: int = 3, *, log_factory: Callable[[str], object] 
     # Storage faults (a member loses its log's tail) in half the seeds, drawn apart too.
     lose = random.Random(f"raft-sim-lose-{nodes}-{seed}").choice([0.0, LOSE_TAIL_PROBABILITY])
     lose_rng = random.Random(f"raft-sim-lose-faults-{nodes}-{seed}")
+    # Disk faults (full disks, failed fsyncs, damage below the commit index) in half the seeds, drawn apart too.
+    disk = random.Random(f"raft-sim-disk-{nodes}-{seed}").random() < DISK_FAULT_SEEDS
+    disk_rng, flipped = random.Random(f"raft-sim-disk-faults-{nodes}-{seed}"), [0]
     cluster = SimCluster(seed=f"{nodes}-{seed}", members=members, config=settings.config, network=settings.network,
                          flush_delay_seconds=settings.flush_delay_seconds, corrupt_run_probability=corrupt,
                          coalesce_acknowledgements=coalesce, log_factory=log_factory, digest=digest)  # fmt: skip
@@ -224,25 +276,35 @@ def run_seed(seed: int, nodes: int = 3, *, log_factory: Callable[[str], object] 
             _fault(cluster, rng)
             if lose and lose_rng.random() < lose:
                 _lose_tail(cluster, lose_rng)
+            if disk and disk_rng.random() < DISK_FAULT_PROBABILITY:
+                _disk_fault(cluster, disk_rng, flipped)
             next_fault += rng.expovariate(1 / settings.fault_interval_seconds)
     cluster.run_until(CHAOS_SECONDS)
     _settle(cluster)
     cluster.checker.final()
     report = SeedReport(seed, nodes, cluster.events, cluster.crashes, cluster.acked_count, len(cluster.checker.committed),
                       len(cluster.checker.leaders), cluster.resets, {s.value: n for s, n in cluster.outcomes.items()},
-                      cluster.refused_runs, cluster.lost_tails)  # fmt: skip
+                      cluster.refused_runs, cluster.lost_tails,
+                      _disk_counts(cluster, flipped[0]) if disk else {})  # fmt: skip
     if digest is not None:
         for member in members:
             log = cluster.logs[member]
             entries = [log.entry_at(i) for i in range(log.first_index(), log.last_index() + 1)]
             final = (member, entries, log.load_hard_state(), log.flushed_index(), cluster.node(member).status(cluster.now))
             digest.update(repr(canonical(final)).encode())
-        digest.update(repr(canonical(report)).encode())
+        reported = canonical(report)  # a seed without disk faults hashes as before they existed (``disk`` last)
+        digest.update(repr(reported if report.disk else reported[:-1]).encode())
     return report
 
 
+def _disk_counts(cluster: SimCluster, flipped: int) -> dict[str, int]:
+    faults = cluster.disk
+    return {"fills": faults.fills, "refused": faults.refused, "append_failures": faults.append_failures,
+            "fsync_failures": faults.fsync_failures, "handovers": faults.handovers, "flipped": flipped}  # fmt: skip
+
+
 def replay_command(seed: int, nodes: int) -> str:
-    return f"python -m hasvc.testing.raft_sim --nodes {nodes} --seed {seed}"
+    return f"python -m hasvc.testing.sim raft --nodes {nodes} --seed {seed}"
 
 
 def run_seeds(first: int, count: int, nodes: int) -> list[SeedReport]:
@@ -270,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.monotonic()
     events = acked = refused = resets = lost_tails = 0
+    reports = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         try:
             report = run_seed(seed, args.nodes)
@@ -282,14 +345,15 @@ def main(argv: list[str] | None = None) -> int:
         refused += report.refused_runs
         resets += report.resets
         lost_tails += report.lost_tails
+        reports.append(report)
         done = seed - args.first_seed + 1
         if done % PROGRESS_EVERY == 0:
             print(f"... {done} seeds, {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     elapsed = time.monotonic() - started
     print(f"OK {args.seeds} seeds ({args.first_seed}..{args.first_seed + args.seeds - 1}), {args.nodes} nodes, "
           f"{events} events, {acked} acknowledged entries, {resets} resets, {refused} corrupted runs refused, "
-          f"{lost_tails} tails lost, "
-          f"{elapsed:.1f} s")  # fmt: skip
+          f"{lost_tails} tails lost, {elapsed:.1f} s")  # fmt: skip
+    print(disk_summary(reports))
     return 0
 
 

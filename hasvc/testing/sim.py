@@ -11,7 +11,8 @@
 ``classic``: the classic master/slave cores (``hasvc.testing.classic_sim``): network faults,
 kills and power losses, promotions, rejoins with epoch truncation, storage faults (flipped bits,
 lost writes, ENOSPC, EIO) with repair from a peer or an accepted loss. ``raft``: the Raft core
-(``hasvc.testing.raft_sim``) over in-memory logs. ``raft-store``: the same schedules over real
+(``hasvc.testing.raft_sim``) over in-memory logs: network faults, crashes, lost tails, full
+disks (ENOSPC), failed fsyncs (EIO), committed entries found damaged. ``raft-store``: the same schedules over real
 DLedger entry stores (``hasvc.testing.raft_store_sim``), torn pages on every crash.
 ``controller``: controller mode (``hasvc.testing.controller_sim``): a controller group whose
 leader changes, 2-3 brokers failing over by themselves (agent, SyncStateSet tracker, lease),
@@ -87,6 +88,8 @@ def run_range(simulator: str, first: int, count: int, nodes: int, *, echo=print,
     storage = f", {classic_sim.storage_summary(reports)}" if simulator == "classic" else ""
     if simulator == "controller":
         storage = f", {controller_sim.failover_summary(reports)}"
+    if simulator in ("raft", "raft-store"):
+        storage = f", {raft_sim.disk_summary(reports)}"
     echo(f"OK {simulator}{where}: {count} seeds ({first}..{first + count - 1}), {crashes} crashes, "
          f"{acked} acknowledged{storage}, {time.monotonic() - started:.1f} s")  # fmt: skip
     return 0

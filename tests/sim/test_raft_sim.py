@@ -2,7 +2,8 @@
 
 Each seed runs a cluster of pure cores on a simulated network (delay, loss, duplication,
 reordering, partitions that come and go), with crashes that lose what was not flushed, restarts
-and proposing clients; ``RaftChecker`` checks election safety, save-before-send, log matching,
+and proposing clients, lost tails and (in half the seeds) disk faults -- full disks, failed fsyncs,
+committed entries found damaged (``hasvc.testing.raft_disk``); ``RaftChecker`` checks election safety, save-before-send, log matching,
 that committed entries never change or disappear, and that acknowledged proposals are committed
 exactly once, after every step; each seed ends with a liveness check (see
 ``hasvc.testing.raft_sim``). The range starts at seed 0, so CI is repeatable (a failure gives the
@@ -41,3 +42,5 @@ def test_seeded_fault_schedules_keep_raft_safe_and_live(nodes):
     assert sum(r.leaders for r in reports) > 2 * count
     assert sum(r.acked for r in reports) > 10 * count
     assert sum(r.resets for r in reports) > 0  # forced cleans stranded members, who were RESET
+    assert sum(r.disk.get("append_failures", 0) for r in reports) > 0  # full disks refused appends
+    assert sum(r.disk.get("fsync_failures", 0) for r in reports) > 0  # failed fsyncs stopped members

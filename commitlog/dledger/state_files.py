@@ -186,10 +186,16 @@ def _crc(data: bytes) -> int:
 
 def _read_checked(path: str) -> dict[str, str] | None:
     values = _read_plain(path)
-    if values is None or CRC_KEY not in values:
+    if values is None:
         return values
     with open(path, "rb") as file:
         data = file.read(PROPERTIES_FILE_SIZE_MAX + 1)
+    if CRC_KEY not in values:
+        # DLedger's files and an older hasvc's have no crc32c line. One of ours whose line ending
+        # before it was flipped has it joined to the line above: damaged, not unchecked.
+        if f"{CRC_KEY}=".encode() in data:
+            raise StoreError(f"{path}: its crc32c line is not a line of its own (damaged)")
+        return values
     body, _, _ = data.rpartition(f"{CRC_KEY}=".encode())
     if values.pop(CRC_KEY) != str(_crc(body)):
         raise StoreError(f"{path}: its crc32c line does not match its content (damaged)")

@@ -128,6 +128,24 @@ def test_a_damaged_state_file_is_read_from_its_copy_and_both_damaged_refused_nam
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("joined_by", [b"*", b"=", b" "])
+def test_a_state_file_whose_crc_line_was_joined_to_the_line_above_is_read_from_its_copy(tmp_path, joined_by):
+    """The line ending before ``crc32c=`` flipped (a corrupt drill's round: ``0x0a -> 0x2a``): the
+    file no longer has a crc32c line of its own and was read unchecked as a DLedger file, its last
+    value ``committedIndex='103407*crc32c=...'`` refused as not an integer and the member with it."""
+    from commitlog.dledger import state_files
+
+    path = str(tmp_path / "currterm")
+    state_files.write_properties(path, {"currTerm": 7, "voteLeader": "n1", "committedIndex": 103407})
+    with open(path, "rb") as file:
+        data = file.read()
+    cut = data.index(b"\ncrc32c=")
+    with open(path, "r+b") as file:
+        file.seek(cut)
+        file.write(joined_by)
+    assert state_files.read_properties(path) == {"currTerm": "7", "voteLeader": "n1", "committedIndex": "103407"}  # the copy's
+
+
 def test_a_state_file_without_a_crc_line_reads_as_before(tmp_path):
     """DLedger's, or an older hasvc's."""
     from commitlog.dledger import state_files

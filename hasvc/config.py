@@ -2,9 +2,11 @@
 
 Defaults follow RocketMQ (notes §6.1) unless the field's reason says why not. Options come from
 the command line and from a TOML file (``--config FILE``, a ``[broker]`` table with these field
-names); the command line wins. ``validate()`` refuses impossible combinations. Each field is a
-``setting(default, reason, ...)`` (commitlog/setting.py): the settings table (hasvc/settings.py,
-``hasvc config list``, docs/configuration.md) reads its reason, unit, range and processes there.
+names, and the store's own settings by their StoreConfig names: ``store_overrides``); the command
+line wins. Each field is a ``setting(default, reason, ...)`` (commitlog/setting.py): the settings
+table (hasvc/settings.py, ``hasvc config list``, docs/configuration.md) reads its reason, unit,
+range and processes there, and ``validate()`` checks each value against it (``check_settings``)
+and the rules between settings (``SETTING_RULES``), then what no single setting says.
 """
 
 from __future__ import annotations
@@ -401,7 +403,7 @@ def convert(name: str, value: Any) -> Any:
             raise ValueError('expected "HOST:PORT" text')
         return parse_address(value)
     if name in ("role", "flush") and not isinstance(value, str):
-        raise ValueError("expected " + ("sync or async" if name == "role" else "sync or async"))
+        raise ValueError("expected sync or async")
     if name == "role":
         roles = {"sync": "SYNC_MASTER", "async": "ASYNC_MASTER", **{role: role for role in BrokerRole.__members__}}
         if value.lower() not in roles and value.upper() not in roles:

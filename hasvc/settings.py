@@ -6,9 +6,13 @@ Each field of a dataclass in ``SOURCES`` is one setting. Its description is the 
 written next to the default with ``setting(default, reason, ...)`` (commitlog/setting.py): ``reason`` (why
 the default, what the setting does), and where needed ``unit`` (else read from the name's suffix:
 ``_ms``, ``_seconds``, ``_size``, ``_bytes``, ``_ratio``, ...), ``processes`` (else those of the
-dataclass), ``choices``, ``shown_default``, and the range its ``validate()`` enforces
-(``minimum``, ``above``, ``maximum``). ``EXTRA`` holds the few settings that are not a
-field (a node's ``raft_preset``). ``tests/unit/test_settings.py`` fails for a field without a
+dataclass), ``choices``, ``shown_default``, and its range (``minimum``, ``above``,
+``maximum``), which ``check_settings()`` (commitlog/setting.py) enforces when the class's
+``validate()`` runs; rules between two settings are each class's ``SETTING_RULES``, stated once
+(``all_rules()``). A field of two classes (a broker's field the store also has) is one setting:
+its range is stated in the class that checks it. A field marked ``internal`` is no setting of its
+own. ``EXTRA`` holds the few settings that are not a field (a node's ``raft_preset``).
+``error_line()`` says a SettingError in one line with where each value came from. ``tests/unit/test_settings.py`` fails for a field without a
 reason, and for docs/configuration.md out of date (``scripts/dev/gen_configuration.py`` writes
 its generated block from ``markdown_table()``).
 

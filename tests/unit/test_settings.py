@@ -201,3 +201,52 @@ def test_config_check_takes_a_good_file_and_says_what_is_wrong_with_a_bad_one(tm
         result = check(text, "--process", process)
         assert result.exit_code == 2, (text, result.output)
         assert said in result.output and "Traceback" not in result.output, (text, result.output)
+
+
+def test_the_stores_own_settings_reach_the_store_from_set_and_toml(tmp_path):
+    """StoreConfig's settings that BrokerConfig has no field for are set by name on every command
+    that opens a store, from --set and from the [broker] table, and reach store_config()."""
+    from hasvc.cli.broker import _build_config
+
+    path = tmp_path / "broker.toml"
+    path.write_text("[broker]\nwarm_ahead_size = 0\ndelete_segments_per_pass_max = 3\n")
+    for role in ("ASYNC_MASTER", "SLAVE", "SYNC_MASTER"):  # master, slave; node and broker (controller mode)
+        config = _build_config(role, {"store": str(tmp_path / "s"), "master_ha": "127.0.0.1:10912"}, str(path), None,
+                               ("flush_interval_commitlog_ms=100", "crc=crc32", "dispatch_batch_size_max=65536"))  # fmt: skip
+        store = config.store_config()
+        assert (store.flush_interval_commitlog_ms, store.crc, store.dispatch_batch_size_max) == (100, "crc32", 65536)
+        assert (store.warm_ahead_size, store.delete_segments_per_pass_max) == (0, 3)
+        assert config.describe()["flush_interval_commitlog_ms"] == 100
+    assert StoreConfig().flush_interval_commitlog_ms == 500
+
+
+def test_a_store_setting_a_dledger_member_does_not_read_is_refused_by_the_node(tmp_path):
+    result = _hasvc("node", "--store", str(tmp_path / "n"), "--group", "g", "--peers", "n0-127.0.0.1:0", "--self", "n0",
+                    "--set", "sync_flush_timeout_ms=100")  # fmt: skip
+    assert result.exit_code == 2 and "sync_flush_timeout_ms is not used by a DLedger member" in result.output
+    assert not (tmp_path / "n").exists()
+
+
+def test_config_list_by_mode_shows_the_stores_settings():
+    classic = {line.split()[0] for line in _hasvc("config", "list", "--mode", "classic").output.splitlines()[1:]}
+    dledger = {line.split()[0] for line in _hasvc("config", "list", "--mode", "dledger").output.splitlines()[1:]}
+    assert {"flush_interval_commitlog_ms", "group_commit_waiters_max", "warm_ahead_size", "ha_listen"} <= classic
+    assert "heartbeat_interval_seconds" not in classic and "calls_max" not in classic
+    assert {"warm_ahead_size", "dispatch_batch_size_max", "heartbeat_interval_seconds"} <= dledger
+    assert not {"flush_interval_commitlog_ms", "ha_listen"} & dledger
+    shown = _hasvc("config", "show", "flush_interval_commitlog_ms").output
+    assert "default    500" in shown and "commitlog.config.StoreConfig" in shown and "flushIntervalCommitLog" in shown
+
+
+def test_a_rule_between_settings_is_stated_once_and_names_both_values_and_their_origins():
+    names = [rule.names for rule in settings.all_rules()]
+    assert ("ha_transfer_batch_size", "ha_frame_size_max") in names and len(names) == len(set(names))
+    with pytest.raises(SettingError) as refused:
+        BrokerConfig(store="s", ha_transfer_batch_size=8 << 20).validate()
+    line = settings.error_line(refused.value, {"ha_transfer_batch_size": "--set"})
+    assert line.startswith("ha_transfer_batch_size=8388608 (from --set): must not exceed ha_frame_size_max=4194304 "
+                           "(from the default)")  # fmt: skip
+    shown = _hasvc("config", "show", "ha_frame_size_max").output
+    assert "rule       ha_transfer_batch_size must not exceed ha_frame_size_max" in shown
+    with open(DOC, encoding="utf-8") as file:
+        assert "- heartbeat_interval_seconds must be below election_timeout_min_seconds" in file.read()

@@ -115,6 +115,29 @@ def field_kind(field: dataclasses.Field) -> str:
     return kind.replace(" ", "").removesuffix("|None")
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def parse_text(field: dataclasses.Field, raw: str) -> Any:
+    """A value given as text (``--set NAME=VALUE``) as ``field``'s type: an integer, a number, or a
+    boolean (true/false, 1/0, yes/no, on/off); anything else stays text (choices and addresses
+    are checked later). ValueError ('expected an integer, e.g. NAME=DEFAULT') when it is not one."""
+    kind = field_kind(field)
+    try:
+        if kind == "bool":
+            if raw.lower() not in _TRUE + _FALSE:
+                raise ValueError
+            return raw.lower() in _TRUE
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        example = "" if field.default in (None, dataclasses.MISSING) else f", e.g. {field.name}={shown_value(field.default)}"
+        raise ValueError(f"expected {_KINDS[kind]}{example}") from None
+    return raw
+
+
 def check_value(field: dataclasses.Field, value: Any) -> str | None:
     """What is wrong with ``value`` for ``field`` (its type, choices, range), or None."""
     meta, kind = field.metadata, field_kind(field)

@@ -374,6 +374,12 @@ def load_toml_with_origins(path: str) -> tuple[dict[str, Any], dict[str, str]]:
     known = settable_names()
     unknown = sorted(set(table) - known)
     if unknown:
+        from hasvc import settings
+
+        elsewhere = settings.by_name().get(unknown[0])
+        if elsewhere is not None:  # a Raft setting, a proxy's: not a broker's [broker] table
+            raise ValueError(f"{path}: {unknown[0]} (key {prefix}{unknown[0]}) is not a broker setting: give it with "
+                             f"--set to hasvc {' or hasvc '.join(elsewhere.processes)}")  # fmt: skip
         close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
         hint = f" (did you mean {close[0]}?)" if close else " ('hasvc config list' shows every setting)"
         raise ValueError(f"{path}: unknown setting(s) {', '.join(unknown)}{hint}")

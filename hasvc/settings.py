@@ -36,6 +36,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from commitlog import setting as setting_module
 from commitlog.setting import Rule, SettingError, range_problem, range_text
 
 PROCESSES = ("master", "slave", "node", "proxy")
@@ -156,30 +157,19 @@ def for_mode(mode: str) -> tuple[Setting, ...]:
 
 
 def parse_text(name: str, raw: str) -> Any:
-    """A value given as text (--set NAME=VALUE) as the setting's type; ValueError ('expected an
-    integer, e.g. NAME=DEFAULT') when it is not one. Text, choices and addresses stay text."""
-    setting = lookup(name)
-    try:
-        if setting.type == "boolean":
-            if raw.lower() not in _TRUE + _FALSE:
-                raise ValueError
-            return raw.lower() in _TRUE
-        if setting.type == "integer":
-            return int(raw)
-        if setting.type == "number":
-            return float(raw)
-    except ValueError:
-        wanted = {"boolean": "true or false", "integer": "an integer", "number": "a number"}[setting.type]
-        example = "" if setting.default is None else f", e.g. {name}={_text_of(setting.default)}"
-        raise ValueError(f"expected {wanted}{example}") from None
-    return raw
+    """A value given as text (--set NAME=VALUE) as the setting's type (commitlog.setting.parse_text);
+    ValueError ('expected an integer, e.g. NAME=DEFAULT') when it is not one; KeyError for no
+    setting of that name."""
+    return setting_module.parse_text(field_of(name), raw)
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def _text_of(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+def field_of(name: str) -> dataclasses.Field:
+    """The dataclass field of the setting ``name`` (the first source's, for a field of two)."""
+    for module, cls_name, _ in SOURCES:
+        for field in dataclasses.fields(getattr(importlib.import_module(module), cls_name)):
+            if field.name == name and "internal" not in field.metadata:
+                return field
+    raise KeyError(f"no setting {name!r}{suggestion(name)}")
 
 
 def error_line(error: SettingError, origins: Mapping[str, str]) -> str:

@@ -103,33 +103,15 @@ def _check_tls_files(cert, key, ca) -> None:
         raise click.ClickException(str(error)) from None
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
-
-
-def _kind(field) -> str:
-    """A field's plain type (int, float, bool, str, ...), ``| None`` dropped (the annotations are strings)."""
-    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
-    return kind.replace(" ", "").removesuffix("|None")
-
-
 def _typed(raw: str, field):
-    """A --set value parsed as its field's type; ValueError (one line, the type and the
-    default as an example) when it is not one."""
-    kind = _kind(field)
+    """A --set value parsed as its field's type (commitlog.setting.parse_text); BadParameter (one
+    line, the type and the default as an example) when it is not one."""
+    from commitlog.setting import parse_text
+
     try:
-        if kind == "bool":
-            if raw.lower() not in _TRUE + _FALSE:
-                raise ValueError
-            return raw.lower() in _TRUE
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-    except ValueError:
-        example = f", e.g. {field.name}={field.default}" if field.default is not dataclasses.MISSING else ""
-        raise click.BadParameter(f"{field.name}={raw!r}: expected {_KINDS[kind]}{example}", param_hint="--set") from None
-    return raw
+        return parse_text(field, raw)
+    except ValueError as error:
+        raise click.BadParameter(f"{field.name}={raw!r}: {error}", param_hint="--set") from None
 
 
 def _unknown_setting(name: str, names) -> str:

@@ -53,6 +53,7 @@ def _cases(cluster, master, slave, root) -> list[tuple[str, list[str], int, str]
     out_of_range = _write(root, "range.toml", "[broker]\nslave_timeout_ms = -1\n")
     fraction = _write(root, "fraction.toml", "[broker]\nslave_timeout_ms = 1.5\n")
     unknown_role = _write(root, "role.toml", "[broker]\nrole = 'primary'\n")
+    raft_in_toml = _write(root, "raft.toml", "[broker]\nheartbeat_interval_seconds = 0.5\n")
     fresh = os.path.join(root, "never-created")
     node = ["node", "--store", fresh, "--group", "g", "--peers", "n0-127.0.0.1:0", "--self", "n0"]
     return [
@@ -100,6 +101,8 @@ def _cases(cluster, master, slave, root) -> list[tuple[str, list[str], int, str]
         ("a fraction where an integer goes", ["master", "--config", fraction, "--store", fresh], 2,
          "slave_timeout_ms=1.5 (from"),
         ("a role TOML does not know", ["master", "--config", unknown_role, "--store", fresh], 2, "expected sync or async"),
+        ("a Raft setting in a broker's TOML table", [*node, "--config", raft_in_toml], 2,
+         "heartbeat_interval_seconds (key [broker].heartbeat_interval_seconds) is not a broker setting: give it with --set"),
         ("a missing config file", ["master", "--config", os.path.join(root, "nope.toml"), "--store", fresh], 2, "does not exist"),
         ("config check of a file with a bad value", ["config", "check", out_of_range], 2, "must be >0 (default 3,000 ms)"),
         ("config show of a misspelt name", ["config", "show", "warm_ahead"], 2, "did you mean warm_ahead_size"),

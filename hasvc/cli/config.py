@@ -86,7 +86,9 @@ def check(file, process, secret_file) -> None:
         from hasvc.cli.node import _refuse_unapplied
 
         _refuse_unapplied(config)
-    defaults = {field.name: field.default for field in dataclasses.fields(BrokerConfig)}
+    from commitlog.config import StoreConfig
+
+    defaults = {field.name: field.default for cls in (StoreConfig, BrokerConfig) for field in dataclasses.fields(cls)}
     changed = sorted(name for name in given if given[name] != defaults.get(name))
     note = f"; assumed {', '.join(f'{name}={value}' for name, value in assumed.items())}" if assumed else ""
     count = f"{len(given)} setting{'' if len(given) == 1 else 's'}"

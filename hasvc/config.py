@@ -2,9 +2,11 @@
 
 Defaults follow RocketMQ (notes §6.1) unless the field's reason says why not. Options come from
 the command line and from a TOML file (``--config FILE``, a ``[broker]`` table with these field
-names); the command line wins. ``validate()`` refuses impossible combinations. Each field is a
-``setting(default, reason, ...)`` (commitlog/setting.py): the settings table (hasvc/settings.py,
-``hasvc config list``, docs/configuration.md) reads its reason, unit, range and processes there.
+names, and the store's own settings by their StoreConfig names: ``store_overrides``); the command
+line wins. Each field is a ``setting(default, reason, ...)`` (commitlog/setting.py): the settings
+table (hasvc/settings.py, ``hasvc config list``, docs/configuration.md) reads its reason, unit,
+range and processes there, and ``validate()`` checks each value against it (``check_settings``)
+and the rules between settings (``SETTING_RULES``), then what no single setting says.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import enum
 import ipaddress
 import os
 import tomllib
-from typing import Any
+from typing import Any, ClassVar
 
 from commitlog.config import FlushDiskType, StoreConfig
-from commitlog.setting import setting
+from commitlog.setting import Rule, check_settings, setting
 from hasvc.busy_poll import BUSY_POLL_US_MAX
 
 
@@ -77,16 +79,16 @@ class BrokerConfig:
                                           "log segment. In DLedger mode also the size of the Raft data files (DLedger's "
                                           "mappedFileSizeForEntryData), which decides every entry's pos: every member of "
                                           "a group must have the same, and a member refuses a peer with another at its "
-                                          "HELLO.", minimum=4096, maximum=2**35 - 1)  # fmt: skip
+                                          "HELLO.")  # fmt: skip
     consume_queue_units_per_file: int = setting(300_000, "RocketMQ's mappedFileSizeConsumeQueue / 20: the 20-byte units of one "
-                                                "consume queue file.", unit="units", above=0)  # fmt: skip
+                                                "consume queue file.", unit="units")  # fmt: skip
     max_message_size: int = setting(4 * 1024 * 1024, "RocketMQ's maxMessageSize, a body limit; a batch's bodies share it "
-                                    "(MESSAGE_ILLEGAL beyond).", above=0)  # fmt: skip
+                                    "(MESSAGE_ILLEGAL beyond).")  # fmt: skip
     # The store's (StoreConfig's, through store_config()): disk, retention, checks, recovery.
     disk_max_used_space_ratio: float = setting(0.85, "Above this share of the disk in use, puts are refused DISK_FULL "
-                                               "(DLedger's 0.85; RocketMQ's diskSpaceWarningLevelRatio is 0.90).", above=0, maximum=1)  # fmt: skip
+                                               "(DLedger's 0.85; RocketMQ's diskSpaceWarningLevelRatio is 0.90).")  # fmt: skip
     disk_clean_ratio: float = setting(0.75, "RocketMQ's diskMaxUsedSpaceRatio: above this share of the disk in use, "
-                                      "retention deletes the oldest segments whatever their age.", above=0, maximum=1)  # fmt: skip
+                                      "retention deletes the oldest segments whatever their age.")  # fmt: skip
     file_reserved_time_hours: float = setting(72.0, "RocketMQ's fileReservedTime: segments older than this are deleted by "
                                               "retention.")  # fmt: skip
     dledger_clean_interval_seconds: float = setting(10.0, "How often a DLedger member's retention pass runs: RocketMQ's "
@@ -104,7 +106,7 @@ class BrokerConfig:
         16 * 1024 * 1024, "The broker re-checks its whole log and consume queues in the background at this rate (0: off): "
         "16 MiB/s re-reads 1 GiB in ~64 s, costs well under 1 % of a core for the CRC walk, and keeps its disk reads a "
         "small share of a disk's bandwidth. Damage found is logged, listed in STATUS damaged and repaired from a peer's copy "
-        "(a DLedger member scrubs every entry of its data files the same way).", minimum=0)  # fmt: skip
+        "(a DLedger member scrubs every entry of its data files the same way).")  # fmt: skip
     append_record_crc: bool = setting(
         True, "RocketMQ's enabledAppendPropCRC (false there): each record's properties end with a 20-byte tail holding "
         "the CRC of every byte before it, so a flipped bit in the header, which the body CRC does not cover, is found "
@@ -130,12 +132,12 @@ class BrokerConfig:
         0, "Flushed log pages more than this many bytes behind the flushed end are dropped from the page cache (0 keeps "
         "them all, as RocketMQ and Kafka do). A write into a page the cache never held costs ~4x the CPU of one into a "
         "page it freed lately: a pair under 64 x 32 load fell from ~230k to ~125k acked/s within 30 s, and held "
-        "200-250k with 256 MiB kept. Reads further back come from the disk.", minimum=0)  # fmt: skip
+        "200-250k with 256 MiB kept. Reads further back come from the disk.")  # fmt: skip
     preallocate_step_size: int = setting(
         64 * 1024 * 1024, "Disk each segment (commit log, DLedger data and index files) reserves ahead of its writer at "
         "a time (posix_fallocate): a segment is sparse until reserved, so a store holding a few messages takes tens of "
         "MiB, not a whole 1 GiB segment; the warm-up reserves ahead, so the put path does not. 0 reserves whole "
-        "segments at creation (RocketMQ's behaviour).", minimum=0)  # fmt: skip
+        "segments at creation (RocketMQ's behaviour).")  # fmt: skip
     # StoreConfig.small_write_pages (commitlog/mapped_file.py SMALL_PAGES_MARGIN), resolved by small_write_pages_for().
     small_write_pages: str = setting(
         "auto", "The log's segments fault single pages, not read-ahead folios, ahead of the writer: for a store that "
@@ -237,6 +239,16 @@ class BrokerConfig:
         "sleeps. Waking a halted CPU is most of a lone put's latency on a VM: one writer's p50 ~270 -> ~150 us at 200 us. "
         "It spends CPU: with the cores saturated throughput fell by up to half, so use it where cores are spare. 0: "
         "off.", minimum=0, maximum=BUSY_POLL_US_MAX)  # fmt: skip
+    # The store's settings BrokerConfig has no field for (StoreConfig's, by name: flush intervals,
+    # warm-up, dispatch and retention steps), as given with --set or in TOML; store_config() applies them.
+    store_overrides: tuple[tuple[str, Any], ...] = setting((), internal="StoreConfig's own settings, each in the table")
+
+    # Rules between settings, stated once: validate() checks them, the table lists them.
+    SETTING_RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(("ha_transfer_batch_size", "ha_frame_size_max"), lambda batch, frame: batch <= frame,
+             "must not exceed {1}: a slave refuses a frame larger than it reads"),
+        Rule(("tls_cert", "tls_key"), lambda cert, key: (cert is None) == (key is None), "goes with {1}: give both or neither"),
+    )
 
     # Durations are seconds inside; the ``_ms`` fields keep RocketMQ's names at the TOML/CLI edge.
     @property
@@ -287,6 +299,7 @@ class BrokerConfig:
             recovery_cut_segments_max=self.recovery_cut_segments_max,
             check_crc_on_read=self.check_crc_on_read,
             store_host=self.listen if _is_ip(self.listen[0]) else ("127.0.0.1", self.listen[1]),
+            **dict(self.store_overrides),
         )
 
     def small_write_pages_for(self, syncs_each_put: bool) -> bool:
@@ -294,41 +307,21 @@ class BrokerConfig:
         return self.small_write_pages == "on" or (self.small_write_pages == "auto" and syncs_each_put)
 
     def validate(self) -> BrokerConfig:
-        if self.small_write_pages not in SMALL_WRITE_PAGES_CHOICES:
-            raise ValueError(f"small_write_pages must be one of {', '.join(SMALL_WRITE_PAGES_CHOICES)}, got {self.small_write_pages!r}")
-        for name in ("recovery_accept_lost_entries", "recovery_repair_from_peers"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if not self.dledger_clean_interval_seconds > 0:
-            raise ValueError(f"dledger_clean_interval_seconds must be positive, got {self.dledger_clean_interval_seconds}")
+        """Each setting's type, range and rules (check_settings: SettingError naming it), the store's
+        (StoreConfig's own), then what no single setting says."""
+        check_settings(self, self.SETTING_RULES)
+        unknown = [name for name, _ in self.store_overrides if name not in store_setting_names()]
+        if unknown:
+            raise ValueError(f"{unknown[0]} is not a setting of the store")
+        self.store_config().validate()
         if self.role is BrokerRole.SLAVE and self.master_ha is None:
             raise ValueError("a slave needs --master-ha HOST:PORT")
-        if self.ha_transfer_batch_size > self.ha_frame_size_max:
-            raise ValueError("ha_transfer_batch_size must not exceed ha_frame_size_max")
-        if self.ha_transfer_readahead_size < 0:
-            raise ValueError("ha_transfer_readahead_size must be >= 0 (0: off)")
-        if not self.repair_wait_seconds >= 0:
-            raise ValueError("repair_wait_seconds must be >= 0 (0: a damaged store is refused at once)")
-        if not 0 <= self.busy_poll_us <= BUSY_POLL_US_MAX:
-            raise ValueError(f"busy_poll_us must be 0..{BUSY_POLL_US_MAX} (0: off)")
-        if self.in_sync_replicas < 0 or self.min_in_sync_replicas < 0:
-            raise ValueError("in_sync_replicas and min_in_sync_replicas must be >= 0")
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("--tls-cert and --tls-key go together")
-        for name in ("ha_send_heartbeat_interval_ms", "ha_housekeeping_interval_ms", "slave_timeout_ms",
-                     "ha_transfer_batch_size", "frame_size_max", "requests_in_flight_max", "connections_max",
-                     "client_answer_bytes_max", "client_answer_bytes_total_max", "client_muted_timeout_seconds",
-                     "ha_send_stalled_timeout_seconds", "raft_send_stalled_timeout_seconds",
-                     "producer_sequence_window", "producers_max"):  # fmt: skip
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
         exposed = [a for a in (self.listen, self.effective_ha_listen, self.metrics_listen) if a and not is_loopback(a[0])]
         if exposed and self.secret is None and not self.insecure:
             raise ValueError(
                 f"refusing to listen on {format_address(exposed[0])} without a secret: give --secret-file "
                 "(or HASVC_SECRET), or --insecure to accept unauthenticated peers"
             )
-        self.store_config().validate()
         return self
 
     def describe(self) -> dict[str, Any]:
@@ -343,8 +336,17 @@ class BrokerConfig:
             elif isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], int):
                 value = format_address(value)
             shown[field.name] = value
+        del shown["store_overrides"]
+        shown.update(self.store_overrides)
         shown["ha_listen"] = format_address(self.effective_ha_listen)
         return shown
+
+
+def store_setting_names() -> frozenset[str]:
+    """StoreConfig's settings of its own: given by name (--set, TOML) as BrokerConfig.store_overrides."""
+    broker = {field.name for field in dataclasses.fields(BrokerConfig)}
+    return frozenset(field.name for field in dataclasses.fields(StoreConfig)
+                     if "internal" not in field.metadata and field.name not in broker)  # fmt: skip
 
 
 def _is_ip(host: str) -> bool:
@@ -360,6 +362,13 @@ _ADDRESS_FIELDS = {"listen", "ha_listen", "master_ha", "metrics_listen"}
 
 def load_toml(path: str) -> dict[str, Any]:
     """Options from a TOML file's ``[broker]`` table (or its top level), converted to field types."""
+    return load_toml_with_origins(path)[0]
+
+
+def load_toml_with_origins(path: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """``load_toml``'s options, and where each came from ('FILE key [broker].NAME'); ValueError,
+    one line naming the file, for a file that is not TOML, a table other than [broker], an unknown
+    name (with the nearest) or a value that cannot be converted (an address, a role)."""
     import difflib
 
     with open(path, "rb") as file:
@@ -367,25 +376,64 @@ def load_toml(path: str) -> dict[str, Any]:
             data = tomllib.load(file)
         except tomllib.TOMLDecodeError as error:
             raise ValueError(f"{path}: not valid TOML: {error}") from None
-    table = data.get("broker", data)
-    known = {field.name for field in dataclasses.fields(BrokerConfig)}
+    prefix = "[broker]." if "broker" in data else ""
+    table = data["broker"] if "broker" in data else data
+    tables = sorted(name for name in data if name != "broker" and (prefix or isinstance(data[name], dict)))
+    if tables or not isinstance(table, dict):
+        name = tables[0] if tables else "broker"
+        close = difflib.get_close_matches(name, ["broker"], n=1)
+        hint = " (did you mean [broker]?)" if close and name != "broker" else "; settings go in a [broker] table"
+        raise ValueError(f"{path}: unknown table or key [{name}] outside [broker]{hint}" if prefix or tables
+                         else f"{path}: [broker] must be a table{hint}")  # fmt: skip
+    known = settable_names()
     unknown = sorted(set(table) - known)
     if unknown:
+        from hasvc import settings
+
+        elsewhere = settings.by_name().get(unknown[0])
+        if elsewhere is not None:  # a Raft setting, a proxy's: not a broker's [broker] table
+            raise ValueError(f"{path}: {unknown[0]} (key {prefix}{unknown[0]}) is not a broker setting: give it with "
+                             f"--set to hasvc {' or hasvc '.join(elsewhere.processes)}")  # fmt: skip
         close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise ValueError(f"{path}: unknown option(s) {', '.join(unknown)}{hint}")
-    return {name: convert(name, value) for name, value in table.items()}
+        hint = f" (did you mean {close[0]}?)" if close else " ('hasvc config list' shows every setting)"
+        raise ValueError(f"{path}: unknown setting(s) {', '.join(unknown)}{hint}")
+    values, origins = {}, {}
+    for name, value in table.items():
+        origins[name] = f"{path} key {prefix}{name}"
+        try:
+            values[name] = convert(name, value)
+        except (KeyError, ValueError, TypeError, AttributeError) as error:
+            raise ValueError(f"{name}={value!r} (from {origins[name]}): {str(error).strip(chr(39))}") from None
+    return values, origins
+
+
+def settable_names() -> frozenset[str]:
+    """The names a broker process takes (--set, TOML): BrokerConfig's fields and the store's own."""
+    broker = {field.name for field in dataclasses.fields(BrokerConfig) if "internal" not in field.metadata}
+    return frozenset(broker) | store_setting_names()
 
 
 def convert(name: str, value: Any) -> Any:
+    """A value given by name (TOML, --set after its type) as the field holds it: an address from
+    HOST:PORT, a role or flush from its word; ValueError saying what was expected otherwise."""
     if value is None:
         return None
     if name in _ADDRESS_FIELDS:
-        return parse_address(value) if isinstance(value, str) else tuple(value)
+        if not isinstance(value, str):
+            raise ValueError('expected "HOST:PORT" text')
+        return parse_address(value)
+    if name in ("role", "flush") and not isinstance(value, str):
+        raise ValueError("expected sync or async")
     if name == "role":
-        return BrokerRole(value.upper() if value.upper() in BrokerRole.__members__ else {"sync": "SYNC_MASTER", "async": "ASYNC_MASTER"}[value.lower()])
+        roles = {"sync": "SYNC_MASTER", "async": "ASYNC_MASTER", **{role: role for role in BrokerRole.__members__}}
+        if value.lower() not in roles and value.upper() not in roles:
+            raise ValueError("expected sync or async")
+        return BrokerRole(roles.get(value.lower(), roles.get(value.upper())))
     if name == "flush":
-        return FlushDiskType({"sync": "SYNC_FLUSH", "async": "ASYNC_FLUSH"}.get(value.lower(), value.upper()))
+        flushes = {"sync": "SYNC_FLUSH", "async": "ASYNC_FLUSH", "sync_flush": "SYNC_FLUSH", "async_flush": "ASYNC_FLUSH"}
+        if value.lower() not in flushes:
+            raise ValueError("expected sync or async")
+        return FlushDiskType(flushes[value.lower()])
     if name == "secret":
         return value.encode() if isinstance(value, str) else value
     return value

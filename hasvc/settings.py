@@ -6,9 +6,13 @@ Each field of a dataclass in ``SOURCES`` is one setting. Its description is the 
 written next to the default with ``setting(default, reason, ...)`` (commitlog/setting.py): ``reason`` (why
 the default, what the setting does), and where needed ``unit`` (else read from the name's suffix:
 ``_ms``, ``_seconds``, ``_size``, ``_bytes``, ``_ratio``, ...), ``processes`` (else those of the
-dataclass), ``choices``, ``shown_default``, and the range its ``validate()`` enforces
-(``minimum``, ``above``, ``maximum``). ``EXTRA`` holds the few settings that are not a
-field (a node's ``raft_preset``). ``tests/unit/test_settings.py`` fails for a field without a
+dataclass), ``choices``, ``shown_default``, and its range (``minimum``, ``above``,
+``maximum``), which ``check_settings()`` (commitlog/setting.py) enforces when the class's
+``validate()`` runs; rules between two settings are each class's ``SETTING_RULES``, stated once
+(``all_rules()``). A field of two classes (a broker's field the store also has) is one setting:
+its range is stated in the class that checks it. A field marked ``internal`` is no setting of its
+own. ``EXTRA`` holds the few settings that are not a field (a node's ``raft_preset``).
+``error_line()`` says a SettingError in one line with where each value came from. ``tests/unit/test_settings.py`` fails for a field without a
 reason, and for docs/configuration.md out of date (``scripts/dev/gen_configuration.py`` writes
 its generated block from ``markdown_table()``).
 
@@ -29,13 +33,18 @@ import enum
 import functools
 import importlib
 import json
+from collections.abc import Mapping
 from typing import Any
+
+from commitlog import setting as setting_module
+from commitlog.setting import Rule, SettingError, range_problem, range_text
 
 PROCESSES = ("master", "slave", "node", "proxy")
 
 # (module, dataclass, the processes that read its fields unless a field says otherwise)
 SOURCES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("hasvc.config", "BrokerConfig", ("master", "slave", "node")),
+    ("commitlog.config", "StoreConfig", ("master", "slave", "node")),
     ("hasvc.state.raft.config", "RaftConfig", ("node",)),
     ("hasvc.proxy.limits", "ProxyLimits", ("proxy",)),
 )
@@ -63,16 +72,7 @@ class Setting:
                 return _bytes_text(bound).replace(" ", "")
             return f"{bound:,}" if isinstance(bound, int) else f"{bound:g}"
 
-        low = None
-        if self.above is not None:
-            low = f"({shown(self.above)},"
-        elif self.minimum is not None:
-            low = f"{shown(self.minimum)}.."
-        if self.maximum is not None:
-            return f"{low}{shown(self.maximum)}]" if self.above is not None else f"{low or '<='}{shown(self.maximum)}"
-        if self.above is not None:
-            return f">{shown(self.above)}"
-        return f">={shown(self.minimum)}" if self.minimum is not None else ""
+        return range_text(self.minimum, self.above, self.maximum, shown)
 
     def default_text(self) -> str:
         """The default as a person reads it: 1 GiB, 3,000, none, listen port + 1."""
@@ -108,15 +108,27 @@ EXTRA = (
 @functools.cache
 def all_settings() -> tuple[Setting, ...]:
     """Every setting, in the order of ``SOURCES`` and of each dataclass's fields, then ``EXTRA``."""
-    found: list[Setting] = []
+    found: dict[str, Setting] = {}
     for module, name, processes in SOURCES:
-        found += settings_of(getattr(importlib.import_module(module), name), processes)
-    return (*found, *EXTRA)
+        for setting in settings_of(getattr(importlib.import_module(module), name), processes):
+            first = found.setdefault(setting.name, setting)
+            if first is not setting and not first.range_text():  # one setting in two classes (the
+                # broker's field copied into the store's): its range stated once, where it is checked
+                found[setting.name] = dataclasses.replace(first, minimum=setting.minimum, above=setting.above,
+                                                          maximum=setting.maximum)  # fmt: skip
+    return (*found.values(), *EXTRA)
+
+
+@functools.cache
+def all_rules() -> tuple[Rule, ...]:
+    """The rules between settings (each class's ``SETTING_RULES``), in the order of ``SOURCES``."""
+    return tuple(rule for module, name, _ in SOURCES
+                 for rule in getattr(getattr(importlib.import_module(module), name), "SETTING_RULES", ()))  # fmt: skip
 
 
 def settings_of(cls: type, processes: tuple[str, ...]) -> list[Setting]:
     """The settings of one configuration dataclass, read by ``processes`` unless a field says otherwise."""
-    return [_from_field(field, cls, processes) for field in dataclasses.fields(cls)]
+    return [_from_field(field, cls, processes) for field in dataclasses.fields(cls) if "internal" not in field.metadata]
 
 
 def undocumented(settings: tuple[Setting, ...] | list[Setting]) -> list[str]:
@@ -134,6 +146,44 @@ def by_name() -> dict[str, Setting]:
 
 def for_process(process: str) -> tuple[Setting, ...]:
     return tuple(setting for setting in all_settings() if process in setting.processes)
+
+
+MODES = {"classic": ("master", "slave"), "dledger": ("node",)}  # hasvc config list --mode
+
+
+def for_mode(mode: str) -> tuple[Setting, ...]:
+    """The settings of a classic pair's processes (master, slave) or of a DLedger member (node)."""
+    return tuple(setting for setting in all_settings() if set(MODES[mode]) & set(setting.processes))
+
+
+def parse_text(name: str, raw: str) -> Any:
+    """A value given as text (--set NAME=VALUE) as the setting's type (commitlog.setting.parse_text);
+    ValueError ('expected an integer, e.g. NAME=DEFAULT') when it is not one; KeyError for no
+    setting of that name."""
+    return setting_module.parse_text(field_of(name), raw)
+
+
+def field_of(name: str) -> dataclasses.Field:
+    """The dataclass field of the setting ``name`` (the first source's, for a field of two)."""
+    for module, cls_name, _ in SOURCES:
+        for field in dataclasses.fields(getattr(importlib.import_module(module), cls_name)):
+            if field.name == name and "internal" not in field.metadata:
+                return field
+    raise KeyError(f"no setting {name!r}{suggestion(name)}")
+
+
+def error_line(error: SettingError, origins: Mapping[str, str]) -> str:
+    """A SettingError in one line: which setting, its value and where it came from (``origins``:
+    name -> '--set', 'FILE key [broker].NAME'; else the default), what is allowed, the default."""
+    setting = by_name().get(error.name)
+    if setting is not None and error.problem.startswith("must be") and not error.others and setting.range_text():
+        error = SettingError(error.name, error.value, range_problem(setting.range_text()))  # as the table shows it
+    if setting is None or error.others:
+        return error.describe(origins)
+    shown = setting.default_text()
+    unit = f" {setting.unit}" if setting.unit and shown[-1:].isdigit() and setting.unit != "bytes" else ""
+    default = f" (default {shown}{unit})"
+    return error.describe(origins) + default
 
 
 def lookup(name: str) -> Setting:
@@ -226,6 +276,7 @@ def text_whole(setting: Setting) -> str:
         lines.append(f"  field of   {setting.source}")
     import textwrap
 
+    lines += [f"  rule       {rule.text()}" for rule in all_rules() if setting.name in rule.names]
     lines += ["", textwrap.fill(setting.reason, width=100, initial_indent="  ", subsequent_indent="  ")]
     return "\n".join(lines) + "\n"
 
@@ -240,14 +291,18 @@ def markdown_table() -> str:
     out = []
     titles = {"hasvc.config.BrokerConfig": "Brokers: `hasvc master`, `hasvc slave`, `hasvc node`",
               "hasvc.state.raft.config.RaftConfig": "Raft: `hasvc node`",
+              "commitlog.config.StoreConfig": "The store: `hasvc master`, `hasvc slave`, `hasvc broker`, `hasvc node`",
               "hasvc.proxy.limits.ProxyLimits": "Proxy: `hasvc proxy`", "": "Settings that are not a field"}  # fmt: skip
+    intros = {"commitlog.config.StoreConfig": "The store's settings the broker has no field of its own for, set the same "
+                                              "way (`--set`, a TOML `[broker]` table) wherever a store is opened; "
+                                              "`hasvc broker` takes what `hasvc master` takes."}  # fmt: skip
     groups: dict[str, list[Setting]] = {}
     for setting in all_settings():
         groups.setdefault(setting.source, []).append(setting)
     for source, members in groups.items():
         out += [f"### {titles.get(source, f'`{source}`')}", ""]
         if source:
-            out += [f"Fields of `{source}`.", ""]
+            out += [f"Fields of `{source}`.{' ' + intros[source] if source in intros else ''}", ""]
         out += ["| setting | type | default | unit | range | processes | what it does, and why this default |",
                 "|---|---|---|---|---|---|---|"]  # fmt: skip
         for s in members:
@@ -256,6 +311,10 @@ def markdown_table() -> str:
             cells = (f"`{s.name}`", kind, s.default_text(), s.unit, s.range_text(), ", ".join(s.processes), reason)
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+        rules = [rule for rule in all_rules() if rule.names[0] in {s.name for s in members}]
+        if rules:
+            out += ["Rules between these settings, checked at start:", ""]
+            out += [f"- {rule.text()}" for rule in rules] + [""]
     return "\n".join(out)
 
 

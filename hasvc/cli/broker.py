@@ -37,27 +37,33 @@ def _broker_options(function):
 
 
 def _build_config(role_default, cli_values: dict, config_file, secret_file, settings, other_names=()):
-    """``other_names``: names a caller takes from --set before this (a node's Raft settings),
-    offered as suggestions too."""
-    from hasvc.config import BrokerConfig, convert, load_toml, read_secret
+    """The BrokerConfig of a command's options, --config file and --set, checked by the settings
+    table (hasvc/settings.py): a bad value is one line naming the setting, the value, where it
+    came from (the option, --set, the file's key, the default) and what is allowed. The store's own
+    settings (StoreConfig's) go by name into store_overrides. ``other_names``: names a caller
+    takes from --set before this (a node's Raft settings), offered as suggestions too."""
+    from commitlog.setting import SettingError
+    from hasvc import settings as table
+    from hasvc.config import BrokerConfig, convert, load_toml_with_origins, read_secret, settable_names, store_setting_names
 
     try:
-        values = load_toml(config_file) if config_file else {}
-    except (OSError, ValueError) as error:  # tomllib.TOMLDecodeError is a ValueError
-        raise click.UsageError(f"--config {config_file}: {error}") from None
-    fields = {f.name: f for f in dataclasses.fields(BrokerConfig)}
-    for name, value in values.items():
-        _check_type(name, value, fields[name], where=config_file)
+        values, origins = load_toml_with_origins(config_file) if config_file else ({}, {})
+    except OSError as error:
+        raise click.UsageError(f"--config {config_file}: {error.strerror or error}") from None
+    except ValueError as error:  # one line naming the file (tomllib.TOMLDecodeError is a ValueError)
+        raise click.UsageError(str(error)) from None
+    names = settable_names()
     for setting in settings:
         name, separator, raw = setting.partition("=")
         if not separator:
             raise click.BadParameter(f"{setting!r}: expected NAME=VALUE", param_hint="--set")
-        if name not in fields:
-            raise click.BadParameter(_unknown_setting(name, [*fields, *other_names]), param_hint="--set")
+        if name not in names:
+            raise click.BadParameter(_unknown_setting(name, [*names, *other_names]), param_hint="--set")
         try:
-            values[name] = convert(name, _typed(raw, fields[name]))
+            values[name] = convert(name, table.parse_text(name, raw))
         except (KeyError, ValueError) as error:
             raise click.BadParameter(f"{name}={raw!r}: {_reason(error)}", param_hint="--set") from None
+        origins[name] = "--set"
     for name, value in cli_values.items():
         if value is not None:
             try:
@@ -65,15 +71,20 @@ def _build_config(role_default, cli_values: dict, config_file, secret_file, sett
             except (KeyError, ValueError) as error:
                 hint = f" (give HOST:PORT, e.g. 127.0.0.1:{value if str(value).isdigit() else 10911})" if "listen" in name or name == "master_ha" else ""
                 raise click.BadParameter(f"{_reason(error)}{hint}", param_hint=f"--{name.replace('_', '-')}") from None
+            origins[name] = f"--{name.replace('_', '-')}"
     values.setdefault("role", convert("role", role_default))
     secret = read_secret(secret_file)
     if secret is not None:
         values["secret"] = secret
     if "store" not in values:
         raise click.UsageError("--store is required (or 'store' in the config file)")
+    store_names = store_setting_names()
+    values["store_overrides"] = tuple(sorted((name, values.pop(name)) for name in list(values) if name in store_names))
     try:
         config = BrokerConfig(**values).validate()
-    except (TypeError, ValueError) as error:
+    except SettingError as error:
+        raise click.UsageError(table.error_line(error, origins)) from None
+    except ValueError as error:
         raise click.UsageError(str(error)) from None
     _check_tls_files(config.tls_cert, config.tls_key, config.tls_ca)
     return config
@@ -90,41 +101,15 @@ def _check_tls_files(cert, key, ca) -> None:
         raise click.ClickException(str(error)) from None
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
-
-
-def _kind(field) -> str:
-    """A field's plain type (int, float, bool, str, ...), ``| None`` dropped (the annotations are strings)."""
-    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
-    return kind.replace(" ", "").removesuffix("|None")
-
-
 def _typed(raw: str, field):
-    """A --set value parsed as its field's type; ValueError (one line, the type and the
-    default as an example) when it is not one."""
-    kind = _kind(field)
+    """A --set value parsed as its field's type (commitlog.setting.parse_text); BadParameter (one
+    line, the type and the default as an example) when it is not one."""
+    from commitlog.setting import parse_text
+
     try:
-        if kind == "bool":
-            if raw.lower() not in _TRUE + _FALSE:
-                raise ValueError
-            return raw.lower() in _TRUE
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-    except ValueError:
-        example = f", e.g. {field.name}={field.default}" if field.default is not dataclasses.MISSING else ""
-        raise click.BadParameter(f"{field.name}={raw!r}: expected {_KINDS[kind]}{example}", param_hint="--set") from None
-    return raw
-
-
-def _check_type(name: str, value, field, *, where) -> None:
-    """A TOML value of the wrong type, said in one line (not a comparison failing later)."""
-    kind = _kind(field)
-    wanted = {"int": int, "float": (int, float), "bool": bool}.get(kind)
-    if wanted is not None and (not isinstance(value, wanted) or (kind != "bool" and isinstance(value, bool))):
-        raise click.BadParameter(f"{where}: {name} = {value!r}: expected {_KINDS[kind]}", param_hint="--config")
+        return parse_text(field, raw)
+    except ValueError as error:
+        raise click.BadParameter(f"{field.name}={raw!r}: {error}", param_hint="--set") from None
 
 
 def _unknown_setting(name: str, names) -> str:

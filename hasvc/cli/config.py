@@ -20,15 +20,21 @@ def config() -> None:
 @config.command("list")
 @click.option("--process", type=click.Choice(PROCESSES), default=None,
               help="Only the settings this process reads (hasvc master, slave, node or proxy).")
+@click.option("--mode", type=click.Choice(["classic", "dledger"]), default=None,
+              help="Only the settings of a classic pair (hasvc master, slave, broker) or of a DLedger member (hasvc node).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="table: one line a setting; json: every field, the reasons too.")  # fmt: skip
-def list_settings(process, output_format) -> None:
-    """Every setting: name, type, default, unit and the processes that read it.
+def list_settings(process, mode, output_format) -> None:
+    """Every setting: name, type, default, unit, range and the processes that read it, the
+    store's included.
 
-    'hasvc config show NAME' says what one does and why its default is what it is."""
+    'hasvc config show NAME' says what one does, why its default is what it is, and the rules
+    it takes part in."""
     from hasvc import settings
 
-    chosen = settings.for_process(process) if process else settings.all_settings()
+    if process and mode:
+        raise CommandError("give --process or --mode, not both", EXIT_USAGE)
+    chosen = settings.for_process(process) if process else settings.for_mode(mode) if mode else settings.all_settings()
     click.echo(settings.json_text(chosen) if output_format == "json" else settings.text_table(chosen), nl=False)
 
 
@@ -80,7 +86,9 @@ def check(file, process, secret_file) -> None:
         from hasvc.cli.node import _refuse_unapplied
 
         _refuse_unapplied(config)
-    defaults = {field.name: field.default for field in dataclasses.fields(BrokerConfig)}
+    from commitlog.config import StoreConfig
+
+    defaults = {field.name: field.default for cls in (StoreConfig, BrokerConfig) for field in dataclasses.fields(cls)}
     changed = sorted(name for name in given if given[name] != defaults.get(name))
     note = f"; assumed {', '.join(f'{name}={value}' for name, value in assumed.items())}" if assumed else ""
     count = f"{len(given)} setting{'' if len(given) == 1 else 's'}"

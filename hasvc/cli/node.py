@@ -16,6 +16,8 @@ RAFT_PRESETS = ("dledger", "etcd")
 
 def _raft_config(settings: tuple[str, ...], flush: str | None, preferred_leader: str | None):
     """Split ``--set`` into Raft settings (RaftConfig's names, or raft_preset=dledger|etcd) and the rest."""
+    from commitlog.setting import SettingError
+    from hasvc import settings as table
     from hasvc.state.raft.config import DLEDGER_DEFAULTS, ETCD_LIKE, RaftConfig
 
     fields = {f.name: f for f in dataclasses.fields(RaftConfig)}
@@ -35,8 +37,14 @@ def _raft_config(settings: tuple[str, ...], flush: str | None, preferred_leader:
         raft["flush_sync"] = flush == "sync"
     if preferred_leader is not None:
         raft["preferred_leader_id"] = preferred_leader
+    origins = {name: "raft_preset=etcd" for name in fields} if preset is ETCD_LIKE else {}
+    origins.update({name: "--set" for name in raft})
+    origins.update({"flush_sync": "--flush"} if flush is not None else {})
+    origins.update({"preferred_leader_id": "--preferred-leader"} if preferred_leader is not None else {})
     try:
         return dataclasses.replace(preset, **raft).validate(), tuple(rest)
+    except SettingError as error:
+        raise click.UsageError(table.error_line(error, origins)) from None
     except (TypeError, ValueError) as error:
         raise click.UsageError(str(error)) from None
 
@@ -122,10 +130,12 @@ NODE_UNAPPLIED_SETTINGS = ("ha_listen", "master_ha", "ha_send_heartbeat_interval
 
 
 def _refuse_unapplied(config) -> None:
+    from hasvc import settings as table
     from hasvc.config import BrokerConfig
 
     defaults = {field.name: field.default for field in dataclasses.fields(BrokerConfig)}
     given = [name for name in NODE_UNAPPLIED_SETTINGS if getattr(config, name) != defaults[name]]
+    given += [name for name, _ in config.store_overrides if "node" not in table.by_name()[name].processes]
     if given:
         raise click.UsageError(f"{given[0]} is not used by a DLedger member (hasvc node): remove it from --set or the "
                                "config file")  # fmt: skip

@@ -103,6 +103,7 @@ def _proxy_limits(settings: tuple[str, ...]):
     (one line, with the nearest names) for anything else."""
     import dataclasses
 
+    from commitlog.setting import SettingError
     from hasvc import settings as table
     from hasvc.cli.broker import _typed
     from hasvc.proxy.limits import ProxyLimits
@@ -121,7 +122,10 @@ def _proxy_limits(settings: tuple[str, ...]):
             values[name] = _typed(raw, fields[name])
         except click.BadParameter as error:
             raise ValueError(f"--set {error.message}") from None
-    return ProxyLimits(**values).validate()
+    try:
+        return ProxyLimits(**values).validate()
+    except SettingError as error:  # one line: the setting, its value, where from, the range and default
+        raise ValueError(table.error_line(error, {name: "--set" for name in values})) from None
 
 
 def _check_exposure(addresses, *, acl: bool, insecure: bool) -> None:

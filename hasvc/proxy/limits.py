@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from commitlog.setting import setting
+from commitlog.setting import check_settings, setting
 from hasvc.protocol import client as client_protocol
 
 STREAMS_PER_CONNECTION_MAX_DEFAULT = 1024
@@ -73,9 +73,7 @@ class ProxyLimits:
         unit="bytes", above=0)  # fmt: skip
 
     def validate(self) -> ProxyLimits:
-        for field in dataclasses.fields(self):
-            if not getattr(self, field.name) > 0:
-                raise ValueError(f"{field.name} must be positive, got {getattr(self, field.name)!r}")
+        check_settings(self)  # each field's type and range (every one > 0)
         return self
 
 

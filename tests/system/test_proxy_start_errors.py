@@ -60,4 +60,4 @@ def test_an_address_or_a_setting_it_cannot_use_exits_2():
     _check(_proxy("--listen", "127.0.0.1:0", "--set", "calls_max=many"), 2, "expected an integer")
     _check(_proxy("--listen", "127.0.0.1:0", "--set", "call_max=5"), 2, "did you mean calls_max")
     _check(_proxy("--listen", "127.0.0.1:0", "--set", "slave_timeout_ms=5"), 2, "not a proxy setting")
-    _check(_proxy("--listen", "127.0.0.1:0", "--set", "calls_max=0"), 2, "calls_max must be positive")
+    _check(_proxy("--listen", "127.0.0.1:0", "--set", "calls_max=0"), 2, "calls_max=0 (from --set): must be >0 (default")

@@ -47,7 +47,15 @@ def _cases(cluster, master, slave, root) -> list[tuple[str, list[str], int, str]
     wrong_type = _write(root, "type.toml", "[broker]\nslave_timeout_ms = 'soon'\n")
     empty_secret = _write(root, "empty-secret", "  \n")
     secret = _write(root, "secret", "s3cret")
+    unknown_table = _write(root, "table.toml", "[brokr]\nslave_timeout_ms = 100\n")
+    number_address = _write(root, "address.toml", "[broker]\nlisten = 10911\n")
+    small_frames = _write(root, "frames.toml", "[broker]\nha_frame_size_max = 1048576\n")
+    out_of_range = _write(root, "range.toml", "[broker]\nslave_timeout_ms = -1\n")
+    fraction = _write(root, "fraction.toml", "[broker]\nslave_timeout_ms = 1.5\n")
+    unknown_role = _write(root, "role.toml", "[broker]\nrole = 'primary'\n")
+    raft_in_toml = _write(root, "raft.toml", "[broker]\nheartbeat_interval_seconds = 0.5\n")
     fresh = os.path.join(root, "never-created")
+    node = ["node", "--store", fresh, "--group", "g", "--peers", "n0-127.0.0.1:0", "--self", "n0"]
     return [
         ("a second master on a locked store", ["master", "--store", cluster.store("master"), "--listen", "127.0.0.1:0"], 3, "already open in another process"),
         ("a port in use", ["master", "--store", fresh, "--listen", master.address], 3, f"cannot listen on {master.address}"),
@@ -63,7 +71,41 @@ def _cases(cluster, master, slave, root) -> list[tuple[str, list[str], int, str]
                                      "--set", "heartbeat_interval=1"], 2, "did you mean heartbeat_interval_seconds"),
         ("an integer setting given letters", ["master", "--store", fresh, "--set", "slave_timeout_ms=abc"], 2, "expected an integer"),
         ("a misspelt setting", ["master", "--store", fresh, "--set", "slave_timeout=1000"], 2, "did you mean slave_timeout_ms"),
-        ("a negative timeout", ["master", "--store", fresh, "--set", "slave_timeout_ms=-5"], 2, "slave_timeout_ms must be positive"),
+        ("a negative timeout", ["master", "--store", fresh, "--set", "slave_timeout_ms=-5"], 2,
+         "slave_timeout_ms=-5 (from --set): must be >0 (default 3,000 ms)"),
+        ("a ratio above 1", ["master", "--store", fresh, "--set", "disk_clean_ratio=1.5"], 2,
+         "disk_clean_ratio=1.5 (from --set): must be in (0,1]"),
+        ("a value not among its choices", ["master", "--store", fresh, "--set", "small_write_pages=yes"], 2,
+         "small_write_pages='yes' (from --set): must be one of auto, on, off"),
+        ("a batch larger than the frame a slave reads", ["master", "--store", fresh, "--set", "ha_transfer_batch_size=8388608"], 2,
+         "ha_transfer_batch_size=8388608 (from --set): must not exceed ha_frame_size_max=4194304 (from the default)"),
+        ("a conflicting pair from a file and --set", ["master", "--store", fresh, "--config", small_frames, "--set",
+                                                      "ha_transfer_batch_size=2097152"], 2,
+         f"ha_frame_size_max=1048576 (from {small_frames} key [broker].ha_frame_size_max)"),
+        ("Raft timeouts the wrong way round", [*node, "--set", "election_timeout_max_seconds=1"], 2,
+         "election_timeout_max_seconds=1.0 (from --set): must not be below election_timeout_min_seconds=6.3 (from the default)"),
+        ("a heartbeat slower than the etcd preset's election timeout", [*node, "--set", "raft_preset=etcd", "--set",
+                                                                        "heartbeat_interval_seconds=1.5"], 2,
+         "must be below election_timeout_min_seconds=1.0 (from raft_preset=etcd)"),
+        ("a store setting out of range", ["master", "--store", fresh, "--set", "flush_interval_commitlog_ms=0"], 2,
+         "flush_interval_commitlog_ms=0 (from --set): must be >0 (default 500 ms)"),
+        ("a misspelt store setting", ["slave", "--store", fresh, "--master-ha", "127.0.0.1:1", "--set", "flush_intervl_commitlog_ms=1"], 2,
+         "did you mean flush_interval_commitlog_ms"),
+        ("a classic store's setting given to a DLedger member", [*node, "--set", "sync_flush_timeout_ms=100"], 2,
+         "sync_flush_timeout_ms is not used by a DLedger member"),
+        ("a TOML table that is not [broker]", ["master", "--config", unknown_table, "--store", fresh], 2, "did you mean [broker]?"),
+        ("a TOML address given as a number", ["master", "--config", number_address, "--store", fresh], 2,
+         f'listen=10911 (from {number_address} key [broker].listen): expected "HOST:PORT" text'),
+        ("a TOML value out of range", ["master", "--config", out_of_range, "--store", fresh], 2,
+         f"slave_timeout_ms=-1 (from {out_of_range} key [broker].slave_timeout_ms): must be >0"),
+        ("a fraction where an integer goes", ["master", "--config", fraction, "--store", fresh], 2,
+         "slave_timeout_ms=1.5 (from"),
+        ("a role TOML does not know", ["master", "--config", unknown_role, "--store", fresh], 2, "expected sync or async"),
+        ("a Raft setting in a broker's TOML table", [*node, "--config", raft_in_toml], 2,
+         "heartbeat_interval_seconds (key [broker].heartbeat_interval_seconds) is not a broker setting: give it with --set"),
+        ("a missing config file", ["master", "--config", os.path.join(root, "nope.toml"), "--store", fresh], 2, "does not exist"),
+        ("config check of a file with a bad value", ["config", "check", out_of_range], 2, "must be >0 (default 3,000 ms)"),
+        ("config show of a misspelt name", ["config", "show", "warm_ahead"], 2, "did you mean warm_ahead_size"),
         ("a boolean setting given a word", ["master", "--store", fresh, "--set", "flush_before_ack=maybe"], 2, "expected true or false"),
         ("--set without a value", ["master", "--store", fresh, "--set", "slave_timeout_ms"], 2, "NAME=VALUE"),
         ("a missing secret file", ["master", "--store", fresh, "--secret-file", os.path.join(root, "nope")], 2, "does not exist"),

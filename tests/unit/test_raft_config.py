@@ -27,11 +27,11 @@ def test_etcd_like_preset():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"heartbeat_interval_seconds": 0}, "heartbeat_interval_seconds must be > 0"),
-        ({"pending_max": 0}, "pending_max must be > 0"),
-        ({"push_batch_size_max": -1}, "push_batch_size_max must be > 0"),
-        ({"election_timeout_max_seconds": 1.0}, "election_timeout_max_seconds (1.0) is below"),
-        ({"heartbeat_interval_seconds": 7.0}, "must be below election_timeout_min_seconds"),
+        ({"heartbeat_interval_seconds": 0}, "heartbeat_interval_seconds=0: must be >0"),
+        ({"pending_max": 0}, "pending_max=0: must be >0"),
+        ({"push_batch_size_max": -1}, "push_batch_size_max=-1: must be >0"),
+        ({"election_timeout_max_seconds": 1.0}, "election_timeout_max_seconds=1.0: must not be below election_timeout_min_seconds=6.3"),
+        ({"heartbeat_interval_seconds": 7.0}, "heartbeat_interval_seconds=7.0: must be below election_timeout_min_seconds=6.3"),
         ({"leadership_transfer_wait_index_max": -1}, "leadership_transfer_wait_index_max"),
     ],
 )

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from hasvc import settings
-from commitlog.setting import setting
+from commitlog.setting import SettingError, setting
+from commitlog.config import StoreConfig
 from hasvc.config import BrokerConfig
 from hasvc.proxy.limits import ProxyLimits
 from hasvc.state.raft.config import RaftConfig
@@ -39,9 +40,9 @@ def test_a_field_without_a_reason_is_found():
 def test_the_table_holds_every_field_of_every_configuration_once():
     names = [s.name for s in settings.all_settings()]
     assert len(names) == len(set(names)), "a name in two dataclasses: --set NAME would be ambiguous"
-    for cls in (BrokerConfig, RaftConfig, ProxyLimits):
-        assert {field.name for field in dataclasses.fields(cls)} <= set(names)
-    assert "raft_preset" in names
+    for cls in (BrokerConfig, StoreConfig, RaftConfig, ProxyLimits):
+        assert {field.name for field in dataclasses.fields(cls) if "internal" not in field.metadata} <= set(names)
+    assert "raft_preset" in names and "store_overrides" not in names and "store_host" not in names
 
 
 def test_types_units_and_defaults_are_read_from_the_fields():
@@ -62,14 +63,12 @@ def test_types_units_and_defaults_are_read_from_the_fields():
 def test_each_default_given_back_with_set_parses_to_the_default():
     """The type the table shows is the one --set parses: each number and flag, given its default
     as text, comes back as the default."""
-    from hasvc.cli.broker import _typed
-
-    for cls in (BrokerConfig, RaftConfig, ProxyLimits):
+    for cls in (BrokerConfig, StoreConfig, RaftConfig, ProxyLimits):
         for field in dataclasses.fields(cls):
-            shown = settings.by_name()[field.name]
-            if shown.type in ("integer", "number", "boolean"):
+            shown = settings.by_name().get(field.name)
+            if shown is not None and shown.type in ("integer", "number", "boolean"):
                 text = str(field.default).lower() if shown.type == "boolean" else str(field.default)
-                assert _typed(text, field) == field.default, field.name
+                assert settings.parse_text(field.name, text) == field.default, field.name
 
 
 def _instance(cls, **values):
@@ -79,7 +78,7 @@ def _instance(cls, **values):
 def test_each_range_shown_is_the_one_validate_enforces():
     """A value just past each bound the table shows is refused by its class's validate(), naming
     the setting; a value on an included bound is taken."""
-    classes = {f"{cls.__module__}.{cls.__qualname__}": cls for cls in (BrokerConfig, RaftConfig, ProxyLimits)}
+    classes = {f"{cls.__module__}.{cls.__qualname__}": cls for cls in (BrokerConfig, StoreConfig, RaftConfig, ProxyLimits)}
     checked = 0
     for shown in settings.all_settings():
         if not shown.range_text():
@@ -89,13 +88,15 @@ def test_each_range_shown_is_the_one_validate_enforces():
         past = [value for value in (None if shown.minimum is None else shown.minimum - step, shown.above,
                                     None if shown.maximum is None else shown.maximum + step) if value is not None]  # fmt: skip
         for value in past:
-            with pytest.raises(ValueError, match=shown.name):
+            with pytest.raises(SettingError, match=f"^{shown.name}=") as refused:
                 _instance(cls, **{shown.name: value}).validate()
+            assert refused.value.name == shown.name
+            assert f"{shown.range_text()} (default " in settings.error_line(refused.value, {})
         for value in (shown.minimum, shown.maximum):
             if value is not None:
                 _instance(cls, **{shown.name: value}).validate()
         checked += 1
-    assert checked >= 30
+    assert checked >= 40
 
 
 def test_a_dledger_member_refuses_only_settings_the_table_says_it_does_not_read():
@@ -181,8 +182,18 @@ def test_config_check_takes_a_good_file_and_says_what_is_wrong_with_a_bad_one(tm
     for text, process, said in [
         ("[broker]\nslave_timout_ms = 1\n", "master", "did you mean slave_timeout_ms"),
         ("[broker]\nslave_timeout_ms = 'soon'\n", "master", "expected an integer"),
-        ("[broker]\nslave_timeout_ms = -1\n", "master", "slave_timeout_ms must be positive"),
-        ("[broker]\ndisk_clean_ratio = 1.5\n", "master", "disk_clean_ratio must be in (0, 1]"),
+        ("[broker]\nslave_timeout_ms = -1\n", "master", "slave_timeout_ms=-1 (from "),
+        ("[broker]\nslave_timeout_ms = -1\n", "master", "broker.toml key [broker].slave_timeout_ms): must be >0 (default 3,000 ms)"),
+        ("[broker]\ndisk_clean_ratio = 1.5\n", "master", "disk_clean_ratio=1.5 (from"),
+        ("[broker]\ndisk_clean_ratio = 1.5\n", "master", "must be in (0,1] (default 0.75"),
+        ("[broker]\nha_transfer_batch_size = 8388608\n", "master",
+         "ha_transfer_batch_size=8388608 (from "),
+        ("[broker]\nha_transfer_batch_size = 8388608\n", "master",
+         ": must not exceed ha_frame_size_max=4194304 (from the default)"),
+        ("[broker]\nflush_interval_commitlog_ms = 0\n", "master", "flush_interval_commitlog_ms=0 (from"),
+        ("[broker]\nflush_interval_commitlog_ms = 10\n", "node", "flush_interval_commitlog_ms is not used by a DLedger member"),
+        ("[brokr]\nstore = 'x'\n", "master", "unknown table or key [brokr] outside [broker] (did you mean [broker]?)"),
+        ("[broker]\nlisten = 10911\n", "master", "listen=10911 (from"),
         ("[broker]\nha_listen = '127.0.0.1:5'\n", "node", "ha_listen is not used by a DLedger member"),
         ("[broker]\nlisten = '10.1.2.3:10911'\n", "master", "without a secret"),
         ("[broker\n", "master", "not valid TOML"),
@@ -190,3 +201,52 @@ def test_config_check_takes_a_good_file_and_says_what_is_wrong_with_a_bad_one(tm
         result = check(text, "--process", process)
         assert result.exit_code == 2, (text, result.output)
         assert said in result.output and "Traceback" not in result.output, (text, result.output)
+
+
+def test_the_stores_own_settings_reach_the_store_from_set_and_toml(tmp_path):
+    """StoreConfig's settings that BrokerConfig has no field for are set by name on every command
+    that opens a store, from --set and from the [broker] table, and reach store_config()."""
+    from hasvc.cli.broker import _build_config
+
+    path = tmp_path / "broker.toml"
+    path.write_text("[broker]\nwarm_ahead_size = 0\ndelete_segments_per_pass_max = 3\n")
+    for role in ("ASYNC_MASTER", "SLAVE", "SYNC_MASTER"):  # master, slave; node and broker (controller mode)
+        config = _build_config(role, {"store": str(tmp_path / "s"), "master_ha": "127.0.0.1:10912"}, str(path), None,
+                               ("flush_interval_commitlog_ms=100", "crc=crc32", "dispatch_batch_size_max=65536"))  # fmt: skip
+        store = config.store_config()
+        assert (store.flush_interval_commitlog_ms, store.crc, store.dispatch_batch_size_max) == (100, "crc32", 65536)
+        assert (store.warm_ahead_size, store.delete_segments_per_pass_max) == (0, 3)
+        assert config.describe()["flush_interval_commitlog_ms"] == 100
+    assert StoreConfig().flush_interval_commitlog_ms == 500
+
+
+def test_a_store_setting_a_dledger_member_does_not_read_is_refused_by_the_node(tmp_path):
+    result = _hasvc("node", "--store", str(tmp_path / "n"), "--group", "g", "--peers", "n0-127.0.0.1:0", "--self", "n0",
+                    "--set", "sync_flush_timeout_ms=100")  # fmt: skip
+    assert result.exit_code == 2 and "sync_flush_timeout_ms is not used by a DLedger member" in result.output
+    assert not (tmp_path / "n").exists()
+
+
+def test_config_list_by_mode_shows_the_stores_settings():
+    classic = {line.split()[0] for line in _hasvc("config", "list", "--mode", "classic").output.splitlines()[1:]}
+    dledger = {line.split()[0] for line in _hasvc("config", "list", "--mode", "dledger").output.splitlines()[1:]}
+    assert {"flush_interval_commitlog_ms", "group_commit_waiters_max", "warm_ahead_size", "ha_listen"} <= classic
+    assert "heartbeat_interval_seconds" not in classic and "calls_max" not in classic
+    assert {"warm_ahead_size", "dispatch_batch_size_max", "heartbeat_interval_seconds"} <= dledger
+    assert not {"flush_interval_commitlog_ms", "ha_listen"} & dledger
+    shown = _hasvc("config", "show", "flush_interval_commitlog_ms").output
+    assert "default    500" in shown and "commitlog.config.StoreConfig" in shown and "flushIntervalCommitLog" in shown
+
+
+def test_a_rule_between_settings_is_stated_once_and_names_both_values_and_their_origins():
+    names = [rule.names for rule in settings.all_rules()]
+    assert ("ha_transfer_batch_size", "ha_frame_size_max") in names and len(names) == len(set(names))
+    with pytest.raises(SettingError) as refused:
+        BrokerConfig(store="s", ha_transfer_batch_size=8 << 20).validate()
+    line = settings.error_line(refused.value, {"ha_transfer_batch_size": "--set"})
+    assert line.startswith("ha_transfer_batch_size=8388608 (from --set): must not exceed ha_frame_size_max=4194304 "
+                           "(from the default)")  # fmt: skip
+    shown = _hasvc("config", "show", "ha_frame_size_max").output
+    assert "rule       ha_transfer_batch_size must not exceed ha_frame_size_max" in shown
+    with open(DOC, encoding="utf-8") as file:
+        assert "- heartbeat_interval_seconds must be below election_timeout_min_seconds" in file.read()

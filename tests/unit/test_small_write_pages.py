@@ -26,7 +26,7 @@ def test_a_broker_gives_its_store_small_write_pages_when_it_syncs_each_put_unles
 
 
 def test_small_write_pages_takes_auto_on_or_off(tmp_path):
-    with pytest.raises(ValueError, match="small_write_pages must be one of auto, on, off"):
+    with pytest.raises(ValueError, match="small_write_pages='yes': must be one of auto, on, off"):
         BrokerConfig(store=str(tmp_path), small_write_pages="yes").validate()
 
 

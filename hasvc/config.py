@@ -377,7 +377,7 @@ def load_toml_with_origins(path: str) -> tuple[dict[str, Any], dict[str, str]]:
         except tomllib.TOMLDecodeError as error:
             raise ValueError(f"{path}: not valid TOML: {error}") from None
     prefix = "[broker]." if "broker" in data else ""
-    table = data["broker"] if "broker" in data else data
+    table = data.get("broker", data)
     tables = sorted(name for name in data if name != "broker" and (prefix or isinstance(data[name], dict)))
     if tables or not isinstance(table, dict):
         name = tables[0] if tables else "broker"

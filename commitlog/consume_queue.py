@@ -337,8 +337,8 @@ class ConsumeQueueStore:
             queue.recover()
 
     def drop_torn_units(self, record_at: Callable[[int], Any], *, min_offset: int, last_exit_ok: bool) -> None:
-        """Recovery, both message stores: a queue's last unit whose record is not what it says (a
-        torn write) is dropped, newest first. ``record_at(offset)`` reads the record a unit names
+        """Recovery, both message stores: a queue's last unit whose record is not what it says (its
+        size, topic, queue and queue offset: a torn write, or damage) is dropped, newest first. ``record_at(offset)`` reads the record a unit names
         (ReadError: none there); a unit below ``min_offset`` names a record retention deleted
         (expired, not torn). After a clean stop a dropped unit marks its queue cut in recovery."""
         for (topic, queue_id), queue in self.queues.items():
@@ -348,7 +348,11 @@ class ConsumeQueueStore:
                     break
                 try:
                     record = record_at(offset)
-                    if record.size == size and record.topic == topic and record.queue_id == queue_id:
+                    # the queue offset too: a unit whose offset a flipped bit moved to another record
+                    # of the same queue and size passed, and dispatch then met the next record's
+                    # queue offset far past the queue's end (a DLedger corrupt drill's round)
+                    if (record.size == size and record.topic == topic and record.queue_id == queue_id
+                            and record.queue_offset == queue.max_offset_in_queue - 1):  # fmt: skip
                         break
                 except ReadError:
                     pass

@@ -183,3 +183,23 @@ def test_queue_offsets_at_the_log_end_count_the_records_dispatch_has_not_reached
         assert store.reput_from_offset < store.commit_log.max_offset
         assert store.consume_queues.queue_offset_table()[("T", 0)] < 100
         assert store._queue_offsets_at_log_end() == {("T", 0): 100, ("T", 1): 100, ("T", 2): 100}
+
+
+def test_a_unit_moved_to_another_record_of_its_queue_is_dropped_and_rebuilt_at_open(tmp_path, small_config):
+    # A flipped bit in a unit's commit-log offset can name another record of the same queue and
+    # size (a DLedger corrupt drill's round: 0x1d -> 0x9d, 8 MiB on). Recovery cut the queue after
+    # that unit (the next one breaks the order) and kept it: its record's size, topic and queue
+    # matched. Dispatch then resumed after the record it named and met a queue offset past the
+    # queue's end: the store refused to open ("unit for queue offset 19 but the queue holds 16").
+    with MessageStore.open(str(tmp_path), small_config) as store:
+        _send(store, 60)
+        _dispatch_all(store)
+        queue = store.consume_queues.find("T", 0)
+        good, later = queue.get(15), queue.get(18)
+        queue.rewrite_unit(15, CQ_UNIT.pack(later[0], later[1], later[2]))
+    with MessageStore.open(str(tmp_path), small_config) as store:
+        _dispatch_all(store)
+        assert ("T", 0) in store.queues_rebuilt
+        assert store.consume_queues.find("T", 0).get(15) == good
+        check = check_consume_queues(str(tmp_path))
+        assert check.ok, check.describe()

@@ -12,6 +12,13 @@ settings.register_profile(
 settings.register_profile("ci", parent=settings.get_profile("default"), max_examples=60, derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# Parallel workers (pytest -n): each picks its fixed ports (hasvc.tools.partition.free_port) from
+# its own part of the range, and so do the processes its tests start.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    os.environ["HASVC_FREE_PORT_SLICE"] = (
+        f"{int(os.environ['PYTEST_XDIST_WORKER'][2:])}/{int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))}"
+    )
+
 
 
 @pytest.fixture

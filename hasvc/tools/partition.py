@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import socket
 
@@ -52,6 +53,21 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default range starts here
 
 
+def _slice(low: int, high: int) -> tuple[int, int]:
+    """The part of ``[low, high)`` this process picks from: all of it, or the ``i``-th of ``n``
+    equal parts when ``HASVC_FREE_PORT_SLICE=i/n`` is set (the test suite sets it for each of its
+    parallel workers, so that two workers never pick the same port between pick and bind)."""
+    shown = os.environ.get("HASVC_FREE_PORT_SLICE", "")
+    try:
+        index, count = (int(part) for part in shown.split("/"))
+    except ValueError:
+        return low, high
+    if not 0 <= index < count or (high - low) // count < 100:
+        return low, high
+    width = (high - low) // count
+    return low + index * width, low + (index + 1) * width
+
+
 def free_port(host: str = LOOPBACK) -> int:
     """A port nothing listens on right now, for a process started later.
 
@@ -61,10 +77,11 @@ def free_port(host: str = LOOPBACK) -> int:
     outgoing connection on the host -- a CI run hit it: a member found its Raft port in use -- so
     the port is picked at random below that range, where only listeners that name their port
     go; one nothing listens on, and not handed out before in this process."""
-    low = _ephemeral_low()
-    if low - FREE_PORT_LOW >= 1000:
+    high = _ephemeral_low()
+    if high - FREE_PORT_LOW >= 1000:
+        low, high = _slice(FREE_PORT_LOW, high)
         for _ in range(200):
-            port = random.randrange(FREE_PORT_LOW, low)
+            port = random.randrange(low, high)
             if port in _HANDED_OUT:
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:

@@ -20,7 +20,6 @@ if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
     )
 
 
-
 @pytest.fixture
 def small_config() -> StoreConfig:
     # Ratios of 1: the tests must not depend on how full the machine's disk is (tests of the disk

@@ -6,7 +6,8 @@ Every command imports what it runs (the broker, trio, the tools, PySpark) inside
 The error boundary is here, once for every command (``HasvcGroup.main``): whatever a command
 raises (a store, OS, configuration or protocol error, or a trio exception group wrapping one)
 is printed as one line on stderr with a documented exit code (``hasvc.cli.common.explain``);
-``--debug`` or ``HASVC_DEBUG=1`` shows the traceback instead.
+``--debug`` or ``HASVC_DEBUG=1`` shows the traceback instead. Ctrl-C is one line too, and exit
+130 (``HasvcGroup.invoke``).
 """
 
 from __future__ import annotations
@@ -38,17 +39,25 @@ class HasvcGroup(click.Group):
         _add_exit_codes(command)
         super().add_command(command, name)
 
+    def invoke(self, ctx):
+        """The command runs here: Ctrl-C, bare or inside trio's exception groups, leaves as one
+        line with exit 130 -- what the command said in its KeyboardInterrupt (a drill names the
+        round and where its stores are), else ``interrupted`` -- before click's own handling
+        (a blank line and Abort) sees it."""
+        try:
+            return super().invoke(ctx)
+        except BaseException as error:
+            interrupt = common.interruption(error)
+            if interrupt is None:
+                raise
+            raise common.CommandError(str(interrupt) or "interrupted", common.EXIT_INTERRUPTED) from error
+
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:  # a caller that handles click's exceptions itself
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
             returned = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.Abort:
-            click.echo("Error: interrupted", err=True)
-            sys.exit(common.EXIT_INTERRUPTED)
-        except KeyboardInterrupt:
-            if _debug or common.debug_requested():
-                raise
             click.echo("Error: interrupted", err=True)
             sys.exit(common.EXIT_INTERRUPTED)
         except SystemExit as exit:

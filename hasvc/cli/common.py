@@ -123,6 +123,17 @@ def meaningful_leaf(error: BaseException) -> BaseException:
     return leaves[0]
 
 
+def interruption(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C in ``error``: itself, or a leaf of trio's exception groups (a nursery wraps it,
+    and the tasks it cancelled may fail beside it)."""
+    if isinstance(error, BaseExceptionGroup):
+        found = error.subgroup(KeyboardInterrupt)
+        while isinstance(found, BaseExceptionGroup):
+            found = found.exceptions[0]
+        return found
+    return error if isinstance(error, KeyboardInterrupt) else None
+
+
 def explain(error: BaseException) -> tuple[str, int]:
     """One line and an exit code for an error that reached the command line's boundary."""
     import errno

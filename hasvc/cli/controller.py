@@ -69,7 +69,7 @@ def controller(store_dir, listen, peers, self_id, allow_unclean_election, metric
     controller-managed group is master (hasvc broker --controllers). The group replicates its
     state by Raft; its leader answers brokers' heartbeats and elects a new master when one
     falls silent. Prints `READY {json}` on stdout when serving, exits cleanly on SIGTERM/SIGINT."""
-    from hasvc.broker.raft.group import parse_peers
+    from hasvc.broker.raft.group import parse_peers, running_already_hint
     from hasvc.config import is_loopback, parse_address, read_secret
     from hasvc.controller.server import CONTROLLER_RAFT, ControllerConfig
     from hasvc.state.controller.config import ControllerTimings
@@ -101,7 +101,7 @@ def controller(store_dir, listen, peers, self_id, allow_unclean_election, metric
                                "reaches the ports could speak as a controller or a broker; give --secret-file or "
                                "HASVC_SECRET, or --insecure")  # fmt: skip
     check_can_listen([own, listen_address, metrics_address],
-                     hints={own: f"its entry in --peers: is a controller with --self {group.self_id} running already?"})  # fmt: skip
+                     hints={own: f"its entry in --peers: {running_already_hint('controller', group.self_id)}"})
     check_store_free(store_dir)
     _run_controller(config)
 

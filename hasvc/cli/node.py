@@ -90,7 +90,7 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
     majority of it runs; no promote. The leader plays SYNC_MASTER once caught up (a put is
     PUT_OK once a quorum has its entry), the others SLAVE (committed reads; writes refused naming
     the leader). Prints `READY {json}` on stdout when serving, exits cleanly on SIGTERM/SIGINT."""
-    from hasvc.broker.raft.group import GroupConfig, parse_peers
+    from hasvc.broker.raft.group import GroupConfig, parse_peers, running_already_hint
     from hasvc.config import is_loopback
     from hasvc.state.raft.config import RaftConfig
 
@@ -110,7 +110,7 @@ def node(store_dir, listen, group, peers, self_id, preferred_leader, flush, upgr
     # before the store is opened (and created): a port in use leaves nothing behind
     own = members[self_id]
     check_can_listen([own, config.listen, config.metrics_listen],
-                     hints={own: f"its entry in --peers: is a member with --self {self_id} running already? Two cannot run in one group"})  # fmt: skip
+                     hints={own: f"its entry in --peers: {running_already_hint('member', self_id)}"})
     check_store_free(config.store)
     exposed = [address for address in members.values() if not is_loopback(address[0])]
     if exposed and config.secret is None and not config.insecure:

@@ -50,7 +50,6 @@ snapshot (SNAPSHOT on the controller port) and installed it (``install_state``).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import logging
 import math
@@ -66,6 +65,7 @@ from commitlog.dledger.message_store import DLedgerMessageStore
 from hasvc import admission as port_admission
 from hasvc import transport
 from hasvc.broker.raft.driver import RaftDriver
+from hasvc.broker.raft.listener import open_raft_listener
 from hasvc.config import Address, format_address
 from hasvc.protocol import controller as cp
 from hasvc.state.controller import state as cs
@@ -210,14 +210,8 @@ class ControllerServer:
                                  on_commit=self._on_commit, on_role=self._on_role)  # fmt: skip
         port_ssl, raft_ssl = self._server_ssl()
         own = self.group.peers[self.group.self_id]
-        try:
-            raft_listener, raft_socket = await transport.open_listener(own, ssl_context=raft_ssl)
-        except OSError as error:
-            if error.errno != errno.EADDRINUSE:
-                raise
-            raise OSError(error.errno, f"the Raft address {format_address(own)} of controller {self.group.self_id} "
-                                       f"(its entry in --peers) is in use: is a controller with --self "
-                                       f"{self.group.self_id} running already?") from None  # fmt: skip
+        raft_listener, raft_socket = await open_raft_listener(own, noun="controller", self_id=self.group.self_id,
+                                                              ssl_context=raft_ssl)  # fmt: skip
         self.raft_address = transport.listener_address(raft_socket)
         listener, socket = await transport.open_listener(self.config.listen, ssl_context=port_ssl)
         self.listen_address = transport.listener_address(socket)

@@ -52,7 +52,11 @@ class ReadyProcess:
         assert not self.alive, f"{self.name} is running"
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=log, env=self.env)
-        self.ready = self._read_ready()
+        try:
+            self.ready = self._read_ready()
+        except BaseException:  # Ctrl-C included: not left running (one built by starting has no handle yet)
+            self.kill()
+            raise
         return self.ready
 
     def _read_ready(self) -> dict:

@@ -34,6 +34,40 @@ CATCH_UP_TIMEOUT_SECONDS = 120.0
 DRILL_TOPIC = "Drill"
 
 
+class DrillInterrupted(KeyboardInterrupt):
+    """Ctrl-C ended a drill: ``str()`` is the one line ``hasvc drill`` says (exit 130), true once
+    the drill's clean-up has run."""
+
+
+class InterruptWatch:
+    """Ctrl-C in a drill's rounds, said in one line. ``with watch:`` around the rounds turns a
+    KeyboardInterrupt (bare, or inside trio's exception groups) into ``DrillInterrupted``, naming
+    the round it stopped in and where the stores are, and sets ``interrupted`` for the drill's
+    clean-up: that stops every process the drill started (by PID) and keeps ``root`` for a look."""
+
+    def __init__(self, root: str, reports: list, *, kept: str = "the stores and logs") -> None:
+        self.root = root
+        self.reports = reports  # the rounds done: the one interrupted is the next
+        self.kept = kept
+        self.interrupted = False
+
+    def __enter__(self) -> InterruptWatch:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is None:
+            return False
+        if isinstance(error, BaseExceptionGroup):
+            interrupt = error.subgroup(KeyboardInterrupt) is not None
+        else:
+            interrupt = isinstance(error, KeyboardInterrupt)
+        if not interrupt:
+            return False
+        self.interrupted = True
+        raise DrillInterrupted(f"drill interrupted in round {len(self.reports) + 1}: the processes it started are stopped, "
+                               f"{self.kept} kept under {self.root}") from None  # fmt: skip
+
+
 class Process(ReadyProcess):
     """A ``hasvc ARGS`` process of a drill (or a benchmark), its log under ``root``."""
 
@@ -272,21 +306,23 @@ def run_drill(*, rounds: int, producers: int, mode: str, seed: int, report_path:
     echo(f"drill: {rounds} round(s), {producers} producers, {mode.upper()}_MASTER, seed {seed}, stores under {drill.root}")
     echo(f"{'round':>5} {'acked*':>8} {'lost':>5} {'dup':>4} {'retries':>7} {'truncated B':>12} {'promote s':>10} {'catch-up s':>11} "
          f"{'identical':>9} {'epochs':>7} {'files':>6}")  # fmt: skip
+    watch = InterruptWatch(drill.root, reports)
     try:
-        master = drill.start("a", master_ha=None)
-        slave = drill.start("b", master_ha=master.ready["ha_listen"])
-        echo("  (* acknowledged writes so far; lost, truncated bytes and retries (sends retried after the failover that the new\n"
-             "   master recognised as already stored, so answered with their offsets instead of being stored twice) are this round's)")
-        for number in range(1, rounds + 1):
-            report, master, slave = drill.run_round(number, master, slave)
-            reports.append(report)
-            echo(f"{report.round:>5} {report.acked:>8} {report.lost:>5} {report.duplicated:>4} {report.duplicates_answered:>7} {report.truncated_bytes:>12} "
-                 f"{report.promote_seconds:>10.3f} {report.catch_up_seconds:>11.3f} {str(report.identical):>9} "
-                 f"{str(report.epochs_agree):>7} {str(report.files_agree):>6}")  # fmt: skip
-            if report.queues:
-                echo(f"      consume queues differ from a rebuild from the log: {report.queues}")
+        with watch:
+            master = drill.start("a", master_ha=None)
+            slave = drill.start("b", master_ha=master.ready["ha_listen"])
+            echo("  (* acknowledged writes so far; lost, truncated bytes and retries (sends retried after the failover that the new\n"
+                 "   master recognised as already stored, so answered with their offsets instead of being stored twice) are this round's)")
+            for number in range(1, rounds + 1):
+                report, master, slave = drill.run_round(number, master, slave)
+                reports.append(report)
+                echo(f"{report.round:>5} {report.acked:>8} {report.lost:>5} {report.duplicated:>4} {report.duplicates_answered:>7} {report.truncated_bytes:>12} "
+                     f"{report.promote_seconds:>10.3f} {report.catch_up_seconds:>11.3f} {str(report.identical):>9} "
+                     f"{str(report.epochs_agree):>7} {str(report.files_agree):>6}")  # fmt: skip
+                if report.queues:
+                    echo(f"      consume queues differ from a rebuild from the log: {report.queues}")
     finally:
-        drill.close(keep)
+        drill.close(keep or watch.interrupted)
     consistent = len(reports) == rounds and all(
         r.duplicated == 0 and r.identical and r.epochs_agree and r.files_agree and not r.queues for r in reports
     )

@@ -66,7 +66,7 @@ from hasvc.protocol import controller as cp
 from hasvc.protocol import wire
 from hasvc.testing.controlled_group import ControlledGroup
 from hasvc.tools.partition import COPY_BUFFER_SIZE, Link
-from hasvc.tools.drill import DRILL_TOPIC, files_agree_with_log, log_digest, queue_file_digests
+from hasvc.tools.drill import DRILL_TOPIC, InterruptWatch, files_agree_with_log, log_digest, queue_file_digests
 from hasvc.tools.drill_dledger import percentile
 from hasvc.tools.drill_producer import send_numbered
 from hasvc.tools.timeline import Timeline
@@ -394,12 +394,14 @@ def run_controller_drill(*, nodes: int, rounds: int, producers: int, fault: str,
                     break
             nursery.cancel_scope.cancel()
 
+    watch = InterruptWatch(drill.root, reports)
     try:
-        trio.run(main)
+        with watch:
+            trio.run(main)
     finally:
         ok = len(reports) == rounds and all(r.ok for r in reports)
         drill.close(keep or not ok)
-        if not ok:
+        if not ok and not watch.interrupted:
             echo(f"the stores and logs are kept under {drill.root}")
     failovers = [r.failover_seconds for r in reports if r.fault in ("kill-master", "partition-master")]
     if failovers:

@@ -44,8 +44,8 @@ from hasvc import client as hc
 from hasvc.testing.launch import StartError
 from commitlog.checkpoint import StoreCheckpoint
 from commitlog.inspect import iter_records
-from hasvc.tools.drill import (CATCH_UP_TIMEOUT_SECONDS, DRILL_TOPIC, Drill, Process, RoundReport, files_agree_with_log, log_digest, queue_file_digests,
-                               queues_against_logs)  # fmt: skip
+from hasvc.tools.drill import (CATCH_UP_TIMEOUT_SECONDS, DRILL_TOPIC, Drill, InterruptWatch, Process, RoundReport, files_agree_with_log,
+                               log_digest, queue_file_digests, queues_against_logs)  # fmt: skip
 from hasvc.tools.drill_verify import FileDigests, PrefixDigests, QueueRebuild, RoundClock, RoundTimeout
 from hasvc.tools.faults import flip_random_byte
 from hasvc.tools.timeline_plot import finish
@@ -380,26 +380,28 @@ def run_corrupt_drill(*, rounds: int, producers: int, seed: int, report_path: st
     drill = CorruptDrill(producers=producers, seed=seed, echo=echo)
     reports: list[CorruptRoundReport] = []
     echo(f"drill --fault corrupt: {rounds} round(s), {producers} producers, SYNC_MASTER, seed {seed}, stores under {drill.root}")
+    watch = InterruptWatch(drill.root, reports)
     try:
-        master = drill.start("a", master_ha=None)
-        slave = drill.start("b", master_ha=master.ready["ha_listen"])
-        for number in range(1, rounds + 1):
-            report, master, slave = drill.run_round(number, master, slave, last=number == rounds)
-            reports.append(report)
-            checks = report.checks
-            verdict = "ok" if report.ok else "FAILED"
-            echo(f"round {number}: {report.victim} ({report.stop}) {report.fault}: {report.outcome}"
-                 + (f" [{report.refusal}]" if report.refusal else "")
-                 + (f"; acked {checks.acked}, lost {checks.lost}, dup {checks.duplicated}, identical {checks.identical}, "
-                    f"epochs {checks.epochs_agree}" if checks else "")
-                 + (f"; queues differ from a rebuild from the log: {checks.queues}" if checks and checks.queues else "")
-                 + f": {verdict}" + f" ({report.seconds}; checked {report.checked or '-'})")  # fmt: skip
-            if not report.ok:
-                break
+        with watch:
+            master = drill.start("a", master_ha=None)
+            slave = drill.start("b", master_ha=master.ready["ha_listen"])
+            for number in range(1, rounds + 1):
+                report, master, slave = drill.run_round(number, master, slave, last=number == rounds)
+                reports.append(report)
+                checks = report.checks
+                verdict = "ok" if report.ok else "FAILED"
+                echo(f"round {number}: {report.victim} ({report.stop}) {report.fault}: {report.outcome}"
+                     + (f" [{report.refusal}]" if report.refusal else "")
+                     + (f"; acked {checks.acked}, lost {checks.lost}, dup {checks.duplicated}, identical {checks.identical}, "
+                        f"epochs {checks.epochs_agree}" if checks else "")
+                     + (f"; queues differ from a rebuild from the log: {checks.queues}" if checks and checks.queues else "")
+                     + f": {verdict}" + f" ({report.seconds}; checked {report.checked or '-'})")  # fmt: skip
+                if not report.ok:
+                    break
     finally:
         ok = len(reports) == rounds and all(r.ok for r in reports)
         drill.close(keep or not ok)
-        if not ok:
+        if not ok and not watch.interrupted:
             echo(f"the stores and logs are kept under {drill.root}")
     lost = sum(r.checks.lost for r in reports if r.checks)
     refused = sum("repaired" in r.outcome for r in reports)

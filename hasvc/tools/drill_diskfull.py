@@ -22,7 +22,7 @@ import time
 import trio
 
 from hasvc import client as hc
-from hasvc.tools.drill import Drill, Process, RoundReport
+from hasvc.tools.drill import Drill, InterruptWatch, Process, RoundReport
 from hasvc.tools.timeline_plot import finish
 
 TMPFS_SIZE_MIB = 512  # each replica's file system: room for 20 rounds of the drill's writes at 8 producers with the 8 MiB segments below (96 MiB filled up by round 7 and the master then rightly answered DISK_FULL for good)
@@ -162,24 +162,26 @@ def run_diskfull_drill(*, rounds: int, producers: int, seed: int, report_path: s
     echo(f"drill --fault disk-full: {rounds} round(s), {producers} producers, SYNC_MASTER, seed {seed}, "
          f"each store on its own {TMPFS_SIZE_MIB} MiB tmpfs under {drill.root}")  # fmt: skip
     ok = False
+    watch = InterruptWatch(drill.root, reports, kept="the logs")  # the stores were on the tmpfs mounts
     try:
-        master = drill.start("a", master_ha=None)
-        slave = drill.start("b", master_ha=master.ready["ha_listen"])
-        for number in range(1, rounds + 1):
-            report = drill.run_round(number, master, slave)
-            reports.append(report)
-            checks = report.checks
-            echo(f"round {number}: {report.victim}'s disk full {FULL_SECONDS:.0f} s; answers meanwhile "
-                 f"{dict(sorted(report.statuses_while_full.items()))}; writes resumed {report.resumed_seconds:.2f} s after "
-                 f"the space was freed; exited {report.exited or 'none'}"
-                 + (f"; acked {checks.acked}, lost {checks.lost}, dup {checks.duplicated}, identical {checks.identical}"
-                    if checks else "") + (": ok" if report.ok else ": FAILED"))  # fmt: skip
-            if not report.ok:
-                break
-        ok = len(reports) == rounds and all(r.ok for r in reports)
+        with watch:
+            master = drill.start("a", master_ha=None)
+            slave = drill.start("b", master_ha=master.ready["ha_listen"])
+            for number in range(1, rounds + 1):
+                report = drill.run_round(number, master, slave)
+                reports.append(report)
+                checks = report.checks
+                echo(f"round {number}: {report.victim}'s disk full {FULL_SECONDS:.0f} s; answers meanwhile "
+                     f"{dict(sorted(report.statuses_while_full.items()))}; writes resumed {report.resumed_seconds:.2f} s after "
+                     f"the space was freed; exited {report.exited or 'none'}"
+                     + (f"; acked {checks.acked}, lost {checks.lost}, dup {checks.duplicated}, identical {checks.identical}"
+                        if checks else "") + (": ok" if report.ok else ": FAILED"))  # fmt: skip
+                if not report.ok:
+                    break
+            ok = len(reports) == rounds and all(r.ok for r in reports)
     finally:
         drill.close(keep or not ok)
-        if not ok:
+        if not ok and not watch.interrupted:
             echo(f"the logs are kept under {drill.root}")
     lost = sum(r.checks.lost for r in reports if r.checks)
     exits = sum(len(r.exited) for r in reports)

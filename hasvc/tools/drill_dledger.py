@@ -54,6 +54,7 @@ from commitlog.dledger.inspect import iter_entries
 from commitlog.mapped_file_queue import MappedFileQueue
 from hasvc import client as hc
 from hasvc.testing.launch import ReadyProcess, StartError, hasvc_command
+from hasvc.tools.drill import InterruptWatch
 from hasvc.tools.drill_producer import send_numbered
 from hasvc.tools.drill_verify import FileDigests, PrefixDigests
 from hasvc.tools.faults import flip_random_byte
@@ -629,12 +630,14 @@ def run_dledger_drill(*, nodes: int, rounds: int, producers: int, fault: str, se
                 producers_nursery.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
 
+    watch = InterruptWatch(drill.root, reports)
     try:
-        trio.run(main)
+        with watch:
+            trio.run(main)
     finally:
         ok = len(reports) == rounds and all(r.ok for r in reports)
         drill.close(keep or not ok)
-        if not ok:
+        if not ok and not watch.interrupted:
             echo(f"the stores and logs are kept under {drill.root}")
     failovers = [r.failover_seconds for r in reports
                  if r.fault in ("kill-leader", "partition-leader") or (r.fault == "corrupt" and r.failover_seconds > 0)]

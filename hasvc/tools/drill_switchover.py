@@ -22,7 +22,7 @@ import time
 import trio
 
 from hasvc import client as hc
-from hasvc.tools.drill import DRILL_TOPIC, Drill, Process, RoundReport
+from hasvc.tools.drill import DRILL_TOPIC, Drill, InterruptWatch, Process, RoundReport
 from hasvc.tools.switchover import switchover
 from hasvc.tools.timeline_plot import finish
 
@@ -108,22 +108,24 @@ def run_switchover_drill(*, rounds: int, producers: int, mode: str, seed: int, r
     reports: list[SwitchoverRoundReport] = []
     echo(f"drill --fault switchover: {rounds} round(s), {producers} producers, {mode.upper()}_MASTER, seed {seed}, "
          f"stores under {drill.root}")  # fmt: skip
+    watch = InterruptWatch(drill.root, reports)
     try:
-        master = drill.start("a", master_ha=None)
-        slave = drill.start("b", master_ha=master.ready["ha_listen"])
-        for number in range(1, rounds + 1):
-            report, master, slave = drill.run_round(number, master, slave)
-            reports.append(report)
-            checks = report.checks
-            others = ", ".join(f"{status} {count}" for status, count in sorted(report.answers.items()) if status != "PUT_OK") or "none"
-            echo(f"round {number}: writes paused {report.paused_seconds:.3f} s ({report.wait_seconds:.3f} s for the slave), "
-                 f"answers other than PUT_OK: {others}, acked {checks.acked}, lost {checks.lost}, dup {checks.duplicated}, retries answered {checks.duplicates_answered}, "
-                 f"cut {report.cut_bytes} B, identical {checks.identical}, epochs {checks.epochs_agree}, files "
-                 f"{checks.files_agree}: {'ok' if report.ok else 'FAILED'}")  # fmt: skip
-            if not report.ok:
-                break
+        with watch:
+            master = drill.start("a", master_ha=None)
+            slave = drill.start("b", master_ha=master.ready["ha_listen"])
+            for number in range(1, rounds + 1):
+                report, master, slave = drill.run_round(number, master, slave)
+                reports.append(report)
+                checks = report.checks
+                others = ", ".join(f"{status} {count}" for status, count in sorted(report.answers.items()) if status != "PUT_OK") or "none"
+                echo(f"round {number}: writes paused {report.paused_seconds:.3f} s ({report.wait_seconds:.3f} s for the slave), "
+                     f"answers other than PUT_OK: {others}, acked {checks.acked}, lost {checks.lost}, dup {checks.duplicated}, retries answered {checks.duplicates_answered}, "
+                     f"cut {report.cut_bytes} B, identical {checks.identical}, epochs {checks.epochs_agree}, files "
+                     f"{checks.files_agree}: {'ok' if report.ok else 'FAILED'}")  # fmt: skip
+                if not report.ok:
+                    break
     finally:
-        drill.close(keep)
+        drill.close(keep or watch.interrupted)
     lost = sum(r.checks.lost for r in reports)
     duplicated = sum(r.checks.duplicated for r in reports)
     ok = len(reports) == rounds and all(r.ok for r in reports)

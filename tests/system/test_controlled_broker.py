@@ -16,11 +16,11 @@ import pytest
 import trio
 
 from commitlog.config import StoreConfig
-from commitlog.inspect import iter_records
 from commitlog.store import MessageStore
 from hasvc import client as hc
 from hasvc.testing.controlled_group import ControlledGroup
 from hasvc.tools.drill import log_digest, queue_file_digests
+from tests.system.controller_nodes import numbered_in_store, start_master_and_slave
 
 
 TOPIC = "Orders"
@@ -47,13 +47,9 @@ def _send(address: str, body: bytes) -> hc.SendResult:
 
 def test_first_master_elected_and_sync_writes_wait_for_the_slave(controlled):
     group = controlled()
-    group.start_broker("a")
-    group.start_broker("b")
-    master = group.master()
-    slave = "b" if master == "a" else "a"
+    master, slave = start_master_and_slave(group)
     status = group.status(master)
     assert status["group"] == "g" and status["broker_id"] >= 1 and status["epoch"] >= 1
-    group.wait(lambda: group.in_sync(master, [slave]), "the slave in the SyncStateSet")
     assert sorted(group.status(master)["sync_state_set"]) == sorted([status["broker_id"], group.status(slave)["broker_id"]])
 
     for number in range(20):
@@ -90,11 +86,7 @@ async def _producer(client: hc.FailoverClient, numbers, acked: dict) -> None:
 def test_master_sigkill_slave_takes_over_and_old_master_rejoins(controlled):
     # min_in_sync_replicas 1: the new master acknowledges alone until the old one is back
     group = controlled(min_in_sync_replicas=1)
-    group.start_broker("a")
-    group.start_broker("b")
-    old = group.master()
-    new = "b" if old == "a" else "a"
-    group.wait(lambda: group.in_sync(old, [new]), "the slave in the SyncStateSet")
+    old, new = start_master_and_slave(group)
     old_epoch = group.status(old)["epoch"]
     acked: dict[int, int] = {}
 
@@ -128,11 +120,7 @@ def test_master_sigkill_slave_takes_over_and_old_master_rejoins(controlled):
             assert store.commit_log.max_offset == end
     assert log_digest(group.store("a"), end, group.segment_size) == log_digest(group.store("b"), end, group.segment_size)
     assert queue_file_digests(group.store("a")) == queue_file_digests(group.store("b"))
-    found: dict[int, list[int]] = {}
-    for offset, record, crc_ok in iter_records(group.store(new)):
-        assert crc_ok
-        if record.topic == TOPIC and bytes(record.body).startswith(b"m"):
-            found.setdefault(int(bytes(record.body).split(b":", 1)[0][1:]), []).append(offset)
+    found = numbered_in_store(group.store(new), TOPIC)
     assert acked, "no write was acknowledged"
     assert all(found.get(number) == [offset] for number, offset in acked.items())
     assert all(len(offsets) == 1 for offsets in found.values())  # nothing stored twice (idempotent retries)
@@ -160,11 +148,7 @@ def test_a_master_cut_off_from_its_controller_stops_acknowledging_until_it_hears
 
 def test_a_controller_leader_sigkill_keeps_the_master_and_its_epoch(controlled):
     group = controlled(controllers=3)
-    group.start_broker("a")
-    group.start_broker("b")
-    master = group.master()
-    slave = "b" if master == "a" else "a"
-    group.wait(lambda: group.in_sync(master, [slave]), "the slave in the SyncStateSet")
+    master, slave = start_master_and_slave(group)
     epoch = group.status(master)["epoch"]
     leader = group.controllers.leader()
     acked: dict[int, int] = {}
@@ -189,11 +173,7 @@ def test_a_controller_leader_sigkill_keeps_the_master_and_its_epoch(controlled):
 def test_a_send_retried_on_the_new_master_is_answered_with_its_original_offsets(controlled):
     # the new master's producer table is the one it kept as a slave, completed at its promotion
     group = controlled(min_in_sync_replicas=1)
-    group.start_broker("a")
-    group.start_broker("b")
-    old = group.master()
-    new = "b" if old == "a" else "a"
-    group.wait(lambda: group.in_sync(old, [new]), "the slave in the SyncStateSet")
+    old, new = start_master_and_slave(group)
     sent = {}
     with hc.BlockingClient(group.address(old)) as client:
         for sequence in range(0, 40, 4):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
-from commitlog.inspect import iter_records
 from hasvc import client as hc
 from hasvc.testing.controlled_group import ControlledGroup
+from tests.system.controller_nodes import numbered_in_store, start_master_and_slave
 
 TOPIC = "Orders"
 MESSAGES = 40
@@ -33,25 +33,12 @@ def _cut_log(store: str, offset: int) -> None:
             file.write(bytes(size - max(0, offset - start)))
 
 
-def _acked_in(store: str) -> dict[int, list[int]]:
-    found: dict[int, list[int]] = {}
-    for offset, record, crc_ok in iter_records(store):
-        assert crc_ok
-        if record.topic == TOPIC:
-            found.setdefault(int(bytes(record.body)[1:]), []).append(offset)
-    return found
-
-
 def test_a_master_restarted_after_a_power_loss_gives_way_to_the_slave_that_holds_more(tmp_path):
     timeout = f"broker_heartbeat_timeout_seconds={HEARTBEAT_TIMEOUT_SECONDS}"
     group = ControlledGroup(tmp_path, settings={"broker_heartbeat_timeout_seconds": HEARTBEAT_TIMEOUT_SECONDS},
                             controller_args=("--set", timeout))  # fmt: skip
     try:
-        group.start_broker("a")
-        group.start_broker("b")
-        master = group.master()
-        slave = "b" if master == "a" else "a"
-        group.wait(lambda: group.in_sync(master, [slave]), "the slave in the SyncStateSet")
+        master, slave = start_master_and_slave(group)
         epoch = group.status(master)["epoch"]
         acked = {}
         with hc.BlockingClient(group.address(master)) as client:
@@ -70,7 +57,7 @@ def test_a_master_restarted_after_a_power_loss_gives_way_to_the_slave_that_holds
         for name in ("a", "b"):
             group.brokers[name].stop()
         for name in ("a", "b"):
-            found = _acked_in(group.store(name))
+            found = numbered_in_store(group.store(name), TOPIC)
             assert all(found.get(number) == [offset] for number, offset in acked.items()), (name, found)
         assert end > acked[MESSAGES - 1]
     finally:

@@ -12,6 +12,9 @@ import trio
 from hasvc.controller.client import ControllerClient
 from hasvc.protocol import controller as cp
 from hasvc.testing.controller_group import ControllerGroup
+from tests.system.controller_nodes import (controller_status as _status, register_broker,  # the names its tests call
+                                           replicated_groups as _without_soft_state,
+                                           until_controller_status as _until_status)  # fmt: skip
 
 GROUP = "g1"
 WAIT_SECONDS = 30.0  # a condition a test waits for (elections take about a second)
@@ -32,19 +35,8 @@ def controllers(tmp_path):
         group.close()
 
 
-async def _status(address: str) -> dict:
-    client = ControllerClient([address])
-    try:
-        return (await client.status_of(address)).controller
-    finally:
-        await client.aclose()
-
-
 async def _register(client: ControllerClient, name: str) -> int:
-    answer = await client.register(group=GROUP, identity=f"identity-{name}", client_address=f"127.0.0.1:{name}1",
-                                   ha_address=f"127.0.0.1:{name}2")  # fmt: skip
-    assert answer.ok, answer
-    return answer.broker_id
+    return await register_broker(client, GROUP, name)
 
 
 class FakeBroker:
@@ -184,24 +176,6 @@ async def test_a_new_controller_leader_answers_with_the_same_state_after_the_lea
         after = (await _status(group.address(await trio.to_thread.run_sync(group.leader))))["groups"]
         assert _without_soft_state(after) == _without_soft_state(before), (after, before)
         nursery.cancel_scope.cancel()
-
-
-async def _until_status(address: str, predicate, what: str) -> dict:
-    with trio.move_on_after(WAIT_SECONDS):
-        while True:
-            with contextlib.suppress(Exception):
-                status = await _status(address)
-                if predicate(status):
-                    return status
-            await trio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _without_soft_state(groups: dict) -> dict:
-    """The replicated part of STATUS groups (the heartbeat fields are the leader's soft state)."""
-    return {name: {**group, "members": {broker_id: {k: member[k] for k in ("identity", "client_address", "ha_address")}
-                                        for broker_id, member in group["members"].items()}}
-            for name, group in groups.items()}  # fmt: skip
 
 
 async def test_snapshots_let_the_log_be_cut_and_a_restart_replays_what_follows(controllers):

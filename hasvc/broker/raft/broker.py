@@ -4,7 +4,6 @@ and client port, dispatch, retention, the scrub and repair (see ``hasvc.broker.r
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import json
 import logging
@@ -25,6 +24,7 @@ from hasvc.broker.raft.driver import RaftDriver
 from hasvc.broker.raft.repair import EntryRepair
 from hasvc.broker.raft.sync import DISK_FULL_RETRY_SECONDS
 from hasvc.broker.raft.group import GroupConfig
+from hasvc.broker.raft.listener import open_raft_listener
 from hasvc.broker.raft.replicator import RaftLog, RaftReplicator
 from hasvc.broker.raft_metrics import serve_raft_metrics
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
@@ -129,14 +129,8 @@ class RaftBroker:
                                       transfer_leader=self.transfer_leader)  # fmt: skip
         own = self.group.peers[self.group.self_id]
         client_ssl, raft_ssl = self._server_ssl()
-        try:
-            raft_listener, raft_socket = await transport.open_listener(own, ssl_context=raft_ssl)
-        except OSError as error:
-            if error.errno != errno.EADDRINUSE:
-                raise
-            raise OSError(error.errno, f"the Raft address {format_address(own)} of member {self.group.self_id} (its "
-                                       f"entry in --peers) is in use: is a member with --self {self.group.self_id} "
-                                       "running already? Two cannot run in one group") from None  # fmt: skip
+        raft_listener, raft_socket = await open_raft_listener(own, noun="member", self_id=self.group.self_id,
+                                                              ssl_context=raft_ssl)  # fmt: skip
         self.raft_address = transport.listener_address(raft_socket)
         client_listener, client_socket = await transport.open_listener(self.config.listen, ssl_context=client_ssl)
         self.listen_address = transport.listener_address(client_socket)

@@ -43,3 +43,9 @@ def parse_peers(text: str) -> dict[str, Address]:
     if not peers:
         raise ValueError("--peers names no member")
     return peers
+
+
+def running_already_hint(noun: str, self_id: str) -> str:
+    """What a Raft address in use most likely means, for a DLedger ``member`` or a ``controller``:
+    said by the CLI's check before the store opens, and by ``open_raft_listener`` after."""
+    return f"is a {noun} with --self {self_id} running already? Two cannot run in one group"

@@ -8,6 +8,7 @@ on. Connections are admitted apart from strangers (``hasvc/admission.py``)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,8 @@ import trio
 from commitlog.mapped_file import DiskFullError
 from hasvc import admission as port_admission
 from hasvc import transport
+from hasvc.broker.raft.group import running_already_hint
+from hasvc.config import Address, format_address
 from hasvc.protocol import raft as raft_wire
 from hasvc.protocol import wire
 from hasvc.state.raft.messages import Push, PushResponse, PushType, ResetPush
@@ -32,6 +35,18 @@ LOGGER = logging.getLogger(__name__)
 # loop and is shorter than any election timeout a member waits out before it tries again.
 RAFT_STRANGERS_MAX = 16
 RAFT_STRANGER_TIMEOUT_SECONDS = 3.0
+
+
+async def open_raft_listener(address: Address, *, noun: str, self_id: str, ssl_context=None):
+    """``transport.open_listener`` for the Raft port of ``self_id`` (a ``member`` or a
+    ``controller``, ``noun``): the address in use is one line naming it and its --self."""
+    try:
+        return await transport.open_listener(address, ssl_context=ssl_context)
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE:
+            raise
+        raise OSError(error.errno, f"the Raft address {format_address(address)} of {noun} {self_id} (its entry in "
+                                   f"--peers) is in use: {running_already_hint(noun, self_id)}") from None  # fmt: skip
 
 
 class RaftListener:

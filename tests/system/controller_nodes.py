@@ -1,0 +1,77 @@
+"""Controller groups (``hasvc controller``) and controlled broker groups (``hasvc broker`` under
+a controller) of real processes on loopback, for the system tests (test_controller_system,
+test_controlled_broker and the tests beside them): a controller's STATUS and waiting for one,
+the replicated part of its groups, a fake broker's registration; a controlled group's master
+with its slave in sync, and the numbered messages found in a store."""
+
+from __future__ import annotations
+
+import contextlib
+
+import trio
+
+from commitlog.inspect import iter_records
+from hasvc.controller.client import ControllerClient
+from hasvc.testing.controlled_group import ControlledGroup
+
+STATUS_WAIT_SECONDS = 60.0  # a controller's STATUS condition a test waits for (a loaded host; nothing is timed)
+STATUS_POLL_SECONDS = 0.05
+
+
+async def controller_status(address: str) -> dict:
+    """The controller part of ``address``'s STATUS (a client of its own, closed after)."""
+    client = ControllerClient([address])
+    try:
+        return (await client.status_of(address)).controller
+    finally:
+        await client.aclose()
+
+
+async def until_controller_status(address: str, predicate, what: str) -> dict:
+    """The first STATUS of ``address`` that ``predicate`` accepts (one not answered is asked again)."""
+    with trio.move_on_after(STATUS_WAIT_SECONDS):
+        while True:
+            with contextlib.suppress(Exception):
+                status = await controller_status(address)
+                if predicate(status):
+                    return status
+            await trio.sleep(STATUS_POLL_SECONDS)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def replicated_groups(groups: dict) -> dict:
+    """The replicated part of STATUS groups (the heartbeat fields are the leader's soft state)."""
+    return {name: {**group, "members": {broker_id: {k: member[k] for k in ("identity", "client_address", "ha_address")}
+                                        for broker_id, member in group["members"].items()}}
+            for name, group in groups.items()}  # fmt: skip
+
+
+async def register_broker(client: ControllerClient, group: str, name: str) -> int:
+    """REGISTER a fake broker ``name`` of ``group`` (its identity and addresses made of the name); its id."""
+    answer = await client.register(group=group, identity=f"identity-{name}", client_address=f"127.0.0.1:{name}1",
+                                   ha_address=f"127.0.0.1:{name}2")  # fmt: skip
+    assert answer.ok, answer
+    return answer.broker_id
+
+
+def start_master_and_slave(group: ControlledGroup) -> tuple[str, str]:
+    """Brokers ``a`` and ``b`` started, the controller's master and its slave, once the slave is
+    in the SyncStateSet with the master's log end: (master, slave)."""
+    group.start_broker("a")
+    group.start_broker("b")
+    master = group.master()
+    slave = "b" if master == "a" else "a"
+    group.wait(lambda: group.in_sync(master, [slave]), "the slave in the SyncStateSet")
+    return master, slave
+
+
+def numbered_in_store(store: str, topic: str) -> dict[int, list[int]]:
+    """Message number -> the offsets of ``topic``'s records ``m<number>`` (or ``m<number>:...``) in
+    the stopped broker's ``store``; every record's crc checked."""
+    found: dict[int, list[int]] = {}
+    for offset, record, crc_ok in iter_records(store):
+        assert crc_ok, offset
+        body = bytes(record.body)
+        if record.topic == topic and body.startswith(b"m"):
+            found.setdefault(int(body.split(b":", 1)[0][1:]), []).append(offset)
+    return found

@@ -240,8 +240,10 @@ def controlled_broker(store_dir, listen, ha_listen, flush, config_file, secret_f
         raise click.BadParameter(f"{group!r}: a group name is one line of printable text", param_hint="--group")
     cli_values = dict(store=store_dir, listen=listen, ha_listen=ha_listen, flush=flush, insecure=insecure,
                       tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen, role=role)  # fmt: skip
+    slave = "role SLAVE: a controller-mode broker's role is the controllers' to decide (give --role sync or async: how it acknowledges once made master)"
+    if any(setting.replace(" ", "").lower() == "role=slave" for setting in settings):
+        raise click.UsageError(slave)
     config = _build_config("SYNC_MASTER", cli_values, config_file, secret_file, settings)
     if not config.is_master:
-        raise click.UsageError("role SLAVE: a controller-mode broker's role is the controllers' to decide "
-                               "(give --role sync or async: how it acknowledges once made master)")
+        raise click.UsageError(slave)
     _run_broker(config, controlled=(group, addresses, timings))

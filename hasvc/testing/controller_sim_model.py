@@ -153,6 +153,7 @@ class ControllerChecker:
         self.lease_seconds = lease_seconds  # a deposed ASYNC_MASTER acknowledges at most this long after
         self.promoted_at: dict[int, float] = {}  # epoch -> when its master first took office
         self.late_acks = 0  # ASYNC_MASTER: acknowledged by a master already superseded (a switchover)
+        self.loss_span_seen = 0.0  # ASYNC_MASTER: the widest span of one failover's accepted losses
         self.acked_at: dict[tuple[int, int], float] = {}
         self.accepted_lost: set[tuple[int, int]] = set()
         # (write id, offset) -> epoch; a duplicated Put is stored (and may be acknowledged) twice
@@ -204,6 +205,7 @@ class ControllerChecker:
         lost = [key for key in self.acked if key not in self.accepted_lost and (key[1] >= len(log) or log[key[1]] != key[0])]
         if lost:  # ASYNC_MASTER: what the new master had not received, within the lag bound
             times = [self.acked_at[key] for key in lost]
+            self.loss_span_seen = max(self.loss_span_seen, max(times) - min(times))
             if max(times) - min(times) > self.loss_span_max:
                 raise SafetyViolation(f"{broker} became master in epoch {epoch} without {len(lost)} acknowledged writes "
                                       f"acknowledged over {max(times) - min(times):.3f} s, more than the "

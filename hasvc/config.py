@@ -67,7 +67,10 @@ class BrokerConfig:
     store: str = setting(reason="The store's directory (--store): commit log, consume queues, checkpoint, abort and lock files. "
                                 "Created on the first start.", shown_default="required")  # fmt: skip
     role: BrokerRole = setting(BrokerRole.ASYNC_MASTER, "RocketMQ's brokerRole: SYNC_MASTER answers a put once a slave has it, "
-                               "ASYNC_MASTER at once (--role sync|async); a slave is SLAVE.", processes=("master",))  # fmt: skip
+                               "ASYNC_MASTER at once (--role sync|async); a slave is SLAVE. A controller-mode broker (hasvc broker "
+                               "--controllers) takes SYNC_MASTER unless given: how it acknowledges once the controllers make "
+                               "it master (ASYNC_MASTER: a failover may lose what the new master had not received).",
+                               processes=("master",))  # fmt: skip
     listen: Address = setting(("127.0.0.1", 10911), "The client port (--listen), RocketMQ's listenPort; port 0 picks a free one "
                               "(READY says which).")  # fmt: skip
     ha_listen: Address | None = setting(None, "The HA port a master serves its slaves on, RocketMQ's haListenPort (a slave "

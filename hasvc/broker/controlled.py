@@ -279,6 +279,13 @@ class ControlledBroker(Broker):
     """See the module."""
 
     def __init__(self, config: BrokerConfig, options: ControlledOptions):
+        if config.role is BrokerRole.SLAVE:
+            raise ValueError("role SLAVE: a controller-mode broker's role is the controllers' to decide; "
+                             "give SYNC_MASTER or ASYNC_MASTER (how it acknowledges once made master)")
+        # How it acknowledges as master: ASYNC_MASTER once its own log holds a write. The put path
+        # still runs as SYNC_MASTER (every put asks the tracker's confirm_offset), so no put is
+        # answered without the lease even before the lease task fences.
+        self.master_role = config.role
         config = dataclasses.replace(config, role=BrokerRole.SYNC_MASTER, master_ha=None, in_sync_replicas=1,
                                      min_in_sync_replicas=0, ha_listen=_fixed_port(config.effective_ha_listen),
                                      ha_reconnect_backoff_min_ms=min(config.ha_reconnect_backoff_min_ms, RECONNECT_BACKOFF_MIN_MS))  # fmt: skip
@@ -509,7 +516,8 @@ class ControlledBroker(Broker):
         tracker = SyncStateSetTracker(self.options.group, self.broker_id, epoch, epoch_start_offset=entry.start_offset,
                                       master_end=self.store.commit_log.max_offset, sync_state_set=heard.sync_state_set,
                                       sync_state_set_epoch=heard.sync_state_set_epoch, timings=self.timings,
-                                      now=trio.current_time())  # fmt: skip
+                                      now=trio.current_time(),
+                                      asynchronous=self.master_role is BrokerRole.ASYNC_MASTER)  # fmt: skip
         self.sync_set.start(tracker)
         self.controller_role = agent.Role.MASTER
         self.following = None
@@ -621,6 +629,7 @@ class ControlledBroker(Broker):
         status.update({
             "group": self.options.group,
             "broker_id": self.broker_id,
+            "master_role": self.master_role.value,
             "controller_role": self.controller_role.value,
             "controller_leader": self.client.leader if self.client is not None else None,
             "sync_state_set": sorted(tracker.sync_state_set) if tracker is not None else (list(view.sync_state_set) if view else []),
@@ -631,6 +640,8 @@ class ControlledBroker(Broker):
             "controller_epoch": view.epoch if view else 0,
             "controller_master_id": view.master_id if view else None,
         })  # fmt: skip
+        if status.get("role") == BrokerRole.SYNC_MASTER.value and self.master_role is BrokerRole.ASYNC_MASTER:
+            status["role"] = self.master_role.value  # serving as master: it acknowledges as ASYNC_MASTER
         return status
 
 

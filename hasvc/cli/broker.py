@@ -211,12 +211,17 @@ def _controlled_settings(settings: tuple[str, ...]) -> tuple[dict, tuple[str, ..
 @_broker_options
 @click.option("--controllers", required=True, help="The controllers' ports, HOST:PORT,HOST:PORT,... (any of them: the leader is found).")
 @click.option("--group", required=True, help="The broker group's name: the controllers keep one master per group.")
+@click.option("--role", type=click.Choice(["sync", "async"]), default=None,
+              help="How it acknowledges once the controllers make it master: SYNC_MASTER (default: a put waits for "
+                   "every member of the SyncStateSet) or ASYNC_MASTER (a put is answered once the master holds it; "
+                   "a failover may lose what the new master had not received).")
 def controlled_broker(store_dir, listen, ha_listen, flush, config_file, secret_file, insecure, tls_cert, tls_key, tls_ca,
-                      metrics_listen, settings, controllers, group) -> None:  # fmt: skip
+                      metrics_listen, settings, controllers, group, role) -> None:  # fmt: skip
     """Run a broker whose role the controllers decide (controller mode): no --role, no promote.
 
     It registers with the controllers (its store's identity keeps its broker id), heartbeats to
-    their leader, and serves as SYNC_MASTER (a put waits for every member of the SyncStateSet) or
+    their leader, and serves as SYNC_MASTER (a put waits for every member of the SyncStateSet;
+    --role async or the role setting ASYNC_MASTER: it answers once its own log holds the put) or
     as the slave of the master they name. --ha-listen is where it serves slaves as master (port 0:
     a free port chosen at start and kept). Controller timings (broker_heartbeat_interval_seconds,
     master_lease_seconds, sync_set_lag_seconds_max, min_in_sync_replicas, ...) go in --set and must
@@ -234,6 +239,11 @@ def controlled_broker(store_dir, listen, ha_listen, flush, config_file, secret_f
     if not group or len(group) > 256 or not group.isprintable():
         raise click.BadParameter(f"{group!r}: a group name is one line of printable text", param_hint="--group")
     cli_values = dict(store=store_dir, listen=listen, ha_listen=ha_listen, flush=flush, insecure=insecure,
-                      tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen)  # fmt: skip
+                      tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, metrics_listen=metrics_listen, role=role)  # fmt: skip
+    slave = "role SLAVE: a controller-mode broker's role is the controllers' to decide (give --role sync or async: how it acknowledges once made master)"
+    if any(setting.replace(" ", "").lower() == "role=slave" for setting in settings):
+        raise click.UsageError(slave)
     config = _build_config("SYNC_MASTER", cli_values, config_file, secret_file, settings)
+    if not config.is_master:
+        raise click.UsageError(slave)
     _run_broker(config, controlled=(group, addresses, timings))

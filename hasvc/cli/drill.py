@@ -50,6 +50,9 @@ def demo(producers, keep, dledger, controller) -> None:
               "serving while a new one is elected), mixed (with --controllers 3, a controller leader's kill among them).")
 @click.option("--controllers", "controller_count", type=click.Choice(["1", "3"]), default="1", show_default=True,
               help="controller: the controller group's size.")
+@click.option("--role", "controller_role", type=click.Choice(["sync", "async"]), default="sync", show_default=True,
+              help="controller: the brokers as SYNC_MASTER or ASYNC_MASTER; async counts the PUT_OK messages a master "
+                   "fault loses that only the old master acknowledged as accepted losses, apart (any other loss fails).")
 @click.option("--dledger-timing", is_flag=True, help="dledger: DLedger's election defaults instead of etcd-like ones.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds when and whom the fault hits.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write a JSON report here.")
@@ -61,7 +64,7 @@ def demo(producers, keep, dledger, controller) -> None:
 @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), help="dledger: its private key.")
 @click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True),
               help="dledger: mutual TLS between members with this CA (the drill's clients verify with it, else with --tls-cert).")
-def drill(rounds, producers, mode, nodes, fault, controller_count, dledger_timing, seed, report_path, keep, plot, tls_cert, tls_key,
+def drill(rounds, producers, mode, nodes, fault, controller_count, controller_role, dledger_timing, seed, report_path, keep, plot, tls_cert, tls_key,
           tls_ca) -> None:  # fmt: skip
     """Failover rounds on loopback, checked from the stores on disk; exits 1 on any loss.
 
@@ -94,6 +97,8 @@ def drill(rounds, producers, mode, nodes, fault, controller_count, dledger_timin
         raise click.UsageError("--nodes goes with --mode dledger or controller")
     if (mode == "dledger" and nodes == "2") or (mode == "controller" and nodes == "5"):
         raise click.UsageError(f"--mode {mode} runs with --nodes {'3 or 5' if mode == 'dledger' else '2 or 3'}")
+    if controller_role != "sync" and mode != "controller":
+        raise click.UsageError("--role goes with --mode controller (--mode sync or async for a classic pair)")
     if controller_count != "1" and mode != "controller":
         raise click.UsageError("--controllers goes with --mode controller")
     if mode == "controller":
@@ -106,7 +111,7 @@ def drill(rounds, producers, mode, nodes, fault, controller_count, dledger_timin
 
         ok = run_controller_drill(nodes=int(nodes), rounds=rounds, producers=producers, fault=fault or "kill-master",
                                   seed=seed, report_path=report_path, keep=keep, plot=plot, echo=click.echo,
-                                  controllers=int(controller_count))  # fmt: skip
+                                  controllers=int(controller_count), asynchronous=controller_role == "async")  # fmt: skip
         if not ok:
             sys.exit(1)
         return

@@ -36,6 +36,13 @@ FLUSH_EVERY_SECONDS = 0.2  # a broker's asynchronous flush: a power loss keeps w
 # loses a random part of its unflushed tail (with min_in_sync_replicas 1 a lone master
 # acknowledges what only it holds, and a power loss loses it: that setting's stated cost).
 POWER_LOSS_SHARE = 0.5
+ASYNC_SHARE = 0.25  # of the seeds run their brokers as ASYNC_MASTER (acknowledged once the master holds it)
+# ASYNC_MASTER's promise, as checked: the acknowledged writes one failover loses were all
+# acknowledged within sync_set_lag_seconds_max plus this of each other (the new master stopped
+# catching up at the first of them; its master proposed it out after the lag bound, and kept
+# acknowledging until the controller accepted that: the proposal retried every 0.5 s over lossy
+# links, a controller leader change of 0.4-0.6 s in between).
+ASYNC_LOSS_SLACK_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,6 +63,8 @@ class SeedReport:
     # one per kill of an acknowledging master followed by a failover (other faults may intervene).
     failovers: tuple[float, ...] = ()
     power_losses: int = 0  # master kills that also dropped an unflushed tail
+    asynchronous: bool = False  # brokers ran as ASYNC_MASTER
+    accepted_losses: int = 0  # ASYNC_MASTER: acknowledged writes a failover lost, as promised
 
 
 # -- messages ------------------------------------------------------------------------------------
@@ -133,8 +142,20 @@ class PutReply:
 
 
 class ControllerChecker:
-    def __init__(self, unclean: bool) -> None:
+    """``loss_span_max``: with ASYNC_MASTER brokers (not None), a failover may lose acknowledged
+    writes the new master had not received, all acknowledged within this many seconds of each
+    other (the lag bound and its slack); they are counted as accepted losses, and no slave may cut
+    (and no final master lack) an acknowledged write that is not one of them."""
+
+    def __init__(self, unclean: bool, loss_span_max: float | None = None, lease_seconds: float = 0.0) -> None:
         self.unclean = unclean
+        self.loss_span_max = loss_span_max
+        self.lease_seconds = lease_seconds  # a deposed ASYNC_MASTER acknowledges at most this long after
+        self.promoted_at: dict[int, float] = {}  # epoch -> when its master first took office
+        self.late_acks = 0  # ASYNC_MASTER: acknowledged by a master already superseded (a switchover)
+        self.loss_span_seen = 0.0  # ASYNC_MASTER: the widest span of one failover's accepted losses
+        self.acked_at: dict[tuple[int, int], float] = {}
+        self.accepted_lost: set[tuple[int, int]] = set()
         # (write id, offset) -> epoch; a duplicated Put is stored (and may be acknowledged) twice
         self.acked: dict[tuple[int, int], int] = {}
         self.ackers: dict[int, str] = {}  # epoch -> the broker that acknowledged in it
@@ -159,18 +180,43 @@ class ControllerChecker:
         self.acked_epoch_max = epoch
         assert (write_id, offset) not in self.acked
         self.acked[(write_id, offset)] = epoch
+        if self.loss_span_max is not None:
+            self.acked_at[(write_id, offset)] = now
+            newer = [at for promoted, at in self.promoted_at.items() if promoted > epoch]
+            if newer and not self.unclean:  # an operator's switchover: the old master's lease still held
+                if now - min(newer) >= self.lease_seconds:
+                    raise SafetyViolation(f"{broker} acknowledged in epoch {epoch} {now - min(newer):.3f} s after a "
+                                          f"newer master took office, past its lease ({self.lease_seconds} s)")  # fmt: skip
+                self.accepted_lost.add((write_id, offset))  # never in the newer master's history
+                self.late_acks += 1
 
     def missing(self, log: list[int]) -> list[int]:
-        return sorted(w for w, offset in self.acked if offset >= len(log) or log[offset] != w)
+        return sorted(w for w, offset in self.acked
+                      if (offset >= len(log) or log[offset] != w) and (w, offset) not in self.accepted_lost)  # fmt: skip
 
-    def on_promote(self, broker: str, epoch: int, log: list[int]) -> None:
-        if not self.unclean and (lost := self.missing(log)):
-            raise SafetyViolation(f"{broker} became master in epoch {epoch} without acknowledged writes {lost[:5]}")
+    def on_promote(self, broker: str, epoch: int, log: list[int], now: float = 0.0) -> None:
+        self.promoted_at.setdefault(epoch, now)
+        if self.unclean:
+            return
+        if self.loss_span_max is None:
+            if lost := self.missing(log):
+                raise SafetyViolation(f"{broker} became master in epoch {epoch} without acknowledged writes {lost[:5]}")
+            return
+        lost = [key for key in self.acked if key not in self.accepted_lost and (key[1] >= len(log) or log[key[1]] != key[0])]
+        if lost:  # ASYNC_MASTER: what the new master had not received, within the lag bound
+            times = [self.acked_at[key] for key in lost]
+            self.loss_span_seen = max(self.loss_span_seen, max(times) - min(times))
+            if max(times) - min(times) > self.loss_span_max:
+                raise SafetyViolation(f"{broker} became master in epoch {epoch} without {len(lost)} acknowledged writes "
+                                      f"acknowledged over {max(times) - min(times):.3f} s, more than the "
+                                      f"{self.loss_span_max} s ASYNC_MASTER's lag bound allows")  # fmt: skip
+            self.accepted_lost.update(lost)
 
     def on_truncate(self, broker: str, log: list[int], cut: int) -> None:
         if self.unclean:
             return
-        gone = [w for offset, w in enumerate(log[cut:], cut) if (w, offset) in self.acked]
+        gone = [w for offset, w in enumerate(log[cut:], cut) if (w, offset) in self.acked
+                and (w, offset) not in self.accepted_lost]  # fmt: skip
         if gone:
             raise SafetyViolation(f"{broker} cut acknowledged writes {gone[:5]} (log cut to {cut})")
 

@@ -151,7 +151,7 @@ class Broker:
         if epoch > self.last_epoch:
             self.epochs.append(EpochEntry(epoch, len(self.log)))
             validate(self.epochs)
-        sim.checker.on_promote(self.name, epoch, self.log)
+        sim.checker.on_promote(self.name, epoch, self.log, sim.now)
         sim.elections += 1
         self.role = agent.Role.MASTER
         self.following = None
@@ -160,7 +160,7 @@ class Broker:
         in_set = answer.sync_state_set if self.broker_id in answer.sync_state_set else frozenset({self.broker_id})
         self.tracker = sim.tracker_class(GROUP, self.broker_id, epoch, epoch_start_offset=start, master_end=len(self.log),
                                            sync_state_set=in_set, sync_state_set_epoch=answer.sync_state_set_epoch,
-                                           timings=sim.timings, now=sim.now)  # fmt: skip
+                                           timings=sim.timings, now=sim.now, asynchronous=sim.asynchronous)  # fmt: skip
 
     def leave_master(self) -> None:
         for write_id, _ in self.waiters.values():

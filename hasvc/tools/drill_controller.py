@@ -43,6 +43,14 @@ disk (``commitlog.inspect.iter_records``) as every drill does:
 With three brokers the new master acknowledges once the surviving slave joins its SyncStateSet
 (``min_in_sync_replicas`` 2, the default); with two, until the killed one is back, it answers
 SLAVE_NOT_AVAILABLE (stored, not acknowledged), so the failover time then includes the restart.
+
+``--role async``: the brokers run as ASYNC_MASTER (a put is acknowledged once the master holds
+it), whose promise is weaker: a failover may lose what the new master had not received. A PUT_OK
+message missing after a master fault is then counted as an **accepted loss**, reported apart,
+when it was acknowledged by the old master only: at an offset at or past where the round's new
+epoch starts in the new master's log (the old master's tail, which the new master never had).
+Any other missing message is lost, as in a SYNC_MASTER run, and fails the drill; so does an
+accepted loss in a round whose fault was not the master's (a slave's kill, a controller leader's).
 """
 
 from __future__ import annotations
@@ -107,12 +115,31 @@ class ControllerRoundReport:
     writes_during: int = 0
     longest_pause_seconds: float = 0.0
     master_kept: bool = True
+    # --role async: PUT_OK messages missing after the fault that only the old master had
+    # acknowledged (past the start of the round's new epoch): ASYNC_MASTER's stated loss
+    accepted_lost: int = 0
 
     @property
     def ok(self) -> bool:
         kept = self.fault != CONTROLLER_FAULT or (self.master_kept and self.writes_during > 0)
         return (self.lost == 0 and self.duplicated == 0 and self.identical and self.epochs_agree and self.files_agree
                 and kept)  # fmt: skip
+
+
+def split_losses(missing: set[int], acked: dict[int, int], epochs: list[list[int]], *, epoch_before: int,
+                 accepted: bool) -> tuple[set[int], set[int]]:
+    """The PUT_OK messages ``missing`` from the new master's log as (lost, accepted losses).
+    ``acked``: message -> acknowledged offset; ``epochs``: the new master's epoch history
+    ([epoch, start offset], oldest first); ``accepted``: an ASYNC_MASTER run's master fault. A
+    loss is accepted only then, and only for a message acknowledged at or past where the first
+    epoch newer than ``epoch_before`` (the master's before the fault) starts: the old master's
+    tail, acknowledged by it alone, which the new master never received. Every other missing
+    message is lost (a SYNC_MASTER run's strict check)."""
+    starts = [start for epoch, start in epochs if epoch > epoch_before]
+    if not accepted or not starts:
+        return set(missing), set()
+    tail = {message for message in missing if acked[message] >= min(starts)}
+    return set(missing) - tail, tail
 
 
 class ControllerLink(Link):
@@ -165,7 +192,7 @@ class ControllerLink(Link):
 
 class ControllerDrill:
     def __init__(self, *, nodes: int, producers: int, seed: int, echo=print, root: str | None = None,
-                 segment_size: int = 4 * 1024 * 1024, controllers: int = 1) -> None:  # fmt: skip
+                 segment_size: int = 4 * 1024 * 1024, controllers: int = 1, asynchronous: bool = False) -> None:  # fmt: skip
         if controllers not in CONTROLLER_COUNTS:
             raise ValueError(f"a controller drill runs 1 or 3 controllers, not {controllers}")
         self.names = [f"b{number}" for number in range(nodes)]
@@ -173,7 +200,11 @@ class ControllerDrill:
         self.random = random.Random(seed)
         self.echo = echo
         self.root = root or tempfile.mkdtemp(prefix="hasvc-drill-controller-")
-        self.group = ControlledGroup(self.root, controllers=controllers, segment_size=segment_size, settings=BROKER_SETTINGS)
+        self.asynchronous = asynchronous  # ASYNC_MASTER brokers: a master fault's losses are accepted, counted apart
+        settings = {**BROKER_SETTINGS, "role": "ASYNC_MASTER"} if asynchronous else BROKER_SETTINGS
+        self.group = ControlledGroup(self.root, controllers=controllers, segment_size=segment_size, settings=settings)
+        self.epoch_before = 0  # the master's epoch before this round's fault
+        self.accepted_lost: set[int] = set()
         self.next_number = 0
         self.acked: dict[int, int] = {}
         self.lost: set[int] = set()
@@ -235,12 +266,14 @@ class ControllerDrill:
         if fault == CONTROLLER_FAULT:
             return await self._controller_round(number)
         master = await trio.to_thread.run_sync(group.master)
+        self.epoch_before = (await trio.to_thread.run_sync(group.status, master))["epoch"]
         victim = master if fault != "kill-slave" else self.random.choice([n for n in self.names if n != master])
         log_before = group.brokers[victim].log()
         failover = 0.0
         # min_in_sync_replicas 2: with two brokers the new master acknowledges only once the
         # victim is back as its slave, so the first PUT_OK is awaited after the heal or restart
-        alone = len(self.names) == 2
+        # (an ASYNC_MASTER acknowledges alone)
+        alone = len(self.names) == 2 and not self.asynchronous
         if fault == "partition-master":
             moment = time.monotonic()
             self.set_cut(victim, True)
@@ -331,8 +364,11 @@ class ControllerDrill:
             duplicated += message in seen
             seen.add(message)
             at_offset[offset] = message
-        missing = {m for m, offset in self.acked.items() if at_offset.get(offset) != m}
-        lost = len(missing - self.lost)
+        missing = {m for m, offset in self.acked.items() if at_offset.get(offset) != m} - self.lost - self.accepted_lost
+        missing, accepted = split_losses(missing, self.acked, statuses[new_master]["epochs"], epoch_before=self.epoch_before,
+                                         accepted=self.asynchronous and fault in ("kill-master", "partition-master"))  # fmt: skip
+        self.accepted_lost |= accepted
+        lost = len(missing)
         self.lost |= missing
         reference_log = log_digest(group.store(new_master), end, group.segment_size)
         reference_queues = queue_file_digests(group.store(new_master))
@@ -342,7 +378,8 @@ class ControllerDrill:
         epochs_agree = all(statuses[name]["epochs"] == statuses[new_master]["epochs"] for name in self.names)
         files_agree = all(files_agree_with_log(group.store(name), statuses[name]) for name in self.names)
         return ControllerRoundReport(number, fault, killed, new_master, statuses[new_master]["epoch"], len(self.acked), lost,
-                                     duplicated, failover, truncated, identical, epochs_agree, files_agree)  # fmt: skip
+                                     duplicated, failover, truncated, identical, epochs_agree, files_agree,
+                                     accepted_lost=len(accepted))  # fmt: skip
 
     def close(self, keep: bool) -> None:
         self.group.close()
@@ -355,16 +392,19 @@ def _cut_bytes(log: str) -> int:
 
 
 def run_controller_drill(*, nodes: int, rounds: int, producers: int, fault: str, seed: int, report_path: str | None,
-                         keep: bool, echo=print, controllers: int = 1, plot: str | None = None) -> bool:  # fmt: skip
+                         keep: bool, echo=print, controllers: int = 1, plot: str | None = None,
+                         asynchronous: bool = False) -> bool:  # fmt: skip
     faults = FAULTS + ((CONTROLLER_FAULT,) if controllers > 1 else ())
     if fault not in (*faults, "mixed"):
         if fault == CONTROLLER_FAULT:
             raise ValueError(f"--fault {CONTROLLER_FAULT} needs a group of controllers (--controllers 3)")
         raise ValueError(f"--mode controller runs --fault {', '.join(faults)} or mixed (not {fault})")
-    drill = ControllerDrill(nodes=nodes, producers=producers, seed=seed, echo=echo, controllers=controllers)
+    drill = ControllerDrill(nodes=nodes, producers=producers, seed=seed, echo=echo, controllers=controllers,
+                            asynchronous=asynchronous)  # fmt: skip
     reports: list[ControllerRoundReport] = []
     echo(f"drill: controller mode, {controllers} controller{'s' if controllers > 1 else ''} and {nodes} brokers, {rounds} round(s), "
-         f"fault {fault}, {producers} producers, seed {seed}, no promote; stores under {drill.root}")  # fmt: skip
+         f"fault {fault}, {producers} producers, seed {seed}, {'ASYNC_MASTER' if asynchronous else 'SYNC_MASTER'}, no promote; "
+         f"stores under {drill.root}")  # fmt: skip
     echo(f"{'round':>5} {'fault':>22} {'victim':>6} {'master':>6} {'epoch':>5} {'acked*':>8} {'lost':>5} {'dup':>4} {'failover s':>10} "
          f"{'truncated B':>11} {'identical':>9} {'epochs':>6} {'files':>5}")  # fmt: skip
 
@@ -389,7 +429,9 @@ def run_controller_drill(*, nodes: int, rounds: int, producers: int, fault: str,
                      f"{str(report.identical):>9} {str(report.epochs_agree):>6} {str(report.files_agree):>5}"
                      + (f"  new controller leader {report.controller_leader}; {report.writes_during} PUT_OK meanwhile, longest "
                         f"pause {report.longest_pause_seconds:.3f} s; master {'kept' if report.master_kept else 'MOVED'}"
-                        if report.fault == CONTROLLER_FAULT else ""))  # fmt: skip
+                        if report.fault == CONTROLLER_FAULT else "")
+                     + (f"  {report.accepted_lost} accepted lost (ASYNC_MASTER: acknowledged by the old master only)"
+                        if report.accepted_lost else ""))  # fmt: skip
                 if not report.ok:
                     break
             nursery.cancel_scope.cancel()
@@ -415,8 +457,11 @@ def run_controller_drill(*, nodes: int, rounds: int, producers: int, fault: str,
              f"{max(r.longest_pause_seconds for r in switches):.3f} s, master kept in {sum(r.master_kept for r in switches)}")  # fmt: skip
     echo(f"  (* acknowledged writes so far; the rest is this round's)\nsummary: {len(reports)} round(s), "
          f"{len(drill.acked)} acknowledged writes, {sum(r.lost for r in reports)} lost, "
-         f"{sum(r.duplicated for r in reports)} duplicated: {'OK' if ok else 'FAILED'}")  # fmt: skip
-    result = {"mode": "controller", "nodes": nodes, "controllers": controllers, "fault": fault, "seed": seed, "producers": producers,
+         + (f"{sum(r.accepted_lost for r in reports)} accepted lost (ASYNC_MASTER: acknowledged by the old master "
+            "only, which a failover may lose), " if asynchronous else "")
+         + f"{sum(r.duplicated for r in reports)} duplicated: {'OK' if ok else 'FAILED'}")  # fmt: skip
+    result = {"mode": "controller", "role": "ASYNC_MASTER" if asynchronous else "SYNC_MASTER",
+              "accepted_lost": len(drill.accepted_lost), "nodes": nodes, "controllers": controllers, "fault": fault, "seed": seed, "producers": producers,
               "rounds": [dataclasses.asdict(r) for r in reports], "acknowledged": len(drill.acked), "ok": ok,
               "failover_p50_seconds": statistics.median(failovers) if failovers else None,
               "failover_p99_seconds": percentile(failovers, 0.99) if failovers else None,

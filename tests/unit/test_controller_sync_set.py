@@ -11,10 +11,10 @@ from hasvc.state.controller.sync_set import SyncStateSetTracker
 TIMINGS = ControllerTimings()
 
 
-def _tracker(members=(1,), *, set_epoch=1, end=100, min_in_sync=2, now=0.0) -> SyncStateSetTracker:
+def _tracker(members=(1,), *, set_epoch=1, end=100, min_in_sync=2, now=0.0, asynchronous=False) -> SyncStateSetTracker:
     timings = dataclasses.replace(TIMINGS, min_in_sync_replicas=min_in_sync)
     tracker = SyncStateSetTracker("g", 1, 3, epoch_start_offset=40, master_end=end, sync_state_set=frozenset(members),
-                                  sync_state_set_epoch=set_epoch, timings=timings, now=now)  # fmt: skip
+                                  sync_state_set_epoch=set_epoch, timings=timings, now=now, asynchronous=asynchronous)  # fmt: skip
     tracker.renew(now)
     return tracker
 
@@ -157,6 +157,26 @@ def test_admission_counts_the_accepted_set_only():
     assert not tracker.admit()
     tracker.on_answer(proposal, True, frozenset({1, 2}), 2, master_epoch=3)
     assert tracker.admit()
+
+
+def test_an_async_master_acknowledges_its_own_end_while_the_lease_holds():
+    """ASYNC_MASTER: a write is acknowledged once the master holds it, members or not, whatever
+    min_in_sync_replicas; the lease still gates it, and the set moves on the same rules."""
+    tracker = _tracker(members=(1, 2), asynchronous=True)
+    tracker.on_ack(2, 100, 100, 0.0)
+    tracker.on_append(130)  # slave 2 lacks 100..130
+    assert tracker.ack_watermark() == 100
+    assert tracker.confirm_offset(0.01) == 130
+    shrink = tracker.tick(TIMINGS.sync_set_lag_seconds_max + 0.01)
+    assert shrink == AlterSyncStateSet("g", 1, 3, 1, frozenset({1}))  # the lag bound still shrinks
+    tracker.on_answer(shrink, True, frozenset({1}), 2, master_epoch=3)
+    tracker.renew(TIMINGS.sync_set_lag_seconds_max)
+    assert tracker.admit()  # a set of one below min_in_sync_replicas 2: still taken
+    assert tracker.confirm_offset(TIMINGS.sync_set_lag_seconds_max + 0.02) == 130
+    assert tracker.confirm_offset(TIMINGS.sync_set_lag_seconds_max + TIMINGS.master_lease_seconds) is None  # no lease
+    sync = _tracker(members=(1,))
+    sync.on_append(130)
+    assert not sync.admit() and sync.confirm_offset(0.01) is None  # SYNC_MASTER's promise, for contrast
 
 
 def test_a_late_answer_to_an_older_proposal_does_not_settle_the_one_in_flight():

@@ -45,6 +45,14 @@ lacked, and that member could already be elected). ``ack_watermark()`` is the lo
 those members (the master's own end for itself). ``admit()`` is False while the accepted set is
 smaller than ``min_in_sync_replicas`` (the write is refused: SLAVE_NOT_AVAILABLE).
 
+ASYNC_MASTER (``asynchronous=True``): the master acknowledges a write once its own log holds it,
+as RocketMQ's ASYNC_MASTER does in controller mode; ``confirm_offset`` is then the master's end
+while the lease holds, and ``admit`` takes every write (``min_in_sync_replicas`` is SYNC_MASTER's
+promise). Everything else is the same: the set still shrinks and expands on the same rules and
+only its members are electable, so a failover loses at most what the elected member had not
+received, and a member of the set was caught up within ``sync_set_lag_seconds_max`` (the lease
+still keeps one master acknowledging per epoch).
+
 The lease: ``renew(sent_at)`` when a heartbeat answer grants it (``sent_at`` is when that
 heartbeat was *sent*: the controller counts from receipt, later), ``lease_holds(now)`` while
 ``now < sent_at + master_lease_seconds``. ``confirm_offset(now)`` is what the driver may release
@@ -74,11 +82,11 @@ class SlaveProgress:
 class SyncStateSetTracker:
     __slots__ = ("group", "master_id", "epoch", "epoch_start_offset", "timings", "sync_state_set",
                  "sync_state_set_epoch", "proposal", "proposed_at", "master_end", "slaves", "started_at",
-                 "lease_until")  # fmt: skip
+                 "lease_until", "asynchronous")  # fmt: skip
 
     def __init__(self, group: str, master_id: int, epoch: int, *, epoch_start_offset: int, master_end: int,
                  sync_state_set: frozenset[int], sync_state_set_epoch: int, timings: ControllerTimings,
-                 now: float) -> None:  # fmt: skip
+                 now: float, asynchronous: bool = False) -> None:  # fmt: skip
         self.group = group
         self.master_id = master_id
         self.epoch = epoch  # the master epoch this tracker serves (a new one: a new tracker)
@@ -92,6 +100,7 @@ class SyncStateSetTracker:
         self.slaves: dict[int, SlaveProgress] = {}
         self.started_at = now
         self.lease_until = -math.inf  # no lease until a heartbeat answer grants one
+        self.asynchronous = asynchronous  # ASYNC_MASTER: acknowledge what the master's own log holds
         self.check_invariants()
 
     def check_invariants(self) -> None:
@@ -233,7 +242,10 @@ class SyncStateSetTracker:
         return self._watermark(self.counted_members())
 
     def admit(self) -> bool:
-        """Whether to take a SYNC_MASTER write now (False: SLAVE_NOT_AVAILABLE)."""
+        """Whether to take a SYNC_MASTER write now (False: SLAVE_NOT_AVAILABLE); an ASYNC_MASTER
+        takes every write (it does not wait for the set)."""
+        if self.asynchronous:
+            return True
         return len(self.sync_state_set) >= self.timings.min_in_sync_replicas
 
     def renew(self, sent_at: float) -> None:
@@ -244,7 +256,10 @@ class SyncStateSetTracker:
         return now < self.lease_until
 
     def confirm_offset(self, now: float) -> int | None:
-        """Release waiters up to this offset now; None: release none (no lease, or too few in sync)."""
+        """Release waiters up to this offset now; None: release none (no lease, or too few in sync).
+        ASYNC_MASTER: the master's own end while the lease holds."""
         if not (self.lease_holds(now) and self.admit()):
             return None
+        if self.asynchronous:
+            return self.master_end
         return self.ack_watermark()

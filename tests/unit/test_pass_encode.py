@@ -232,7 +232,8 @@ def test_put_path_tests_pass_without_the_native_module():
     here = os.path.dirname(__file__)
     tests = [__file__, os.path.join(here, "test_entry_pass.py"), os.path.join(here, "..", "driver", "test_drivers.py"),
              os.path.join(here, "..", "driver", "test_broker_answers.py"), os.path.join(here, "..", "driver", "test_dledger_pass.py"),
-             os.path.join(here, "..", "driver", "test_dledger_disk_full.py")]  # fmt: skip
+             os.path.join(here, "..", "driver", "test_dledger_disk_full.py"),
+             os.path.join(here, "..", "driver", "test_idempotent_pass.py")]  # fmt: skip
     completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests,
                                 "-k", "not test_put_path_tests_pass_without_the_native_module"],
                                env=environment, capture_output=True, text=True, timeout=600)  # fmt: skip

@@ -541,25 +541,30 @@ class _IdempotentPass:
     is a retry too) and leaves out the retries and the refused; ``stored`` then remembers what
     the pass stored, answers the refused and returns the retries with their original offsets."""
 
-    __slots__ = ("producers", "items", "numbers", "verdicts")
+    __slots__ = ("producers", "items", "numbers", "verdicts", "left_out")
 
     def __init__(self, producers: ProducerTable, items: list, requests: list) -> None:
         self.producers = producers
         self.items = items
         self.numbers = [number for number, (_, frame, _) in enumerate(items) if frame.kind == cp.SEND_IDEMPOTENT]
         self.verdicts: list = []
+        self.left_out: list[int] = []
         for number in self.numbers:
-            request = items[number][2]
-            properties = [tag_properties(p, request.producer_id, request.first_sequence + i) for i, p in enumerate(request.properties)]
-            requests[number] = dataclasses.replace(request, properties=properties)
+            r = items[number][2]
+            properties = [tag_properties(p, r.producer_id, r.first_sequence + i) for i, p in enumerate(r.properties)]
+            requests[number] = cp.SendRequest(r.topic, r.queue_id, r.bodies, properties, r.flag, r.born_timestamp, r.producer_id,
+                                              r.first_sequence)  # fmt: skip
 
     def decide(self, unwritable: set[int]) -> list[int]:
+        items = self.items
         frames = []
         for number in self.numbers:
-            request = self.items[number][2]
+            request = items[number][2]
             frames.append((request.producer_id, request.first_sequence, len(request.bodies), number not in unwritable))
         self.verdicts = self.producers.lookup_pass(frames)
-        return [number for number, lookup in zip(self.numbers, self.verdicts, strict=True) if lookup.verdict is not Verdict.NEW]
+        new = Verdict.NEW
+        self.left_out = [number for number, lookup in zip(self.numbers, self.verdicts, strict=True) if lookup.verdict is not new]
+        return self.left_out
 
     def stored(self, puts: PutService, appended: pass_encode.PassAppend) -> list:
         """After the pass: the new ones remembered, the refused answered; the retries, each
@@ -567,13 +572,15 @@ class _IdempotentPass:
         result = appended.result
         offsets = () if result is None else result.offsets
         written: dict[int, list[Stored]] = {}  # a frame's number in ``numbers``: where its messages went
+        answers, items, remember, new = appended.answers, self.items, self.producers.remember, Verdict.NEW
+        head, pair, head_size = pass_encode._ANSWER_HEAD, pass_encode._ANSWER_PAIR, pass_encode._ANSWER_HEAD.size
         for frame_number, (number, lookup) in enumerate(zip(self.numbers, self.verdicts, strict=True)):
-            answer = appended.answers[number]
-            if lookup.verdict is not Verdict.NEW or answer is None:
+            answer = answers[number]
+            if answer is None or lookup.verdict is not new:
                 continue
-            request = self.items[number][2]
-            queue_id, count = pass_encode._ANSWER_HEAD.unpack_from(answer)
-            pairs = list(pass_encode._ANSWER_PAIR.iter_unpack(answer[pass_encode._ANSWER_HEAD.size :]))
+            request = items[number][2]
+            queue_id, count = head.unpack_from(answer)
+            pairs = list(pair.iter_unpack(answer[head_size:]))
             # Sizes as ``stored_messages`` gives them to the batch path: to the next message of
             # the request, the last one's to its record's end.
             mine = []
@@ -587,8 +594,10 @@ class _IdempotentPass:
                     end = offsets[after] if after < len(offsets) else result.next_offset
                 mine.append(Stored(offset, end - offset, queue_id, queue_offset))
             written[frame_number] = mine
-            puts.producers.remember(request.producer_id, request.first_sequence, mine)
-        duplicates = []
+            remember(request.producer_id, request.first_sequence, mine)
+        duplicates: list = []
+        if not self.left_out:
+            return duplicates
         for number, lookup in zip(self.numbers, self.verdicts, strict=True):
             outbox, frame, _ = self.items[number]
             if lookup.verdict is Verdict.REFUSED:

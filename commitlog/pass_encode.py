@@ -28,6 +28,11 @@ themselves (as ``split_messages`` does), the twins are given its decoder.
    request, its offsets packed for its answer (queue id, n, then n pairs of offset and queue
    offset, big-endian ``>iI`` + n x ``>qq``: the client protocol's SEND answer after its status).
 
+Between the two, the caller may leave requests out (``append_pass``'s ``decide``: the broker's
+producer table judging the pass's SEND_IDEMPOTENTs, which come as request objects already tagged
+with their producer id and sequences): they are excluded like the refused ones and their
+messages taken off their key's count (``leave_out``); the caller answers them.
+
 Records of one queue keep their order (a connection's SENDs to a queue land as sent); records of
 different queues read in one pass interleave as they were read. Nothing is decided here: who may
 write, the limits' values and what a put waits for are the caller's; a transactional sysflag is

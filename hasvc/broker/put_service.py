@@ -236,7 +236,9 @@ class PutService:
         if self._write_refusal() is not None:
             return False
         requests = [frame.payload if request is None else request for _, frame, request in items]
-        idempotent = _IdempotentPass(self.producers, items, requests) if cp.SEND_IDEMPOTENT in {frame.kind for _, frame, _ in items} else None
+        idempotent = None
+        if cp.SEND_IDEMPOTENT in {frame.kind for _, frame, _ in items}:
+            idempotent = _IdempotentPass(self.producers, items, requests)
         decide = None if idempotent is None else idempotent.decide
         if self._pass_log is not None:
             appended = self._pass_log(requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none, decide=decide)

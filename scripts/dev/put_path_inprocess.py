@@ -169,7 +169,8 @@ def main() -> None:
     print(f"{args.mode}: median {median:.2f} us of CPU a message over rounds 2-{args.rounds}")
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"mode": args.mode, "decode": args.decode, "idempotent": args.idempotent, "requests": args.requests, "queues": args.queues, "size": args.size,
+            json.dump({"mode": args.mode, "decode": args.decode, "idempotent": args.idempotent, "requests": args.requests,
+                       "queues": args.queues, "size": args.size,
                        "passes": args.passes, "cpu_us_per_message": rounds, "median": median}, file, indent=1)  # fmt: skip
     sys.stdout.flush()
 

@@ -152,7 +152,8 @@ def producer_pass(pass_requests, table, append) -> list:
     idempotent = _IdempotentPass(table, items, requests)
     done = append(requests, idempotent.decide)
     assert done is not None
-    duplicates = {frame.request_id: appended.result for (_, frame), appended in idempotent.stored(SimpleNamespace(producers=table, duplicate_sends=0), done)}  # fmt: skip
+    puts = SimpleNamespace(producers=table, duplicate_sends=0)
+    duplicates = {frame.request_id: appended.result for (_, frame), appended in idempotent.stored(puts, done)}
     outcomes = []
     for number in range(len(pass_requests)):
         if number in outbox.sent:

@@ -18,7 +18,8 @@ from commitlog.dledger.message_store import DLedgerMessageStore
 from hasvc.protocol import client as cp
 from commitlog.commit_log import AppendResult
 from hasvc.state.dedupe import ProducerTable
-from tests.unit.pass_requests import BODY_SIZE_MAX, Request, batch_of, decode, mixed_passes, passes, producer_batches, producer_pass, table_state
+from tests.unit.pass_requests import (BODY_SIZE_MAX, Request, batch_of, decode, mixed_passes, passes, producer_batches,
+                                      producer_pass, table_state)  # fmt: skip
 
 DATA_FILE_SIZE = 96 * 1024  # a generated request's records (up to ~66 KiB with 32 KiB properties) fit one data file
 LEAD_IN_BODY = b"L" * 500  # lead-in entries of ~650 bytes: ~150 a data file

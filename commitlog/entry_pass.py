@@ -124,16 +124,19 @@ class EntryPass:
     every request was refused or malformed), ``answers``, ``refusals`` and ``malformed`` as
     ``pass_encode.PassAppend``'s."""
 
-    __slots__ = ("plan", "answers", "refusals", "malformed")
+    __slots__ = ("plan", "answers", "refusals", "malformed", "left_out")
 
-    def __init__(self, plan: AppendPlan | None, answers: list, refusals: dict[int, rec.MessageRejected], malformed: list[int]) -> None:
+    def __init__(self, plan: AppendPlan | None, answers: list, refusals: dict[int, rec.MessageRejected], malformed: list[int],
+                 left_out: frozenset = frozenset()) -> None:  # fmt: skip
         self.plan = plan
         self.answers = answers
         self.refusals = refusals
         self.malformed = malformed
+        self.left_out = left_out
 
 
-def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, native: bool | None = None) -> EntryPass | None:
+def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, native: bool | None = None,
+                    decide: Callable | None = None) -> EntryPass | None:  # fmt: skip
     """Plan a pass of SENDs (as ``pass_encode.append_pass`` takes them) on ``store``, a leader's
     ``DLedgerMessageStore``, as one proposal of the requests kept, in their order; mutates
     nothing (the driver proposes the plan and the store accepts it). None when the pass must take
@@ -152,6 +155,7 @@ def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, nat
     )  # fmt: skip
     shape = pass_encode.shape_pass(requests, keys, key_of, refused, malformed, counts, body_size_max=body_size_max,
                                    store_v6=store_v6, record_crc=False, decode=decode)  # fmt: skip
+    left_out = pass_encode.leave_out(shape, requests, key_of, counts, variable, malformed, decide, record_crc=False, decode=decode)
     bad_keys = shape.bad_keys
     kept = 0
     for index in range(len(keys)):
@@ -163,7 +167,7 @@ def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, nat
         if BODY_OFFSET + shape.key_sizes[index] * counts[index] + variable[index] > fit_max:
             return None
     if kept == 0:
-        return EntryPass(None, [None] * len(requests), shape.refusals, malformed)
+        return EntryPass(None, [None] * len(requests), shape.refusals, malformed, left_out)
     first_index, offset = store.plan_start()
     table = store._queue_table  # read, not changed: accept_plan advances it
     first_queue_offsets = [table.get(key, 0) for key in keys]
@@ -176,7 +180,7 @@ def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, nat
         sysflag=shape.sysflag, messages_max=messages_max, offset=offset, file_size=file_size, decode=decode, native=native,
     )  # fmt: skip
     plan = AppendPlan(first_index, bodies, offsets, queue_ids, queue_offsets, store_timestamp, queue_next, positions, entry_sizes)
-    return EntryPass(plan, answers, shape.refusals, malformed)
+    return EntryPass(plan, answers, shape.refusals, malformed, left_out)
 
 
 NATIVE = pass_encode.NATIVE and _WRITE_NATIVE is not None  # whether plan_entry_pass runs natively

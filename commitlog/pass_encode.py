@@ -28,6 +28,11 @@ themselves (as ``split_messages`` does), the twins are given its decoder.
    request, its offsets packed for its answer (queue id, n, then n pairs of offset and queue
    offset, big-endian ``>iI`` + n x ``>qq``: the client protocol's SEND answer after its status).
 
+Between the two, the caller may leave requests out (``append_pass``'s ``decide``: the broker's
+producer table judging the pass's SEND_IDEMPOTENTs, which come as request objects already tagged
+with their producer id and sequences): they are excluded like the refused ones and their
+messages taken off their key's count (``leave_out``); the caller answers them.
+
 Records of one queue keep their order (a connection's SENDs to a queue land as sent); records of
 different queues read in one pass interleave as they were read. Nothing is decided here: who may
 write, the limits' values and what a put waits for are the caller's; a transactional sysflag is
@@ -185,13 +190,16 @@ class PassAppend:
     ``MessageRejected`` that ``record.prepare_batch`` raises for it, and ``malformed`` the indexes
     of the SEND payloads the client protocol refuses (the caller answers them with its error)."""
 
-    __slots__ = ("result", "answers", "refusals", "malformed")
+    __slots__ = ("result", "answers", "refusals", "malformed", "left_out", "entry_sizes")
 
-    def __init__(self, result, answers: list, refusals: dict[int, rec.MessageRejected], malformed: list[int]) -> None:
+    def __init__(self, result, answers: list, refusals: dict[int, rec.MessageRejected], malformed: list[int],
+                 left_out: frozenset = frozenset(), entry_sizes: list[int] | None = None) -> None:  # fmt: skip
         self.result = result
         self.answers = answers
         self.refusals = refusals
         self.malformed = malformed
+        self.left_out = left_out  # the requests the caller's ``decide`` left out (answered by the caller)
+        self.entry_sizes = entry_sizes  # a DLedger proposal's: each record's entry size, in the order of result.offsets
 
 
 def refusal_of(request, *, body_size_max: int, store_v6: bool, record_crc: bool) -> rec.MessageRejected:
@@ -259,7 +267,36 @@ def shape_pass(requests, keys: list, key_of: list[int], refused: list[int], malf
     return PassShape(topics, bad_keys, born_ip, born_port, sysflag, bytes(excluded), refusals, key_sizes)
 
 
-def append_pass(store, requests, *, messages_max: int, decode: Callable, native: bool | None = None) -> PassAppend | None:
+def leave_out(shape: PassShape, requests, key_of: list[int], counts: list[int], variable: list[int], malformed: list[int],
+              decide: Callable | None, *, record_crc: bool, decode: Callable) -> frozenset:  # fmt: skip
+    """The requests ``decide`` leaves out of a planned pass (a SEND_IDEMPOTENT the producer table
+    finds a retry or refuses): ``decide`` is given the set of requests the pass will not write
+    (refused for their content, malformed, of a bad key) and returns those it leaves out (the
+    caller answers them). Each is excluded, its refusal for its content dropped (the caller's
+    answer comes first, as the batch path looks the producer table up before it appends) and
+    its messages and bytes taken off its key's ``counts`` and ``variable``."""
+    if decide is None:
+        return frozenset()
+    left_out = frozenset(decide({*shape.refusals, *malformed}))
+    if not left_out:
+        return left_out
+    excluded = bytearray(shape.excluded)
+    for number in left_out:
+        if excluded[number]:
+            shape.refusals.pop(number, None)
+            continue
+        excluded[number] = 1
+        request = decode(requests[number]) if _is_payload(requests[number]) else requests[number]
+        index = key_of[number]
+        counts[index] -= len(request.bodies)
+        variable[index] -= sum(len(body) for body in request.bodies) + sum(
+            len(p) + (rec.record_crc_extra_size(p) if record_crc else 0) for p in request.properties)
+    shape.excluded = bytes(excluded)
+    return left_out
+
+
+def append_pass(store, requests, *, messages_max: int, decode: Callable, native: bool | None = None,
+                decide: Callable | None = None) -> PassAppend | None:  # fmt: skip
     """Append a pass of SENDs (``requests``: each a request object with topic, queue_id, flag,
     born_timestamp, bodies and properties one per body, or a SEND's payload, which ``decode``
     turns into one or None when malformed) to ``store``'s commit log in one append, the records of
@@ -276,10 +313,11 @@ def append_pass(store, requests, *, messages_max: int, decode: Callable, native:
     )  # fmt: skip
     shape = shape_pass(requests, keys, key_of, refused, malformed, counts, body_size_max=body_size_max, store_v6=store_v6,
                        record_crc=record_crc, decode=decode)  # fmt: skip
+    left_out = leave_out(shape, requests, key_of, counts, variable, malformed, decide, record_crc=record_crc, decode=decode)
     bad_keys = shape.bad_keys
     total = sum(shape.key_sizes[index] * counts[index] + variable[index] for index in range(len(keys)) if index not in bad_keys)
     if total == 0:
-        return PassAppend(None, [None] * len(requests), shape.refusals, malformed)
+        return PassAppend(None, [None] * len(requests), shape.refusals, malformed, left_out)
     if total + rec.BLANK_SIZE > commit_log.segment_size:
         return None
     answers: list = []
@@ -308,7 +346,7 @@ def append_pass(store, requests, *, messages_max: int, decode: Callable, native:
         if result.status is rec.PutMessageStatus.DISK_FULL:
             store.disk.no_room(result.reason)
         return None
-    return PassAppend(result, answers, shape.refusals, malformed)
+    return PassAppend(result, answers, shape.refusals, malformed, left_out)
 
 
 NATIVE = _PLAN_NATIVE is not None  # whether plan_pass and write_pass run natively

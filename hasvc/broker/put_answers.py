@@ -133,7 +133,7 @@ class _PassAnswer(_StoredAnswer):
         self.registered = False
         self.stored = ()
         self.items, self.answers = items, appended.answers
-        self.kept = len(items) - len(appended.refusals)
+        self.kept = len(items) - len(appended.refusals) - len(appended.left_out)
         highest = Appended(rec.PutMessageStatus.PUT_OK, "", appended.result)
         self.status, self.reason, self.flush_wait, self.ack_wait = puts._begin_wait(highest, self._one_done)
         self.registered = True

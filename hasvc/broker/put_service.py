@@ -25,6 +25,7 @@ replicated offset moving: the replicator's subscription) and expired by one time
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 import time
@@ -38,6 +39,7 @@ from commitlog import entry_pass, pass_encode
 from commitlog import record as rec
 from commitlog.commit_log import AppendResult
 from commitlog.config import StoreConfig
+from commitlog.dledger import entry_codec
 from commitlog.store import MessageStore
 from commitlog.waiters import OffsetWaiters, WaitersFull
 from hasvc.broker.outbox import Outbox, error_response
@@ -227,17 +229,25 @@ class PutService:
         answer offsets packed there; a Raft member's log proposes them as one proposal,
         ``RaftLog.append_pass``), the refused ones answered at once, the rest answered
         together once the pass's end is as safe as configured. False, with nothing done, when
-        the pass is the batch path's: a SEND_IDEMPOTENT in it (the producer table), a refusal
-        of the put itself (role, replicas) or of the store (see ``append_pass``)."""
-        if cp.SEND_IDEMPOTENT in {frame.kind for _, frame, _ in items} or self._write_refusal() is not None:
+        the pass is the batch path's: a refusal of the put itself (role, replicas) or of the
+        store (see ``append_pass``). A SEND_IDEMPOTENT is written with the pass, tagged with its
+        producer id and sequences, when the producer table finds it new (``_IdempotentPass``);
+        a retry is answered with its original offsets, a refusal at once."""
+        if self._write_refusal() is not None:
             return False
         requests = [frame.payload if request is None else request for _, frame, request in items]
+        idempotent = None
+        if cp.SEND_IDEMPOTENT in {frame.kind for _, frame, _ in items}:
+            idempotent = _IdempotentPass(self.producers, items, requests)
+        decide = None if idempotent is None else idempotent.decide
         if self._pass_log is not None:
-            appended = self._pass_log(requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none)
+            appended = self._pass_log(requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none, decide=decide)
         else:
-            appended = pass_encode.append_pass(self._pass_store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none)
+            appended = pass_encode.append_pass(self._pass_store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none,
+                                               decide=decide)  # fmt: skip
         if appended is None:
             return False
+        duplicates = idempotent.stored(self, appended) if idempotent is not None else []
         for number in appended.malformed:  # the client port's answer to a SEND it cannot decode
             outbox, frame, _ = items[number]
             outbox.respond(frame, error_response(frame, _protocol_error(frame.payload)))
@@ -248,6 +258,7 @@ class PutService:
         result = appended.result
         if result is not None and self.metrics:
             self.metrics.appended(result)
+        waiting = self._respond_when_safe(duplicates) if duplicates else False
         for number, refusal in appended.refusals.items():  # answered at once, as the batch path does
             outbox, frame, _ = items[number]
             if self.metrics:
@@ -259,8 +270,10 @@ class PutService:
                 if _PassAnswer(self, items, appended, started).registered:
                     return True
             else:
-                answer_pass(self, items, appended.answers, len(items) - len(appended.refusals), "PUT_OK", "", started)
-        self.run_after_appends()
+                kept = len(items) - len(appended.refusals) - len(appended.left_out)
+                answer_pass(self, items, appended.answers, kept, "PUT_OK", "", started)
+        if not waiting:
+            self.run_after_appends()
         return True
 
     def run_after_appends(self) -> None:
@@ -520,6 +533,88 @@ class PutService:
             for wait in self._flush_waiters.expire(now) + self._ack_waiters.expire(now):
                 wait.finish(False)
         raise AssertionError("unreachable")
+
+
+class _IdempotentPass:
+    """The SEND_IDEMPOTENT requests of a pass (``PutService._put_pass``): each tagged with its
+    producer id and sequences in ``requests`` (in place) so the pass writes it as the batch path
+    would; ``decide`` (the pass's hook, once it is planned) asks the producer table for every
+    one's verdict (``ProducerTable.lookup_pass``: a retry of a request earlier in the same pass
+    is a retry too) and leaves out the retries and the refused; ``stored`` then remembers what
+    the pass stored, answers the refused and returns the retries with their original offsets."""
+
+    __slots__ = ("producers", "items", "numbers", "verdicts", "left_out")
+
+    def __init__(self, producers: ProducerTable, items: list, requests: list) -> None:
+        self.producers = producers
+        self.items = items
+        self.numbers = [number for number, (_, frame, _) in enumerate(items) if frame.kind == cp.SEND_IDEMPOTENT]
+        self.verdicts: list = []
+        self.left_out: list[int] = []
+        for number in self.numbers:
+            r = items[number][2]
+            properties = [tag_properties(p, r.producer_id, r.first_sequence + i) for i, p in enumerate(r.properties)]
+            requests[number] = cp.SendRequest(r.topic, r.queue_id, r.bodies, properties, r.flag, r.born_timestamp, r.producer_id,
+                                              r.first_sequence)  # fmt: skip
+
+    def decide(self, unwritable: set[int]) -> list[int]:
+        items = self.items
+        frames = []
+        for number in self.numbers:
+            request = items[number][2]
+            frames.append((request.producer_id, request.first_sequence, len(request.bodies), number not in unwritable))
+        self.verdicts = self.producers.lookup_pass(frames)
+        new = Verdict.NEW
+        self.left_out = [number for number, lookup in zip(self.numbers, self.verdicts, strict=True) if lookup.verdict is not new]
+        return self.left_out
+
+    def stored(self, puts: PutService, appended: pass_encode.PassAppend) -> list:
+        """After the pass: the new ones remembered, the refused answered; the retries, each
+        ((outbox, frame), Appended) with its original offsets."""
+        result = appended.result
+        offsets = () if result is None else result.offsets
+        written: dict[int, list[Stored]] = {}  # a frame's number in ``numbers``: where its messages went
+        answers, items, remember, new = appended.answers, self.items, self.producers.remember, Verdict.NEW
+        head, pair, head_size = pass_encode._ANSWER_HEAD, pass_encode._ANSWER_PAIR, pass_encode._ANSWER_HEAD.size
+        for frame_number, (number, lookup) in enumerate(zip(self.numbers, self.verdicts, strict=True)):
+            answer = answers[number]
+            if answer is None or lookup.verdict is not new:
+                continue
+            request = items[number][2]
+            queue_id, count = head.unpack_from(answer)
+            pairs = list(pair.iter_unpack(answer[head_size:]))
+            # Sizes as ``stored_messages`` gives them to the batch path: to the next message of
+            # the request, the last one's to its record's end.
+            mine = []
+            for index, (offset, queue_offset) in enumerate(pairs):
+                if index + 1 < count:
+                    end = pairs[index + 1][0]
+                elif appended.entry_sizes is not None:  # a DLedger entry: its record is its body
+                    end = offset + appended.entry_sizes[bisect.bisect_left(offsets, offset)] - entry_codec.BODY_OFFSET
+                else:
+                    after = bisect.bisect_right(offsets, offset)
+                    end = offsets[after] if after < len(offsets) else result.next_offset
+                mine.append(Stored(offset, end - offset, queue_id, queue_offset))
+            written[frame_number] = mine
+            remember(request.producer_id, request.first_sequence, mine)
+        duplicates: list = []
+        if not self.left_out:
+            return duplicates
+        for number, lookup in zip(self.numbers, self.verdicts, strict=True):
+            outbox, frame, _ = self.items[number]
+            if lookup.verdict is Verdict.REFUSED:
+                outbox.respond(frame, error_response(frame, lookup.reason))
+                outbox.flush()
+            elif lookup.verdict is Verdict.DUPLICATE:
+                stored = [each if isinstance(each, Stored) else written[each[0]][each[1]] for each in lookup.stored]
+                end = max(each.offset + each.size for each in stored)
+                duplicate = AppendResult(
+                    rec.PutMessageStatus.PUT_OK, wrote_offset=stored[0].offset, wrote_bytes=end - stored[0].offset,
+                    offsets=tuple(each.offset for each in stored), queue_offsets=tuple(each.queue_offset for each in stored),
+                )  # fmt: skip
+                duplicates.append(((outbox, frame), Appended(rec.PutMessageStatus.PUT_OK, "", duplicate, stored[0].queue_id)))
+                puts.duplicate_sends += 1
+        return duplicates
 
 
 def _decode_or_none(payload) -> cp.SendRequest | None:

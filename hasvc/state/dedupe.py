@@ -57,7 +57,7 @@ class Stored:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Lookup:
     verdict: Verdict
-    stored: tuple[Stored, ...] = ()  # DUPLICATE: one per message, in sequence order
+    stored: tuple = ()  # DUPLICATE: one Stored per message, in sequence order (lookup_pass: or a pass's (frame, index))
     reason: str = ""
 
 
@@ -88,6 +88,41 @@ class ProducerTable:
         if producer is None:
             return Lookup(Verdict.NEW)
         self._producers.move_to_end(producer_id)
+        return self._judge(producer, producer_id, first, count)
+
+    def lookup_pass(self, frames: list[tuple[str, int, int, bool]]) -> list[Lookup]:
+        """The verdicts of a pass's SEND_IDEMPOTENT frames, read together: ``frames`` each
+        (producer id, first sequence, messages, writable), in the order read. Each frame is
+        judged as ``lookup`` judges it once every earlier frame of the pass that is NEW and
+        writable (not refused for its content: the pass stores it) has been remembered, as the
+        batch path remembers a frame before it looks the next one up. Such a frame's sequences
+        are known as (its number in ``frames``, the message's index) in a DUPLICATE's
+        ``stored``, for the caller to resolve once they are stored. Nothing is remembered here
+        (the caller remembers what the pass stored); a producer seen more than once in the pass
+        is judged on a copy of what is known of it."""
+        seen = collections.Counter(producer_id for producer_id, _, _, _ in frames)
+        scratch: dict[str, _Producer] = {}
+        verdicts = []
+        for number, (producer_id, first, count, writable) in enumerate(frames):
+            if seen[producer_id] == 1:
+                verdicts.append(self.lookup(producer_id, first, count))
+                continue
+            producer = scratch.get(producer_id)
+            if producer is None:
+                producer = scratch[producer_id] = _Producer()
+                known = self._producers.get(producer_id)
+                if known is not None:
+                    producer.sequences.update(known.sequences)
+                    producer.high = known.high
+            if producer_id in self._producers:
+                self._producers.move_to_end(producer_id)
+            lookup = self._judge(producer, producer_id, first, count)
+            verdicts.append(lookup)
+            if lookup.verdict is Verdict.NEW and writable:
+                self._remember_in(producer, first, [(number, index) for index in range(count)])
+        return verdicts
+
+    def _judge(self, producer: _Producer, producer_id: str, first: int, count: int) -> Lookup:
         known = [producer.sequences.get(sequence) for sequence in range(first, first + count)]
         if all(stored is not None for stored in known):
             return Lookup(Verdict.DUPLICATE, tuple(known))
@@ -109,6 +144,9 @@ class ProducerTable:
                 self._producers.popitem(last=False)
         else:
             self._producers.move_to_end(producer_id)
+        self._remember_in(producer, first, stored)
+
+    def _remember_in(self, producer: _Producer, first: int, stored) -> None:
         sequences = producer.sequences
         for index, each in enumerate(stored):
             sequences[first + index] = each

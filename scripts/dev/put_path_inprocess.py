@@ -2,7 +2,7 @@
 pass of SENDs handed to ``PutService.put_items`` to every answer, classic against DLedger.
 
     .venv/bin/python scripts/dev/put_path_inprocess.py [--mode classic|dledger] [--passes 2000]
-        [--rounds 5] [--requests 64] [--queues 4] [--size 1024] [--decode] [--json FILE]
+        [--rounds 5] [--requests 64] [--queues 4] [--size 1024] [--decode] [--idempotent] [--json FILE]
 
 ``classic``: a ``Broker`` playing ASYNC_MASTER (no slave to wait for: every put is answered once
 appended). ``dledger``: a ``RaftBroker`` alone in its group (its quorum is itself: a proposal
@@ -14,7 +14,9 @@ each pass, waits for every answer, and prints the main thread's CPU (``time.thre
 message. The first round warms the store up and is not counted in the median. With ``--decode``
 the SENDs are handed as the client port hands them: frames with their payloads, decoded first
 (``decode_send``) unless the put path decodes them itself (``PutService.decodes_sends``), so
-that the decode is counted too. Run from one tree, the script measures another tree's code with
+that the decode is counted too. With ``--idempotent`` every request is a SEND_IDEMPOTENT, one
+producer a request's place in its pass, each with its next sequence (every one new: none is a
+retry); the requests are built before each round, outside its time. Run from one tree, the script measures another tree's code with
 ``PYTHONPATH=TREE`` (an older tree decodes every SEND first).
 
 Why: in a running pair or group the put path shares the machine with its peers, the load
@@ -83,12 +85,28 @@ def requests_pool(requests: int, queues: int, size: int, decode: bool) -> list[l
 
 
 def pass_items(outbox, sends, decode: bool, put_decodes: bool) -> list:
-    """A pass's (outbox, frame, request) items, as the client port hands them with ``decode``."""
+    """A pass's (outbox, frame, request) items, as the client port hands them with ``decode``
+    (it decodes every SEND_IDEMPOTENT itself)."""
     if not decode:
         return [(outbox, frame, request) for frame, request in sends]
     if put_decodes:
-        return [(outbox, frame, None) for frame, _ in sends]
-    return [(outbox, frame, cp.decode_send(frame.payload)) for frame, _ in sends]
+        return [(outbox, frame, cp.decode_send(frame.payload, idempotent=True) if frame.kind == cp.SEND_IDEMPOTENT else None)
+                for frame, _ in sends]  # fmt: skip
+    return [(outbox, frame, cp.decode_send(frame.payload, idempotent=frame.kind == cp.SEND_IDEMPOTENT)) for frame, _ in sends]
+
+
+def idempotent_round(pool, passes: int, first_pass: int, decode: bool) -> list:
+    """``passes`` passes of the pool's requests as SEND_IDEMPOTENTs: the request at index i of
+    every pass is producer i's, its sequence the pass's number from ``first_pass``."""
+    made = []
+    for number in range(first_pass, first_pass + passes):
+        sends = []
+        for index, (frame, request) in enumerate(pool[number % POOL_PASSES]):
+            request = cp.SendRequest(request.topic, request.queue_id, request.bodies, request.properties, 0, 0, f"producer-{index}", number)
+            payload = memoryview(cp.encode_send(request)) if decode else b""
+            sends.append((cp.Frame(cp.SEND_IDEMPOTENT, frame.request_id, payload), request))
+        made.append(sends)
+    return made
 
 
 async def _run(args, store: str) -> list[float]:
@@ -109,11 +127,14 @@ async def _run(args, store: str) -> list[float]:
         put_items = broker.put_service.put_items
         put_decodes = getattr(broker.put_service, "decodes_sends", False)
         messages = args.passes * args.requests
-        for _ in range(args.rounds):
+        for round_number in range(args.rounds):
             expected = outbox.answers + messages
+            sends_of = pool
+            if args.idempotent:
+                sends_of = idempotent_round(pool, args.passes, round_number * args.passes, args.decode)
             started = time.thread_time()
             for number in range(args.passes):
-                put_items(pass_items(outbox, pool[number % POOL_PASSES], args.decode, put_decodes))
+                put_items(pass_items(outbox, sends_of[number % len(sends_of)], args.decode, put_decodes))
                 await trio.sleep(0)
             while outbox.answers < expected:
                 await trio.sleep(0)
@@ -134,6 +155,7 @@ def main() -> None:
     parser.add_argument("--queues", type=int, default=4)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--decode", action="store_true", help="hand SEND frames with payloads, decoded as the client port does")
+    parser.add_argument("--idempotent", action="store_true", help="SEND_IDEMPOTENTs, one producer per place in a pass, none a retry")
     parser.add_argument("--json", help="write the rounds and their median here too")
     args = parser.parse_args()
     if args.rounds < 2:
@@ -147,7 +169,8 @@ def main() -> None:
     print(f"{args.mode}: median {median:.2f} us of CPU a message over rounds 2-{args.rounds}")
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"mode": args.mode, "decode": args.decode, "requests": args.requests, "queues": args.queues, "size": args.size,
+            json.dump({"mode": args.mode, "decode": args.decode, "idempotent": args.idempotent, "requests": args.requests,
+                       "queues": args.queues, "size": args.size,
                        "passes": args.passes, "cpu_us_per_message": rounds, "median": median}, file, indent=1)  # fmt: skip
     sys.stdout.flush()
 

@@ -94,3 +94,115 @@ def batch_of(item) -> rec.MessageBatch | None:
         return None
     return rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(request.properties),
                             flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
+
+
+@st.composite
+def idempotent_requests(draw):
+    """A SEND_IDEMPOTENT as the client port decodes it: one of two producers, sequences from a
+    small range (so a pass holds retries, partial overlaps, gaps and repeats of one producer),
+    sometimes refused for its content (a bad topic, properties over the limit once tagged)."""
+    count = draw(st.integers(1, 3))
+    bodies = [draw(st.binary(max_size=60)) for _ in range(count)]
+    properties = [draw(st.sampled_from([b"", b"KEYS\x01k\x02", b"a\x01b", NEAR_PROPERTIES])) for _ in range(count)]
+    return cp.SendRequest(draw(st.sampled_from(["T", "T", "Orders", "bad topic!"])), draw(st.sampled_from([0, 1])), bodies,
+                          properties, 0, draw(st.integers(0, 1 << 40)), draw(st.sampled_from(["p1", "p2"])),
+                          draw(st.integers(0, 9)))  # fmt: skip
+
+
+mixed_passes = st.lists(st.one_of(items(), idempotent_requests(), idempotent_requests()), min_size=1, max_size=12)
+
+
+def is_idempotent(item) -> bool:
+    return isinstance(item, cp.SendRequest) and bool(item.producer_id)
+
+
+class Recorder:
+    """An outbox that keeps what it is asked to send, by request id (a pass's number)."""
+
+    def __init__(self):
+        self.sent = {}
+
+    def respond(self, frame, payload):
+        self.sent[frame.request_id] = bytes(payload)
+
+    def flush(self):
+        pass
+
+
+def answer_pairs(answer: bytes) -> tuple[tuple, tuple]:
+    count = int.from_bytes(answer[4:8], "big")
+    pairs = [(int.from_bytes(answer[8 + 16 * i : 16 + 16 * i], "big", signed=True),
+              int.from_bytes(answer[16 + 16 * i : 24 + 16 * i], "big", signed=True)) for i in range(count)]  # fmt: skip
+    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
+def producer_pass(pass_requests, table, append) -> list:
+    """A pass of SENDs and SEND_IDEMPOTENTs as ``PutService._put_pass`` puts it (its
+    ``_IdempotentPass`` around ``append(requests, decide)``, a pass_encode.PassAppend): per
+    request what it is answered (the producer table's refusal, the offsets stored or a retry's
+    original ones, the pass's refusal, malformed)."""
+    from types import SimpleNamespace
+
+    from hasvc.broker.put_service import _IdempotentPass
+
+    outbox = Recorder()
+    items = [(outbox, cp.Frame(cp.SEND_IDEMPOTENT if is_idempotent(item) else cp.SEND, number, b""),
+              item if is_idempotent(item) else None) for number, item in enumerate(pass_requests)]  # fmt: skip
+    requests = list(pass_requests)
+    idempotent = _IdempotentPass(table, items, requests)
+    done = append(requests, idempotent.decide)
+    assert done is not None
+    puts = SimpleNamespace(producers=table, duplicate_sends=0)
+    duplicates = {frame.request_id: appended.result for (_, frame), appended in idempotent.stored(puts, done)}
+    outcomes = []
+    for number in range(len(pass_requests)):
+        if number in outbox.sent:
+            outcomes.append(("answered", outbox.sent[number]))
+        elif number in duplicates:
+            outcomes.append(("stored", duplicates[number].offsets, duplicates[number].queue_offsets))
+        elif number in done.malformed:
+            outcomes.append("malformed")
+        elif number in done.refusals:
+            outcomes.append((done.refusals[number].status, done.refusals[number].reason))
+        else:
+            outcomes.append(("stored", *answer_pairs(done.answers[number])))
+    return outcomes
+
+
+def producer_batches(pass_requests, table, append_one) -> list:
+    """The same requests as the batch path puts them, one after the other
+    (``PutService._append_idempotent``): ``append_one(batch)`` an AppendResult or a refusal's
+    (status, reason)."""
+    from hasvc.broker.outbox import error_response
+    from hasvc.broker.put_service import stored_messages, tag_properties
+    from hasvc.state.dedupe import Verdict
+
+    outcomes = []
+    for number, item in enumerate(pass_requests):
+        request = item
+        if is_idempotent(item):
+            lookup = table.lookup(item.producer_id, item.first_sequence, len(item.bodies))
+            if lookup.verdict is Verdict.REFUSED:
+                outcomes.append(("answered", error_response(cp.Frame(cp.SEND_IDEMPOTENT, number, b""), lookup.reason)))
+                continue
+            if lookup.verdict is Verdict.DUPLICATE:
+                outcomes.append(("stored", tuple(s.offset for s in lookup.stored), tuple(s.queue_offset for s in lookup.stored)))
+                continue
+            request = dataclasses.replace(item, properties=[tag_properties(p, item.producer_id, item.first_sequence + i)
+                                                            for i, p in enumerate(item.properties)])  # fmt: skip
+        batch = batch_of(request)
+        if batch is None:
+            outcomes.append("malformed")
+            continue
+        result = append_one(batch)
+        if isinstance(result, tuple):
+            outcomes.append(result)
+            continue
+        if is_idempotent(item):
+            table.remember(item.producer_id, item.first_sequence, stored_messages(result, item.queue_id))
+        outcomes.append(("stored", tuple(result.offsets), tuple(result.queue_offsets)))
+    return outcomes
+
+
+def table_state(table) -> dict:
+    return {producer_id: (list(producer.sequences.items()), producer.high) for producer_id, producer in table._producers.items()}

@@ -16,7 +16,10 @@ from commitlog.dledger import DLedgerStoreConfig, Entry
 from commitlog.dledger import message_planning
 from commitlog.dledger.message_store import DLedgerMessageStore
 from hasvc.protocol import client as cp
-from tests.unit.pass_requests import BODY_SIZE_MAX, Request, batch_of, decode, passes
+from commitlog.commit_log import AppendResult
+from hasvc.state.dedupe import ProducerTable
+from tests.unit.pass_requests import (BODY_SIZE_MAX, Request, batch_of, decode, mixed_passes, passes, producer_batches,
+                                      producer_pass, table_state)  # fmt: skip
 
 DATA_FILE_SIZE = 96 * 1024  # a generated request's records (up to ~66 KiB with 32 KiB properties) fit one data file
 LEAD_IN_BODY = b"L" * 500  # lead-in entries of ~650 bytes: ~150 a data file
@@ -153,6 +156,68 @@ def test_a_pass_proposes_what_the_batch_path_proposes_and_refuses_alike(tmp_path
         assert files[0] == reference[1][0], way
         assert files[1] == reference[1][1], way
         assert table == reference[2], way
+
+
+def _proposed(plan) -> AppendResult:
+    """The result the Raft driver's ``propose_plan`` returns for a plan it proposed."""
+    last = plan.offsets[-1] + len(plan.bodies[-1])
+    return AppendResult(rec.PutMessageStatus.PUT_OK, wrote_offset=plan.offsets[0], wrote_bytes=last - plan.offsets[0],
+                        store_timestamp=plan.store_timestamp, offsets=plan.offsets, queue_offsets=plan.queue_offsets)  # fmt: skip
+
+
+@given(st.lists(mixed_passes, min_size=1, max_size=3), st.integers(0, 170))
+@settings(max_examples=40, deadline=None)
+def test_a_pass_with_idempotent_sends_proposes_and_answers_what_the_batch_path_does(tmp_path_factory, monkeypatch_module, pass_list,
+                                                                                      lead_in):  # fmt: skip
+    """Passes mixing SENDs and SEND_IDEMPOTENTs (retries of earlier passes and of the same pass,
+    partial overlaps, gaps, refusals for content), planned as a DLedger leader's
+    ``PutService._put_pass`` plans them (native and pure) against ``plan_batch`` of each request
+    in turn as ``_append_idempotent`` puts it: the same data and index files, the same answers,
+    the same producer table after."""
+    monkeypatch_module.setattr(message_planning, "now_ms", lambda: STORE_TIMESTAMP)
+    monkeypatch_module.setattr(ep, "now_ms", lambda: STORE_TIMESTAMP)
+    dledger = DLedgerStoreConfig(data_file_size=DATA_FILE_SIZE, index_file_size=32 * 1024)
+    outcomes_of = {}
+    for way in ("native", "python", "batches"):
+        if way == "native" and not native.AVAILABLE:
+            continue
+        table = ProducerTable(window=6)
+        store = DLedgerMessageStore.open(str(tmp_path_factory.mktemp(way)), _config(False), self_id="n0", dledger=dledger)
+        try:
+            store.entries.append([Entry(0, 1, b"")])
+            if lead_in:
+                _append(store, store.plan_batches([rec.MessageBatch("T", [LEAD_IN_BODY], queue_id=i % 2) for i in range(lead_in)]))
+            outcomes = []
+            for pass_requests in pass_list:
+                if way == "batches":
+                    def append_one(batch):
+                        try:
+                            plan = store.plan_batch(batch)
+                        except rec.MessageRejected as refusal:
+                            return (refusal.status, refusal.reason)
+                        _append(store, plan)
+                        return _proposed(plan)
+                    outcomes.append(producer_batches(pass_requests, table, append_one))
+                    continue
+                def append(requests, decide):
+                    planned = ep.plan_entry_pass(store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
+                                                 native=way == "native", decide=decide)  # fmt: skip
+                    assume(planned is not None)
+                    if planned.plan is None:
+                        return pe.PassAppend(None, planned.answers, planned.refusals, planned.malformed, planned.left_out)
+                    _append(store, planned.plan)
+                    return pe.PassAppend(_proposed(planned.plan), planned.answers, planned.refusals, planned.malformed, planned.left_out,
+                                        planned.plan.entry_sizes)  # fmt: skip
+                outcomes.append(producer_pass(pass_requests, table, append))
+            outcomes_of[way] = (outcomes, _files(store), dict(store._queue_table), table_state(table))
+        finally:
+            store.close()
+    reference = outcomes_of.pop("batches")
+    for way, (outcomes, files, queues, producers) in outcomes_of.items():
+        assert outcomes == reference[0], way
+        assert files == reference[1], way
+        assert queues == reference[2], way
+        assert producers == reference[3], way
 
 
 @pytest.fixture(scope="module")

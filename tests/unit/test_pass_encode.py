@@ -17,7 +17,9 @@ from commitlog import record as rec
 from commitlog.config import StoreConfig
 from commitlog.store import MessageStore
 from hasvc.protocol import client as cp
-from tests.unit.pass_requests import BODY_SIZE_MAX, PLANNING, Request, batch_of, batch_refusal, decode, passes
+from hasvc.state.dedupe import ProducerTable
+from tests.unit.pass_requests import (BODY_SIZE_MAX, PLANNING, Request, batch_of, batch_refusal, decode, mixed_passes, passes,
+                                      producer_batches, producer_pass, table_state)  # fmt: skip
 
 
 @pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
@@ -172,6 +174,44 @@ def test_append_pass_stores_what_the_batch_path_stores_and_refuses_alike(tmp_pat
         assert table == reference[3], way
 
 
+@given(st.lists(mixed_passes, min_size=1, max_size=3), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_a_pass_with_idempotent_sends_stores_and_answers_what_the_batch_path_does(tmp_path_factory, pass_list, record_crc):
+    """Passes mixing SENDs and SEND_IDEMPOTENTs (retries of earlier passes and of the same pass,
+    partial overlaps, gaps, refusals for content), put as ``PutService._put_pass`` puts them
+    (native and pure) against the batch path's one request after the other
+    (``_append_idempotent``): the same log bytes, the same answers (a retry's original offsets,
+    the producer table's refusals word for word), the same producer table after."""
+    config = StoreConfig(commitlog_segment_size=4 * 1024 * 1024, max_message_size=BODY_SIZE_MAX, append_record_crc=record_crc,
+                         disk_max_used_space_ratio=1.0, disk_clean_ratio=1.0)  # fmt: skip
+    logs = []
+    for way in ("native", "python", "batches"):
+        if way == "native" and not native.AVAILABLE:
+            continue
+        table = ProducerTable(window=6)  # small: sequences older than it are refused
+        with MessageStore.open(str(tmp_path_factory.mktemp(way)), config) as store, _fixed_clock():
+            store.append_batch(rec.MessageBatch("T", [b"before"], queue_id=1))
+            outcomes = []
+            for pass_requests in pass_list:
+                if way == "batches":
+                    def append_one(batch):
+                        result = store.append_batch(batch)
+                        return result if result.status is rec.PutMessageStatus.PUT_OK else (result.status, result.reason)
+                    outcomes.append(producer_batches(pass_requests, table, append_one))
+                else:
+                    def append(requests, decide):
+                        return pe.append_pass(store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
+                                              native=way == "native", decide=decide)  # fmt: skip
+                    outcomes.append(producer_pass(pass_requests, table, append))
+            logs.append((way, _store_bytes(store), outcomes, dict(store.commit_log.topic_queue_table), table_state(table)))
+    reference = logs[-1]
+    for way, data, outcomes, queues, producers in logs[:-1]:
+        assert outcomes == reference[2], way
+        assert data == reference[1], way
+        assert queues == reference[3], way
+        assert producers == reference[4], way
+
+
 class _fixed_clock:
     """Every append of the test at one store timestamp, so that logs written apart compare byte for byte."""
 
@@ -192,7 +232,8 @@ def test_put_path_tests_pass_without_the_native_module():
     here = os.path.dirname(__file__)
     tests = [__file__, os.path.join(here, "test_entry_pass.py"), os.path.join(here, "..", "driver", "test_drivers.py"),
              os.path.join(here, "..", "driver", "test_broker_answers.py"), os.path.join(here, "..", "driver", "test_dledger_pass.py"),
-             os.path.join(here, "..", "driver", "test_dledger_disk_full.py")]  # fmt: skip
+             os.path.join(here, "..", "driver", "test_dledger_disk_full.py"),
+             os.path.join(here, "..", "driver", "test_idempotent_pass.py")]  # fmt: skip
     completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests,
                                 "-k", "not test_put_path_tests_pass_without_the_native_module"],
                                env=environment, capture_output=True, text=True, timeout=600)  # fmt: skip

@@ -74,19 +74,19 @@ class RaftLog:
         return self._driver.propose_plan(lambda: self._store.plan_batches(batches), drain=False)
 
 
-    def append_pass(self, requests: list, *, messages_max: int, decode) -> pass_encode.PassAppend | None:
+    def append_pass(self, requests: list, *, messages_max: int, decode, decide=None) -> pass_encode.PassAppend | None:
         """Propose a pass of plain SENDs (``pass_encode.append_pass``'s requests) as one proposal
         planned by one native call (``entry_pass.plan_entry_pass``): the requests kept in the
         order read, the refused and malformed ones answered apart. None, with nothing proposed,
         when the pass takes the batch path (``plan_entry_pass``'s cases, or a proposal the
         driver refuses: a full disk, no longer leading), which answers it as before."""
-        planned = entry_pass.plan_entry_pass(self._store, requests, messages_max=messages_max, decode=decode)
+        planned = entry_pass.plan_entry_pass(self._store, requests, messages_max=messages_max, decode=decode, decide=decide)
         if planned is None:
             return None
         plan = planned.plan
         if plan is None:  # every request refused or malformed
-            return pass_encode.PassAppend(None, planned.answers, planned.refusals, planned.malformed)
+            return pass_encode.PassAppend(None, planned.answers, planned.refusals, planned.malformed, planned.left_out)
         result = self._driver.propose_plan(lambda: plan, drain=False)
         if result.status is not rec.PutMessageStatus.PUT_OK:
             return None
-        return pass_encode.PassAppend(result, planned.answers, planned.refusals, planned.malformed)
+        return pass_encode.PassAppend(result, planned.answers, planned.refusals, planned.malformed, planned.left_out, plan.entry_sizes)

@@ -190,7 +190,7 @@ def test_a_pass_with_idempotent_sends_proposes_and_answers_what_the_batch_path_d
             outcomes = []
             for pass_requests in pass_list:
                 if way == "batches":
-                    def append_one(batch):
+                    def append_one(batch, store=store):
                         try:
                             plan = store.plan_batch(batch)
                         except rec.MessageRejected as refusal:
@@ -199,7 +199,7 @@ def test_a_pass_with_idempotent_sends_proposes_and_answers_what_the_batch_path_d
                         return _proposed(plan)
                     outcomes.append(producer_batches(pass_requests, table, append_one))
                     continue
-                def append(requests, decide):
+                def append(requests, decide, store=store, way=way):
                     planned = ep.plan_entry_pass(store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
                                                  native=way == "native", decide=decide)  # fmt: skip
                     assume(planned is not None)

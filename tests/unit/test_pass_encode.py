@@ -194,12 +194,12 @@ def test_a_pass_with_idempotent_sends_stores_and_answers_what_the_batch_path_doe
             outcomes = []
             for pass_requests in pass_list:
                 if way == "batches":
-                    def append_one(batch):
+                    def append_one(batch, store=store):
                         result = store.append_batch(batch)
                         return result if result.status is rec.PutMessageStatus.PUT_OK else (result.status, result.reason)
                     outcomes.append(producer_batches(pass_requests, table, append_one))
                 else:
-                    def append(requests, decide):
+                    def append(requests, decide, store=store, way=way):
                         return pe.append_pass(store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
                                               native=way == "native", decide=decide)  # fmt: skip
                     outcomes.append(producer_pass(pass_requests, table, append))

@@ -157,10 +157,12 @@ def main() -> None:
     parser.add_argument("--decode", action="store_true", help="hand SEND frames with payloads, decoded as the client port does")
     parser.add_argument("--idempotent", action="store_true", help="SEND_IDEMPOTENTs, one producer per place in a pass, none a retry")
     parser.add_argument("--json", help="write the rounds and their median here too")
+    parser.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+                        help="where the throwaway store goes (default /dev/shm: the disk is not what this measures)")
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the first warms up)")
-    store = tempfile.mkdtemp(prefix="hasvc-inprocess-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    store = tempfile.mkdtemp(prefix="hasvc-inprocess-", dir=args.dir)
     try:
         rounds = trio.run(_run, args, store)
     finally:

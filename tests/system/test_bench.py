@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -44,9 +43,16 @@ def test_bench_catch_up_copies_the_whole_log_and_stops_its_processes(tmp_path, c
 ENVELOPE = {"benchmark", "machine", "versions", "settings"}
 
 
+def _in(tmp_path) -> dict[str, str]:
+    """The environment for a script or benchmark whose temporary directories go under ``tmp_path``
+    (parallel test workers: what one leaves is not confused with another's)."""
+    return {**os.environ, "TMPDIR": str(tmp_path)}
+
+
 def run_bench(tmp_path, *args) -> tuple[dict, str]:
     report = tmp_path / f"{args[0]}.json"
-    done = subprocess.run([*HASVC, "bench", *args, "--json", str(report)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*HASVC, "bench", *args, "--json", str(report)], capture_output=True, text=True, timeout=300,
+                          env=_in(tmp_path))  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(report.read_text())
     assert data.keys() >= ENVELOPE and data["benchmark"] == args[0]
@@ -75,7 +81,6 @@ def test_bench_sync_write_reports_every_run_its_statuses_and_every_process(tmp_p
 
 
 def test_bench_sync_write_against_a_controller_managed_pair_waits_for_its_set_and_removes_it(tmp_path):
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-bench-controller-*")))
     data, out = run_bench(tmp_path, "sync-write", "--mode", "controller", "--producers", "4", "--duration", "0.5",
                           "--runs", "1", "--load-generator", "python")  # fmt: skip
     assert data["settings"]["role"] == "controller" and data["settings"]["target"] == "local controller-managed pair"
@@ -84,7 +89,7 @@ def test_bench_sync_write_against_a_controller_managed_pair_waits_for_its_set_an
     # still see the set shrink for a moment and a put answered otherwise: not counted as acked)
     assert run["statuses"].get("PUT_OK", 0) > 0
     assert set(run["cpu_percent"]) == {"master", "slave", "controller", "load generator"}
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-bench-controller-*"))) == before
+    assert glob.glob(os.path.join(tmp_path, "hasvc-bench-controller-*")) == []
 
 
 def test_bench_read_alternates_the_check_and_reads_every_record_in_both_layers(tmp_path):
@@ -131,9 +136,8 @@ def test_put_path_time_times_the_put_path_in_every_broker(tmp_path, mode):
     if shutil.which("cc") is None:
         pytest.skip("no C compiler for scripts/hasvc_load.c")
     report = tmp_path / "times.json"
-    work_directories = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-put-times-*")))
     done = subprocess.run([sys.executable, "scripts/dev/put_path_time.py", "--mode", mode, "--producers", "4", "--seconds", "0.5",
-                           "--json", str(report)], capture_output=True, text=True, timeout=120)  # fmt: skip
+                           "--json", str(report)], capture_output=True, text=True, timeout=120, env=_in(tmp_path))  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
     assert data["messages"] > 0 and data["messages"] == data["requests"], data
@@ -151,7 +155,7 @@ def test_put_path_time_times_the_put_path_in_every_broker(tmp_path, mode):
             assert "hasvc.broker.put_service:PutService.put_items" not in process["functions"], (name, process)
             if mode == "dledger":
                 assert "commitlog.dledger.entry_writer:EntryWriter.append_run" in process["functions"], (name, process)
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-put-times-*"))) == work_directories, "work directory left"
+    assert glob.glob(os.path.join(tmp_path, "hasvc-put-times-*")) == [], "work directory left"
 
 
 def test_calls_per_put_profiles_the_brokers_of_a_pair(tmp_path):
@@ -160,9 +164,8 @@ def test_calls_per_put_profiles_the_brokers_of_a_pair(tmp_path):
     if shutil.which("cc") is None:
         pytest.skip("no C compiler for scripts/hasvc_load.c")
     report = tmp_path / "calls.json"
-    work_directories = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-calls-*")))
     done = subprocess.run([sys.executable, "scripts/dev/calls_per_put.py", "--seconds", "0.5", "--top", "40", "--json", str(report)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=120, env=_in(tmp_path))  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
     assert data["requests"] > 0 and data["messages"] == data["requests"], data
@@ -171,7 +174,7 @@ def test_calls_per_put_profiles_the_brokers_of_a_pair(tmp_path):
     assert any("hasvc/" in name or "commitlog/" in name for name in master), master
     for process in data["processes"].values():
         assert process["calls_per_request"] > 10, process
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-calls-*"))) == work_directories, "work directory left"
+    assert glob.glob(os.path.join(tmp_path, "hasvc-calls-*")) == [], "work directory left"
 
 
 def test_dledger_followers_compares_a_pair_a_group_and_a_group_with_a_follower_stopped(tmp_path):
@@ -181,9 +184,9 @@ def test_dledger_followers_compares_a_pair_a_group_and_a_group_with_a_follower_s
     if shutil.which("cc") is None:
         pytest.skip("no C compiler for scripts/hasvc_load.c")
     report = tmp_path / "followers.json"
-    stores = set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-bench-*")))
     done = subprocess.run([sys.executable, "scripts/dev/dledger_followers.py", "--producers", "4", "--seconds", "0.5",
-                           "--rounds", "1", "--warm-up-mib", "1", "--json", str(report)], capture_output=True, text=True, timeout=180)  # fmt: skip
+                           "--rounds", "1", "--warm-up-mib", "1", "--json", str(report)], capture_output=True, text=True, timeout=180,
+                          env=_in(tmp_path))  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
     rows = {row["kind"]: row for row in data["rows"]}
@@ -197,7 +200,7 @@ def test_dledger_followers_compares_a_pair_a_group_and_a_group_with_a_follower_s
     assert stopped[paused] == 0.0 and not paused.startswith("stopped leader"), stopped
     assert all(value > 0 for name, value in stopped.items() if name != paused), stopped
     assert set(data["ratios"]) == {"group/pair", "stopped/pair", "stopped/group"}, data["ratios"]
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-bench-*"))) == stores, "a store was left"
+    assert glob.glob(os.path.join(tmp_path, "hasvc-bench-*")) == [], "a store was left"
 
 
 @pytest.mark.parametrize("mode", ["classic", "dledger"])
@@ -206,12 +209,11 @@ def test_put_path_inprocess_answers_every_put_of_every_pass(tmp_path, mode):
     DLedger member leading a group of one) answers every put of every pass PUT_OK (the script
     fails otherwise), and reports one CPU figure a round; its store is removed."""
     report = tmp_path / "inprocess.json"
-    stores = set(glob.glob("/dev/shm/hasvc-inprocess-*")) | set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-inprocess-*")))
     done = subprocess.run([sys.executable, "scripts/dev/put_path_inprocess.py", "--mode", mode, "--passes", "20", "--rounds", "2",
-                           "--requests", "16", "--json", str(report)], capture_output=True, text=True, timeout=120)  # fmt: skip
+                           "--requests", "16", "--dir", str(tmp_path), "--json", str(report)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
     assert data["mode"] == mode and len(data["cpu_us_per_message"]) == 2, data
     assert all(value > 0 for value in data["cpu_us_per_message"]) and data["median"] > 0, data
-    after = set(glob.glob("/dev/shm/hasvc-inprocess-*")) | set(glob.glob(os.path.join(tempfile.gettempdir(), "hasvc-inprocess-*")))
-    assert after == stores, "a store was left"
+    assert glob.glob(os.path.join(tmp_path, "hasvc-inprocess-*")) == [], "a store was left"

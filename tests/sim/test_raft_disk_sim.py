@@ -82,6 +82,10 @@ REGRESSION_SEEDS = [
     # each push; the leader re-pushed its whole window on every answer: a message storm, a
     # livelock at a million events (the leader now probes: hasvc.state.raft.tracker).
     (3, 5925),
+    # Without pre-vote, a voter that refused a candidate with an older log kept its own term, and
+    # campaigned in a term the members with empty logs had spent voting for each other: no leader
+    # in 20 s after healing (a refused vote now adopts the candidate's term, Raft §5.1).
+    (5, 7784),
 ]
 
 

@@ -339,3 +339,27 @@ def test_without_pre_vote_a_broken_connection_is_ignored():
     cluster.reset_connection(leader, follower)  # without pre-vote a campaign would bump the term
     cluster.run_until(cluster.now + 0.5)
     assert cluster.leader() == leader and cluster.node(leader).term == term
+
+
+def test_a_vote_refused_for_the_log_still_adopts_the_candidates_term():
+    """Raft §5.1 (DLedger does not): else a voter with a newer log stays a term behind, and
+    campaigns in a term that members with older logs already spent voting for each other
+    (raft_sim seed 7784, 5 nodes, no pre-vote: no leader for 20 s after healing)."""
+    node, log = make_node()  # term 3, log ends (2, 2); no leader known
+    response, ready = vote(node, log, term=6, end_index=0, end_term=1)
+    assert response.result is VoteResult.REJECT_EXPIRED_LEDGER_TERM
+    assert node.term == response.term == 6 and node.role is Role.FOLLOWER and node.voted_for is None
+    assert ready.hard_state == HardState(6, None, -1)  # saved before the refusal goes out
+    assert vote(node, log, term=6, end_index=2, end_term=2, source="n2")[0].result is VoteResult.ACCEPT
+    pre, _ = vote(node, log, term=9, end_index=0, end_term=1, pre_vote=True)
+    assert pre.result is VoteResult.REJECT_EXPIRED_LEDGER_TERM and node.term == 6  # a pre-vote changes no term
+
+
+def test_a_vote_refused_for_the_log_within_a_leaders_lease_keeps_the_term():
+    config = dataclasses.replace(DLEDGER_DEFAULTS, check_quorum=True)
+    node, log = make_node(config=config)
+    node.step(Heartbeat("n2", "n0", 3, -1), 0.0)  # n2 leads term 3: its lease runs
+    carry_out(node, log)
+    response, _ = vote(node, log, term=6, end_index=0, end_term=1, now=0.1)
+    assert response.result is VoteResult.REJECT_EXPIRED_LEDGER_TERM
+    assert (node.term, node.leader_id) == (3, "n2")

@@ -267,3 +267,28 @@ def test_compare_truncate_append_converges_on_the_shared_prefix(logs):
         raise AssertionError(f"no APPEND the follower takes: {progress}")
     assert progress.index == shared
     assert follower == leader_terms[:shared]
+
+
+def test_after_out_of_order_one_batch_at_a_time_until_acknowledged():
+    """etcd's probe: an OUT_OF_ORDER sends the leader back to the follower's end with one batch in
+    flight; the same end said again while that batch's timer runs changes nothing (another push
+    of the old window, a duplicate, a member whose rebuilt core forgot it answered); an
+    acknowledgement opens the whole window again, a timeout sends the one batch again."""
+    log = leader_log([1] * 10 + [LEADER_TERM])
+    progress = appending(log, index=11, match_index=2, sent_at=1.0)
+    out_of_order = answer(PushType.APPEND, PushResult.OUT_OF_ORDER, request_index=9, end_index=4)
+    progress.on_response(out_of_order, 1.1, log)
+    assert (progress.index, progress.probe_from) == (5, 5) and progress.window_open(1000)
+    progress.appended(1, 1.1)
+    assert progress.index == 6 and not progress.window_open(1000)  # the probe is in flight
+    progress.on_response(out_of_order, 1.2, log)
+    assert (progress.index, progress.probe_from) == (6, 5)  # said again: ignored
+    progress.before_push(2.0, 0.5, log, log.first_index())  # the oldest push (at 1.0) timed out
+    assert (progress.index, progress.probe_from, progress.sent_at) == (3, 3, None)
+    progress.appended(1, 2.0)
+    assert not progress.window_open(1000)  # again one batch
+    progress.on_response(answer(PushType.APPEND, PushResult.SUCCESS, request_index=3, end_index=3, ack_index=3),
+                         2.1, log)  # fmt: skip
+    assert progress.probe_from is None and progress.window_open(1000)  # it appends: the whole window
+    progress.on_response(answer(PushType.APPEND, PushResult.OUT_OF_ORDER, request_index=9, end_index=7), 2.2, log)
+    assert (progress.index, progress.probe_from) == (4, None)  # an end past ours: stale, nothing rewound

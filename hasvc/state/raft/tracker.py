@@ -9,7 +9,8 @@ A leader keeps one ``Progress`` per follower (DLedger's EntryDispatcher state) i
               skipping a whole older term per round trip (etcd's findConflictByTerm)
     TRUNCATE  the follower drops its tail after ``index``, where it agrees with ours
     APPEND    push entries from ``index`` on; at most ``push_in_flight_max`` unacknowledged
-              (``window_open``), re-pushed from the match index after ``push_timeout_seconds``
+              (``window_open``), re-pushed from the match index after ``push_timeout_seconds``;
+              after an OUT_OF_ORDER, one push at a time until acknowledged (``probe_from``)
     RESET     it needs an entry retention deleted here: start its log empty at our first
               index (``behind_log_start`` in the status)
 
@@ -25,6 +26,17 @@ ends below it -- it lost entries, or the response is stale; lowering is safe eit
 "Lost entries") -- and COMPARE starts again from there. ``sent_at`` times the oldest unanswered
 push (None: nothing in flight to time); ``last_contact_at`` is the last response of any kind in
 this term, for check-quorum and leadership transfer.
+
+Probing (etcd's StateProbe). An OUT_OF_ORDER says the follower's log ends before pushes in
+flight: the leader goes back to its end (never below the match index) and pushes one batch from
+there (``probe_from``), then waits: for an acknowledgement that raises the match index (the whole
+window again), or for the push timeout (the same one batch again). An OUT_OF_ORDER that names the
+point a probe already pushed from, while that push's timer runs, says nothing new -- another push
+of the old window found the same gap, a duplicate, or a member that forgot it had answered (a
+core rebuilt after its append failed on a full disk) -- and is ignored, as etcd ignores a stale
+rejection. Without that, each answer restarted the whole window, and a follower that cannot
+append answered each window again: a storm of pushes that grew with the window (raft_sim seed
+5925, 3 nodes). So a follower that cannot append costs one batch per push timeout.
 
 The methods read the leader's log (``LogView``) and never write it; the node builds the
 messages. Aggregates over all followers (the commit index a quorum holds, the lowest match index
@@ -58,6 +70,7 @@ class Progress:
     compare_mismatch_from: float = math.inf
     disk_full: bool | None = None  # as its last HEARTBEAT_RESPONSE in this term said (None: none yet)
     disk_said_at: float = -math.inf  # when that response came
+    probe_from: int | None = None  # APPEND after an OUT_OF_ORDER: one push from here at a time (None: the window)
 
     # ------------------------------------------------------------------ responses
 
@@ -77,6 +90,7 @@ class Progress:
         if m.ack_index > self.match_index:
             self.match_index = m.ack_index
             self.sent_at = now if self.state is PushType.APPEND else self.sent_at
+            self.probe_from = None  # it appends again: the whole window (etcd: probe -> replicate)
         if self.state is PushType.APPEND:
             if m.type is PushType.APPEND:
                 self._on_append_response(m, log)
@@ -115,14 +129,19 @@ class Progress:
 
     def _on_append_response(self, m: PushResponse, log: LogView) -> None:
         if m.result is PushResult.OUT_OF_ORDER:
-            self.index = max(self.match_index + 1, min(self.index, m.end_index + 1))
+            restart = max(self.match_index + 1, min(self.index, m.end_index + 1))
+            if restart < self.index and restart == self.probe_from and self.sent_at is not None:
+                return  # a probe from there is in flight and not timed out: nothing new (see the module)
+            if restart < self.index or self.probe_from is not None:
+                self.probe_from = restart
+            self.index = restart
         elif m.result is PushResult.INCONSISTENT_STATE:
             self.start_compare(m.end_index, log)
 
     # ------------------------------------------------------------------ state changes
 
     def start_append(self, next_index: int) -> None:
-        self.state, self.index, self.sent_at = PushType.APPEND, next_index, None
+        self.state, self.index, self.sent_at, self.probe_from = PushType.APPEND, next_index, None, None
 
     def start_compare(self, follower_end: int, log: LogView) -> None:
         """A new COMPARE session: nothing known but the follower's end."""
@@ -157,6 +176,8 @@ class Progress:
         ):
             self.index = self.match_index + 1
             self.sent_at = None
+            if self.probe_from is not None:  # probing: the one batch again, from the match index
+                self.probe_from = self.index
         if self.state is PushType.APPEND:
             if self.index < first:  # needs_deleted_entry of an APPEND, written out (every peer, every event)
                 self.state, self.index, self.sent_at = PushType.RESET, first, None
@@ -173,7 +194,10 @@ class Progress:
         return any(0 <= i < first and i <= log.last_index() for i in wanted)
 
     def window_open(self, in_flight_max: int) -> bool:
-        """APPEND: whether fewer than ``in_flight_max`` pushed entries are unacknowledged."""
+        """APPEND: whether fewer than ``in_flight_max`` pushed entries are unacknowledged (probing:
+        whether the probe's one batch is still to be pushed)."""
+        if self.probe_from is not None and self.index > self.probe_from:
+            return False
         return self.index - self.match_index - 1 < in_flight_max
 
     def appended(self, count: int, now: float) -> None:

@@ -1603,7 +1603,7 @@ static PyObject *plan_pass(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
         struct pass_request r;
-        int idempotent = kinds_view.buf && ((const uint8_t *)kinds_view.buf)[i] == KIND_SEND_IDEMPOTENT;
+        int idempotent = kinds_view.obj && ((const uint8_t *)kinds_view.buf)[i] == KIND_SEND_IDEMPOTENT;
         long long first = 0, messages = 0;
         int got = pass_request_get(item, &r, messages_max, idempotent);
         if (got < 0) goto done;
@@ -1687,7 +1687,7 @@ static PyObject *plan_pass(PyObject *self, PyObject *args) {
     result = PyTuple_Pack(7, keys, key_of, refused, counts_list, variable_list, malformed_list, idempotent_arrays);
     Py_DECREF(idempotent_arrays);
 done:
-    if (kinds_view.buf) PyBuffer_Release(&kinds_view);
+    if (kinds_view.obj) PyBuffer_Release(&kinds_view);
     PyMem_Free(tagged.data);
     Py_XDECREF(producer);
     Py_XDECREF(numbers);
@@ -1718,7 +1718,7 @@ struct pass_walk {
     long long *next_queue;  /* per key */
     Py_ssize_t count, key_count, messages_max;
     struct record_shape shape;
-    Py_buffer kinds;        /* one byte a request (frame kinds); buf NULL: every request a plain SEND */
+    Py_buffer kinds;        /* one byte a request (frame kinds); obj NULL: every request a plain SEND */
     struct scratch tagged;  /* a SEND_IDEMPOTENT's message's tagged properties */
 };
 
@@ -1730,7 +1730,7 @@ struct pass_head {
 };
 
 static void pass_walk_close(struct pass_walk *w) {
-    if (w->kinds.buf) PyBuffer_Release(&w->kinds);
+    if (w->kinds.obj) PyBuffer_Release(&w->kinds);
     PyMem_Free(w->tagged.data);
     PyMem_Free(w->next_queue);
     Py_XDECREF(w->answers);
@@ -1765,7 +1765,7 @@ static int pass_walk_open(struct pass_walk *w, PyObject *requests, PyObject *key
         return -1;
     }
     if (kinds != Py_None) {
-        if (PyObject_GetBuffer(kinds, &w->kinds, PyBUF_SIMPLE) < 0) { w->kinds.buf = NULL; return -1; }
+        if (PyObject_GetBuffer(kinds, &w->kinds, PyBUF_SIMPLE) < 0) { w->kinds.obj = NULL; return -1; }
         if (w->kinds.len != w->count) { PyErr_SetString(PyExc_ValueError, "kinds: one a request"); return -1; }
     }
     w->next_queue = PyMem_Calloc(w->key_count ? w->key_count : 1, sizeof(long long));
@@ -1798,7 +1798,7 @@ static int pass_walk_request(struct pass_walk *w, Py_ssize_t i, struct pass_requ
     w->shape.topic_size = PyBytes_GET_SIZE(topic);
     head->index = index;
     head->fixed = fixed_record_size(w->shape.topic_size, w->shape.born_ip_size, w->shape.store_ip_size);
-    int got = pass_request_get(item, r, w->messages_max, w->kinds.buf && ((const uint8_t *)w->kinds.buf)[i] == KIND_SEND_IDEMPOTENT);
+    int got = pass_request_get(item, r, w->messages_max, w->kinds.obj && ((const uint8_t *)w->kinds.buf)[i] == KIND_SEND_IDEMPOTENT);
     if (got < 0) return -1;
     if (got != 0) { PyErr_SetString(PyExc_ValueError, "a request kept is misshapen or malformed"); return -1; }
     head->queue_id = r->queue_id, head->flag = r->flag, head->born_ts = r->born_ts;

@@ -1288,6 +1288,26 @@ done:
 /* -- a pass of SENDs (commitlog/pass_encode.py: the twins and the theory) ------------------------ */
 
 static PyObject *str_topic, *str_queue_id, *str_flag, *str_born_timestamp, *str_bodies, *str_properties;
+static PyObject *str_producer_id, *str_first_sequence;
+
+/* SEND_IDEMPOTENT (the client protocol's frame kind 7): its payload is a string producer id and an
+ * i64 first sequence before a SEND's, and each of its messages is stored with its properties
+ * tagged with the producer id and its sequence, last, as hasvc.broker.put_service tag_properties
+ * tags them (pass_encode.tag_properties: the twin; the names are hasvc.state.dedupe's). */
+#define KIND_SEND_IDEMPOTENT 7
+#define PRODUCER_ID_SIZE_MAX 64    /* hasvc.protocol.client's (pass_encode.PRODUCER_ID_SIZE_MAX) */
+#define TAG_ID "HASVC_PRODUCER_ID\x01"
+#define TAG_ID_SIZE 18
+#define TAG_SEQ "\x02HASVC_PRODUCER_SEQ\x01"
+#define TAG_SEQ_SIZE 20
+
+static int long_attr(PyObject *object, PyObject *name, long long *value) {
+    PyObject *attr = PyObject_GetAttr(object, name);
+    if (!attr) return -1;
+    *value = PyLong_AsLongLong(attr);
+    Py_DECREF(attr);
+    return (*value == -1 && PyErr_Occurred()) ? -1 : 0;
+}
 
 /* One request of a pass: a request object (topic, queue_id, flag, born_timestamp, bodies and
  * properties one per body) or a SEND's payload (the client protocol's, as hasvc.protocol.client
@@ -1306,6 +1326,11 @@ struct pass_request {
     const uint8_t *topic;           /* a payload's topic bytes */
     Py_ssize_t topic_size;
     long long queue_id, flag, born_ts;  /* a payload's head */
+    int idempotent;                 /* a SEND_IDEMPOTENT: its messages tagged */
+    const uint8_t *producer;        /* its producer id's UTF-8 bytes (a payload's, or producer_object's) */
+    Py_ssize_t producer_size;
+    long long first_sequence;
+    PyObject *producer_object;      /* a request object's producer_id, held */
 };
 
 #define PASS_MALFORMED 2    /* a payload decode_send refuses */
@@ -1319,6 +1344,7 @@ static void pass_request_release(struct pass_request *r) {
     PyMem_Free(r->size);
     Py_XDECREF(r->bodies);
     Py_XDECREF(r->properties);
+    Py_XDECREF(r->producer_object);
     memset(r, 0, sizeof(*r));
 }
 
@@ -1333,6 +1359,19 @@ static int pass_request_spans(struct pass_request *r) {
 static int pass_payload_parse(struct pass_request *r, Py_ssize_t messages_max) {
     const uint8_t *p = (const uint8_t *)r->payload.buf;
     Py_ssize_t end = r->payload.len, position = 0;
+    if (r->idempotent) {  /* the producer id (its UTF-8 is checked by plan_pass) and first sequence, then a SEND's payload */
+        if (end < 2) return PASS_MALFORMED;
+        Py_ssize_t size = ((Py_ssize_t)p[0] << 8) | p[1];
+        if (2 + size + 8 > end) return PASS_MALFORMED;
+        r->producer = p + 2;
+        r->producer_size = size;
+        r->first_sequence = be64(p + 2 + size);
+        if (size == 0 || size > PRODUCER_ID_SIZE_MAX || memchr(p + 2, 0x01, size) || memchr(p + 2, 0x02, size)
+            || r->first_sequence < 0)
+            return PASS_MALFORMED;
+        p += 2 + size + 8;
+        end -= 2 + size + 8;
+    }
     if (end < 2) return PASS_MALFORMED;
     r->topic_size = ((Py_ssize_t)p[0] << 8) | p[1];
     r->topic = p + 2;
@@ -1367,11 +1406,12 @@ static int pass_payload_parse(struct pass_request *r, Py_ssize_t messages_max) {
 
 /* 0 with the request's spans held, PASS_MISSHAPEN or PASS_MALFORMED (nothing held), -1 with an
  * exception set. */
-static int pass_request_get(PyObject *item, struct pass_request *r, Py_ssize_t messages_max) {
+static int pass_request_get(PyObject *item, struct pass_request *r, Py_ssize_t messages_max, int idempotent) {
     memset(r, 0, sizeof(*r));
     if (PyObject_CheckBuffer(item)) {
         if (PyObject_GetBuffer(item, &r->payload, PyBUF_SIMPLE) < 0) return -1;
         r->has_payload = 1;
+        r->idempotent = idempotent;
         int parsed = pass_payload_parse(r, messages_max);
         if (parsed != 0) pass_request_release(r);
         return parsed;
@@ -1397,6 +1437,48 @@ static int pass_request_get(PyObject *item, struct pass_request *r, Py_ssize_t m
         r->data[i] = (const uint8_t *)r->views[i].buf;
         r->size[i] = r->views[i].len;
     }
+    if (idempotent) {  /* a request object's producer id and first sequence, as they are (the decoder checked them) */
+        r->idempotent = 1;
+        r->producer_object = PyObject_GetAttr(item, str_producer_id);
+        if (!r->producer_object) { pass_request_release(r); return -1; }
+        if (!PyUnicode_Check(r->producer_object)) {
+            pass_request_release(r);
+            PyErr_SetString(PyExc_TypeError, "a SEND_IDEMPOTENT's producer_id must be a str");
+            return -1;
+        }
+        r->producer = (const uint8_t *)PyUnicode_AsUTF8AndSize(r->producer_object, &r->producer_size);
+        if (!r->producer || long_attr(item, str_first_sequence, &r->first_sequence) < 0) { pass_request_release(r); return -1; }
+    }
+    return 0;
+}
+
+/* A growing buffer for one message's tagged properties. */
+struct scratch {
+    uint8_t *data;
+    Py_ssize_t capacity, len;
+};
+
+/* Message j's properties (n bytes at p) with request r's producer tag added, in s: as
+ * tag_properties adds it (a 0x02 first when they are not empty and do not end with one; the
+ * sequence in decimal, first_sequence + j). 0, or -1 with MemoryError. */
+static int pass_tagged(struct scratch *s, const uint8_t *p, Py_ssize_t n, const struct pass_request *r, Py_ssize_t j) {
+    Py_ssize_t need = n + 1 + TAG_ID_SIZE + r->producer_size + TAG_SEQ_SIZE + 21;
+    if (need > s->capacity) {
+        uint8_t *grown = PyMem_Realloc(s->data, need + 256);
+        if (!grown) { PyErr_NoMemory(); return -1; }
+        s->data = grown;
+        s->capacity = need + 256;
+    }
+    uint8_t *q = s->data;
+    memcpy(q, p, n); q += n;
+    if (n > 0 && p[n - 1] != 0x02) *q++ = 0x02;
+    memcpy(q, TAG_ID, TAG_ID_SIZE); q += TAG_ID_SIZE;
+    memcpy(q, r->producer, r->producer_size); q += r->producer_size;
+    memcpy(q, TAG_SEQ, TAG_SEQ_SIZE); q += TAG_SEQ_SIZE;
+    /* first_sequence is 0..2**63-1 and j below 2**31: their sum fits unsigned 64 bits (and may pass 2**63-1, as in Python) */
+    q += sprintf((char *)q, "%llu", (unsigned long long)r->first_sequence + (unsigned long long)j);
+    *q++ = 0x02;
+    s->len = q - s->data;
     return 0;
 }
 
@@ -1456,31 +1538,84 @@ static PyObject *pass_key(PyObject *item, const struct pass_request *r, int *mal
     return key;
 }
 
-/* plan_pass(requests, body_size_max, record_crc, messages_max)
- *   -> (keys, key_of, refused, counts, variable, malformed): twin of pass_encode.plan_pass_python. */
+/* A SEND_IDEMPOTENT's producer id (a str, new), first sequence and messages: a payload's from r
+ * (*malformed set when its producer id is not UTF-8), a request object's from its attributes
+ * (r may be released: a misshapen one). 0, or -1 with an exception set (*producer may be set). */
+static int pass_producer(PyObject *item, const struct pass_request *r, PyObject **producer, long long *first, long long *messages,
+                         int *malformed) {
+    if (r->has_payload) {
+        *producer = PyUnicode_DecodeUTF8((const char *)r->producer, r->producer_size, NULL);
+        if (!*producer) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+            PyErr_Clear();
+            *malformed = 1;
+            return 0;
+        }
+        *first = r->first_sequence;
+        *messages = r->count;
+        return 0;
+    }
+    *producer = PyObject_GetAttr(item, str_producer_id);
+    if (!*producer || long_attr(item, str_first_sequence, first) < 0) return -1;
+    PyObject *bodies = PyObject_GetAttr(item, str_bodies);
+    if (!bodies) return -1;
+    *messages = PyObject_Length(bodies);
+    Py_DECREF(bodies);
+    return *messages < 0 ? -1 : 0;
+}
+
+/* Appends v (new; NULL: an error already set) to list: 0, or -1 with an exception set. */
+static int append_new(PyObject *list, PyObject *v) {
+    int failed = !v || PyList_Append(list, v) < 0;
+    Py_XDECREF(v);
+    return failed ? -1 : 0;
+}
+
+/* plan_pass(requests, body_size_max, record_crc, messages_max[, kinds])
+ *   -> (keys, key_of, refused, counts, variable, malformed, idempotent): twin of pass_encode.plan_pass_python.
+ * kinds: None, or one byte a request, its frame kind (KIND_SEND_IDEMPOTENT: its head read, its
+ * messages tagged). idempotent: (numbers, producer ids, first sequences, messages, sizes), one
+ * each a SEND_IDEMPOTENT not malformed, in the order read (sizes: what it adds to its key's
+ * variable, 0 when refused). */
 static PyObject *plan_pass(PyObject *self, PyObject *args) {
-    PyObject *requests;
+    PyObject *requests, *kinds = Py_None;
     long long body_size_max;
     int record_crc;
     Py_ssize_t messages_max;
-    if (!PyArg_ParseTuple(args, "OLpn", &requests, &body_size_max, &record_crc, &messages_max)) return NULL;
+    if (!PyArg_ParseTuple(args, "OLpn|O", &requests, &body_size_max, &record_crc, &messages_max, &kinds)) return NULL;
     PyObject *seq = PySequence_Fast(requests, "requests must be a sequence");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), key_count = 0, capacity = 0;
     long long *counts = NULL, *variable = NULL;
-    PyObject *result = NULL, *counts_list = NULL, *variable_list = NULL;
+    PyObject *result = NULL, *counts_list = NULL, *variable_list = NULL, *producer = NULL;
     PyObject *keys = PyList_New(0), *index_of = PyDict_New(), *key_of = PyList_New(n), *refused = PyList_New(0);
     PyObject *malformed_list = PyList_New(0);
-    if (!keys || !index_of || !key_of || !refused || !malformed_list) goto done;
+    PyObject *numbers = PyList_New(0), *producers = PyList_New(0), *firsts = PyList_New(0), *messages_list = PyList_New(0);
+    PyObject *sizes = PyList_New(0);
+    Py_buffer kinds_view = {0};
+    struct scratch tagged = {0};
+    if (!keys || !index_of || !key_of || !refused || !malformed_list || !numbers || !producers || !firsts || !messages_list || !sizes)
+        goto done;
+    if (kinds != Py_None) {
+        if (PyObject_GetBuffer(kinds, &kinds_view, PyBUF_SIMPLE) < 0) goto done;
+        if (kinds_view.len != n) { PyErr_SetString(PyExc_ValueError, "kinds: one a request"); goto done; }
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
         struct pass_request r;
-        int got = pass_request_get(item, &r, messages_max);
+        int idempotent = kinds_view.obj && ((const uint8_t *)kinds_view.buf)[i] == KIND_SEND_IDEMPOTENT;
+        long long first = 0, messages = 0;
+        int got = pass_request_get(item, &r, messages_max, idempotent);
         if (got < 0) goto done;
         int malformed = got == PASS_MALFORMED;
+        if (idempotent && !malformed && pass_producer(item, &r, &producer, &first, &messages, &malformed) < 0) {
+            pass_request_release(&r);
+            goto done;
+        }
         PyObject *key = malformed ? NULL : pass_key(item, &r, &malformed);
         if (!key) {
             pass_request_release(&r);
+            Py_CLEAR(producer);
             if (!malformed) goto done;
             PyList_SET_ITEM(key_of, i, PyLong_FromLong(-1));
             if (!PyList_GET_ITEM(key_of, i) || append_index(malformed_list, i) < 0) goto done;
@@ -1515,10 +1650,17 @@ static PyObject *plan_pass(PyObject *self, PyObject *args) {
         int bad = got == PASS_MISSHAPEN;
         long long body_total = 0, properties_total = 0;
         for (Py_ssize_t j = 0; !bad && j < r.count; j++) {
-            Py_ssize_t prop_size = properties_stored_size(r.data[2 * j + 1], r.size[2 * j + 1], record_crc);
+            const uint8_t *prop = r.data[2 * j + 1];
+            Py_ssize_t prop_len = r.size[2 * j + 1];
+            if (r.idempotent) {
+                if (pass_tagged(&tagged, prop, prop_len, &r, j) < 0) { pass_request_release(&r); goto done; }
+                prop = tagged.data;
+                prop_len = tagged.len;
+            }
+            Py_ssize_t prop_size = properties_stored_size(prop, prop_len, record_crc);
             body_total += r.size[2 * j];
             properties_total += prop_size;
-            bad = has_tail_prefix(r.data[2 * j + 1], r.size[2 * j + 1]) || prop_size > 32767;
+            bad = has_tail_prefix(prop, prop_len) || prop_size > 32767;
         }
         if (!bad) bad = body_total > body_size_max;
         if (bad) {
@@ -1528,12 +1670,31 @@ static PyObject *plan_pass(PyObject *self, PyObject *args) {
             variable[index] += body_total + properties_total;
         }
         pass_request_release(&r);
+        if (idempotent) {
+            int failed = append_index(numbers, i) < 0 || PyList_Append(producers, producer) < 0
+                         || append_new(firsts, PyLong_FromLongLong(first)) < 0
+                         || append_new(messages_list, PyLong_FromLongLong(messages)) < 0
+                         || append_new(sizes, PyLong_FromLongLong(bad ? 0 : body_total + properties_total)) < 0;
+            Py_CLEAR(producer);
+            if (failed) goto done;
+        }
     }
     counts_list = longs_as_sequence(counts, key_count, 0);
     variable_list = counts_list ? longs_as_sequence(variable, key_count, 0) : NULL;
     if (!counts_list || !variable_list) goto done;
-    result = PyTuple_Pack(6, keys, key_of, refused, counts_list, variable_list, malformed_list);
+    PyObject *idempotent_arrays = PyTuple_Pack(5, numbers, producers, firsts, messages_list, sizes);
+    if (!idempotent_arrays) goto done;
+    result = PyTuple_Pack(7, keys, key_of, refused, counts_list, variable_list, malformed_list, idempotent_arrays);
+    Py_DECREF(idempotent_arrays);
 done:
+    if (kinds_view.obj) PyBuffer_Release(&kinds_view);
+    PyMem_Free(tagged.data);
+    Py_XDECREF(producer);
+    Py_XDECREF(numbers);
+    Py_XDECREF(producers);
+    Py_XDECREF(firsts);
+    Py_XDECREF(messages_list);
+    Py_XDECREF(sizes);
     PyMem_Free(counts);
     PyMem_Free(variable);
     Py_XDECREF(counts_list);
@@ -1547,14 +1708,6 @@ done:
     return result;
 }
 
-static int long_attr(PyObject *object, PyObject *name, long long *value) {
-    PyObject *attr = PyObject_GetAttr(object, name);
-    if (!attr) return -1;
-    *value = PyLong_AsLongLong(attr);
-    Py_DECREF(attr);
-    return (*value == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
 /* What the two native pass writers share (write_pass, the classic one, and write_entry_pass, the
  * DLedger one): the requests with their key indexes, exclusion flags and topics; the queue offset
  * next per key; one answer a request; the records' shape but for their topic. Opened by
@@ -1565,6 +1718,8 @@ struct pass_walk {
     long long *next_queue;  /* per key */
     Py_ssize_t count, key_count, messages_max;
     struct record_shape shape;
+    Py_buffer kinds;        /* one byte a request (frame kinds); obj NULL: every request a plain SEND */
+    struct scratch tagged;  /* a SEND_IDEMPOTENT's message's tagged properties */
 };
 
 /* One kept request's head, as pass_walk_request reads it. */
@@ -1575,6 +1730,8 @@ struct pass_head {
 };
 
 static void pass_walk_close(struct pass_walk *w) {
+    if (w->kinds.obj) PyBuffer_Release(&w->kinds);
+    PyMem_Free(w->tagged.data);
     PyMem_Free(w->next_queue);
     Py_XDECREF(w->answers);
     Py_XDECREF(w->seq);
@@ -1586,7 +1743,7 @@ static void pass_walk_close(struct pass_walk *w) {
 
 /* 0, or -1 with an exception set (close the walk either way). Every topic is checked here, once. */
 static int pass_walk_open(struct pass_walk *w, PyObject *requests, PyObject *key_of, const Py_buffer *excluded, PyObject *topics,
-                          PyObject *first_queue_offsets, Py_ssize_t messages_max, const struct record_shape *shape) {
+                          PyObject *first_queue_offsets, Py_ssize_t messages_max, const struct record_shape *shape, PyObject *kinds) {
     memset(w, 0, sizeof(*w));
     w->shape = *shape;
     w->messages_max = messages_max;
@@ -1606,6 +1763,10 @@ static int pass_walk_open(struct pass_walk *w, PyObject *requests, PyObject *key
     if (PySequence_Fast_GET_SIZE(w->key_seq) != w->count || excluded->len != w->count || PySequence_Fast_GET_SIZE(w->first_seq) != w->key_count) {
         PyErr_SetString(PyExc_ValueError, "key_of and excluded: one per request; first_queue_offsets: one per topic");
         return -1;
+    }
+    if (kinds != Py_None) {
+        if (PyObject_GetBuffer(kinds, &w->kinds, PyBUF_SIMPLE) < 0) { w->kinds.obj = NULL; return -1; }
+        if (w->kinds.len != w->count) { PyErr_SetString(PyExc_ValueError, "kinds: one a request"); return -1; }
     }
     w->next_queue = PyMem_Calloc(w->key_count ? w->key_count : 1, sizeof(long long));
     if (!w->next_queue) { PyErr_NoMemory(); return -1; }
@@ -1637,7 +1798,7 @@ static int pass_walk_request(struct pass_walk *w, Py_ssize_t i, struct pass_requ
     w->shape.topic_size = PyBytes_GET_SIZE(topic);
     head->index = index;
     head->fixed = fixed_record_size(w->shape.topic_size, w->shape.born_ip_size, w->shape.store_ip_size);
-    int got = pass_request_get(item, r, w->messages_max);
+    int got = pass_request_get(item, r, w->messages_max, w->kinds.obj && ((const uint8_t *)w->kinds.buf)[i] == KIND_SEND_IDEMPOTENT);
     if (got < 0) return -1;
     if (got != 0) { PyErr_SetString(PyExc_ValueError, "a request kept is misshapen or malformed"); return -1; }
     head->queue_id = r->queue_id, head->flag = r->flag, head->born_ts = r->born_ts;
@@ -1655,9 +1816,10 @@ static int pass_walk_request(struct pass_walk *w, Py_ssize_t i, struct pass_requ
     return 1;
 }
 
-/* Message j of a kept request as body and properties views; its record's size, or -1 with
- * ValueError when its properties, as stored, pass 32767 bytes. */
-static inline Py_ssize_t pass_message(const struct pass_walk *w, const struct pass_request *r, const struct pass_head *head, Py_ssize_t j,
+/* Message j of a kept request as body and properties views (a SEND_IDEMPOTENT's properties
+ * tagged, in the walk's scratch until the next call); its record's size, or -1 with ValueError
+ * when its properties, as stored, pass 32767 bytes (MemoryError: no room to tag them). */
+static inline Py_ssize_t pass_message(struct pass_walk *w, const struct pass_request *r, const struct pass_head *head, Py_ssize_t j,
                                Py_buffer *body, Py_buffer *prop) {
     memset(body, 0, sizeof(*body));
     memset(prop, 0, sizeof(*prop));
@@ -1665,7 +1827,12 @@ static inline Py_ssize_t pass_message(const struct pass_walk *w, const struct pa
     body->len = r->size[2 * j];
     prop->buf = (void *)r->data[2 * j + 1];
     prop->len = r->size[2 * j + 1];
-    if (properties_stored_size(r->data[2 * j + 1], prop->len, w->shape.record_crc) > 32767) {
+    if (r->idempotent) {
+        if (pass_tagged(&w->tagged, r->data[2 * j + 1], r->size[2 * j + 1], r, j) < 0) return -1;
+        prop->buf = w->tagged.data;
+        prop->len = w->tagged.len;
+    }
+    if (properties_stored_size((const uint8_t *)prop->buf, prop->len, w->shape.record_crc) > 32767) {
         PyErr_SetString(PyExc_ValueError, "properties too long");
         return -1;
     }
@@ -1679,8 +1846,9 @@ static inline void pass_answer_put(const struct pass_head *head, Py_ssize_t j, l
 }
 
 /* write_pass(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port,
- *            sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max)
- *   -> (written, offsets, queue_offsets, answers): twin of pass_encode.write_pass_python. A request
+ *            sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max[, kinds])
+ *   -> (written, offsets, queue_offsets, answers): twin of pass_encode.write_pass_python (kinds as
+ * plan_pass's: a SEND_IDEMPOTENT's messages written tagged). A request
  * kept that is misshapen or malformed, or a record that would not fit the buffer, raises ValueError
  * (the caller planned the pass: a bug). */
 static PyObject *write_pass(PyObject *self, PyObject *args) {
@@ -1688,10 +1856,10 @@ static PyObject *write_pass(PyObject *self, PyObject *args) {
     Py_ssize_t position, messages_max;
     long long physical_base, store_ts;
     int store_port, born_port, sysflag, record_crc;
-    PyObject *requests, *key_of, *topics, *first_queue_offsets;
-    if (!PyArg_ParseTuple(args, "w*nLLy*iy*iipOOy*OOn", &target, &position, &physical_base, &store_ts, &store_ip, &store_port,
+    PyObject *requests, *key_of, *topics, *first_queue_offsets, *kinds = Py_None;
+    if (!PyArg_ParseTuple(args, "w*nLLy*iy*iipOOy*OOn|O", &target, &position, &physical_base, &store_ts, &store_ip, &store_port,
                           &born_ip, &born_port, &sysflag, &record_crc, &requests, &key_of, &excluded, &topics,
-                          &first_queue_offsets, &messages_max))
+                          &first_queue_offsets, &messages_max, &kinds))
         return NULL;
     struct pass_walk w;
     PyObject *result = NULL, *offsets = NULL, *queue_offsets = NULL;
@@ -1699,7 +1867,7 @@ static PyObject *write_pass(PyObject *self, PyObject *args) {
     Py_ssize_t records = 0, records_capacity = 0, written = 0;
     struct record_shape shape = {NULL, 0, (const uint8_t *)born_ip.buf, born_ip.len, born_port, (const uint8_t *)store_ip.buf,
                                  store_ip.len, store_port, sysflag, store_ts, record_crc};
-    if (pass_walk_open(&w, requests, key_of, &excluded, topics, first_queue_offsets, messages_max, &shape) < 0) goto done;
+    if (pass_walk_open(&w, requests, key_of, &excluded, topics, first_queue_offsets, messages_max, &shape, kinds) < 0) goto done;
     uint8_t *out = (uint8_t *)target.buf;
     if (position < 0 || position > target.len) { PyErr_SetString(PyExc_ValueError, "position outside the buffer"); goto done; }
     for (Py_ssize_t i = 0; i < w.count; i++) {
@@ -1753,7 +1921,7 @@ done:
 }
 
 /* write_entry_pass(requests, key_of, excluded, topics, first_queue_offsets, store_timestamp, store_ip, store_port,
- *                  born_ip, born_port, sysflag, messages_max, offset, file_size)
+ *                  born_ip, born_port, sysflag, messages_max, offset, file_size[, kinds])
  *   -> (bodies, offsets, queue_ids, queue_offsets, positions, entry_sizes, answers): a DLedger leader's pass of SENDs
  * as the bodies of its proposal's entries, twin of commitlog/entry_pass.py write_entry_pass_python: every request
  * kept (excluded[i] == 0), in the order read, one V1/V2 record a message (no record CRC tail), each placed as
@@ -1766,16 +1934,16 @@ static PyObject *write_entry_pass(PyObject *self, PyObject *args) {
     Py_ssize_t messages_max;
     long long store_ts, offset, file_size;
     int store_port, born_port, sysflag;
-    PyObject *requests, *key_of, *topics, *first_queue_offsets;
-    if (!PyArg_ParseTuple(args, "OOy*OOLy*iy*iinLL", &requests, &key_of, &excluded, &topics, &first_queue_offsets, &store_ts,
-                          &store_ip, &store_port, &born_ip, &born_port, &sysflag, &messages_max, &offset, &file_size))
+    PyObject *requests, *key_of, *topics, *first_queue_offsets, *kinds = Py_None;
+    if (!PyArg_ParseTuple(args, "OOy*OOLy*iy*iinLL|O", &requests, &key_of, &excluded, &topics, &first_queue_offsets, &store_ts,
+                          &store_ip, &store_port, &born_ip, &born_port, &sysflag, &messages_max, &offset, &file_size, &kinds))
         return NULL;
     struct pass_walk w;
     PyObject *result = NULL;
     PyObject *bodies = NULL, *offsets = NULL, *queue_ids = NULL, *queue_offsets = NULL, *positions = NULL, *entry_sizes = NULL;
     struct record_shape shape = {NULL, 0, (const uint8_t *)born_ip.buf, born_ip.len, born_port, (const uint8_t *)store_ip.buf,
                                  store_ip.len, store_port, sysflag, store_ts, 0};
-    if (pass_walk_open(&w, requests, key_of, &excluded, topics, first_queue_offsets, messages_max, &shape) < 0) goto done;
+    if (pass_walk_open(&w, requests, key_of, &excluded, topics, first_queue_offsets, messages_max, &shape, kinds) < 0) goto done;
     if (file_size <= 0 || offset < 0) { PyErr_SetString(PyExc_ValueError, "a data file size above 0 and an offset from 0"); goto done; }
     bodies = PyList_New(0);
     offsets = PyList_New(0);
@@ -1859,10 +2027,11 @@ static PyMethodDef methods[] = {
      "write_entries(mapping, position, limit, file_from, entries, start) -> (end, position, units)"},
     {"index_units", index_units, METH_VARARGS, "index_units(run, count) -> bytes: 32-byte DLedger index units"},
     {"plan_pass", plan_pass, METH_VARARGS,
-     "plan_pass(requests, body_size_max, record_crc, messages_max) -> (keys, key_of, refused, counts, variable, malformed)"},
+     "plan_pass(requests, body_size_max, record_crc, messages_max[, kinds]) -> (keys, key_of, refused, counts, variable, malformed, "
+     "idempotent)"},
     {"write_pass", write_pass, METH_VARARGS,
      "write_pass(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port, sysflag, "
-     "record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max) -> (written, offsets, queue_offsets, answers)"},
+     "record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max[, kinds]) -> (written, offsets, queue_offsets, answers)"},
     {"write_entry_pass", write_entry_pass, METH_VARARGS,
      "write_entry_pass(requests, key_of, excluded, topics, first_queue_offsets, ...) -> a DLedger leader's pass as entry bodies"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(buffer) -> int (zlib's CRC32, for testing)"},
@@ -1872,7 +2041,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 10
+#define NATIVE_VERSION 11
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();
@@ -1888,8 +2057,10 @@ PyMODINIT_FUNC PyInit__scan(void) {
     str_born_timestamp = PyUnicode_InternFromString("born_timestamp");
     str_bodies = PyUnicode_InternFromString("bodies");
     str_properties = PyUnicode_InternFromString("properties");
+    str_producer_id = PyUnicode_InternFromString("producer_id");
+    str_first_sequence = PyUnicode_InternFromString("first_sequence");
     if (!str_index || !str_term || !str_body || !str_topic || !str_queue_id || !str_flag || !str_born_timestamp || !str_bodies
-        || !str_properties)
+        || !str_properties || !str_producer_id || !str_first_sequence)
         return NULL;
 #ifdef HAVE_X86
     __builtin_cpu_init();

@@ -46,26 +46,27 @@ _PHYSICAL_OFFSET = struct.Struct(">q")  # a record's PHYSICALOFFSET field (rec.P
 
 def write_entry_pass_python(requests, *, key_of: list[int], excluded: bytes, topics: list[bytes], first_queue_offsets: list[int],
                             store_timestamp: int, store_ip: bytes, store_port: int, born_ip: bytes, born_port: int, sysflag: int,
-                            messages_max: int, offset: int, file_size: int, decode: Callable | None = None) -> tuple:  # fmt: skip
+                            messages_max: int, offset: int, file_size: int, decode: Callable | None = None,
+                            kinds=None) -> tuple:  # fmt: skip
     """(bodies, offsets, queue_ids, queue_offsets, positions, entry_sizes, answers): each request
     not ``excluded`` (one byte a request, nonzero to leave it out) written as ``record.write_batch``
     writes a batch of it (no record CRC tail) and cut into records, as ``plan_batch`` does; the
     records placed as entries from data offset ``offset`` in data files of ``file_size`` bytes,
     each one's PHYSICALOFFSET its entry's pos + 48; ``topics`` the encoded topic of each key;
     ``answers`` per request its answer's offsets packed as ``pass_encode.write_pass`` packs them
-    (None when excluded)."""
+    (None when excluded). A SEND_IDEMPOTENT's messages are tagged (``kinds`` as
+    ``pass_encode.plan_pass``'s)."""
     assert not sysflag & rec.SYSFLAG_TRANSACTION_MASK, sysflag
     next_queue_offsets = list(first_queue_offsets)
     records: list[bytes] = []
     queue_ids: list[int] = []
     queue_offsets: list[int] = []
     kept: list = []  # per request: None, or (queue id, its first record's number, its records)
-    for number, request in enumerate(requests):
+    for number in range(len(requests)):
         if excluded[number]:
             kept.append(None)
             continue
-        if pass_encode._is_payload(request):
-            request = decode(request)
+        request = pass_encode.request_of(requests, number, kinds, decode)
         index = key_of[number]
         topic = topics[index]
         properties = list(request.properties)
@@ -107,15 +108,15 @@ def write_entry_pass_python(requests, *, key_of: list[int], excluded: bytes, top
 def write_entry_pass(requests, *, key_of: list[int], excluded: bytes, topics: list[bytes], first_queue_offsets: list[int],
                      store_timestamp: int, store_ip: bytes, store_port: int, born_ip: bytes, born_port: int, sysflag: int,
                      messages_max: int, offset: int, file_size: int, decode: Callable | None = None,
-                     native: bool | None = None) -> tuple:  # fmt: skip
+                     native: bool | None = None, kinds=None) -> tuple:  # fmt: skip
     """``write_entry_pass_python``, in one native call when the module is built."""
     if _WRITE_NATIVE is not None and native is not False:
         return _WRITE_NATIVE(requests, key_of, excluded, topics, first_queue_offsets, store_timestamp, store_ip, store_port,
-                             born_ip, born_port, sysflag, messages_max, offset, file_size)  # fmt: skip
+                             born_ip, born_port, sysflag, messages_max, offset, file_size, kinds)  # fmt: skip
     return write_entry_pass_python(
         requests, key_of=key_of, excluded=excluded, topics=topics, first_queue_offsets=first_queue_offsets,
         store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port, born_ip=born_ip, born_port=born_port,
-        sysflag=sysflag, messages_max=messages_max, offset=offset, file_size=file_size, decode=decode,
+        sysflag=sysflag, messages_max=messages_max, offset=offset, file_size=file_size, decode=decode, kinds=kinds,
     )  # fmt: skip
 
 
@@ -136,7 +137,7 @@ class EntryPass:
 
 
 def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, native: bool | None = None,
-                    decide: Callable | None = None) -> EntryPass | None:  # fmt: skip
+                    decide: Callable | None = None, kinds=None) -> EntryPass | None:  # fmt: skip
     """Plan a pass of SENDs (as ``pass_encode.append_pass`` takes them) on ``store``, a leader's
     ``DLedgerMessageStore``, as one proposal of the requests kept, in their order; mutates
     nothing (the driver proposes the plan and the store accepts it). None when the pass must take
@@ -150,12 +151,13 @@ def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, nat
     file_size = store.dledger_config.data_file_size
     fit_max = file_size - codec.MIN_BLANK_SIZE  # an entry leaves room for a blank record (_plan_positions)
     store_ip, store_port, store_v6 = rec.encode_host(config.store_host)
-    keys, key_of, refused, counts, variable, malformed = pass_encode.plan_pass(
+    keys, key_of, refused, counts, variable, malformed, idempotent = pass_encode.plan_pass(
         requests, body_size_max=body_size_max, record_crc=False, messages_max=messages_max, decode=decode, native=native,
+        kinds=kinds,
     )  # fmt: skip
     shape = pass_encode.shape_pass(requests, keys, key_of, refused, malformed, counts, body_size_max=body_size_max,
-                                   store_v6=store_v6, record_crc=False, decode=decode)  # fmt: skip
-    left_out = pass_encode.leave_out(shape, requests, key_of, counts, variable, malformed, decide, record_crc=False, decode=decode)
+                                   store_v6=store_v6, record_crc=False, decode=decode, kinds=kinds)  # fmt: skip
+    left_out = pass_encode.leave_out(shape, key_of, counts, variable, malformed, decide, idempotent)
     bad_keys = shape.bad_keys
     kept = 0
     for index in range(len(keys)):
@@ -178,6 +180,7 @@ def plan_entry_pass(store, requests, *, messages_max: int, decode: Callable, nat
         requests, key_of=key_of, excluded=shape.excluded, topics=shape.topics, first_queue_offsets=first_queue_offsets,
         store_timestamp=store_timestamp, store_ip=store_ip, store_port=store_port, born_ip=shape.born_ip, born_port=shape.born_port,
         sysflag=shape.sysflag, messages_max=messages_max, offset=offset, file_size=file_size, decode=decode, native=native,
+        kinds=kinds,
     )  # fmt: skip
     plan = AppendPlan(first_index, bodies, offsets, queue_ids, queue_offsets, store_timestamp, queue_next, positions, entry_sizes)
     return EntryPass(plan, answers, shape.refusals, malformed, left_out)

@@ -28,10 +28,16 @@ themselves (as ``split_messages`` does), the twins are given its decoder.
    request, its offsets packed for its answer (queue id, n, then n pairs of offset and queue
    offset, big-endian ``>iI`` + n x ``>qq``: the client protocol's SEND answer after its status).
 
-Between the two, the caller may leave requests out (``append_pass``'s ``decide``: the broker's
-producer table judging the pass's SEND_IDEMPOTENTs, which come as request objects already tagged
-with their producer id and sequences): they are excluded like the refused ones and their
-messages taken off their key's count (``leave_out``); the caller answers them.
+A SEND_IDEMPOTENT is marked by its frame kind in ``kinds`` (one byte a request; None: every
+request a plain SEND): its payload's head (producer id, first sequence) is read and checked by
+``plan_pass`` as the client protocol's decoder checks it (a bad one is malformed), its messages
+are tagged with its producer id and sequences as the broker tags them (``tag_properties``: the
+tag counted in the property-size and CRC-tail checks) and written so; a request object of that
+kind is tagged from its ``producer_id`` and ``first_sequence``. ``plan_pass`` returns each one's
+producer id, first sequence, messages and bytes (``idempotent``) for the producer table.
+Between the two calls, the caller may leave requests out (``append_pass``'s ``decide``: the
+broker's producer table judging the pass's SEND_IDEMPOTENTs): they are excluded like the refused
+ones and their messages taken off their key's count (``leave_out``); the caller answers them.
 
 Records of one queue keep their order (a connection's SENDs to a queue land as sent); records of
 different queues read in one pass interleave as they were read. Nothing is decided here: who may
@@ -54,20 +60,67 @@ _WRITE_NATIVE = _native.write_pass
 _ANSWER_HEAD = struct.Struct(">iI")  # queue id, n
 _ANSWER_PAIR = struct.Struct(">qq")  # offset, queue offset
 
+# SEND_IDEMPOTENT: the client protocol's frame kind, its producer id's limit and the two properties
+# its messages are tagged with, last (hasvc.protocol.client's and hasvc.state.dedupe's: the broker
+# checks they are these; _scan.c has them too).
+KIND_SEND_IDEMPOTENT = 7
+PRODUCER_ID_SIZE_MAX = 64
+PROPERTY_PRODUCER_ID = "HASVC_PRODUCER_ID"
+PROPERTY_PRODUCER_SEQ = "HASVC_PRODUCER_SEQ"
+_TAG_ID = f"{PROPERTY_PRODUCER_ID}\x01".encode()
+_TAG_SEQ = f"\x02{PROPERTY_PRODUCER_SEQ}\x01".encode()
+
+
+def tag_properties(properties: bytes, producer_id: str, sequence: int) -> bytes:
+    """A message's properties with its producer id and sequence added, last (the reference of the
+    native tag; ``hasvc.broker.put_service.tag_properties`` is the batch path's)."""
+    separator = b"" if not properties or properties.endswith(b"\x02") else b"\x02"
+    return b"".join((properties, separator, _TAG_ID, producer_id.encode(), _TAG_SEQ, str(sequence).encode(), b"\x02"))
+
+
+class _Tagged:
+    """A SEND_IDEMPOTENT as the pass writes it: its fields, its properties tagged."""
+
+    __slots__ = ("topic", "queue_id", "bodies", "properties", "flag", "born_timestamp", "producer_id", "first_sequence")
+
+    def __init__(self, request) -> None:
+        self.topic, self.queue_id, self.bodies = request.topic, request.queue_id, request.bodies
+        self.flag, self.born_timestamp = request.flag, request.born_timestamp
+        self.producer_id, self.first_sequence = request.producer_id, request.first_sequence
+        self.properties = [tag_properties(p, request.producer_id, request.first_sequence + i) for i, p in enumerate(request.properties)]
+
 
 def _is_payload(request) -> bool:
     return isinstance(request, bytes | bytearray | memoryview)
 
 
-def plan_pass_python(requests, *, body_size_max: int, record_crc: bool, messages_max: int,
-                     decode: Callable | None = None) -> tuple[list, list[int], list[int], list[int], list[int], list[int]]:  # fmt: skip
-    """(keys, key_of, refused, counts, variable, malformed): ``keys`` the (topic, queue id) of the
-    pass in the order first seen, ``key_of`` each request's index in ``keys`` (-1 when malformed),
-    ``refused`` the indexes of the requests refused for their content, ``counts`` and
-    ``variable`` per key the messages and the body and properties bytes (with the CRC tail when
-    ``record_crc``) of the requests kept, ``malformed`` the indexes of the SEND payloads that
-    ``decode`` (the client protocol's, given ``messages_max``) finds malformed: it returns None
-    for those. A request is a request object or a SEND's payload (bytes or a view)."""
+def request_of(requests, number: int, kinds, decode: Callable | None):
+    """Request ``number`` of a pass as it is written: a payload decoded (None when malformed), a
+    SEND_IDEMPOTENT tagged (``_Tagged``)."""
+    request = requests[number]
+    idempotent = kinds is not None and kinds[number] == KIND_SEND_IDEMPOTENT
+    if _is_payload(request):
+        if decode is None:
+            raise TypeError("a SEND payload in a pass planned without a decoder")
+        request = decode(request, idempotent=idempotent)
+        if request is None:
+            return None
+    return _Tagged(request) if idempotent else request
+
+
+def plan_pass_python(requests, *, body_size_max: int, record_crc: bool, messages_max: int, decode: Callable | None = None,
+                     kinds=None) -> tuple[list, list[int], list[int], list[int], list[int], list[int], tuple]:  # fmt: skip
+    """(keys, key_of, refused, counts, variable, malformed, idempotent): ``keys`` the (topic,
+    queue id) of the pass in the order first seen, ``key_of`` each request's index in ``keys``
+    (-1 when malformed), ``refused`` the indexes of the requests refused for their content,
+    ``counts`` and ``variable`` per key the messages and the body and properties bytes (with the
+    CRC tail when ``record_crc``) of the requests kept, ``malformed`` the indexes of the SEND
+    payloads that ``decode`` (the client protocol's, given ``messages_max``; called with
+    ``idempotent=True`` for a SEND_IDEMPOTENT's) finds malformed: it returns None for those.
+    ``idempotent``: (numbers, producer ids, first sequences, messages, sizes), one each a
+    SEND_IDEMPOTENT not malformed, in the order read (sizes: what it adds to its key's
+    ``variable``, 0 when refused). A request is a request object or a SEND's payload (bytes or a
+    view); ``kinds`` one byte a request, its frame kind, or None (every request a plain SEND)."""
     keys: list = []
     index_of: dict = {}
     key_of: list[int] = []
@@ -75,15 +128,13 @@ def plan_pass_python(requests, *, body_size_max: int, record_crc: bool, messages
     counts: list[int] = []
     variable: list[int] = []
     malformed: list[int] = []
-    for number, request in enumerate(requests):
-        if _is_payload(request):
-            if decode is None:
-                raise TypeError("a SEND payload in a pass planned without a decoder")
-            request = decode(request)
-            if request is None:
-                key_of.append(-1)
-                malformed.append(number)
-                continue
+    idempotent: tuple = ([], [], [], [], [])
+    for number in range(len(requests)):
+        request = request_of(requests, number, kinds, decode)
+        if request is None:
+            key_of.append(-1)
+            malformed.append(number)
+            continue
         topic = request.topic
         if type(topic) is not str:
             raise TypeError("a request's topic must be a str")
@@ -98,35 +149,41 @@ def plan_pass_python(requests, *, body_size_max: int, record_crc: bool, messages
         bodies, properties = request.bodies, request.properties
         body_total = sum(len(body) for body in bodies)
         property_sizes = [len(p) + (rec.record_crc_extra_size(p) if record_crc else 0) for p in properties]
+        tagged = type(request) is _Tagged
         if (not bodies or len(properties) != len(bodies) or any(rec.RECORD_CRC_TAIL_PREFIX in p for p in properties)
                 or body_total > body_size_max or max(property_sizes) > rec.PROPERTIES_SIZE_MAX):  # fmt: skip
             refused.append(number)
-            continue
-        counts[index] += len(bodies)
-        variable[index] += body_total + sum(property_sizes)
-    return keys, key_of, refused, counts, variable, malformed
+            size = 0
+        else:
+            size = body_total + sum(property_sizes)
+            counts[index] += len(bodies)
+            variable[index] += size
+        if tagged:
+            for values, value in zip(idempotent, (number, request.producer_id, request.first_sequence, len(bodies), size)):
+                values.append(value)
+    return keys, key_of, refused, counts, variable, malformed, idempotent
 
 
 def write_pass_python(buffer, position: int, *, physical_base: int, store_timestamp: int, store_ip: bytes, store_port: int,
                       born_ip: bytes, born_port: int, sysflag: int, record_crc: bool, requests, key_of: list[int],
                       excluded: bytes, topics: list[bytes], first_queue_offsets: list[int], messages_max: int,
-                      decode: Callable | None = None) -> tuple[int, tuple, tuple, list]:  # fmt: skip
+                      decode: Callable | None = None, kinds=None) -> tuple[int, tuple, tuple, list]:  # fmt: skip
     """(bytes written, the records' offsets, their queue offsets, per request its packed answer
     offsets or None when excluded): the requests not ``excluded`` (one byte a request, nonzero
     to leave it out) written at ``buffer[position:]`` in their order, each as ``record.write_batch``
-    writes a batch of it; ``topics`` the encoded topic of each key."""
+    writes a batch of it (a SEND_IDEMPOTENT's messages tagged: ``kinds`` as ``plan_pass``'s);
+    ``topics`` the encoded topic of each key."""
     assert not sysflag & rec.SYSFLAG_TRANSACTION_MASK, sysflag
     next_queue_offsets = list(first_queue_offsets)
     offsets: list[int] = []
     queue_offsets: list[int] = []
     answers: list = []
     start = position
-    for number, request in enumerate(requests):
+    for number in range(len(requests)):
         if excluded[number]:
             answers.append(None)
             continue
-        if _is_payload(request):
-            request = decode(request)
+        request = request_of(requests, number, kinds, decode)
         index = key_of[number]
         topic = topics[index]
         v2 = len(topic) > rec.TOPIC_SIZE_MAX_V1
@@ -154,27 +211,28 @@ def write_pass_python(buffer, position: int, *, physical_base: int, store_timest
 
 
 def plan_pass(requests, *, body_size_max: int, record_crc: bool, messages_max: int, decode: Callable | None = None,
-              native: bool | None = None):  # fmt: skip
+              native: bool | None = None, kinds=None):  # fmt: skip
     """``plan_pass_python``, in one native call when the module is built (which reads SEND
     payloads itself: ``decode`` is for the twin)."""
     if _PLAN_NATIVE is not None and native is not False:
-        return _PLAN_NATIVE(requests, body_size_max, record_crc, messages_max)
-    return plan_pass_python(requests, body_size_max=body_size_max, record_crc=record_crc, messages_max=messages_max, decode=decode)
+        return _PLAN_NATIVE(requests, body_size_max, record_crc, messages_max, kinds)
+    return plan_pass_python(requests, body_size_max=body_size_max, record_crc=record_crc, messages_max=messages_max, decode=decode,
+                            kinds=kinds)  # fmt: skip
 
 
 def write_pass(buffer, position: int, *, physical_base: int, store_timestamp: int, store_ip: bytes, store_port: int,
                born_ip: bytes, born_port: int, sysflag: int, record_crc: bool, requests, key_of: list[int], excluded: bytes,
                topics: list[bytes], first_queue_offsets: list[int], messages_max: int, decode: Callable | None = None,
-               native: bool | None = None) -> tuple[int, tuple, tuple, list]:  # fmt: skip
+               native: bool | None = None, kinds=None) -> tuple[int, tuple, tuple, list]:  # fmt: skip
     """``write_pass_python``, in one native call when the module is built (CRC32C bodies only)."""
     if _WRITE_NATIVE is not None and native is not False:
         return _WRITE_NATIVE(buffer, position, physical_base, store_timestamp, store_ip, store_port, born_ip, born_port,
-                             sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max)  # fmt: skip
+                             sysflag, record_crc, requests, key_of, excluded, topics, first_queue_offsets, messages_max, kinds)  # fmt: skip
     return write_pass_python(
         buffer, position, physical_base=physical_base, store_timestamp=store_timestamp, store_ip=store_ip,
         store_port=store_port, born_ip=born_ip, born_port=born_port, sysflag=sysflag, record_crc=record_crc,
         requests=requests, key_of=key_of, excluded=excluded, topics=topics, first_queue_offsets=first_queue_offsets,
-        messages_max=messages_max, decode=decode,
+        messages_max=messages_max, decode=decode, kinds=kinds,
     )  # fmt: skip
 
 
@@ -234,7 +292,7 @@ class PassShape:
 
 
 def shape_pass(requests, keys: list, key_of: list[int], refused: list[int], malformed: list[int], counts: list[int], *,
-               body_size_max: int, store_v6: bool, record_crc: bool, decode: Callable) -> PassShape:  # fmt: skip
+               body_size_max: int, store_v6: bool, record_crc: bool, decode: Callable, kinds=None) -> PassShape:  # fmt: skip
     """The ``PassShape`` of a pass ``plan_pass`` planned (its keys, key_of, refused, malformed and
     counts): one ``record._batch_shape`` a key, one refusal a request refused."""
     topics: list[bytes] = []
@@ -262,41 +320,43 @@ def shape_pass(requests, keys: list, key_of: list[int], refused: list[int], malf
     refusals = {}
     if refused or bad_keys:
         for number in sorted({*refused, *(n for n, index in enumerate(key_of) if index in bad_keys)}):
-            request = decode(requests[number]) if _is_payload(requests[number]) else requests[number]
+            request = request_of(requests, number, kinds, decode)
             refusals[number] = refusal_of(request, body_size_max=body_size_max, store_v6=store_v6, record_crc=record_crc)
     return PassShape(topics, bad_keys, born_ip, born_port, sysflag, bytes(excluded), refusals, key_sizes)
 
 
-def leave_out(shape: PassShape, requests, key_of: list[int], counts: list[int], variable: list[int], malformed: list[int],
-              decide: Callable | None, *, record_crc: bool, decode: Callable) -> frozenset:  # fmt: skip
+def leave_out(shape: PassShape, key_of: list[int], counts: list[int], variable: list[int], malformed: list[int],
+              decide: Callable | None, idempotent: tuple) -> frozenset:  # fmt: skip
     """The requests ``decide`` leaves out of a planned pass (a SEND_IDEMPOTENT the producer table
     finds a retry or refuses): ``decide`` is given the set of requests the pass will not write
-    (refused for their content, malformed, of a bad key) and returns those it leaves out (the
-    caller answers them). Each is excluded, its refusal for its content dropped (the caller's
-    answer comes first, as the batch path looks the producer table up before it appends) and
-    its messages and bytes taken off its key's ``counts`` and ``variable``."""
+    (refused for their content, malformed, of a bad key) and the plan's ``idempotent`` (the
+    pass's SEND_IDEMPOTENTs: numbers, producer ids, first sequences, messages, sizes) and
+    returns those it leaves out, some of these (the caller answers them). Each is excluded, its
+    refusal for its content dropped (the caller's answer comes first, as the batch path looks
+    the producer table up before it appends) and its messages and bytes taken off its key's
+    ``counts`` and ``variable``."""
     if decide is None:
         return frozenset()
-    left_out = frozenset(decide({*shape.refusals, *malformed}))
+    left_out = frozenset(decide({*shape.refusals, *malformed}, idempotent))
     if not left_out:
         return left_out
     excluded = bytearray(shape.excluded)
+    numbers, _, _, messages, sizes = idempotent
+    place = {number: k for k, number in enumerate(numbers)}
     for number in left_out:
         if excluded[number]:
             shape.refusals.pop(number, None)
             continue
         excluded[number] = 1
-        request = decode(requests[number]) if _is_payload(requests[number]) else requests[number]
-        index = key_of[number]
-        counts[index] -= len(request.bodies)
-        variable[index] -= sum(len(body) for body in request.bodies) + sum(
-            len(p) + (rec.record_crc_extra_size(p) if record_crc else 0) for p in request.properties)
+        index, k = key_of[number], place[number]
+        counts[index] -= messages[k]
+        variable[index] -= sizes[k]
     shape.excluded = bytes(excluded)
     return left_out
 
 
 def append_pass(store, requests, *, messages_max: int, decode: Callable, native: bool | None = None,
-                decide: Callable | None = None) -> PassAppend | None:  # fmt: skip
+                decide: Callable | None = None, kinds=None) -> PassAppend | None:  # fmt: skip
     """Append a pass of SENDs (``requests``: each a request object with topic, queue_id, flag,
     born_timestamp, bodies and properties one per body, or a SEND's payload, which ``decode``
     turns into one or None when malformed) to ``store``'s commit log in one append, the records of
@@ -308,12 +368,13 @@ def append_pass(store, requests, *, messages_max: int, decode: Callable, native:
     if store.crc_function is not rec.CRC_FUNCTIONS["crc32c"] or store.write_failure is not None or store.disk_full():
         return None
     body_size_max, record_crc, store_v6 = config.max_message_size, config.append_record_crc, commit_log.store_v6
-    keys, key_of, refused, counts, variable, malformed = plan_pass(
+    keys, key_of, refused, counts, variable, malformed, idempotent = plan_pass(
         requests, body_size_max=body_size_max, record_crc=record_crc, messages_max=messages_max, decode=decode, native=native,
+        kinds=kinds,
     )  # fmt: skip
     shape = shape_pass(requests, keys, key_of, refused, malformed, counts, body_size_max=body_size_max, store_v6=store_v6,
-                       record_crc=record_crc, decode=decode)  # fmt: skip
-    left_out = leave_out(shape, requests, key_of, counts, variable, malformed, decide, record_crc=record_crc, decode=decode)
+                       record_crc=record_crc, decode=decode, kinds=kinds)  # fmt: skip
+    left_out = leave_out(shape, key_of, counts, variable, malformed, decide, idempotent)
     bad_keys = shape.bad_keys
     total = sum(shape.key_sizes[index] * counts[index] + variable[index] for index in range(len(keys)) if index not in bad_keys)
     if total == 0:
@@ -335,7 +396,7 @@ def append_pass(store, requests, *, messages_max: int, decode: Callable, native:
             store_port=commit_log.store_port, born_ip=shape.born_ip, born_port=shape.born_port, sysflag=shape.sysflag,
             record_crc=record_crc, requests=requests, key_of=key_of, excluded=shape.excluded, topics=shape.topics,
             first_queue_offsets=first_queue_offsets,
-            messages_max=messages_max, decode=decode, native=native,
+            messages_max=messages_max, decode=decode, native=native, kinds=kinds,
         )  # fmt: skip
         assert written == total, (written, total)
         answers.extend(pieces)

@@ -210,7 +210,7 @@ class ClientPort:
             if frame.kind not in cp.SEND_KINDS:
                 outbox.respond_counted(frame, self.answer(frame))  # counted: a READ's is up to 4 MiB
                 continue
-            if frame.kind == cp.SEND and self.puts.decodes_sends:  # decoded with its pass, natively
+            if self.puts.decodes_sends:  # decoded with its pass, natively (SEND and SEND_IDEMPOTENT)
                 self._sends.append((outbox, frame, None))
                 continue
             try:

@@ -30,7 +30,7 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable
-from itertools import chain
+from itertools import chain, repeat
 from typing import ClassVar, Protocol
 
 import trio
@@ -175,7 +175,8 @@ class PutService:
         self._pass_store = store.store if pass_encode.NATIVE and isinstance(store, StoreSink) else None
         # A Raft member's log: a pass of plain SENDs is one proposal planned by one call (``RaftLog.append_pass``).
         self._pass_log = getattr(store, "append_pass", None) if entry_pass.NATIVE else None
-        self.decodes_sends = self._pass_store is not None or self._pass_log is not None  # the client port leaves plain SENDs undecoded (None)
+        # The client port leaves SENDs and SEND_IDEMPOTENTs undecoded (None): the pass reads them natively.
+        self.decodes_sends = self._pass_store is not None or self._pass_log is not None
         self.tracker = PutTracker(
             sync_flush=store_config.flush_disk_type is FlushDiskType.SYNC_FLUSH, in_sync_replicas=config.in_sync_replicas,
             min_in_sync_replicas=config.min_in_sync_replicas, flush_timeout_seconds=store_config.sync_flush_timeout_seconds,
@@ -231,26 +232,28 @@ class PutService:
         together once the pass's end is as safe as configured. False, with nothing done, when
         the pass is the batch path's: a refusal of the put itself (role, replicas) or of the
         store (see ``append_pass``). A SEND_IDEMPOTENT is written with the pass, tagged with its
-        producer id and sequences, when the producer table finds it new (``_IdempotentPass``);
-        a retry is answered with its original offsets, a refusal at once."""
+        producer id and sequences (natively, from its payload), when the producer table finds it
+        new (``_IdempotentPass``); a retry is answered with its original offsets, a refusal at
+        once."""
         if self._write_refusal() is not None:
             return False
         requests = [frame.payload if request is None else request for _, frame, request in items]
-        idempotent = None
-        if cp.SEND_IDEMPOTENT in {frame.kind for _, frame, _ in items}:
-            idempotent = _IdempotentPass(self.producers, items, requests)
-        decide = None if idempotent is None else idempotent.decide
+        kinds = idempotent = decide = None
+        if any(frame.kind == cp.SEND_IDEMPOTENT for _, frame, _ in items):
+            kinds = bytes([frame.kind for _, frame, _ in items])
+            idempotent = _IdempotentPass(self.producers, items)
+            decide = idempotent.decide
         if self._pass_log is not None:
-            appended = self._pass_log(requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none, decide=decide)
+            appended = self._pass_log(requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none, decide=decide, kinds=kinds)
         else:
             appended = pass_encode.append_pass(self._pass_store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=_decode_or_none,
-                                               decide=decide)  # fmt: skip
+                                               decide=decide, kinds=kinds)  # fmt: skip
         if appended is None:
             return False
         duplicates = idempotent.stored(self, appended) if idempotent is not None else []
         for number in appended.malformed:  # the client port's answer to a SEND it cannot decode
             outbox, frame, _ = items[number]
-            outbox.respond(frame, error_response(frame, _protocol_error(frame.payload)))
+            outbox.respond(frame, error_response(frame, _protocol_error(frame)))
             outbox.flush()
         started = time.perf_counter()
         self.replicator.appended()
@@ -536,36 +539,33 @@ class PutService:
 
 
 class _IdempotentPass:
-    """The SEND_IDEMPOTENT requests of a pass (``PutService._put_pass``): each tagged with its
-    producer id and sequences in ``requests`` (in place) so the pass writes it as the batch path
-    would; ``decide`` (the pass's hook, once it is planned) asks the producer table for every
-    one's verdict (``ProducerTable.lookup_pass``: a retry of a request earlier in the same pass
-    is a retry too) and leaves out the retries and the refused; ``stored`` then remembers what
-    the pass stored, answers the refused and returns the retries with their original offsets."""
+    """The SEND_IDEMPOTENT requests of a pass (``PutService._put_pass``; the pass reads their
+    producer ids and sequences and tags their messages as the batch path would); ``decide`` (the
+    pass's hook, once it is planned, given the plan's ``idempotent``: numbers, producer ids,
+    first sequences, messages, sizes) asks the producer table for every one's verdict
+    (``ProducerTable.lookup_pass``: a retry of a request earlier in the same pass is a retry too)
+    and leaves out the retries and the refused; ``stored`` then remembers what the pass stored,
+    answers the refused and returns the retries with their original offsets. A malformed one is
+    not judged (the client port's answer, as when it decoded them)."""
 
-    __slots__ = ("producers", "items", "numbers", "verdicts", "left_out")
+    __slots__ = ("producers", "items", "numbers", "producer_ids", "firsts", "verdicts", "left_out")
 
-    def __init__(self, producers: ProducerTable, items: list, requests: list) -> None:
+    def __init__(self, producers: ProducerTable, items: list) -> None:
         self.producers = producers
         self.items = items
-        self.numbers = [number for number, (_, frame, _) in enumerate(items) if frame.kind == cp.SEND_IDEMPOTENT]
+        self.numbers: list[int] = []
+        self.producer_ids: list[str] = []
+        self.firsts: list[int] = []
         self.verdicts: list = []
         self.left_out: list[int] = []
-        for number in self.numbers:
-            r = items[number][2]
-            properties = [tag_properties(p, r.producer_id, r.first_sequence + i) for i, p in enumerate(r.properties)]
-            requests[number] = cp.SendRequest(r.topic, r.queue_id, r.bodies, properties, r.flag, r.born_timestamp, r.producer_id,
-                                              r.first_sequence)  # fmt: skip
 
-    def decide(self, unwritable: set[int]) -> list[int]:
-        items = self.items
-        frames = []
-        for number in self.numbers:
-            request = items[number][2]
-            frames.append((request.producer_id, request.first_sequence, len(request.bodies), number not in unwritable))
-        self.verdicts = self.producers.lookup_pass(frames)
+    def decide(self, unwritable: set[int], idempotent: tuple) -> list[int]:
+        numbers, producer_ids, firsts, messages, _ = idempotent
+        self.numbers, self.producer_ids, self.firsts = numbers, producer_ids, firsts
+        writable = [number not in unwritable for number in numbers] if unwritable else repeat(True)
+        self.verdicts = self.producers.lookup_pass(list(zip(producer_ids, firsts, messages, writable)))
         new = Verdict.NEW
-        self.left_out = [number for number, lookup in zip(self.numbers, self.verdicts, strict=True) if lookup.verdict is not new]
+        self.left_out = [number for number, lookup in zip(numbers, self.verdicts, strict=True) if lookup.verdict is not new]
         return self.left_out
 
     def stored(self, puts: PutService, appended: pass_encode.PassAppend) -> list:
@@ -576,11 +576,11 @@ class _IdempotentPass:
         written: dict[int, list[Stored]] = {}  # a frame's number in ``numbers``: where its messages went
         answers, items, remember, new = appended.answers, self.items, self.producers.remember, Verdict.NEW
         head, pair, head_size = pass_encode._ANSWER_HEAD, pass_encode._ANSWER_PAIR, pass_encode._ANSWER_HEAD.size
+        producer_ids, firsts = self.producer_ids, self.firsts
         for frame_number, (number, lookup) in enumerate(zip(self.numbers, self.verdicts, strict=True)):
             answer = answers[number]
             if answer is None or lookup.verdict is not new:
                 continue
-            request = items[number][2]
             queue_id, count = head.unpack_from(answer)
             pairs = list(pair.iter_unpack(answer[head_size:]))
             # Sizes as ``stored_messages`` gives them to the batch path: to the next message of
@@ -596,7 +596,7 @@ class _IdempotentPass:
                     end = offsets[after] if after < len(offsets) else result.next_offset
                 mine.append(Stored(offset, end - offset, queue_id, queue_offset))
             written[frame_number] = mine
-            remember(request.producer_id, request.first_sequence, mine)
+            remember(producer_ids[frame_number], firsts[frame_number], mine)
         duplicates: list = []
         if not self.left_out:
             return duplicates
@@ -617,17 +617,17 @@ class _IdempotentPass:
         return duplicates
 
 
-def _decode_or_none(payload) -> cp.SendRequest | None:
-    """A SEND's payload decoded, None when malformed (the pure twins' decoder)."""
+def _decode_or_none(payload, idempotent: bool = False) -> cp.SendRequest | None:
+    """A SEND's (or SEND_IDEMPOTENT's) payload decoded, None when malformed (the pure twins' decoder)."""
     try:
-        return cp.decode_send(payload)
+        return cp.decode_send(payload, idempotent=idempotent)
     except cp.ProtocolError:
         return None
 
 
-def _protocol_error(payload) -> str:
+def _protocol_error(frame: cp.Frame) -> str:
     try:
-        cp.decode_send(payload)
+        cp.decode_send(frame.payload, idempotent=frame.kind == cp.SEND_IDEMPOTENT)
     except cp.ProtocolError as error:
         return str(error)
     raise AssertionError("a SEND the pass found malformed decodes")
@@ -642,13 +642,18 @@ def _decoded(items: list) -> list:
     for outbox, frame, request in items:
         if request is None:
             try:
-                request = cp.decode_send(frame.payload)
+                request = cp.decode_send(frame.payload, idempotent=frame.kind == cp.SEND_IDEMPOTENT)
             except cp.ProtocolError as error:
                 outbox.respond(frame, error_response(frame, str(error)))
                 outbox.flush()
                 continue
         kept.append((outbox, frame, request))
     return kept
+
+
+# The pass reads a SEND_IDEMPOTENT and tags its messages natively (commitlog/pass_encode.py, _scan.c) with these.
+assert (pass_encode.KIND_SEND_IDEMPOTENT, pass_encode.PRODUCER_ID_SIZE_MAX, pass_encode.PROPERTY_PRODUCER_ID,
+        pass_encode.PROPERTY_PRODUCER_SEQ) == (cp.SEND_IDEMPOTENT, cp.PRODUCER_ID_SIZE_MAX, PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQ)
 
 
 def tag_properties(properties: bytes, producer_id: str, sequence: int) -> bytes:

@@ -42,6 +42,7 @@ import time
 
 import trio
 
+from commitlog import pass_encode
 from hasvc.broker.broker import Broker
 from hasvc.broker.raft.broker import RaftBroker
 from hasvc.broker.raft.group import GroupConfig
@@ -86,9 +87,11 @@ def requests_pool(requests: int, queues: int, size: int, decode: bool) -> list[l
 
 def pass_items(outbox, sends, decode: bool, put_decodes: bool) -> list:
     """A pass's (outbox, frame, request) items, as the client port hands them with ``decode``
-    (it decodes every SEND_IDEMPOTENT itself)."""
+    (a tree whose pass does not read SEND_IDEMPOTENTs' payloads: the port decodes those)."""
     if not decode:
         return [(outbox, frame, request) for frame, request in sends]
+    if put_decodes and hasattr(pass_encode, "KIND_SEND_IDEMPOTENT"):
+        return [(outbox, frame, None) for frame, _ in sends]
     if put_decodes:
         return [(outbox, frame, cp.decode_send(frame.payload, idempotent=True) if frame.kind == cp.SEND_IDEMPOTENT else None)
                 for frame, _ in sends]  # fmt: skip

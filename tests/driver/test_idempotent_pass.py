@@ -10,6 +10,7 @@ import trio
 
 from commitlog import entry_pass, pass_encode
 from hasvc.broker.broker import Broker
+from hasvc.broker.outbox import error_response
 from hasvc.broker.put_service import PutService
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
@@ -21,20 +22,27 @@ def _idempotent(producer: str, first: int, count: int, queue_id: int = 0) -> cp.
                           producer_id=producer, first_sequence=first)  # fmt: skip
 
 
-def _items(outbox, numbered: list) -> list:
+def _items(outbox, numbered: list, decoded: bool) -> list:
+    """The pass as the client port hands it over: every frame undecoded (its request None) when
+    the put path reads them (``decodes_sends``), decoded otherwise (a malformed one answered by
+    the port, not handed over)."""
     items = []
     for request_id, request in numbered:
-        if request.producer_id:
-            items.append((outbox, cp.Frame(cp.SEND_IDEMPOTENT, request_id, b""), request))
-        else:
-            items.append((outbox, cp.Frame(cp.SEND, request_id, memoryview(cp.encode_send(request))), None))
+        payload = request if isinstance(request, bytes) else cp.encode_send(request)
+        kind = cp.SEND if isinstance(request, cp.SendRequest) and not request.producer_id else cp.SEND_IDEMPOTENT
+        frame = cp.Frame(kind, request_id, memoryview(payload))
+        if not decoded:
+            items.append((outbox, frame, None))
+            continue
+        try:
+            items.append((outbox, frame, cp.decode_send(frame.payload, idempotent=kind == cp.SEND_IDEMPOTENT)))
+        except cp.ProtocolError as error:
+            outbox.respond(frame, error_response(frame, str(error)))
     return items
 
 
 async def _put(broker, outbox, numbered: list) -> None:
-    items = _items(outbox, numbered)
-    if not broker.put_service.decodes_sends:  # the client port decodes every SEND itself then
-        items = [(o, f, r if r is not None else cp.decode_send(f.payload)) for o, f, r in items]
+    items = _items(outbox, numbered, decoded=not broker.put_service.decodes_sends)
     broker.put_service.put_items(items)
     await until(lambda: all(request_id in outbox.answers for request_id, _ in numbered))
 
@@ -61,8 +69,17 @@ async def test_a_pass_stores_a_producers_request_once_and_answers_its_retries_wi
             (5, _idempotent("p2", 7, 1, queue_id=1)),  # another producer, a gap is fine
             (6, _idempotent("p1", 2, 1)),  # the next sequence, in the same pass
         ])  # fmt: skip
-        await _put(broker, outbox, [(7, _idempotent("p1", 0, 2)), (8, _idempotent("p2", 7, 1, queue_id=1)), (9, _idempotent("p1", 3, 1))])
+        await _put(broker, outbox, [
+            (7, _idempotent("p1", 0, 2)), (8, _idempotent("p2", 7, 1, queue_id=1)), (9, _idempotent("p1", 3, 1)),
+            (10, b"\0\0" + cp.encode_send(_idempotent("p1", 4, 1))[4:]),  # an empty producer id
+            (11, cp.encode_send(_idempotent("p1", 4, 1))[:-3]),  # cut
+            (12, cp.encode_send(_idempotent("p3", 0, 1))[:4] + (-1).to_bytes(8, "big", signed=True)
+             + cp.encode_send(_idempotent("p3", 0, 1))[12:]),  # a negative sequence
+        ])  # fmt: skip
         answers = outbox.answers
+        assert answers[10].status == "MESSAGE_ILLEGAL" and answers[10].reason.startswith("producer id must be 1..64 bytes")
+        assert answers[11].status == "MESSAGE_ILLEGAL" and answers[11].reason == "field runs past the end of the payload"
+        assert answers[12].status == "MESSAGE_ILLEGAL" and answers[12].reason == "first sequence -1 is negative"
         for request_id in (1, 2, 3, 5, 6, 7, 8, 9):
             assert answers[request_id].status == "PUT_OK", (request_id, answers[request_id])
         assert answers[4].status == "MESSAGE_ILLEGAL" and "overlap an earlier send only in part" in answers[4].reason

@@ -44,10 +44,10 @@ def requests(draw):
     return Request(topic, queue_id, bodies, properties, flag, born_timestamp)
 
 
-def decode(payload):
-    """The client protocol's SEND decoder, None when malformed: the pure twins' view of a payload."""
+def decode(payload, idempotent=False):
+    """The client protocol's SEND (SEND_IDEMPOTENT) decoder, None when malformed: the pure twins' view of a payload."""
     try:
-        return cp.decode_send(payload)
+        return cp.decode_send(payload, idempotent=idempotent)
     except cp.ProtocolError:
         return None
 
@@ -89,7 +89,7 @@ def batch_refusal(request, *, store_v6=False, record_crc=False):
 
 def batch_of(item) -> rec.MessageBatch | None:
     """A request of a pass (an object or a payload) as the batch path takes it; None when malformed."""
-    request = decode(item) if pe._is_payload(item) else item
+    request = decode(item, idempotent=is_idempotent(item)) if pe._is_payload(item) else item
     if request is None:
         return None
     return rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(request.properties),
@@ -105,15 +105,57 @@ def idempotent_requests(draw):
     bodies = [draw(st.binary(max_size=60)) for _ in range(count)]
     properties = [draw(st.sampled_from([b"", b"KEYS\x01k\x02", b"a\x01b", NEAR_PROPERTIES])) for _ in range(count)]
     return cp.SendRequest(draw(st.sampled_from(["T", "T", "Orders", "bad topic!"])), draw(st.sampled_from([0, 1])), bodies,
-                          properties, 0, draw(st.integers(0, 1 << 40)), draw(st.sampled_from(["p1", "p2"])),
+                          properties, 0, draw(st.integers(0, 1 << 40)), draw(st.sampled_from(["p1", "p2", "pé"])),
                           draw(st.integers(0, 9)))  # fmt: skip
 
 
-mixed_passes = st.lists(st.one_of(items(), idempotent_requests(), idempotent_requests()), min_size=1, max_size=12)
+class IdempotentPayload(bytes):
+    """A SEND_IDEMPOTENT's payload as the client port leaves it (its frame kind: 7)."""
+
+
+def _idempotent_head(producer_id: bytes, first_sequence: int) -> bytes:
+    return len(producer_id).to_bytes(2, "big") + producer_id + first_sequence.to_bytes(8, "big", signed=True)
+
+
+@st.composite
+def idempotent_items(draw):
+    """A SEND_IDEMPOTENT of a pass: a request object as the client port used to decode it, or
+    its payload as the port leaves it now (whole, cut, longer, garbage, a producer id empty, too
+    long, with a separator or not UTF-8, a negative sequence, a sequence whose tags pass 2**63 - 1)."""
+    request = draw(idempotent_requests())
+    form = draw(st.sampled_from(["object", "payload", "payload", "payload", "cut", "longer", "garbage", "empty id", "long id",
+                                 "longest id", "id with a separator", "id not utf-8", "negative", "highest"]))  # fmt: skip
+    if form == "object":
+        return request
+    plain = cp.encode_send(dataclasses.replace(request, producer_id="", first_sequence=-1))
+    payload = _idempotent_head(request.producer_id.encode(), request.first_sequence) + plain
+    if form == "cut":
+        payload = payload[: draw(st.integers(0, len(payload)))]
+    elif form == "longer":
+        payload += b"x"
+    elif form == "garbage":
+        payload = draw(st.binary(max_size=60))
+    elif form in ("empty id", "long id", "longest id", "id with a separator", "id not utf-8"):
+        producer_id = {"empty id": b"", "long id": b"p" * (cp.PRODUCER_ID_SIZE_MAX + 1), "longest id": b"q" * cp.PRODUCER_ID_SIZE_MAX,
+                       "id with a separator": draw(st.sampled_from([b"p\x01", b"\x02p"])), "id not utf-8": b"p\xff"}[form]  # fmt: skip
+        payload = _idempotent_head(producer_id, request.first_sequence) + plain
+    elif form == "negative":
+        payload = _idempotent_head(request.producer_id.encode(), -1 - request.first_sequence) + plain
+    elif form == "highest":
+        payload = _idempotent_head(b"high", (1 << 63) - draw(st.integers(1, 3))) + plain
+    return IdempotentPayload(payload)
+
+
+mixed_passes = st.lists(st.one_of(items(), idempotent_requests(), idempotent_items(), idempotent_items()), min_size=1, max_size=12)
 
 
 def is_idempotent(item) -> bool:
-    return isinstance(item, cp.SendRequest) and bool(item.producer_id)
+    return isinstance(item, IdempotentPayload) or (isinstance(item, cp.SendRequest) and bool(item.producer_id))
+
+
+def kinds_of(pass_requests) -> bytes:
+    """A pass's frame kinds, as ``PutService._put_pass`` hands them over."""
+    return bytes(cp.SEND_IDEMPOTENT if is_idempotent(item) else cp.SEND for item in pass_requests)
 
 
 class Recorder:
@@ -143,14 +185,15 @@ def producer_pass(pass_requests, table, append) -> list:
     original ones, the pass's refusal, malformed)."""
     from types import SimpleNamespace
 
-    from hasvc.broker.put_service import _IdempotentPass
+    from hasvc.broker.put_service import _IdempotentPass, _protocol_error
 
     outbox = Recorder()
-    items = [(outbox, cp.Frame(cp.SEND_IDEMPOTENT if is_idempotent(item) else cp.SEND, number, b""),
-              item if is_idempotent(item) else None) for number, item in enumerate(pass_requests)]  # fmt: skip
+    items = [(outbox, cp.Frame(cp.SEND_IDEMPOTENT if is_idempotent(item) else cp.SEND, number,
+                               item if pe._is_payload(item) else b""),
+              None if pe._is_payload(item) else item) for number, item in enumerate(pass_requests)]  # fmt: skip
     requests = list(pass_requests)
-    idempotent = _IdempotentPass(table, items, requests)
-    done = append(requests, idempotent.decide)
+    idempotent = _IdempotentPass(table, items)
+    done = append(requests, idempotent.decide, kinds_of(pass_requests))
     assert done is not None
     puts = SimpleNamespace(producers=table, duplicate_sends=0)
     duplicates = {frame.request_id: appended.result for (_, frame), appended in idempotent.stored(puts, done)}
@@ -160,8 +203,8 @@ def producer_pass(pass_requests, table, append) -> list:
             outcomes.append(("answered", outbox.sent[number]))
         elif number in duplicates:
             outcomes.append(("stored", duplicates[number].offsets, duplicates[number].queue_offsets))
-        elif number in done.malformed:
-            outcomes.append("malformed")
+        elif number in done.malformed:  # answered with the client protocol's error (``_put_pass``)
+            outcomes.append(("malformed", _protocol_error(items[number][1])))
         elif number in done.refusals:
             outcomes.append((done.refusals[number].status, done.refusals[number].reason))
         else:
@@ -180,6 +223,12 @@ def producer_batches(pass_requests, table, append_one) -> list:
     outcomes = []
     for number, item in enumerate(pass_requests):
         request = item
+        if pe._is_payload(item):  # the client port's decode, and its answer to a payload it cannot decode
+            try:
+                request = item = cp.decode_send(item, idempotent=is_idempotent(item))
+            except cp.ProtocolError as error:
+                outcomes.append(("malformed", str(error)))
+                continue
         if is_idempotent(item):
             lookup = table.lookup(item.producer_id, item.first_sequence, len(item.bodies))
             if lookup.verdict is Verdict.REFUSED:

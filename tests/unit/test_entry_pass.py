@@ -18,7 +18,7 @@ from commitlog.dledger.message_store import DLedgerMessageStore
 from hasvc.protocol import client as cp
 from commitlog.commit_log import AppendResult
 from hasvc.state.dedupe import ProducerTable
-from tests.unit.pass_requests import (BODY_SIZE_MAX, Request, batch_of, decode, mixed_passes, passes, producer_batches,
+from tests.unit.pass_requests import (BODY_SIZE_MAX, Request, batch_of, decode, kinds_of, mixed_passes, passes, producer_batches,
                                       producer_pass, table_state)  # fmt: skip
 
 DATA_FILE_SIZE = 96 * 1024  # a generated request's records (up to ~66 KiB with 32 KiB properties) fit one data file
@@ -48,20 +48,23 @@ def _shape(keys, store_v6: bool):
 
 
 @pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
-@given(passes, st.booleans(), st.sampled_from([40_000, 70_000, 1 << 20]), st.integers(0, 3 << 20))
-@settings(max_examples=200, deadline=None)
+@given(st.one_of(passes, mixed_passes), st.booleans(), st.sampled_from([40_000, 70_000, 1 << 20]), st.integers(0, 3 << 20))
+@settings(max_examples=300, deadline=None)
 def test_native_and_python_entry_passes_agree(pass_requests, store_v6, file_size, offset):
     """Bodies, offsets, queue ids and offsets, positions (across data files), entry sizes and
-    packed answers: the same from both, for the requests the plan keeps."""
-    keys, key_of, refused, _counts, _variable, malformed = pe.plan_pass(pass_requests, body_size_max=BODY_SIZE_MAX, record_crc=False,
-                                                                        messages_max=cp.SEND_MESSAGES_MAX, decode=decode)  # fmt: skip
+    packed answers: the same from both, for the requests the plan keeps (a SEND_IDEMPOTENT's
+    messages tagged)."""
+    kinds = kinds_of(pass_requests)
+    keys, key_of, refused, _counts, _variable, malformed, _ = pe.plan_pass(pass_requests, body_size_max=BODY_SIZE_MAX, record_crc=False,
+                                                                           messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
+                                                                           kinds=kinds)  # fmt: skip
     topics, (born_ip, born_port, sysflag) = _shape(keys, store_v6)
     excluded = bytes(1 if number in refused or number in malformed or not topics[key_of[number]] else 0
                      for number in range(len(pass_requests)))  # fmt: skip
     store_ip = b"\0" * 15 + b"\1" if store_v6 else b"\x7f\0\0\1"
     arguments = dict(key_of=key_of, excluded=excluded, topics=topics, first_queue_offsets=[3 * k for k in range(len(keys))],
                      store_timestamp=STORE_TIMESTAMP, store_ip=store_ip, store_port=10911, born_ip=born_ip, born_port=born_port,
-                     sysflag=sysflag, messages_max=cp.SEND_MESSAGES_MAX, offset=offset, file_size=file_size)  # fmt: skip
+                     sysflag=sysflag, messages_max=cp.SEND_MESSAGES_MAX, offset=offset, file_size=file_size, kinds=kinds)  # fmt: skip
     made = ep.write_entry_pass(pass_requests, native=True, **arguments)
     twin = ep.write_entry_pass_python(pass_requests, decode=decode, **arguments)
     assert made == twin
@@ -170,7 +173,8 @@ def _proposed(plan) -> AppendResult:
 def test_a_pass_with_idempotent_sends_proposes_and_answers_what_the_batch_path_does(tmp_path_factory, monkeypatch_module, pass_list,
                                                                                       lead_in):  # fmt: skip
     """Passes mixing SENDs and SEND_IDEMPOTENTs (retries of earlier passes and of the same pass,
-    partial overlaps, gaps, refusals for content), planned as a DLedger leader's
+    partial overlaps, gaps, refusals for content; payloads as the client port leaves them, some
+    malformed), planned as a DLedger leader's
     ``PutService._put_pass`` plans them (native and pure) against ``plan_batch`` of each request
     in turn as ``_append_idempotent`` puts it: the same data and index files, the same answers,
     the same producer table after."""
@@ -199,9 +203,9 @@ def test_a_pass_with_idempotent_sends_proposes_and_answers_what_the_batch_path_d
                         return _proposed(plan)
                     outcomes.append(producer_batches(pass_requests, table, append_one))
                     continue
-                def append(requests, decide, store=store, way=way):
+                def append(requests, decide, kinds, store=store, way=way):
                     planned = ep.plan_entry_pass(store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
-                                                 native=way == "native", decide=decide)  # fmt: skip
+                                                 native=way == "native", decide=decide, kinds=kinds)  # fmt: skip
                     assume(planned is not None)
                     if planned.plan is None:
                         return pe.PassAppend(None, planned.answers, planned.refusals, planned.malformed, planned.left_out)

@@ -18,18 +18,41 @@ from commitlog.config import StoreConfig
 from commitlog.store import MessageStore
 from hasvc.protocol import client as cp
 from hasvc.state.dedupe import ProducerTable
-from tests.unit.pass_requests import (BODY_SIZE_MAX, PLANNING, Request, batch_of, batch_refusal, decode, mixed_passes, passes,
-                                      producer_batches, producer_pass, table_state)  # fmt: skip
+from hasvc.broker.put_service import tag_properties
+from tests.unit.pass_requests import (BODY_SIZE_MAX, PLANNING, Request, batch_of, batch_refusal, decode, kinds_of,
+                                      mixed_passes, passes, producer_batches, producer_pass, table_state)  # fmt: skip
+
+
+def _as_written(pass_requests, number, kinds):
+    """Request ``number`` as the batch path writes it: decoded as the client port decodes its
+    frame's kind (None when malformed), a SEND_IDEMPOTENT's properties tagged by the broker's
+    ``tag_properties``."""
+    item = pass_requests[number]
+    idempotent = kinds is not None and kinds[number] == cp.SEND_IDEMPOTENT
+    request = decode(item, idempotent=idempotent) if pe._is_payload(item) else item
+    if request is None or not idempotent:
+        return request
+    return cp.SendRequest(request.topic, request.queue_id, request.bodies,
+                          [tag_properties(p, request.producer_id, request.first_sequence + i) for i, p in enumerate(request.properties)],
+                          request.flag, request.born_timestamp, request.producer_id, request.first_sequence)  # fmt: skip
 
 
 @pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
-@given(passes, st.booleans())
-def test_native_and_python_pass_plans_agree_and_refuse_what_the_batch_path_refuses(pass_requests, record_crc):
-    plan = pe.plan_pass(pass_requests, record_crc=record_crc, native=True, **PLANNING)
-    assert plan == pe.plan_pass_python(pass_requests, record_crc=record_crc, **PLANNING)
-    keys, key_of, refused, _counts, _variable, malformed = plan
-    decoded = [decode(item) if pe._is_payload(item) else item for item in pass_requests]
+@given(st.one_of(passes, mixed_passes), st.booleans(), st.booleans())
+@settings(max_examples=300)
+def test_native_and_python_pass_plans_agree_and_refuse_what_the_batch_path_refuses(pass_requests, record_crc, with_kinds):
+    """The plans agree (SEND_IDEMPOTENTs read, checked and tagged, each payload malformed where the
+    client protocol's decoder refuses it, their producer ids, sequences and messages returned);
+    a request is refused where the batch path refuses it, tagged."""
+    kinds = kinds_of(pass_requests) if with_kinds else None
+    plan = pe.plan_pass(pass_requests, record_crc=record_crc, native=True, kinds=kinds, **PLANNING)
+    assert plan == pe.plan_pass_python(pass_requests, record_crc=record_crc, kinds=kinds, **PLANNING)
+    keys, key_of, refused, _counts, _variable, malformed, idempotent = plan
+    decoded = [_as_written(pass_requests, number, kinds) for number in range(len(pass_requests))]
     assert malformed == [number for number, request in enumerate(decoded) if request is None]
+    judged = [number for number, request in enumerate(decoded) if request is not None and kinds and kinds[number] == cp.SEND_IDEMPOTENT]
+    assert idempotent[:4] == (judged, [decoded[n].producer_id for n in judged], [decoded[n].first_sequence for n in judged],
+                              [len(decoded[n].bodies) for n in judged])  # fmt: skip
     assert [keys[index] if index >= 0 else None for index in key_of] == [
         None if request is None else (request.topic, request.queue_id) for request in decoded]
     for number, request in enumerate(decoded):
@@ -44,9 +67,9 @@ def test_native_and_python_pass_plans_agree_and_refuse_what_the_batch_path_refus
         assert (number in refused) == (refusal is not None), (request, refusal)
 
 
-def _written(pass_requests, *, record_crc, store_v6, use_native):
-    keys, key_of, refused, counts, _variable, malformed = pe.plan_pass(pass_requests, record_crc=record_crc, native=use_native,
-                                                                      **PLANNING)  # fmt: skip
+def _written(pass_requests, *, record_crc, store_v6, use_native, kinds=None):
+    keys, key_of, refused, counts, _variable, malformed, _ = pe.plan_pass(pass_requests, record_crc=record_crc, native=use_native,
+                                                                         kinds=kinds, **PLANNING)  # fmt: skip
     excluded = bytearray(len(pass_requests))
     topics = []
     for index, (topic, queue_id) in enumerate(keys):
@@ -63,17 +86,21 @@ def _written(pass_requests, *, record_crc, store_v6, use_native):
         store_port=10911, born_ip=b"\x7f\0\0\1", born_port=0, sysflag=rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0,
         record_crc=record_crc, requests=pass_requests, key_of=key_of, excluded=bytes(excluded), topics=topics,
         first_queue_offsets=[7 * index for index in range(len(keys))], messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
-        native=use_native,
+        native=use_native, kinds=kinds,
     )  # fmt: skip
     return buffer, outcome, excluded, key_of, keys
 
 
 @pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
-@given(passes, st.booleans(), st.booleans())
-@settings(max_examples=200)
+@given(st.one_of(passes, mixed_passes), st.booleans(), st.booleans())
+@settings(max_examples=300)
 def test_native_and_python_passes_write_the_batch_paths_bytes(pass_requests, record_crc, store_v6):
-    fast, fast_outcome, excluded, key_of, keys = _written(pass_requests, record_crc=record_crc, store_v6=store_v6, use_native=True)
-    slow, slow_outcome, _, _, _ = _written(pass_requests, record_crc=record_crc, store_v6=store_v6, use_native=False)
+    """Every request kept (a SEND_IDEMPOTENT's messages tagged as the broker tags them) written as
+    ``record.write_batch`` writes it alone, by both: the same bytes, offsets and answers."""
+    kinds = kinds_of(pass_requests)
+    fast, fast_outcome, excluded, key_of, keys = _written(pass_requests, record_crc=record_crc, store_v6=store_v6, use_native=True,
+                                                          kinds=kinds)  # fmt: skip
+    slow, slow_outcome, _, _, _ = _written(pass_requests, record_crc=record_crc, store_v6=store_v6, use_native=False, kinds=kinds)
     assert fast == slow
     assert fast_outcome == slow_outcome
     written, offsets, queue_offsets, answers = fast_outcome
@@ -85,7 +112,7 @@ def test_native_and_python_passes_write_the_batch_paths_bytes(pass_requests, rec
         if excluded[number]:
             assert answers[number] is None
             continue
-        request = decode(request) if pe._is_payload(request) else request
+        request = _as_written(pass_requests, number, kinds)
         batch = rec.MessageBatch(request.topic, request.bodies, queue_id=request.queue_id, properties=list(request.properties),
                                  flag=request.flag, born_timestamp=request.born_timestamp)  # fmt: skip
         prepared = rec.prepare_batch(batch, body_size_max=BODY_SIZE_MAX, store_v6=store_v6, record_crc=record_crc)
@@ -101,8 +128,8 @@ def test_native_and_python_passes_write_the_batch_paths_bytes(pass_requests, rec
         assert answers[number] == request.queue_id.to_bytes(4, "big") + len(starts).to_bytes(4, "big") + pairs
     assert fast == reference
     assert written == position - 100
-    assert len(offsets) == len(queue_offsets) == sum(len((decode(r) if pe._is_payload(r) else r).bodies)
-                                                     for n, r in enumerate(pass_requests) if not excluded[n])  # fmt: skip
+    assert len(offsets) == len(queue_offsets) == sum(len(_as_written(pass_requests, n, kinds).bodies)
+                                                     for n in range(len(pass_requests)) if not excluded[n])  # fmt: skip
 
 
 @pytest.mark.skipif(not native.AVAILABLE, reason="native module not built")
@@ -178,7 +205,9 @@ def test_append_pass_stores_what_the_batch_path_stores_and_refuses_alike(tmp_pat
 @settings(max_examples=60, deadline=None)
 def test_a_pass_with_idempotent_sends_stores_and_answers_what_the_batch_path_does(tmp_path_factory, pass_list, record_crc):
     """Passes mixing SENDs and SEND_IDEMPOTENTs (retries of earlier passes and of the same pass,
-    partial overlaps, gaps, refusals for content), put as ``PutService._put_pass`` puts them
+    partial overlaps, gaps, refusals for content; payloads as the client port leaves them, some
+    malformed: a producer id empty, too long, with a separator or not UTF-8, a negative or cut
+    sequence, answered with the client protocol's error), put as ``PutService._put_pass`` puts them
     (native and pure) against the batch path's one request after the other
     (``_append_idempotent``): the same log bytes, the same answers (a retry's original offsets,
     the producer table's refusals word for word), the same producer table after."""
@@ -199,9 +228,9 @@ def test_a_pass_with_idempotent_sends_stores_and_answers_what_the_batch_path_doe
                         return result if result.status is rec.PutMessageStatus.PUT_OK else (result.status, result.reason)
                     outcomes.append(producer_batches(pass_requests, table, append_one))
                 else:
-                    def append(requests, decide, store=store, way=way):
+                    def append(requests, decide, kinds, store=store, way=way):
                         return pe.append_pass(store, requests, messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
-                                              native=way == "native", decide=decide)  # fmt: skip
+                                              native=way == "native", decide=decide, kinds=kinds)  # fmt: skip
                     outcomes.append(producer_pass(pass_requests, table, append))
             logs.append((way, _store_bytes(store), outcomes, dict(store.commit_log.topic_queue_table), table_state(table)))
     reference = logs[-1]

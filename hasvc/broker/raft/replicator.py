@@ -74,13 +74,14 @@ class RaftLog:
         return self._driver.propose_plan(lambda: self._store.plan_batches(batches), drain=False)
 
 
-    def append_pass(self, requests: list, *, messages_max: int, decode, decide=None) -> pass_encode.PassAppend | None:
+    def append_pass(self, requests: list, *, messages_max: int, decode, decide=None, kinds=None) -> pass_encode.PassAppend | None:
         """Propose a pass of plain SENDs (``pass_encode.append_pass``'s requests) as one proposal
         planned by one native call (``entry_pass.plan_entry_pass``): the requests kept in the
         order read, the refused and malformed ones answered apart. None, with nothing proposed,
         when the pass takes the batch path (``plan_entry_pass``'s cases, or a proposal the
         driver refuses: a full disk, no longer leading), which answers it as before."""
-        planned = entry_pass.plan_entry_pass(self._store, requests, messages_max=messages_max, decode=decode, decide=decide)
+        planned = entry_pass.plan_entry_pass(self._store, requests, messages_max=messages_max, decode=decode, decide=decide,
+                                             kinds=kinds)  # fmt: skip
         if planned is None:
             return None
         plan = planned.plan

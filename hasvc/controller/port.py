@@ -131,7 +131,8 @@ class ControllerPort:
             return cp.refused(cp.HEARTBEAT, f"broker {request.broker_id} is not a member of group {request.group!r}: "
                                             "register first")  # fmt: skip
         now = trio.current_time()
-        self.server.tracker.heartbeat(request.group, request.broker_id, request.epoch, request.max_offset, now)
+        self.server.tracker.heartbeat(request.group, request.broker_id, request.epoch, request.max_offset, now,
+                                      lost_tail=request.lost_tail)  # fmt: skip
         if group.master_id is None:
             self.server._election_due.set()
         answer = self.server.tracker.answer(self.server.state, request.group, request.broker_id, now)

@@ -157,7 +157,6 @@ class ControllerSim:
     def crash(self, broker: Broker, *, restart_after: float | None = None) -> None:
         self.crashes += 1
         power_loss = (broker.tracker is not None and self.timings.min_in_sync_replicas >= 2
-                      and len(broker.tracker.sync_state_set) >= 2
                       and self.power_rng.random() < POWER_LOSS_SHARE)  # fmt: skip
         if broker.tracker is not None:
             self.checker.on_kill(broker.tracker.epoch, self.now)

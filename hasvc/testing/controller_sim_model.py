@@ -81,6 +81,7 @@ class HeartbeatBody:
     broker_id: int
     epoch: int
     max_offset: int
+    lost_tail: int | None = None  # the last epoch's start when past max_offset (a power loss cut it)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -295,8 +296,21 @@ def _without_restarts(state: ControllerState) -> ControllerState:
     return ControllerState(groups, state.applied_index)
 
 
+class _IgnoreLostTail(ElectionTracker):
+    """A lost tail unheard (the rule before it was reported): a SyncStateSet of one whose log
+    ends before its epoch's start is elected again on that log, the old master outside the set,
+    which holds the tail, then cuts it at the handshake."""
+
+    __slots__ = ()
+
+    def heartbeat(self, group, broker_id, epoch, max_offset, now, *, lost_tail=None):
+        super().heartbeat(group, broker_id, epoch, max_offset, now)
+
+
 MUTATIONS = {"expand-after-accept": "tracker", "shrink-before-accept": "tracker", "ack-without-lease": "tracker",
-             "grant-without-hold": "elect", "elect-outside-set": "elect", "resume-after-restart": "elect"}  # fmt: skip
+             "grant-without-hold": "elect", "elect-outside-set": "elect", "resume-after-restart": "elect",
+             "ignore-lost-tail": "elect"}  # fmt: skip
 _MUTATED = {"expand-after-accept": _ExpandAfterAccept, "shrink-before-accept": _ShrinkBeforeAccept,
             "ack-without-lease": _AckWithoutLease, "grant-without-hold": _GrantWithoutHold,
-            "elect-outside-set": _ElectOutsideSet, "resume-after-restart": _ResumeAfterRestart}  # fmt: skip
+            "elect-outside-set": _ElectOutsideSet, "resume-after-restart": _ResumeAfterRestart,
+            "ignore-lost-tail": _IgnoreLostTail}  # fmt: skip

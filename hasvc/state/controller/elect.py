@@ -68,6 +68,7 @@ class Liveness:
     received_at: float  # this leader's clock
     epoch: int  # the last epoch in the broker's log
     max_offset: int  # where the broker's log ends
+    lost_tail: int | None = None  # that epoch's start, past max_offset: a power loss cut what it held then
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -120,8 +121,15 @@ class ElectionTracker:
         self._grants.clear()
         self._restarts.clear()
 
-    def heartbeat(self, group: str, broker_id: int, epoch: int, max_offset: int, now: float) -> None:
-        self._liveness[(group, broker_id)] = Liveness(now, epoch, max_offset)
+    def heartbeat(self, group: str, broker_id: int, epoch: int, max_offset: int, now: float, *,
+                  lost_tail: int | None = None) -> None:  # fmt: skip
+        if lost_tail is not None and lost_tail <= max_offset:
+            lost_tail = None  # the epoch starts within the log: nothing it held then is missing
+        self._liveness[(group, broker_id)] = Liveness(now, epoch, max_offset, lost_tail)
+
+    def lost_tail(self, group: str, broker_id: int) -> int | None:
+        seen = self._liveness.get((group, broker_id))
+        return None if seen is None else seen.lost_tail
 
     def liveness(self, group: str, broker_id: int) -> Liveness | None:
         return self._liveness.get((group, broker_id))
@@ -162,6 +170,10 @@ class ElectionTracker:
             heard = self._heard_since_restart(name, group, now)
             if heard is None:
                 return None
+        if heard is not None:  # before an unclean choice: this one is proven to lose nothing
+            covered = self._cover_lost_tail(name, group, heard, now)
+            if covered is not None:
+                return covered
         if group.master_id is not None:
             chosen, clean = self._choose(name, group, now, exclude=group.master_id, heard=heard)
             if chosen is None:
@@ -182,7 +194,7 @@ class ElectionTracker:
             return None  # wait; or the master lapsed meanwhile: the lapse rule elects another
         chosen = self._safe_after_restart(name, group, heard, [b for b in heard if self.alive(name, b, now)])
         if chosen is None:
-            return None
+            return self._cover_lost_tail(name, group, heard, now)
         return Elect(name, chosen, group.epoch, f"master {group.master_id} restarted (it may have lost unflushed "
                      f"writes): broker {chosen} has the longest log of the SyncStateSet {sorted(group.sync_state_set)}")  # fmt: skip
 
@@ -206,7 +218,7 @@ class ElectionTracker:
     def _safe_after_restart(self, name: str, group: GroupState, heard: list[int], candidates: list[int]) -> int | None:
         """The best of ``candidates``, unless it restarted and a member of the set not heard since,
         or heard with a longer log (down since), may hold what it lost: None."""
-        chosen = self._best(name, candidates)
+        chosen = self._best(name, [b for b in candidates if self.lost_tail(name, b) is None])
         if chosen is None or chosen not in group.restarted:
             return chosen  # never restarted since it entered the set: it holds every acknowledged write
         if len(heard) < len(group.sync_state_set):
@@ -223,14 +235,52 @@ class ElectionTracker:
                  if broker_id != exclude and self.alive(name, broker_id, now)]  # fmt: skip
         if group.epoch == 0:
             return self._best(name, alive), True  # never elected: nothing was ever acknowledged
-        in_set = [b for b in alive if b in group.sync_state_set and (heard is None or b in heard)]
+        in_set = [b for b in alive if b in group.sync_state_set and (heard is None or b in heard)
+                  and self.lost_tail(name, b) is None]  # fmt: skip
         if in_set:
             if heard is not None:
                 return self._safe_after_restart(name, group, heard, in_set), True
             return self._best(name, in_set), True
         if self.timings.allow_unclean_election and alive:
-            return self._best(name, alive), False
+            whole = [b for b in alive if self.lost_tail(name, b) is None]  # a lost tail last: its epoch ranks it high
+            return self._best(name, whole or alive), False
         return None, True
+
+    def _cover_lost_tail(self, name: str, group: GroupState, heard: list[int], now: float) -> Elect | None:
+        """Every member of the SyncStateSet lost the tail of the group's epoch (its log ends
+        before that epoch's start X, the epoch file survived: a power loss): the member outside
+        the set whose log covers X, when every member of the group is heard since the restart.
+
+        Why that is safe: the set's member took office at X holding every write acknowledged
+        before (it was elected from the previous epoch's set), so every one of them is in
+        ``[0, X)`` of that history; a member whose log's last epoch is the previous one (it
+        followed that epoch's master) or this one (it followed this master) holds a prefix of the
+        same history, so one that reaches X holds all of them. Writes acknowledged in this epoch
+        past X were held by the members in the set at the time, which followed this master and
+        so have this epoch: the best by ``(epoch, max_offset)`` is the longest of them. Every
+        member must be heard (one down may hold more); None while one is not: the group then
+        stays without a master (an operator's unclean election may still name one, a loss)."""
+        if len(heard) < len(group.sync_state_set) or group.epoch == 0:
+            return None
+        tails = {b: self.lost_tail(name, b) for b in heard}
+        if any(tail is None or self._liveness[(name, b)].epoch != group.epoch for b, tail in tails.items()):
+            return None  # a member of the set holds its whole epoch, or lost even its epoch's entry
+        noticed = self._restarts[name][1]
+        for broker_id in sorted(group.members.keys() - group.sync_state_set):
+            seen = self._liveness.get((name, broker_id))
+            if seen is None or seen.received_at < noticed or not self.alive(name, broker_id, now):
+                return None
+        covers = max(tails.values())
+        candidates = [b for b in sorted(group.members) if b not in group.sync_state_set and self.lost_tail(name, b) is None
+                      and self._liveness[(name, b)].epoch in (group.epoch - 1, group.epoch)
+                      and self._liveness[(name, b)].max_offset >= covers]  # fmt: skip
+        chosen = self._best(name, candidates)
+        if chosen is None:
+            return None
+        lost = ", ".join(f"broker {b} ends at {self._liveness[(name, b)].max_offset}" for b in heard)
+        return Elect(name, chosen, group.epoch, f"the SyncStateSet {sorted(group.sync_state_set)} lost the tail of "
+                     f"epoch {group.epoch}, which starts at {covers} ({lost}: a power loss); broker {chosen}'s log "
+                     f"covers it (outside the set, it holds every acknowledged write)")  # fmt: skip
 
     def _best(self, name: str, candidates: list[int]) -> int | None:
         """Highest (epoch, max_offset), ties to the lowest id (RocketMQ's DefaultElectPolicy order)."""

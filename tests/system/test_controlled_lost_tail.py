@@ -1,0 +1,55 @@
+"""A SyncStateSet of one that loses the tail of its own epoch (docs/design/controller.md, "A
+restarted member"): S, caught up as a slave, is elected when its master M dies, with the set {S};
+its epoch file says the new epoch starts at S's end X. A power loss (emulated: the stopped S's
+log zeroed below X) cuts S's log to Y < X, its epoch file whole. S restarts and reports the lost
+tail (STATUS ``lost_tail``); the controller does not elect it on that log (before the fix it did,
+into a new epoch at Y, and M, rejoining, cut [Y, X): acknowledged writes lost) but M, outside
+the set, once heard with a log covering X; S follows M and catches up; nothing acknowledged is
+lost (proved from the stores)."""
+
+from __future__ import annotations
+
+from hasvc import client as hc
+from hasvc.testing.controlled_group import ControlledGroup
+from tests.system.controller_nodes import cut_log, numbered_in_store, start_master_and_slave
+
+TOPIC = "Orders"
+MESSAGES = 40
+LOST = 10  # the last acknowledged messages the power loss takes from S
+
+
+def test_a_set_of_one_that_lost_the_tail_of_its_epoch_gives_way_to_the_member_that_holds_it(tmp_path):
+    group = ControlledGroup(tmp_path)
+    try:
+        old, new = start_master_and_slave(group)
+        acked = {}
+        with hc.BlockingClient(group.address(old)) as client:
+            for number in range(MESSAGES):
+                result = client.send(TOPIC, b"m%d" % number)
+                assert result.status == "PUT_OK", result
+                acked[number] = result.offset
+        group.wait(lambda: group.in_sync(old, [new]), "the slave holding every acknowledged write")
+        epoch = group.status(old)["epoch"]
+        group.kill(old)
+        assert group.master(excluding=old) == new
+        status = group.status(new)
+        assert status["epoch"] > epoch and status["sync_state_set"] == [status["broker_id"]]  # a set of one
+        start = status["max_offset"]  # where its epoch starts: every acknowledged write is below
+        assert start > acked[MESSAGES - 1]
+        group.kill(new)
+        cut_log(group.store(new), acked[MESSAGES - LOST])
+        group.restart(new)  # alone: it must not be elected on its cut log
+        group.wait(lambda: (group.status(new) or {}).get("lost_tail") == start, "the restarted set of one reporting its lost tail")
+        assert group.status(new)["max_offset"] == acked[MESSAGES - LOST]
+        group.restart(old)
+        assert group.master() == old  # outside the set, its log covers the lost tail
+        assert group.status(old)["epoch"] > status["epoch"]
+        group.wait(lambda: group.in_sync(old, [new]), "the set of one caught up as the old master's slave")
+        assert group.status(new)["lost_tail"] is None
+        for name in (old, new):
+            group.brokers[name].stop()
+        for name in (old, new):
+            found = numbered_in_store(group.store(name), TOPIC)
+            assert all(found.get(number) == [offset] for number, offset in acked.items()), (name, found)
+    finally:
+        group.close()

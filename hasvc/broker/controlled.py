@@ -56,6 +56,7 @@ import trio
 from hasvc import transport
 from hasvc.broker.broker import Broker
 from hasvc.broker.put_service import producer_sequences
+from hasvc.broker.store_tasks import FAILED
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address, parse_address
 from hasvc.controller.client import ControllerClient, ControllerUnavailable
 from hasvc.protocol import controller as cp
@@ -604,6 +605,8 @@ class ControlledBroker(Broker):
         tracker = self.sync_set.tracker
         if tracker is None or tracker.epoch != proposal.epoch:
             return
+        if proposal.new_set == {proposal.master_id} and not await self._flush_before_standing_alone():
+            return  # not proposed: the tracker sends it again
         LOGGER.info("group %s: proposing SyncStateSet %s (set epoch %d)", proposal.group, sorted(proposal.new_set),
                     proposal.sync_state_set_epoch)  # fmt: skip
         try:
@@ -628,6 +631,18 @@ class ControlledBroker(Broker):
             else:  # settled as refused: the set as it was; the next heartbeat shows the controller's
                 tracker.on_answer(proposal, False, tracker.sync_state_set, tracker.sync_state_set_epoch, master_epoch=tracker.epoch)
         self.sync_set.changed()
+
+    async def _flush_before_standing_alone(self) -> bool:
+        """Before the set shrinks to this master alone, its log is flushed: after that it is the
+        only member holding the writes acknowledged while others were in the set, and one it
+        lost to a power loss would then be held only by brokers outside the set, which no clean
+        election picks (its epoch starts below the cut, so it reports no lost tail). Until the
+        shrink is accepted the master still waits for the old set, so a slave that died
+        acknowledges nothing more; one that lags but acks goes on (docs/design/controller.md).
+        False when the flush failed (the proposal waits for the tracker's retry)."""
+        async with self.store_tasks.maintenance:
+            flushed = await self.store_tasks._run_step("flush", self.store.flush_commitlog, 0)
+        return flushed is not FAILED
 
     async def _tick(self) -> None:
         interval = self.timings.broker_heartbeat_interval_seconds

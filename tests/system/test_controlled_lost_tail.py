@@ -53,3 +53,27 @@ def test_a_set_of_one_that_lost_the_tail_of_its_epoch_gives_way_to_the_member_th
             assert all(found.get(number) == [offset] for number, offset in acked.items()), (name, found)
     finally:
         group.close()
+
+
+def test_a_master_flushes_its_log_before_its_set_shrinks_to_itself_alone(tmp_path):
+    """After the shrink it is the only member holding what was acknowledged while the slave was
+    in the set; a power loss of that unflushed tail would leave it only on the slave, outside the
+    set, with nothing reported (its epoch starts below the cut). Flushing is otherwise rare here
+    (every 10 minutes), so only the shrink's own flush puts the writes on disk."""
+    rare = 600_000
+    group = ControlledGroup(tmp_path, settings={"flush_interval_commitlog_ms": rare,
+                                                "flush_commitlog_thorough_interval_ms": rare})  # fmt: skip
+    try:
+        master, slave = start_master_and_slave(group)
+        with hc.BlockingClient(group.address(master)) as client:
+            for number in range(MESSAGES):
+                result = client.send(TOPIC, b"m%d" % number)
+                assert result.status == "PUT_OK", result
+        end = group.status(master)["max_offset"]
+        assert group.status(master)["flushed_offset"] < end  # the rare flush has not run
+        group.kill(slave)
+        alone = [group.status(master)["broker_id"]]
+        group.wait(lambda: group.status(master)["sync_state_set"] == alone, "the set shrunk to the master alone")
+        assert group.status(master)["flushed_offset"] >= end
+    finally:
+        group.close()

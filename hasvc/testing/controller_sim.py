@@ -113,6 +113,7 @@ class ControllerSim:
         self.checker = ControllerChecker(self.unclean, loss_span_max, self.timings.master_lease_seconds)
         self.crashes = self.elections = self.controller_changes = self.switchovers = 0
         self.power_losses = 0
+        self.lost_tails = 0
         self.power_rng = random.Random(f"controller-sim-power-{seed}")  # apart: the other faults' draws stay
         self.truncations = self.set_changes = 0
         self.epochs_elected: list[int] = []
@@ -165,6 +166,7 @@ class ControllerSim:
         if power_loss:
             self.power_losses += 1
             broker.lose_power(self.power_rng)
+            self.lost_tails += broker.lost_tail is not None
         self.network.discard_to(broker.name)
         if restart_after is None:
             restart_after = self.rng.uniform(0.1, 1.5)
@@ -280,7 +282,7 @@ class ControllerSim:
                           self.crashes, len(self.checker.acked), self.elections, self.controller_changes,
                           self.switchovers, self.truncations, self.set_changes,
                           tuple(self.checker.failovers), self.power_losses, self.asynchronous,
-                          len(self.checker.accepted_lost))  # fmt: skip
+                          len(self.checker.accepted_lost), self.lost_tails)  # fmt: skip
 
     def settle(self) -> None:
         """Heal, bring every broker up, and require the controller's master to acknowledge writes
@@ -341,7 +343,8 @@ def failover_summary(reports: list[SeedReport]) -> str:
     times = sorted(t for report in reports for t in report.failovers)
     power_losses = (f"{sum(report.asynchronous for report in reports)} seeds of ASYNC_MASTER brokers losing "
                     f"{sum(report.accepted_losses for report in reports)} acknowledged writes in failovers (accepted), "
-                    f"{sum(report.power_losses for report in reports)} power losses of a master, ")  # fmt: skip
+                    f"{sum(report.power_losses for report in reports)} power losses of a master "
+                    f"({sum(report.lost_tails for report in reports)} leaving a lost tail), ")  # fmt: skip
     if not times:
         return power_losses + "no failovers measured"
     p50, p99 = times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))]

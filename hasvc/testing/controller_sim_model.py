@@ -65,6 +65,7 @@ class SeedReport:
     power_losses: int = 0  # master kills that also dropped an unflushed tail
     asynchronous: bool = False  # brokers ran as ASYNC_MASTER
     accepted_losses: int = 0  # ASYNC_MASTER: acknowledged writes a failover lost, as promised
+    lost_tails: int = 0  # power losses that left the log ending before its last epoch's start
 
 
 # -- messages ------------------------------------------------------------------------------------

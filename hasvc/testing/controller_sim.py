@@ -25,10 +25,11 @@ The model
   counted member holds it); writes wait at most ``WRITE_TIMEOUT_SECONDS``.
 * **Faults**: broker kills and restarts (a process kill: the page cache survives, so a killed
   broker's log is intact), power losses of a master (in seeds with ``min_in_sync_replicas`` >= 2,
-  ``POWER_LOSS_SHARE`` of the kills of a master whose SyncStateSet holds another member: a
-  random part of what it appended since its last flush, every ``FLUSH_EVERY_SECONDS``, is gone
-  when it restarts; a set of one is left out: acknowledged writes it lost may then be held only
-  by members outside the set, which no clean election can pick), partitions (a broker alone, a broker with
+  ``POWER_LOSS_SHARE`` of the kills of a master, a SyncStateSet of one included: a random part of
+  what it appended since its last flush, every ``FLUSH_EVERY_SECONDS``, is gone when it restarts,
+  its epoch table whole (the store's epoch file is fsynced), so a set of one elected on a slave's
+  log may come back with its epoch starting past its end and report ``lost_tail``; the
+  controller then elects the member outside the set whose log covers it), partitions (a broker alone, a broker with
   the client -- a master the clients reach but the controllers do not --, the controllers alone,
   any split of brokers, client and controllers),
   heals, message delay, loss, duplication and reordering, controller leader changes, and an

@@ -36,6 +36,15 @@ that moment, so it never elects on what an older leader heard.
   the same way and counts only the members heard since; and a restarted member is elected only
   when every member of the set was heard since (a lapsed one -- down, or cut off from the
   controllers -- may hold what it lost).
+* A member that reports a **lost tail** (``heartbeat(..., lost_tail=X)``: its newest epoch starts
+  at X, past its log's end; the epoch file is fsynced, the log's tail is not, so a power loss
+  cut bytes it held when that epoch began) is never elected cleanly. When every member of the
+  SyncStateSet reports one in the group's epoch (a set of one, typically: elected on a slave's
+  log, then its power failed), the member outside the set whose log covers X is elected (its
+  last epoch the group's or the one before, so a prefix of the same history; the best by
+  ``(epoch, max_offset)``), once every member outside the set is alive and heard since the
+  restart (one down may hold more); until then nobody (``_cover_lost_tail`` says why this loses
+  nothing).
 * ``answer(state, group, broker_id, now)`` is what the leader tells a heartbeating broker: the
   master, its addresses, the epoch and the SyncStateSet, and ``lease``: whether the master may
   acknowledge for ``master_lease_seconds`` from when it sent this heartbeat. The lease is

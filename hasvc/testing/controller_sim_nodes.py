@@ -145,6 +145,8 @@ class Broker:
 
     def propose(self, proposal: AlterSyncStateSet | None) -> None:
         if proposal is not None:
+            if proposal.new_set == {self.broker_id}:
+                self.flush()  # as the broker does: alone once accepted, it must hold what was acknowledged
             self.sim.set_changes += 1
             self.ask_controller(proposal)
 

@@ -182,12 +182,13 @@ class ControllerPort:
                 return cp.refused(cp.ELECT, f"broker {target} has not heartbeaten within "
                                             f"{self.server.config.timings.broker_heartbeat_timeout_seconds} s")  # fmt: skip
             if target not in group.sync_state_set or target in group.restarted:  # allowed: unclean elections are on
-                lost_tail = self.server.tracker.lost_tail(request.group, target)
+                lost_tail = self.server.tracker.lost_end(request.group, group, target)
                 why = ("outside the SyncStateSet" if target not in group.sync_state_set else "restarted" +
                        (f", its log ending before its epoch's start {lost_tail}" if lost_tail is not None else ""))  # fmt: skip
-                return cs.Elect(request.group, target, group.epoch, f"an operator's switchover (ELECT); UNCLEAN: broker "
-                                f"{target} {why}, acknowledged writes may be lost")  # fmt: skip
-        return cs.Elect(request.group, target, group.epoch, "an operator's switchover (ELECT)")
+                return self.server.tracker.stamped(cs.Elect(
+                    request.group, target, group.epoch, f"an operator's switchover (ELECT); UNCLEAN: broker {target} "
+                    f"{why}, acknowledged writes may be lost"))  # fmt: skip
+        return self.server.tracker.stamped(cs.Elect(request.group, target, group.epoch, "an operator's switchover (ELECT)"))
 
     def _candidates(self, name: str, group: cs.GroupState, now: float) -> list[int]:
         """An operator's switchover without a target: the alive members of the SyncStateSet but

@@ -25,7 +25,8 @@ The model
   counted member holds it); writes wait at most ``WRITE_TIMEOUT_SECONDS``.
 * **Faults**: broker kills and restarts (a process kill: the page cache survives, so a killed
   broker's log is intact), power losses of a master (in seeds with ``min_in_sync_replicas`` >= 2,
-  ``POWER_LOSS_SHARE`` of the kills of a master, a SyncStateSet of one included: a random part of
+  ``POWER_LOSS_SHARE`` of the kills of a master (or of a member elected and not yet promoted), a
+  SyncStateSet of one included: a random part of
   what it appended since its last flush, every ``FLUSH_EVERY_SECONDS``, is gone when it restarts,
   its epoch table whole (the store's epoch file is fsynced), so a set of one elected on a slave's
   log may come back with its epoch starting past its end and report ``lost_tail``; the
@@ -158,7 +159,10 @@ class ControllerSim:
 
     def crash(self, broker: Broker, *, restart_after: float | None = None) -> None:
         self.crashes += 1
-        power_loss = (broker.tracker is not None and self.timings.min_in_sync_replicas >= 2
+        group = self.controllers.state.groups.get(GROUP)
+        elected = group is not None and broker.broker_id is not None and group.master_id == broker.broker_id
+        promoted = broker.tracker is not None  # elected and not promoted: its epoch is not in its table yet
+        power_loss = ((promoted or elected) and self.timings.min_in_sync_replicas >= 2
                       and self.power_rng.random() < POWER_LOSS_SHARE)  # fmt: skip
         if broker.tracker is not None:
             self.checker.on_kill(broker.tracker.epoch, self.now)
@@ -167,7 +171,9 @@ class ControllerSim:
         if power_loss:
             self.power_losses += 1
             broker.lose_power(self.power_rng)
-            self.lost_tails += broker.lost_tail is not None
+            unopened = (not promoted and group is not None and group.master_end is not None
+                        and len(broker.log) < group.master_end)  # fmt: skip
+            self.lost_tails += broker.lost_tail is not None or unopened
         self.network.discard_to(broker.name)
         if restart_after is None:
             restart_after = self.rng.uniform(0.1, 1.5)

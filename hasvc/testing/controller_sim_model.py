@@ -298,14 +298,14 @@ def _without_restarts(state: ControllerState) -> ControllerState:
 
 
 class _IgnoreLostTail(ElectionTracker):
-    """A lost tail unheard (the rule before it was reported): a SyncStateSet of one whose log
-    ends before its epoch's start is elected again on that log, the old master outside the set,
-    which holds the tail, then cuts it at the handshake."""
+    """A lost tail unheeded (the rule before it was reported): a SyncStateSet of one whose log
+    ends before what it held when its epoch began is elected again on that log, the old master
+    outside the set, which holds the tail, then cuts it at the handshake."""
 
     __slots__ = ()
 
-    def heartbeat(self, group, broker_id, epoch, max_offset, now, *, lost_tail=None):
-        super().heartbeat(group, broker_id, epoch, max_offset, now)
+    def lost_end(self, name, group, broker_id):
+        return None
 
 
 MUTATIONS = {"expand-after-accept": "tracker", "shrink-before-accept": "tracker", "ack-without-lease": "tracker",

@@ -32,7 +32,7 @@ def test_the_first_member_heartbeating_becomes_the_first_master():
     state, tracker = _state(master=None), _tracker()
     assert tracker.decide(state, 0.1) == []
     tracker.heartbeat("g", 2, 0, 0, 0.1)
-    assert tracker.decide(state, 0.1) == [Elect("g", 2, 0, "first master of the group")]
+    assert tracker.decide(state, 0.1) == [Elect("g", 2, 0, "first master of the group", master_end=0)]
     assert tracker.decide(state, 0.15) == []  # decided once
 
 
@@ -254,7 +254,7 @@ def test_a_set_of_one_that_lost_the_tail_of_its_epoch_gives_way_to_the_member_wh
     assert not tracker.answer(state, "g", 2, 0.15).lease and tracker.answer(state, "g", 2, 0.15).master_id is None
     [elect] = tracker.decide(state, 0.15)
     assert (elect.new_master_id, elect.expected_epoch) == (1, 2)
-    assert "lost the tail of epoch 2" in elect.reason and "UNCLEAN" not in elect.reason
+    assert "lost the tail it held when epoch 2 began, up to 2120" in elect.reason and "UNCLEAN" not in elect.reason
     assert state.apply(elect).accepted
     assert (state.groups["g"].master_id, state.groups["g"].epoch, state.groups["g"].sync_state_set) == (1, 3, {1})
 
@@ -307,3 +307,26 @@ def test_a_heartbeat_whose_epoch_starts_within_its_log_reports_no_lost_tail():
     assert tracker.lost_tail("g", 2) is None
     tracker.heartbeat("g", 2, 2, 2119, 0.2, lost_tail=2120)
     assert tracker.lost_tail("g", 2) == 2120
+
+
+def test_a_set_of_one_whose_power_failed_before_it_opened_its_epoch_is_judged_by_its_end_when_elected():
+    """Broker 2 is elected at 2,120 (its heartbeat then; the Elect entry records it) and loses
+    power before its promotion wrote the epoch: its log ends at 1,696 and its last epoch is still
+    1, so it reports no lost tail. The controller compares with the end it was elected with."""
+    state, tracker = _state(sync_set=(1, 2)), _tracker(now=0.0)
+    tracker.heartbeat("g", 2, 1, 2120, 0.0)
+    elect = tracker.stamped(Elect("g", 2, 1, "master 1 lapsed"))
+    assert elect.master_end == 2120
+    assert state.apply(elect).accepted and state.groups["g"].master_end == 2120
+    assert ControllerState.restore(state.snapshot()).groups["g"].master_end == 2120
+    state.apply(Register("g", "store-2", "h2:1", "h2:2"))  # restarted, never promoted
+    intact = _tracker(now=0.0)  # after a process kill its log is whole: elected again, as before
+    for each, end in ((tracker, 1696), (intact, 2120)):
+        assert each.decide(state, 0.05) == []
+        each.heartbeat("g", 2, 1, end, 0.1)
+        each.heartbeat("g", 1, 1, 2120, 0.1)
+        each.heartbeat("g", 3, 1, 900, 0.1)
+    [elect] = tracker.decide(state, 0.15)
+    assert elect.new_master_id == 1 and "up to 2120" in elect.reason
+    [elect] = intact.decide(state, 0.15)
+    assert elect.new_master_id == 2

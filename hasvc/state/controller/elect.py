@@ -167,9 +167,30 @@ class ElectionTracker:
                     continue  # proposed already; not yet applied (or lost: proposed again after this)
             elect = self._decide_group(name, group, now)
             if elect is not None:
+                elect = self.stamped(elect)
                 self._decisions[name] = _Decision(group.epoch, group.master_id, now)
                 elections.append(elect)
         return elections
+
+    def stamped(self, elect: Elect) -> Elect:
+        """``elect`` with the new master's log end as last heard (``GroupState.master_end``)."""
+        seen = self._liveness.get((elect.group, elect.new_master_id)) if elect.new_master_id is not None else None
+        return dataclasses.replace(elect, master_end=seen.max_offset if seen is not None else None)
+
+    def lost_end(self, name: str, group: GroupState, broker_id: int) -> int | None:
+        """The offset this member's log no longer reaches though it held it when its group's
+        epoch began, or None: the ``lost_tail`` it reports, or, for the set of one elected into
+        the group's epoch that never opened it (its log's last epoch is older: the epoch file is
+        fsynced before a master serves, so it acknowledged nothing in it) and restarted, the end
+        it had when elected (``master_end``) if it reports less: a power loss before its promotion."""
+        seen = self._liveness.get((name, broker_id))
+        if seen is None:
+            return None
+        ends = [seen.lost_tail] if seen.lost_tail is not None else []
+        if (group.sync_state_set == {broker_id} and broker_id in group.restarted and group.master_end is not None
+                and seen.epoch < group.epoch and seen.max_offset < group.master_end):  # fmt: skip
+            ends.append(group.master_end)
+        return max(ends, default=None)
 
     def _decide_group(self, name: str, group: GroupState, now: float) -> Elect | None:
         if group.master_id is not None and not self.lapsed(name, group.master_id, now):
@@ -227,7 +248,7 @@ class ElectionTracker:
     def _safe_after_restart(self, name: str, group: GroupState, heard: list[int], candidates: list[int]) -> int | None:
         """The best of ``candidates``, unless it restarted and a member of the set not heard since,
         or heard with a longer log (down since), may hold what it lost: None."""
-        chosen = self._best(name, [b for b in candidates if self.lost_tail(name, b) is None])
+        chosen = self._best(name, [b for b in candidates if self.lost_end(name, group, b) is None])
         if chosen is None or chosen not in group.restarted:
             return chosen  # never restarted since it entered the set: it holds every acknowledged write
         if len(heard) < len(group.sync_state_set):
@@ -245,13 +266,13 @@ class ElectionTracker:
         if group.epoch == 0:
             return self._best(name, alive), True  # never elected: nothing was ever acknowledged
         in_set = [b for b in alive if b in group.sync_state_set and (heard is None or b in heard)
-                  and self.lost_tail(name, b) is None]  # fmt: skip
+                  and self.lost_end(name, group, b) is None]  # fmt: skip
         if in_set:
             if heard is not None:
                 return self._safe_after_restart(name, group, heard, in_set), True
             return self._best(name, in_set), True
         if self.timings.allow_unclean_election and alive:
-            whole = [b for b in alive if self.lost_tail(name, b) is None]  # a lost tail last: its epoch ranks it high
+            whole = [b for b in alive if self.lost_end(name, group, b) is None]  # a lost tail last: its epoch ranks it high
             return self._best(name, whole or alive), False
         return None, True
 
@@ -271,9 +292,9 @@ class ElectionTracker:
         stays without a master (an operator's unclean election may still name one, a loss)."""
         if len(heard) < len(group.sync_state_set) or group.epoch == 0:
             return None
-        tails = {b: self.lost_tail(name, b) for b in heard}
-        if any(tail is None or self._liveness[(name, b)].epoch != group.epoch for b, tail in tails.items()):
-            return None  # a member of the set holds its whole epoch, or lost even its epoch's entry
+        tails = {b: self.lost_end(name, group, b) for b in heard}
+        if any(tail is None for tail in tails.values()):
+            return None  # a member of the set holds all it held when the epoch began
         noticed = self._restarts[name][1]
         for broker_id in sorted(group.members.keys() - group.sync_state_set):
             seen = self._liveness.get((name, broker_id))
@@ -287,8 +308,8 @@ class ElectionTracker:
         if chosen is None:
             return None
         lost = ", ".join(f"broker {b} ends at {self._liveness[(name, b)].max_offset}" for b in heard)
-        return Elect(name, chosen, group.epoch, f"the SyncStateSet {sorted(group.sync_state_set)} lost the tail of "
-                     f"epoch {group.epoch}, which starts at {covers} ({lost}: a power loss); broker {chosen}'s log "
+        return Elect(name, chosen, group.epoch, f"the SyncStateSet {sorted(group.sync_state_set)} lost the tail it held "
+                     f"when epoch {group.epoch} began, up to {covers} ({lost}: a power loss); broker {chosen}'s log "
                      f"covers it (outside the set, it holds every acknowledged write)")  # fmt: skip
 
     def _best(self, name: str, candidates: list[int]) -> int | None:

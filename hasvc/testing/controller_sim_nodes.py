@@ -403,7 +403,7 @@ class Controllers:
                   if self.tracker.alive(GROUP, b, sim.now)]  # fmt: skip
         if others:
             sim.switchovers += 1
-            self.propose(Elect(GROUP, sim.rng.choice(others), group.epoch, "operator switchover"), None)
+            self.propose(self.tracker.stamped(Elect(GROUP, sim.rng.choice(others), group.epoch, "operator switchover")), None)
 
     def on_request(self, node: str, source: str, request: ControllerRequest) -> None:
         sim = self.sim

@@ -301,8 +301,12 @@ class ElectionTracker:
             if seen is None or seen.received_at < noticed or not self.alive(name, broker_id, now):
                 return None
         covers = max(tails.values())
+        # Histories a prefix of the set's: the epoch before the group's (whose master the set's
+        # member followed), the group's (its own), and the one a member that never opened the
+        # group's epoch reports (the one it followed, when an epoch between was never opened).
+        epochs = {group.epoch - 1, group.epoch} | {self._liveness[(name, b)].epoch for b in heard}
         candidates = [b for b in sorted(group.members) if b not in group.sync_state_set and self.lost_tail(name, b) is None
-                      and self._liveness[(name, b)].epoch in (group.epoch - 1, group.epoch)
+                      and self._liveness[(name, b)].epoch in epochs
                       and self._liveness[(name, b)].max_offset >= covers]  # fmt: skip
         chosen = self._best(name, candidates)
         if chosen is None:

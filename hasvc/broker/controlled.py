@@ -56,6 +56,7 @@ import trio
 from hasvc import transport
 from hasvc.broker.broker import Broker
 from hasvc.broker.put_service import producer_sequences
+from hasvc.broker.store_tasks import FAILED
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address, parse_address
 from hasvc.controller.client import ControllerClient, ControllerUnavailable
 from hasvc.protocol import controller as cp
@@ -426,6 +427,12 @@ class ControlledBroker(Broker):
         self.config = dataclasses.replace(self.config, slave_id=slave_id_of(self.options.group, self.broker_id))
         LOGGER.warning("group %s: registered as broker %d with controller %s", self.options.group, self.broker_id,
                        self.client.leader)  # fmt: skip
+        lost_tail = self.lost_tail()
+        if lost_tail is not None:
+            LOGGER.error("group %s: the log ends at %d, before its epoch %d's start %d (a power loss cut what this store "
+                         "held then, or it had not caught up to that epoch from its master): the controllers will not "
+                         "elect it on this log; it catches up from a member whose log covers %d", self.options.group,
+                         self.store.commit_log.max_offset, self.store.epochs.last_epoch, lost_tail, lost_tail)  # fmt: skip
 
     async def _control(self) -> None:
         """Register, then heartbeat every interval and carry out what each answer means."""
@@ -444,7 +451,8 @@ class ControlledBroker(Broker):
         try:
             answer, sent_at = await self.client.heartbeat(group=self.options.group, broker_id=self.broker_id,
                                                           epoch=self.store.epochs.last_epoch,
-                                                          max_offset=self.store.commit_log.max_offset)  # fmt: skip
+                                                          max_offset=self.store.commit_log.max_offset,
+                                                          lost_tail=self.lost_tail())  # fmt: skip
         except ControllerUnavailable as error:
             self._say_unavailable(error)
             return False
@@ -469,6 +477,16 @@ class ControlledBroker(Broker):
             tracker.on_heartbeat(frozenset(view.sync_state_set), view.sync_state_set_epoch, master_epoch=view.epoch)
             self.sync_set.changed()
         return any(isinstance(effect, agent.Promote | agent.FollowMaster) for effect in effects)
+
+    def lost_tail(self) -> int | None:
+        """The start of the log's last epoch when it is past the log's end: a power loss cut bytes
+        this store held when that epoch began (the epoch file is fsynced, the log's tail may not
+        be), or, outside the SyncStateSet, a slave has adopted its master's history and not caught
+        up to that epoch yet. The controller never elects it on that log (docs/design/controller.md);
+        it clears as the log reaches the entry, or when a new epoch opens."""
+        entry = self.store.epochs.last
+        end = self.store.commit_log.max_offset
+        return entry.start_offset if entry is not None and entry.start_offset > end else None
 
     def _say_unavailable(self, error: ControllerUnavailable) -> None:
         if not self._unavailable_logged:
@@ -587,6 +605,8 @@ class ControlledBroker(Broker):
         tracker = self.sync_set.tracker
         if tracker is None or tracker.epoch != proposal.epoch:
             return
+        if proposal.new_set == {proposal.master_id} and not await self._flush_before_standing_alone():
+            return  # not proposed: the tracker sends it again
         LOGGER.info("group %s: proposing SyncStateSet %s (set epoch %d)", proposal.group, sorted(proposal.new_set),
                     proposal.sync_state_set_epoch)  # fmt: skip
         try:
@@ -611,6 +631,18 @@ class ControlledBroker(Broker):
             else:  # settled as refused: the set as it was; the next heartbeat shows the controller's
                 tracker.on_answer(proposal, False, tracker.sync_state_set, tracker.sync_state_set_epoch, master_epoch=tracker.epoch)
         self.sync_set.changed()
+
+    async def _flush_before_standing_alone(self) -> bool:
+        """Before the set shrinks to this master alone, its log is flushed: after that it is the
+        only member holding the writes acknowledged while others were in the set, and one it
+        lost to a power loss would then be held only by brokers outside the set, which no clean
+        election picks (its epoch starts below the cut, so it reports no lost tail). Until the
+        shrink is accepted the master still waits for the old set, so a slave that died
+        acknowledges nothing more; one that lags but acks goes on (docs/design/controller.md).
+        False when the flush failed (the proposal waits for the tracker's retry)."""
+        async with self.store_tasks.maintenance:
+            flushed = await self.store_tasks._run_step("flush", self.store.flush_commitlog, 0)
+        return flushed is not FAILED
 
     async def _tick(self) -> None:
         interval = self.timings.broker_heartbeat_interval_seconds
@@ -639,6 +671,7 @@ class ControlledBroker(Broker):
             "lease_seconds_left": round(max(0.0, tracker.lease_until - now), 3) if tracker is not None else 0.0,
             "controller_epoch": view.epoch if view else 0,
             "controller_master_id": view.master_id if view else None,
+            "lost_tail": self.lost_tail() if self.store is not None else None,
         })  # fmt: skip
         if status.get("role") == BrokerRole.SYNC_MASTER.value and self.master_role is BrokerRole.ASYNC_MASTER:
             status["role"] = self.master_role.value  # serving as master: it acknowledges as ASYNC_MASTER

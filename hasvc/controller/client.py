@@ -126,9 +126,10 @@ class ControllerClient:
     async def register(self, *, group: str, identity: str, client_address: str, ha_address: str) -> cp.Answer:
         return (await self.call(cp.RegisterRequest(group, identity, client_address, ha_address)))[0]
 
-    async def heartbeat(self, *, group: str, broker_id: int, epoch: int, max_offset: int) -> tuple[cp.Answer, float]:
+    async def heartbeat(self, *, group: str, broker_id: int, epoch: int, max_offset: int,
+                        lost_tail: int | None = None) -> tuple[cp.Answer, float]:  # fmt: skip
         """(the leader's answer, ``trio.current_time()`` when its request was sent)."""
-        return await self.call(cp.HeartbeatRequest(group, broker_id, epoch, max_offset))
+        return await self.call(cp.HeartbeatRequest(group, broker_id, epoch, max_offset, lost_tail))
 
     async def alter_sync_state_set(self, *, group: str, master_id: int, epoch: int, sync_state_set_epoch: int,
                                    sync_state_set) -> cp.Answer:  # fmt: skip

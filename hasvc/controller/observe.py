@@ -29,7 +29,8 @@ def controller_status(server) -> dict:
                 "alive": server.tracker.alive(name, broker_id, now) if server._serving else None,
                 "last_heartbeat_seconds": round(now - heartbeat.received_at, 3) if heartbeat else None,
                 "epoch": heartbeat.epoch if heartbeat else None,
-                "max_offset": heartbeat.max_offset if heartbeat else None}  # fmt: skip
+                "max_offset": heartbeat.max_offset if heartbeat else None,
+                "lost_tail": heartbeat.lost_tail if heartbeat else None}  # fmt: skip
         groups[name] = {"master_id": group.master_id, "epoch": group.epoch,
                         "sync_state_set": sorted(group.sync_state_set),
                         "sync_state_set_epoch": group.sync_state_set_epoch, "restarted": sorted(group.restarted),

@@ -131,7 +131,8 @@ class ControllerPort:
             return cp.refused(cp.HEARTBEAT, f"broker {request.broker_id} is not a member of group {request.group!r}: "
                                             "register first")  # fmt: skip
         now = trio.current_time()
-        self.server.tracker.heartbeat(request.group, request.broker_id, request.epoch, request.max_offset, now)
+        self.server.tracker.heartbeat(request.group, request.broker_id, request.epoch, request.max_offset, now,
+                                      lost_tail=request.lost_tail)  # fmt: skip
         if group.master_id is None:
             self.server._election_due.set()
         answer = self.server.tracker.answer(self.server.state, request.group, request.broker_id, now)
@@ -166,20 +167,28 @@ class ControllerPort:
             target = candidates[0]
         else:
             target = request.broker_id
-            if target == group.master_id:
+            if target == group.master_id and not group.master_restarted:  # a restarted one is named by nobody yet
                 return cp.refused(cp.ELECT, f"broker {target} is the master already (epoch {group.epoch})")
             if target not in group.members:
                 return cp.refused(cp.ELECT, f"broker {target} is not a member of group {request.group!r}")
             if target not in group.sync_state_set and not self.server.config.timings.allow_unclean_election:
                 return cp.refused(cp.ELECT, f"broker {target} is not in the SyncStateSet {sorted(group.sync_state_set)} "
                                             "(it may lack acknowledged writes; unclean elections are off)")  # fmt: skip
-            if target in group.restarted:
+            unclean = self.server.config.timings.allow_unclean_election
+            if target in group.restarted and not unclean:
                 return cp.refused(cp.ELECT, f"broker {target} restarted since it entered the SyncStateSet (it may have lost "
                                             "unflushed writes): the controller elects by log ends")  # fmt: skip
             if not self.server.tracker.alive(request.group, target, now):
                 return cp.refused(cp.ELECT, f"broker {target} has not heartbeaten within "
                                             f"{self.server.config.timings.broker_heartbeat_timeout_seconds} s")  # fmt: skip
-        return cs.Elect(request.group, target, group.epoch, "an operator's switchover (ELECT)")
+            if target not in group.sync_state_set or target in group.restarted:  # allowed: unclean elections are on
+                lost_tail = self.server.tracker.lost_end(request.group, group, target)
+                why = ("outside the SyncStateSet" if target not in group.sync_state_set else "restarted" +
+                       (f", its log ending before its epoch's start {lost_tail}" if lost_tail is not None else ""))  # fmt: skip
+                return self.server.tracker.stamped(cs.Elect(
+                    request.group, target, group.epoch, f"an operator's switchover (ELECT); UNCLEAN: broker {target} "
+                    f"{why}, acknowledged writes may be lost"))  # fmt: skip
+        return self.server.tracker.stamped(cs.Elect(request.group, target, group.epoch, "an operator's switchover (ELECT)"))
 
     def _candidates(self, name: str, group: cs.GroupState, now: float) -> list[int]:
         """An operator's switchover without a target: the alive members of the SyncStateSet but

@@ -8,7 +8,7 @@ controller answers each, in any order, matched by the request id the broker chos
     u32 length (of what follows) | u8 kind | u32 request id | body (a UTF-8 JSON object)
 
     kind 1 REGISTER              group, identity, client_address, ha_address
-    kind 2 HEARTBEAT             group, broker_id, epoch, max_offset
+    kind 2 HEARTBEAT             group, broker_id, epoch, max_offset [, lost_tail]
     kind 3 ALTER_SYNC_STATE_SET  group, master_id, epoch, sync_state_set_epoch, sync_state_set
     kind 4 STATUS                (no field)
     kind 5 ELECT                 group, broker_id (the member to make master; null: the controller picks)
@@ -102,6 +102,10 @@ def _optional_text(value, name: str) -> str | None:
     return None if value is None else _text(value, name)
 
 
+def _optional_count(value, name: str) -> int | None:
+    return None if value is None else _count(value, name)
+
+
 def _count(value, name: str) -> int:
     """An integer 0..INT_MAX (epochs, offsets)."""
     if type(value) is not int:
@@ -169,19 +173,23 @@ def _json_type(value) -> str:
 
 
 _CHECKS = {"text": _name, "optional_text": _optional_text, "count": _count, "broker_id": _broker_id,
-           "optional_broker_id": _optional_broker_id, "id_set": _id_set, "status": _status, "object": _object,
+           "optional_broker_id": _optional_broker_id, "optional_count": _optional_count, "id_set": _id_set, "status": _status, "object": _object,
            "boolean": _boolean, "base64": _base64}  # fmt: skip
 
 
-def _checked(fields: dict[str, str], body: dict, what: str) -> dict:
-    """``body``'s fields checked against ``fields`` (name -> check): all present, none else."""
-    unknown = body.keys() - fields.keys()
+def _checked(fields: dict[str, str], body: dict, what: str, optional: dict[str, str] | None = None) -> dict:
+    """``body``'s fields checked against ``fields`` (name -> check): all present, none else;
+    ``optional`` ones (name -> check) may be absent (an older sender's), then not in the result."""
+    optional = optional or {}
+    unknown = body.keys() - fields.keys() - optional.keys()
     if unknown:
         raise ProtocolError(f"{what}: unknown field {sorted(unknown)[0]!r}")
     missing = fields.keys() - body.keys()
     if missing:
         raise ProtocolError(f"{what}: field {sorted(missing)[0]!r} is missing")
-    return {name: _CHECKS[check](body[name], name) for name, check in fields.items()}
+    checked = {name: _CHECKS[check](body[name], name) for name, check in fields.items()}
+    checked.update({name: _CHECKS[check](body[name], name) for name, check in optional.items() if name in body})
+    return checked
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -204,10 +212,15 @@ class RegisterRequest:
 class HeartbeatRequest:
     KIND: ClassVar[int] = HEARTBEAT
     FIELDS: ClassVar[dict] = {"group": "text", "broker_id": "broker_id", "epoch": "count", "max_offset": "count"}
+    # Sent only when not null (a broker before it sends none, and a controller before it would
+    # refuse the unknown field): the start of the broker's newest epoch when that is past its log
+    # end -- a power loss cut bytes this store held when the epoch began (docs/design/controller.md).
+    OPTIONAL: ClassVar[dict] = {"lost_tail": "optional_count"}
     group: str
     broker_id: int
     epoch: int  # the broker's newest epoch (its epoch file's last)
     max_offset: int  # the broker's log end
+    lost_tail: int | None = None  # that epoch's start offset when it is past max_offset; None: no tail lost
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -433,6 +446,8 @@ def encode_request(request_id: int, request: Request) -> bytes:
     body = {}
     for field in dataclasses.fields(request):
         value = getattr(request, field.name)
+        if value is None and field.name in getattr(request, "OPTIONAL", {}):
+            continue  # absent means null: a controller that predates the field accepts the request
         body[field.name] = sorted(value) if isinstance(value, (tuple, frozenset, set)) else value
     return _frame(request.KIND, request_id, body)
 
@@ -504,7 +519,7 @@ class ControllerDecoder:
         cls = REQUEST_TYPES.get(kind)
         if cls is None:
             raise ProtocolError(f"frame kind {kind} is not a controller request")
-        return Frame(request_id, cls(**_checked(cls.FIELDS, body, KIND_NAMES[kind])))
+        return Frame(request_id, cls(**_checked(cls.FIELDS, body, KIND_NAMES[kind], getattr(cls, "OPTIONAL", None))))
 
     def _check_length(self, length: int) -> None:
         if not HEAD_SIZE <= length <= self.frame_size_max:

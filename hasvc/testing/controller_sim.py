@@ -25,10 +25,12 @@ The model
   counted member holds it); writes wait at most ``WRITE_TIMEOUT_SECONDS``.
 * **Faults**: broker kills and restarts (a process kill: the page cache survives, so a killed
   broker's log is intact), power losses of a master (in seeds with ``min_in_sync_replicas`` >= 2,
-  ``POWER_LOSS_SHARE`` of the kills of a master whose SyncStateSet holds another member: a
-  random part of what it appended since its last flush, every ``FLUSH_EVERY_SECONDS``, is gone
-  when it restarts; a set of one is left out: acknowledged writes it lost may then be held only
-  by members outside the set, which no clean election can pick), partitions (a broker alone, a broker with
+  ``POWER_LOSS_SHARE`` of the kills of a master (or of a member elected and not yet promoted), a
+  SyncStateSet of one included: a random part of
+  what it appended since its last flush, every ``FLUSH_EVERY_SECONDS``, is gone when it restarts,
+  its epoch table whole (the store's epoch file is fsynced), so a set of one elected on a slave's
+  log may come back with its epoch starting past its end and report ``lost_tail``; the
+  controller then elects the member outside the set whose log covers it), partitions (a broker alone, a broker with
   the client -- a master the clients reach but the controllers do not --, the controllers alone,
   any split of brokers, client and controllers),
   heals, message delay, loss, duplication and reordering, controller leader changes, and an
@@ -113,6 +115,7 @@ class ControllerSim:
         self.checker = ControllerChecker(self.unclean, loss_span_max, self.timings.master_lease_seconds)
         self.crashes = self.elections = self.controller_changes = self.switchovers = 0
         self.power_losses = 0
+        self.lost_tails = 0
         self.power_rng = random.Random(f"controller-sim-power-{seed}")  # apart: the other faults' draws stay
         self.truncations = self.set_changes = 0
         self.epochs_elected: list[int] = []
@@ -156,8 +159,10 @@ class ControllerSim:
 
     def crash(self, broker: Broker, *, restart_after: float | None = None) -> None:
         self.crashes += 1
-        power_loss = (broker.tracker is not None and self.timings.min_in_sync_replicas >= 2
-                      and len(broker.tracker.sync_state_set) >= 2
+        group = self.controllers.state.groups.get(GROUP)
+        elected = group is not None and broker.broker_id is not None and group.master_id == broker.broker_id
+        promoted = broker.tracker is not None  # elected and not promoted: its epoch is not in its table yet
+        power_loss = ((promoted or elected) and self.timings.min_in_sync_replicas >= 2
                       and self.power_rng.random() < POWER_LOSS_SHARE)  # fmt: skip
         if broker.tracker is not None:
             self.checker.on_kill(broker.tracker.epoch, self.now)
@@ -166,6 +171,9 @@ class ControllerSim:
         if power_loss:
             self.power_losses += 1
             broker.lose_power(self.power_rng)
+            unopened = (not promoted and group is not None and group.master_end is not None
+                        and len(broker.log) < group.master_end)  # fmt: skip
+            self.lost_tails += broker.lost_tail is not None or unopened
         self.network.discard_to(broker.name)
         if restart_after is None:
             restart_after = self.rng.uniform(0.1, 1.5)
@@ -281,7 +289,7 @@ class ControllerSim:
                           self.crashes, len(self.checker.acked), self.elections, self.controller_changes,
                           self.switchovers, self.truncations, self.set_changes,
                           tuple(self.checker.failovers), self.power_losses, self.asynchronous,
-                          len(self.checker.accepted_lost))  # fmt: skip
+                          len(self.checker.accepted_lost), self.lost_tails)  # fmt: skip
 
     def settle(self) -> None:
         """Heal, bring every broker up, and require the controller's master to acknowledge writes
@@ -342,7 +350,8 @@ def failover_summary(reports: list[SeedReport]) -> str:
     times = sorted(t for report in reports for t in report.failovers)
     power_losses = (f"{sum(report.asynchronous for report in reports)} seeds of ASYNC_MASTER brokers losing "
                     f"{sum(report.accepted_losses for report in reports)} acknowledged writes in failovers (accepted), "
-                    f"{sum(report.power_losses for report in reports)} power losses of a master, ")  # fmt: skip
+                    f"{sum(report.power_losses for report in reports)} power losses of a master "
+                    f"({sum(report.lost_tails for report in reports)} leaving a lost tail), ")  # fmt: skip
     if not times:
         return power_losses + "no failovers measured"
     p50, p99 = times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))]

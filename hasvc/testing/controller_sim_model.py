@@ -65,6 +65,7 @@ class SeedReport:
     power_losses: int = 0  # master kills that also dropped an unflushed tail
     asynchronous: bool = False  # brokers ran as ASYNC_MASTER
     accepted_losses: int = 0  # ASYNC_MASTER: acknowledged writes a failover lost, as promised
+    lost_tails: int = 0  # power losses that left the log ending before its last epoch's start
 
 
 # -- messages ------------------------------------------------------------------------------------
@@ -81,6 +82,7 @@ class HeartbeatBody:
     broker_id: int
     epoch: int
     max_offset: int
+    lost_tail: int | None = None  # the last epoch's start when past max_offset (a power loss cut it)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -295,8 +297,21 @@ def _without_restarts(state: ControllerState) -> ControllerState:
     return ControllerState(groups, state.applied_index)
 
 
+class _IgnoreLostTail(ElectionTracker):
+    """A lost tail unheeded (the rule before it was reported): a SyncStateSet of one whose log
+    ends before what it held when its epoch began is elected again on that log, the old master
+    outside the set, which holds the tail, then cuts it at the handshake."""
+
+    __slots__ = ()
+
+    def lost_end(self, name, group, broker_id):
+        return None
+
+
 MUTATIONS = {"expand-after-accept": "tracker", "shrink-before-accept": "tracker", "ack-without-lease": "tracker",
-             "grant-without-hold": "elect", "elect-outside-set": "elect", "resume-after-restart": "elect"}  # fmt: skip
+             "grant-without-hold": "elect", "elect-outside-set": "elect", "resume-after-restart": "elect",
+             "ignore-lost-tail": "elect"}  # fmt: skip
 _MUTATED = {"expand-after-accept": _ExpandAfterAccept, "shrink-before-accept": _ShrinkBeforeAccept,
             "ack-without-lease": _AckWithoutLease, "grant-without-hold": _GrantWithoutHold,
-            "elect-outside-set": _ElectOutsideSet, "resume-after-restart": _ResumeAfterRestart}  # fmt: skip
+            "elect-outside-set": _ElectOutsideSet, "resume-after-restart": _ResumeAfterRestart,
+            "ignore-lost-tail": _IgnoreLostTail}  # fmt: skip

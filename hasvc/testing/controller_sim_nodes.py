@@ -65,13 +65,18 @@ class Broker:
         self.flushed = len(self.log)
 
     def lose_power(self, rng) -> None:
-        """A power loss while down: a random part of the unflushed tail is gone (the epoch table,
-        written at each promotion, keeps the epochs that start within what is left)."""
+        """A power loss while down: a random part of the unflushed tail is gone; the epoch table
+        stays whole (the store's epoch file is fsynced at every change), so its last entry may
+        start past the log's end: the broker then reports that start as ``lost_tail``."""
         cut = rng.randint(min(self.flushed, len(self.log)), len(self.log))
         del self.log[cut:]
         del self.log_epochs[cut:]
-        self.epochs = [entry for entry in self.epochs if entry.start_offset <= cut]
         self.flushed = cut
+
+    @property
+    def lost_tail(self) -> int | None:
+        last = self.epochs[-1] if self.epochs else None
+        return last.start_offset if last is not None and last.start_offset > len(self.log) else None
 
     def local(self) -> agent.LocalState:
         return agent.LocalState(self.broker_id, self.role, self.last_epoch, len(self.log), self.following)
@@ -94,7 +99,7 @@ class Broker:
         if not self.registered:
             self.ask_controller(Register(GROUP, self.identity, f"{self.name}:client", self.name))
         else:
-            self.ask_controller(HeartbeatBody(self.broker_id, self.last_epoch, len(self.log)))
+            self.ask_controller(HeartbeatBody(self.broker_id, self.last_epoch, len(self.log), self.lost_tail))
         if self.tracker is not None:
             self.propose(self.tracker.tick(sim.now))
         self.check_sessions()
@@ -140,6 +145,8 @@ class Broker:
 
     def propose(self, proposal: AlterSyncStateSet | None) -> None:
         if proposal is not None:
+            if proposal.new_set == {self.broker_id}:
+                self.flush()  # as the broker does: alone once accepted, it must hold what was acknowledged
             self.sim.set_changes += 1
             self.ask_controller(proposal)
 
@@ -148,7 +155,8 @@ class Broker:
     def promote(self, epoch: int, answer: HeartbeatAnswer) -> None:
         sim = self.sim
         self.leave_master()
-        if epoch > self.last_epoch:
+        if epoch > self.last_epoch:  # entries past the log's end (a lost tail) go first, as open_epoch does
+            self.epochs = [entry for entry in self.epochs if entry.start_offset <= len(self.log)]
             self.epochs.append(EpochEntry(epoch, len(self.log)))
             validate(self.epochs)
         sim.checker.on_promote(self.name, epoch, self.log, sim.now)
@@ -209,6 +217,7 @@ class Broker:
             cut = 0
         else:
             cut = find_consistent_point(self.epochs, len(self.log), master_epochs, message.end)
+            cut = min(cut, len(self.log))  # a lost tail: our last epoch's entry starts past our end
             if cut < 0:
                 if not sim.checker.unclean:
                     raise SafetyViolation(f"{self.name} shares no epoch with its master: {self.epochs} vs {master_epochs}")
@@ -218,7 +227,8 @@ class Broker:
             sim.truncations += 1
             del self.log[cut:]
             del self.log_epochs[cut:]
-        known = self.last_epoch
+        held = [entry for entry in self.epochs if entry.start_offset <= len(self.log)]  # a lost tail's entry holds nothing
+        known = held[-1].epoch if held else 0
         self.epochs = [entry for entry in master_epochs if entry.start_offset <= cut]
         validate(self.epochs)
         if self.last_epoch < known and not sim.checker.unclean:  # unclean: a master may lack our epochs
@@ -393,7 +403,7 @@ class Controllers:
                   if self.tracker.alive(GROUP, b, sim.now)]  # fmt: skip
         if others:
             sim.switchovers += 1
-            self.propose(Elect(GROUP, sim.rng.choice(others), group.epoch, "operator switchover"), None)
+            self.propose(self.tracker.stamped(Elect(GROUP, sim.rng.choice(others), group.epoch, "operator switchover")), None)
 
     def on_request(self, node: str, source: str, request: ControllerRequest) -> None:
         sim = self.sim
@@ -411,7 +421,7 @@ class Controllers:
         if isinstance(body, HeartbeatBody):
             if GROUP not in self.state.groups or body.broker_id not in self.state.groups[GROUP].members:
                 return
-            self.tracker.heartbeat(GROUP, body.broker_id, body.epoch, body.max_offset, sim.now)
+            self.tracker.heartbeat(GROUP, body.broker_id, body.epoch, body.max_offset, sim.now, lost_tail=body.lost_tail)
             reply(self.tracker.answer(self.state, GROUP, body.broker_id, sim.now))
         elif isinstance(body, Register):
             self.propose(body, lambda answer: reply(answer.broker_id))

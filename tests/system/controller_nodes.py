@@ -2,11 +2,13 @@
 a controller) of real processes on loopback, for the system tests (test_controller_system,
 test_controlled_broker and the tests beside them): a controller's STATUS and waiting for one,
 the replicated part of its groups, a fake broker's registration; a controlled group's master
-with its slave in sync, and the numbered messages found in a store."""
+with its slave in sync, the numbered messages found in a store, and a power loss emulated on a
+stopped broker's store."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import trio
 
@@ -75,3 +77,17 @@ def numbered_in_store(store: str, topic: str) -> dict[int, list[int]]:
         if record.topic == topic and body.startswith(b"m"):
             found.setdefault(int(body.split(b":", 1)[0][1:]), []).append(offset)
     return found
+
+
+def cut_log(store: str, offset: int) -> None:
+    """Zero the stopped broker's commit log from ``offset`` on (what a power loss leaves of pages
+    never flushed); its epoch file stays (it is fsynced at every change)."""
+    directory = os.path.join(store, "commitlog")
+    for name in sorted(os.listdir(directory)):
+        start, path = int(name), os.path.join(directory, name)
+        size = os.path.getsize(path)
+        if start + size <= offset:
+            continue
+        with open(path, "r+b") as file:
+            file.seek(max(0, offset - start))
+            file.write(bytes(size - max(0, offset - start)))

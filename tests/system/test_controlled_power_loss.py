@@ -6,11 +6,9 @@ acknowledged is lost (proved from the stores)."""
 
 from __future__ import annotations
 
-import os
-
 from hasvc import client as hc
 from hasvc.testing.controlled_group import ControlledGroup
-from tests.system.controller_nodes import numbered_in_store, start_master_and_slave
+from tests.system.controller_nodes import cut_log, numbered_in_store, start_master_and_slave
 
 TOPIC = "Orders"
 MESSAGES = 40
@@ -18,19 +16,6 @@ LOST = 10  # the last acknowledged messages the master's power loss takes
 # Long enough that the master restarts and registers before the controller would elect on its
 # silence (the rule under test is the restart's, not the lapse's).
 HEARTBEAT_TIMEOUT_SECONDS = 30
-
-
-def _cut_log(store: str, offset: int) -> None:
-    """Zero the commit log from ``offset`` on (what a power loss leaves of pages never flushed)."""
-    directory = os.path.join(store, "commitlog")
-    for name in sorted(os.listdir(directory)):
-        start, path = int(name), os.path.join(directory, name)
-        size = os.path.getsize(path)
-        if start + size <= offset:
-            continue
-        with open(path, "r+b") as file:
-            file.seek(max(0, offset - start))
-            file.write(bytes(size - max(0, offset - start)))
 
 
 def test_a_master_restarted_after_a_power_loss_gives_way_to_the_slave_that_holds_more(tmp_path):
@@ -47,7 +32,7 @@ def test_a_master_restarted_after_a_power_loss_gives_way_to_the_slave_that_holds
                 assert result.status == "PUT_OK", result
                 acked[number] = result.offset
         group.kill(master)
-        _cut_log(group.store(master), acked[MESSAGES - LOST])
+        cut_log(group.store(master), acked[MESSAGES - LOST])
         group.restart(master)
         assert group.master(excluding=master) == slave  # not the restarted master, in its epoch or any
         assert group.status(slave)["epoch"] > epoch

@@ -32,7 +32,7 @@ def test_the_first_member_heartbeating_becomes_the_first_master():
     state, tracker = _state(master=None), _tracker()
     assert tracker.decide(state, 0.1) == []
     tracker.heartbeat("g", 2, 0, 0, 0.1)
-    assert tracker.decide(state, 0.1) == [Elect("g", 2, 0, "first master of the group")]
+    assert tracker.decide(state, 0.1) == [Elect("g", 2, 0, "first master of the group", master_end=0)]
     assert tracker.decide(state, 0.15) == []  # decided once
 
 
@@ -224,3 +224,109 @@ def test_a_restarted_master_is_named_by_nobody_until_elected_again():
     for broker_id in (1, 2, 3):
         answer = tracker.answer(state, "g", broker_id, 0.1)
         assert (answer.master_id, answer.master_ha_address, answer.lease) == (None, None, False)
+
+
+def _set_of_one_after_failover() -> tuple[ControllerState, ElectionTracker]:
+    """Broker 1 was master of epoch 1 with the set {1, 2}; it lapsed and 2, caught up to 2,120,
+    was elected in epoch 2 with the set {2} (its epoch file: epoch 2 starts at 2,120). Then a
+    power loss cut 2's log to 1,696 and it registered again (restarted)."""
+    state = _state(sync_set=(1, 2))
+    assert state.apply(Elect("g", 2, 1, "master 1 lapsed")).accepted
+    assert state.groups["g"].sync_state_set == {2}
+    state.apply(Register("g", "store-2", "h2:1", "h2:2"))
+    assert state.groups["g"].master_restarted
+    return state, _tracker(now=0.0)
+
+
+def test_a_set_of_one_that_lost_the_tail_of_its_epoch_gives_way_to_the_member_whose_log_covers_it():
+    """Without the report (or the rule) broker 2, the only member of its set, is elected again on
+    its cut log (epoch 3 opens at 1,696) and broker 1, rejoining, cuts [1,696, 2,120): acknowledged
+    writes lost. With it, 1 (outside the set, its log covering 2,120) is elected."""
+    state, tracker = _set_of_one_after_failover()
+    blind = _tracker(now=0.0)  # the same heartbeats without lost_tail: the case the rule closes
+    for each, lost_tail in ((tracker, 2120), (blind, None)):
+        assert each.decide(state, 0.05) == []  # notices the restart: ends heard from now on count
+        each.heartbeat("g", 2, 2, 1696, 0.1, lost_tail=lost_tail)
+        each.heartbeat("g", 1, 1, 2120, 0.1)
+        each.heartbeat("g", 3, 1, 900, 0.1)  # lagging: does not cover 2,120
+    [wrong] = blind.decide(state, 0.15)
+    assert wrong.new_master_id == 2  # the loss the design describes
+    assert not tracker.answer(state, "g", 2, 0.15).lease and tracker.answer(state, "g", 2, 0.15).master_id is None
+    [elect] = tracker.decide(state, 0.15)
+    assert (elect.new_master_id, elect.expected_epoch) == (1, 2)
+    assert "lost the tail it held when epoch 2 began, up to 2120" in elect.reason and "UNCLEAN" not in elect.reason
+    assert state.apply(elect).accepted
+    assert (state.groups["g"].master_id, state.groups["g"].epoch, state.groups["g"].sync_state_set) == (1, 3, {1})
+
+
+def test_a_lost_tail_waits_for_a_member_that_covers_it_and_for_every_member_to_be_heard():
+    state, tracker = _set_of_one_after_failover()
+    assert tracker.decide(state, 0.05) == []
+    tracker.heartbeat("g", 2, 2, 1696, 0.1, lost_tail=2120)
+    assert tracker.decide(state, 0.1) == []  # 1 and 3 not heard: never 2 on its cut log
+    tracker.heartbeat("g", 1, 1, 2000, 0.2)  # short of 2,120
+    assert tracker.decide(state, 0.25) == []  # 3 not heard: it may hold what 2 lost
+    tracker.heartbeat("g", 3, 0, 5000, 0.3)  # long, but not of this history (its last epoch is older)
+    assert tracker.decide(state, 0.35) == []
+    tracker.heartbeat("g", 3, 1, 2200, 0.4)  # a slave of 1's epoch reaching past 2,120
+    [elect] = tracker.decide(state, 0.45)
+    assert elect.new_master_id == 3
+
+
+def test_a_lost_tail_is_not_covered_while_a_member_outside_the_set_is_down():
+    state, tracker = _set_of_one_after_failover()
+    assert tracker.decide(state, 0.05) == []
+    tracker.heartbeat("g", 2, 2, 1696, 0.1, lost_tail=2120)
+    tracker.heartbeat("g", 1, 1, 2120, 0.1)
+    tracker.heartbeat("g", 3, 2, 2500, 0.1)  # a slave of 2 in epoch 2, once in its set: it may hold more
+    tracker.heartbeat("g", 2, 2, 1696, 0.9, lost_tail=2120)
+    tracker.heartbeat("g", 1, 1, 2120, 0.9)
+    assert tracker.decide(state, 0.9) == []  # 3 lapsed
+    tracker.heartbeat("g", 3, 2, 2500, 1.0)
+    [elect] = tracker.decide(state, 1.0)
+    assert elect.new_master_id == 3  # its epoch is 2's: the longest of that history
+
+
+def test_an_unclean_election_prefers_a_member_without_a_lost_tail():
+    state, tracker = _set_of_one_after_failover()
+    tracker = _tracker(now=0.0, allow_unclean_election=True)
+    assert tracker.decide(state, 0.05) == []
+    tracker.heartbeat("g", 2, 2, 1696, 0.1, lost_tail=2120)
+    tracker.heartbeat("g", 1, 1, 1800, 0.1)  # does not cover 2,120: not clean
+    tracker.heartbeat("g", 3, 1, 900, 0.1)
+    assert tracker.decide(state, 0.15) == []  # the master is alive: the unclean rule is for a lapsed one
+    tracker.heartbeat("g", 1, 1, 1800, 0.9)
+    tracker.heartbeat("g", 3, 1, 900, 0.9)
+    [elect] = tracker.decide(state, 0.9)  # 2 lapsed
+    assert elect.new_master_id == 1 and "UNCLEAN" in elect.reason
+
+
+def test_a_heartbeat_whose_epoch_starts_within_its_log_reports_no_lost_tail():
+    tracker = _tracker()
+    tracker.heartbeat("g", 2, 2, 2120, 0.1, lost_tail=2120)
+    assert tracker.lost_tail("g", 2) is None
+    tracker.heartbeat("g", 2, 2, 2119, 0.2, lost_tail=2120)
+    assert tracker.lost_tail("g", 2) == 2120
+
+
+def test_a_set_of_one_whose_power_failed_before_it_opened_its_epoch_is_judged_by_its_end_when_elected():
+    """Broker 2 is elected at 2,120 (its heartbeat then; the Elect entry records it) and loses
+    power before its promotion wrote the epoch: its log ends at 1,696 and its last epoch is still
+    1, so it reports no lost tail. The controller compares with the end it was elected with."""
+    state, tracker = _state(sync_set=(1, 2)), _tracker(now=0.0)
+    tracker.heartbeat("g", 2, 1, 2120, 0.0)
+    elect = tracker.stamped(Elect("g", 2, 1, "master 1 lapsed"))
+    assert elect.master_end == 2120
+    assert state.apply(elect).accepted and state.groups["g"].master_end == 2120
+    assert ControllerState.restore(state.snapshot()).groups["g"].master_end == 2120
+    state.apply(Register("g", "store-2", "h2:1", "h2:2"))  # restarted, never promoted
+    intact = _tracker(now=0.0)  # after a process kill its log is whole: elected again, as before
+    for each, end in ((tracker, 1696), (intact, 2120)):
+        assert each.decide(state, 0.05) == []
+        each.heartbeat("g", 2, 1, end, 0.1)
+        each.heartbeat("g", 1, 1, 2120, 0.1)
+        each.heartbeat("g", 3, 1, 900, 0.1)
+    [elect] = tracker.decide(state, 0.15)
+    assert elect.new_master_id == 1 and "up to 2120" in elect.reason
+    [elect] = intact.decide(state, 0.15)
+    assert elect.new_master_id == 2

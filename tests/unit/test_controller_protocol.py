@@ -19,7 +19,7 @@ request_ids = st.integers(0, cp.REQUEST_ID_MAX)
 
 requests = st.one_of(
     st.builds(cp.RegisterRequest, names, names, names, names),
-    st.builds(cp.HeartbeatRequest, names, broker_ids, counts, counts),
+    st.builds(cp.HeartbeatRequest, names, broker_ids, counts, counts, st.none() | counts),
     st.builds(cp.AlterSyncStateSetRequest, names, broker_ids, counts, counts, id_sets),
     st.just(cp.StatusRequest()),
     st.builds(cp.ElectRequest, names, st.none() | broker_ids),
@@ -119,6 +119,18 @@ def test_byte_table_of_a_heartbeat():
     assert data == (5 + len(body)).to_bytes(4, "big") + b"\x02" + (5).to_bytes(4, "big") + body
 
 
+def test_a_heartbeat_says_lost_tail_only_when_it_has_one_and_an_older_brokers_is_accepted():
+    """``lost_tail`` is left out when null (a controller before it would refuse the unknown
+    field), and a heartbeat without it (an older broker's) decodes with None."""
+    data = cp.encode_request(5, cp.HeartbeatRequest("g1", 2, 3, 1696, 2120))
+    assert data.endswith(b'{"group":"g1","broker_id":2,"epoch":3,"max_offset":1696,"lost_tail":2120}')
+    assert _decode_all(data, answers=False) == [cp.Frame(5, cp.HeartbeatRequest("g1", 2, 3, 1696, 2120))]
+    for body in (b'{"group":"g1","broker_id":2,"epoch":3,"max_offset":4096}',
+                 b'{"group":"g1","broker_id":2,"epoch":3,"max_offset":4096,"lost_tail":null}'):  # fmt: skip
+        [frame] = _decode_all(_raw(cp.HEARTBEAT, body), answers=False)
+        assert frame.message == cp.HeartbeatRequest("g1", 2, 3, 4096) and frame.message.lost_tail is None
+
+
 def test_byte_table_of_a_snapshot_request():
     """The bytes docs/PROTOCOL.md shows for SNAPSHOT."""
     data = cp.encode_request(1, cp.SnapshotRequest(290, 0))
@@ -181,6 +193,8 @@ def _raw(kind: int, body: bytes, request_id: int = 1) -> bytes:
     (cp.HEARTBEAT, b'{"group":"g","broker_id":1,"epoch":1.5,"max_offset":0}', False, "must be an integer"),
     (cp.HEARTBEAT, b'{"group":"","broker_id":1,"epoch":0,"max_offset":0}', False, "must not be empty"),
     (cp.HEARTBEAT, b'{"group":"g","group":"h","broker_id":1,"epoch":0,"max_offset":0}', False, "twice"),
+    (cp.HEARTBEAT, b'{"group":"g","broker_id":1,"epoch":0,"max_offset":0,"lost_tail":-1}', False, "outside 0.."),
+    (cp.HEARTBEAT, b'{"group":"g","broker_id":1,"epoch":0,"max_offset":0,"lost_tail":"9"}', False, "must be an integer"),
     (cp.ALTER_SYNC_STATE_SET, b'{"group":"g","master_id":1,"epoch":0,"sync_state_set_epoch":0,"sync_state_set":[1,1]}',
      False, "names a broker twice"),
     (cp.STATUS, b'[]', False, "not a JSON object"),

@@ -65,3 +65,32 @@ async def test_an_operators_elect_of_a_restarted_member_is_refused_and_another_i
     refused = server.port._switchover(cp.ElectRequest("g", 2))
     assert isinstance(refused, cp.Answer) and "restarted" in refused.reason
     assert server.port._switchover(cp.ElectRequest("g", None)).new_master_id == 3
+
+
+async def test_with_unclean_elections_on_an_operator_may_elect_a_set_of_one_that_lost_its_tail_logged_unclean(tmp_path):
+    """The set of one lost the tail of its epoch and no member covering it comes back: only an
+    operator's unclean election names a master, and says what it may cost."""
+    import dataclasses
+
+    import trio
+
+    from hasvc.protocol import controller as cp
+    from hasvc.state.controller import state as cs
+
+    server = _server(tmp_path)
+    for number in (1, 2):
+        server.state.apply(cs.Register("g", f"store-{number}", f"h{number}:1", f"h{number}:2"))
+    server.state.apply(cs.Elect("g", 1, 0, "first"))
+    server.state.apply(cs.Register("g", "store-1", "h1:1", "h1:2"))  # the set of one restarted
+    now = trio.current_time()
+    server.tracker.became_leader(now)
+    server.tracker.heartbeat("g", 1, 1, 1696, now, lost_tail=2120)
+    server.tracker.heartbeat("g", 2, 0, 0, now)
+    refused = server.port._switchover(cp.ElectRequest("g", 1))
+    assert isinstance(refused, cp.Answer) and "restarted" in refused.reason
+    timings = dataclasses.replace(server.config.timings, allow_unclean_election=True)
+    server.config = dataclasses.replace(server.config, timings=timings)
+    elect = server.port._switchover(cp.ElectRequest("g", 1))
+    assert elect.new_master_id == 1 and "UNCLEAN" in elect.reason and "2120" in elect.reason
+    elect = server.port._switchover(cp.ElectRequest("g", 2))
+    assert elect.new_master_id == 2 and "UNCLEAN" in elect.reason and "outside the SyncStateSet" in elect.reason

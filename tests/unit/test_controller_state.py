@@ -265,3 +265,19 @@ def test_snapshot_of_a_valid_crc_but_bad_body_raises_its_error(data):
     checked = struct.pack(">QI", 1, len(body)) + body
     with pytest.raises(StateFormatError):
         ControllerState.restore(b"HCS1" + struct.pack(">I", crc32c.crc32c(checked)) + checked)
+
+
+def test_an_elect_entry_carries_the_new_masters_end_only_when_known():
+    from hasvc.state.controller.state import Elect, decode_command, encode_command
+
+    plain = encode_command(Elect("g", 2, 1, "r"))
+    assert b"master_end" not in plain and decode_command(plain) == Elect("g", 2, 1, "r")  # as entries were before
+    stamped = encode_command(Elect("g", 2, 1, "r", master_end=2120))
+    assert decode_command(stamped) == Elect("g", 2, 1, "r", master_end=2120)
+    import pytest
+
+    from hasvc.state.controller.state import StateFormatError
+
+    for bad in (b'"x"', b"-1", b"true", b"null"):
+        with pytest.raises(StateFormatError):
+            decode_command(stamped.replace(b'"master_end":2120', b'"master_end":' + bad))

@@ -94,6 +94,25 @@ def test_a_shrink_takes_effect_only_once_accepted():
     assert tracker.confirm_offset(0.1) is None  # and waiters are not released by the master alone
 
 
+def test_while_a_set_of_the_master_alone_is_pending_nothing_past_its_flush_is_released():
+    """The driver flushes the log to where it stood at the proposal before sending it; a lagging
+    slave that still acks meanwhile releases nothing past that (after the shrink the master alone
+    holds what was acknowledged, and an unflushed write would be held only outside the set)."""
+    tracker = _tracker(members=(1, 2), min_in_sync=1)
+    tracker.on_ack(2, 100, 100, 0.0)
+    tracker.on_append(200)
+    tracker.on_ack(2, 150, 200, 1.0)  # connected, never caught up again
+    proposal = tracker.tick(TIMINGS.sync_set_lag_seconds_max + 0.01)
+    assert proposal.new_set == {1} and tracker.alone_from == 200
+    tracker.on_append(300)
+    now = TIMINGS.sync_set_lag_seconds_max + 0.02
+    tracker.renew(now)
+    tracker.on_ack(2, 300, 300, now)
+    assert tracker.ack_watermark() == 300 and tracker.confirm_offset(now) == 200
+    tracker.on_answer(proposal, True, frozenset({1}), 2, master_epoch=3)
+    assert tracker.confirm_offset(now) == 300  # alone (min_in_sync_replicas 1): its own end
+
+
 def test_a_lagging_slave_is_proposed_out_after_the_lag_bound():
     tracker = _tracker(members=(1, 2))
     tracker.on_ack(2, 100, 100, 0.0)

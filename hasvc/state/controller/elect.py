@@ -36,6 +36,15 @@ that moment, so it never elects on what an older leader heard.
   the same way and counts only the members heard since; and a restarted member is elected only
   when every member of the set was heard since (a lapsed one -- down, or cut off from the
   controllers -- may hold what it lost).
+* A member that reports a **lost tail** (``heartbeat(..., lost_tail=X)``: its newest epoch starts
+  at X, past its log's end; the epoch file is fsynced, the log's tail is not, so a power loss
+  cut bytes it held when that epoch began) is never elected cleanly. When every member of the
+  SyncStateSet reports one in the group's epoch (a set of one, typically: elected on a slave's
+  log, then its power failed), the member outside the set whose log covers X is elected (its
+  last epoch the group's or the one before, so a prefix of the same history; the best by
+  ``(epoch, max_offset)``), once every member outside the set is alive and heard since the
+  restart (one down may hold more); until then nobody (``_cover_lost_tail`` says why this loses
+  nothing).
 * ``answer(state, group, broker_id, now)`` is what the leader tells a heartbeating broker: the
   master, its addresses, the epoch and the SyncStateSet, and ``lease``: whether the master may
   acknowledge for ``master_lease_seconds`` from when it sent this heartbeat. The lease is
@@ -68,6 +77,7 @@ class Liveness:
     received_at: float  # this leader's clock
     epoch: int  # the last epoch in the broker's log
     max_offset: int  # where the broker's log ends
+    lost_tail: int | None = None  # that epoch's start, past max_offset: a power loss cut what it held then
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -120,8 +130,15 @@ class ElectionTracker:
         self._grants.clear()
         self._restarts.clear()
 
-    def heartbeat(self, group: str, broker_id: int, epoch: int, max_offset: int, now: float) -> None:
-        self._liveness[(group, broker_id)] = Liveness(now, epoch, max_offset)
+    def heartbeat(self, group: str, broker_id: int, epoch: int, max_offset: int, now: float, *,
+                  lost_tail: int | None = None) -> None:  # fmt: skip
+        if lost_tail is not None and lost_tail <= max_offset:
+            lost_tail = None  # the epoch starts within the log: nothing it held then is missing
+        self._liveness[(group, broker_id)] = Liveness(now, epoch, max_offset, lost_tail)
+
+    def lost_tail(self, group: str, broker_id: int) -> int | None:
+        seen = self._liveness.get((group, broker_id))
+        return None if seen is None else seen.lost_tail
 
     def liveness(self, group: str, broker_id: int) -> Liveness | None:
         return self._liveness.get((group, broker_id))
@@ -150,9 +167,30 @@ class ElectionTracker:
                     continue  # proposed already; not yet applied (or lost: proposed again after this)
             elect = self._decide_group(name, group, now)
             if elect is not None:
+                elect = self.stamped(elect)
                 self._decisions[name] = _Decision(group.epoch, group.master_id, now)
                 elections.append(elect)
         return elections
+
+    def stamped(self, elect: Elect) -> Elect:
+        """``elect`` with the new master's log end as last heard (``GroupState.master_end``)."""
+        seen = self._liveness.get((elect.group, elect.new_master_id)) if elect.new_master_id is not None else None
+        return dataclasses.replace(elect, master_end=seen.max_offset if seen is not None else None)
+
+    def lost_end(self, name: str, group: GroupState, broker_id: int) -> int | None:
+        """The offset this member's log no longer reaches though it held it when its group's
+        epoch began, or None: the ``lost_tail`` it reports, or, for the set of one elected into
+        the group's epoch that never opened it (its log's last epoch is older: the epoch file is
+        fsynced before a master serves, so it acknowledged nothing in it) and restarted, the end
+        it had when elected (``master_end``) if it reports less: a power loss before its promotion."""
+        seen = self._liveness.get((name, broker_id))
+        if seen is None:
+            return None
+        ends = [seen.lost_tail] if seen.lost_tail is not None else []
+        if (group.sync_state_set == {broker_id} and broker_id in group.restarted and group.master_end is not None
+                and seen.epoch < group.epoch and seen.max_offset < group.master_end):  # fmt: skip
+            ends.append(group.master_end)
+        return max(ends, default=None)
 
     def _decide_group(self, name: str, group: GroupState, now: float) -> Elect | None:
         if group.master_id is not None and not self.lapsed(name, group.master_id, now):
@@ -162,6 +200,10 @@ class ElectionTracker:
             heard = self._heard_since_restart(name, group, now)
             if heard is None:
                 return None
+        if heard is not None:  # before an unclean choice: this one is proven to lose nothing
+            covered = self._cover_lost_tail(name, group, heard, now)
+            if covered is not None:
+                return covered
         if group.master_id is not None:
             chosen, clean = self._choose(name, group, now, exclude=group.master_id, heard=heard)
             if chosen is None:
@@ -182,7 +224,7 @@ class ElectionTracker:
             return None  # wait; or the master lapsed meanwhile: the lapse rule elects another
         chosen = self._safe_after_restart(name, group, heard, [b for b in heard if self.alive(name, b, now)])
         if chosen is None:
-            return None
+            return self._cover_lost_tail(name, group, heard, now)
         return Elect(name, chosen, group.epoch, f"master {group.master_id} restarted (it may have lost unflushed "
                      f"writes): broker {chosen} has the longest log of the SyncStateSet {sorted(group.sync_state_set)}")  # fmt: skip
 
@@ -206,7 +248,7 @@ class ElectionTracker:
     def _safe_after_restart(self, name: str, group: GroupState, heard: list[int], candidates: list[int]) -> int | None:
         """The best of ``candidates``, unless it restarted and a member of the set not heard since,
         or heard with a longer log (down since), may hold what it lost: None."""
-        chosen = self._best(name, candidates)
+        chosen = self._best(name, [b for b in candidates if self.lost_end(name, group, b) is None])
         if chosen is None or chosen not in group.restarted:
             return chosen  # never restarted since it entered the set: it holds every acknowledged write
         if len(heard) < len(group.sync_state_set):
@@ -223,14 +265,56 @@ class ElectionTracker:
                  if broker_id != exclude and self.alive(name, broker_id, now)]  # fmt: skip
         if group.epoch == 0:
             return self._best(name, alive), True  # never elected: nothing was ever acknowledged
-        in_set = [b for b in alive if b in group.sync_state_set and (heard is None or b in heard)]
+        in_set = [b for b in alive if b in group.sync_state_set and (heard is None or b in heard)
+                  and self.lost_end(name, group, b) is None]  # fmt: skip
         if in_set:
             if heard is not None:
                 return self._safe_after_restart(name, group, heard, in_set), True
             return self._best(name, in_set), True
         if self.timings.allow_unclean_election and alive:
-            return self._best(name, alive), False
+            whole = [b for b in alive if self.lost_end(name, group, b) is None]  # a lost tail last: its epoch ranks it high
+            return self._best(name, whole or alive), False
         return None, True
+
+    def _cover_lost_tail(self, name: str, group: GroupState, heard: list[int], now: float) -> Elect | None:
+        """Every member of the SyncStateSet lost the tail of the group's epoch (its log ends
+        before that epoch's start X, the epoch file survived: a power loss): the member outside
+        the set whose log covers X, when every member of the group is heard since the restart.
+
+        Why that is safe: the set's member took office at X holding every write acknowledged
+        before (it was elected from the previous epoch's set), so every one of them is in
+        ``[0, X)`` of that history; a member whose log's last epoch is the previous one (it
+        followed that epoch's master) or this one (it followed this master) holds a prefix of the
+        same history, so one that reaches X holds all of them. Writes acknowledged in this epoch
+        past X were held by the members in the set at the time, which followed this master and
+        so have this epoch: the best by ``(epoch, max_offset)`` is the longest of them. Every
+        member must be heard (one down may hold more); None while one is not: the group then
+        stays without a master (an operator's unclean election may still name one, a loss)."""
+        if len(heard) < len(group.sync_state_set) or group.epoch == 0:
+            return None
+        tails = {b: self.lost_end(name, group, b) for b in heard}
+        if any(tail is None for tail in tails.values()):
+            return None  # a member of the set holds all it held when the epoch began
+        noticed = self._restarts[name][1]
+        for broker_id in sorted(group.members.keys() - group.sync_state_set):
+            seen = self._liveness.get((name, broker_id))
+            if seen is None or seen.received_at < noticed or not self.alive(name, broker_id, now):
+                return None
+        covers = max(tails.values())
+        # Histories a prefix of the set's: the epoch before the group's (whose master the set's
+        # member followed), the group's (its own), and the one a member that never opened the
+        # group's epoch reports (the one it followed, when an epoch between was never opened).
+        epochs = {group.epoch - 1, group.epoch} | {self._liveness[(name, b)].epoch for b in heard}
+        candidates = [b for b in sorted(group.members) if b not in group.sync_state_set and self.lost_tail(name, b) is None
+                      and self._liveness[(name, b)].epoch in epochs
+                      and self._liveness[(name, b)].max_offset >= covers]  # fmt: skip
+        chosen = self._best(name, candidates)
+        if chosen is None:
+            return None
+        lost = ", ".join(f"broker {b} ends at {self._liveness[(name, b)].max_offset}" for b in heard)
+        return Elect(name, chosen, group.epoch, f"the SyncStateSet {sorted(group.sync_state_set)} lost the tail it held "
+                     f"when epoch {group.epoch} began, up to {covers} ({lost}: a power loss); broker {chosen}'s log "
+                     f"covers it (outside the set, it holds every acknowledged write)")  # fmt: skip
 
     def _best(self, name: str, candidates: list[int]) -> int | None:
         """Highest (epoch, max_offset), ties to the lowest id (RocketMQ's DefaultElectPolicy order)."""

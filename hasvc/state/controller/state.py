@@ -19,7 +19,9 @@ state exactly as it was. The commands (docs/design/controller.md):
 * ``Elect(group, new_master_id, expected_epoch, reason)``: only when ``expected_epoch`` is the
   group's epoch (a deposed controller leader's stale decision, or a second copy, changes nothing).
   A new master opens ``epoch + 1`` with the SyncStateSet ``{new_master_id}`` (the restarted
-  master itself when it has the longest log; ``restarted`` is emptied). ``None`` records
+  master itself when it has the longest log; ``restarted`` is emptied), and records its log end
+  as last heard (``master_end``, when the command carries it: a restarted set of one that never
+  opened the epoch and reports less lost a tail, ``elect.py``). ``None`` records
   "no master" (nobody electable): the epoch and the SyncStateSet stay, so the set's members stay
   the ones that may be elected when they come back.
 * ``AlterSyncStateSet(group, master_id, epoch, sync_state_set_epoch, new_set)``: the master's
@@ -84,10 +86,13 @@ class GroupState:
     sync_state_set: frozenset[int] = frozenset()  # holds master_id when master_id is not None
     sync_state_set_epoch: int = 0  # bumped by every accepted change and every election of a master
     restarted: frozenset[int] = frozenset()  # members of the set that registered again since they entered it
+    # The last master elected: its log end then, as its last heartbeat said (None: not known). A
+    # restarted set of one that never opened the group's epoch and reports less lost a tail.
+    master_end: int | None = None
 
     def __hash__(self) -> int:  # members is a dict: hash what identifies the group's version
         return hash((self.next_broker_id, self.master_id, self.epoch, self.sync_state_set, self.sync_state_set_epoch,
-                     self.restarted))  # fmt: skip
+                     self.restarted, self.master_end))  # fmt: skip
 
     @property
     def master_restarted(self) -> bool:
@@ -139,6 +144,7 @@ class Elect:
     new_master_id: int | None  # None: record that nobody is electable
     expected_epoch: int  # the epoch the decision was made in; any other: refused
     reason: str  # why (a lapsed master, an operator's switchover, unclean): logged, not interpreted
+    master_end: int | None = None  # the new master's log end as last heard (None: unknown); optional in the entry
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -239,13 +245,13 @@ class ControllerState:
         if command.new_master_id is None:
             if group.master_id is None:
                 return _refuse("the group has no master already", group)
-            return Answer(True, "", None, dataclasses.replace(group, master_id=None))  # the set and its restarts stay
+            return Answer(True, "", None, dataclasses.replace(group, master_id=None))  # the set, its restarts, master_end stay
         if command.new_master_id not in group.members:
             return _refuse(f"broker {command.new_master_id} is not a member of group {command.group!r}", group)
         elected = dataclasses.replace(group, master_id=command.new_master_id, epoch=group.epoch + 1,
                                       sync_state_set=frozenset({command.new_master_id}),
                                       sync_state_set_epoch=group.sync_state_set_epoch + 1,
-                                      restarted=frozenset())  # fmt: skip
+                                      restarted=frozenset(), master_end=command.master_end)  # fmt: skip
         return Answer(True, "", command.new_master_id, elected)
 
     def _alter(self, command: AlterSyncStateSet, group: GroupState | None) -> Answer:
@@ -313,6 +319,8 @@ _COMMAND_FIELDS = {
                           "new_set": list},
 }  # fmt: skip
 _COMMAND_TYPES = {"Register": Register, "Elect": Elect, "AlterSyncStateSet": AlterSyncStateSet}
+# Fields an entry may lack (written only when not None, so entries without them read as before).
+_OPTIONAL_FIELDS = {"Elect": ("master_end",)}
 
 
 def encode_command(command: Command) -> bytes:
@@ -323,6 +331,8 @@ def encode_command(command: Command) -> bytes:
     fields = {}
     for field in dataclasses.fields(command):
         value = getattr(command, field.name)
+        if value is None and field.name in _OPTIONAL_FIELDS.get(name, ()):
+            continue
         fields[field.name] = sorted(value) if isinstance(value, frozenset) else value
     _check_command(name, dict(fields))
     data = json.dumps({"v": COMMAND_VERSION, "command": name, **fields}, separators=(",", ":"), sort_keys=True).encode()
@@ -351,7 +361,12 @@ _TEXT_LENGTH_MAX = {"identity": IDENTITY_LENGTH_MAX, "client_address": ADDRESS_L
 
 def _check_command(name: str, document: dict) -> dict:
     """The command's fields, checked (presence, type, bounds); new_set made a frozenset."""
+    optional = {key: document.pop(key) for key in _OPTIONAL_FIELDS.get(name, ()) if key in document}
     _check_fields(document, _COMMAND_FIELDS[name], f"{name} command")
+    for key, value in optional.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StateFormatError(f"{name} command field {key!r} is {type(value).__name__}, not int")
+        document[key] = _natural(value, f"{name} {key}", minimum=0)
     _group_name(document["group"], name)
     for key, length_max in _TEXT_LENGTH_MAX.items():
         if key in document:
@@ -428,7 +443,8 @@ def _group_to_json(group: GroupState) -> dict:
     return {"members": {str(broker_id): dataclasses.asdict(member) for broker_id, member in sorted(group.members.items())},
             "next_broker_id": group.next_broker_id, "master_id": group.master_id, "epoch": group.epoch,
             "sync_state_set": sorted(group.sync_state_set), "sync_state_set_epoch": group.sync_state_set_epoch,
-            **({"restarted": sorted(group.restarted)} if group.restarted else {})}  # fmt: skip
+            **({"restarted": sorted(group.restarted)} if group.restarted else {}),
+            **({"master_end": group.master_end} if group.master_end is not None else {})}  # fmt: skip
 
 
 def _group_from_json(value: object, name: str) -> GroupState:
@@ -439,7 +455,12 @@ def _group_from_json(value: object, name: str) -> GroupState:
     if not isinstance(restarted, list):
         raise StateFormatError(f"{what} restarted must be a list of broker ids")
     restarted = _broker_ids(restarted, f"{what} restarted")
-    value = {key: field for key, field in value.items() if key != "restarted"}
+    master_end = value.get("master_end")  # written only when known (older snapshots lack it)
+    if master_end is not None:
+        if isinstance(master_end, bool) or not isinstance(master_end, int):
+            raise StateFormatError(f"{what} master_end must be an integer")
+        _natural(master_end, f"{what} master_end", minimum=0)
+    value = {key: field for key, field in value.items() if key not in ("restarted", "master_end")}
     _check_fields(value, _GROUP_FIELDS, what)
     if len(value["members"]) > MEMBERS_PER_GROUP_MAX:
         raise StateFormatError(f"{what} has {len(value['members'])} members, over MEMBERS_PER_GROUP_MAX")
@@ -460,4 +481,4 @@ def _group_from_json(value: object, name: str) -> GroupState:
         _natural(value["master_id"], f"{what} master_id", minimum=1)
     return GroupState(members, value["next_broker_id"], value["master_id"], value["epoch"],
                       _broker_ids(value["sync_state_set"], f"{what} sync_state_set"), value["sync_state_set_epoch"],
-                      restarted)  # fmt: skip
+                      restarted, master_end)  # fmt: skip

@@ -82,7 +82,7 @@ class SlaveProgress:
 class SyncStateSetTracker:
     __slots__ = ("group", "master_id", "epoch", "epoch_start_offset", "timings", "sync_state_set",
                  "sync_state_set_epoch", "proposal", "proposed_at", "master_end", "slaves", "started_at",
-                 "lease_until", "asynchronous")  # fmt: skip
+                 "lease_until", "asynchronous", "alone_from")  # fmt: skip
 
     def __init__(self, group: str, master_id: int, epoch: int, *, epoch_start_offset: int, master_end: int,
                  sync_state_set: frozenset[int], sync_state_set_epoch: int, timings: ControllerTimings,
@@ -101,6 +101,7 @@ class SyncStateSetTracker:
         self.started_at = now
         self.lease_until = -math.inf  # no lease until a heartbeat answer grants one
         self.asynchronous = asynchronous  # ASYNC_MASTER: acknowledge what the master's own log holds
+        self.alone_from = 0  # the master's end when it proposed a set of itself alone (the driver flushes that)
         self.check_invariants()
 
     def check_invariants(self) -> None:
@@ -193,6 +194,8 @@ class SyncStateSetTracker:
         wanted = (self.sync_state_set - shrink) | expand
         self.proposal = AlterSyncStateSet(self.group, self.master_id, self.epoch, self.sync_state_set_epoch, wanted)
         self.proposed_at = now
+        if wanted == {self.master_id}:
+            self.alone_from = self.master_end
         self.check_invariants()
         return self.proposal
 
@@ -262,4 +265,9 @@ class SyncStateSetTracker:
             return None
         if self.asynchronous:
             return self.master_end
+        if self.proposal is not None and self.proposal.new_set == {self.master_id}:
+            # Alone once accepted: the driver flushes the log to alone_from before it sends the
+            # proposal, and nothing past it is released meanwhile (a lagging slave's acks would
+            # otherwise release writes only it and the unflushed master hold).
+            return min(self.ack_watermark(), self.alone_from)
         return self.ack_watermark()

@@ -574,7 +574,7 @@ class _IdempotentPass:
         result = appended.result
         offsets = () if result is None else result.offsets
         written: dict[int, list[Stored]] = {}  # a frame's number in ``numbers``: where its messages went
-        answers, items, remember, new = appended.answers, self.items, self.producers.remember, Verdict.NEW
+        answers, remember, new = appended.answers, self.producers.remember, Verdict.NEW
         head, pair, head_size = pass_encode._ANSWER_HEAD, pass_encode._ANSWER_PAIR, pass_encode._ANSWER_HEAD.size
         producer_ids, firsts = self.producer_ids, self.firsts
         for frame_number, (number, lookup) in enumerate(zip(self.numbers, self.verdicts, strict=True)):

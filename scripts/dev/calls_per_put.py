@@ -1,9 +1,10 @@
 """Python function calls per put, by process, of a local SYNC_MASTER pair or DLedger group.
 
-    .venv/bin/python scripts/dev/calls_per_put.py [--mode classic|dledger] [--nodes 3|5] [--flush async|sync]
+    .venv/bin/python scripts/dev/calls_per_put.py [--mode classic|controller|dledger] [--nodes 3|5] [--flush async|sync]
         [--producers 1] [--connections 1] [--batch 1] [--seconds 3] [--top 12] [--json FILE] [--keep DIR]
 
-Starts the brokers from this checkout (``hasvc master``/``slave``, or ``hasvc node`` x nodes with the
+Starts the brokers from this checkout (``hasvc master``/``slave``, a ``hasvc controller`` and two
+``hasvc broker --controllers``, or ``hasvc node`` x nodes with the
 benchmark's etcd-like timing), each under a ``cProfile`` that this script switches on for the
 measured window only (SIGUSR2 on, SIGUSR1 off and dump; hooked in by a ``sitecustomize`` in a
 temporary directory put first on the brokers' PYTHONPATH, so no hasvc code changes), drives

@@ -1,5 +1,5 @@
-"""What scripts/dev/calls_per_put.py and scripts/dev/put_path_time.py share: a local SYNC_MASTER pair or
-DLedger group started from this checkout with a ``sitecustomize`` hook (written to a temporary
+"""What scripts/dev/calls_per_put.py and scripts/dev/put_path_time.py share: a local SYNC_MASTER pair,
+controller-managed pair (one controller, hooked too) or DLedger group started from this checkout with a ``sitecustomize`` hook (written to a temporary
 directory put first on the brokers' PYTHONPATH only: no hasvc code changes), the load shape's
 command-line arguments, and the wait for each broker's dump of what its hook measured. The hook
 starts measuring on SIGUSR2 and dumps on SIGUSR1 (``signal_window``)."""
@@ -16,7 +16,7 @@ import time
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir))
 sys.path.insert(0, ROOT)
 
-from hasvc.tools.bench.sync_write import LocalGroup, LocalPair  # noqa: E402
+from hasvc.tools.bench.sync_write import LocalControlledPair, LocalGroup, LocalPair  # noqa: E402
 
 DUMP_WAIT_SECONDS = 30.0  # a broker writes its dump between two loop passes
 
@@ -24,7 +24,7 @@ DUMP_WAIT_SECONDS = 30.0  # a broker writes its dump between two loop passes
 def add_shape_arguments(parser: argparse.ArgumentParser, *, producers: int) -> None:
     """--mode, --nodes, --flush, and the load: --producers (default ``producers``),
     --connections, --batch, --seconds."""
-    parser.add_argument("--mode", choices=("classic", "dledger"), default="classic")
+    parser.add_argument("--mode", choices=("classic", "controller", "dledger"), default="classic")
     parser.add_argument("--nodes", type=int, choices=(3, 5), default=3)
     parser.add_argument("--flush", choices=("async", "sync"), default="async",
                         help="classic: the master's flush; dledger: sync = a quorum fsyncs an entry before it counts")
@@ -35,8 +35,8 @@ def add_shape_arguments(parser: argparse.ArgumentParser, *, producers: int) -> N
 
 
 def start_hooked(args: argparse.Namespace, sitecustomize: str, environment: dict[str, str], *, prefix: str,
-                 settings: dict[str, str] | None = None) -> tuple[LocalPair | LocalGroup, str]:  # fmt: skip
-    """The pair (``args.mode`` classic, connected) or group (dledger), its brokers started with
+                 settings: dict[str, str] | None = None) -> tuple[LocalPair | LocalControlledPair | LocalGroup, str]:  # fmt: skip
+    """The pair (``args.mode`` classic or controller, connected) or group (dledger), its brokers started with
     ``sitecustomize`` and ``environment`` (``{work}`` in a value: the work directory); returns
     it and the work directory (the caller removes it). ``settings`` as ``--set`` to every broker."""
     work = tempfile.mkdtemp(prefix=prefix)
@@ -48,6 +48,9 @@ def start_hooked(args: argparse.Namespace, sitecustomize: str, environment: dict
     try:
         if args.mode == "classic":
             cluster = LocalPair(role="sync", flush=args.flush, settings=settings)
+            cluster.wait_connected()
+        elif args.mode == "controller":
+            cluster = LocalControlledPair(flush=args.flush, settings=settings)
             cluster.wait_connected()
         else:
             cluster = LocalGroup(nodes=args.nodes, flush=args.flush, settings=settings)

@@ -1,11 +1,12 @@
 """Wall and CPU time inside the put path's functions, per message, by process, of a local
 SYNC_MASTER pair or DLedger group under load.
 
-    .venv/bin/python scripts/dev/put_path_time.py [--mode classic|dledger] [--nodes 3|5] [--flush async|sync]
+    .venv/bin/python scripts/dev/put_path_time.py [--mode classic|controller|dledger] [--nodes 3|5] [--flush async|sync]
         [--producers 64] [--connections 1] [--batch 1] [--seconds 3] [--function MODULE:CLASS.METHOD ...]
         [--json FILE]
 
-Starts the brokers from this checkout (``hasvc master``/``slave``, or ``hasvc node`` x nodes with
+Starts the brokers from this checkout (``hasvc master``/``slave``, a ``hasvc controller`` and two
+``hasvc broker --controllers``, or ``hasvc node`` x nodes with
 the benchmark's etcd-like timing), each with a ``sitecustomize`` (in a temporary directory put
 first on the brokers' PYTHONPATH; no hasvc code changes) that, on SIGUSR2, wraps the named
 functions with ``time.perf_counter_ns`` and ``time.thread_time_ns`` and, on SIGUSR1, unwraps them
@@ -48,6 +49,11 @@ FUNCTIONS = (
     "hasvc.broker.outbox:Outbox.flush",
     "hasvc.transport:Connection.writev_now",
     "hasvc.replicator:ClassicReplicator.on_report",
+    "hasvc.broker.controlled:SyncStateSetReplicator.on_report",
+    "hasvc.broker.controlled:SyncStateSetReplicator.appended",
+    "hasvc.state.controller.sync_set:SyncStateSetTracker.on_ack",
+    "hasvc.broker.controlled:producer_sequences",  # a controller-mode slave's follower (in a worker thread)
+    "commitlog.store_reads:StoreReads.find_bytes",
     "hasvc.broker.ha_master:HAService.push",
     "hasvc.broker.store_tasks:StoreTasks.after_appends",
     "commitlog.store:MessageStore.dispatch",

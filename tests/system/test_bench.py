@@ -128,7 +128,7 @@ def test_cold_catch_up_drops_the_log_from_the_page_cache(tmp_path):
     assert not any(resident_pages(path))
 
 
-@pytest.mark.parametrize("mode", ["classic", "dledger"])
+@pytest.mark.parametrize("mode", ["classic", "controller", "dledger"])
 def test_put_path_time_times_the_put_path_in_every_broker(tmp_path, mode):
     """scripts/dev/put_path_time.py: each broker's put-path functions are wrapped for the measured
     window only and their calls, wall and CPU time reported per message; the process that takes
@@ -142,11 +142,12 @@ def test_put_path_time_times_the_put_path_in_every_broker(tmp_path, mode):
     data = json.loads(report.read_text())
     assert data["messages"] > 0 and data["messages"] == data["requests"], data
     processes = data["processes"]
-    taker = "master" if mode == "classic" else next(name for name in processes if name.startswith("leader"))
+    taker = "master" if mode != "dledger" else next(name for name in processes if name.startswith("leader"))
     functions = processes[taker]["functions"]
     assert "hasvc.broker.put_service:PutService.put_items" in functions, functions.keys()
-    own = "hasvc.broker.ha_master:HAService.push" if mode == "classic" else "hasvc.broker.raft.driver:RaftDriver.propose_plan"
-    other = "hasvc.broker.raft.driver:RaftDriver.propose_plan" if mode == "classic" else "hasvc.broker.ha_master:HAService.push"
+    own = {"classic": "hasvc.broker.ha_master:HAService.push", "dledger": "hasvc.broker.raft.driver:RaftDriver.propose_plan",
+           "controller": "hasvc.broker.controlled:SyncStateSetReplicator.on_report"}[mode]  # fmt: skip
+    other = "hasvc.broker.raft.driver:RaftDriver.propose_plan" if mode != "dledger" else "hasvc.broker.ha_master:HAService.push"
     assert own in functions and other not in functions, functions.keys()
     for row in functions.values():
         assert row["calls_per_request"] > 0 and row["wall_us_per_message"] > 0 and row["cpu_us_per_message"] >= 0, row

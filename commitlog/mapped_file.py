@@ -510,6 +510,12 @@ class MappedFile:
         """The whole mapping, for scans; only ``[0, read_position)`` is meaningful."""
         return self._view
 
+    def find(self, sub: bytes, start: int, end: int) -> int:
+        """The position of the first ``sub`` lying whole in ``[start, end)`` (bounded by
+        ``read_position``), or -1: the mapping's own search (CPython's fastsearch, ~4x a regex
+        that starts with the same literal), no copy."""
+        return self._mmap.find(sub, start, min(end, self.read_position))
+
     def slice(self, position: int, size: int) -> memoryview:
         """Zero-copy view of ``[position, position + size)``, bounded by ``read_position``."""
         end = min(position + size, self.read_position)

@@ -116,6 +116,21 @@ class StoreReads:
             position = walk.position
         return mapped_file.file_from_offset + position
 
+    def find_bytes(self, sub: bytes, start_offset: int, end_offset: int) -> int:
+        """The offset of the first ``sub`` lying whole in one segment's bytes within
+        ``[start_offset, end_offset)`` (bounded by the log's end), or -1. A record never spans two
+        segments, so neither does anything found in one."""
+        log = self.commit_log
+        offset, stop = max(start_offset, log.min_offset), min(end_offset, log.max_offset)
+        while offset < stop:
+            mapped_file = log.mapped_file_queue.find_mapped_file_by_offset(offset)
+            base = mapped_file.file_from_offset
+            position = mapped_file.find(sub, offset - base, stop - base)
+            if position >= 0:
+                return base + position
+            offset = base + log.segment_size
+        return -1
+
     def find_at_record_ends(self, span_bytes: int, pattern: re.Pattern, *, start_offset: int | None = None,
                             end_offset: int | None = None) -> Iterator[tuple[re.Match, RecordPlace]]:  # fmt: skip
         """Matches of ``pattern`` that end exactly where a record ends, or where its CRC tail

@@ -49,7 +49,8 @@ FUNCTIONS = (
     "hasvc.broker.outbox:Outbox.flush",
     "hasvc.transport:Connection.writev_now",
     "hasvc.replicator:ClassicReplicator.on_report",
-    "hasvc.broker.controlled:SyncStateSetReplicator.on_report",
+    "hasvc.broker.controlled:SyncStateSetReplicator._feed_acks",  # a report (on_report is a callback taken before)
+    "hasvc.broker.controlled:SyncStateSetReplicator.changed",
     "hasvc.broker.controlled:SyncStateSetReplicator.appended",
     "hasvc.state.controller.sync_set:SyncStateSetTracker.on_ack",
     "hasvc.broker.controlled:producer_sequences",  # a controller-mode slave's follower (in a worker thread)

@@ -146,7 +146,7 @@ def test_put_path_time_times_the_put_path_in_every_broker(tmp_path, mode):
     functions = processes[taker]["functions"]
     assert "hasvc.broker.put_service:PutService.put_items" in functions, functions.keys()
     own = {"classic": "hasvc.broker.ha_master:HAService.push", "dledger": "hasvc.broker.raft.driver:RaftDriver.propose_plan",
-           "controller": "hasvc.broker.controlled:SyncStateSetReplicator.on_report"}[mode]  # fmt: skip
+           "controller": "hasvc.broker.controlled:SyncStateSetReplicator._feed_acks"}[mode]  # fmt: skip
     other = "hasvc.broker.raft.driver:RaftDriver.propose_plan" if mode != "dledger" else "hasvc.broker.ha_master:HAService.push"
     assert own in functions and other not in functions, functions.keys()
     for row in functions.values():

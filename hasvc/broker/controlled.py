@@ -25,20 +25,8 @@ HA client, byte for byte the same replication) with no ``--role``: it starts as 
   fails the puts still waiting for acks (they were stored here, not confirmed); every release of
   a SYNC_MASTER waiter asks ``confirm_offset(now)``, which is None without a lease, so no waiter
   is released after the lease ran out even before the task runs.
-* **The producer table follows the log on a slave** (``_follow_producers``): every
-  ``PRODUCER_SCAN_INTERVAL_SECONDS`` the records dispatched since the last look are searched for
-  producer sequences, so a promotion reads only the last moment's records instead of the last
-  ``producer_table_rebuild_bytes`` (16 MiB: ~0.3-1 s of the failover on this machine). The
-  bytes are first searched for the tag's literal start, on the loop, a slice at a time
-  (``tagged_between``): records without producer sequences (the C load generator's, any
-  producer that sends none) cost that search alone. Only a span that holds the literal is
-  parsed, in a worker thread. That parse holds the GIL throughout (a regex over the whole
-  span): done for every span, it stopped the slave's loop -- its reports, so every SYNC_MASTER
-  put -- ~8 ms in every 200 at 64 producers x 1 KiB and 71k puts/s (0.57 us a message of the
-  slave's time; the literal's search on the loop: 0.25, ``scripts/dev/put_path_time.py --mode
-  controller``). A truncation below what was searched (the
-  epoch handshake cutting a tail) throws the table away; it is then rebuilt whole, as a classic
-  promotion does.
+* **The producer table follows the log on a slave** (``ProducerFollower``,
+  ``hasvc.broker.producer_follow``): a promotion reads only the last moment's records.
 * **The SyncStateSet** (``SyncStateSetReplicator``): the put path's ``Replicator`` backed by
   ``SyncStateSetTracker``: slaves' reports (the HA service's ``ReplicaSet``, each slave known by
   the id it registered with, sent as its HA ``slave_id`` ``GROUP:ID``), closed connections and
@@ -56,7 +44,6 @@ import dataclasses
 import logging
 import math
 import operator
-import re
 import socket
 from collections.abc import Callable
 
@@ -64,7 +51,7 @@ import trio
 
 from hasvc import transport
 from hasvc.broker.broker import Broker
-from hasvc.broker.put_service import PRODUCER_TAG, producer_sequences
+from hasvc.broker.producer_follow import ProducerFollower
 from hasvc.broker.store_tasks import FAILED
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address, parse_address
 from hasvc.controller.client import ControllerClient, ControllerUnavailable
@@ -102,43 +89,12 @@ _SAMPLED_AT = operator.itemgetter(0)  # an end sample's time (the ring is in tim
 # Broker ids of the HA slave ids seen, kept for the per-report path; a group has a few members,
 # so more than this means ids that come and go (cleared, then rebuilt as slaves report).
 SLAVE_IDS_CACHED_MAX = 64
-# How often a slave searches what it dispatched since the last look for producer sequences: a
-# promotion then reads at most about this long's records before it takes writes.
-PRODUCER_SCAN_INTERVAL_SECONDS = 0.2
-# The bytes a producer sequence's tag starts with (its pattern's literal start, checked below):
-# a span without them holds no sequence. Searched for a slice at a time on the loop, a
-# checkpoint between slices: ~0.2 ms a MiB here, so no slice holds the slave's reports back
-# long (a worker thread would hold the GIL as long, and the loop would wait for it).
-PRODUCER_TAG_LITERAL = PRODUCER_TAG.pattern[: PRODUCER_TAG.pattern.index(b"\x01") + 1]
-PRODUCER_SCAN_SLICE_BYTES = 1024 * 1024
 # A slave's first wait before connecting again to its master (ha_reconnect_backoff_min_ms is
 # lowered to this when above): the controller names a master while that broker is still
 # promoting itself, and its HA port opens milliseconds later; the classic default (1 s, RocketMQ
 # retries every 5 s) would add a second to every failover, since the SyncStateSet expands only
 # once a slave has connected. The back-off still doubles up to ha_reconnect_backoff_max_ms.
 RECONNECT_BACKOFF_MIN_MS = 100
-
-
-# no metacharacter before the first \x01: every match of the pattern starts with these bytes
-assert re.escape(PRODUCER_TAG_LITERAL) == PRODUCER_TAG_LITERAL and PRODUCER_TAG_LITERAL.endswith(b"\x01"), PRODUCER_TAG_LITERAL
-
-
-async def tagged_between(store, literal: bytes, start_offset: int, end_offset: int, *,
-                         slice_bytes: int = PRODUCER_SCAN_SLICE_BYTES) -> bool:  # fmt: skip
-    """Whether ``literal`` lies whole in ``[start_offset, end_offset)`` of ``store``'s log,
-    searched ``slice_bytes`` at a time with a checkpoint between (slices overlap by
-    ``len(literal) - 1`` bytes: one across a cut is found)."""
-    assert slice_bytes >= len(literal) > 0
-    offset = start_offset
-    while offset < end_offset:
-        stop = min(end_offset, offset + slice_bytes)
-        if store.find_bytes(literal, offset, stop) >= 0:
-            return True
-        if stop == end_offset:
-            break
-        offset = stop - (len(literal) - 1)
-        await trio.lowlevel.checkpoint()
-    return False
 
 
 def slave_id_of(group: str, broker_id: int) -> str:
@@ -343,11 +299,7 @@ class ControlledBroker(Broker):
         self._lease_changed = trio.Event()  # a lease renewed or a tracker started: the lease task looks again
         self._unavailable_logged = False
         self._own_fence: str | None = None  # the fence this module set (lifted by a lease); others stay
-        # The producer table as a slave follows its log: searched up to this record boundary (None:
-        # not built, or thrown away by a truncation below it); the lock keeps one search at a time.
-        self._producers_scanned_to: int | None = None
-        self._producers_scan_lock = trio.Lock()
-        self._truncations = 0  # cuts of the store so far: a search that saw one meanwhile is dropped
+        self.producer_follower = ProducerFollower(self)  # the producer table as a slave follows its log
 
     # -- requests from clients: the controller decides the role -------------------------------
 
@@ -373,7 +325,7 @@ class ControlledBroker(Broker):
                 nursery.start_soon(self._control)
                 nursery.start_soon(self._send_proposals)
                 nursery.start_soon(self._lease_task)
-                nursery.start_soon(self._follow_producers)
+                nursery.start_soon(self.producer_follower.run)
                 task_status.started(self.addresses())
         finally:
             with trio.CancelScope(shield=True):
@@ -385,66 +337,15 @@ class ControlledBroker(Broker):
 
         def truncate_and_forget(offset: int) -> None:
             """The store's truncate; the producer table searched past ``offset`` is thrown away."""
-            self._truncations += 1
-            scanned_to = self._producers_scanned_to
-            if scanned_to is not None and offset < scanned_to:
-                self._producers_scanned_to = None
+            self.producer_follower.truncated(offset)
             truncate(offset)
 
         store.truncate = truncate_and_forget  # every cut of this store passes here (HA handshake, promotion)
 
-    async def _follow_producers(self) -> None:
-        """On a slave: keep the producer table as its log grows (see the module)."""
-        while True:
-            await trio.sleep(PRODUCER_SCAN_INTERVAL_SECONDS)
-            if self.role_state.is_slave and self.role_state.master_ha is not None:
-                # the store's maintenance lock: a truncation (which holds it) never cuts what is being read;
-                # taken first, as a promotion takes it before the table's lock
-                async with self.store_tasks.maintenance, self._producers_scan_lock:
-                    await self._scan_producers(self.store.reput_from_offset)
-        raise AssertionError("unreachable")
-
-    async def _scan_producers(self, end: int) -> int:
-        """Search the records up to the record boundary ``end`` not searched yet; the sequences
-        found (the whole last ``producer_table_rebuild_bytes`` when the table was not built).
-        New records without the tag's literal are passed over on the loop (see the module)."""
-        start = self._producers_scanned_to
-        if start is not None and start >= end:
-            return 0
-        span = self.config.producer_table_rebuild_bytes
-        truncations = self._truncations
-        if start is not None and not await tagged_between(self.store, PRODUCER_TAG_LITERAL, start, end):
-            if truncations == self._truncations and start == self._producers_scanned_to:
-                self._producers_scanned_to = end  # no sequence there
-            return 0
-        found = await trio.to_thread.run_sync(lambda: producer_sequences(self.store, span_bytes=span, start_offset=start, end_offset=end))
-        if truncations != self._truncations or start != self._producers_scanned_to:
-            return 0  # the log was cut meanwhile: the next look starts over (or from what is left)
-        if start is None:
-            self.producers.clear()
-            for producer_id, entries in found.items():
-                self.producers.load(producer_id, entries)
-        else:
-            for producer_id, entries in found.items():
-                for sequence, stored in entries:
-                    self.producers.remember(producer_id, sequence, [stored])
-        self._producers_scanned_to = end
-        return sum(len(entries) for entries in found.values())
-
     async def _rebuild_producer_table(self) -> None:
-        """Before taking writes as master: the table a slave kept, completed with the records
-        since its last look (the log ends at a record boundary now: the promotion cut any
-        partial record); rebuilt whole when it kept none. The promotion holds the store's
-        maintenance lock already."""
-        async with self._producers_scan_lock:
-            if self._producers_scanned_to is None:
-                await super()._rebuild_producer_table()
-                self._producers_scanned_to = self.store.commit_log.max_offset
-                return
-            started, start = trio.current_time(), self._producers_scanned_to
-            found = await self._scan_producers(self.store.commit_log.max_offset)
-            LOGGER.info("producer table: %d producer(s) kept as a slave, %d sequence(s) more from the last %d bytes in %.3f s",
-                        len(self.producers), found, self.store.commit_log.max_offset - start, trio.current_time() - started)  # fmt: skip
+        """Before taking writes as master: the table this broker kept as a slave, completed
+        (``ProducerFollower.rebuild``); the promotion holds the store's maintenance lock already."""
+        await self.producer_follower.rebuild(super()._rebuild_producer_table)
 
     def addresses(self) -> dict:
         return {**super().addresses(), "group": self.options.group, "controllers": ",".join(self.options.controllers)}
@@ -588,7 +489,7 @@ class ControlledBroker(Broker):
         self.sync_set.stop()
         await Broker.follow(self, parse_address(ha_address))
         if was_master:
-            self._producers_scanned_to = None  # the demotion cleared the table: a slave builds it anew
+            self.producer_follower.scanned_to = None  # the demotion cleared the table: a slave builds it anew
         if client_address:
             self.role_state.master_client_address = client_address
         self.controller_role = agent.Role.SLAVE

@@ -53,7 +53,7 @@ FUNCTIONS = (
     "hasvc.broker.controlled:SyncStateSetReplicator.changed",
     "hasvc.broker.controlled:SyncStateSetReplicator.appended",
     "hasvc.state.controller.sync_set:SyncStateSetTracker.on_ack",
-    "hasvc.broker.controlled:producer_sequences",  # a controller-mode slave's follower (in a worker thread)
+    "hasvc.broker.producer_follow:producer_sequences",  # a controller-mode slave's follower (in a worker thread)
     "commitlog.store_reads:StoreReads.find_bytes",
     "hasvc.broker.ha_master:HAService.push",
     "hasvc.broker.store_tasks:StoreTasks.after_appends",

@@ -10,7 +10,7 @@ import pytest
 
 from commitlog import record as rec
 from commitlog.store import MessageStore
-from hasvc.broker.controlled import PRODUCER_TAG_LITERAL, tagged_between
+from hasvc.broker.producer_follow import PRODUCER_TAG_LITERAL, tagged_between
 from hasvc.broker.put_service import producer_sequences
 from tests.sizes import SEGMENT_SIZE
 

@@ -52,7 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from hasvc import busy_poll  # noqa: E402
-from hasvc.tools.bench.catch_up import loopback_ceiling, stop_process  # noqa: E402
+from hasvc.tools.bench.catch_up import loopback_ceiling  # noqa: E402
 from hasvc.tools.bench.sync_write import LocalGroup, LocalPair, build_c_load, percentiles, process_cpu_seconds, run_once  # noqa: E402
 
 SIZE = 1024
@@ -78,6 +78,17 @@ def summarize(runs: list[dict]) -> dict:
     result["runs"] = runs
     return result
 
+
+def stop_process(process: subprocess.Popen) -> None:
+    """A peer's process (started here with Popen): SIGTERM by PID, SIGKILL after 30 s. (The
+    launcher's ``ReadyProcess.stop`` is for hasvc processes; these are plain Popen objects.)"""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 # -- Redis -------------------------------------------------------------------------------------
 

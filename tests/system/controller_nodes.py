@@ -12,6 +12,7 @@ import os
 
 import trio
 
+from commitlog.checkpoint import StoreCheckpoint
 from commitlog.inspect import iter_records
 from hasvc.controller.client import ControllerClient
 from hasvc.testing.controlled_group import ControlledGroup
@@ -81,7 +82,14 @@ def numbered_in_store(store: str, topic: str) -> dict[int, list[int]]:
 
 def cut_log(store: str, offset: int) -> None:
     """Zero the stopped broker's commit log from ``offset`` on (what a power loss leaves of pages
-    never flushed); its epoch file stays (it is fsynced at every change)."""
+    never flushed); its epoch file stays (it is fsynced at every change). The checkpoint's flushed
+    offset is lowered to ``offset`` when above: a periodic flush that ran before the kill would have
+    put those pages on disk, and a power loss cannot take them (recovery would rightly call the
+    missing bytes lost writes)."""
+    checkpoint = StoreCheckpoint.open(os.path.join(store, "checkpoint"))
+    if checkpoint.master_flushed_offset > offset:
+        checkpoint.master_flushed_offset = offset
+        checkpoint.flush()
     directory = os.path.join(store, "commitlog")
     for name in sorted(os.listdir(directory)):
         start, path = int(name), os.path.join(directory, name)

@@ -309,10 +309,11 @@ def test_a_heartbeat_whose_epoch_starts_within_its_log_reports_no_lost_tail():
     assert tracker.lost_tail("g", 2) == 2120
 
 
-def test_a_set_of_one_whose_power_failed_before_it_opened_its_epoch_is_judged_by_its_end_when_elected():
+def test_a_set_of_one_whose_power_failed_before_it_opened_its_epoch_gives_way_to_a_longer_log_of_its_history():
     """Broker 2 is elected at 2,120 (its heartbeat then; the Elect entry records it) and loses
     power before its promotion wrote the epoch: its log ends at 1,696 and its last epoch is still
-    1, so it reports no lost tail. The controller compares with the end it was elected with."""
+    1, so it reports no lost tail. The controller compares it with the members of epoch 1's
+    history: 1 reaches 2,120."""
     state, tracker = _state(sync_set=(1, 2)), _tracker(now=0.0)
     tracker.heartbeat("g", 2, 1, 2120, 0.0)
     elect = tracker.stamped(Elect("g", 2, 1, "master 1 lapsed"))
@@ -330,3 +331,75 @@ def test_a_set_of_one_whose_power_failed_before_it_opened_its_epoch_is_judged_by
     assert elect.new_master_id == 1 and "up to 2120" in elect.reason
     [elect] = intact.decide(state, 0.15)
     assert elect.new_master_id == 2
+
+
+class _Blind(ElectionTracker):
+    __slots__ = ()
+
+    def lost_end(self, name, group, broker_id):
+        return None if (group.master_end or 0) <= self.liveness(name, broker_id).max_offset else group.master_end
+
+
+def test_a_set_of_one_that_lost_writes_acknowledged_after_its_election_gives_way_to_the_old_master():
+    """Broker 2 is elected by an operator's switchover at 2,120 (its heartbeat then); broker 1's
+    lease still holds, and it acknowledges writes up to 2,400 that 2, its slave until it hears of
+    its election, holds. Then 2's power fails before its promotion wrote the epoch: its log ends at
+    2,300, above the end it was elected with. Nothing was acknowledged in the unopened epoch 2, so
+    the old master's log holds every acknowledged write: 1, the longest of epoch 1's history, is
+    elected once every member is heard since the restart (3 down may hold more); a member with
+    an older last epoch and a longer log (a branch epoch 1 cut) does not count."""
+    state, tracker = _state(sync_set=(1, 2)), _tracker(now=0.0)
+    tracker.heartbeat("g", 2, 1, 2120, 0.0)
+    assert state.apply(tracker.stamped(Elect("g", 2, 1, "an operator's switchover"))).accepted
+    state.apply(Register("g", "store-2", "h2:1", "h2:2"))  # restarted, never promoted
+    blind = _Blind(TIMINGS)  # the rule before: 2's end is above the one it was elected with
+    blind.became_leader(0.0)
+    for each in (tracker, blind):
+        assert each.decide(state, 0.05) == []
+        each.heartbeat("g", 2, 1, 2300, 0.1)
+        each.heartbeat("g", 1, 1, 2400, 0.1)
+    [wrong] = blind.decide(state, 0.15)
+    assert wrong.new_master_id == 2  # on 2,300: 1, rejoining, would cut acknowledged [2,300, 2,400)
+    assert tracker.decide(state, 0.15) == []  # 3 not heard since the restart
+    tracker.heartbeat("g", 3, 0, 9000, 0.2)  # an older history: its length proves nothing
+    [elect] = tracker.decide(state, 0.25)
+    assert (elect.new_master_id, elect.expected_epoch) == (1, 2) and "up to 2400" in elect.reason
+    assert "UNCLEAN" not in elect.reason
+
+
+def test_a_restarted_set_of_one_that_never_opened_its_epoch_is_elected_when_no_member_of_its_history_is_longer():
+    """As above, but 1's log ends at 2,300 too (and 3, of epoch 1's history, lags): 2 lost
+    nothing anyone could hold, and is elected again. A member whose last epoch is newer than 2's
+    (it opened an epoch between) defines the history: 2's older branch does not outrank it."""
+    state, tracker = _state(sync_set=(1, 2)), _tracker(now=0.0)
+    tracker.heartbeat("g", 2, 1, 2120, 0.0)
+    assert state.apply(tracker.stamped(Elect("g", 2, 1, "master 1 lapsed"))).accepted
+    state.apply(Register("g", "store-2", "h2:1", "h2:2"))
+    assert tracker.decide(state, 0.05) == []
+    tracker.heartbeat("g", 2, 1, 2300, 0.1)
+    tracker.heartbeat("g", 1, 1, 2300, 0.1)
+    tracker.heartbeat("g", 3, 1, 1000, 0.1)
+    [elect] = tracker.decide(state, 0.15)
+    assert elect.new_master_id == 2
+
+
+def test_an_end_heard_before_a_truncation_does_not_keep_the_group_without_a_master():
+    """Broker 2, master of epoch 1 with writes past what 1 held, is switched over from at 1,600
+    (1 elected) and, following 1, cuts its unacknowledged tail; the controller last heard it at
+    2,000, before the cut. 1 restarts after a power loss at 1,800; 2 is elected into epoch 3 on
+    that stale 2,000 (``master_end``), is killed and restarts at 1,700 in epoch 2. Nobody holds
+    2,000 and nothing was lost: 1, the longest of epoch 2's history, is elected (the rule before
+    compared with ``master_end`` and waited for a log of 2,000 for good)."""
+    state, tracker = _state(sync_set=(1, 2), master=2), _tracker(now=0.0)
+    tracker.heartbeat("g", 1, 1, 1600, 0.0)
+    assert state.apply(tracker.stamped(Elect("g", 1, 1, "an operator's switchover"))).accepted
+    tracker.heartbeat("g", 2, 1, 2000, 0.1)
+    assert state.apply(tracker.stamped(Elect("g", 2, 2, "master 1 lapsed"))).accepted
+    assert state.groups["g"].master_end == 2000
+    state.apply(Register("g", "store-2", "h2:1", "h2:2"))
+    assert tracker.decide(state, 0.15) == []
+    tracker.heartbeat("g", 2, 2, 1700, 0.2)
+    tracker.heartbeat("g", 1, 2, 1800, 0.2)
+    tracker.heartbeat("g", 3, 0, 0, 0.2)
+    [elect] = tracker.decide(state, 0.25)
+    assert (elect.new_master_id, elect.expected_epoch) == (1, 3)

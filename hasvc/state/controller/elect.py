@@ -44,7 +44,9 @@ that moment, so it never elects on what an older leader heard.
   last epoch the group's or the one before, so a prefix of the same history; the best by
   ``(epoch, max_offset)``), once every member outside the set is alive and heard since the
   restart (one down may hold more); until then nobody (``_cover_lost_tail`` says why this loses
-  nothing).
+  nothing). A restarted set of one that never opened the group's epoch (its power failed before
+  its promotion fsynced the epoch's entry) reports no lost tail: it counts as having lost up to
+  the longest log of its history (``_unopened_cover``), and waits for every member to be heard.
 * ``answer(state, group, broker_id, now)`` is what the leader tells a heartbeating broker: the
   master, its addresses, the epoch and the SyncStateSet, and ``lease``: whether the master may
   acknowledge for ``master_lease_seconds`` from when it sent this heartbeat. The lease is
@@ -68,6 +70,11 @@ import math
 
 from hasvc.state.controller.config import ControllerTimings
 from hasvc.state.controller.state import ControllerState, Elect, GroupState
+
+
+# ``lost_end`` while a member that may hold what a restarted set of one lost is not heard yet:
+# beyond every log, so no member covers it and nobody is elected cleanly until it is heard.
+LOST_END_UNKNOWN = 1 << 62
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -182,15 +189,49 @@ class ElectionTracker:
         epoch began, or None: the ``lost_tail`` it reports, or, for the set of one elected into
         the group's epoch that never opened it (its log's last epoch is older: the epoch file is
         fsynced before a master serves, so it acknowledged nothing in it) and restarted, the end
-        it had when elected (``master_end``) if it reports less: a power loss before its promotion."""
+        of a longer log of its history (``_unopened_cover``: a power loss before its promotion).
+        ``master_end``, the end it was elected with, is not the measure: the old master may
+        acknowledge past it (its lease), and a heartbeat from before a slave's truncation can
+        place it above anything any member holds (a group left without a master for good)."""
         seen = self._liveness.get((name, broker_id))
         if seen is None:
             return None
         ends = [seen.lost_tail] if seen.lost_tail is not None else []
-        if (group.sync_state_set == {broker_id} and broker_id in group.restarted and group.master_end is not None
-                and seen.epoch < group.epoch and seen.max_offset < group.master_end):  # fmt: skip
-            ends.append(group.master_end)
-        return max(ends, default=None)
+        if group.sync_state_set == {broker_id} and broker_id in group.restarted and seen.epoch < group.epoch:
+            ends.append(self._unopened_cover(name, group, broker_id, seen))
+        return max((end for end in ends if end is not None), default=None)
+
+    def _unopened_cover(self, name: str, group: GroupState, broker_id: int, seen: Liveness) -> int | None:
+        """For a restarted set of one that never opened the group's epoch: the longest log end of
+        a member of the same history heard since the restart, when it is longer than this one's;
+        ``LOST_END_UNKNOWN`` while a member is not heard since; None when none is longer.
+
+        ``master_end`` is the end heard when the ``Elect`` was made, and the old master may
+        acknowledge after that (its lease holds through a switchover; a heartbeat is a moment old)
+        writes this member held as its slave and lost with its power before it heard of its
+        election and fsynced the epoch's entry. Nothing was acknowledged in the unopened epoch, so
+        every acknowledged write is in the old master's log, and in every member that followed
+        it as far. The newest epoch any member's log holds below the group's (``opened``) is the
+        last one whose master served: nothing was acknowledged in the epochs after it, and its
+        master held every write acknowledged before. A member whose last epoch is that one
+        followed that master (or is it), so it holds a prefix of that log: one longer than this
+        member may hold what this one lost (or unacknowledged writes only: electing it then costs
+        nothing). A member with an older last epoch and a longer log may hold a branch that
+        epoch cut: it does not count. One not heard since the restart may hold more: wait for it
+        (no master; an operator's unclean election may still name one)."""
+        noticed = self._restarts.get(name)
+        if noticed is None:
+            return LOST_END_UNKNOWN
+        others = []
+        for other in sorted(group.members.keys() - {broker_id}):
+            heard = self._liveness.get((name, other))
+            if heard is None or heard.received_at < noticed[1]:
+                return LOST_END_UNKNOWN
+            others.append(heard)
+        opened = max([seen.epoch, *(heard.epoch for heard in others if heard.epoch < group.epoch)])
+        longest = max([seen.max_offset, *(heard.max_offset for heard in others
+                                          if heard.epoch == opened and heard.lost_tail is None)])  # fmt: skip
+        return longest if longest > seen.max_offset else None
 
     def _decide_group(self, name: str, group: GroupState, now: float) -> Elect | None:
         if group.master_id is not None and not self.lapsed(name, group.master_id, now):
@@ -303,8 +344,12 @@ class ElectionTracker:
         covers = max(tails.values())
         # Histories a prefix of the set's: the epoch before the group's (whose master the set's
         # member followed), the group's (its own), and the one a member that never opened the
-        # group's epoch reports (the one it followed, when an epoch between was never opened).
+        # group's epoch reports (the one it followed, when an epoch between was never opened),
+        # and the newest one any member's log holds below the group's, whose master served last
+        # (``_unopened_cover``: a set of one that never opened the group's epoch).
         epochs = {group.epoch - 1, group.epoch} | {self._liveness[(name, b)].epoch for b in heard}
+        epochs.add(max((self._liveness[(name, b)].epoch for b in group.members
+                        if (name, b) in self._liveness and self._liveness[(name, b)].epoch < group.epoch), default=0))
         candidates = [b for b in sorted(group.members) if b not in group.sync_state_set and self.lost_tail(name, b) is None
                       and self._liveness[(name, b)].epoch in epochs
                       and self._liveness[(name, b)].max_offset >= covers]  # fmt: skip

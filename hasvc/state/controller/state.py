@@ -20,8 +20,8 @@ state exactly as it was. The commands (docs/design/controller.md):
   group's epoch (a deposed controller leader's stale decision, or a second copy, changes nothing).
   A new master opens ``epoch + 1`` with the SyncStateSet ``{new_master_id}`` (the restarted
   master itself when it has the longest log; ``restarted`` is emptied), and records its log end
-  as last heard (``master_end``, when the command carries it: a restarted set of one that never
-  opened the epoch and reports less lost a tail, ``elect.py``). ``None`` records
+  as last heard (``master_end``, when the command carries it; for diagnosis: ``elect.py`` says
+  why the election rules do not rely on it). ``None`` records
   "no master" (nobody electable): the epoch and the SyncStateSet stay, so the set's members stay
   the ones that may be elected when they come back.
 * ``AlterSyncStateSet(group, master_id, epoch, sync_state_set_epoch, new_set)``: the master's

@@ -333,6 +333,21 @@ def test_a_set_of_one_whose_power_failed_before_it_opened_its_epoch_gives_way_to
     assert elect.new_master_id == 2
 
 
+def _elected_at(end: int, reason: str) -> tuple[ControllerState, ElectionTracker]:
+    """Broker 2, a slave of 1 in epoch 1's set {1, 2}, elected into epoch 2 at ``end`` (its
+    last heartbeat, stamped on the Elect)."""
+    state, tracker = _state(sync_set=(1, 2)), _tracker(now=0.0)
+    tracker.heartbeat("g", 2, 1, end, 0.0)
+    assert state.apply(tracker.stamped(Elect("g", 2, 1, reason))).accepted
+    return state, tracker
+
+
+def _hear(tracker: ElectionTracker, now: float, *beats: tuple[int, int, int]) -> None:
+    """Heartbeats of group g at ``now``: (broker id, last epoch, log end) each."""
+    for broker_id, epoch, end in beats:
+        tracker.heartbeat("g", broker_id, epoch, end, now)
+
+
 class _Blind(ElectionTracker):
     __slots__ = ()
 
@@ -348,9 +363,7 @@ def test_a_set_of_one_that_lost_writes_acknowledged_after_its_election_gives_way
     the old master's log holds every acknowledged write: 1, the longest of epoch 1's history, is
     elected once every member is heard since the restart (3 down may hold more); a member with
     an older last epoch and a longer log (a branch epoch 1 cut) does not count."""
-    state, tracker = _state(sync_set=(1, 2)), _tracker(now=0.0)
-    tracker.heartbeat("g", 2, 1, 2120, 0.0)
-    assert state.apply(tracker.stamped(Elect("g", 2, 1, "an operator's switchover"))).accepted
+    state, tracker = _elected_at(2120, "an operator's switchover")
     state.apply(Register("g", "store-2", "h2:1", "h2:2"))  # restarted, never promoted
     blind = _Blind(TIMINGS)  # the rule before: 2's end is above the one it was elected with
     blind.became_leader(0.0)
@@ -369,16 +382,11 @@ def test_a_set_of_one_that_lost_writes_acknowledged_after_its_election_gives_way
 
 def test_a_restarted_set_of_one_that_never_opened_its_epoch_is_elected_when_no_member_of_its_history_is_longer():
     """As above, but 1's log ends at 2,300 too (and 3, of epoch 1's history, lags): 2 lost
-    nothing anyone could hold, and is elected again. A member whose last epoch is newer than 2's
-    (it opened an epoch between) defines the history: 2's older branch does not outrank it."""
-    state, tracker = _state(sync_set=(1, 2)), _tracker(now=0.0)
-    tracker.heartbeat("g", 2, 1, 2120, 0.0)
-    assert state.apply(tracker.stamped(Elect("g", 2, 1, "master 1 lapsed"))).accepted
+    nothing anyone could hold, and is elected again."""
+    state, tracker = _elected_at(2120, "master 1 lapsed")
     state.apply(Register("g", "store-2", "h2:1", "h2:2"))
     assert tracker.decide(state, 0.05) == []
-    tracker.heartbeat("g", 2, 1, 2300, 0.1)
-    tracker.heartbeat("g", 1, 1, 2300, 0.1)
-    tracker.heartbeat("g", 3, 1, 1000, 0.1)
+    _hear(tracker, 0.1, (2, 1, 2300), (1, 1, 2300), (3, 1, 1000))
     [elect] = tracker.decide(state, 0.15)
     assert elect.new_master_id == 2
 
@@ -398,8 +406,6 @@ def test_an_end_heard_before_a_truncation_does_not_keep_the_group_without_a_mast
     assert state.groups["g"].master_end == 2000
     state.apply(Register("g", "store-2", "h2:1", "h2:2"))
     assert tracker.decide(state, 0.15) == []
-    tracker.heartbeat("g", 2, 2, 1700, 0.2)
-    tracker.heartbeat("g", 1, 2, 1800, 0.2)
-    tracker.heartbeat("g", 3, 0, 0, 0.2)
+    _hear(tracker, 0.2, (2, 2, 1700), (1, 2, 1800), (3, 0, 0))
     [elect] = tracker.decide(state, 0.25)
     assert (elect.new_master_id, elect.expected_epoch) == (1, 3)

@@ -98,6 +98,15 @@ def _answer_pairs(answer: bytes) -> tuple[int, tuple, tuple]:
     return int.from_bytes(answer[:4], "big", signed=True), tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
+def _ways_at_a_fixed_clock(monkeypatch_module) -> tuple[DLedgerStoreConfig, list[str]]:
+    """The stores' config and the ways to plan a pass (native when built, pure, request by
+    request), with the planners' clocks fixed so the three write the same bytes."""
+    monkeypatch_module.setattr(message_planning, "now_ms", lambda: STORE_TIMESTAMP)
+    monkeypatch_module.setattr(ep, "now_ms", lambda: STORE_TIMESTAMP)
+    dledger = DLedgerStoreConfig(data_file_size=DATA_FILE_SIZE, index_file_size=32 * 1024)
+    return dledger, [way for way in ("native", "python", "batches") if way != "native" or native.AVAILABLE]
+
+
 @given(passes, st.booleans(), st.integers(0, 170), st.integers(1, 3))
 @settings(max_examples=60, deadline=None)
 def test_a_pass_proposes_what_the_batch_path_proposes_and_refuses_alike(tmp_path_factory, monkeypatch_module, pass_requests,
@@ -106,13 +115,9 @@ def test_a_pass_proposes_what_the_batch_path_proposes_and_refuses_alike(tmp_path
     ``plan_batch`` of each request alone, accepted and appended in turn: the same data and index
     files (across data files), the same answers (queue id, offsets, queue offsets), the same
     refusals (status and reason) and malformed requests, the same queue table."""
-    monkeypatch_module.setattr(message_planning, "now_ms", lambda: STORE_TIMESTAMP)
-    monkeypatch_module.setattr(ep, "now_ms", lambda: STORE_TIMESTAMP)
-    dledger = DLedgerStoreConfig(data_file_size=DATA_FILE_SIZE, index_file_size=32 * 1024)
+    dledger, ways = _ways_at_a_fixed_clock(monkeypatch_module)
     outcomes_of = {}
-    for way in ("native", "python", "batches"):
-        if way == "native" and not native.AVAILABLE:
-            continue
+    for way in ways:
         store = DLedgerMessageStore.open(str(tmp_path_factory.mktemp(way)), _config(store_v6), self_id="n0", dledger=dledger)
         try:
             store.entries.append([Entry(0, 1, b"")])  # the term's no-op
@@ -178,13 +183,9 @@ def test_a_pass_with_idempotent_sends_proposes_and_answers_what_the_batch_path_d
     ``PutService._put_pass`` plans them (native and pure) against ``plan_batch`` of each request
     in turn as ``_append_idempotent`` puts it: the same data and index files, the same answers,
     the same producer table after."""
-    monkeypatch_module.setattr(message_planning, "now_ms", lambda: STORE_TIMESTAMP)
-    monkeypatch_module.setattr(ep, "now_ms", lambda: STORE_TIMESTAMP)
-    dledger = DLedgerStoreConfig(data_file_size=DATA_FILE_SIZE, index_file_size=32 * 1024)
+    dledger, ways = _ways_at_a_fixed_clock(monkeypatch_module)
     outcomes_of = {}
-    for way in ("native", "python", "batches"):
-        if way == "native" and not native.AVAILABLE:
-            continue
+    for way in ways:
         table = ProducerTable(window=6)
         store = DLedgerMessageStore.open(str(tmp_path_factory.mktemp(way)), _config(False), self_id="n0", dledger=dledger)
         try:

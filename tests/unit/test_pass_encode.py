@@ -151,17 +151,23 @@ def _store_bytes(store) -> bytes:
     return bytes(mapped.writable_view()[: mapped.wrote_position])
 
 
+# The ways to put a pass: native (when built), pure, and the batch path request by request.
+WAYS = [way for way in ("native", "python", "batches") if way != "native" or native.AVAILABLE]
+
+
+def _config(record_crc: bool) -> StoreConfig:
+    return StoreConfig(commitlog_segment_size=4 * 1024 * 1024, max_message_size=BODY_SIZE_MAX, append_record_crc=record_crc,
+                       disk_max_used_space_ratio=1.0, disk_clean_ratio=1.0)  # fmt: skip
+
+
 @given(passes, st.booleans())
 @settings(max_examples=40, deadline=None)
 def test_append_pass_stores_what_the_batch_path_stores_and_refuses_alike(tmp_path_factory, pass_requests, record_crc):
     """The pass (native and pure) against ``MessageStore.append_batch`` request by request: the same
     log bytes, the same offsets and queue offsets, the same refusals (status and reason)."""
-    config = StoreConfig(commitlog_segment_size=4 * 1024 * 1024, max_message_size=BODY_SIZE_MAX, append_record_crc=record_crc,
-                         disk_max_used_space_ratio=1.0, disk_clean_ratio=1.0)  # fmt: skip
+    config = _config(record_crc)
     logs = []
-    for way in ("native", "python", "batches"):
-        if way == "native" and not native.AVAILABLE:
-            continue
+    for way in WAYS:
         with MessageStore.open(str(tmp_path_factory.mktemp(way)), config) as store, _fixed_clock():
             store.append_batch(rec.MessageBatch("T", [b"before"], queue_id=1))  # queue offsets and offsets not at 0
             if way == "batches":
@@ -211,12 +217,9 @@ def test_a_pass_with_idempotent_sends_stores_and_answers_what_the_batch_path_doe
     (native and pure) against the batch path's one request after the other
     (``_append_idempotent``): the same log bytes, the same answers (a retry's original offsets,
     the producer table's refusals word for word), the same producer table after."""
-    config = StoreConfig(commitlog_segment_size=4 * 1024 * 1024, max_message_size=BODY_SIZE_MAX, append_record_crc=record_crc,
-                         disk_max_used_space_ratio=1.0, disk_clean_ratio=1.0)  # fmt: skip
+    config = _config(record_crc)
     logs = []
-    for way in ("native", "python", "batches"):
-        if way == "native" and not native.AVAILABLE:
-            continue
+    for way in WAYS:
         table = ProducerTable(window=6)  # small: sequences older than it are refused
         with MessageStore.open(str(tmp_path_factory.mktemp(way)), config) as store, _fixed_clock():
             store.append_batch(rec.MessageBatch("T", [b"before"], queue_id=1))

@@ -70,6 +70,9 @@ class Connection:
         self.bytes_waiting = 0  # what a send_all has yet to hand to the stream (metrics: the peer reads too slowly)
         raw = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._socket = raw
+        # The standard socket's own fileno (C; trio's wrapper is one more Python call, once an
+        # answer with a connection per writer): -1 once closed, as trio's.
+        self._raw_fileno = getattr(raw, "_sock", raw).fileno if raw is not None else None
         if raw is not None:
             try:
                 raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -165,7 +168,8 @@ class Connection:
         """The socket's descriptor on plain TCP (bytes written to it go out as they are), -1
         under TLS or once the connection is closed. Look it up at each use: a closed socket's
         number is soon given to the next one opened or accepted."""
-        return self._socket.fileno() if self._socket is not None else -1
+        fileno = self._raw_fileno
+        return fileno() if fileno is not None else -1
 
     @property
     def can_send_file(self) -> bool:

@@ -8,9 +8,11 @@ does not read: one reader task (``_read_task``) waits on every plain TCP connect
 their frames, puts all the SENDs read in the pass together (``PutService.put_items``, inline: one
 pass is one batch) and answers the other requests. A task per connection had cost a trio wait,
 a failed ``read`` and a task switch per put with a connection per producer, twice the master's
-CPU per put of one shared connection. A connection hands itself back to its own task when it
-must wait (its outbox is full: that task waits for room, takes the rest of its frames, then
-rejoins the group), when it ends or when it breaks. TLS connections (whose bytes trio's stream
+CPU per put of one shared connection; a receive that is exactly one SEND frame (every receive
+with a connection per writer) is queued straight from the read, without the decoder's Python
+calls. A connection hands itself back to its own task when it must wait (its outbox is full:
+that task waits for room, takes the rest of its frames, then rejoins the group), when it ends
+or when it breaks. TLS connections (whose bytes trio's stream
 must decrypt) read in their own task as before; their SENDs go to the append task, or are put
 at once when theirs is the only connection. Each connection's SENDs keep their order. PULL,
 READ and STATUS are answered from the store at once; PROMOTE, DEMOTE and TRANSFER_LEADER run in

@@ -105,7 +105,7 @@ class FrameDecoder:
         # The buffer's received pieces (Buffer.first_chunk written out: next_frame runs once per
         # frame and once more to find none, per read of every client connection).
         self._chunks = self._buffer._chunks
-        self.buffered = self._chunks  # empty (falsy) when nothing is buffered: the client port's single-frame read checks it
+        self.buffered = self._chunks  # falsy when nothing is buffered (the client port's single-frame read)
         self._kinds = frozenset(k | RESPONSE_BIT for k in REQUEST_KINDS) if responses else REQUEST_KINDS
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:  # copied unless bytes (wire.Buffer.feed)
@@ -127,7 +127,8 @@ class FrameDecoder:
             if len(first) >= end:
                 buffer.skip(end)
                 payload = first[FRAME_HEADER.size : end]
-                return _NEW_TUPLE(Frame, (kind, request_id, bytes(payload) if self.responses else payload))  # Frame(...) without its Python __new__
+                # Frame(...) without its Python __new__ (a call a frame)
+                return _NEW_TUPLE(Frame, (kind, request_id, bytes(payload) if self.responses else payload))
         head = self._buffer.unpack(FRAME_HEADER)
         if head is None:
             buffered = len(self._buffer)

@@ -70,6 +70,10 @@ class Connection:
         self.bytes_waiting = 0  # what a send_all has yet to hand to the stream (metrics: the peer reads too slowly)
         raw = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._socket = raw
+        # ``raw_fileno`` as a function: the standard socket's own fileno (C; trio's wrapper and
+        # the property are Python calls, made for every answer with a connection per writer);
+        # -1 once closed, as trio's. Call it at each use, never keep its result (``raw_fileno``).
+        self.raw_fileno_function = getattr(raw, "_sock", raw).fileno if raw is not None else _no_fileno
         if raw is not None:
             try:
                 raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -165,7 +169,7 @@ class Connection:
         """The socket's descriptor on plain TCP (bytes written to it go out as they are), -1
         under TLS or once the connection is closed. Look it up at each use: a closed socket's
         number is soon given to the next one opened or accepted."""
-        return self._socket.fileno() if self._socket is not None else -1
+        return self.raw_fileno_function()
 
     @property
     def can_send_file(self) -> bool:
@@ -391,6 +395,10 @@ class Connection:
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)
+
+
+def _no_fileno() -> int:
+    return -1  # Connection.raw_fileno under TLS
 
 
 class ReadinessGroup:

@@ -95,6 +95,9 @@ class Outbox:
         self.muted = False
         self._muted_at = 0.0
         self._parts: list[bytes] = []
+        # connection.raw_fileno as a call without a Python frame where the connection has one
+        # (transport.Connection: a call an answer less with a connection per writer).
+        self._raw_fileno = getattr(connection, "raw_fileno_function", None) or (lambda: connection.raw_fileno)
         self.queued = 0  # responses in _parts (not yet handed to the kernel or the writer task)
         self._sending = False  # the writer task is in send_all
         self._wakeup = trio.Event()
@@ -185,7 +188,7 @@ class Outbox:
             return
         # The descriptor is looked up now, never kept: once the connection is closed its
         # number may already belong to a newly accepted one (a greeting would follow our bytes).
-        fd = self.connection.raw_fileno
+        fd = self._raw_fileno()
         if self._sending or fd < 0:
             self._wakeup.set()  # the task sends them (after what it is sending)
             return

@@ -239,8 +239,9 @@ class PutService:
             return False
         requests = [frame.payload if request is None else request for _, frame, request in items]
         kinds = idempotent = decide = None
-        if any(frame.kind == cp.SEND_IDEMPOTENT for _, frame, _ in items):
-            kinds = bytes([frame.kind for _, frame, _ in items])
+        every_kind = [frame.kind for _, frame, _ in items]  # one call a pass (any() over a generator was one a put)
+        if cp.SEND_IDEMPOTENT in every_kind:
+            kinds = bytes(every_kind)
             idempotent = _IdempotentPass(self.producers, items)
             decide = idempotent.decide
         if self._pass_log is not None:

@@ -92,6 +92,9 @@ def encode_frame(kind: int, request_id: int, payload: bytes) -> bytes:
     return FRAME_HEADER.pack(len(payload) + 5, kind, request_id) + payload
 
 
+_NEW_TUPLE = tuple.__new__
+
+
 class FrameDecoder:
     """Frames out of a byte stream; ``request_side`` says which kinds are legal."""
 
@@ -102,6 +105,7 @@ class FrameDecoder:
         # The buffer's received pieces (Buffer.first_chunk written out: next_frame runs once per
         # frame and once more to find none, per read of every client connection).
         self._chunks = self._buffer._chunks
+        self.buffered = self._chunks  # falsy when nothing is buffered (the client port's single-frame read)
         self._kinds = frozenset(k | RESPONSE_BIT for k in REQUEST_KINDS) if responses else REQUEST_KINDS
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:  # copied unless bytes (wire.Buffer.feed)
@@ -123,7 +127,8 @@ class FrameDecoder:
             if len(first) >= end:
                 buffer.skip(end)
                 payload = first[FRAME_HEADER.size : end]
-                return Frame(kind, request_id, bytes(payload) if self.responses else payload)
+                # Frame(...) without its Python __new__ (a call a frame)
+                return _NEW_TUPLE(Frame, (kind, request_id, bytes(payload) if self.responses else payload))
         head = self._buffer.unpack(FRAME_HEADER)
         if head is None:
             buffered = len(self._buffer)

@@ -1,0 +1,121 @@
+"""The client port's reader (``ClientPort._read_client``) in one process, against a put path that
+only records what it is handed: a receive that is exactly one SEND frame is queued for the pass
+straight from the read, and must be the frame the decoder would give, under the same checks
+(frame size, the connection's places in flight) as every other frame. Plain sockets
+(TCP on loopback), so the connection is read by the port's readiness group."""
+
+from __future__ import annotations
+
+import socket
+import types
+
+import trio
+import trio.testing
+
+from hasvc import transport
+from hasvc.broker.client_port import ClientPort
+from hasvc.protocol import client as cp
+from hasvc.protocol import wire
+
+FRAME_SIZE_MAX = 4096
+
+
+class _RecordingPuts:
+    """A put path that decodes SENDs with its pass (as the native one does) and answers none."""
+
+    decodes_sends = True
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def put_items(self, items: list) -> None:
+        self.items += items
+
+
+def _port(puts: _RecordingPuts, *, requests_in_flight_max: int) -> ClientPort:
+    config = types.SimpleNamespace(
+        connections_max=16, secret=None, frame_size_max=FRAME_SIZE_MAX, requests_in_flight_max=requests_in_flight_max,
+        client_answer_bytes_max=1 << 20, client_answer_bytes_total_max=1 << 24, client_muted_timeout_seconds=60.0,
+    )  # fmt: skip
+    return ClientPort(config=config, store=None, puts=puts, status=lambda: {"role": "test"},
+                      promote=None, demote=None)  # fmt: skip
+
+
+def _send_frame(request_id: int, body: bytes) -> bytes:
+    return cp.encode_frame(cp.SEND, request_id, cp.encode_send(cp.SendRequest("T", 0, [body], [b""], 0, 0)))
+
+
+async def _connected(nursery: trio.Nursery, port: ClientPort) -> trio.SocketStream:
+    """A client connection served by ``port``, past its preface."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # TCP: the port names its peer by address
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    nursery.start_soon(port.serve_client, trio.SocketStream(trio.socket.from_stdlib_socket(server)))
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(client))
+    await transport.client_preface(transport.Connection(stream, "port"), port_kind=wire.PORT_KIND_CLIENT, secret=None)
+    return stream
+
+
+async def test_a_send_in_one_receive_is_the_frame_the_decoder_gives():
+    puts = _RecordingPuts()
+    port = _port(puts, requests_in_flight_max=8)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(port.append_task)
+        stream = await _connected(nursery, port)
+        frame = _send_frame(7, b"body")
+        await stream.send_all(frame)
+        with trio.fail_after(10):
+            while not puts.items:
+                await trio.sleep(0.01)
+        outbox, got, request = puts.items[0]
+        expected = cp.FrameDecoder(responses=False)
+        expected.receive_data(frame)
+        want = expected.next_frame()
+        assert (got.kind, got.request_id, bytes(got.payload)) == (want.kind, want.request_id, bytes(want.payload))
+        assert isinstance(got.payload, memoryview) and got.payload.readonly
+        assert request is None and outbox.in_flight == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_send_in_one_receive_waits_for_a_place_in_flight():
+    """``requests_in_flight_max`` 1: the second SEND, alone in its receive, is taken only once
+    the first is answered (taken at once, it was a second request in flight)."""
+    puts = _RecordingPuts()
+    port = _port(puts, requests_in_flight_max=1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(port.append_task)
+        stream = await _connected(nursery, port)
+        await stream.send_all(_send_frame(1, b"first"))
+        with trio.fail_after(10):
+            while not puts.items:
+                await trio.sleep(0.01)
+        await stream.send_all(_send_frame(2, b"second"))
+        for _ in range(20):  # the port reads it (and must leave it) meanwhile
+            await trio.sleep(0.01)
+        assert [frame.request_id for _, frame, _ in puts.items] == [1]
+        outbox, first, _ = puts.items[0]
+        assert outbox.in_flight == 1
+        outbox.respond(first, b"answered")
+        outbox.flush()
+        with trio.fail_after(10):
+            while len(puts.items) < 2:
+                await trio.sleep(0.01)
+        assert [frame.request_id for _, frame, _ in puts.items] == [1, 2]
+        assert outbox.in_flight == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_oversize_send_in_one_receive_closes_the_connection_unput():
+    puts = _RecordingPuts()
+    port = _port(puts, requests_in_flight_max=8)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(port.append_task)
+        stream = await _connected(nursery, port)
+        frame = _send_frame(1, b"x" * FRAME_SIZE_MAX)  # whole, but past frame_size_max
+        assert len(frame) > FRAME_SIZE_MAX + cp.FRAME_HEADER.size
+        await stream.send_all(frame)
+        with trio.fail_after(10):
+            while await stream.receive_some(65536):
+                pass  # closed by the port
+        assert puts.items == []
+        nursery.cancel_scope.cancel()

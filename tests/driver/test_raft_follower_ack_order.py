@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 
+from hasvc.broker.raft import sync as raft_sync
 from hasvc.broker.raft.driver import RaftDriver
 from hasvc.broker.raft.group import GroupConfig
 from hasvc.state.raft.config import RaftConfig
@@ -59,3 +60,18 @@ async def test_a_flush_sync_follower_acknowledges_before_it_applies_the_commit_a
     # The second entry synced and acknowledged first, then its push's commit applied.
     assert second == [("sync", 1), ("ack", 1), ("commit", 0), ("dispatch",)], events
     assert log.flushed_index() == 1
+
+
+async def test_a_follower_flush_for_the_worker_thread_starts_after_the_commit_is_applied(monkeypatch):
+    """More entries waiting than SYNC_INLINE_ENTRIES_MAX (here 0): the flush goes to the worker
+    thread, started once the commit is applied, as before (only the flush in the loop moved)."""
+    events: list = []
+    monkeypatch.setattr(raft_sync, "SYNC_INLINE_ENTRIES_MAX", 0)
+    monkeypatch.setattr(raft_sync.EntrySync, "start", lambda self, **_: events.append(("thread",)))
+    driver = _follower(events)
+    log = driver.store.entries
+    for index, commit in ((0, -1), (1, 0)):
+        push = Push("n0", "n1", 1, PushType.APPEND, index, 1 if index else -1, commit, log.run_of((Entry(index, 1, b"e%d" % index),)))
+        driver.node.step(push, 0.0)
+        driver.drain()
+    assert events == [("thread",), ("commit", 0), ("dispatch",), ("thread",)], events

@@ -135,6 +135,31 @@ def test_a_flush_sync_leader_counts_itself_only_after_its_flush():
     assert node.committed_index == 0
 
 
+def test_a_flush_sync_leader_commits_on_two_followers_durable_acks_before_its_own_flush():
+    """The leader's own flush is not on the commit's path (etcd's rule): two followers that
+    acknowledged an entry (each only after its own flush) are a quorum of three without the
+    leader; one follower's acknowledgement alone is not, while the leader has not flushed."""
+    node, log = make_node([], term=0, config=RaftConfig(flush_sync=True))
+    elect(node, log, now=10.0)
+    node.persisted(log.flush(), 10.05)  # the no-op
+    for peer in ("n1", "n2"):
+        node.step(PushResponse(peer, "n0", 1, PushType.COMPARE, PushResult.SUCCESS, -1, -1, 0, -1), 10.1)
+        carry_out(node, log)
+        node.step(PushResponse(peer, "n0", 1, PushType.APPEND, PushResult.SUCCESS, 0, 0, 0, 0), 10.1)
+        carry_out(node, log)
+    assert node.committed_index == 0
+    node.propose([b"put"], 10.2)
+    carry_out(node, log)
+    assert node.flushed_index == 0 and log.flushed_index() == 0  # the leader has not flushed entry 1
+    node.step(PushResponse("n1", "n0", 1, PushType.APPEND, PushResult.SUCCESS, 1, 1, 0, 1), 10.3)
+    ready = carry_out(node, log)
+    assert node.committed_index == 0 and not ready.proposals  # n1's durable copy and the leader's volatile one: not a quorum
+    node.step(PushResponse("n2", "n0", 1, PushType.APPEND, PushResult.SUCCESS, 1, 1, 0, 1), 10.4)
+    ready = carry_out(node, log)
+    assert node.committed_index == 1 and [p.status for p in ready.proposals] == [ProposalStatus.SUCCESS]
+    assert log.flushed_index() == 0  # committed and answerable with the leader's copy still volatile
+
+
 def test_a_push_beyond_the_end_is_answered_out_of_order_once():
     node, log = make_node([1], term=1, self_id="n1")
     answers = []

@@ -52,8 +52,10 @@ mapping is held while a truncate or retention may change it).
 Flushing does not block the loop: the msync of the entry files runs in a worker thread while the
 loop goes on appending, every 10 ms (DLedger's FlushDataService) or, with ``--flush sync``, as soon
 as entries were appended. The one exception is a small flush with ``--flush sync`` (at most
-SYNC_INLINE_ENTRIES_MAX entries waiting, as with one writer): it runs in the loop at the end of the
-drain that appended them, after that drain's messages left (``EntrySync.after_append``). It is a group commit: the index appended when a flush starts is what it
+SYNC_INLINE_ENTRIES_MAX entries waiting, as with one writer): it runs in the loop in the drain that
+appended them, after that drain's messages left (``EntrySync.after_append``): on a follower before
+the commit its push carried is applied (the acknowledgement the flush releases goes first), on a
+leader after (the puts' answers go first). It is a group commit: the index appended when a flush starts is what it
 marks flushed (``persisted``), and entries appended meanwhile wait for the next one; with
 ``--flush sync`` the core counts (leader) and acknowledges (follower) an entry only once it is
 marked flushed. Only the data files decide what is flushed: recovery trusts them alone and

@@ -139,6 +139,15 @@ class RaftDriver:
             LOGGER.warning("raft: refused an APPEND (answered INCONSISTENT_STATE, the leader compares again): %s", reason)
         if ready.messages:
             self.senders.send(ready.messages)
+        flush = appended and self.group.raft.flush_sync
+        if flush and self.node.role is not Role.LEADER and self.sync.after_append(inline_only=True):
+            # A follower's flush in the loop, and the acknowledgement it releases, before the
+            # commit this push carried is applied: that dispatch (the consume queues) was on the
+            # leader's path to every put's answer at one writer. A flush for the worker thread
+            # still starts after it (measured at one writer only; started first, the thread
+            # would wait for the GIL the dispatch holds). A leader applies its commit first (the
+            # puts' answers), then flushes.
+            flush = False
         if ready.committed_index is not None:
             self.store.set_committed(ready.committed_index)
             self.on_commit()
@@ -150,7 +159,7 @@ class RaftDriver:
             self._check_transfer(ready)
         if self.node.deadline() < self._timer_deadline:
             self._wakeup.set()
-        if appended and self.group.raft.flush_sync:
+        if flush:
             self.sync.after_append()
 
     def _append_failed(self, error: DiskFullError) -> None:

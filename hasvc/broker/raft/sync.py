@@ -58,25 +58,30 @@ class EntrySync:
         self._warm_failure: BaseException | None = None  # the warm-up's thread met a full disk
         self._warm_retry_at = -math.inf
 
-    def after_append(self) -> None:
+    def after_append(self, *, inline_only: bool = False) -> bool:
         """With flush_sync, after a drain appended entries and sent its messages (the pushes
         leave before this member's own msync, so the followers' flushes overlap it): flush at
         once, in the loop when at most SYNC_INLINE_ENTRIES_MAX entries wait (then ``persisted``
-        and another drain carry the acknowledgement out), else in the worker thread."""
+        and another drain carry the acknowledgement out), else in the worker thread. With
+        ``inline_only``, a flush for the worker thread is left to a later call: False then,
+        else True (done, or none may start now)."""
         if self.syncing or self.quiet_holds or self._closing:
-            return
+            return True
         entries = self._store.entries
         target = entries.flush_target()
         if target - entries.flushed_index() > SYNC_INLINE_ENTRIES_MAX:
+            if inline_only:
+                return False
             self.start()
-            return
+            return True
         try:
             entries.sync_data_files()
         except Exception as error:  # noqa: BLE001 -- as a worker thread's failure: the ticker task raises it
             self._failure = error
             self._failed.set()
-            return
+            return True
         self._data_synced(target)
+        return True
 
     def start(self, *, data: bool = True) -> None:
         """Start a sync of the entry files in a worker thread unless one runs, a task holds the

@@ -297,6 +297,7 @@ class ControlledBroker(Broker):
         self.following: int | None = None  # the master's broker id, as a slave
         self.view: cp.GroupView | None = None  # the group as the last answer showed it
         self._lease_changed = trio.Event()  # a lease renewed or a tracker started: the lease task looks again
+        self._role_moved = trio.Event()  # set (and replaced) at each promotion or change of master: wait_role_change
         self._unavailable_logged = False
         self._own_fence: str | None = None  # the fence this module set (lifted by a lease); others stay
         self.producer_follower = ProducerFollower(self)  # the producer table as a slave follows its log
@@ -483,6 +484,7 @@ class ControlledBroker(Broker):
         self.controller_role = agent.Role.MASTER
         self.following = None
         self._lease_changed.set()
+        self._role_did_move()
 
     async def _follow(self, master_id: int, ha_address: str, client_address: str | None) -> None:
         was_master = not self.role_state.is_slave
@@ -494,8 +496,19 @@ class ControlledBroker(Broker):
             self.role_state.master_client_address = client_address
         self.controller_role = agent.Role.SLAVE
         self.following = master_id
+        self._role_did_move()
         LOGGER.warning("group %s: following master %d at %s%s", self.options.group, master_id, ha_address,
                        " (no longer master)" if was_master else "")  # fmt: skip
+
+    def _role_did_move(self) -> None:
+        moved, self._role_moved = self._role_moved, trio.Event()
+        moved.set()
+
+    async def wait_role_change(self) -> None:
+        """Until the next promotion or change of master (the tasks a role has no use for sleep
+        through the other role: the tracker's timer on a slave, the producer-table follower on
+        a master)."""
+        await self._role_moved.wait()
 
     def _fence(self, reason: str) -> None:
         """Refuse writes now and end the puts waiting for acks (stored here, not confirmed);
@@ -588,8 +601,13 @@ class ControlledBroker(Broker):
         return flushed is not FAILED
 
     async def _tick(self) -> None:
+        """The tracker's timer, every heartbeat interval while serving as master (a slave has no
+        tracker: it waits for a promotion instead of waking ten times a second for nothing)."""
         interval = self.timings.broker_heartbeat_interval_seconds
         while True:
+            if self.sync_set.tracker is None:
+                await self.wait_role_change()
+                continue
             await trio.sleep(interval)
             self.sync_set.tick(trio.current_time())
         raise AssertionError("unreachable")

@@ -127,14 +127,18 @@ class SyncStateSetReplicator:
         self._listeners: list[Callable[[int], None]] = []
         self._ends: collections.deque[tuple[float, int]] = collections.deque(maxlen=END_SAMPLES_MAX)
         self._broker_ids: dict[str, int | None] = {}  # HA slave id -> broker id (broker_id_of, cached)
+        # trio's clock, read directly on the put path (its current_time() is trio.current_time(),
+        # one call instead of three: a clock read or two a put and a report); set by start()
+        self._clock: trio.abc.Clock | None = None
 
     # -- the broker's side ---------------------------------------------------------------------
 
     def start(self, tracker: SyncStateSetTracker) -> None:
         """Serve as master in ``tracker``'s epoch."""
         self.tracker = tracker
+        self._clock = trio.lowlevel.current_clock()
         self._ends.clear()
-        self._ends.append((trio.current_time(), tracker.master_end))
+        self._ends.append((self._clock.current_time(), tracker.master_end))
 
     def stop(self) -> None:
         self.tracker = None
@@ -163,7 +167,7 @@ class SyncStateSetReplicator:
         if tracker is not None:
             end = self.log_end()
             tracker.on_append(end)
-            now = trio.current_time()
+            now = self._clock.current_time()
             if not self._ends or now - self._ends[-1][0] >= END_SAMPLE_INTERVAL_SECONDS:
                 self._ends.append((now, end))
         service = self.service
@@ -174,7 +178,7 @@ class SyncStateSetReplicator:
         tracker = self.tracker
         if tracker is None:
             return -1
-        confirmed = tracker.confirm_offset(trio.current_time() if now is None else now)
+        confirmed = tracker.confirm_offset(self._clock.current_time() if now is None else now)
         return -1 if confirmed is None else confirmed
 
     def admit(self, next_offset: int) -> Admission:
@@ -202,7 +206,10 @@ class SyncStateSetReplicator:
         every report of every slave: the clock is read once, the end sample found by bisection
         and the broker id parsed once per slave id (a plain master's report costs ~1 us; this
         path cost ~11 us before)."""
-        now = trio.current_time()
+        if self.tracker is None:
+            self.changed()  # not serving as master: nothing to feed (-1 to the put path)
+            return
+        now = self._clock.current_time()
         self._feed_acks(now)
         self.changed(now)
 
@@ -297,6 +304,7 @@ class ControlledBroker(Broker):
         self.following: int | None = None  # the master's broker id, as a slave
         self.view: cp.GroupView | None = None  # the group as the last answer showed it
         self._lease_changed = trio.Event()  # a lease renewed or a tracker started: the lease task looks again
+        self._role_moved = trio.Event()  # set (and replaced) at each promotion or change of master: wait_role_change
         self._unavailable_logged = False
         self._own_fence: str | None = None  # the fence this module set (lifted by a lease); others stay
         self.producer_follower = ProducerFollower(self)  # the producer table as a slave follows its log
@@ -483,6 +491,7 @@ class ControlledBroker(Broker):
         self.controller_role = agent.Role.MASTER
         self.following = None
         self._lease_changed.set()
+        self._role_did_move()
 
     async def _follow(self, master_id: int, ha_address: str, client_address: str | None) -> None:
         was_master = not self.role_state.is_slave
@@ -494,8 +503,19 @@ class ControlledBroker(Broker):
             self.role_state.master_client_address = client_address
         self.controller_role = agent.Role.SLAVE
         self.following = master_id
+        self._role_did_move()
         LOGGER.warning("group %s: following master %d at %s%s", self.options.group, master_id, ha_address,
                        " (no longer master)" if was_master else "")  # fmt: skip
+
+    def _role_did_move(self) -> None:
+        moved, self._role_moved = self._role_moved, trio.Event()
+        moved.set()
+
+    async def wait_role_change(self) -> None:
+        """Until the next promotion or change of master (the tasks a role has no use for sleep
+        through the other role: the tracker's timer on a slave, the producer-table follower on
+        a master)."""
+        await self._role_moved.wait()
 
     def _fence(self, reason: str) -> None:
         """Refuse writes now and end the puts waiting for acks (stored here, not confirmed);
@@ -588,8 +608,13 @@ class ControlledBroker(Broker):
         return flushed is not FAILED
 
     async def _tick(self) -> None:
+        """The tracker's timer, every heartbeat interval while serving as master (a slave has no
+        tracker: it waits for a promotion instead of waking ten times a second for nothing)."""
         interval = self.timings.broker_heartbeat_interval_seconds
         while True:
+            if self.sync_set.tracker is None:
+                await self.wait_role_change()
+                continue
             await trio.sleep(interval)
             self.sync_set.tick(trio.current_time())
         raise AssertionError("unreachable")

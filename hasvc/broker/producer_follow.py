@@ -79,6 +79,9 @@ class ProducerFollower:
         """On a slave: keep the producer table as its log grows (see the module)."""
         broker = self.broker
         while True:
+            if not (broker.role_state.is_slave and broker.role_state.master_ha is not None):
+                await broker.wait_role_change()  # a master (or a slave of nobody yet) has nothing to follow
+                continue
             await trio.sleep(PRODUCER_SCAN_INTERVAL_SECONDS)
             if broker.role_state.is_slave and broker.role_state.master_ha is not None:
                 # the store's maintenance lock: a truncation (which holds it) never cuts what is being read;

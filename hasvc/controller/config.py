@@ -24,6 +24,12 @@ CONTROLLER_RAFT_GROUP = "hasvc-controller"
 CONTROLLER_RAFT = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.4,
                              election_timeout_max_seconds=0.6, quorum_ack_timeout_seconds=2.0, flush_sync=True,
                              push_batch_size_max=256 * 1024)  # fmt: skip
+# The period of the entry files' sync ticker (``EntrySync.tick_seconds``; a DLedger member's is
+# 10 ms, the data files' flush interval). With flush_sync every append starts its own sync, so the
+# ticker only catches up the index files (synced at most once a second anyway) and the leader's
+# warm-up: at 10 ms it was 100 wake-ups a second of a controller that appends a few entries a
+# minute (a third of its idle CPU, py-spy). Without flush_sync the DLedger period stays.
+CONTROLLER_SYNC_TICK_SECONDS = 0.5
 # The entry files: commands are a few hundred bytes, so small files let retention cut the log
 # soon after a snapshot (an entry file is deleted whole). 4 MiB holds ~10k commands.
 CONTROLLER_DATA_FILE_SIZE = 4 * 1024 * 1024
@@ -68,7 +74,15 @@ class ControllerConfig:
     def group_config(self) -> GroupConfig:
         # A group of one: no peer connects, so its Raft port is any free port on loopback.
         peers = self.peers if self.peers is not None else {self.self_id: ("127.0.0.1", 0)}
-        return GroupConfig(group=CONTROLLER_RAFT_GROUP, self_id=self.self_id, peers=peers, raft=self.raft)
+        raft = self.raft
+        if len(peers) == 1:
+            # No follower to heartbeat: the leader's heartbeat tick has nobody to send to and its
+            # quorum, transfer and disk checks nobody to look at (a group of one is its own
+            # quorum), so it runs at half the election timeout (the core's rule: below it)
+            # rather than every 50 ms, which woke an idle controller twenty times a second.
+            raft = dataclasses.replace(raft, heartbeat_interval_seconds=max(raft.heartbeat_interval_seconds,
+                                                                            raft.election_timeout_min_seconds / 2))  # fmt: skip
+        return GroupConfig(group=CONTROLLER_RAFT_GROUP, self_id=self.self_id, peers=peers, raft=raft)
 
     def validate(self) -> ControllerConfig:
         group = self.group_config()

@@ -27,8 +27,9 @@ off from its group stops renewing masters' leases before another controller can 
 non-leader answers NOT_LEADER naming the leader's controller port, which each controller
 announces in its Raft HELLO. Heartbeats are soft state, the leader's alone
 (``hasvc.state.controller.elect``): a new leader starts with none and counts every broker's
-silence from the moment it became leader. On a timer (``ELECTION_CHECK_INTERVAL_SECONDS``) and
-after each heartbeat from a group without a master the leader asks the election rules
+silence from the moment it became leader. On a timer (``ELECTION_CHECK_INTERVAL_SECONDS``, or at the
+first master's lapse while every group is quiet: ``next_election_check``), after each applied
+command and after each heartbeat from a group without a master the leader asks the election rules
 (``ElectionTracker.decide``) what to do and proposes the ``Elect``s they decide, one in flight
 per group; a heartbeat's answer, lease included, is the tracker's (``ElectionTracker.answer``),
 but that a new leader also withholds the lease from a master an earlier leader elected until
@@ -74,7 +75,7 @@ from hasvc.state.raft.ready import Role
 
 
 from hasvc.controller.config import (CONTROLLER_CONNECTIONS_MAX, CONTROLLER_INDEX_FILE_SIZE, CONTROLLER_RAFT,  # noqa: F401 (CONTROLLER_RAFT: hasvc.cli.controller's)
-                                     CONTROLLER_RAFT_GROUP, CONTROLLER_STRANGER_TIMEOUT_SECONDS, CONTROLLER_STRANGERS_MAX,
+                                     CONTROLLER_RAFT_GROUP, CONTROLLER_STRANGER_TIMEOUT_SECONDS, CONTROLLER_STRANGERS_MAX, CONTROLLER_SYNC_TICK_SECONDS,
                                      CONTROLLER_TOPIC, COMMAND_COMMIT_TIMEOUT_SECONDS, ELECTION_CHECK_INTERVAL_SECONDS,
                                      ControllerConfig)  # fmt: skip
 from hasvc.controller.observe import controller_status, serve_controller_metrics
@@ -208,6 +209,8 @@ class ControllerServer:
     async def _serve(self, nursery: trio.Nursery) -> None:
         self.driver = RaftDriver(group=self.group, store=self.store, secret=self.config.secret,
                                  on_commit=self._on_commit, on_role=self._on_role)  # fmt: skip
+        if self.group.raft.flush_sync:  # every append syncs at once: the ticker has little to do (see there)
+            self.driver.sync.tick_seconds = CONTROLLER_SYNC_TICK_SECONDS
         port_ssl, raft_ssl = self._server_ssl()
         own = self.group.peers[self.group.self_id]
         raft_listener, raft_socket = await open_raft_listener(own, noun="controller", self_id=self.group.self_id,
@@ -279,6 +282,7 @@ class ControllerServer:
             else:
                 answer = self.state.apply(command, index=index)
                 self._log_applied(index, command, answer)
+                self._election_due.set()  # the state moved: the election rules look at once (next_election_check)
                 if isinstance(command, cs.Elect) and answer.accepted and command.new_master_id is not None:
                     self._elected_at[command.group] = trio.current_time()
             self.applied_index = index
@@ -402,18 +406,42 @@ class ControllerServer:
     # -- elections -------------------------------------------------------------------------
 
     async def _election_timer(self) -> None:
+        check_at = -math.inf
         while True:
-            with trio.move_on_after(ELECTION_CHECK_INTERVAL_SECONDS):
+            with trio.move_on_at(check_at):
                 await self._election_due.wait()
             self._election_due = trio.Event()
             now = trio.current_time()
             self._elections_done(now)
-            if not self._serving or not self.holds_lease(now):
-                continue
-            for command in self.tracker.decide(self.state, now):
-                if command.group not in self._electing:
-                    self._start_election(command, now)
+            if self._serving and self.holds_lease(now):
+                for command in self.tracker.decide(self.state, now):
+                    if command.group not in self._electing:
+                        self._start_election(command, now)
+            check_at = self.next_election_check(now)
         raise AssertionError("unreachable")
+
+    def next_election_check(self, now: float) -> float:
+        """When the election rules must look next: ``ELECTION_CHECK_INTERVAL_SECONDS`` after
+        ``now``, but later while every group is quiet -- its master named, not restarted, heard
+        from -- and no Elect is in flight: then ``decide`` can do nothing before the first
+        master's lapse (``ElectionTracker.lapsed``), the only rule that moves with time alone, so
+        the check is at that moment (a heartbeat meanwhile moves it later: the timer looks again
+        and sleeps on). Anything else that may call for an election wakes the timer at once
+        (``_election_due``: a command applied, a heartbeat of a group without master, leadership
+        taken). An election still starts at most the interval late; an idle leader wakes about
+        once a heartbeat timeout instead of twenty times a second."""
+        soon = now + ELECTION_CHECK_INTERVAL_SECONDS
+        if not self._serving or self._electing or not self.holds_lease(now):
+            return soon
+        timeout = self.config.timings.broker_heartbeat_timeout_seconds
+        lapse_at = math.inf
+        for name, group in self.state.groups.items():
+            if group.master_id is None or group.master_restarted:
+                return soon
+            seen = self.tracker.liveness(name, group.master_id)
+            since = max(seen.received_at if seen is not None else -math.inf, self.tracker.leader_since)
+            lapse_at = min(lapse_at, since + timeout)
+        return max(soon, lapse_at)
 
     def _start_election(self, command: cs.Elect, now: float) -> None:
         proposal = self._propose(command)

@@ -99,3 +99,52 @@ async def test_a_closed_slave_is_proposed_out_at_once_unless_it_reconnected(auto
     harness.replicas.remove(again.connection_id)
     harness.replicator.on_slave_closed(again)
     assert [sorted(p.new_set) for p in harness.proposals] == [[1]]
+
+
+class _Roles:
+    """What ``ControlledBroker._tick`` uses of its broker: its timings, its replicator and the
+    role-change event (the broker's own methods)."""
+
+    from hasvc.broker.controlled import ControlledBroker as _Broker
+
+    timings = TIMINGS
+    _role_did_move = _Broker._role_did_move
+    wait_role_change = _Broker.wait_role_change
+    _tick = _Broker._tick
+
+    def __init__(self, replicator: SyncStateSetReplicator) -> None:
+        self.sync_set = replicator
+        self._role_moved = trio.Event()
+
+
+async def test_the_trackers_timer_runs_while_master_and_sleeps_through_a_slaves_time(autojump_clock):
+    """The tracker's timer (``ControlledBroker._tick``) proposes a lagging slave out once its broker
+    is master, after a demotion and a new promotion too; while a slave it is not called at all."""
+    harness = Harness()
+    replicator = harness.replicator
+    calls = []
+    tick = replicator.tick
+    replicator.tick = lambda now: (calls.append(replicator.tracker is not None), tick(now))
+    replicator.stop()  # a slave: no tracker
+    roles = _Roles(replicator)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(roles._tick)
+        await trio.sleep(3 * TIMINGS.sync_set_lag_seconds_max)
+        assert calls == []  # a slave's timer sleeps until it is promoted
+        for promotion in range(2):
+            harness.proposals.clear()
+            harness.tracker = SyncStateSetTracker(GROUP, 1, 3 + promotion, epoch_start_offset=0, master_end=harness.end,
+                                                  sync_state_set=frozenset({1, 2}), sync_state_set_epoch=5, timings=TIMINGS,
+                                                  now=trio.current_time())  # fmt: skip
+            replicator.start(harness.tracker)
+            roles._role_did_move()
+            harness.append(100)  # the slave never acknowledges it: only the timer can see it lag
+            await trio.sleep(TIMINGS.sync_set_lag_seconds_max + 1)
+            assert {tuple(sorted(p.new_set)) for p in harness.proposals} == {(1,)}, promotion
+            replicator.stop()  # demoted
+            roles._role_did_move()
+            await trio.sleep(TIMINGS.broker_heartbeat_interval_seconds)  # the timer's sleep in progress ends
+            calls.clear()
+            await trio.sleep(3 * TIMINGS.sync_set_lag_seconds_max)
+            assert calls == []
+        nursery.cancel_scope.cancel()

@@ -3,7 +3,7 @@ a controller) of real processes on loopback, for the system tests (test_controll
 test_controlled_broker and the tests beside them): a controller's STATUS and waiting for one,
 the replicated part of its groups, a fake broker's registration; a controlled group's master
 with its slave in sync, the numbered messages found in a store, and a power loss emulated on a
-stopped broker's store."""
+stopped broker's store; an old master back as a slave, both then stopped."""
 
 from __future__ import annotations
 
@@ -66,6 +66,19 @@ def start_master_and_slave(group: ControlledGroup) -> tuple[str, str]:
     slave = "b" if master == "a" else "a"
     group.wait(lambda: group.in_sync(master, [slave]), "the slave in the SyncStateSet")
     return master, slave
+
+
+def rejoin_and_stop(group: ControlledGroup, old: str, new: str) -> int:
+    """The old master ``old`` restarted and caught up as ``new``'s slave, with the same epoch
+    history; then both brokers stopped: ``new``'s log end, for the checks from disk."""
+    group.restart(old)  # back as the new master's slave
+    group.wait(lambda: group.in_sync(new, [old]), "the old master caught up as a slave")
+    assert group.status(old)["role"] == "SLAVE"
+    assert group.status(old)["epochs"] == group.status(new)["epochs"]
+    end = group.status(new)["max_offset"]
+    for name in ("a", "b"):
+        group.brokers[name].stop()
+    return end
 
 
 def numbered_in_store(store: str, topic: str) -> dict[int, list[int]]:

@@ -19,6 +19,7 @@ from commitlog.inspect import iter_records
 from hasvc import client as hc
 from hasvc.testing.controlled_group import ControlledGroup
 from hasvc.tools.drill import log_digest
+from tests.system.controller_nodes import rejoin_and_stop
 
 TOPIC = "Orders"
 
@@ -76,13 +77,7 @@ def test_async_master_acknowledges_with_its_slave_stopped_and_still_fails_over(a
     assert result.status == "PUT_OK", result  # a lone ASYNC_MASTER acknowledges
     acked[b"after"] = result.offset
 
-    group.restart(old)  # back as the new master's slave
-    group.wait(lambda: group.in_sync(new, [old]), "the old master caught up as a slave")
-    assert group.status(old)["role"] == "SLAVE"
-    assert group.status(old)["epochs"] == group.status(new)["epochs"]
-    end = group.status(new)["max_offset"]
-    for name in ("a", "b"):
-        group.brokers[name].stop()
+    end = rejoin_and_stop(group, old, new)
     assert log_digest(group.store("a"), end, group.segment_size) == log_digest(group.store("b"), end, group.segment_size)
     found = {bytes(record.body): offset for offset, record, crc_ok in iter_records(group.store(new))
              if crc_ok and record.topic == TOPIC}  # fmt: skip

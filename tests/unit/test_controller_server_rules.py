@@ -94,3 +94,69 @@ async def test_with_unclean_elections_on_an_operator_may_elect_a_set_of_one_that
     assert elect.new_master_id == 1 and "UNCLEAN" in elect.reason and "2120" in elect.reason
     elect = server.port._switchover(cp.ElectRequest("g", 2))
     assert elect.new_master_id == 2 and "UNCLEAN" in elect.reason and "outside the SyncStateSet" in elect.reason
+
+
+def _serving_leader(tmp_path, now: float) -> ControllerServer:
+    """A server that leads (a group of one, so it holds its lease) and serves since ``now``."""
+    from types import SimpleNamespace
+
+    from hasvc.state.raft.ready import Role
+
+    server = _server(tmp_path)
+    server.driver = SimpleNamespace(node=SimpleNamespace(role=Role.LEADER))
+    server._serving = True
+    server.tracker.became_leader(now)
+    return server
+
+
+def test_an_idle_leader_looks_for_elections_when_the_first_master_would_lapse(tmp_path):
+    """While every group has a master that heartbeats, nothing but a lapse can call for an
+    election: the timer sleeps to the earliest lapse, never past it, instead of every interval."""
+    from hasvc.controller.config import ELECTION_CHECK_INTERVAL_SECONDS
+    from hasvc.state.controller import state as cs
+
+    server = _serving_leader(tmp_path, 100.0)
+    timeout = server.config.timings.broker_heartbeat_timeout_seconds
+    for name in ("g", "h"):
+        for number in (1, 2):
+            server.state.apply(cs.Register(name, f"{name}-store-{number}", f"{name}{number}:1", f"{name}{number}:2"))
+        server.state.apply(cs.Elect(name, 1, 0, "first"))
+    assert server.next_election_check(100.0) == 100.0 + timeout  # nobody heard yet: silence counted from office
+    server.tracker.heartbeat("g", 1, 1, 0, 100.3)
+    server.tracker.heartbeat("h", 1, 1, 0, 100.2)
+    assert server.next_election_check(100.3) == 100.2 + timeout  # h's master lapses first
+    assert not server.tracker.lapsed("h", 1, 100.2 + timeout - 1e-6)  # not before that moment
+    assert server.next_election_check(100.2 + timeout) == 100.2 + timeout + ELECTION_CHECK_INTERVAL_SECONDS  # lapsing
+    server.tracker.heartbeat("h", 1, 1, 0, 100.5)
+    assert server.next_election_check(100.5) == 100.3 + timeout  # now g's
+
+
+def test_a_group_that_may_need_an_election_is_looked_at_every_interval(tmp_path):
+    from hasvc.controller.config import ELECTION_CHECK_INTERVAL_SECONDS
+    from hasvc.controller.server import _Proposal
+    from hasvc.state.controller import state as cs
+
+    soon = 100.0 + ELECTION_CHECK_INTERVAL_SECONDS
+    server = _serving_leader(tmp_path, 100.0)
+    for number in (1, 2):
+        server.state.apply(cs.Register("g", f"store-{number}", f"h{number}:1", f"h{number}:2"))
+    assert server.next_election_check(100.0) == soon  # no master yet
+    server.state.apply(cs.Elect("g", 1, 0, "first"))
+    assert server.next_election_check(100.0) > soon
+    server._electing["g"] = _Proposal(5, 1)  # an Elect in flight: its end is looked for
+    assert server.next_election_check(100.0) == soon
+    server._electing.clear()
+    server.state.apply(cs.Register("g", "store-1", "h1:1", "h1:2"))  # the master's process started again
+    assert server.next_election_check(100.0) == soon
+    server._serving = False
+    assert server.next_election_check(100.0) == soon
+
+
+def test_a_group_of_one_heartbeats_nobody_every_50_ms_a_group_of_three_does(tmp_path):
+    from hasvc.controller.server import CONTROLLER_RAFT
+
+    alone = ControllerConfig(store=str(tmp_path), listen=("127.0.0.1", 0)).validate().group_config().raft
+    assert alone.heartbeat_interval_seconds == CONTROLLER_RAFT.election_timeout_min_seconds / 2
+    peers = {name: ("127.0.0.1", 1 + number) for number, name in enumerate(("a", "b", "c"))}
+    three = ControllerConfig(store=str(tmp_path), listen=("127.0.0.1", 0), self_id="a", peers=peers).validate().group_config().raft
+    assert three.heartbeat_interval_seconds == CONTROLLER_RAFT.heartbeat_interval_seconds == 0.05

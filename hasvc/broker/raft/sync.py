@@ -57,6 +57,7 @@ class EntrySync:
         self._failure: BaseException | None = None
         self._warm_failure: BaseException | None = None  # the warm-up's thread met a full disk
         self._warm_retry_at = -math.inf
+        self.tick_seconds = FLUSH_INTERVAL_SECONDS  # the ticker's period (a controller's is longer: its own owner's choice)
 
     def after_append(self, *, inline_only: bool = False) -> bool:
         """With flush_sync, after a drain appended entries and sent its messages (the pushes
@@ -161,7 +162,7 @@ class EntrySync:
         with flush_sync, appends start theirs at once and this catches up the index files);
         raise what a sync raised."""
         while True:
-            with trio.move_on_after(FLUSH_INTERVAL_SECONDS):
+            with trio.move_on_after(self.tick_seconds):
                 await self._failed.wait()
             if self._failure is not None:
                 raise self._failure

@@ -233,6 +233,7 @@ class CommitLog(LogRecovery):
                 self.large_appends = self._small_appends < WARM_AFTER_SMALL_APPENDS
             if (self.large_appends and total <= WRITE_THROUGH_MAX and mapped_file.write_buffer is None
                     and mapped_file.populated_position < start + total):  # fmt: skip
+                mapped_file.read_ahead_off_from(start)
                 if len(self._through_buffer) < total:
                     self._through_buffer = bytearray(min(max(total, 2 * len(self._through_buffer)), WRITE_THROUGH_MAX))
                 with memoryview(self._through_buffer) as buffer:  # the records' offsets as in place

@@ -223,6 +223,28 @@ def test_large_appends_written_with_pwrite_store_the_bytes_the_mapping_stores(tm
         assert through  # the large ones did go by pwrite (the warm-up never ran here)
 
 
+def test_a_segment_written_with_pwrite_does_not_read_ahead_through_the_mapping_past_the_flushed_end(tmp_path):
+    """Past the first append written with pwrite, faults through the mapping read no pages ahead
+    (``MappedFile.read_ahead_off_from``: the warm-up's marked folios kept a read-ahead going that
+    zeroed the pages the writer wrote next); behind the flushed end it reads ahead again."""
+    commit_log = CommitLog(str(tmp_path / "commitlog"), segment_size=256 * 1024 * 1024)
+    commit_log.load()
+    try:
+        small = commit_log.append_batch(rec.prepare_batch(rec.MessageBatch("T", [b"x" * 1000])))
+        mapped_file = commit_log.mapped_file_queue.mapped_files[-1]
+        assert mapped_file.read_ahead_end == mapped_file.file_size  # small appends: the mapping as it was
+        large = commit_log.append_batch(rec.prepare_batch(rec.MessageBatch("T", [b"y" * 1000] * 80)))
+        assert large.wrote_bytes >= commit_log_module.WRITE_THROUGH_MIN
+        assert mapped_file.read_ahead_end == small.wrote_bytes // 4096 * 4096
+        while commit_log.max_offset < 80 * 1024 * 1024:
+            commit_log.append_batch(rec.prepare_batch(rec.MessageBatch("T", [b"z" * 1000] * 100)))
+        mapped_file.flush()
+        assert 0 < mapped_file.read_ahead_end < mapped_file.flushed_position  # read-ahead again behind the flush
+        assert bytes(commit_log.get_record(large.offsets[-1]).body) == b"y" * 1000
+    finally:
+        commit_log.close()
+
+
 def test_the_warm_up_waits_while_appends_are_large_and_resumes_after_small_ones(tmp_path):
     """``large_appends`` (the broker's warm-up stays behind while it holds): set by an append of
     WRITE_THROUGH_MIN or more, kept through fewer than WARM_AFTER_SMALL_APPENDS small ones in a

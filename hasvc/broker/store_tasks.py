@@ -117,7 +117,7 @@ class StoreTasks:
         (docs/design/put-path.md). The next segment is still made ahead on both. None either while
         a master's appends are large (``CommitLog.large_appends``): it writes them with ``pwrite``
         past the warmed pages, for the same reason."""
-        return 0 if self.role.is_slave or self.store.commit_log.large_appends else self._warm_ahead_size
+        return 0 if self.role.is_slave or getattr(self.store.commit_log, "large_appends", False) else self._warm_ahead_size
 
     def after_appends(self) -> None:
         """What follows a pass of appends (a master's puts, a frame on a slave), done here
@@ -130,7 +130,8 @@ class StoreTasks:
         if store.reput_from_offset < store.dispatch_end_offset and store.dispatch_error is None:
             self.new_data.notify()
         commit_log = store.commit_log
-        ahead = 0 if self.role.role is BrokerRole.SLAVE or commit_log.large_appends else self._warm_ahead_size  # warm_ahead, written out
+        # warm_ahead, written out (a DLedger member's log has no large_appends: it warms as before)
+        ahead = 0 if self.role.role is BrokerRole.SLAVE or getattr(commit_log, "large_appends", False) else self._warm_ahead_size
         if commit_log.mapped_file_queue.needs_warming(ahead):
             self._warm_wanted.set()
 

@@ -114,8 +114,10 @@ class StoreTasks:
         slave, which writes frames with ``pwrite`` (``ha_slave``): a page the kernel allocates for
         a write is not zeroed first where it is written whole, and warming it ahead would be a
         second pass over every page (zero, then write). 64 producers x 32 messages: +15-30 %
-        (docs/design/put-path.md). The next segment is still made ahead on both."""
-        return 0 if self.role.is_slave else self._warm_ahead_size
+        (docs/design/put-path.md). The next segment is still made ahead on both. None either while
+        a master's appends are large (``CommitLog.large_appends``): it writes them with ``pwrite``
+        past the warmed pages, for the same reason."""
+        return 0 if self.role.is_slave or getattr(self.store.commit_log, "large_appends", False) else self._warm_ahead_size
 
     def after_appends(self) -> None:
         """What follows a pass of appends (a master's puts, a frame on a slave), done here
@@ -127,8 +129,10 @@ class StoreTasks:
         store.dispatch()
         if store.reput_from_offset < store.dispatch_end_offset and store.dispatch_error is None:
             self.new_data.notify()
-        ahead = 0 if self.role.role is BrokerRole.SLAVE else self._warm_ahead_size  # warm_ahead, written out
-        if store.commit_log.mapped_file_queue.needs_warming(ahead):
+        commit_log = store.commit_log
+        # warm_ahead, written out (a DLedger member's log has no large_appends: it warms as before)
+        ahead = 0 if self.role.role is BrokerRole.SLAVE or getattr(commit_log, "large_appends", False) else self._warm_ahead_size
+        if commit_log.mapped_file_queue.needs_warming(ahead):
             self._warm_wanted.set()
 
     async def _run_step(self, name: str, function, *args):

@@ -160,3 +160,112 @@ def test_store_timestamps_never_go_backwards(log, monkeypatch):
     monkeypatch.setattr(module, "now_ms", lambda: first - 10_000)
     assert append(log, rec.Message("T", b"b")).store_timestamp == first
     assert struct.unpack_from(">q", bytes(log.read(0, 200)), 56)[0] == first
+
+
+# -- large appends written with pwrite (WRITE_THROUGH_MIN) ---------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from commitlog import commit_log as commit_log_module  # noqa: E402
+from commitlog.mapped_file import MappedFile  # noqa: E402
+
+# Batches of (messages, body size): some of WRITE_THROUGH_MIN and more, some far below.
+_BATCHES = st.lists(st.tuples(st.integers(1, 120), st.integers(1, 1500)), min_size=1, max_size=12)
+
+
+def _log_bytes(commit_log) -> bytes:
+    return b"".join(bytes(f.view()[: f.wrote_position]) for f in commit_log.mapped_file_queue.mapped_files)
+
+
+def _append_batches(directory, batches, *, through_min: int):
+    """Append ``batches`` (one batch each) to a new log at ``directory`` with the clock fixed and
+    WRITE_THROUGH_MIN set to ``through_min``; (log bytes, results, appends written with pwrite)."""
+    saved = commit_log_module.now_ms, commit_log_module.WRITE_THROUGH_MIN, MappedFile.write_through
+    through = []
+
+    def write_through(self, data):
+        through.append(len(data))
+        return saved[2](self, data)
+
+    commit_log_module.now_ms = lambda: 1_700_000_000_000
+    commit_log_module.WRITE_THROUGH_MIN = through_min
+    MappedFile.write_through = write_through
+    commit_log = CommitLog(directory, segment_size=4 * 1024 * 1024)
+    try:
+        commit_log.load()
+        results = []
+        for number, (count, size) in enumerate(batches):
+            batch = rec.MessageBatch(f"T{number % 3}", [bytes([number % 251]) * size] * count, queue_id=number % 2)
+            result = commit_log.append_batch(rec.prepare_batch(batch, record_crc=True))
+            assert result.status is rec.PutMessageStatus.PUT_OK
+            results.append((result.wrote_offset, result.wrote_bytes, result.offsets, result.queue_offsets))
+        return _log_bytes(commit_log), results, through
+    finally:
+        commit_log.close()
+        commit_log_module.now_ms, commit_log_module.WRITE_THROUGH_MIN, MappedFile.write_through = saved
+
+
+@given(_BATCHES)
+@settings(max_examples=30, deadline=None)
+def test_large_appends_written_with_pwrite_store_the_bytes_the_mapping_stores(tmp_path_factory, batches):
+    """An append of WRITE_THROUGH_MIN or more is encoded into the log's buffer and written with
+    ``pwrite`` past the warmed pages: the same log bytes, offsets and queue offsets as every append
+    through the mapping, and reads through the mapping see them."""
+    mapped, mapped_results, none = _append_batches(str(tmp_path_factory.mktemp("mapped")), batches, through_min=1 << 40)
+    written, written_results, through = _append_batches(str(tmp_path_factory.mktemp("through")), batches,
+                                                        through_min=commit_log_module.WRITE_THROUGH_MIN)  # fmt: skip
+    assert none == []
+    assert written == mapped
+    assert written_results == mapped_results
+    sizes = [wrote_bytes for _, wrote_bytes, _, _ in mapped_results]
+    if any(commit_log_module.WRITE_THROUGH_MIN <= size <= commit_log_module.WRITE_THROUGH_MAX for size in sizes):
+        assert through  # the large ones did go by pwrite (the warm-up never ran here)
+
+
+def test_a_segment_written_with_pwrite_does_not_read_ahead_through_the_mapping_past_the_flushed_end(tmp_path):
+    """Past the first append written with pwrite, faults through the mapping read no pages ahead
+    (``MappedFile.read_ahead_off_from``: the warm-up's marked folios kept a read-ahead going that
+    zeroed the pages the writer wrote next); behind the flushed end it reads ahead again."""
+    commit_log = CommitLog(str(tmp_path / "commitlog"), segment_size=256 * 1024 * 1024)
+    commit_log.load()
+    try:
+        small = commit_log.append_batch(rec.prepare_batch(rec.MessageBatch("T", [b"x" * 1000])))
+        mapped_file = commit_log.mapped_file_queue.mapped_files[-1]
+        assert mapped_file.read_ahead_end == mapped_file.file_size  # small appends: the mapping as it was
+        large = commit_log.append_batch(rec.prepare_batch(rec.MessageBatch("T", [b"y" * 1000] * 80)))
+        assert large.wrote_bytes >= commit_log_module.WRITE_THROUGH_MIN
+        assert mapped_file.read_ahead_end == small.wrote_bytes // 4096 * 4096
+        while commit_log.max_offset < 80 * 1024 * 1024:
+            commit_log.append_batch(rec.prepare_batch(rec.MessageBatch("T", [b"z" * 1000] * 100)))
+        mapped_file.flush()
+        assert 0 < mapped_file.read_ahead_end < mapped_file.flushed_position  # read-ahead again behind the flush
+        assert bytes(commit_log.get_record(large.offsets[-1]).body) == b"y" * 1000
+    finally:
+        commit_log.close()
+
+
+def test_the_warm_up_waits_while_appends_are_large_and_resumes_after_small_ones(tmp_path):
+    """``large_appends`` (the broker's warm-up stays behind while it holds): set by an append of
+    WRITE_THROUGH_MIN or more, kept through fewer than WARM_AFTER_SMALL_APPENDS small ones in a
+    row, cleared by that many."""
+    commit_log = CommitLog(str(tmp_path / "commitlog"), segment_size=4 * 1024 * 1024)
+    commit_log.load()
+
+    def put(count):
+        result = commit_log.append_batch(rec.prepare_batch(rec.MessageBatch("T", [b"x" * 1000] * count)))
+        assert result.status is rec.PutMessageStatus.PUT_OK
+        return result.wrote_bytes
+
+    try:
+        assert put(1) < commit_log_module.WRITE_THROUGH_MIN and not commit_log.large_appends
+        assert put(80) >= commit_log_module.WRITE_THROUGH_MIN and commit_log.large_appends
+        for _ in range(commit_log_module.WARM_AFTER_SMALL_APPENDS - 1):
+            put(1)
+        assert commit_log.large_appends
+        assert put(80) and commit_log.large_appends  # a large one starts the count again
+        for _ in range(commit_log_module.WARM_AFTER_SMALL_APPENDS):
+            put(1)
+        assert not commit_log.large_appends
+    finally:
+        commit_log.close()

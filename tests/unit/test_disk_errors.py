@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from commitlog import mapped_file
+from commitlog import mapped_file, native
 from commitlog import record as rec
 from commitlog.config import FlushDiskType, StoreConfig
 from commitlog.dledger.entry_store import DLedgerMmapFileStore, DLedgerStoreConfig, Entry
@@ -302,6 +302,7 @@ def test_a_segment_reserves_ahead_as_it_fills_and_a_full_disk_mid_segment_is_dis
         assert store.commit_log.mapped_file_queue.last is last  # the same segment goes on
 
 
+@pytest.mark.skipif(not native.AVAILABLE, reason="the warm-up faults nothing in without the native module")
 def test_the_warm_up_faults_in_only_reserved_pages(tmp_path, no_room):
     queue = MappedFileQueue(str(tmp_path / "q"), file_size=1024 * 1024, preallocate_step_size=64 * 1024)
     first = queue.get_last_mapped_file(0)

@@ -6,6 +6,7 @@ straight from the read, and must be the frame the decoder would give, under the 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import types
 
@@ -56,17 +57,29 @@ async def _connected(nursery: trio.Nursery, port: ClientPort) -> trio.SocketStre
     return stream
 
 
-async def test_a_send_in_one_receive_is_the_frame_the_decoder_gives():
+@contextlib.asynccontextmanager
+async def _port_and_client(requests_in_flight_max: int):
+    """A port whose put path records what it is given, serving one client connection: (the
+    recorder, the client's stream)."""
     puts = _RecordingPuts()
-    port = _port(puts, requests_in_flight_max=8)
+    port = _port(puts, requests_in_flight_max=requests_in_flight_max)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(port.append_task)
-        stream = await _connected(nursery, port)
+        yield puts, await _connected(nursery, port)
+        nursery.cancel_scope.cancel()
+
+
+async def _until(predicate) -> None:
+    with trio.fail_after(10):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+async def test_a_send_in_one_receive_is_the_frame_the_decoder_gives():
+    async with _port_and_client(8) as (puts, stream):
         frame = _send_frame(7, b"body")
         await stream.send_all(frame)
-        with trio.fail_after(10):
-            while not puts.items:
-                await trio.sleep(0.01)
+        await _until(lambda: puts.items)
         outbox, got, request = puts.items[0]
         expected = cp.FrameDecoder(responses=False)
         expected.receive_data(frame)
@@ -74,21 +87,14 @@ async def test_a_send_in_one_receive_is_the_frame_the_decoder_gives():
         assert (got.kind, got.request_id, bytes(got.payload)) == (want.kind, want.request_id, bytes(want.payload))
         assert isinstance(got.payload, memoryview) and got.payload.readonly
         assert request is None and outbox.in_flight == 1
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_send_in_one_receive_waits_for_a_place_in_flight():
     """``requests_in_flight_max`` 1: the second SEND, alone in its receive, is taken only once
     the first is answered (taken at once, it was a second request in flight)."""
-    puts = _RecordingPuts()
-    port = _port(puts, requests_in_flight_max=1)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(port.append_task)
-        stream = await _connected(nursery, port)
+    async with _port_and_client(1) as (puts, stream):
         await stream.send_all(_send_frame(1, b"first"))
-        with trio.fail_after(10):
-            while not puts.items:
-                await trio.sleep(0.01)
+        await _until(lambda: puts.items)
         await stream.send_all(_send_frame(2, b"second"))
         for _ in range(20):  # the port reads it (and must leave it) meanwhile
             await trio.sleep(0.01)
@@ -97,20 +103,13 @@ async def test_a_send_in_one_receive_waits_for_a_place_in_flight():
         assert outbox.in_flight == 1
         outbox.respond(first, b"answered")
         outbox.flush()
-        with trio.fail_after(10):
-            while len(puts.items) < 2:
-                await trio.sleep(0.01)
+        await _until(lambda: len(puts.items) >= 2)
         assert [frame.request_id for _, frame, _ in puts.items] == [1, 2]
         assert outbox.in_flight == 1
-        nursery.cancel_scope.cancel()
 
 
 async def test_an_oversize_send_in_one_receive_closes_the_connection_unput():
-    puts = _RecordingPuts()
-    port = _port(puts, requests_in_flight_max=8)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(port.append_task)
-        stream = await _connected(nursery, port)
+    async with _port_and_client(8) as (puts, stream):
         frame = _send_frame(1, b"x" * FRAME_SIZE_MAX)  # whole, but past frame_size_max
         assert len(frame) > FRAME_SIZE_MAX + cp.FRAME_HEADER.size
         await stream.send_all(frame)
@@ -118,4 +117,3 @@ async def test_an_oversize_send_in_one_receive_closes_the_connection_unput():
             while await stream.receive_some(65536):
                 pass  # closed by the port
         assert puts.items == []
-        nursery.cancel_scope.cancel()

@@ -396,21 +396,18 @@ class MappedFile:
         return self.flushed_position
 
     def _advise_small_pages_from(self, position: int) -> None:
-        """``small_pages``: no read-ahead through the mapping from ``position`` (page-aligned down)
-        to the end, so pages faulted in there are single pages (see SMALL_PAGES_MARGIN)."""
-        start = position // OS_PAGE_SIZE * OS_PAGE_SIZE
-        if not self.small_pages or start >= self.file_size:
-            return
-        self._mmap.madvise(mmap.MADV_RANDOM, start, self.file_size - start)
-        self.read_ahead_end = start
+        """``small_pages``: no read-ahead through the mapping from ``position``, so pages faulted
+        in there are single pages (see SMALL_PAGES_MARGIN)."""
+        if self.small_pages:
+            self.read_ahead_off_from(position)
 
     def read_ahead_off_from(self, position: int) -> None:
-        """No read-ahead through the mapping from ``position`` (page-aligned down) to the end, as
-        ``small_pages`` has it (read-ahead comes back behind the flushed end), for a writer that
-        writes with ``pwrite`` past the faulted-in pages (``CommitLog``'s WRITE_THROUGH_MIN): a
-        read of its bytes through the mapping (a frame to a slave, the dispatch) found a folio
-        the warm-up's read-ahead had marked, read ahead the next window (zeroing pages the writer
-        then wrote again), marked one there, and so on for good. Once a segment."""
+        """No read-ahead through the mapping from ``position`` (page-aligned down) to the end
+        (read-ahead comes back behind the flushed end, ``_read_ahead_behind``): ``small_pages``,
+        and a writer that writes with ``pwrite`` past the faulted-in pages (``CommitLog``'s
+        WRITE_THROUGH_MIN): a read of its bytes through the mapping (a frame to a slave, the
+        dispatch) found a folio the warm-up's read-ahead had marked, read ahead the next window
+        (zeroing pages the writer then wrote again), marked one there, and so on for good."""
         start = position // OS_PAGE_SIZE * OS_PAGE_SIZE
         if start >= self.read_ahead_end or self._fd < 0:
             return

@@ -228,7 +228,7 @@ class ElectionTracker:
             if heard is None or heard.received_at < noticed[1]:
                 return LOST_END_UNKNOWN
             others.append(heard)
-        opened = max([seen.epoch, *(heard.epoch for heard in others if heard.epoch < group.epoch)])
+        opened = self._opened_epoch(name, group)
         longest = max([seen.max_offset, *(heard.max_offset for heard in others
                                           if heard.epoch == opened and heard.lost_tail is None)])  # fmt: skip
         return longest if longest > seen.max_offset else None
@@ -317,6 +317,12 @@ class ElectionTracker:
             return self._best(name, whole or alive), False
         return None, True
 
+    def _opened_epoch(self, name: str, group: GroupState) -> int:
+        """The newest last epoch a member of ``group`` reports below the group's (0: none): the
+        last epoch whose master served (``_unopened_cover``)."""
+        seen = (self._liveness.get((name, b)) for b in group.members)
+        return max((s.epoch for s in seen if s is not None and s.epoch < group.epoch), default=0)
+
     def _cover_lost_tail(self, name: str, group: GroupState, heard: list[int], now: float) -> Elect | None:
         """Every member of the SyncStateSet lost the tail of the group's epoch (its log ends
         before that epoch's start X, the epoch file survived: a power loss): the member outside
@@ -348,8 +354,7 @@ class ElectionTracker:
         # and the newest one any member's log holds below the group's, whose master served last
         # (``_unopened_cover``: a set of one that never opened the group's epoch).
         epochs = {group.epoch - 1, group.epoch} | {self._liveness[(name, b)].epoch for b in heard}
-        epochs.add(max((self._liveness[(name, b)].epoch for b in group.members
-                        if (name, b) in self._liveness and self._liveness[(name, b)].epoch < group.epoch), default=0))
+        epochs.add(self._opened_epoch(name, group))
         candidates = [b for b in sorted(group.members) if b not in group.sync_state_set and self.lost_tail(name, b) is None
                       and self._liveness[(name, b)].epoch in epochs
                       and self._liveness[(name, b)].max_offset >= covers]  # fmt: skip

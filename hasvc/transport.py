@@ -637,11 +637,26 @@ def _load_certificates(path: str, what: str) -> None:
 
 
 async def connect(address: Address, *, ssl_context: ssl.SSLContext | None = None) -> Connection:
+    """A connection to ``address``; OSError if it cannot be made. Under TLS that includes the
+    handshake: a peer that resets or closes during it (a member being killed, a listener that
+    refused the certificate) raises ConnectionError naming it, as a refused TCP connect does,
+    not trio's BrokenResourceError, which callers that connect treat as a failure mid-session."""
     stream = await trio.open_tcp_stream(*address)
+    peer = f"{address[0]}:{address[1]}"
     if ssl_context is not None:
         stream = trio.SSLStream(stream, ssl_context, server_hostname=address[0])
-        await stream.do_handshake()
-    return Connection(stream, f"{address[0]}:{address[1]}")
+        try:
+            await stream.do_handshake()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            reason = str(error) or str(error.__cause__ or "") or "the connection broke"
+            raise ConnectionError(f"TLS handshake with {peer} failed: {reason}") from error
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            raise
+    return Connection(stream, peer)
 
 
 async def open_listener(address: Address, *, ssl_context: ssl.SSLContext | None = None):

@@ -298,6 +298,8 @@ async def connect(address: str, secret: bytes | str | None = None, *, tls_ca: st
             reason = os.strerror(cause.errno)
         else:
             reason = error.strerror or str(error)
+        if reason.startswith("TLS handshake"):  # it connected: the handshake failed (it names the address)
+            raise ConnectError(f"{reason} (is the broker using TLS with a certificate --tls-ca trusts?)") from None
         raise ConnectError(f"cannot connect to {address}: {reason} (is a broker listening there?)") from None
     try:
         try:

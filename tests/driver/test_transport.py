@@ -684,3 +684,37 @@ async def test_a_receive_waiting_when_its_connection_is_closed_here_raises_close
     finally:
         await sender.aclose()
         await receiver.aclose()
+
+
+@pytest.mark.parametrize("peer", ["resets", "closes"])
+async def test_a_tls_handshake_the_peer_breaks_off_is_a_connect_error_naming_it(tmp_path, peer):
+    """A member killed between accepting and finishing the handshake: the connect fails as a
+    refused one does (OSError to the transport's callers, one ConnectError line to a client),
+    never trio's BrokenResourceError, which a failover client's search took for a bug."""
+    from hasvc.client.connection import ConnectError, connect
+    from tests.cluster import self_signed_certificate
+
+    _key, cert = self_signed_certificate(str(tmp_path))
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    host, port = listener.getsockname()[:2]
+
+    async def break_off():
+        server, _ = await listener.accept()
+        await server.recv(1)  # the ClientHello's first byte
+        if peer == "resets":
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        server.close()
+
+    for _attempt in range(2):  # the transport's connect, then the client's
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(break_off)
+            if _attempt == 0:
+                with pytest.raises(ConnectionError, match=f"TLS handshake with {host}:{port} failed"):
+                    await transport.connect((host, port), ssl_context=transport.client_ssl_context(ca=cert))
+            else:
+                with pytest.raises(ConnectError, match=f"^TLS handshake with {host}:{port} failed: .*--tls-ca"):
+                    async with connect(f"{host}:{port}", tls_ca=cert):
+                        pass
+    listener.close()

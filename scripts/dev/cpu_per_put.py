@@ -17,10 +17,12 @@ import subprocess
 import sys
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of the process so far."""
     with open(f"/proc/{pid}/stat") as file:
         fields = file.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +47,9 @@ def main() -> None:
             print(json.dumps({
                 "tree": tree, "connections": connections, "producers": producers, "acked_per_second": round(data["acked"] / data["seconds"]),
                 "p50_us": data["p50_us"], "p99_us": data["p99_us"],
-                **{f"{name}_cpu_us_per_put": round(1e6 * (after[name] - before[name]) / requests, 1) for name in pair.pids},
+                **{f"{name}_cpu_us_per_put": round(1e6 * (sum(after[name]) - sum(before[name])) / requests, 1) for name in pair.pids},
+                # of which in the kernel (system calls, the loopback's TCP work, page faults)
+                **{f"{name}_sys_us_per_put": round(1e6 * (after[name][1] - before[name][1]) / requests, 1) for name in pair.pids},
                 "statuses": data["statuses"],
             }), flush=True)  # fmt: skip
     finally:

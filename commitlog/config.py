@@ -20,8 +20,8 @@ class FlushDiskType(enum.Enum):
 
 # The processes that open a store with these settings (hasvc/settings.py PROCESSES): every
 # broker, or a classic one only (a DLedger member's entries have their own flush and checks).
-_ALL = ("master", "slave", "node")
-_CLASSIC = ("master", "slave")
+_ALL = ("master", "slave", "node", "broker")
+_CLASSIC = ("master", "slave", "broker")
 _POOL = "the transient store pool is committed only by commitlog/services.py's threaded driver, which no broker runs"
 
 

@@ -59,7 +59,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-CLASSIC = ("master", "slave")  # the processes of a classic pair (hasvc master, hasvc slave)
+CLASSIC = ("master", "slave", "broker")  # classic brokers: a pair's (hasvc master, hasvc slave) and controller mode's (hasvc broker)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +70,7 @@ class BrokerConfig:
                                "ASYNC_MASTER at once (--role sync|async); a slave is SLAVE. A controller-mode broker (hasvc broker "
                                "--controllers) takes SYNC_MASTER unless given: how it acknowledges once the controllers make "
                                "it master (ASYNC_MASTER: a failover may lose what the new master had not received).",
-                               processes=("master",))  # fmt: skip
+                               processes=("master", "broker"))  # fmt: skip
     listen: Address = setting(("127.0.0.1", 10911), "The client port (--listen), RocketMQ's listenPort; port 0 picks a free one "
                               "(READY says which).")  # fmt: skip
     ha_listen: Address | None = setting(None, "The HA port a master serves its slaves on, RocketMQ's haListenPort (a slave "
@@ -179,10 +179,13 @@ class BrokerConfig:
                                           unit="bytes", processes=CLASSIC)  # fmt: skip
     slave_timeout_ms: int = setting(3000, "RocketMQ's slaveTimeout: a SYNC_MASTER put (a DLedger put: its quorum) not "
                                     "acknowledged within this is answered FLUSH_SLAVE_TIMEOUT.", above=0)  # fmt: skip
-    in_sync_replicas: int = setting(1, "Slaves that must acknowledge a SYNC_MASTER put (RocketMQ 4.x: one slave).",
-                                    unit="slaves", minimum=0)  # fmt: skip
+    in_sync_replicas: int = setting(1, "Slaves that must acknowledge a SYNC_MASTER put (RocketMQ 4.x: one slave). A "
+                                    "controller-mode broker waits for its SyncStateSet instead.", unit="slaves", minimum=0,
+                                    processes=("master", "slave", "node"))  # fmt: skip
     min_in_sync_replicas: int = setting(0, "RocketMQ's minInSyncReplicas: with fewer slaves in sync, puts are refused "
-                                        "IN_SYNC_REPLICAS_NOT_ENOUGH, nothing stored (0: off).", unit="slaves", minimum=0)  # fmt: skip
+                                        "IN_SYNC_REPLICAS_NOT_ENOUGH, nothing stored (0: off). A controller-mode broker's setting of this name is "
+                                        "controller mode's (the SyncStateSet's size, the master counted).", unit="slaves",
+                                        minimum=0, processes=("master", "slave", "node"))  # fmt: skip
     sync_from_last_file: bool = setting(False, "RocketMQ's syncFromLastFile: an empty slave starts from the master's last "
                                         "segment instead of its oldest (off: an empty slave copies the master's whole "
                                         "retained log).", processes=CLASSIC)  # fmt: skip
@@ -191,7 +194,7 @@ class BrokerConfig:
     repair_wait_seconds: float = setting(
         60.0, "A master whose store recovery found damage waits this long on its HA port for a slave to repair it from "
         "before it refuses to start: a slave's reconnect back-off (ha_reconnect_backoff_max_ms, 5 s) several times "
-        "over. 0: refuse at once.", processes=("master",), minimum=0)  # fmt: skip
+        "over. 0: refuse at once.", processes=("master", "broker"), minimum=0)  # fmt: skip
     ha_reconnect_backoff_min_ms: int = setting(1000, "A slave's first wait before it reconnects to its master; doubled up "
                                                "to ha_reconnect_backoff_max_ms.", processes=CLASSIC)  # fmt: skip
     ha_reconnect_backoff_max_ms: int = setting(5000, "RocketMQ's HAClient waits 5 s before reconnecting.",

@@ -39,14 +39,17 @@ from typing import Any
 from commitlog import setting as setting_module
 from commitlog.setting import Rule, SettingError, range_problem, range_text
 
-PROCESSES = ("master", "slave", "node", "proxy")
+PROCESSES = ("master", "slave", "node", "proxy", "broker", "controller")
 
 # (module, dataclass, the processes that read its fields unless a field says otherwise)
 SOURCES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("hasvc.config", "BrokerConfig", ("master", "slave", "node")),
-    ("commitlog.config", "StoreConfig", ("master", "slave", "node")),
+    ("hasvc.config", "BrokerConfig", ("master", "slave", "node", "broker")),
+    ("commitlog.config", "StoreConfig", ("master", "slave", "node", "broker")),
     ("hasvc.state.raft.config", "RaftConfig", ("node",)),
     ("hasvc.proxy.limits", "ProxyLimits", ("proxy",)),
+    # controller mode's timings: the brokers' and the controllers' must match
+    ("hasvc.state.controller.config", "ControllerTimings", ("broker", "controller")),
+    ("hasvc.controller.config", "ControllerConfig", ("controller",)),
 )
 
 
@@ -112,7 +115,11 @@ def all_settings() -> tuple[Setting, ...]:
     for module, name, processes in SOURCES:
         for setting in settings_of(getattr(importlib.import_module(module), name), processes):
             first = found.setdefault(setting.name, setting)
-            if first is not setting and not first.range_text():  # one setting in two classes (the
+            if first is not setting and first.default != setting.default:
+                # one name, two settings: a classic pair's and controller mode's min_in_sync_replicas
+                # (their processes tell them apart; --set goes to the one its process reads)
+                found[f"{setting.name} {setting.source}"] = setting
+            elif first is not setting and not first.range_text():  # one setting in two classes (the
                 # broker's field copied into the store's): its range stated once, where it is checked
                 found[setting.name] = dataclasses.replace(first, minimum=setting.minimum, above=setting.above,
                                                           maximum=setting.maximum)  # fmt: skip
@@ -141,18 +148,28 @@ def undocumented(settings: tuple[Setting, ...] | list[Setting]) -> list[str]:
 
 
 def by_name() -> dict[str, Setting]:
-    return {setting.name: setting for setting in all_settings()}
+    """Each name's setting; of a name two processes read as two settings, the first source's."""
+    table: dict[str, Setting] = {}
+    for setting in all_settings():
+        table.setdefault(setting.name, setting)
+    return table
+
+
+def named(name: str) -> tuple[Setting, ...]:
+    """Every setting called ``name`` (two for a name a classic pair and controller mode both use)."""
+    return tuple(setting for setting in all_settings() if setting.name == name)
 
 
 def for_process(process: str) -> tuple[Setting, ...]:
     return tuple(setting for setting in all_settings() if process in setting.processes)
 
 
-MODES = {"classic": ("master", "slave"), "dledger": ("node",)}  # hasvc config list --mode
+MODES = {"classic": ("master", "slave"), "dledger": ("node",), "controller": ("broker", "controller")}  # hasvc config list --mode
 
 
 def for_mode(mode: str) -> tuple[Setting, ...]:
-    """The settings of a classic pair's processes (master, slave) or of a DLedger member (node)."""
+    """The settings of a classic pair's processes (master, slave), of a DLedger member (node) or of
+    controller mode's processes (broker, controller)."""
     return tuple(setting for setting in all_settings() if set(MODES[mode]) & set(setting.processes))
 
 
@@ -172,10 +189,12 @@ def field_of(name: str) -> dataclasses.Field:
     raise KeyError(f"no setting {name!r}{suggestion(name)}")
 
 
-def error_line(error: SettingError, origins: Mapping[str, str]) -> str:
+def error_line(error: SettingError, origins: Mapping[str, str], source: str | None = None) -> str:
     """A SettingError in one line: which setting, its value and where it came from (``origins``:
-    name -> '--set', 'FILE key [broker].NAME'; else the default), what is allowed, the default."""
-    setting = by_name().get(error.name)
+    name -> '--set', 'FILE key [broker].NAME'; else the default), what is allowed, the default.
+    ``source`` ('module.Class'): whose setting, for a name two classes use (else the first's)."""
+    found = named(error.name)
+    setting = next((s for s in found if s.source == source), found[0] if found else None)
     if setting is not None and error.problem.startswith("must be") and not error.others and setting.range_text():
         error = SettingError(error.name, error.value, range_problem(setting.range_text()))  # as the table shows it
     if setting is None or error.others:
@@ -289,13 +308,20 @@ def markdown_table() -> str:
     """The settings reference of docs/configuration.md, one table for each process kind's
     settings as ``SOURCES`` groups them."""
     out = []
-    titles = {"hasvc.config.BrokerConfig": "Brokers: `hasvc master`, `hasvc slave`, `hasvc node`",
+    titles = {"hasvc.config.BrokerConfig": "Brokers: `hasvc master`, `hasvc slave`, `hasvc broker`, `hasvc node`",
+              "hasvc.state.controller.config.ControllerTimings": "Controller mode: `hasvc broker`, `hasvc controller`",
+              "hasvc.controller.config.ControllerConfig": "Controllers: `hasvc controller`",
               "hasvc.state.raft.config.RaftConfig": "Raft: `hasvc node`",
               "commitlog.config.StoreConfig": "The store: `hasvc master`, `hasvc slave`, `hasvc broker`, `hasvc node`",
               "hasvc.proxy.limits.ProxyLimits": "Proxy: `hasvc proxy`", "": "Settings that are not a field"}  # fmt: skip
     intros = {"commitlog.config.StoreConfig": "The store's settings the broker has no field of its own for, set the same "
                                               "way (`--set`, a TOML `[broker]` table) wherever a store is opened; "
-                                              "`hasvc broker` takes what `hasvc master` takes."}  # fmt: skip
+                                              "`hasvc broker` takes what `hasvc master` takes.",
+              "hasvc.state.controller.config.ControllerTimings":
+                  "Both the brokers and the controllers take these with `--set`, and a broker's must match its "
+                  "controllers'. A controller's Raft timings are the Raft settings above with the controller group's "
+                  "own defaults (heartbeat 50 ms, election timeout 0.4-0.6 s, `flush_sync` on: "
+                  "`CONTROLLER_RAFT` in `hasvc/controller/config.py`)."}  # fmt: skip
     groups: dict[str, list[Setting]] = {}
     for setting in all_settings():
         groups.setdefault(setting.source, []).append(setting)

@@ -246,4 +246,10 @@ def controlled_broker(store_dir, listen, ha_listen, flush, config_file, secret_f
     config = _build_config("SYNC_MASTER", cli_values, config_file, secret_file, settings)
     if not config.is_master:
         raise click.UsageError(slave)
+    defaults = {field.name: field.default for field in dataclasses.fields(type(config))}
+    for name in ("master_ha", "in_sync_replicas", "min_in_sync_replicas"):  # the settings table: not the broker's
+        if getattr(config, name) != defaults[name]:
+            raise click.UsageError(f"{name} is not used by a controller-mode broker (hasvc broker): the controllers name "
+                                   "its master, and a put waits for the SyncStateSet (controller mode's "
+                                   "min_in_sync_replicas goes in --set); remove it from --set or the config file")  # fmt: skip
     _run_broker(config, controlled=(group, addresses, timings))

@@ -19,9 +19,10 @@ def config() -> None:
 
 @config.command("list")
 @click.option("--process", type=click.Choice(PROCESSES), default=None,
-              help="Only the settings this process reads (hasvc master, slave, node or proxy).")
-@click.option("--mode", type=click.Choice(["classic", "dledger"]), default=None,
-              help="Only the settings of a classic pair (hasvc master, slave, broker) or of a DLedger member (hasvc node).")
+              help="Only the settings this process reads (hasvc master, slave, node, proxy, broker or controller).")
+@click.option("--mode", type=click.Choice(["classic", "dledger", "controller"]), default=None,
+              help="Only the settings of a classic pair (hasvc master, slave), of a DLedger member (hasvc node) or of "
+                   "controller mode (hasvc broker, controller).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="table: one line a setting; json: every field, the reasons too.")  # fmt: skip
 def list_settings(process, mode, output_format) -> None:
@@ -48,12 +49,15 @@ def show(name, output_format) -> None:
     from hasvc import settings
 
     try:
-        setting = settings.lookup(name)
+        settings.lookup(name)
     except KeyError as error:
         raise CommandError(str(error.args[0]), EXIT_USAGE) from None
-    click.echo(json.dumps(setting.to_json(), indent=2) if output_format == "json" else settings.text_whole(setting), nl=False)
+    found = settings.named(name)  # two for a name a classic pair and controller mode both use
     if output_format == "json":
-        click.echo()
+        shown = found[0].to_json() if len(found) == 1 else [setting.to_json() for setting in found]
+        click.echo(json.dumps(shown, indent=2))
+    else:
+        click.echo("\n".join(settings.text_whole(setting) for setting in found), nl=False)
 
 
 @config.command("check")

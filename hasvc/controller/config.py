@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from commitlog.dledger import entry_codec
+from commitlog.setting import SettingError, check_value, setting
 from hasvc.broker.raft.group import GroupConfig
 from hasvc.config import Address
 from hasvc.state.controller.config import ControllerTimings
@@ -35,6 +36,8 @@ CONTROLLER_SYNC_TICK_SECONDS = 0.5
 CONTROLLER_DATA_FILE_SIZE = 4 * 1024 * 1024
 # A data file must hold a command or two (a Register with long names is ~1.3 KiB as an entry).
 LOG_FILE_SIZE_MIN = 16 * 1024
+# An entry data file is mapped whole; the controller's log is small, so 1 GiB is far past need.
+LOG_FILE_SIZE_MAX = 1 << 30
 CONTROLLER_INDEX_FILE_SIZE = entry_codec.INDEX_UNIT_SIZE * 128 * 1024  # 128 Ki entries' units (4 MiB)
 # A snapshot after this many applied entries: a restart replays at most this many.
 SNAPSHOT_INTERVAL_ENTRIES = 1000
@@ -55,21 +58,31 @@ SNAPSHOT_FILE = "snapshot"
 
 
 
+_OPTION = "a command-line option of hasvc controller (see its --help)"
+
+
 @dataclasses.dataclass(frozen=True)
 class ControllerConfig:
-    store: str
-    listen: Address  # the controller port
-    self_id: str = "c0"
-    peers: dict[str, Address] | None = None  # every controller's Raft address (None: a group of 1)
-    raft: RaftConfig = CONTROLLER_RAFT
-    timings: ControllerTimings = ControllerTimings()
-    secret: bytes | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_ca: str | None = None
-    metrics_listen: Address | None = None
-    snapshot_interval_entries: int = SNAPSHOT_INTERVAL_ENTRIES
-    log_file_size: int = CONTROLLER_DATA_FILE_SIZE  # each entry data file's size (retention deletes whole files)
+    store: str = setting(internal=_OPTION)
+    listen: Address = setting(internal=_OPTION)  # the controller port
+    self_id: str = setting("c0", internal=_OPTION)
+    peers: dict[str, Address] | None = setting(None, internal=_OPTION)  # every controller's Raft address (None: a group of 1)
+    raft: RaftConfig = setting(CONTROLLER_RAFT, internal="the controller group's Raft timings: RaftConfig's settings (--set), "
+                               "CONTROLLER_RAFT's defaults")  # fmt: skip
+    timings: ControllerTimings = setting(ControllerTimings(), internal="ControllerTimings' settings (--set)")
+    secret: bytes | None = setting(None, internal=_OPTION)
+    tls_cert: str | None = setting(None, internal=_OPTION)
+    tls_key: str | None = setting(None, internal=_OPTION)
+    tls_ca: str | None = setting(None, internal=_OPTION)
+    metrics_listen: Address | None = setting(None, internal=_OPTION)
+    snapshot_interval_entries: int = setting(
+        SNAPSHOT_INTERVAL_ENTRIES, "A controller snapshots its state after this many applied entries and lets retention "
+        "delete the log files before it: a restart replays at most this many. 1000: a replay of a thousand commands "
+        "takes well under a second, and snapshots stay rare.", unit="entries", minimum=1)  # fmt: skip
+    log_file_size: int = setting(
+        CONTROLLER_DATA_FILE_SIZE, "Each of the controller's Raft entry data files (retention deletes whole files). "
+        "4 MiB holds ~10k commands of a few hundred bytes, so the log stays small soon after a snapshot.",
+        unit="bytes", minimum=LOG_FILE_SIZE_MIN, maximum=LOG_FILE_SIZE_MAX)  # fmt: skip
 
     def group_config(self) -> GroupConfig:
         # A group of one: no peer connects, so its Raft port is any free port on loopback.
@@ -94,10 +107,9 @@ class ControllerConfig:
             raise ValueError(f"election_timeout_min_seconds ({self.raft.election_timeout_min_seconds}) of the controller "
                              f"group must not be below master_lease_seconds ({self.timings.master_lease_seconds}): a lease "
                              "an old controller leader granted must have run out when a new leader answers")  # fmt: skip
-        if self.snapshot_interval_entries < 1:
-            raise ValueError(f"snapshot_interval_entries must be >= 1, not {self.snapshot_interval_entries}")
-        if not LOG_FILE_SIZE_MIN <= self.log_file_size < 1 << 31:
-            raise ValueError(f"log_file_size must be {LOG_FILE_SIZE_MIN} bytes to 2 GiB, not {self.log_file_size}")
+        for field in dataclasses.fields(self):  # the settings of its own (the others are options and tables)
+            if "internal" not in field.metadata and (problem := check_value(field, getattr(self, field.name))) is not None:
+                raise SettingError(field.name, getattr(self, field.name), problem)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
         return self

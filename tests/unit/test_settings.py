@@ -14,7 +14,9 @@ from hasvc import settings
 from commitlog.setting import SettingError, setting
 from commitlog.config import StoreConfig
 from hasvc.config import BrokerConfig
+from hasvc.controller.config import ControllerConfig
 from hasvc.proxy.limits import ProxyLimits
+from hasvc.state.controller.config import ControllerTimings
 from hasvc.state.raft.config import RaftConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,13 +36,16 @@ def test_a_field_without_a_reason_is_found():
 
     problems = settings.undocumented(settings.settings_of(Example, ("master",)))
     assert [problem.split(":")[0].rsplit(".", 1)[-1] for problem in problems] == ["bare_seconds", "empty_size"]
-    assert "documented_ms: processes ('broker',)" in "\n".join(settings.undocumented(settings.settings_of(Example, ("broker",))))
+    assert "documented_ms: processes ('spark',)" in "\n".join(settings.undocumented(settings.settings_of(Example, ("spark",))))
 
 
 def test_the_table_holds_every_field_of_every_configuration_once():
     names = [s.name for s in settings.all_settings()]
-    assert len(names) == len(set(names)), "a name in two dataclasses: --set NAME would be ambiguous"
-    for cls in (BrokerConfig, StoreConfig, RaftConfig, ProxyLimits):
+    for process in settings.PROCESSES:  # a name two processes read as two settings (min_in_sync_replicas) is fine
+        read = [s.name for s in settings.for_process(process)]
+        assert len(read) == len(set(read)), f"a name in two dataclasses {process} reads: --set NAME would be ambiguous"
+    assert [name for name in set(names) if names.count(name) > 1] == ["min_in_sync_replicas"]
+    for cls in (BrokerConfig, StoreConfig, RaftConfig, ProxyLimits, ControllerTimings, ControllerConfig):
         assert {field.name for field in dataclasses.fields(cls) if "internal" not in field.metadata} <= set(names)
     assert "raft_preset" in names and "store_overrides" not in names and "store_host" not in names
 
@@ -72,13 +77,16 @@ def test_each_default_given_back_with_set_parses_to_the_default():
 
 
 def _instance(cls, **values):
+    if cls is ControllerConfig:
+        return cls(store="data", listen=("127.0.0.1", 0), **values)
     return cls(store="data", **values) if cls is BrokerConfig else cls(**values)
 
 
 def test_each_range_shown_is_the_one_validate_enforces():
     """A value just past each bound the table shows is refused by its class's validate(), naming
     the setting; a value on an included bound is taken."""
-    classes = {f"{cls.__module__}.{cls.__qualname__}": cls for cls in (BrokerConfig, StoreConfig, RaftConfig, ProxyLimits)}
+    classes = {f"{cls.__module__}.{cls.__qualname__}": cls
+               for cls in (BrokerConfig, StoreConfig, RaftConfig, ProxyLimits, ControllerTimings, ControllerConfig)}
     checked = 0
     for shown in settings.all_settings():
         if not shown.range_text():
@@ -91,7 +99,7 @@ def test_each_range_shown_is_the_one_validate_enforces():
             with pytest.raises(SettingError, match=f"^{shown.name}=") as refused:
                 _instance(cls, **{shown.name: value}).validate()
             assert refused.value.name == shown.name
-            assert f"{shown.range_text()} (default " in settings.error_line(refused.value, {})
+            assert f"{shown.range_text()} (default " in settings.error_line(refused.value, {}, shown.source)
         for value in (shown.minimum, shown.maximum):
             if value is not None:
                 _instance(cls, **{shown.name: value}).validate()
@@ -138,7 +146,25 @@ def test_config_list_prints_every_setting_with_type_and_default():
     assert lines[0].split() == ["NAME", "TYPE", "DEFAULT", "UNIT", "RANGE", "PROCESSES"]
     assert {line.split()[0] for line in lines[1:]} == set(settings.by_name())
     row = next(line for line in lines if line.startswith("slave_timeout_ms "))
-    assert row.split()[1:6] == ["integer", "3,000", "ms", ">0", "master,slave,node"]
+    assert row.split()[1:6] == ["integer", "3,000", "ms", ">0", "master,slave,node,broker"]
+
+
+def test_controller_mode_settings_are_in_the_table_and_one_name_of_two_modes_shows_both():
+    """The controllers' and controller-mode brokers' settings (their timings, a controller's own)
+    are listed with the processes that read them; min_in_sync_replicas, a classic pair's (slaves,
+    0: off) and controller mode's (the SyncStateSet's size), is shown whole twice."""
+    result = _hasvc("config", "list", "--mode", "controller", "--format", "json")
+    assert result.exit_code == 0, result.output
+    shown = {(item["name"], tuple(item["processes"])) for item in json.loads(result.output)}
+    assert ("broker_heartbeat_timeout_seconds", ("broker", "controller")) in shown
+    assert ("snapshot_interval_entries", ("controller",)) in shown
+    assert ("min_in_sync_replicas", ("broker", "controller")) in shown
+    assert ("slave_timeout_ms", ("master", "slave", "node", "broker")) in shown
+    assert not any(name in ("master_ha", "in_sync_replicas") or processes == ("node",) for name, processes in shown)
+    assert "controller" not in _hasvc("config", "list", "--process", "master").output.split()
+    both = _hasvc("config", "show", "min_in_sync_replicas")
+    assert both.exit_code == 0 and both.output.count("min_in_sync_replicas\n") == 2, both.output
+    assert "processes  master, slave, node" in both.output and "processes  broker, controller" in both.output
 
 
 def test_config_list_for_one_process_and_as_json():
@@ -250,3 +276,15 @@ def test_a_rule_between_settings_is_stated_once_and_names_both_values_and_their_
     assert "rule       ha_transfer_batch_size must not exceed ha_frame_size_max" in shown
     with open(DOC, encoding="utf-8") as file:
         assert "- heartbeat_interval_seconds must be below election_timeout_min_seconds" in file.read()
+
+
+def test_a_controller_mode_broker_refuses_the_classic_settings_it_would_not_use(tmp_path):
+    """master_ha and in_sync_replicas: the controllers decide those; one line, nothing started."""
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\nmin_in_sync_replicas = 1\n")
+    for extra in (["--set", "in_sync_replicas=2"], ["--config", str(config)]):
+        result = _hasvc("broker", "--controllers", "127.0.0.1:1", "--group", "g", "--store", str(tmp_path / "b"),
+                        "--listen", "127.0.0.1:0", *extra)  # fmt: skip
+        assert result.exit_code == 2, result.output
+        assert "is not used by a controller-mode broker" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "b").exists()

@@ -25,6 +25,7 @@ from hasvc import transport
 from hasvc.protocol import controller as cp
 from hasvc.protocol import wire
 from hasvc.state.controller import state as cs
+from hasvc.state.controller.elect import LOST_END_UNKNOWN
 from hasvc.state.raft.ready import Role
 
 LOGGER = logging.getLogger(__name__)
@@ -183,8 +184,11 @@ class ControllerPort:
                                             f"{self.server.config.timings.broker_heartbeat_timeout_seconds} s")  # fmt: skip
             if target not in group.sync_state_set or target in group.restarted:  # allowed: unclean elections are on
                 lost_tail = self.server.tracker.lost_end(request.group, group, target)
-                why = ("outside the SyncStateSet" if target not in group.sync_state_set else "restarted" +
-                       (f", its log ending before its epoch's start {lost_tail}" if lost_tail is not None else ""))  # fmt: skip
+                if lost_tail == LOST_END_UNKNOWN:
+                    ending = ", and a member that may hold what it lost is not heard since"
+                else:
+                    ending = f", its log ending before offset {lost_tail}, which it may have lost" if lost_tail is not None else ""
+                why = "outside the SyncStateSet" if target not in group.sync_state_set else "restarted" + ending
                 return self.server.tracker.stamped(cs.Elect(
                     request.group, target, group.epoch, f"an operator's switchover (ELECT); UNCLEAN: broker {target} "
                     f"{why}, acknowledged writes may be lost"))  # fmt: skip

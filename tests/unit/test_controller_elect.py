@@ -409,3 +409,21 @@ def test_an_end_heard_before_a_truncation_does_not_keep_the_group_without_a_mast
     _hear(tracker, 0.2, (2, 2, 1700), (1, 2, 1800), (3, 0, 0))
     [elect] = tracker.decide(state, 0.25)
     assert (elect.new_master_id, elect.expected_epoch) == (1, 3)
+
+
+def test_the_cover_of_an_unopened_set_of_one_counts_only_members_heard_since_the_latest_restart():
+    """The cover is computed from the restart this leader noticed last; after a restart in a later
+    epoch (not yet noticed: no pass of ``decide`` since) heartbeats from before it prove nothing,
+    and the operator's ELECT path, which asks without a pass, hears "unknown"."""
+    from hasvc.state.controller.elect import LOST_END_UNKNOWN
+
+    state, tracker = _elected_at(2120, "an operator's switchover")
+    state.apply(Register("g", "store-2", "h2:1", "h2:2"))  # 2 restarted, never promoted
+    assert tracker.decide(state, 0.05) == []  # notices the restart
+    _hear(tracker, 0.1, (2, 1, 2300), (1, 1, 2400), (3, 1, 1000))
+    assert tracker.lost_end("g", state.groups["g"], 2) == 2400  # 1, of epoch 1's history, holds more
+    assert state.apply(tracker.stamped(Elect("g", 2, 2, "an operator's switchover"))).accepted  # epoch 3, set {2}
+    state.apply(Register("g", "store-2", "h2:1", "h2:2"))  # 2 restarts again before it opens epoch 3
+    group = state.groups["g"]
+    assert (group.epoch, group.sync_state_set, group.restarted) == (3, {2}, {2})
+    assert tracker.lost_end("g", group, 2) == LOST_END_UNKNOWN

@@ -220,8 +220,8 @@ class ElectionTracker:
         epoch cut: it does not count. One not heard since the restart may hold more: wait for it
         (no master; an operator's unclean election may still name one)."""
         noticed = self._restarts.get(name)
-        if noticed is None:
-            return LOST_END_UNKNOWN
+        if noticed is None or noticed[0] != (group.epoch, group.restarted):
+            return LOST_END_UNKNOWN  # this restart not noticed yet (``_heard_since_restart`` notes it)
         others = []
         for other in sorted(group.members.keys() - {broker_id}):
             heard = self._liveness.get((name, other))

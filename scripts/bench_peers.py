@@ -488,17 +488,17 @@ async def _accept_one():
     return connection
 
 
-async def _relay_slave() -> None:
+async def _relay_slave(frame_size: int = RELAY_FRAME) -> None:
     connection = await _accept_one()
     try:
         while True:
-            frame = await _receive_exactly(connection, RELAY_FRAME)
+            frame = await _receive_exactly(connection, frame_size)
             await _send_all(connection, frame[:8])
     except (EOFError, OSError):
         pass
 
 
-async def _relay_master(slave_port: int) -> None:
+async def _relay_master(slave_port: int, frame_size: int = RELAY_FRAME) -> None:
     slave = trio.socket.socket()
     await slave.connect(("127.0.0.1", slave_port))
     slave.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -506,7 +506,7 @@ async def _relay_master(slave_port: int) -> None:
     answer = bytes(RELAY_ANSWER)
     try:
         while True:
-            request = await _receive_exactly(client, RELAY_FRAME)
+            request = await _receive_exactly(client, frame_size)
             await _send_all(slave, request)
             await _receive_exactly(slave, 8)
             await _send_all(client, answer)
@@ -514,10 +514,11 @@ async def _relay_master(slave_port: int) -> None:
         pass
 
 
-def trio_relay_floor(duration: float, busy_poll_us: int = 0) -> dict:
+def trio_relay_floor(duration: float, busy_poll_us: int = 0, size: int = SIZE) -> dict:
     """One writer (a blocking socket, as cheap a client as Python has) through the relay;
-    ``busy_poll_us``: its two processes poll before they sleep, as hasvc's brokers can."""
-    polling = ["--busy-poll-us", str(busy_poll_us)]
+    ``busy_poll_us``: its two processes poll before they sleep, as hasvc's brokers can; ``size``:
+    the request's bytes (32 KiB: the floor of a 32-message request; scripts/dev/relay_floor.py)."""
+    polling = ["--busy-poll-us", str(busy_poll_us), "--relay-size", str(size)]
     slave = subprocess.Popen([sys.executable, __file__, "--relay-slave", *polling], stdout=subprocess.PIPE, text=True)
     master = None
     try:
@@ -527,7 +528,7 @@ def trio_relay_floor(duration: float, busy_poll_us: int = 0) -> dict:
         before = {name: process_cpu_seconds(p.pid) for name, p in (("master", master), ("slave", slave))}
         own = time.process_time()
         latencies = []
-        request = bytes(RELAY_FRAME)
+        request = bytes(12 + size)
         with socket.create_connection(("127.0.0.1", port)) as connection:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             started = time.perf_counter()
@@ -818,6 +819,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--relay-slave", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--relay-master", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--busy-poll-us", type=int, default=0, help=argparse.SUPPRESS)  # the relay's processes
+    parser.add_argument("--relay-size", type=int, default=SIZE, help=argparse.SUPPRESS)  # their request's bytes
     return parser.parse_args()
 
 
@@ -828,10 +830,10 @@ def main() -> int:
         return 0
     busy_poll.install(args.busy_poll_us)
     if args.relay_slave:
-        trio.run(_relay_slave)
+        trio.run(_relay_slave, 12 + args.relay_size)
         return 0
     if args.relay_master is not None:
-        trio.run(_relay_master, args.relay_master)
+        trio.run(_relay_master, args.relay_master, 12 + args.relay_size)
         return 0
     skip = set(filter(None, args.skip.split(",")))
     problems = preflight(skip, args.redis_load, args.etcd_load)

@@ -123,6 +123,11 @@ class Outbox:
         assert self.in_flight < self.in_flight_limit, "no room: check full first"
         self.in_flight += 1
 
+    def take_places(self, count: int) -> None:
+        """``take_place`` for ``count`` requests read together (room checked for all of them)."""
+        assert self.in_flight + count <= self.in_flight_limit, "no room: take at most in_flight_limit - in_flight"
+        self.in_flight += count
+
     async def wait_room(self) -> None:
         """Until a place is free (no checkpoint when one is). Raises TooSlowError when the
         connection stays muted (its answers unread) for ``muted_timeout_seconds``."""

@@ -150,6 +150,12 @@ class Outbox:
         self._parts.append(payload)
         self.queued += 1
 
+    def respond_joined(self, data: bytes, count: int) -> None:
+        """``count`` responses already framed and joined (``client_frames.encode_answers``), queued
+        as ``respond`` would queue them one by one: in order, uncounted until ``flush``."""
+        self._parts.append(data)
+        self.queued += count
+
     def respond_counted(self, frame: client_protocol.Frame, payload: bytes) -> None:
         """``respond`` for an answer that may be large (READ, PULL, STATUS): counted now, so that
         the reader mutes the connection before it takes the next request."""

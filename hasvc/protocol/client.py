@@ -156,10 +156,9 @@ class FrameDecoder:
         """(frames, plain, error): up to ``count_max`` whole frames (a broker's: payloads are
         views), split by one call a received piece (``client_frames.split_frames``; a frame
         that spans two receives joined by ``next_frame``), ending after the first that is not
-        a SEND; ``plain`` whether all are SENDs;
-        ``error`` the refusal of the frame it stopped at (the caller raises it as a
-        ``ProtocolError`` once it has handled the frames before it, as ``next_frame`` would
-        have handed them out before refusing the bad one)."""
+        a SEND; ``plain`` whether all are SENDs; ``error`` the refusal of the frame it stopped
+        at (the caller raises it as a ``ProtocolError`` once it has handled the frames before
+        it, as ``next_frame`` would have handed them out before refusing the bad one)."""
         assert not self.responses, "a client's decoder takes its frames one by one (next_frame)"
         chunks, frames = self._chunks, []
         while chunks and count_max > 0:

@@ -985,6 +985,210 @@ done:
     return result;
 }
 
+/* --- frames: a read's client frames split, and a pass's SEND answers encoded, one call each --- */
+
+/* split_frames(buffer, frame_size_max, kinds, count_max, frame_type) -> (frames, consumed, error, plain):
+ * the whole frames at the front of ``buffer`` (``u32 length | u8 kind | u32 request id | payload``),
+ * at most ``count_max``, each a ``frame_type`` (a tuple subclass: hasvc.protocol.client.Frame) of
+ * kind, request id and its payload as ``buffer[start:end]`` (a view when ``buffer`` is a
+ * memoryview: nothing copied); ``consumed`` the bytes they took. It stops before the first frame
+ * not whole in ``buffer`` or not allowed: ``error`` is None, or the one-line refusal of the frame
+ * it stopped at (its length outside 5..frame_size_max as soon as the length is in, its kind not
+ * allowed by ``kinds`` as soon as the kind is). ``kinds`` is 256 bytes, one per kind: 0 refused,
+ * 1 allowed, 2 allowed and plain: it also stops after the first frame of a kind not plain (the
+ * caller answers it before it takes more: its answer may leave no room), and ``plain`` says
+ * whether every frame returned is plain.
+ * hasvc/protocol/client_frames.py ``split_frames_python`` is its twin (the same results). */
+static PyObject *split_frames(PyObject *self, PyObject *args) {
+    PyObject *buffer, *frame_type_object, *frames = NULL, *result = NULL, *error = Py_None;
+    Py_ssize_t frame_size_max, count_max;
+    Py_buffer view, kinds;
+    if (!PyArg_ParseTuple(args, "Ony*nO", &buffer, &frame_size_max, &kinds, &count_max, &frame_type_object)) return NULL;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&kinds);
+        return NULL;
+    }
+    Py_INCREF(error);
+    if (kinds.len != 256) {
+        PyErr_SetString(PyExc_ValueError, "kinds must be 256 bytes");
+        goto done;
+    }
+    if (!PyType_Check(frame_type_object) || !PyType_IsSubtype((PyTypeObject *)frame_type_object, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "frame_type must be a tuple subclass");
+        goto done;
+    }
+    PyTypeObject *frame_type = (PyTypeObject *)frame_type_object;
+    const uint8_t *p = (const uint8_t *)view.buf, *allowed = (const uint8_t *)kinds.buf;
+    Py_ssize_t size = view.len, position = 0;
+    int plain = 1;
+    frames = PyList_New(0);
+    if (frames == NULL) goto done;
+    while (PyList_GET_SIZE(frames) < count_max) {
+        Py_ssize_t left = size - position;
+        if (left < 4) break;
+        Py_ssize_t length = (Py_ssize_t)be32(p + position);
+        if (length < 5 || length > frame_size_max) {
+            Py_SETREF(error, PyUnicode_FromFormat("frame of %zd bytes, outside 5..%zd", length, frame_size_max));
+            if (error == NULL) goto done;
+            break;
+        }
+        if (left < 5) break;
+        uint8_t kind = p[position + 4];
+        if (!allowed[kind]) {
+            Py_SETREF(error, PyUnicode_FromFormat("unknown frame kind %d", (int)kind));
+            if (error == NULL) goto done;
+            break;
+        }
+        if (left < 4 + length) break;
+        PyObject *payload = PySequence_GetSlice(buffer, position + 9, position + 4 + length);
+        if (payload == NULL) goto done;
+        PyObject *kind_number = PyLong_FromLong(kind), *request_id = PyLong_FromUnsignedLong(be32(p + position + 5));
+        PyObject *frame = frame_type->tp_alloc(frame_type, 3);
+        if (kind_number == NULL || request_id == NULL || frame == NULL) {
+            Py_DECREF(payload);
+            Py_XDECREF(kind_number);
+            Py_XDECREF(request_id);
+            Py_XDECREF(frame);
+            goto done;
+        }
+        PyTuple_SET_ITEM(frame, 0, kind_number);
+        PyTuple_SET_ITEM(frame, 1, request_id);
+        PyTuple_SET_ITEM(frame, 2, payload);
+        int appended = PyList_Append(frames, frame);
+        Py_DECREF(frame);
+        if (appended < 0) goto done;
+        position += 4 + length;
+        if (allowed[kind] != 2) {
+            plain = 0;
+            break;
+        }
+    }
+    result = Py_BuildValue("(OnOO)", frames, position, error, plain ? Py_True : Py_False);
+done:
+    Py_XDECREF(frames);
+    Py_XDECREF(error);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&kinds);
+    return result;
+}
+
+/* encode_answers(items, answers, prefix) -> [(owner, data, count), ...]: the answers of a pass
+ * (``answers[i]`` bytes, or None for a request answered elsewhere) as response frames, joined per
+ * owner: ``items[i]`` is ``(owner, frame, ...)`` with ``frame`` ``(kind, request id, ...)``; each
+ * answer is ``u32 length | u8 kind | 0x80 | u32 request id | prefix | answer``, in the order of
+ * ``items``; owners in the order first seen. hasvc/protocol/client_frames.py
+ * ``encode_answers_python`` is its twin (the same bytes). */
+static PyObject *encode_answers(PyObject *self, PyObject *args) {
+    PyObject *items, *answers, *owners = NULL, *index = NULL, *result = NULL;
+    Py_buffer prefix;
+    Py_ssize_t *group_of = NULL, *sizes = NULL, *counts = NULL, *cursors = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!y*", &PyList_Type, &items, &PyList_Type, &answers, &prefix)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (PyList_GET_SIZE(answers) != n) {
+        PyErr_SetString(PyExc_ValueError, "items and answers differ in length");
+        goto done;
+    }
+    group_of = PyMem_Malloc(sizeof(Py_ssize_t) * (n + 1));
+    sizes = PyMem_Calloc(n + 1, sizeof(Py_ssize_t));
+    counts = PyMem_Calloc(n + 1, sizeof(Py_ssize_t));
+    owners = PyList_New(0);
+    index = PyDict_New();
+    if (group_of == NULL || sizes == NULL || counts == NULL || owners == NULL || index == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *last_owner = NULL;
+    Py_ssize_t last_group = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *answer = PyList_GET_ITEM(answers, i), *item = PyList_GET_ITEM(items, i);
+        group_of[i] = -1;
+        if (answer == Py_None) continue;
+        if (!PyBytes_Check(answer)) {
+            PyErr_SetString(PyExc_TypeError, "an answer must be bytes or None");
+            goto done;
+        }
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 2 || !PyTuple_Check(PyTuple_GET_ITEM(item, 1))
+            || PyTuple_GET_SIZE(PyTuple_GET_ITEM(item, 1)) < 2) {
+            PyErr_SetString(PyExc_TypeError, "an item must be (owner, (kind, request id, ...), ...)");
+            goto done;
+        }
+        PyObject *owner = PyTuple_GET_ITEM(item, 0);
+        if (owner != last_owner) {
+            PyObject *found = PyDict_GetItemWithError(index, owner);
+            if (found == NULL) {
+                if (PyErr_Occurred()) goto done;
+                PyObject *number = PyLong_FromSsize_t(PyList_GET_SIZE(owners));
+                if (number == NULL) goto done;
+                int stored = PyDict_SetItem(index, owner, number);
+                Py_DECREF(number);
+                if (stored < 0 || PyList_Append(owners, owner) < 0) goto done;
+                last_group = PyList_GET_SIZE(owners) - 1;
+            } else {
+                last_group = PyLong_AsSsize_t(found);
+            }
+            last_owner = owner;
+        }
+        Py_ssize_t frame_size = 9 + prefix.len + PyBytes_GET_SIZE(answer);
+        if (frame_size - 4 > 0xFFFFFFFFLL) {
+            PyErr_SetString(PyExc_ValueError, "an answer over 4 GiB");
+            goto done;
+        }
+        group_of[i] = last_group;
+        sizes[last_group] += frame_size;
+        counts[last_group] += 1;
+    }
+    Py_ssize_t groups = PyList_GET_SIZE(owners);
+    cursors = PyMem_Calloc(groups + 1, sizeof(Py_ssize_t));
+    result = PyList_New(groups);
+    if (cursors == NULL || result == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        Py_CLEAR(result);
+        goto done;
+    }
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        PyObject *data = PyBytes_FromStringAndSize(NULL, sizes[g]);
+        PyObject *entry = data == NULL ? NULL : Py_BuildValue("(OOn)", PyList_GET_ITEM(owners, g), data, counts[g]);
+        Py_XDECREF(data);
+        if (entry == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, g, entry);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t g = group_of[i];
+        if (g < 0) continue;
+        PyObject *answer = PyList_GET_ITEM(answers, i);
+        PyObject *frame = PyTuple_GET_ITEM(PyList_GET_ITEM(items, i), 1);
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(frame, 0));
+        unsigned long long request_id = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(frame, 1));
+        if (PyErr_Occurred() || kind < 0 || kind > 0xFF || request_id > 0xFFFFFFFFULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a frame's kind or request id out of range");
+            Py_CLEAR(result);
+            goto done;
+        }
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(PyList_GET_ITEM(result, g), 1)) + cursors[g];
+        Py_ssize_t answer_size = PyBytes_GET_SIZE(answer);
+        put32(out, (uint32_t)(5 + prefix.len + answer_size));
+        out[4] = (uint8_t)(kind | 0x80);
+        put32(out + 5, (uint32_t)request_id);
+        memcpy(out + 9, prefix.buf, prefix.len);
+        memcpy(out + 9 + prefix.len, PyBytes_AS_STRING(answer), answer_size);
+        cursors[g] += 9 + prefix.len + answer_size;
+    }
+done:
+    PyMem_Free(group_of);
+    PyMem_Free(sizes);
+    PyMem_Free(counts);
+    PyMem_Free(cursors);
+    Py_XDECREF(owners);
+    Py_XDECREF(index);
+    PyBuffer_Release(&prefix);
+    return result;
+}
+
+/* --- frames: end --- */
+
 /* CRC32 (zlib's, java.util.zip.CRC32: reflected 0xEDB88320), slicing by 8: a DLedger entry's bodyCrc. */
 static uint32_t crc32_tables[8][256];
 
@@ -2019,6 +2223,11 @@ static PyMethodDef methods[] = {
     {"record_sizes", record_sizes, METH_VARARGS, "record_sizes(bodies, properties, fixed[, record_crc]) -> (sizes, total, body_total, properties_size_max)"},
     {"record_offsets", record_offsets, METH_VARARGS, "record_offsets(sizes, start) -> tuple of record starts"},
     {"pack_offset_pairs", pack_offset_pairs, METH_VARARGS, "pack_offset_pairs(offsets, queue_offsets) -> bytes: >qq pairs"},
+    /* --- frames --- */
+    {"split_frames", split_frames, METH_VARARGS,
+     "split_frames(buffer, frame_size_max, kinds, count_max, frame_type) -> (frames, consumed, error, plain)"},
+    {"encode_answers", encode_answers, METH_VARARGS, "encode_answers(items, answers, prefix) -> [(owner, data, count), ...]"},
+    /* --- frames: end --- */
     {"check_entries", check_entries, METH_VARARGS,
      "check_entries(run, count, first_index, prev_term, last_term, first_pos, pos_limit) -> (code, number)"},
     {"cut_records", cut_records, METH_VARARGS,
@@ -2041,7 +2250,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 11
+#define NATIVE_VERSION 12
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();

@@ -12,7 +12,7 @@ import warnings
 
 # The VERSION of _scan.c this code calls (its functions and their arguments): a build left in
 # place by an older checkout is not used (and a warning says to rebuild), never called wrongly.
-NATIVE_VERSION = 11
+NATIVE_VERSION = 12
 
 if os.environ.get("HASVC_NO_NATIVE") == "1":
     module = None
@@ -47,3 +47,5 @@ pack_offset_pairs = module.pack_offset_pairs if module else None
 plan_pass = module.plan_pass if module else None
 write_pass = module.write_pass if module else None
 write_entry_pass = module.write_entry_pass if module else None
+split_frames = module.split_frames if module else None
+encode_answers = module.encode_answers if module else None

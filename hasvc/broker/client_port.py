@@ -28,6 +28,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from itertools import repeat
 
 import trio
 
@@ -205,11 +206,27 @@ class ClientPort:
         stopped for want of room, True when no frame is left."""
         decoder, outbox = client.decoder, client.outbox
         while True:
-            if outbox.in_flight >= outbox.in_flight_limit:  # outbox.full, written out: twice a put
+            room = outbox.in_flight_limit - outbox.in_flight
+            if room <= 0:  # outbox.full, written out
                 return False
-            frame = decoder.next_frame()
-            if frame is None:
-                return True
+            # Every whole frame the room allows up to the first that is not a SEND, split by one
+            # call a received piece (not a next_frame and a skip a frame); SENDs only, left for
+            # the put path to decode, are queued in one step, each frame holding its place.
+            frames, plain, error = decoder.take_frames(room)
+            if plain and self.puts.decodes_sends:
+                outbox.take_places(len(frames))
+                self._sends += zip(repeat(outbox), frames, repeat(None))
+            else:
+                self._take_each(client, frames)
+            if error is not None:
+                raise wire.ProtocolError(error)
+            if plain and len(frames) < room:
+                return True  # no whole frame left (a pass ending in another request's frame may have more)
+
+    def _take_each(self, client: _Client, frames: list[cp.Frame]) -> None:
+        """Frames taken one by one (a pass with other requests than SENDs, or SENDs decoded here)."""
+        outbox = client.outbox
+        for frame in frames:
             outbox.take_place()
             if frame.kind in cp.ADMIN_KINDS:
                 client.nursery.start_soon(self._role_request, outbox, frame)

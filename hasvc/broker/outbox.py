@@ -123,6 +123,11 @@ class Outbox:
         assert self.in_flight < self.in_flight_limit, "no room: check full first"
         self.in_flight += 1
 
+    def take_places(self, count: int) -> None:
+        """``take_place`` for ``count`` requests read together (room checked for all of them)."""
+        assert self.in_flight + count <= self.in_flight_limit, "no room: take at most in_flight_limit - in_flight"
+        self.in_flight += count
+
     async def wait_room(self) -> None:
         """Until a place is free (no checkpoint when one is). Raises TooSlowError when the
         connection stays muted (its answers unread) for ``muted_timeout_seconds``."""
@@ -144,6 +149,12 @@ class Outbox:
         self._parts.append(client_protocol.FRAME_HEADER.pack(len(payload) + 5, frame.kind | client_protocol.RESPONSE_BIT, frame.request_id))
         self._parts.append(payload)
         self.queued += 1
+
+    def respond_joined(self, data: bytes, count: int) -> None:
+        """``count`` responses already framed and joined (``client_frames.encode_answers``), queued
+        as ``respond`` would queue them one by one: in order, uncounted until ``flush``."""
+        self._parts.append(data)
+        self.queued += count
 
     def respond_counted(self, frame: client_protocol.Frame, payload: bytes) -> None:
         """``respond`` for an answer that may be large (READ, PULL, STATUS): counted now, so that

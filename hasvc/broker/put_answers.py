@@ -15,6 +15,7 @@ import trio
 from commitlog import pass_encode
 from commitlog import record as rec
 from hasvc.protocol import client as cp
+from hasvc.protocol.client_frames import encode_answers
 
 if TYPE_CHECKING:
     from hasvc.broker.put_service import PutService
@@ -148,13 +149,14 @@ def answer_pass(puts: PutService, items: list, answers: list, kept: int, name: s
     None when refused) with ``name`` and ``reason``."""
     if puts.metrics:
         puts.metrics.put_done_many(name, time.perf_counter() - started, kept)
-    prefix = cp.send_response_prefix(name, reason)
-    outboxes = set()
-    for (outbox, frame, _), answer in zip(items, answers, strict=True):
-        if answer is not None:
-            outbox.respond(frame, prefix + answer)
-            outboxes.add(outbox)
-    for outbox in outboxes:
+    # Every outbox's answers framed and joined by one call (natively when built), each outbox
+    # handed its share in one piece: a ``respond`` per request (a header packed, a payload
+    # joined, two appends) was a Python call and four builtin ones a put.
+    joined = encode_answers(items if type(items) is list else list(items), answers if type(answers) is list else list(answers),
+                            cp.send_response_prefix(name, reason))  # fmt: skip
+    for outbox, data, count in joined:
+        outbox.respond_joined(data, count)
+    for outbox, _, _ in joined:
         outbox.flush()
 
 

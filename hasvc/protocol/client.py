@@ -46,6 +46,7 @@ import struct
 from typing import Final, NamedTuple
 
 from commitlog import native
+from hasvc.protocol import client_frames
 from hasvc.protocol.wire import Buffer, ProtocolError
 
 FRAME_HEADER = struct.Struct(">IBI")  # length, kind, request id
@@ -93,6 +94,7 @@ def encode_frame(kind: int, request_id: int, payload: bytes) -> bytes:
 
 
 _NEW_TUPLE = tuple.__new__
+_split_frames = client_frames.split_frames
 
 
 class FrameDecoder:
@@ -107,6 +109,7 @@ class FrameDecoder:
         self._chunks = self._buffer._chunks
         self.buffered = self._chunks  # falsy when nothing is buffered (the client port's single-frame read)
         self._kinds = frozenset(k | RESPONSE_BIT for k in REQUEST_KINDS) if responses else REQUEST_KINDS
+        self._kind_table = client_frames.kind_table(self._kinds, SEND_KINDS)  # take_frames' (SENDs plain)
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:  # copied unless bytes (wire.Buffer.feed)
         self._buffer.feed(data)
@@ -148,6 +151,39 @@ class FrameDecoder:
         # bodies by split_messages): the payload is a view, not a copy of up to 4 MiB (a 32 KiB
         # copy per SEND was ~3 % of a busy master).
         return Frame(kind, request_id, self._buffer.take_view(length - 5))
+
+    def take_frames(self, count_max: int) -> tuple[list[Frame], bool, str | None]:
+        """(frames, plain, error): up to ``count_max`` whole frames (a broker's: payloads are
+        views), split by one call a received piece (``client_frames.split_frames``; a frame
+        that spans two receives joined by ``next_frame``), ending after the first that is not
+        a SEND; ``plain`` whether all are SENDs; ``error`` the refusal of the frame it stopped
+        at (the caller raises it as a ``ProtocolError`` once it has handled the frames before
+        it, as ``next_frame`` would have handed them out before refusing the bad one)."""
+        assert not self.responses, "a client's decoder takes its frames one by one (next_frame)"
+        chunks, frames = self._chunks, []
+        while chunks and count_max > 0:
+            got, consumed, error, got_plain = _split_frames(chunks[0], self.frame_size_max, self._kind_table, count_max, Frame)
+            if consumed:
+                self._buffer.skip(consumed)
+                frames += got
+                count_max -= len(got)
+                if not got_plain:
+                    return frames, False, None  # its last frame is not a SEND: answered before any more is taken
+            if error is not None:
+                return frames, True, error
+            if count_max <= 0 or len(chunks) < 2:  # one piece left: its next frame is not in yet (split checked its head)
+                break
+            try:  # the next frame spans the first piece and the next: joined (or not all in yet)
+                frame = self.next_frame()
+            except ProtocolError as refusal:
+                return frames, True, str(refusal)
+            if frame is None:
+                break
+            frames.append(frame)
+            count_max -= 1
+            if frame.kind not in SEND_KINDS:
+                return frames, False, None
+        return frames, True, None
 
     def _check(self, length: int, kind: int | None) -> None:
         if length < 5 or length > self.frame_size_max:

@@ -11,6 +11,7 @@ from hasvc.broker.raft.broker import RaftBroker
 from hasvc.broker.raft.group import GroupConfig
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
+from hasvc.protocol.client_frames import answers_of
 from hasvc.state.raft.config import RaftConfig
 
 FAST = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
@@ -25,6 +26,10 @@ class Outbox:
 
     def respond(self, frame, payload):
         self.answers[frame.request_id] = cp.decode_send_response(payload)
+
+    def respond_joined(self, data, count):
+        for answer in answers_of(data):
+            self.respond(answer, answer.payload)
 
     def flush(self):
         pass

@@ -15,6 +15,7 @@ from hasvc.broker.outbox import AnswerBudget, Outbox
 from hasvc.broker.put_service import Appended, coalesce, split_appended
 from hasvc.config import BrokerRole
 from hasvc.protocol import client as cp
+from hasvc.protocol.client_frames import encode_answers
 from hasvc.state.role import RoleState
 
 
@@ -96,6 +97,36 @@ async def test_outbox_bounds_requests_in_flight_and_sends_pending_responses_toge
         assert connection.sent == [
             cp.FRAME_HEADER.pack(6, cp.SEND | cp.RESPONSE_BIT, 7) + b"a" + cp.FRAME_HEADER.pack(7, cp.STATUS | cp.RESPONSE_BIT, 8) + b"bc"
         ]
+        nursery.cancel_scope.cancel()
+
+
+async def test_outbox_takes_a_pass_of_places_and_its_joined_answers_in_order_with_the_rest():
+    """``take_places`` holds a place for each request of a pass (never past the limit); a pass's
+    answers joined by ``encode_answers`` go out between what was queued before and after them,
+    and free one place each once the kernel has them."""
+    connection = _HeldConnection()
+    outbox = Outbox(connection, 4)
+    with pytest.raises(AssertionError):
+        outbox.take_places(5)
+    outbox.take_places(3)
+    assert outbox.in_flight == 3
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await outbox.reserve()
+        assert outbox.full
+        sends = [(outbox, cp.Frame(cp.SEND, number, b""), None) for number in (1, 2, 3)]
+        outbox.respond(cp.Frame(cp.STATUS, 9, b""), b"s")
+        [(owner, joined, count)] = encode_answers(sends, [b"a", None, b"c"], b"P")
+        assert owner is outbox and count == 2
+        outbox.respond_joined(joined, count)
+        outbox.respond(cp.Frame(cp.SEND, 2, b""), b"P" + b"b")
+        outbox.flush()
+        connection.release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert outbox.in_flight == 0
+        assert connection.sent == [b"".join(cp.FRAME_HEADER.pack(len(payload) + 5, kind | cp.RESPONSE_BIT, request_id) + payload
+                                            for kind, request_id, payload in [(cp.STATUS, 9, b"s"), (cp.SEND, 1, b"Pa"),
+                                                                              (cp.SEND, 3, b"Pc"), (cp.SEND, 2, b"Pb")])]  # fmt: skip
         nursery.cancel_scope.cancel()
 
 

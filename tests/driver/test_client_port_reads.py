@@ -117,3 +117,41 @@ async def test_an_oversize_send_in_one_receive_closes_the_connection_unput():
             while await stream.receive_some(65536):
                 pass  # closed by the port
         assert puts.items == []
+
+
+async def test_the_sends_of_a_receive_are_queued_in_order_each_holding_a_place():
+    """Many SENDs a receive (one cut across two receives): queued for the pass in the order sent,
+    each the frame the decoder gives, each holding a place; past ``requests_in_flight_max`` the
+    rest wait until answers free places."""
+    frames = [_send_frame(number, bytes([number]) * number) for number in range(1, 8)]
+    stream_bytes = b"".join(frames)
+    cut = len(b"".join(frames[:4])) + 5  # inside the fifth frame's header
+    async with _port_and_client(5) as (puts, stream):
+        await stream.send_all(stream_bytes[:cut])
+        await _until(lambda: len(puts.items) >= 4)
+        await stream.send_all(stream_bytes[cut:])
+        await _until(lambda: len(puts.items) >= 5)
+        for _ in range(20):  # the port has read the rest (and must leave it) meanwhile
+            await trio.sleep(0.01)
+        assert [frame.request_id for _, frame, _ in puts.items] == [1, 2, 3, 4, 5]
+        outbox = puts.items[0][0]
+        assert outbox.in_flight == 5
+        for _, frame, _ in puts.items[:2]:
+            outbox.respond(frame, b"answered")
+        outbox.flush()
+        await _until(lambda: len(puts.items) >= 7)
+        assert [(frame.kind, frame.request_id, bytes(frame.payload)) for _, frame, _ in puts.items] == [
+            (cp.SEND, number, cp.encode_send(cp.SendRequest("T", 0, [bytes([number]) * number], [b""], 0, 0))) for number in range(1, 8)]
+        assert all(request is None and isinstance(frame.payload, memoryview) for _, frame, request in puts.items)
+        assert outbox.in_flight == 5
+
+
+async def test_the_sends_before_a_refused_frame_are_queued_and_the_connection_closed():
+    """A receive of two SENDs and then a frame of an unknown kind: the SENDs are queued (as the
+    one-frame-at-a-time decoder handed them out before refusing the next), the connection closes."""
+    async with _port_and_client(8) as (puts, stream):
+        await stream.send_all(_send_frame(1, b"a") + _send_frame(2, b"b") + cp.FRAME_HEADER.pack(6, 99, 3) + b"x")
+        with trio.fail_after(10):
+            while await stream.receive_some(65536):
+                pass  # closed by the port
+        assert [frame.request_id for _, frame, _ in puts.items] == [1, 2]

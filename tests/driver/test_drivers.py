@@ -11,6 +11,7 @@ from hasvc import transport
 from hasvc.broker import Broker, store_tasks
 from hasvc.config import BrokerConfig, BrokerRole
 from hasvc.protocol import client as cp
+from hasvc.protocol.client_frames import answers_of
 from hasvc.protocol import ha, wire
 from hasvc.state.replication import SlaveProgress
 
@@ -128,6 +129,10 @@ class _Outbox:
         self.answers.append((frame.request_id, cp.decode_send_response(payload).status))
         self.answered.set()
         self.answered = trio.Event()
+
+    def respond_joined(self, data, count):
+        for answer in answers_of(data):
+            self.respond(answer, answer.payload)
 
     async def wait_answers(self, count):
         while len(self.answers) < count:

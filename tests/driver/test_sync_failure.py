@@ -17,6 +17,7 @@ from hasvc.broker import Broker
 from hasvc.broker.broker import store_condition
 from hasvc.config import BrokerConfig, BrokerRole, FlushDiskType
 from hasvc.protocol import client as cp
+from hasvc.protocol.client_frames import answers_of
 
 SEGMENT = 64 * 1024
 
@@ -30,6 +31,10 @@ class _Outbox:
         self.answers.append((frame.request_id, cp.decode_send_response(payload).status))
         self.answered.set()
         self.answered = trio.Event()
+
+    def respond_joined(self, data, count):
+        for answer in answers_of(data):
+            self.respond(answer, answer.payload)
 
     async def wait_answers(self, count):
         while len(self.answers) < count:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from commitlog import pass_encode as pe
 from commitlog import record as rec
 from hasvc.protocol import client as cp
+from hasvc.protocol.client_frames import answers_of
 
 BODY_SIZE_MAX = 600  # small, so that generated requests pass it alone and together
 HUGE_PROPERTIES = b"k\x01" + b"v" * rec.PROPERTIES_SIZE_MAX  # over PROPERTIES_SIZE_MAX by itself
@@ -166,6 +167,10 @@ class Recorder:
 
     def respond(self, frame, payload):
         self.sent[frame.request_id] = bytes(payload)
+
+    def respond_joined(self, data, count):
+        for answer in answers_of(data):
+            self.respond(answer, answer.payload)
 
     def flush(self):
         pass

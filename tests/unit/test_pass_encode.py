@@ -259,13 +259,14 @@ class _fixed_clock:
 @pytest.mark.skipif(not native.AVAILABLE, reason="without the native module the put path tests already run pure")
 def test_put_path_tests_pass_without_the_native_module():
     """A machine without a C compiler runs the pure twins: the pass and put path tests (the classic
-    master's and a DLedger leader's), with them."""
+    master's and a DLedger leader's) and the client port's frames and answers, with them."""
     environment = {**os.environ, "HASVC_NO_NATIVE": "1"}
     here = os.path.dirname(__file__)
     tests = [__file__, os.path.join(here, "test_entry_pass.py"), os.path.join(here, "..", "driver", "test_drivers.py"),
              os.path.join(here, "..", "driver", "test_broker_answers.py"), os.path.join(here, "..", "driver", "test_dledger_pass.py"),
              os.path.join(here, "..", "driver", "test_dledger_disk_full.py"),
-             os.path.join(here, "..", "driver", "test_idempotent_pass.py")]  # fmt: skip
+             os.path.join(here, "..", "driver", "test_idempotent_pass.py"), os.path.join(here, "test_client_frames.py"),
+             os.path.join(here, "..", "driver", "test_client_port_reads.py"), os.path.join(here, "..", "driver", "test_broker_units.py")]  # fmt: skip
     completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests,
                                 "-k", "not test_put_path_tests_pass_without_the_native_module"],
                                env=environment, capture_output=True, text=True, timeout=600)  # fmt: skip

@@ -64,7 +64,6 @@ class RaftBroker:
         self.started_at = time.time()
         self._dispatch_wakeup = trio.Event()
         self._taking_writes = False
-        self._hinted: tuple | None = None  # (leader, its client address) that role_state.leader_hint names
         self._nursery: trio.Nursery | None = None
         # A producer table is being rebuilt in a worker thread (``_take_writes``): one at a time,
         # whatever the term; the leader takes writes once it is done, if it still leads that term.
@@ -276,11 +275,9 @@ class RaftBroker:
         if not leading:
             leader = node.leader_id
             client = self.driver.client_address_of(leader)
-            if (leader, client) != self._hinted:  # a follower comes here at every commit: the text once a leader
-                self._hinted = (leader, client)
-                self.role_state.leader_hint = (f"the leader is {leader} (raft {format_address(self.group.peers[leader])}"
-                                               + (f", client {client}" if client else "") + ")"
-                                               if leader else "no leader is known yet")  # fmt: skip
+            self.role_state.leader_hint = (f"the leader is {leader} (raft {format_address(self.group.peers[leader])}"
+                                           + (f", client {client}" if client else "") + ")"
+                                           if leader else "no leader is known yet")  # fmt: skip
         if self._taking_writes and not leading:
             self._taking_writes = False
             self.role_state.role = BrokerRole.SLAVE

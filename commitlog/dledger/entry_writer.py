@@ -316,9 +316,22 @@ class EntryWriter:
         with them), creating the next file when the last is half full: the commit log's
         ``warm_ahead`` (RocketMQ's warm-up of mapped files). A first write to a page costs a page
         fault; warmed, 32-entry batches of 1 KiB appended ~1.5x faster here. For a driver's
-        background thread or idle time; the files it creates are zeros that recovery ignores."""
-        self.data_file_list.warm_ahead(size)
-        self.index_file_list.warm_ahead(max(OS_PAGE_SIZE, size // codec.BODY_OFFSET * codec.INDEX_UNIT_SIZE))
+        background thread or idle time; the files it creates are zeros that recovery ignores.
+        While appends are large (``large_appends``) only the next data file is made."""
+        self.data_file_list.warm_ahead(0 if self.large_appends else size)
+        self.index_file_list.warm_ahead(self._index_ahead(size))
+
+    def needs_warming(self, size: int) -> bool:
+        """Whether ``warm_ahead(size)`` has work (``MappedFileQueue.needs_warming``): the data
+        files' (only the next one to make while appends are large: they go by ``pwrite``, see
+        WRITE_THROUGH_MIN) or the index files' (their units always go through the mapping)."""
+        return (self.data_file_list.needs_warming(0 if self.large_appends else size)
+                or self.index_file_list.needs_warming(self._index_ahead(size)))  # fmt: skip
+
+    @staticmethod
+    def _index_ahead(size: int) -> int:
+        """The index files' bytes warmed with ``size`` of data files (the units of ~48-byte entries)."""
+        return max(OS_PAGE_SIZE, size // codec.BODY_OFFSET * codec.INDEX_UNIT_SIZE)
 
     # -- flush ----------------------------------------------------------------------------
 

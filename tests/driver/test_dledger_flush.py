@@ -235,12 +235,13 @@ async def test_a_leader_whose_appends_are_large_writes_them_with_pwrite_and_warm
     """Appends of ``entry_writer.WRITE_THROUGH_MIN`` or more (lowered here below one 1 KiB send)
     go into the data file by ``pwrite`` past the pages warmed while the appends were small, and
     the warm-up no longer runs ahead of them (it would zero pages the ``pwrite`` writes whole
-    again): the writer passes the warmed pages and stays past them; the entries read back whole."""
+    again): the writer passes the warmed pages and stays past them, while the index files, written
+    through the mapping, stay warmed ahead; the entries read back whole."""
     from commitlog.dledger import entry_writer
 
     monkeypatch.setattr(entry_writer, "WRITE_THROUGH_MIN", 512)
-    store_config = BrokerConfig.store_config  # warmed ahead: 128 KiB, less than the sends write
-    monkeypatch.setattr(BrokerConfig, "store_config", lambda c: dataclasses.replace(store_config(c), warm_ahead_size=128 * 1024))
+    store_config = BrokerConfig.store_config  # warmed ahead: 8 KiB, less than the sends write (and their units)
+    monkeypatch.setattr(BrokerConfig, "store_config", lambda c: dataclasses.replace(store_config(c), warm_ahead_size=8 * 1024))
     config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
                           commitlog_segment_size=8 * 1024 * 1024)  # fmt: skip
     raft = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
@@ -257,6 +258,8 @@ async def test_a_leader_whose_appends_are_large_writes_them_with_pwrite_and_warm
             last = entries.data_file_list.last
             assert entries.large_appends
             assert last.populated_position < last.wrote_position, (last.populated_position, last.wrote_position)
+            index = entries.index_file_list.last  # its units still go through the mapping: warmed
+            assert index.populated_position > index.wrote_position, (index.populated_position, index.wrote_position)
             stored = entries.read(entries.first_index(), entries.last_index() + 1, size_max=1 << 30)  # CRCs checked
             assert all(body in bytes(entry.body) for entry, body in zip(stored[-len(bodies):], bodies, strict=True))
         nursery.cancel_scope.cancel()

@@ -101,7 +101,7 @@ class EntrySync:
         elif entries.index_unsynced() and trio.current_time() >= self._index_synced_at + INDEX_FLUSH_INTERVAL_SECONDS:
             job, done = entries.sync_index_files, self._index_synced
         elif (self._driver.node.role is Role.LEADER and trio.current_time() >= self._warm_retry_at
-              and self._store.commit_log.mapped_file_queue.needs_warming(self._warm_size())):  # fmt: skip
+              and self._store.entries.needs_warming(self._store.config.warm_ahead_size)):  # fmt: skip
             # The write area faulted in ahead of the appends, as a classic broker's warm-up task
             # does (StoreTasks.warm_task): without it every fourth 1 KiB entry's first write to a
             # page was a page fault on the loop (a sixth of a leader's main thread at 64
@@ -111,7 +111,7 @@ class EntrySync:
             # pages faulted in ahead were zeroed for nothing (its worker threads 1.0-2.3 ->
             # 0.7-1.1 us a message at 64 x 1, docs/design/put-path.md). While a leader's appends
             # are large it writes them with pwrite too (``EntryWriter.large_appends``): only the
-            # next data file is made ahead then.
+            # next data file is made ahead then, and the index files warmed.
             job, done = self._warm, self._warmed
         else:
             return
@@ -144,16 +144,11 @@ class EntrySync:
         """The warm-up, in the worker thread: a full disk (the next file cannot be made) is
         kept for ``_warmed`` to log, not raised (it would stop the member)."""
         try:
-            self._store.warm_commitlog(self._warm_size())
+            self._store.warm_commitlog()
         except (StoreError, OSError) as error:
             if not is_disk_full(error):
                 raise
             self._warm_failure = error
-
-    def _warm_size(self) -> int:
-        """The bytes of data file kept faulted in ahead of a leader's appends: none while they
-        are large (``EntryWriter.large_appends``, written with ``pwrite``)."""
-        return 0 if self._store.entries.large_appends else self._store.config.warm_ahead_size
 
     def _warmed(self) -> None:
         if self._warm_failure is not None:

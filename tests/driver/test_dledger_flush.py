@@ -9,9 +9,11 @@ import dataclasses
 import threading
 import time
 
+import pytest
 import trio
 import trio.testing
 
+from commitlog import native
 from commitlog.dledger.entry_store import DLedgerMmapFileStore
 from hasvc import client as hc
 from hasvc.broker.raft import sync as raft_sync
@@ -231,6 +233,7 @@ async def test_the_write_area_is_warmed_ahead_of_the_appends_in_the_worker_threa
     assert threads and threading.get_ident() not in threads
 
 
+@pytest.mark.skipif(native.populate is None, reason="the warm-up faults pages in with the C module only")
 async def test_a_leader_whose_appends_are_large_writes_them_with_pwrite_and_warms_nothing_ahead(tmp_path, monkeypatch) -> None:
     """Appends of ``entry_writer.WRITE_THROUGH_MIN`` or more (lowered here below one 1 KiB send)
     go into the data file by ``pwrite`` past the pages warmed while the appends were small, and

@@ -84,7 +84,7 @@ class EntryWriter:
     _last_term: int
     _flushed_index: int
     # Appends are large (WRITE_THROUGH_MIN): written with pwrite past the warmed pages, and the
-    # warm-up waits (``warm_size``).
+    # warm-up makes only the next data file (``needs_warming``).
     large_appends = False
     _small_appends = 0  # in a row, while large_appends
     _through_buffer: bytearray | None = None  # what a pwrite'd append is written into first

@@ -26,9 +26,22 @@ from commitlog.dledger import entry_codec as codec
 from commitlog.dledger import entry_placement as placement
 from commitlog.dledger.entry_run import EntryRun, check_run, index_units
 from commitlog.dledger.entry_types import Entry
-from commitlog.mapped_file import OS_PAGE_SIZE, fsync_directory
+from commitlog.mapped_file import OS_PAGE_SIZE, MappedFile, fsync_directory
 from commitlog.mapped_file_queue import MappedFileQueue
 from commitlog.native import write_entries as _native_write_entries
+
+# A leader's large appends (a pass of puts from many writers: 64 x 1 KiB is ~70 KiB) are written
+# into a buffer of the store's and stored with ``pwrite`` wherever their pages are not faulted in
+# yet, and the warm-up stays behind while they come (``large_appends``), as a classic master's
+# (``commitlog.commit_log``'s WRITE_THROUGH_MIN has why): a page the kernel allocates for a write
+# that covers it whole is never zeroed, where the warm-up's fault zeroes it and the append then
+# writes it again (64 x 1 KiB: the warm-up thread's memset was ~3 us of the leader's ~20 us a
+# message). An append of WRITE_THROUGH_MIN or more starts that; WARM_AFTER_SMALL_APPENDS smaller
+# ones in a row end it. A follower's runs always go by ``pwrite`` (``append_run``).
+WRITE_THROUGH_MIN = 64 * 1024
+WARM_AFTER_SMALL_APPENDS = 64
+# The buffer's bound (memory held for it): a larger append goes through the mapping.
+WRITE_THROUGH_MAX = 4 * 1024 * 1024
 
 
 def append_index_bytes(queue: MappedFileQueue, first_index: int, units: bytes) -> None:
@@ -70,12 +83,18 @@ class EntryWriter:
     _last_index: int
     _last_term: int
     _flushed_index: int
+    # Appends are large (WRITE_THROUGH_MIN): written with pwrite past the warmed pages, and the
+    # warm-up makes only the next data file (``needs_warming``).
+    large_appends = False
+    _small_appends = 0  # in a row, while large_appends
+    _through_buffer: bytearray | None = None  # what a pwrite'd append is written into first
 
     def append(self, entries: Sequence[Entry]) -> None:
         """Append ``entries`` (``entries[0].index == last_index() + 1``, consecutive, terms not
         decreasing); not durable until ``flush``. Bad input: ValueError, nothing written. No
         room for a file they need: DiskFullError, nothing written (``make_room``).
-        Entries are written a data file at a time, straight into the mapping."""
+        Entries are written a data file at a time, straight into the mapping (large appends
+        into a buffer stored with ``pwrite``: WRITE_THROUGH_MIN)."""
         size_total, size_max = placement.check_appendable(entries, last_index=self._last_index, last_term=self._last_term,
                                                              file_size=self.config.data_file_size)  # fmt: skip
         if entries:
@@ -83,11 +102,12 @@ class EntryWriter:
             data_size = placement.data_size(wrote_position=None if last is None else last.wrote_position,
                                             file_size=self.config.data_file_size, size_total=size_total, size_max=size_max)  # fmt: skip
             self.make_room(data_size=data_size, count=len(entries))
+            self._note_append_size(size_total)
         if _native_write_entries is not None and entries:
             chunks: list[bytes] = []  # packed index units
             start = 0
             while start < len(entries):
-                start = self._append_run_native(entries, start, chunks)
+                start = self._append_run_native(entries, start, chunks, size_total)
             append_index_bytes(self.index_file_list, entries[0].index, b"".join(chunks))
         else:
             sizes = [codec.entry_size(len(entry.body)) for entry in entries]
@@ -107,36 +127,76 @@ class EntryWriter:
         pos = self.pre_append(sizes[start])
         mapped_file = self.data_file_list.last
         assert mapped_file is not None and mapped_file.offset_of(mapped_file.wrote_position) == pos, pos
-        view = mapped_file.writable_view()
-        first_position = position = mapped_file.wrote_position
         limit = mapped_file.file_size - codec.MIN_BLANK_SIZE  # an entry leaves room for a blank record
+        view, position, limit, base, through = self._write_target(mapped_file, limit, sum(sizes[start:]))
+        first = position
         end = start
         while end < len(entries) and position + sizes[end] <= limit:
             entry = entries[end]
-            entry_pos = mapped_file.file_from_offset + position
+            entry_pos = base + position
             codec.write_entry(view, position, index=entry.index, term=entry.term, pos=entry_pos, body=entry.body)
             units.append((entry.index, entry_pos, sizes[end], entry.term))
             position += sizes[end]
             end += 1
         assert end > start, (pos, sizes[start])  # pre_append made room for the first
-        mapped_file.advance(position - first_position)
+        self._written(mapped_file, view, first, position, through)
         return end
 
-    def _append_run_native(self, entries: Sequence[Entry], start: int, chunks: list[bytes]) -> int:
+    def _append_run_native(self, entries: Sequence[Entry], start: int, chunks: list[bytes], size_total: int) -> int:
         """``_append_run`` in one native call (``write_entries``: header, CRC32, body and index unit
         per entry, from ``start`` while they fit the data file ``pre_append`` picks); the packed
         index units go to ``chunks``. Returns the index (in ``entries``) of the first one left."""
         pos = self.pre_append(codec.entry_size(len(entries[start].body)))
         mapped_file = self.data_file_list.last
         assert mapped_file is not None and mapped_file.offset_of(mapped_file.wrote_position) == pos, pos
-        first_position = mapped_file.wrote_position
         limit = mapped_file.file_size - codec.MIN_BLANK_SIZE  # an entry leaves room for a blank record
-        end, position, units = _native_write_entries(mapped_file.writable_view(), first_position, limit,
-                                                     mapped_file.file_from_offset, entries, start)  # fmt: skip
+        size = size_total if start == 0 else self._size_from(entries, start)
+        view, first, limit, base, through = self._write_target(mapped_file, limit, size)
+        end, position, units = _native_write_entries(view, first, limit, base, entries, start)
         assert end > start, (pos, start)  # pre_append made room for the first
-        mapped_file.advance(position - first_position)
+        self._written(mapped_file, view, first, position, through)
         chunks.append(units)
         return end
+
+    @staticmethod
+    def _size_from(entries: Sequence[Entry], start: int) -> int:
+        """The bytes of ``entries[start:]`` with their headers (a run after a data file's end: rare)."""
+        return sum(codec.BODY_OFFSET + len(entry.body) for entry in entries[start:])
+
+    def _note_append_size(self, size: int) -> None:
+        """Whether appends are large now (``large_appends``: see WRITE_THROUGH_MIN)."""
+        if size >= WRITE_THROUGH_MIN:
+            self.large_appends, self._small_appends = True, 0
+        elif self.large_appends:
+            self._small_appends += 1
+            self.large_appends = self._small_appends < WARM_AFTER_SMALL_APPENDS
+
+    def _write_target(self, mapped_file: MappedFile, limit: int, size: int) -> tuple:
+        """Where entries of ``size`` bytes from the data file's write position are written:
+        (view, position, limit, base, through), an entry at ``position`` of ``view`` lying at
+        ``pos`` = ``base + position``. The mapping, or (``through``) while appends are large and
+        their pages are not faulted in (see WRITE_THROUGH_MIN), the store's buffer from 0, which
+        ``_written`` stores with ``pwrite``."""
+        start = mapped_file.wrote_position
+        size = min(size, limit - start)
+        if (self.large_appends and size <= WRITE_THROUGH_MAX and mapped_file.write_buffer is None
+                and mapped_file.populated_position < start + size):  # fmt: skip
+            mapped_file.read_ahead_off_from(start)
+            buffer = self._through_buffer
+            if buffer is None or len(buffer) < size:
+                buffer = self._through_buffer = bytearray(min(max(size, 2 * len(buffer or b"")), WRITE_THROUGH_MAX))
+            return memoryview(buffer), 0, size, mapped_file.file_from_offset + start, True
+        return mapped_file.writable_view(), start, limit, mapped_file.file_from_offset, False
+
+    @staticmethod
+    def _written(mapped_file: MappedFile, view: memoryview, first: int, position: int, through: bool) -> None:
+        """Entries were written to ``view[first:position]`` (``_write_target``): stored with
+        ``pwrite`` when that is the store's buffer (``through``), else the mapping advanced."""
+        if through:
+            with view, view[:position] as data:
+                mapped_file.write_through(data)
+        else:
+            mapped_file.advance(position - first)
 
     def check_run(self, run: EntryRun, *, prev_term: int) -> str | None:
         """Why ``run`` cannot follow this log's last entry (of ``prev_term``), None when it can:
@@ -256,9 +316,22 @@ class EntryWriter:
         with them), creating the next file when the last is half full: the commit log's
         ``warm_ahead`` (RocketMQ's warm-up of mapped files). A first write to a page costs a page
         fault; warmed, 32-entry batches of 1 KiB appended ~1.5x faster here. For a driver's
-        background thread or idle time; the files it creates are zeros that recovery ignores."""
-        self.data_file_list.warm_ahead(size)
-        self.index_file_list.warm_ahead(max(OS_PAGE_SIZE, size // codec.BODY_OFFSET * codec.INDEX_UNIT_SIZE))
+        background thread or idle time; the files it creates are zeros that recovery ignores.
+        While appends are large (``large_appends``) only the next data file is made."""
+        self.data_file_list.warm_ahead(0 if self.large_appends else size)
+        self.index_file_list.warm_ahead(self._index_ahead(size))
+
+    def needs_warming(self, size: int) -> bool:
+        """Whether ``warm_ahead(size)`` has work (``MappedFileQueue.needs_warming``): the data
+        files' (only the next one to make while appends are large: they go by ``pwrite``, see
+        WRITE_THROUGH_MIN) or the index files' (their units always go through the mapping)."""
+        return (self.data_file_list.needs_warming(0 if self.large_appends else size)
+                or self.index_file_list.needs_warming(self._index_ahead(size)))  # fmt: skip
+
+    @staticmethod
+    def _index_ahead(size: int) -> int:
+        """The index files' bytes warmed with ``size`` of data files (the units of ~48-byte entries)."""
+        return max(OS_PAGE_SIZE, size // codec.BODY_OFFSET * codec.INDEX_UNIT_SIZE)
 
     # -- flush ----------------------------------------------------------------------------
 

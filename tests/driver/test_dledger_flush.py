@@ -9,9 +9,11 @@ import dataclasses
 import threading
 import time
 
+import pytest
 import trio
 import trio.testing
 
+from commitlog import native
 from commitlog.dledger.entry_store import DLedgerMmapFileStore
 from hasvc import client as hc
 from hasvc.broker.raft import sync as raft_sync
@@ -229,6 +231,41 @@ async def test_the_write_area_is_warmed_ahead_of_the_appends_in_the_worker_threa
             await _wait_for(lambda: last.populated_position > last.wrote_position + 64 * 1024, "warmed ahead")
         nursery.cancel_scope.cancel()
     assert threads and threading.get_ident() not in threads
+
+
+@pytest.mark.skipif(native.populate is None, reason="the warm-up faults pages in with the C module only")
+async def test_a_leader_whose_appends_are_large_writes_them_with_pwrite_and_warms_nothing_ahead(tmp_path, monkeypatch) -> None:
+    """Appends of ``entry_writer.WRITE_THROUGH_MIN`` or more (lowered here below one 1 KiB send)
+    go into the data file by ``pwrite`` past the pages warmed while the appends were small, and
+    the warm-up no longer runs ahead of them (it would zero pages the ``pwrite`` writes whole
+    again): the writer passes the warmed pages and stays past them, while the index files, written
+    through the mapping, stay warmed ahead; the entries read back whole."""
+    from commitlog.dledger import entry_writer
+
+    monkeypatch.setattr(entry_writer, "WRITE_THROUGH_MIN", 512)
+    store_config = BrokerConfig.store_config  # warmed ahead: 8 KiB, less than the sends write (and their units)
+    monkeypatch.setattr(BrokerConfig, "store_config", lambda c: dataclasses.replace(store_config(c), warm_ahead_size=8 * 1024))
+    config = BrokerConfig(store=str(tmp_path), role=BrokerRole.SYNC_MASTER, listen=("127.0.0.1", 0),
+                          commitlog_segment_size=8 * 1024 * 1024)  # fmt: skip
+    raft = RaftConfig(heartbeat_interval_seconds=0.05, election_timeout_min_seconds=0.2, election_timeout_max_seconds=0.3)
+    broker = RaftBroker(config, GroupConfig(group="g", self_id="n0", peers={"n0": ("127.0.0.1", 0)}, raft=raft))
+    bodies = [b"%04d" % number * 250 for number in range(300)]  # ~330 KiB of entries
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(broker.run)
+        async with hc.connect(addresses["listen"]) as client:
+            await _wait_for(lambda: broker.role_state.role is BrokerRole.SYNC_MASTER, "leading")
+            for body in bodies:
+                assert (await client.send("T", body)).status == "PUT_OK"
+            await trio.sleep(0.1)  # ten flush ticks: room for a warm-up to run
+            entries = broker.store.entries
+            last = entries.data_file_list.last
+            assert entries.large_appends
+            assert last.populated_position < last.wrote_position, (last.populated_position, last.wrote_position)
+            index = entries.index_file_list.last  # its units still go through the mapping: warmed
+            assert index.populated_position > index.wrote_position, (index.populated_position, index.wrote_position)
+            stored = entries.read(entries.first_index(), entries.last_index() + 1, size_max=1 << 30)  # CRCs checked
+            assert all(body in bytes(entry.body) for entry, body in zip(stored[-len(bodies):], bodies, strict=True))
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_member_that_syncs_each_append_faults_single_pages_ahead_of_its_writer(tmp_path) -> None:

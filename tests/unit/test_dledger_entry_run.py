@@ -222,6 +222,61 @@ def test_the_native_append_writes_what_the_python_loop_writes(tmp_path_factory, 
 
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32))
+def test_large_appends_written_with_pwrite_hold_the_bytes_the_mapping_holds(tmp_path_factory, monkeypatch, seed):
+    """A leader's large appends (``entry_writer.WRITE_THROUGH_MIN``, lowered here) are written
+    into a buffer and stored with ``pwrite``: the data and index files must hold the bytes the
+    appends through the mapping write, natively and in Python, and reopen to the same entries."""
+    from commitlog.dledger import entry_writer
+    from commitlog.mapped_file import MappedFile
+
+    directory = tmp_path_factory.mktemp("through")
+    rng = random.Random(seed)
+    batches, index, term = [], 0, 1
+    for _ in range(rng.randint(1, 20)):
+        term += rng.random() < 0.1
+        batches.append([Entry(index + i, term, os.urandom(rng.randint(0, 300))) for i in range(rng.randint(1, 8))])
+        index += len(batches[-1])
+    pwrites = []
+    real = MappedFile.write_through
+    monkeypatch.setattr(MappedFile, "write_through", lambda self, data: (pwrites.append(len(data)), real(self, data)))
+    stores, through = [], {}
+    writers = [("native", native.write_entries)] if native.write_entries is not None else []
+    for name, writer in [*writers, ("python", None)]:
+        for minimum in (1 << 30, 600):  # every append through the mapping; those of 600 bytes or more by pwrite
+            monkeypatch.setattr(entry_writer, "_native_write_entries", writer)
+            monkeypatch.setattr(entry_writer, "WRITE_THROUGH_MIN", minimum)
+            store = DLedgerMmapFileStore.open(str(directory / f"{name}-{minimum}"), CONFIG)
+            pwrites.clear()
+            for batch in batches:
+                store.append(batch)
+            through[(name, minimum)] = sum(pwrites)
+            stores.append(store)
+    try:
+        for queue in ("data_file_list", "index_file_list"):
+            ours = getattr(stores[0], queue).mapped_files
+            for other in stores[1:]:
+                theirs = getattr(other, queue).mapped_files
+                assert [f.file_from_offset for f in ours] == [f.file_from_offset for f in theirs]
+                for a, b in zip(ours, theirs):
+                    assert a.wrote_position == b.wrote_position
+                    assert bytes(a.view()[: a.wrote_position]) == bytes(b.view()[: b.wrote_position])
+        large = any(sum(48 + len(e.body) for e in batch) >= 600 for batch in batches)
+        for (name, minimum), written in through.items():
+            assert (written > 0) == (minimum == 600 and large), (name, minimum, written)
+    finally:
+        for store in stores:
+            store.close()
+    expected = [e for batch in batches for e in batch]
+    for store in stores:
+        reopened = DLedgerMmapFileStore.open(store.directory, CONFIG)
+        try:
+            assert reopened.read(0, index, size_max=1 << 30) == expected
+        finally:
+            reopened.close()
+
+
 def walked_extent(store, lo, hi, size_max):
     """run_extent's answer from a walk of every entry's span."""
     expected = (0, 0, -1, -1)

@@ -101,7 +101,7 @@ class EntrySync:
         elif entries.index_unsynced() and trio.current_time() >= self._index_synced_at + INDEX_FLUSH_INTERVAL_SECONDS:
             job, done = entries.sync_index_files, self._index_synced
         elif (self._driver.node.role is Role.LEADER and trio.current_time() >= self._warm_retry_at
-              and self._store.commit_log.mapped_file_queue.needs_warming(self._store.config.warm_ahead_size)):  # fmt: skip
+              and self._store.entries.needs_warming(self._store.config.warm_ahead_size)):  # fmt: skip
             # The write area faulted in ahead of the appends, as a classic broker's warm-up task
             # does (StoreTasks.warm_task): without it every fourth 1 KiB entry's first write to a
             # page was a page fault on the loop (a sixth of a leader's main thread at 64
@@ -109,7 +109,9 @@ class EntrySync:
             # retention (files_quiet) exclude it as they exclude a sync. A leader's only: a
             # follower stores pushes with pwrite (DLedgerMmapFileStore.append_run), for which
             # pages faulted in ahead were zeroed for nothing (its worker threads 1.0-2.3 ->
-            # 0.7-1.1 us a message at 64 x 1, docs/design/put-path.md).
+            # 0.7-1.1 us a message at 64 x 1, docs/design/put-path.md). While a leader's appends
+            # are large it writes them with pwrite too (``EntryWriter.large_appends``): only the
+            # next data file is made ahead then, and the index files warmed.
             job, done = self._warm, self._warmed
         else:
             return

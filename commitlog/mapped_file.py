@@ -49,6 +49,7 @@ PUNCH_HOLE_SIZE_MIN: Final = 1024 * 1024
 ZERO_CHUNK_SIZE: Final = 1024 * 1024
 
 _native_populate = _native.populate
+CAN_POPULATE = _native_populate is not None  # pages are faulted in ahead only by the C module (``populate``)
 _native_sync_range = _native.sync_range
 
 _FALLOC_FL_KEEP_SIZE = 0x01

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 
 from commitlog.mapped_file import (
+    CAN_POPULATE,
     PREALLOCATE_STEP_SIZE,
     DiskFullError,
     MappedFile,
@@ -274,8 +275,8 @@ class MappedFileQueue:
         last = self.mapped_files[-1] if self.mapped_files else None
         if last is None:
             return False
-        if size and last.populated_position < min(last.wrote_position + size // 2, self.file_size):
-            return True
+        if size and CAN_POPULATE and last.populated_position < min(last.wrote_position + size // 2, self.file_size):
+            return True  # (without the C module nothing faults pages in: only the next segment is work)
         if last.remaining > self.file_size * SPARE_AT_REMAINING:
             return False
         spare = self._spare

@@ -204,6 +204,7 @@ async def test_the_index_files_are_synced_at_most_once_an_interval(tmp_path, mon
     assert all(gap >= interval for gap in gaps), gaps
 
 
+@pytest.mark.skipif(native.populate is None, reason="the warm-up faults pages in with the C module only")
 async def test_the_write_area_is_warmed_ahead_of_the_appends_in_the_worker_thread(tmp_path, monkeypatch) -> None:
     """The data file's pages ahead of the appends are faulted in by the sync's worker thread,
     between syncs (a first write to a page from the loop was a page fault for every fourth 1 KiB

@@ -218,8 +218,7 @@ class HAService:
             data = await connection.receive_some(REPORTS_RECEIVE_SIZE)
             if not data:
                 raise EOFError("slave closed the connection")
-            decoder.receive_data(data)
-            while (offset := decoder.next_report()) is not None:
+            for offset in decoder.reports(data):
                 first = replicas.on_report(
                     progress.connection_id, offset, master_max_offset=commit_log.max_offset, now=clock.current_time()
                 )

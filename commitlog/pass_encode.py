@@ -291,10 +291,39 @@ class PassShape:
     key_sizes: list[int]
 
 
+# The shapes of the queue keys seen (``_key_shape``): producers send to the same queues. At most
+# this many kept (cleared when full), as ``record._batch_shape``'s cache.
+KEY_SHAPES_MAX = 1024
+_key_shapes: dict[tuple, tuple] = {}
+
+
+def _key_shape(key: tuple, store_v6: bool) -> tuple | None:
+    """A valid key's (topic bytes, born ip, born port, sysflag, fixed record size), as
+    ``shape_pass``'s loop makes them, from a cache; None for a key ``record._batch_shape`` refuses
+    (the loop then says why)."""
+    shape = _key_shapes.get((key, store_v6))
+    if shape is None:
+        try:
+            topic_bytes, born_ip, born_port, sysflag, v2 = rec._batch_shape(key[0], key[1], BORN_HOST, 0)
+        except rec.MessageRejected:
+            return None
+        sysflag |= rec.SYSFLAG_STOREHOST_V6 if store_v6 else 0
+        shape = (topic_bytes, born_ip, born_port, sysflag, rec._fixed_record_size(len(topic_bytes), sysflag, v2))
+        if len(_key_shapes) >= KEY_SHAPES_MAX:
+            _key_shapes.clear()
+        _key_shapes[(key, store_v6)] = shape
+    return shape
+
+
 def shape_pass(requests, keys: list, key_of: list[int], refused: list[int], malformed: list[int], counts: list[int], *,
                body_size_max: int, store_v6: bool, record_crc: bool, decode: Callable, kinds=None) -> PassShape:  # fmt: skip
     """The ``PassShape`` of a pass ``plan_pass`` planned (its keys, key_of, refused, malformed and
     counts): one ``record._batch_shape`` a key, one refusal a request refused."""
+    if len(keys) == 1 and not refused and not malformed:  # a lone writer's pass (one queue, nothing refused)
+        shape = _key_shape(keys[0], store_v6)
+        if shape is not None:
+            topic_bytes, born_ip, born_port, sysflag, key_size = shape
+            return PassShape([topic_bytes], set(), born_ip, born_port, sysflag, bytes(len(requests)), {}, [key_size])
     topics: list[bytes] = []
     key_sizes: list[int] = []
     bad_keys: set[int] = set()
@@ -368,20 +397,28 @@ def append_pass(store, requests, *, messages_max: int, decode: Callable, native:
     if store.crc_function is not rec.CRC_FUNCTIONS["crc32c"] or store.write_failure is not None or store.disk_full():
         return None
     body_size_max, record_crc, store_v6 = config.max_message_size, config.append_record_crc, commit_log.store_v6
-    keys, key_of, refused, counts, variable, malformed, idempotent = plan_pass(
-        requests, body_size_max=body_size_max, record_crc=record_crc, messages_max=messages_max, decode=decode, native=native,
-        kinds=kinds,
-    )  # fmt: skip
+    if _PLAN_NATIVE is not None and native is not False:  # plan_pass's native branch, called directly
+        keys, key_of, refused, counts, variable, malformed, idempotent = _PLAN_NATIVE(requests, body_size_max, record_crc,
+                                                                                      messages_max, kinds)  # fmt: skip
+    else:
+        keys, key_of, refused, counts, variable, malformed, idempotent = plan_pass(
+            requests, body_size_max=body_size_max, record_crc=record_crc, messages_max=messages_max, decode=decode,
+            native=native, kinds=kinds,
+        )  # fmt: skip
     shape = shape_pass(requests, keys, key_of, refused, malformed, counts, body_size_max=body_size_max, store_v6=store_v6,
                        record_crc=record_crc, decode=decode, kinds=kinds)  # fmt: skip
-    left_out = leave_out(shape, key_of, counts, variable, malformed, decide, idempotent)
+    left_out = frozenset() if decide is None else leave_out(shape, key_of, counts, variable, malformed, decide, idempotent)
     bad_keys = shape.bad_keys
-    total = sum(shape.key_sizes[index] * counts[index] + variable[index] for index in range(len(keys)) if index not in bad_keys)
+    if len(keys) == 1:  # one call fewer than the general sum's generator, twice (a lone writer's pass)
+        total = 0 if bad_keys else shape.key_sizes[0] * counts[0] + variable[0]
+    else:
+        total = sum(shape.key_sizes[index] * counts[index] + variable[index] for index in range(len(keys)) if index not in bad_keys)
     if total == 0:
         return PassAppend(None, [None] * len(requests), shape.refusals, malformed, left_out)
     if total + rec.BLANK_SIZE > commit_log.segment_size:
         return None
     answers: list = []
+    write_native = _WRITE_NATIVE if native is not False else None
 
     def write(buffer, position: int, base: int, store_timestamp: int) -> tuple[tuple, tuple]:
         table = commit_log.topic_queue_table  # the queue offsets reserved under the put lock, as append_batch does
@@ -391,13 +428,20 @@ def append_pass(store, requests, *, messages_max: int, decode: Callable, native:
             first_queue_offsets.append(first)
             if index not in bad_keys and counts[index]:
                 table[key] = first + counts[index]
-        written, offsets, queue_offsets, pieces = write_pass(
-            buffer, position, physical_base=base, store_timestamp=store_timestamp, store_ip=commit_log.store_ip,
-            store_port=commit_log.store_port, born_ip=shape.born_ip, born_port=shape.born_port, sysflag=shape.sysflag,
-            record_crc=record_crc, requests=requests, key_of=key_of, excluded=shape.excluded, topics=shape.topics,
-            first_queue_offsets=first_queue_offsets,
-            messages_max=messages_max, decode=decode, native=native, kinds=kinds,
-        )  # fmt: skip
+        if write_native is not None:  # write_pass's native branch, called directly (its keywords cost a call a put)
+            written, offsets, queue_offsets, pieces = write_native(
+                buffer, position, base, store_timestamp, commit_log.store_ip, commit_log.store_port, shape.born_ip,
+                shape.born_port, shape.sysflag, record_crc, requests, key_of, shape.excluded, shape.topics,
+                first_queue_offsets, messages_max, kinds,
+            )  # fmt: skip
+        else:
+            written, offsets, queue_offsets, pieces = write_pass(
+                buffer, position, physical_base=base, store_timestamp=store_timestamp, store_ip=commit_log.store_ip,
+                store_port=commit_log.store_port, born_ip=shape.born_ip, born_port=shape.born_port, sysflag=shape.sysflag,
+                record_crc=record_crc, requests=requests, key_of=key_of, excluded=shape.excluded, topics=shape.topics,
+                first_queue_offsets=first_queue_offsets,
+                messages_max=messages_max, decode=decode, native=native, kinds=kinds,
+            )  # fmt: skip
         assert written == total, (written, total)
         answers.extend(pieces)
         return offsets, queue_offsets

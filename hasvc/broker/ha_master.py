@@ -218,8 +218,7 @@ class HAService:
             data = await connection.receive_some(REPORTS_RECEIVE_SIZE)
             if not data:
                 raise EOFError("slave closed the connection")
-            decoder.receive_data(data)
-            while (offset := decoder.next_report()) is not None:
+            for offset in decoder.reports(data):
                 first = replicas.on_report(
                     progress.connection_id, offset, master_max_offset=commit_log.max_offset, now=clock.current_time()
                 )
@@ -332,22 +331,35 @@ class HAService:
         if not self._writers:
             return
         commit_log = self.store.commit_log
-        end = commit_log.max_offset
+        # The log's last segment and readable end, read once (``max_offset`` written out): a slave
+        # caught up reads from it, and a frame there is its bytes up to the end (the segment's own
+        # end is past it) -- one ``slice``, not ``cursor.frame`` and ``commit_log.read`` a put.
+        files = commit_log.mapped_file_queue.mapped_files
+        if not files:
+            return
+        last = files[-1]
+        last_start = last.file_from_offset
+        end = last_start + (last.wrote_position if last.write_buffer is None else last.read_position)
         for writer in self._writers:
             if writer.busy or writer.remainder:
                 continue  # a busy task looks at the log's end before it waits again
             cursor = writer.cursor
-            frame = cursor.frame(end)
-            if frame is None:
+            offset = cursor.offset
+            if offset >= end:
                 continue
             fd = writer.connection.raw_fileno  # now, never kept: a closed socket's number is reused
             if fd < 0:
                 writer.wakeup.set()  # TLS, or closed: the task sends (or meets the error)
                 continue
-            data = commit_log.read(frame.offset, frame.size_max)
+            if offset >= last_start:
+                frame = None
+                data = last.slice(offset - last_start, min(cursor.batch_size, end - offset))
+            else:  # behind the last segment (a slave catching up while puts come)
+                frame = cursor.frame(end)
+                data = commit_log.read(frame.offset, frame.size_max)
             try:
                 size = len(data)
-                header = ha.TRANSFER_HEADER.pack(frame.offset, size)  # encode_transfer_header
+                header = ha.TRANSFER_HEADER.pack(offset, size)  # encode_transfer_header
                 try:
                     sent = os.writev(fd, [header, data])
                 except OSError:  # full (EAGAIN), or broken: the task sends, or meets the error
@@ -358,7 +370,10 @@ class HAService:
                     writer.wakeup.set()
             finally:
                 data.release()
-            cursor.sent(frame, size, now=self._clock.current_time())
+            if frame is None:
+                cursor.pushed(size, now=self._clock.current_time())
+            else:
+                cursor.sent(frame, size, now=self._clock.current_time())
             if cursor.offset < end:  # a frame stops at a segment's end and at the batch size
                 writer.wakeup.set()
 

@@ -235,7 +235,7 @@ class PutService:
         producer id and sequences (natively, from its payload), when the producer table finds it
         new (``_IdempotentPass``); a retry is answered with its original offsets, a refusal at
         once."""
-        if self._write_refusal() is not None:
+        if self.tracker.refusal(self.role, self.replicator.in_sync_count) is not None:  # _write_refusal, without its Appended
             return False
         requests = [frame.payload if request is None else request for _, frame, request in items]
         kinds = idempotent = decide = None

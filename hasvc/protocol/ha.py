@@ -211,6 +211,22 @@ class ReportDecoder:
         self._data = self._data[self._position :] + data if rest else bytes(data)
         self._position = 0
 
+    def reports(self, data: bytes) -> list[int]:
+        """``receive_data`` and every whole report then buffered, in order: one call a receive
+        (a SYNC_MASTER put's is one report, taken without buffering it: the fed and next_report's
+        look for a second were three calls on the answer's path). A negative report refuses the
+        receive's reports whole (ProtocolError: the master closes the connection)."""
+        if len(data) == REPORT.size and self._position == len(self._data):
+            (offset,) = REPORT.unpack(data)
+            if offset < 0:
+                raise ProtocolError(f"slave reported a negative offset {offset}")
+            return [offset]
+        self.receive_data(data)
+        offsets = []
+        while (offset := self.next_report()) is not None:
+            offsets.append(offset)
+        return offsets
+
     def next_report(self) -> int | None:
         position = self._position
         if len(self._data) - position < REPORT.size:

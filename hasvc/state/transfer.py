@@ -89,6 +89,16 @@ class TransferCursor:
         self.offset += size
         self.last_send = now  # _sent_at written out: once a put
 
+    def pushed(self, size: int, *, now: float) -> None:
+        """``sent`` for a frame of ``size`` bytes from ``offset`` that ``frame`` would have planned
+        (its size at most ``batch_size`` and never across a segment: the caller's to ensure) --
+        a push per put, without the plan's object."""
+        assert 0 < size <= self.batch_size, (size, self.batch_size)
+        assert self.offset // self.segment_size == (self.offset + size - 1) // self.segment_size, (self.offset, size)
+        assert now >= self.last_send, (now, self.last_send)
+        self.offset += size
+        self.last_send = now
+
     def heartbeat_sent(self, *, now: float) -> None:
         self._sent_at(now)
 

@@ -122,11 +122,25 @@ def test_reports_decode_in_order_whatever_the_pieces(offsets, piece):
     assert decoded == offsets
 
 
+@given(st.lists(st.integers(0, 2**62), max_size=20), st.integers(1, 17))
+def test_reports_taken_a_receive_at_a_time_are_the_reports_in_order(offsets, piece):
+    """``reports``: what ``next_report`` would take after each receive (a lone report's receive
+    taken without buffering it), whatever the pieces."""
+    decoder = ha.ReportDecoder()
+    data = b"".join(ha.REPORT.pack(o) for o in offsets)
+    decoded = []
+    for start in range(0, len(data), piece):
+        decoded += decoder.reports(data[start : start + piece])
+    assert decoded == offsets
+
+
 def test_a_negative_report_is_a_protocol_error():
     decoder = ha.ReportDecoder()
     decoder.receive_data(ha.REPORT.pack(-5))
     with pytest.raises(wire.ProtocolError, match="negative"):
         decoder.next_report()
+    with pytest.raises(wire.ProtocolError, match="negative"):
+        ha.ReportDecoder().reports(ha.REPORT.pack(-5))  # a lone report's receive
 
 
 @given(st.lists(st.tuples(st.integers(0, 2**50), st.binary(max_size=200)), max_size=8), st.integers(1, 50))

@@ -58,6 +58,21 @@ def test_sending_more_than_planned_or_out_of_place_is_our_bug():
         transfer.heartbeat_sent(now=-1.0)  # time does not go back
 
 
+def test_a_push_moves_the_cursor_as_the_frame_it_would_have_planned():
+    """``pushed``: a push's frame, sized by the caller within the batch size and the segment."""
+    transfer = cursor(offset=800)
+    transfer.pushed(200, now=1.0)  # up to the segment's end
+    assert transfer.offset == 1000 and transfer.heartbeat(5.5) == WaitUntil(6.0)
+    with pytest.raises(AssertionError):
+        transfer.pushed(301, now=2.0)  # past the batch size
+    with pytest.raises(AssertionError):
+        cursor(offset=900).pushed(200, now=1.0)  # across a segment's end
+    with pytest.raises(AssertionError):
+        transfer.pushed(0, now=2.0)
+    with pytest.raises(AssertionError):
+        transfer.pushed(10, now=0.5)  # time does not go back
+
+
 def test_random_schedules_copy_the_log_once_in_order_whoever_sends():
     """The writer task and push take turns at random over a growing log: the frames tile
     [start, end) with no gap or overlap and none crosses a segment."""

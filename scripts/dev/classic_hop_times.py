@@ -26,7 +26,6 @@ two calls is not slowed. Needs ``strace`` and ``cc``.
 
 import collections
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -40,21 +39,11 @@ ANSWER_SIZE_MAX = 200  # a PUT_OK answer to one message is well under this
 # A readiness wait that returned within this found its descriptor ready already (strace's own
 # cost of an epoll_wait that does not block is ~5-15 us here).
 WAIT_BLOCKED_MIN_SECONDS = 30e-6
-_LINE = re.compile(r"^(\d+)\s+(\d+):(\d+):([\d.]+)\s+(\w+)\((\d+)?(.*?)(?:=\s*(-?\d+))?\s*(?:<([\d.]+)>)?$")
 _READS = ("read", "readv", "recvfrom")
 _WRITES = ("write", "writev", "sendmsg", "sendto")
 
-
-def _calls(path: str):
-    """(pid, start seconds, call, fd, result, seconds inside, text) of each whole line of a trace."""
-    with open(path) as file:
-        for line in file:
-            match = _LINE.match(line.rstrip())
-            if match is None or "unfinished" in line or "resumed" in line:
-                continue
-            pid, hours, minutes, seconds, call, fd, text, result, inside = match.groups()
-            yield (pid, int(hours) * 3600 + int(minutes) * 60 + float(seconds), call, fd, int(result or -1),
-                   float(inside or 0), text)  # fmt: skip
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from raft_hop_times import _calls  # noqa: E402  (the trace's lines, parsed as for a DLedger member)
 
 
 def _loop_calls(path: str, frame_read) -> list:

@@ -130,7 +130,7 @@ class StoreTasks:
         if store.reput_from_offset < store.dispatch_end_offset and store.dispatch_error is None:
             self.new_data.notify()
         commit_log = store.commit_log
-        # warm_ahead, written out (a DLedger member's log has no large_appends: it warms as before)
+        # warm_ahead, written out (a classic broker's: a DLedger member warms from its sync loop, raft/sync.py)
         ahead = 0 if self.role.role is BrokerRole.SLAVE or getattr(commit_log, "large_appends", False) else self._warm_ahead_size
         if commit_log.mapped_file_queue.needs_warming(ahead):
             self._warm_wanted.set()

@@ -244,13 +244,19 @@ class TransferHeader:
     size: int
 
 
-def decode_transfer_header(data: bytes | memoryview, *, size_max: int) -> TransferHeader:
+def transfer_header_fields(data: bytes | memoryview, size_max: int) -> tuple[int, int]:
+    """(offset, size) of a transfer header, checked; ProtocolError otherwise. The slave's per-frame
+    form: a tuple, not a ``TransferHeader`` (a frozen dataclass: ~1 us a frame)."""
     offset, size = TRANSFER_HEADER.unpack(data)
     if offset < 0:
         raise ProtocolError(f"transfer frame for negative offset {offset}")
     if size < 0 or size > size_max:
         raise ProtocolError(f"transfer frame of {size} bytes, outside 0..{size_max}")
-    return TransferHeader(offset, size)
+    return offset, size
+
+
+def decode_transfer_header(data: bytes | memoryview, *, size_max: int) -> TransferHeader:
+    return TransferHeader(*transfer_header_fields(data, size_max))
 
 
 class TransferDecoder:

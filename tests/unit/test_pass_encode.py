@@ -2,9 +2,6 @@
 pure-Python twins, and both against the batch path (``record.prepare_batch``/``write_batch``,
 ``MessageStore.append_batch``): the same refusals, word for word, and the same bytes."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings
@@ -254,21 +251,3 @@ class _fixed_clock:
 
     def __exit__(self, *exc):
         commit_log_module.now_ms = self.saved
-
-
-@pytest.mark.skipif(not native.AVAILABLE, reason="without the native module the put path tests already run pure")
-def test_put_path_tests_pass_without_the_native_module():
-    """A machine without a C compiler runs the pure twins: the pass and put path tests (the classic
-    master's and a DLedger leader's) and the client port's frames and answers, with them."""
-    environment = {**os.environ, "HASVC_NO_NATIVE": "1"}
-    here = os.path.dirname(__file__)
-    tests = [__file__, os.path.join(here, "test_entry_pass.py"), os.path.join(here, "..", "driver", "test_drivers.py"),
-             os.path.join(here, "..", "driver", "test_broker_answers.py"), os.path.join(here, "..", "driver", "test_dledger_pass.py"),
-             os.path.join(here, "..", "driver", "test_dledger_disk_full.py"),
-             os.path.join(here, "..", "driver", "test_idempotent_pass.py"), os.path.join(here, "test_client_frames.py"),
-             os.path.join(here, "..", "driver", "test_client_port_reads.py"), os.path.join(here, "..", "driver", "test_broker_units.py")]  # fmt: skip
-    completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests,
-                                "-k", "not test_put_path_tests_pass_without_the_native_module"],
-                               env=environment, capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    assert " passed" in completed.stdout

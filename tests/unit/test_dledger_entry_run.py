@@ -187,6 +187,17 @@ def test_a_refused_run_writes_nothing_and_says_why(tmp_path):
     follower.close()
 
 
+def random_batches(rng: random.Random, batches_max: int) -> tuple[list[list[Entry]], int]:
+    """1..batches_max appends of 1-8 entries of 0-300 random bytes, from index 0, the term rising
+    now and then; and the index after the last entry."""
+    batches, index, term = [], 0, 1
+    for _ in range(rng.randint(1, batches_max)):
+        term += rng.random() < 0.1
+        batches.append([Entry(index + i, term, os.urandom(rng.randint(0, 300))) for i in range(rng.randint(1, 8))])
+        index += len(batches[-1])
+    return batches, index
+
+
 @pytest.mark.skipif(native.write_entries is None, reason="the C module is not built")
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**32))
@@ -196,12 +207,7 @@ def test_the_native_append_writes_what_the_python_loop_writes(tmp_path_factory, 
     from commitlog.dledger import entry_writer
 
     directory = tmp_path_factory.mktemp("append")
-    rng = random.Random(seed)
-    batches, index, term = [], 0, 1
-    for _ in range(rng.randint(1, 25)):
-        term += rng.random() < 0.1
-        batches.append([Entry(index + i, term, os.urandom(rng.randint(0, 300))) for i in range(rng.randint(1, 8))])
-        index += len(batches[-1])
+    batches, index = random_batches(random.Random(seed), 25)
     stores = []
     for name, writer in (("native", native.write_entries), ("python", None)):
         monkeypatch.setattr(entry_writer, "_native_write_entries", writer)
@@ -232,12 +238,7 @@ def test_large_appends_written_with_pwrite_hold_the_bytes_the_mapping_holds(tmp_
     from commitlog.mapped_file import MappedFile
 
     directory = tmp_path_factory.mktemp("through")
-    rng = random.Random(seed)
-    batches, index, term = [], 0, 1
-    for _ in range(rng.randint(1, 20)):
-        term += rng.random() < 0.1
-        batches.append([Entry(index + i, term, os.urandom(rng.randint(0, 300))) for i in range(rng.randint(1, 8))])
-        index += len(batches[-1])
+    batches, index = random_batches(random.Random(seed), 20)
     pwrites = []
     real = MappedFile.write_through
     monkeypatch.setattr(MappedFile, "write_through", lambda self, data: (pwrites.append(len(data)), real(self, data)))

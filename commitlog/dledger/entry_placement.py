@@ -16,6 +16,7 @@ follower checking a leader's ``pos`` and for the message store planning a leader
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,11 +49,30 @@ def data_size(*, wrote_position: int | None, file_size: int, size_total: int, si
 def check_appendable(entries: Sequence[Any], *, last_index: int, last_term: int, file_size: int) -> tuple[int, int]:
     """ValueError unless ``entries`` may follow a log ending at ``(last_index, last_term)``
     (consecutive indexes, terms not decreasing, each fitting a data file with its blank record);
-    their total and largest size."""
-    index, term = last_index, max(last_term, 0)
-    size_total = size_max = 0
+    their total and largest size. Checked with builtins over the whole list (a leader's pass of
+    64 entries: a loop step an entry was ~25 us of the ~110 its append took); the loop
+    (``_first_unappendable``) only finds which entry fails."""
+    if not entries:
+        return 0, 0
+    count = len(entries)
     fit_max = min(file_size - codec.MIN_BLANK_SIZE, codec.ENTRY_SIZE_MAX)
-    for entry in entries:  # no call per entry: a proposal of 32 entries checks 32
+    terms = list(map(_TERM, entries))
+    sizes = list(map(len, map(_BODY, entries)))
+    body_max = max(sizes)
+    if (entries[0].index != last_index + 1 or entries[-1].index != last_index + count or terms[0] < max(last_term, 0)
+            or codec.BODY_OFFSET + body_max > fit_max or list(map(_INDEX, entries)) != list(range(last_index + 1, last_index + 1 + count))
+            or terms != sorted(terms)):  # fmt: skip
+        _first_unappendable(entries, last_index=last_index, last_term=last_term, file_size=file_size, fit_max=fit_max)
+    return codec.BODY_OFFSET * count + sum(sizes), codec.BODY_OFFSET + body_max
+
+
+_INDEX, _TERM, _BODY = (operator.itemgetter(field) for field in range(3))  # Entry's (index, term, body)
+
+
+def _first_unappendable(entries: Sequence[Any], *, last_index: int, last_term: int, file_size: int, fit_max: int) -> None:
+    """Raise the ValueError that names the first entry ``check_appendable`` refuses."""
+    index, term = last_index, max(last_term, 0)
+    for entry in entries:
         if entry.index != index + 1:
             raise ValueError(f"entry index {entry.index} does not follow {index}")
         if entry.term < term:
@@ -62,10 +82,7 @@ def check_appendable(entries: Sequence[Any], *, last_index: int, last_term: int,
             raise ValueError(f"entry {entry.index} of {size} bytes is larger than ENTRY_SIZE_MAX="
                              f"{codec.ENTRY_SIZE_MAX} or a data file of {file_size} less 8")  # fmt: skip
         index, term = entry.index, entry.term
-        size_total += size
-        if size > size_max:
-            size_max = size
-    return size_total, size_max
+    raise AssertionError("check_appendable found a fault that no entry has")
 
 
 def run_pos_limit(first_pos: int, *, file_size: int) -> int:

@@ -26,6 +26,7 @@ from hasvc.broker.raft.sync import DISK_FULL_RETRY_SECONDS
 from hasvc.broker.raft.group import GroupConfig
 from hasvc.broker.raft.listener import open_raft_listener
 from hasvc.broker.raft.replicator import RaftLog, RaftReplicator
+from hasvc.broker.raft.scheduling import RolePolicy
 from hasvc.broker.raft_metrics import serve_raft_metrics
 from hasvc.config import Address, BrokerConfig, BrokerRole, format_address
 from hasvc.state.dedupe import ProducerTable
@@ -120,6 +121,7 @@ class RaftBroker:
                                  on_commit=self._on_commit, on_role=self._on_role,
                                  maintenance=self.maintenance)  # fmt: skip
         self.driver.senders.stalled_timeout_seconds = self.config.raft_send_stalled_timeout_seconds
+        self.cpu_policy = RolePolicy(enabled=self.config.raft_follower_batch_scheduling)
         self.replicator = RaftReplicator(self.store, after_proposals=self.driver.drain)
         log = RaftLog(self.store, self.driver)
         self.put_service = PutService(config=self.config, store=log, role=self.role_state, replicator=self.replicator,
@@ -271,6 +273,7 @@ class RaftBroker:
     def _on_role(self) -> None:
         """Play SYNC_MASTER while leading with every entry committed and dispatched, else SLAVE."""
         node = self.driver.node
+        self.cpu_policy.follow(node.role is Role.FOLLOWER)
         leading = node.role is Role.LEADER
         if not leading:
             leader = node.leader_id

@@ -10,9 +10,12 @@ two cores, the leader's main thread waiting for a core 20-24 % of the time. A ``
 thread is never scheduled ahead of a running one when it wakes (its time is still shared
 fairly, and a core that is free runs it at once), so the leader writes both pushes and the
 followers run after. Measured: 64 writers x 1 KiB, quorum in memory, three members on two cores,
-six alternating pairs of fresh groups: +7-9 % acked/s (median 65.0k -> 70.6k), the leader
-preempted 0.2-0.4 times a pass instead of 0.9-1.0; the classic pair with its slave so was
-unchanged (one replica, one push). On members that do not share cores it changes nothing.
+eight alternating pairs of fresh groups with the setting off and on (5 s each, as
+``python scripts/dev/dledger_cpu.py . 64 5 1 --set page_cache_keep_size=268435456 --set
+raft_follower_batch_scheduling=false`` and the same with ``=true``): higher in 8 of 8 pairs, by 1.1-10.7 % (medians 64.7k -> 66.6k acked/s, p50 917 -> 899 us);
+the leader preempted 0.2-0.4 times a pass instead of 0.9-1.0 (``chrt`` on the followers, six
+pairs). The classic pair with its slave so was unchanged (one replica, one push). On members that
+do not share cores it changes nothing.
 
 Switching between the two policies needs no privilege. Threads started later inherit the
 policy of the thread that starts them (trio's worker threads: the event loop's), so each change

@@ -271,7 +271,13 @@ class EntryLogLoader:
     def _save_catch_up_mark(self, scan: DataScan, committed_hint: int, checkpoint_flushed: int) -> None:
         """Before the cut: save the catch-up mark, the end the log had, as far as the index files,
         the checkpoint and the commit hint tell (its term from the index unit, else the saved
-        term, an upper bound); an older mark stays if it is higher."""
+        term, an upper bound); an older mark stays if it is higher. Terms never decrease along a
+        log, a mark past the kept end has at least the last kept entry's term, as the scan read it
+        from its header: an index unit can be the damaged part, and a saved term below the log's
+        is none a member writes but one a damaged file can give (hypothesis: a flip cut the log
+        below entry 59, another zeroed that entry's unit's term, and the mark said term 0 below
+        the kept entries' 5 -- a mark too low lets the member vote for a log that lacks what it
+        had)."""
         former_index, former_term = self._former_end(scan.last_index + 1)
         hard_term = self.state_files.hard_state.term
         candidates = [(former_term, former_index)]
@@ -279,6 +285,9 @@ class EntryLogLoader:
             if index > former_index:
                 candidates.append((hard_term, index))
         mark_term, mark_index = max(candidates)
+        if mark_index > scan.last_index and (scan.count > 1 or (scan.count == 1 and not scan.damaged)):
+            # the kept end's term floors it: the previous entry's when the last one's is the damaged part
+            mark_term = max(mark_term, scan.previous_term if scan.damaged else scan.last_term)
         saved = self.state_files.hard_state
         if (saved.catch_up_term, saved.catch_up_index) > (mark_term, mark_index):
             mark_term, mark_index = saved.catch_up_term, saved.catch_up_index

@@ -62,6 +62,10 @@ def test_recovery_from_damaged_files_refuses_or_keeps_a_prefix(checkpoint, damag
 # checked against its index unit, and a cut takes the previous term from the scanned header.
 @example(checkpoint=False, damages=[("data", 65, b"\x01"), ("index", 689, b"\x01")])
 @example(checkpoint=False, damages=[("data", 65, b"\x01"), ("data", 689, b"\x01")])
+# Found by this test: a flip cuts the log below entry 59 and another zeroes entry 59's index
+# unit's term: the mark took term 0 from that unit, below the kept entries' 5. Now the kept
+# end's term (read from its header) is the mark's floor.
+@example(checkpoint=True, damages=[("data", 20000, b"\x00"), ("index", 19667, b"\x00" * 11 + b"\x01")])
 def test_recovery_for_repair_from_peers_keeps_a_prefix_below_its_mark(checkpoint, damages):
     last, state = recover_damaged(checkpoint, damages, REPAIR)
     if last is not None and state is not None and state.catch_up_index >= 0:

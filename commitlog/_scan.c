@@ -2125,26 +2125,36 @@ done:
 }
 
 /* write_entry_pass(requests, key_of, excluded, topics, first_queue_offsets, store_timestamp, store_ip, store_port,
- *                  born_ip, born_port, sysflag, messages_max, offset, file_size[, kinds])
+ *                  born_ip, born_port, sysflag, messages_max, offset, file_size[, kinds[, first_index, term]])
  *   -> (bodies, offsets, queue_ids, queue_offsets, positions, entry_sizes, answers): a DLedger leader's pass of SENDs
  * as the bodies of its proposal's entries, twin of commitlog/entry_pass.py write_entry_pass_python: every request
  * kept (excluded[i] == 0), in the order read, one V1/V2 record a message (no record CRC tail), each placed as
  * entry_placement.plan_positions places an entry of 48 + its size from data offset `offset` in data files of
  * `file_size` bytes, its PHYSICALOFFSET that entry's pos + 48; queue offsets follow on per key from
  * first_queue_offsets; per request its answer's offsets packed as write_pass packs them. A request kept that is
- * misshapen or malformed raises ValueError (the caller planned the pass: a bug). */
+ * misshapen or malformed raises ValueError (the caller planned the pass: a bug).
+ * With first_index >= 0 (and the leader's term): the entries framed as stored, end to end in one bytes object -- the
+ * run a store appends by one pwrite (entry k of index first_index + k, the 48-byte header as write_entries writes it)
+ * -- returned after the seven as an eighth, each body a memoryview of its entry in it; None when an entry would need
+ * a blank record before it (a run lies in one data file: the caller plans the pass without the framing). */
 static PyObject *write_entry_pass(PyObject *self, PyObject *args) {
     Py_buffer store_ip, born_ip, excluded;
     Py_ssize_t messages_max;
     long long store_ts, offset, file_size;
     int store_port, born_port, sysflag;
     PyObject *requests, *key_of, *topics, *first_queue_offsets, *kinds = Py_None;
-    if (!PyArg_ParseTuple(args, "OOy*OOLy*iy*iinLL|O", &requests, &key_of, &excluded, &topics, &first_queue_offsets, &store_ts,
-                          &store_ip, &store_port, &born_ip, &born_port, &sysflag, &messages_max, &offset, &file_size, &kinds))
+    long long first_index = -1, term = -1;
+    if (!PyArg_ParseTuple(args, "OOy*OOLy*iy*iinLL|OLL", &requests, &key_of, &excluded, &topics, &first_queue_offsets, &store_ts,
+                          &store_ip, &store_port, &born_ip, &born_port, &sysflag, &messages_max, &offset, &file_size, &kinds,
+                          &first_index, &term))
         return NULL;
     struct pass_walk w;
     PyObject *result = NULL;
     PyObject *bodies = NULL, *offsets = NULL, *queue_ids = NULL, *queue_offsets = NULL, *positions = NULL, *entry_sizes = NULL;
+    int framed = first_index >= 0;
+    PyObject *data = NULL, *data_view = NULL;  /* framed: the entries end to end, and a view of them for the bodies */
+    Py_ssize_t used = 0, capacity = 0;
+    long long frame_end = offset;  /* framed: where the next entry must start (no blank record between) */
     struct record_shape shape = {NULL, 0, (const uint8_t *)born_ip.buf, born_ip.len, born_port, (const uint8_t *)store_ip.buf,
                                  store_ip.len, store_port, sysflag, store_ts, 0};
     if (pass_walk_open(&w, requests, key_of, &excluded, topics, first_queue_offsets, messages_max, &shape, kinds) < 0) goto done;
@@ -2156,6 +2166,12 @@ static PyObject *write_entry_pass(PyObject *self, PyObject *args) {
     positions = PyList_New(0);
     entry_sizes = PyList_New(0);
     if (!bodies || !offsets || !queue_ids || !queue_offsets || !positions || !entry_sizes) goto done;
+    if (framed) {
+        if (term < 0) { PyErr_SetString(PyExc_ValueError, "framed entries need a term from 0"); goto done; }
+        capacity = 64 * 1024;
+        data = PyBytes_FromStringAndSize(NULL, capacity);
+        if (!data) goto done;
+    }
     for (Py_ssize_t i = 0; i < w.count; i++) {
         struct pass_request r;
         struct pass_head head;
@@ -2173,15 +2189,40 @@ static PyObject *write_entry_pass(PyObject *self, PyObject *args) {
             if (entry_size + 8 > remaining) offset += remaining;  /* a blank record fills the rest (MIN_BLANK_SIZE 8) */
             long long pos = offset, queue_offset = w.next_queue[head.index]++;
             offset += entry_size;
-            PyObject *record = PyBytes_FromStringAndSize(NULL, size);
-            if (!record) { Py_DECREF(queue_id_object); pass_request_release(&r); goto done; }
-            encode_record((uint8_t *)PyBytes_AS_STRING(record), head.fixed, &w.shape, &body, &prop, (int)head.queue_id, (int)head.flag,
-                          queue_offset, pos + DLEDGER_BODY_OFFSET, head.born_ts);
+            int failed;
+            if (framed) {
+                if (pos != frame_end) {  /* a blank record before this entry: not one run */
+                    Py_DECREF(queue_id_object);
+                    pass_request_release(&r);
+                    Py_CLEAR(data);
+                    result = Py_None;
+                    Py_INCREF(result);
+                    goto done;
+                }
+                frame_end = offset;
+                if (used + entry_size > capacity) {
+                    while (used + entry_size > capacity) capacity *= 2;
+                    if (_PyBytes_Resize(&data, capacity) < 0) { Py_DECREF(queue_id_object); pass_request_release(&r); goto done; }
+                }
+                uint8_t *p = (uint8_t *)PyBytes_AS_STRING(data) + used;
+                encode_record(p + DLEDGER_BODY_OFFSET, head.fixed, &w.shape, &body, &prop, (int)head.queue_id, (int)head.flag,
+                              queue_offset, pos + DLEDGER_BODY_OFFSET, head.born_ts);
+                put32(p, 1); put32(p + 4, (uint32_t)entry_size); put64(p + 8, (uint64_t)(first_index + PyList_GET_SIZE(offsets)));
+                put64(p + 16, (uint64_t)term); put64(p + 24, (uint64_t)pos); put32(p + 32, 0); put32(p + 36, 0);
+                put32(p + 40, crc32_ieee(p + DLEDGER_BODY_OFFSET, (size_t)size)); put32(p + 44, (uint32_t)size);
+                used += entry_size;
+                failed = PyList_Append(queue_ids, queue_id_object) < 0;
+            } else {
+                PyObject *record = PyBytes_FromStringAndSize(NULL, size);
+                if (!record) { Py_DECREF(queue_id_object); pass_request_release(&r); goto done; }
+                encode_record((uint8_t *)PyBytes_AS_STRING(record), head.fixed, &w.shape, &body, &prop, (int)head.queue_id, (int)head.flag,
+                              queue_offset, pos + DLEDGER_BODY_OFFSET, head.born_ts);
+                failed = PyList_Append(bodies, record) < 0 || PyList_Append(queue_ids, queue_id_object) < 0;
+                Py_DECREF(record);
+            }
             PyObject *values[5] = {PyLong_FromLongLong(pos + DLEDGER_BODY_OFFSET), PyLong_FromLongLong(queue_offset),
                                    PyLong_FromLongLong(pos), PyLong_FromLongLong(entry_size), NULL};
             PyObject *lists[5] = {offsets, queue_offsets, positions, entry_sizes, NULL};
-            int failed = PyList_Append(bodies, record) < 0 || PyList_Append(queue_ids, queue_id_object) < 0;
-            Py_DECREF(record);
             for (int v = 0; v < 4; v++) {
                 failed = failed || !values[v] || PyList_Append(lists[v], values[v]) < 0;
                 Py_XDECREF(values[v]);
@@ -2192,10 +2233,28 @@ static PyObject *write_entry_pass(PyObject *self, PyObject *args) {
         Py_DECREF(queue_id_object);
         pass_request_release(&r);
     }
-    result = Py_BuildValue("(NNNNOOO)", PyList_AsTuple(bodies), PyList_AsTuple(offsets), PyList_AsTuple(queue_ids),
-                           PyList_AsTuple(queue_offsets), positions, entry_sizes, w.answers);
+    if (framed) {  /* the bodies: views of the entries, made once the bytes no longer move */
+        if (_PyBytes_Resize(&data, used) < 0) goto done;
+        data_view = PyMemoryView_FromObject(data);
+        if (!data_view) goto done;
+        Py_ssize_t start = 0, n = PyList_GET_SIZE(entry_sizes);
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Py_ssize_t size = (Py_ssize_t)PyLong_AsSsize_t(PyList_GET_ITEM(entry_sizes, k));
+            PyObject *slice = PySequence_GetSlice(data_view, start + DLEDGER_BODY_OFFSET, start + size);
+            if (!slice || PyList_Append(bodies, slice) < 0) { Py_XDECREF(slice); goto done; }
+            Py_DECREF(slice);
+            start += size;
+        }
+        result = Py_BuildValue("(NNNNOOOO)", PyList_AsTuple(bodies), PyList_AsTuple(offsets), PyList_AsTuple(queue_ids),
+                               PyList_AsTuple(queue_offsets), positions, entry_sizes, w.answers, data);
+    } else {
+        result = Py_BuildValue("(NNNNOOO)", PyList_AsTuple(bodies), PyList_AsTuple(offsets), PyList_AsTuple(queue_ids),
+                               PyList_AsTuple(queue_offsets), positions, entry_sizes, w.answers);
+    }
 done:
     pass_walk_close(&w);
+    Py_XDECREF(data);
+    Py_XDECREF(data_view);
     Py_XDECREF(bodies);
     Py_XDECREF(offsets);
     Py_XDECREF(queue_ids);
@@ -2250,7 +2309,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "Native record walk", -1, methods};
 
 /* Bumped whenever a function is added or its arguments or results change. */
-#define NATIVE_VERSION 12
+#define NATIVE_VERSION 13
 
 PyMODINIT_FUNC PyInit__scan(void) {
     crc_table_init();

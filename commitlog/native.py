@@ -12,7 +12,7 @@ import warnings
 
 # The VERSION of _scan.c this code calls (its functions and their arguments): a build left in
 # place by an older checkout is not used (and a warning says to rebuild), never called wrongly.
-NATIVE_VERSION = 12
+NATIVE_VERSION = 13
 
 if os.environ.get("HASVC_NO_NATIVE") == "1":
     module = None

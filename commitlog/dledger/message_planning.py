@@ -68,6 +68,10 @@ class AppendPlan:
     queue_next: dict[tuple[str, int], int]  # the queue table once accepted (changed keys only)
     positions: list[int]  # each entry's planned pos (offsets[i] - BODY_OFFSET)
     entry_sizes: list[int]  # each entry's size, header included (codec.entry_size of bodies[i])
+    # The entries framed as stored, when planned so (``entry_pass.plan_entry_pass`` with the term):
+    # an ``EntryRun`` whose bodies are ``bodies`` (views of it), which the store appends by one
+    # pwrite once the core took the entries (``take_run``); None: the store frames them itself.
+    run: Any = None
 
     @property
     def placements(self) -> list[tuple[int, int, int]]:
@@ -225,8 +229,32 @@ class MessagePlanner:
             zip(range(plan.first_index, plan.first_index + len(plan.bodies)), plan.positions, plan.entry_sizes)
         )
         self._last_store_timestamp = max(self._last_store_timestamp, plan.store_timestamp)
+        if plan.run is not None:
+            self._runs.append(plan.run)
+
+    def take_run(self, entries: Sequence[Any]):
+        """The framed entries (``AppendPlan.run``) of the accepted plan that ``entries`` -- a
+        Ready's, about to be appended -- are exactly, to append by ``append_run`` instead of
+        framing them again: the same indexes, their term the run's, their bodies its views.
+        None otherwise (the entries framed by ``append``), and the runs they cover dropped."""
+        runs = self._runs
+        if not runs or not entries:
+            return None
+        first, last = entries[0], entries[-1]
+        while runs and runs[0].last_index < first.index:  # appended otherwise (a Ready of several proposals)
+            del runs[0]
+        if runs:
+            run = runs[0]
+            if (run.first_index == first.index and run.last_index == last.index and first.term == last.term == run.last_term
+                    and getattr(first.body, "obj", None) is run.data and getattr(last.body, "obj", None) is run.data):  # fmt: skip
+                del runs[0]
+                return run
+        while runs and runs[0].first_index <= last.index:
+            del runs[0]
+        return None
 
     def discard_plans(self) -> None:
         """No longer leading: forget accepted-but-unappended plans and the queue table's advance."""
         self._pending.clear()
+        self._runs.clear()
         self._queue_table = self.consume_queues.queue_offset_table()

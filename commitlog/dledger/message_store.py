@@ -120,6 +120,7 @@ class DLedgerMessageStore(MessagePlanner, MessageReader, MessageDispatch):
         self.read_damaged: list[DamagedRange] = []  # damage reads found (recovery's is the entry store's)
         self._queue_table: dict[tuple[str, int], int] = {}
         self._pending: list[tuple[int, int, int]] = []  # (index, pos, entry size) accepted, not yet appended
+        self._runs: list = []  # the accepted plans' framed entries (AppendPlan.run), not yet appended: take_run
         self._last_store_timestamp = 0
         self._lock: StoreLock | None = None
         self.disk = DiskWatch(path, ratio_max=self.config.disk_max_used_space_ratio,

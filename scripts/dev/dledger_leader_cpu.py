@@ -10,7 +10,8 @@ does (entries appended to the store, each push's entries read as stored runs), b
 acknowledging the last index, and the commit's Ready (committed index, dispatch); a first pass
 unmeasured (it creates the consume-queue files). With ``pass`` (the last argument) each pass is
 one proposal, as ``PutService`` proposes a pass of plain SENDs: planned by
-``commitlog.entry_pass.plan_entry_pass`` when TREE has it (one native call), else by one
+``commitlog.entry_pass.plan_entry_pass`` when TREE has it (one native call; framed as stored with
+the leader's term, and appended by ``append_framed``, when TREE's planner does that), else by one
 ``plan_batches`` of the pass's requests grouped by queue (the batch path's one proposal a pass;
 the grouping itself not counted). Prints the
 process CPU time (``time.process_time``) per message, the minimum and median of ROUNDS rounds
@@ -26,6 +27,7 @@ leaves out the client protocol (SEND decode, answers) and the sockets (pushes, a
 read), which ``dledger_cpu.py`` and ``calls_per_put.py`` cover.
 """
 
+import inspect
 import os
 import random
 import shutil
@@ -69,11 +71,13 @@ def main() -> None:
     entry_pass = None  # a tree from before it: a pass is one plan_batches
     if os.path.exists(os.path.join(tree, "commitlog", "entry_pass.py")):
         from commitlog import entry_pass
+    framed = entry_pass is not None and "term" in inspect.signature(entry_pass.plan_entry_pass).parameters
 
     def propose_pass(node, store, batches, sends, now) -> None:
         if entry_pass is not None:
+            framing = {"term": node.term} if framed else {}  # a tree whose planner frames the entries (AppendPlan.run)
             planned = timed("plan (plan_entry_pass)", entry_pass.plan_entry_pass, store, sends, messages_max=cp.SEND_MESSAGES_MAX,
-                            decode=cp.decode_send)  # fmt: skip
+                            decode=cp.decode_send, **framing)  # fmt: skip
             assert planned is not None and not planned.refusals and not planned.malformed
             plan = planned.plan
         else:
@@ -97,7 +101,11 @@ def main() -> None:
         if ready.hard_state is not None:
             entries.save_hard_state(ready.hard_state)
         if ready.entries:
-            timed("store append", entries.append, ready.entries)
+            run = store.take_run(ready.entries) if framed else None  # as RaftDriver.drain appends
+            if run is not None:
+                timed("store append", entries.append_framed, run)
+            else:
+                timed("store append", entries.append, ready.entries)
         for message in ready.messages:  # what a sender reads of each push (RaftSenders._frame_parts)
             run = getattr(message, "entries", None)
             if getattr(message, "type", None) is PushType.APPEND and run.data is None:

@@ -13,6 +13,7 @@ from commitlog import pass_encode as pe
 from commitlog import record as rec
 from commitlog.config import StoreConfig
 from commitlog.dledger import DLedgerStoreConfig, Entry
+from commitlog.dledger import entry_codec as codec
 from commitlog.dledger import message_planning
 from commitlog.dledger.message_store import DLedgerMessageStore
 from hasvc.protocol import client as cp
@@ -68,6 +69,19 @@ def test_native_and_python_entry_passes_agree(pass_requests, store_v6, file_size
     made = ep.write_entry_pass(pass_requests, native=True, **arguments)
     twin = ep.write_entry_pass_python(pass_requests, decode=decode, **arguments)
     assert made == twin
+    # Framed as stored (entry k of index 7 + k, term 3): the same from both, the same bodies, and
+    # the entries those bodies make; None from both when an entry needs a blank record before it.
+    framed = ep.write_entry_pass(pass_requests, native=True, first_index=7, term=3, **arguments)
+    framed_twin = ep.write_entry_pass_python(pass_requests, decode=decode, first_index=7, term=3, **arguments)
+    assert framed == framed_twin
+    bodies, _, _, _, positions, sizes = made[:6]
+    contiguous = all(positions[k + 1] == positions[k] + sizes[k] for k in range(len(positions) - 1))
+    assert (framed is None) == (bool(positions) and (positions[0] != offset or not contiguous))
+    if framed is not None:
+        assert framed[:7] == made
+        assert framed[7] == b"".join(codec.encode_entry(index=7 + k, term=3, pos=pos, body=body)
+                                     for k, (pos, body) in enumerate(zip(positions, bodies)))  # fmt: skip
+        assert all(body.obj is framed[7] for body in framed[0])
 
 
 def test_a_malformed_request_kept_raises_rather_than_writes():
@@ -104,7 +118,8 @@ def _ways_at_a_fixed_clock(monkeypatch_module) -> tuple[DLedgerStoreConfig, list
     monkeypatch_module.setattr(message_planning, "now_ms", lambda: STORE_TIMESTAMP)
     monkeypatch_module.setattr(ep, "now_ms", lambda: STORE_TIMESTAMP)
     dledger = DLedgerStoreConfig(data_file_size=DATA_FILE_SIZE, index_file_size=32 * 1024)
-    return dledger, [way for way in ("native", "python", "batches") if way != "native" or native.AVAILABLE]
+    return dledger, [way for way in ("native", "native framed", "python", "python framed", "batches")
+                     if not way.startswith("native") or native.AVAILABLE]  # fmt: skip
 
 
 @given(passes, st.booleans(), st.integers(0, 170), st.integers(1, 3))
@@ -141,7 +156,7 @@ def test_a_pass_proposes_what_the_batch_path_proposes_and_refuses_alike(tmp_path
                         outcomes.append((batch.queue_id, plan.offsets, plan.queue_offsets))
                     continue
                 planned = ep.plan_entry_pass(store, pass_requests, messages_max=cp.SEND_MESSAGES_MAX, decode=decode,
-                                             native=way == "native")  # fmt: skip
+                                             native=way.startswith("native"), term=1 if way.endswith("framed") else None)  # fmt: skip
                 assume(planned is not None)  # None: a queue's records too large for a data file (the last test)
                 for number in range(len(pass_requests)):
                     if number in planned.malformed:
@@ -153,8 +168,14 @@ def test_a_pass_proposes_what_the_batch_path_proposes_and_refuses_alike(tmp_path
                 if planned.plan is not None:
                     store.accept_plan(planned.plan)
                     plans.append(planned.plan)
-            for plan in plans:
-                store.entries.append([Entry(plan.first_index + i, 1, body) for i, body in enumerate(plan.bodies)])
+            for plan in plans:  # as the Raft driver appends a Ready's entries: framed ones by one pwrite
+                entries = [Entry(plan.first_index + i, 1, body) for i, body in enumerate(plan.bodies)]
+                run = store.take_run(entries)
+                assert (run is not None) == (plan.run is not None), way
+                if run is not None:
+                    store.entries.append_framed(run)
+                else:
+                    store.entries.append(entries)
             outcomes_of[way] = (outcomes, _files(store), dict(store._queue_table))
         finally:
             store.close()
@@ -250,3 +271,38 @@ def test_small_data_files_and_other_crcs_take_the_batch_path(tmp_path):
         planned = ep.plan_entry_pass(store, [Request("bad topic!", 0, [b"x"], [b""]), b"garbage"], messages_max=8, decode=decode)
         assert planned.plan is None and planned.malformed == [1] and list(planned.refusals) == [0]
         assert planned.refusals[0].status is rec.PutMessageStatus.MESSAGE_ILLEGAL
+
+
+def test_a_framed_plan_is_appended_as_framed_only_when_the_entries_are_exactly_it(tmp_path, monkeypatch):
+    """``take_run`` hands the accepted plan's framed entries over only for entries that are them
+    (indexes, the term framed, bodies that are its views); anything else frames them again and
+    drops the runs those entries cover; ``discard_plans`` drops them all."""
+    monkeypatch.setattr(ep, "now_ms", lambda: STORE_TIMESTAMP)
+    dledger = DLedgerStoreConfig(data_file_size=DATA_FILE_SIZE, index_file_size=32 * 1024)
+    store = DLedgerMessageStore.open(str(tmp_path), _config(False), self_id="n0", dledger=dledger)
+    try:
+        store.entries.append([Entry(0, 2, b"")])
+        sends = [cp.SendRequest("T", i % 2, [b"m" * 100], [b""], 0, 0) for i in range(3)]
+
+        def planned(term):
+            plan = ep.plan_entry_pass(store, sends, messages_max=cp.SEND_MESSAGES_MAX, decode=decode, term=term).plan
+            store.accept_plan(plan)
+            return plan, [Entry(plan.first_index + i, 2, body) for i, body in enumerate(plan.bodies)]
+
+        plan, entries = planned(2)
+        assert plan.run is not None and (plan.run.first_index, plan.run.count, plan.run.last_term) == (1, 3, 2)
+        assert store.take_run([Entry(e.index, 3, e.body) for e in entries]) is None  # another term than framed
+        assert store.take_run(entries) is None  # dropped by the look above: framed again
+        store.entries.append(entries)
+        plan, entries = planned(2)
+        assert store.take_run([Entry(e.index, e.term, bytes(e.body)) for e in entries]) is None  # not its views
+        store.entries.append(entries)
+        plan, entries = planned(2)
+        assert store.take_run(entries) is plan.run
+        store.entries.append_framed(plan.run)
+        plan, entries = planned(2)
+        store.discard_plans()
+        assert store.take_run(entries) is None
+        assert [entry.index for entry in store.entries.read(1, 10, size_max=1 << 20)] == list(range(1, 10))
+    finally:
+        store.close()

@@ -127,7 +127,11 @@ class RaftDriver:
             entries.truncate(after_index=ready.truncate_after)
         try:
             if ready.entries:
-                entries.append(ready.entries)
+                run = self.store.take_run(ready.entries)  # a proposal its planner framed already: one pwrite
+                if run is not None:
+                    entries.append_framed(run)
+                else:
+                    entries.append(ready.entries)
             if ready.runs:
                 for run in ready.runs:  # a leader's stored bytes, checked by the core's step (check_run)
                     entries.append_run(run)

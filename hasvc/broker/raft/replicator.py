@@ -81,7 +81,7 @@ class RaftLog:
         when the pass takes the batch path (``plan_entry_pass``'s cases, or a proposal the
         driver refuses: a full disk, no longer leading), which answers it as before."""
         planned = entry_pass.plan_entry_pass(self._store, requests, messages_max=messages_max, decode=decode, decide=decide,
-                                             kinds=kinds)  # fmt: skip
+                                             kinds=kinds, term=self._driver.node.term)  # fmt: skip
         if planned is None:
             return None
         plan = planned.plan

@@ -67,3 +67,15 @@ def test_a_refusal_is_said_once_and_switches_it_off(monkeypatch, caplog) -> None
     assert calls == [True] and not policy.enabled
     assert [record.getMessage() for record in caplog.records] == [
         "cannot set the scheduling policy (raft_follower_batch_scheduling is off from now): [Errno 1] Operation not permitted"]
+
+
+def test_a_process_started_under_another_policy_keeps_it() -> None:
+    """An operator's ``chrt`` (here SCHED_IDLE, which needs no privilege) is left alone."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    try:
+        policy = scheduling.RolePolicy(enabled=True)
+        policy.follow(True)
+        policy.follow(False)
+        assert not policy.enabled and os.sched_getscheduler(0) == os.SCHED_IDLE
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))

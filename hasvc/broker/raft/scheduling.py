@@ -57,10 +57,16 @@ def process_policies() -> set[int]:
 
 class RolePolicy:
     """Applies the policy a role calls for when the role changes (``follow``); off (``enabled``
-    False) or unsupported: never touches the policy. A refusal is logged once and stops it."""
+    False), unsupported, or a process started under another policy than ``SCHED_OTHER`` (an
+    operator's ``chrt``: real-time, idle): never touches the policy. A refusal is logged once and
+    stops it."""
 
     def __init__(self, *, enabled: bool) -> None:
         self.enabled = enabled and SUPPORTED
+        if self.enabled and os.sched_getscheduler(0) != os.SCHED_OTHER:
+            LOGGER.info("the process runs under scheduling policy %d, not SCHED_OTHER: kept "
+                        "(raft_follower_batch_scheduling leaves it)", os.sched_getscheduler(0))  # fmt: skip
+            self.enabled = False
         self.batch: bool | None = None  # the policy applied last; None: none yet
 
     def follow(self, following: bool) -> None:

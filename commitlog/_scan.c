@@ -1382,6 +1382,14 @@ static PyObject *index_units(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* A DLedger entry's 48-byte header at p for a body of body_len bytes at p + 48 (written already: its CRC32 is
+ * taken here): magic 1, size, index, term, pos, channel 0, chainCrc 0, bodyCrc, bodySize. */
+static void put_entry_header(uint8_t *p, long long index, long long term, long long pos, Py_ssize_t body_len) {
+    put32(p, 1); put32(p + 4, (uint32_t)(DLEDGER_BODY_OFFSET + body_len)); put64(p + 8, (uint64_t)index);
+    put64(p + 16, (uint64_t)term); put64(p + 24, (uint64_t)pos); put32(p + 32, 0); put32(p + 36, 0);
+    put32(p + 40, crc32_ieee(p + DLEDGER_BODY_OFFSET, (size_t)body_len)); put32(p + 44, (uint32_t)body_len);
+}
+
 /* write_entries(mapping, position, limit, file_from, entries, start) -> (end, position, units): write
  * entries[start:end] (objects with index, term and body) into mapping from position as DLedger entries,
  * each while it ends at or below limit: the 48-byte header (magic 1, size, index, term, pos = file_from +
@@ -1419,10 +1427,8 @@ static PyObject *write_entries(PyObject *self, PyObject *args) {
         if (size > limit - position) { PyBuffer_Release(&body); Py_DECREF(body_object); break; }
         uint8_t *p = out + position;
         int64_t pos = file_from + position;
-        put32(p, 1); put32(p + 4, (uint32_t)size); put64(p + 8, (uint64_t)index); put64(p + 16, (uint64_t)term);
-        put64(p + 24, (uint64_t)pos); put32(p + 32, 0); put32(p + 36, 0);
-        put32(p + 40, crc32_ieee((const uint8_t *)body.buf, (size_t)body.len)); put32(p + 44, (uint32_t)body.len);
         memcpy(p + DLEDGER_BODY_OFFSET, body.buf, (size_t)body.len);
+        put_entry_header(p, index, term, pos, body.len);
         put32(unit, 1); put64(unit + 4, (uint64_t)pos); put32(unit + 12, (uint32_t)size);
         put64(unit + 16, (uint64_t)index); put64(unit + 24, (uint64_t)term);
         unit += 32;
@@ -2207,9 +2213,7 @@ static PyObject *write_entry_pass(PyObject *self, PyObject *args) {
                 uint8_t *p = (uint8_t *)PyBytes_AS_STRING(data) + used;
                 encode_record(p + DLEDGER_BODY_OFFSET, head.fixed, &w.shape, &body, &prop, (int)head.queue_id, (int)head.flag,
                               queue_offset, pos + DLEDGER_BODY_OFFSET, head.born_ts);
-                put32(p, 1); put32(p + 4, (uint32_t)entry_size); put64(p + 8, (uint64_t)(first_index + PyList_GET_SIZE(offsets)));
-                put64(p + 16, (uint64_t)term); put64(p + 24, (uint64_t)pos); put32(p + 32, 0); put32(p + 36, 0);
-                put32(p + 40, crc32_ieee(p + DLEDGER_BODY_OFFSET, (size_t)size)); put32(p + 44, (uint32_t)size);
+                put_entry_header(p, first_index + PyList_GET_SIZE(offsets), term, pos, size);
                 used += entry_size;
                 failed = PyList_Append(queue_ids, queue_id_object) < 0;
             } else {

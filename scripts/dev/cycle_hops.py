@@ -40,8 +40,11 @@ import time
 
 WARM_UP_SECONDS = 2.0
 LOAD_SECONDS = 6  # the load generator's run: covers the warm-up and the recording
-REQUESTS_MIN = 10000  # a pass of requests (64 x ~1 KiB): the load's write and the leader's read
-PUSH_MIN = 10000  # a push of a pass's entries or records
+# A pass of requests (the load's write, the leader's read) and a push of its entries or records are
+# told from acknowledgements and answers by their size: at least this much a writer (~1.1 KiB each),
+# at most PASS_MIN_MAX (64 writers' pass is ~70 KiB; acknowledgements and a pass's answers are less).
+PASS_MIN_A_WRITER = 900
+PASS_MIN_MAX = 10000
 ACK_SIZES = (8, 12, 55)  # a slave's report (8), its frame header read (12), a follower's PushResponse frame (55)
 ANSWER_MAX = 10000  # a pass's answers (64 x 43 bytes)
 SYSCALLS = {0: "read", 1: "write", 18: "pwrite", 19: "readv", 20: "writev", 45: "recvfrom", 44: "sendto"}
@@ -123,8 +126,9 @@ def events(work: str, roles: dict[int, str]) -> list[tuple]:
     return found
 
 
-def marks(found: list[tuple]) -> list[tuple[float, str]]:
+def marks(found: list[tuple], producers: int) -> list[tuple[float, str]]:
     """The hops' marks (time, name) of the recording (see the module)."""
+    pass_min = min(PASS_MIN_MAX, PASS_MIN_A_WRITER * producers)
     out = []
     for at, name, kind, detail in found:
         if kind == "enter" and name == "L" and detail == 18:
@@ -135,23 +139,23 @@ def marks(found: list[tuple]) -> list[tuple[float, str]]:
             continue
         call, returned = detail
         if name == "load":
-            if call == 1 and returned >= REQUESTS_MIN:
+            if call == 1 and returned >= pass_min:
                 out.append((at, "load wrote requests"))
             elif call == 0 and 0 < returned <= ANSWER_MAX:
                 out.append((at, "load read answers"))
         elif name == "L":
-            if call in READS and returned >= REQUESTS_MIN:
+            if call in READS and returned >= pass_min:
                 out.append((at, "L read requests"))
             elif call == 18:
                 out.append((at, "L pwrite ends"))
-            elif call == 20 and returned >= PUSH_MIN:
+            elif call == 20 and returned >= pass_min:
                 out.append((at, "L push ends"))
             elif call in READS and returned in ACK_SIZES:
                 out.append((at, "L read an ack"))
             elif call == 1 and 0 < returned <= ANSWER_MAX:
                 out.append((at, "L wrote answers"))
         elif "/" not in name:  # a slave or follower
-            if call in READS and (returned >= PUSH_MIN or returned == 12):
+            if call in READS and (returned >= pass_min or returned == 12):
                 out.append((at, f"{name} read a push"))
             elif call in WRITES and returned in ACK_SIZES:
                 out.append((at, f"{name} acked"))
@@ -176,7 +180,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     cycles, current = [], None
-    for at, name in marks(found):
+    for at, name in marks(found, producers):
         if name == "load wrote requests":
             if current is not None:
                 cycles.append(current)

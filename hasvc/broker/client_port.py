@@ -52,6 +52,13 @@ PULL_COUNT_MAX = 1024  # records in one PULL response
 # bodies a response could pass a client's 16 MiB frame_size_max and be refused whole.
 PULL_BYTES_MAX = 4 * 1024 * 1024
 READ_SIZE_MAX = 4 * 1024 * 1024  # bytes in one READ response
+# Bytes asked of the kernel per read of a client connection, into one reused buffer (one a port): a
+# pass takes what its reads brought. 16 writers' 32-message requests (~33 KiB each, ~530 KiB in
+# flight) come in one read where 256 KiB (transport.RECEIVE_SIZE) cut them into three passes, each
+# with its own push, slave frame, answers and wake-ups: the master's and the slave's CPU a request
+# fell in every alternating series at 16 x 32 and 64 x 32, 4 MiB took no more
+# (docs/design/put-path.md, "A read of 1 MiB").
+CLIENT_RECEIVE_SIZE = 1024 * 1024
 # Client connections still in their preface (hasvc/admission.py), counted apart from connected
 # clients (connections_max): a new one closes the oldest, so stalled connections never keep a
 # client out; a preface is a round trip or two, 5 s leaves a loaded loop room.
@@ -115,7 +122,7 @@ class ClientPort:
         # glibc's mmap threshold: a read cost an ``mmap``, the shrink to what came an ``mremap`` and
         # its free a ``munmap`` (with the TLB shootdown a multi-threaded process pays for one),
         # 0.27-0.29 of each a put at one writer (`scripts/dev/syscalls_per_put.py`: master 9.14 -> 8.13).
-        self._receive_view = memoryview(bytearray(transport.RECEIVE_SIZE))
+        self._receive_view = memoryview(bytearray(CLIENT_RECEIVE_SIZE))
         self._receive_views = [self._receive_view]  # os.readv's list, made once
         # The kinds _read_client queues for the put path straight from a receive (undecoded).
         self._sends_undecoded = cp.SEND_KINDS if puts.decodes_sends else frozenset()

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from hasvc import client as hc
+from hasvc.broker.client_port import CLIENT_RECEIVE_SIZE
 from hasvc.protocol import client as cp
 from hasvc.protocol import ha, wire
 from tests.cluster import Cluster, wait_until
@@ -330,28 +331,32 @@ def test_pull_statuses_offsets_and_the_byte_bound(cluster):
     sock.close()
 
 
-def test_requests_cut_across_reads_together_in_one_and_larger_than_a_receive_are_each_stored_whole(cluster):
+def test_requests_cut_across_reads_together_in_one_and_larger_than_a_receive_are_each_stored_whole(tmp_path):
     """The client port reads into one reused buffer and hands the decoder a copy: a frame whose
-    pieces came in three reads, a 300 KiB one (more than one receive, RECEIVE_SIZE) and two in
-    one write each store their own bytes, answered in order."""
-    master = cluster.start_master(role="async")
-    sock = raw_connect(master.address)
-    preface(sock)
-    bodies = [os.urandom(1024), os.urandom(300 * 1024), os.urandom(2000), os.urandom(10)]
-    frames = b"".join(cp.encode_frame(cp.SEND, 1 + i, cp.encode_send(cp.SendRequest("Cut", 0, [body], [b""])))
-                      for i, body in enumerate(bodies))  # fmt: skip
-    for start, end in ((0, 3), (3, 700), (700, 200_000), (200_000, len(frames))):
-        sock.sendall(frames[start:end])
-        time.sleep(0.05)  # each piece its own read at the broker
-    for i in range(len(bodies)):
-        length, kind, request_id = cp.FRAME_HEADER.unpack(receive_exactly(sock, cp.FRAME_HEADER.size))
-        assert (kind, request_id) == (cp.SEND | 0x80, 1 + i)
-        assert cp.decode_send_response(receive_exactly(sock, length - 5)).status == "PUT_OK"
-    sock.close()
-    wait_until(lambda: status(master)["dispatched_offset"] == status(master)["max_offset"], message="dispatched")
-    with hc.BlockingClient(master.address) as client:
-        pulled = client.pull("Cut", 0, 0, count_max=10)
-    assert [record.body for record in pulled.records] == bodies
+    pieces came in three reads, one larger than a read (CLIENT_RECEIVE_SIZE) and two in one
+    write each store their own bytes, answered in order."""
+    cluster = Cluster(tmp_path, segment_size=4 * CLIENT_RECEIVE_SIZE)  # a segment holds the large one
+    try:
+        master = cluster.start_master(role="async")
+        sock = raw_connect(master.address)
+        preface(sock)
+        bodies = [os.urandom(1024), os.urandom(CLIENT_RECEIVE_SIZE + 300 * 1024), os.urandom(2000), os.urandom(10)]
+        frames = b"".join(cp.encode_frame(cp.SEND, 1 + i, cp.encode_send(cp.SendRequest("Cut", 0, [body], [b""])))
+                          for i, body in enumerate(bodies))  # fmt: skip
+        for start, end in ((0, 3), (3, 700), (700, 200_000), (200_000, len(frames))):
+            sock.sendall(frames[start:end])
+            time.sleep(0.05)  # each piece its own read at the broker
+        for i in range(len(bodies)):
+            length, kind, request_id = cp.FRAME_HEADER.unpack(receive_exactly(sock, cp.FRAME_HEADER.size))
+            assert (kind, request_id) == (cp.SEND | 0x80, 1 + i)
+            assert cp.decode_send_response(receive_exactly(sock, length - 5)).status == "PUT_OK"
+        sock.close()
+        wait_until(lambda: status(master)["dispatched_offset"] == status(master)["max_offset"], message="dispatched")
+        with hc.BlockingClient(master.address) as client:
+            pulled = client.pull("Cut", 0, 0, count_max=10)
+        assert [record.body for record in pulled.records] == bodies
+    finally:
+        cluster.close()
 
 
 def role_request(sock: socket.socket, kind: int, payload: bytes) -> tuple[str, str, bytes]:

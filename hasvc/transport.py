@@ -32,7 +32,7 @@ PREFACE_TIMEOUT_SECONDS = 10.0  # a peer that does not finish the preface in tim
 # os.splice (Linux): a slave moves frames from its socket to its log through a pipe. The socket
 # end must not block (trio's sockets do not); SPLICE_F_MOVE is a hint the kernel may ignore.
 SPLICE_AVAILABLE = hasattr(os, "splice") and os.environ.get("HASVC_NO_SPLICE") != "1"
-SPLICE_PIPE_SIZE = 1024 * 1024  # = the master's ha_transfer_batch_size default
+SPLICE_PIPE_SIZE = 1024 * 1024  # pipe-max-size's default; a larger frame moves in pieces of it
 SPLICE_FLAGS = (getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)) if SPLICE_AVAILABLE else 0
 
 

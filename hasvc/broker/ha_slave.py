@@ -44,7 +44,7 @@ SPLICE_FRAME_MIN = 64 * 1024
 # SPLICE_FRAME_MIN whole (one read where a header then a body was two, and an EAGAIN read before
 # the next header: 7 -> 5 system calls a put at one writer); a spliced frame's first bytes go
 # through the frame buffer, and after a spliced frame the next header is read alone (a catch-up's
-# 1 MiB frames keep splicing all but ~nothing).
+# frames of 1-2 MiB keep splicing all but ~nothing).
 HEAD_AHEAD_SIZE = SPLICE_FRAME_MIN
 # What ends one replication session (then: back off and reconnect); anything else is our bug.
 # A full disk (no next segment) or a failed sync ends the session too: the slave reports nothing

@@ -69,7 +69,7 @@ def test_slave_loss_then_restart_catches_up_from_its_offset(cluster):
 
 @pytest.mark.parametrize("splice", [True, False], ids=["splice", "pwrite"])
 def test_a_new_slave_catches_up_in_large_frames_byte_for_byte(cluster, splice):
-    """Catch-up frames are up to 1 MiB (``ha_transfer_batch_size``): on plain TCP they go
+    """Catch-up frames are up to 2 MiB (``ha_transfer_batch_size``): on plain TCP they go
     socket -> pipe -> log by splice, with ``HASVC_NO_SPLICE=1`` through the frame buffer."""
     master = cluster.start_master(role="async")
     results = trio.run(send_many, master.address, 6000, 16)

@@ -251,7 +251,8 @@ def transfer_header_fields(data: bytes | memoryview, size_max: int) -> tuple[int
     if offset < 0:
         raise ProtocolError(f"transfer frame for negative offset {offset}")
     if size < 0 or size > size_max:
-        raise ProtocolError(f"transfer frame of {size} bytes, outside 0..{size_max}")
+        raise ProtocolError(f"transfer frame of {size} bytes, outside 0..{size_max} (the slave's ha_frame_size_max: "
+                            f"the master's ha_transfer_batch_size must not exceed it)")  # fmt: skip
     return offset, size
 
 

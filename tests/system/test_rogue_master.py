@@ -99,7 +99,7 @@ def test_a_bad_frame_is_refused_by_name_nothing_of_it_is_stored_and_the_slave_re
         data, message = frame(100, good), "an empty log can only start at a segment boundary, master sent 100"
     elif case == "oversize":
         size = 4 * 1024 * 1024 + 1  # one past the slave's ha_frame_size_max
-        data, message = frame(0, b"", size=size), f"transfer frame of {size} bytes, outside 0..{size - 1}"
+        data, message = frame(0, b"", size=size), f"transfer frame of {size} bytes, outside 0..{size - 1} (the slave's ha_frame_size_max"
     else:  # a good frame, then one that skips a byte: refused before its bytes are read (splice or pwrite)
         skipped = b"\0" * (128 * 1024 if case.startswith("large") else 10)
         data = frame(0, good) + frame(len(good) + 1, skipped)

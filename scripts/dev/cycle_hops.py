@@ -96,7 +96,7 @@ def events(work: str, roles: dict[int, str]) -> list[tuple]:
     the thread's command/tid."""
     script = subprocess.run(["perf", "script", "-i", os.path.join(work, "perf.data")], capture_output=True, text=True,
                             check=True).stdout  # fmt: skip
-    line_pattern = re.compile(r"\s*(.+?)\s+(\d+) \[(\d+)\] ([\d.]+):\s+(\S+): (.*)")
+    line_pattern = re.compile(r"\s*(.+?)\s+(\d+) \[(\d+)\]\s+([\d.]+):\s+(\S+): (.*)")
     found = []
 
     def who(command: str, tid: int) -> str:

@@ -167,7 +167,6 @@ def dispatch_entries(view, start: int, limit: int, base: int, records_max: int, 
 
 
 @functools.lru_cache(maxsize=4096)
-@functools.lru_cache(maxsize=1024)
 def _topic_name(topic: bytes) -> str | None:
     """The topic as a directory name, or None when it cannot be one (skipped, counted). Cached:
     the same few topics come back in every dispatch."""

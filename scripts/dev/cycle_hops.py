@@ -49,6 +49,9 @@ ACK_SIZES = (8, 12, 55)  # a slave's report (8), its frame header read (12), a f
 ANSWER_MAX = 10000  # a pass's answers (64 x 43 bytes)
 SYSCALLS = {0: "read", 1: "write", 18: "pwrite", 19: "readv", 20: "writev", 45: "recvfrom", 44: "sendto"}
 READS, WRITES = (0, 19, 45), (1, 20, 44)
+# A line of ``perf script``: command, thread id, [cpu], timestamp, event, the rest. perf pads the
+# timestamp to a width, so on a host up for a short while spaces come before it.
+PERF_LINE = re.compile(r"\s*(.+?)\s+(\d+) \[(\d+)\]\s+([\d.]+):\s+(\S+): (.*)")
 
 
 def take_option(args: list[str], name: str, default: str | None) -> str | None:
@@ -96,7 +99,6 @@ def events(work: str, roles: dict[int, str]) -> list[tuple]:
     the thread's command/tid."""
     script = subprocess.run(["perf", "script", "-i", os.path.join(work, "perf.data")], capture_output=True, text=True,
                             check=True).stdout  # fmt: skip
-    line_pattern = re.compile(r"\s*(.+?)\s+(\d+) \[(\d+)\]\s+([\d.]+):\s+(\S+): (.*)")
     found = []
 
     def who(command: str, tid: int) -> str:
@@ -105,7 +107,7 @@ def events(work: str, roles: dict[int, str]) -> list[tuple]:
         return "load" if command.startswith("hasvc_load") else f"{command}/{tid}"
 
     for line in script.splitlines():
-        match = line_pattern.match(line)
+        match = PERF_LINE.match(line)
         if match is None:
             continue
         command, tid, cpu, at, kind, rest = match.groups()

@@ -1,5 +1,6 @@
 """Every script in scripts/ and scripts/dev/ answers --help with its usage, exit 0, and starts,
-installs and writes nothing (run from an empty directory, which stays empty)."""
+installs and writes nothing (run from an empty directory, which stays empty); and what one of
+them parses (scripts/dev/cycle_hops.py, ``perf script``'s lines)."""
 
 import importlib.util
 import os

@@ -19,16 +19,24 @@ from tests.system.controller_nodes import controller_status, register_broker, re
 ROUNDS_MAX = 2000  # two registrations a round, until the leader cut its log (a few hundred entries do)
 
 
-async def _cut_logs(group: ControllerGroup, client: ControllerClient) -> str:
-    """Enough commands that the leader snapshots and cuts its log; the leader's id."""
+async def _register_until(client: ControllerClient, cut, what: str) -> str:
+    """Registrations, 100 a round of checks, until ``cut()`` (awaited) returns a member's id; that id."""
     for round_ in range(ROUNDS_MAX):
         await register_broker(client, f"g{round_ % 7}", f"{round_ % 5}")
         await register_broker(client, "g-main", f"{round_ % 3}")
-        if round_ % 50 == 49:
-            leader = await trio.to_thread.run_sync(group.leader)
-            if (await controller_status(group.address(leader)))["log_first_index"] > 0:
-                return leader
-    raise AssertionError(f"the leader's log not cut after {ROUNDS_MAX} rounds of registrations")
+        if round_ % 50 == 49 and (member := await cut()) is not None:
+            return member
+    raise AssertionError(f"{what} not cut after {ROUNDS_MAX} rounds of registrations")
+
+
+async def _cut_logs(group: ControllerGroup, client: ControllerClient) -> str:
+    """Enough commands that the leader snapshots and cuts its log; the leader's id."""
+
+    async def leader_cut() -> str | None:
+        leader = await trio.to_thread.run_sync(group.leader)
+        return leader if (await controller_status(group.address(leader)))["log_first_index"] > 0 else None
+
+    return await _register_until(client, leader_cut, "the leader's log")
 
 
 async def _caught_up(group: ControllerGroup, member: str, leader: str) -> dict:
@@ -84,9 +92,16 @@ async def test_a_controller_restarted_without_its_snapshot_fetches_one_instead_o
     try:
         leader = await _cut_logs(group, client)
         member = next(m for m in group.ids if m != leader)
-        # Its own log cut too (each member cuts its own, after the leader's at times): a log still
-        # starting at 0 would replay the whole state without a snapshot (CI once saw 0 installed).
-        await until_controller_status(group.address(member), lambda s: s["log_first_index"] > 0, f"{member} cutting its log")
+        # Its own log cut too: a log still starting at 0 would replay the whole state without a
+        # snapshot (CI once saw 0 installed). Each member cuts its own, after one of its own
+        # snapshots once the leader's announced floor passed a whole file; that can take more
+        # entries than the leader's cut did (CI once waited for it with none coming), so the
+        # registrations go on until it has.
+
+        async def member_cut() -> str | None:
+            return member if (await controller_status(group.address(member)))["log_first_index"] > 0 else None
+
+        await _register_until(client, member_cut, f"{member}'s log")
         await trio.to_thread.run_sync(group.kill, member)
         os.remove(os.path.join(group.directory, member, SNAPSHOT_DIRECTORY, SNAPSHOT_FILE))
         await trio.to_thread.run_sync(group.start, member)

@@ -16,7 +16,7 @@ from hasvc.controller.config import SNAPSHOT_DIRECTORY, SNAPSHOT_FILE
 from hasvc.testing.controller_group import ControllerGroup
 from tests.system.controller_nodes import controller_status, register_broker, replicated_groups, until_controller_status
 
-ROUNDS_MAX = 2000  # two registrations a round, until the leader cut its log (a few hundred entries do)
+ROUNDS_MAX = 2000  # two registrations a round, until a member cut its log (a few hundred entries do)
 
 
 async def _register_until(client: ControllerClient, cut, what: str) -> str:
